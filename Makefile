@@ -1,0 +1,29 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Each creates .venv and installs
+# the project with its pinned constraints (torch==2.13.0, the CPU build) before it runs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/edgetrain demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/transport.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,1 @@
+"""profiles: what a device is (device classes, a probe) and the memory accounting of a model split."""
