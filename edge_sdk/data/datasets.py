@@ -1,0 +1,326 @@
+"""Datasets as numpy arrays: scikit-learn's digits (always there) and the papers' datasets read
+from a local folder (FEMNIST, CIFAR-10, MovieLens).
+
+numpy only at import time: scikit-learn and Pillow are imported inside the loaders that need them,
+so a device that trains on its own data never pays for them.
+
+The data folder is ``root``, else ``$EDGETRAIN_DATA``, else ``../shared/datasets`` beside the
+current directory (or beside this checkout). Nothing is downloaded: a missing dataset raises
+:class:`DatasetUnavailable`.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import os
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens")
+SPLITS: tuple[str, ...] = ("train", "test")
+DATA_ENV = "EDGETRAIN_DATA"
+CACHE_ENV = "EDGETRAIN_CACHE"
+
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)
+# Per-channel mean and standard deviation of the CIFAR-10 training images (the usual constants).
+CIFAR10_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
+CIFAR10_STD = np.array([0.2470, 0.2435, 0.2616], np.float32)
+
+_DIGITS_SEED = 0
+_DIGITS_TEST_FRACTION = 0.2
+_MOVIELENS_TEST_FRACTION = 0.2
+_SHUFFLE_SEED = 0
+
+
+class DatasetUnavailable(FileNotFoundError):
+    """The dataset's files are not on this machine (nothing is downloaded at run time)."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Samples ``x`` with targets ``y``.
+
+    ``groups`` is each sample's natural client (a FEMNIST writer, a MovieLens user) when the data
+    has one, for ``partition(..., "natural")``. ``num_classes`` is 0 for regression targets.
+    ``info`` carries loader-specific facts (MovieLens ``num_users``/``num_items``, FEMNIST ``writers``).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    name: str
+    groups: np.ndarray | None = None
+    info: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{self.name}: {len(self.x)} samples but {len(self.y)} targets")
+        if self.groups is not None and len(self.groups) != len(self.y):
+            raise ValueError(f"{self.name}: {len(self.y)} samples but {len(self.groups)} group ids")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, indices: np.ndarray) -> Dataset:
+        """The samples at ``indices`` (one client's share after :func:`partition`)."""
+        indices = np.asarray(indices)
+        return Dataset(
+            x=self.x[indices],
+            y=self.y[indices],
+            num_classes=self.num_classes,
+            name=self.name,
+            groups=None if self.groups is None else self.groups[indices],
+            info=self.info,
+        )
+
+
+def data_root(root: Path | str | None = None) -> Path:
+    """Where datasets live: ``root``, ``$EDGETRAIN_DATA``, or ``../shared/datasets`` if present."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    candidates = [Path.cwd() / ".." / "shared" / "datasets", Path(__file__).resolve().parents[3] / "shared" / "datasets"]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+    return candidates[0]
+
+
+def cache_root(cache_dir: Path | str | None = None) -> Path:
+    """Where decoded arrays are cached: ``cache_dir``, ``$EDGETRAIN_CACHE``, or ``~/.cache/edgetrain``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "edgetrain"
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: Path | str | None = None,
+    split: str = "train",
+    limit: int | None = None,
+    cache_dir: Path | str | None = None,
+) -> Dataset:
+    """Load ``split`` of dataset ``name`` (one of :data:`DATASET_NAMES`).
+
+    ``limit`` caps the number of samples: CIFAR-10 then decodes only a class-balanced subset
+    (60,000 JPEGs take a while); other datasets keep their first ``limit`` samples.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be positive, got {limit}")
+    if name == "digits":
+        data = _digits(split)
+    elif name == "femnist":
+        data = _femnist(data_root(root), split)
+    elif name == "cifar10":
+        return _cifar10(data_root(root), split, limit, cache_root(cache_dir))
+    elif name == "movielens":
+        data = _movielens(data_root(root), split)
+    else:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
+    return data if limit is None or limit >= len(data) else data.subset(np.arange(limit))
+
+
+def _require(path: Path, name: str) -> Path:
+    if not path.exists():
+        raise DatasetUnavailable(
+            f"{name} not found at {path}; point root= or ${DATA_ENV} at the datasets folder "
+            f"(see its README); nothing is downloaded at run time"
+        )
+    return path
+
+
+# -- digits ----------------------------------------------------------------------------------
+def _digits(split: str) -> Dataset:
+    """scikit-learn's bundled 8x8 digits: 1,797 samples, pixels 0..16 scaled to [0, 1]."""
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype(np.float32)
+    y = bunch.target.astype(np.int64)
+    order = np.random.default_rng(_DIGITS_SEED).permutation(len(y))
+    n_test = int(round(len(y) * _DIGITS_TEST_FRACTION))
+    idx = np.sort(order[:n_test] if split == "test" else order[n_test:])
+    return Dataset(x=x[idx], y=y[idx], num_classes=10, name="digits")
+
+
+# -- FEMNIST ---------------------------------------------------------------------------------
+def _femnist(root: Path, split: str) -> Dataset:
+    """LEAF FEMNIST shards (``femnist_leaf_flic/{train,test}/*.json.gz``).
+
+    Only writers present in both splits are kept, so a writer's ``groups`` index is the same in
+    train and test (index into the sorted writer ids, listed in ``info["writers"]``).
+    """
+    base = _require(root / "femnist_leaf_flic", "FEMNIST")
+    shards = {s: sorted(_require(base / s, f"FEMNIST {s} split").glob("*.json.gz")) for s in SPLITS}
+    for s, files in shards.items():
+        if not files:
+            raise DatasetUnavailable(f"FEMNIST {s} split at {base / s} has no .json.gz shards")
+    loaded = {s: [_read_leaf_shard(f) for f in files] for s, files in shards.items()}
+    users = {s: {u for shard in loaded[s] for u in shard["users"]} for s in SPLITS}
+    writers = sorted(users["train"] & users["test"])
+    index = {w: i for i, w in enumerate(writers)}
+    xs, ys, gs = [], [], []
+    for shard in loaded[split]:
+        for user in shard["users"]:
+            if user not in index:
+                continue
+            data = shard["user_data"][user]
+            xs.append(np.asarray(data["x"], dtype=np.float32).reshape(-1, 1, 28, 28))
+            ys.append(np.asarray(data["y"], dtype=np.int64))
+            gs.append(np.full(len(data["y"]), index[user], dtype=np.int64))
+    return Dataset(
+        x=np.concatenate(xs),
+        y=np.concatenate(ys),
+        num_classes=62,
+        name="femnist",
+        groups=np.concatenate(gs),
+        info={"writers": tuple(writers)},
+    )
+
+
+def _read_leaf_shard(path: Path) -> dict:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        shard = json.load(f)
+    if not {"users", "user_data"} <= set(shard):
+        raise ValueError(f"{path} is not a LEAF shard (keys {sorted(shard)})")
+    return shard
+
+
+# -- CIFAR-10 --------------------------------------------------------------------------------
+def _cifar10(root: Path, split: str, limit: int | None, cache: Path) -> Dataset:
+    """CIFAR-10 JPEGs in ``cifar10_jpg/cifar10_jpg.tar.gz``, decoded once and cached as .npy.
+
+    Images are (N, 3, 32, 32) float32 normalised per channel; the cache holds the uint8 pixels.
+    """
+    archive = _require(root / "cifar10_jpg" / "cifar10_jpg.tar.gz", "CIFAR-10")
+    stat = archive.stat()
+    key = hashlib.sha256(f"{archive.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    stem = cache / f"cifar10-{key}-{split}-{'all' if limit is None else limit}"
+    x_path, y_path = stem.with_suffix(".x.npy"), stem.with_suffix(".y.npy")
+    if x_path.is_file() and y_path.is_file():
+        pixels, labels = np.load(x_path), np.load(y_path)
+    else:
+        pixels, labels = _decode_cifar10(archive, split, limit)
+        cache.mkdir(parents=True, exist_ok=True)
+        _save_npy(x_path, pixels)
+        _save_npy(y_path, labels)
+    x = (pixels.astype(np.float32) / 255.0 - CIFAR10_MEAN[:, None, None]) / CIFAR10_STD[:, None, None]
+    return Dataset(x=x, y=labels, num_classes=10, name="cifar10", info={"classes": CIFAR10_CLASSES})
+
+
+def _decode_cifar10(archive: Path, split: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    from PIL import Image  # only this loader needs Pillow
+
+    with tarfile.open(archive, "r:gz") as tar:
+        members = []
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and len(parts) >= 3 and parts[-3] == split and parts[-1].lower().endswith(".jpg"):
+                if parts[-2] not in CIFAR10_CLASSES:
+                    raise ValueError(f"{archive}: unexpected class folder {parts[-2]!r} in {member.name}")
+                members.append(member)
+        if not members:
+            raise DatasetUnavailable(f"{archive} holds no {split}/<class>/*.jpg images")
+        members.sort(key=lambda m: m.name)
+        if limit is not None and limit < len(members):
+            members = _balanced(members, limit)
+        members.sort(key=lambda m: m.offset_data)  # read forward through the gzip stream once
+        pixels = np.empty((len(members), 3, 32, 32), dtype=np.uint8)
+        labels = np.empty(len(members), dtype=np.int64)
+        for i, member in enumerate(members):
+            f = tar.extractfile(member)
+            assert f is not None
+            with Image.open(f) as image:
+                array = np.asarray(image.convert("RGB"), dtype=np.uint8)
+            if array.shape != (32, 32, 3):
+                raise ValueError(f"{member.name}: expected a 32x32 RGB image, got {array.shape}")
+            pixels[i] = array.transpose(2, 0, 1)
+            labels[i] = CIFAR10_CLASSES.index(member.name.split("/")[-2])
+    order = np.random.default_rng(_SHUFFLE_SEED).permutation(len(labels))  # classes interleaved
+    return pixels[order], labels[order]
+
+
+def _balanced(members: list[tarfile.TarInfo], limit: int) -> list[tarfile.TarInfo]:
+    """The first files of each class in name order, as equal per class as ``limit`` allows."""
+    by_class: dict[str, list[tarfile.TarInfo]] = {}
+    for m in members:
+        by_class.setdefault(m.name.split("/")[-2], []).append(m)
+    chosen: list[tarfile.TarInfo] = []
+    depth = 0
+    while len(chosen) < limit:
+        for cls in CIFAR10_CLASSES:
+            files = by_class.get(cls, [])
+            if depth < len(files) and len(chosen) < limit:
+                chosen.append(files[depth])
+        depth += 1
+    return chosen
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+# -- MovieLens -------------------------------------------------------------------------------
+def _movielens(root: Path, split: str) -> Dataset:
+    """MovieLens latest-small ratings: x = (user index, item index), y = rating, groups = user.
+
+    Users are indexed by sorted userId; items by sorted movieId over ``movies.csv`` (every movie,
+    rated or not) when present, else over the rated movies. Each user's most recent 20% of
+    ratings (at least one) form the test split, so every user appears in both splits.
+    """
+    base = _require(root / "movielens_latest_small", "MovieLens")
+    ratings = _require(base / "ratings.csv", "MovieLens ratings.csv")
+    table = np.loadtxt(ratings, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
+    if table.shape[1] != 4:
+        raise ValueError(f"{ratings}: expected userId,movieId,rating,timestamp columns, got {table.shape[1]}")
+    user_ids = table[:, 0].astype(np.int64)
+    movie_ids = table[:, 1].astype(np.int64)
+    rating = table[:, 2].astype(np.float32)
+    timestamp = table[:, 3].astype(np.int64)
+    movies = base / "movies.csv"
+    if movies.is_file():
+        with open(movies, newline="", encoding="utf-8") as f:
+            rows = csv.reader(f)
+            next(rows)
+            catalogue = np.unique(np.array([int(row[0]) for row in rows], dtype=np.int64))
+        catalogue = np.union1d(catalogue, movie_ids)
+    else:
+        catalogue = np.unique(movie_ids)
+    users = np.unique(user_ids)
+    user_index = np.searchsorted(users, user_ids)
+    item_index = np.searchsorted(catalogue, movie_ids)
+    # Per-user temporal hold-out: rank each rating within its user by (timestamp, movieId).
+    order = np.lexsort((movie_ids, timestamp, user_index))
+    counts = np.bincount(user_index, minlength=len(users))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.repeat(starts, counts)
+    n_test = np.maximum(1, np.round(counts * _MOVIELENS_TEST_FRACTION).astype(np.int64))
+    is_test = rank >= (counts - n_test)[user_index]
+    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
+    return Dataset(
+        x=np.stack([user_index[keep], item_index[keep]], axis=1),
+        y=rating[keep],
+        num_classes=0,
+        name="movielens",
+        groups=user_index[keep],
+        info={"num_users": int(len(users)), "num_items": int(len(catalogue))},
+    )

@@ -1,0 +1,396 @@
+"""The server's memory across restarts: a SQLite journal of devices, rounds and updates, plus
+model checkpoints, so a killed server resumes from its last completed round.
+
+Layout of a run directory::
+
+    journal.sqlite3            WAL-mode SQLite: meta, devices, rounds, updates
+    checkpoints/round-000012.npz
+
+A round is complete when its journal row says so; that row is committed only after its
+checkpoint is durably on disk (temp file, fsync, ``os.replace``, fsync of the directory), and it
+records the checkpoint's sha256. A crash at any point therefore leaves either the new round
+complete with an intact checkpoint, or the previous round as the last complete one.
+
+A checkpoint whose bytes no longer match the journal (truncated, edited, deleted) cannot come from
+a crash under this protocol; it means the disk or a person changed it. :meth:`Store.last_completed`
+then raises :class:`CheckpointCorrupted` naming the file and the intact rounds, instead of silently
+resuming from an older model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import threading
+import time
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+JOURNAL = "journal.sqlite3"
+CHECKPOINTS = "checkpoints"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    device_id TEXT PRIMARY KEY,
+    profile TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY,
+    started REAL NOT NULL,
+    finished REAL,
+    selected TEXT NOT NULL,
+    metrics TEXT,
+    checkpoint TEXT,
+    sha256 TEXT
+);
+CREATE TABLE IF NOT EXISTS updates (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    received REAL NOT NULL,
+    accepted INTEGER,
+    info TEXT NOT NULL,
+    PRIMARY KEY (round, device_id)
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The journal and the caller disagree (e.g. completing a round that was never begun)."""
+
+
+class CheckpointCorrupted(StoreError):
+    """A completed round's checkpoint is missing or does not match its recorded sha256."""
+
+
+def checkpoint_name(round: int) -> str:
+    return f"round-{round:06d}.npz"
+
+
+class Store:
+    """Journal plus checkpoints in one directory. Safe to call from several threads."""
+
+    def __init__(self, directory: Path | str, *, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.directory = Path(directory)
+        self.checkpoints = self.directory / CHECKPOINTS
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.directory / JOURNAL, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StoreError(f"could not put {self.directory / JOURNAL} in WAL mode (got {mode!r})")
+        # NORMAL survives a killed process; complete_round switches to FULL for its own commit.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._transaction():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+        for leftover in self.checkpoints.glob("*.tmp"):  # a write interrupted by a crash
+            leftover.unlink(missing_ok=True)
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- meta --------------------------------------------------------------------------------
+    def set_meta(self, key: str, value: object) -> None:
+        """Remember a run setting (model, strategy, config) so ``--resume`` can check it."""
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, _dumps(value)),
+            )
+
+    def get_meta(self, key: str, default: object = None) -> object:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row["value"])
+
+    # -- devices -----------------------------------------------------------------------------
+    def record_device(self, device_id: str, profile: Mapping[str, object], plan: Mapping[str, object]) -> None:
+        """Insert or refresh a device: its latest profile and plan, and when it was last seen."""
+        now = time.time()
+        with self._lock, self._transaction():
+            self._db.execute(
+                """INSERT INTO devices(device_id, profile, plan, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT(device_id) DO UPDATE SET
+                       profile = excluded.profile, plan = excluded.plan, last_seen = excluded.last_seen""",
+                (device_id, _dumps(profile), _dumps(plan), now, now),
+            )
+
+    def devices(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM devices ORDER BY first_seen, device_id").fetchall()
+        return [
+            {
+                "device_id": r["device_id"],
+                "profile": json.loads(r["profile"]),
+                "plan": json.loads(r["plan"]),
+                "first_seen": r["first_seen"],
+                "last_seen": r["last_seen"],
+            }
+            for r in rows
+        ]
+
+    # -- rounds ------------------------------------------------------------------------------
+    def begin_round(self, round: int, selected: list[str]) -> None:
+        """Journal the start of a round. Re-beginning an incomplete round (after a crash) resets it."""
+        round = _round_number(round)
+        with self._lock, self._transaction():
+            row = self._db.execute("SELECT finished FROM rounds WHERE round = ?", (round,)).fetchone()
+            if row is not None and row["finished"] is not None:
+                raise StoreError(f"round {round} is already complete; cannot begin it again")
+            last = self._db.execute("SELECT MAX(round) AS r FROM rounds WHERE finished IS NOT NULL").fetchone()["r"]
+            if last is not None and round <= last:
+                raise StoreError(f"round {round} is not after the last completed round {last}")
+            self._db.execute("DELETE FROM updates WHERE round = ?", (round,))
+            self._db.execute(
+                """INSERT INTO rounds(round, started, selected) VALUES (?, ?, ?)
+                   ON CONFLICT(round) DO UPDATE SET started = excluded.started, selected = excluded.selected""",
+                (round, time.time(), _dumps(list(selected))),
+            )
+
+    def record_update(self, round: int, device_id: str, info: Mapping[str, object]) -> None:
+        """Journal one device's report: role, trained range, samples, losses, timings, accepted/reason."""
+        round = _round_number(round)
+        accepted = info.get("accepted")
+        with self._lock, self._transaction():
+            row = self._db.execute("SELECT finished FROM rounds WHERE round = ?", (round,)).fetchone()
+            if row is None:
+                raise StoreError(f"round {round} was not begun; call begin_round first")
+            if row["finished"] is not None:
+                raise StoreError(f"round {round} is already complete; late update from {device_id!r}")
+            self._db.execute(
+                """INSERT INTO updates(round, device_id, received, accepted, info) VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT(round, device_id) DO UPDATE SET
+                       received = excluded.received, accepted = excluded.accepted, info = excluded.info""",
+                (round, device_id, time.time(), None if accepted is None else int(bool(accepted)), _dumps(info)),
+            )
+
+    def complete_round(self, round: int, state: Mapping[str, np.ndarray], metrics: Mapping[str, object]) -> None:
+        """Write the round's checkpoint durably, then mark the round complete in the journal."""
+        round = _round_number(round)
+        with self._lock:
+            row = self._db.execute("SELECT finished FROM rounds WHERE round = ?", (round,)).fetchone()
+            if row is None:
+                raise StoreError(f"round {round} was not begun; call begin_round first")
+            if row["finished"] is not None:
+                raise StoreError(f"round {round} is already complete")
+            path = self.checkpoints / checkpoint_name(round)
+            digest = _write_checkpoint(path, state)
+            # The checkpoint is durable; now the single commit that makes the round complete.
+            self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                with self._transaction():
+                    self._db.execute(
+                        "UPDATE rounds SET finished = ?, metrics = ?, checkpoint = ?, sha256 = ? WHERE round = ?",
+                        (time.time(), _dumps(metrics), path.name, digest, round),
+                    )
+            finally:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._prune()
+
+    def _prune(self) -> None:
+        """Delete checkpoints of completed rounds older than the last ``keep`` (journal rows stay)."""
+        rows = self._db.execute(
+            "SELECT checkpoint FROM rounds WHERE finished IS NOT NULL AND checkpoint IS NOT NULL ORDER BY round DESC"
+        ).fetchall()
+        keep = {r["checkpoint"] for r in rows[: self.keep]}
+        for path in self.checkpoints.glob("round-*.npz"):
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
+
+    def last_completed(self) -> tuple[int, dict[str, np.ndarray]] | None:
+        """The last completed round and its model, verified against the journal's sha256.
+
+        Raises :class:`CheckpointCorrupted` if that checkpoint is missing or damaged.
+        """
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT round, checkpoint, sha256 FROM rounds WHERE finished IS NOT NULL ORDER BY round DESC"
+            ).fetchall()
+        if not rows:
+            return None
+        last = rows[0]
+        path = self.checkpoints / last["checkpoint"]
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise CheckpointCorrupted(self._corruption(last["round"], path, "is missing", rows)) from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != last["sha256"]:
+            raise CheckpointCorrupted(
+                self._corruption(
+                    last["round"], path, f"has sha256 {actual[:12]}..., the journal recorded {last['sha256'][:12]}...", rows
+                )
+            )
+        return last["round"], _read_checkpoint(data, path)
+
+    def _corruption(self, round: int, path: Path, what: str, rows: list[sqlite3.Row]) -> str:
+        intact = [
+            r["round"]
+            for r in rows[1:]
+            if (self.checkpoints / r["checkpoint"]).is_file()
+            and _sha256_file(self.checkpoints / r["checkpoint"]) == r["sha256"]
+        ]
+        hint = (
+            f"intact checkpoints remain for rounds {sorted(intact)}"
+            if intact
+            else "no intact earlier checkpoint remains"
+        )
+        return (
+            f"checkpoint of completed round {round} ({path}) {what}; it was changed or removed after it was written, "
+            f"so the run cannot resume from it ({hint})"
+        )
+
+    def rounds(self) -> list[dict]:
+        """Every journaled round: started/finished times, selected devices, updates reported, metrics."""
+        with self._lock:
+            rows = self._db.execute(
+                """SELECT r.*, (SELECT COUNT(*) FROM updates u WHERE u.round = r.round) AS reported
+                   FROM rounds r ORDER BY r.round"""
+            ).fetchall()
+        return [
+            {
+                "round": r["round"],
+                "started": r["started"],
+                "finished": r["finished"],
+                "complete": r["finished"] is not None,
+                "selected": json.loads(r["selected"]),
+                "reported": r["reported"],
+                "metrics": None if r["metrics"] is None else json.loads(r["metrics"]),
+                "checkpoint": r["checkpoint"],
+                "sha256": r["sha256"],
+            }
+            for r in rows
+        ]
+
+    def updates(self, round: int | None = None) -> list[dict]:
+        """Journaled device reports, of one round or all, in arrival order."""
+        query = "SELECT * FROM updates"
+        args: tuple[object, ...] = ()
+        if round is not None:
+            query += " WHERE round = ?"
+            args = (_round_number(round),)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY round, received, device_id", args).fetchall()
+        return [
+            {"round": r["round"], "device_id": r["device_id"], "received": r["received"], **json.loads(r["info"])}
+            for r in rows
+        ]
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error (the connection runs in autocommit mode)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _round_number(round: object) -> int:
+    if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
+        raise ValueError(f"round must be a non-negative integer, got {round!r}")
+    return int(round)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, default=_json_default, allow_nan=True)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (Path, os.PathLike)):
+        return os.fspath(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"cannot store {type(value).__name__} in the journal: {value!r}")
+
+
+def _write_checkpoint(path: Path, state: Mapping[str, np.ndarray]) -> str:
+    """Atomically write ``state`` as .npz; return its sha256."""
+    buffer = io.BytesIO()
+    arrays = {}
+    for key, value in state.items():
+        array = np.asarray(value)
+        if array.dtype == object:
+            raise TypeError(f"checkpoint entry {key!r} is not a numeric array")
+        arrays[key] = array
+    np.savez(buffer, **arrays)
+    data = buffer.getbuffer()
+    digest = hashlib.sha256(data).hexdigest()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_directory(path.parent)
+    return digest
+
+
+def _read_checkpoint(data: bytes, path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointCorrupted(f"checkpoint {path} matches its sha256 but cannot be read: {exc}") from exc
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
