@@ -10,8 +10,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,304 @@
+"""The device: connect, say hello, follow the plan, train its share each round, reconnect on drops.
+
+One round on a device (DESIGN.md "One round, as data flows", EmbracingFL Algorithms 1-2):
+fetch frozen chunk 1, run it over the local data, cache the activations, free the chunk, fetch
+chunk 2 ... then fetch the trainable tail, train tau local steps on the cached activations and
+send the parameter deltas. A strong device has no chunks and trains the whole model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import resource
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
+
+log = logging.getLogger("edgetrain.device")
+
+
+class DeviceRefused(RuntimeError):
+    """The server turned the device away (bad credentials, budget too small): retrying will not help."""
+
+
+class RoundAborted(RuntimeError):
+    """The server closed the round this device was working on."""
+
+
+@dataclass
+class DeviceConfig:
+    server: str
+    device_id: str
+    budget_bytes: int
+    cores: int = 1
+    device_class: str = ""
+    token: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    storage: str = "auto"  # where cached activations live: memory, disk, or auto (disk for weak devices)
+    work_dir: Path | None = None
+    threads: int = 1
+    forward_batch: int = 64
+    reconnect: bool = True
+    max_retries: int = 30
+    max_backoff_s: float = 5.0
+    frame_size: int = 1 << 20
+    # Fault injection for emulation and tests: vanish mid-round (the process exits after its
+    # downloads) in the listed rounds or with a probability per round; add network delay.
+    drop_rounds: frozenset[int] = frozenset()
+    drop_prob: float = 0.0
+    drop_seed: int = 0
+    delay_s: float = 0.0
+
+
+#: Exit status of a device process that vanished on purpose (fault injection).
+DROP_EXIT = 75
+
+
+@dataclass
+class RoundReport:
+    round: int
+    role: str
+    trained: tuple[int, int]
+    loss_before: float
+    loss_after: float
+    timings: dict[str, float]
+
+
+@dataclass
+class _RoundProgress:
+    """What survives a reconnect within one round: the activations computed so far and partial downloads."""
+
+    round: int
+    chunks_done: int = 0
+    activations: object | None = None  # ActivationCache
+    partial: dict[tuple[str, int], p.IncomingTransfer] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0, "upload_s": 0.0})
+
+
+def device_seed(round_seed: int, device_id: str) -> int:
+    """The local sampling seed: differs per device and round, the same on every run (no salted hash())."""
+    return (round_seed * 1_000_003 + zlib.crc32(device_id.encode())) % (1 << 31)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class DeviceClient:
+    """Runs a device against an orchestrator until the server says goodbye."""
+
+    def __init__(
+        self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, *,
+        on_event: Callable[[str, dict], None] | None = None,
+    ) -> None:
+        if len(x) != len(y) or len(x) == 0:
+            raise ValueError("a device needs a non-empty local dataset with one label per sample")
+        self.config = config
+        self.x, self.y = x, y
+        self.on_event = on_event or (lambda kind, data: None)
+        self.limits = p.Limits(max_frame_bytes=config.frame_size)
+        self.welcome: p.Welcome | None = None
+        self.reports: list[RoundReport] = []
+        self._progress: _RoundProgress | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    # -- connection -----------------------------------------------------------------------
+    async def run(self) -> list[RoundReport]:
+        """Connect (and reconnect with exponential backoff) until the server sends ``Bye``."""
+        attempt = 0
+        try:
+            while True:
+                try:
+                    async with connect(self.config.server, **ws_options(self.limits)) as ws:
+                        attempt = 0
+                        if await self._session(ws):
+                            return self.reports
+                except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
+                    if not self.config.reconnect or attempt >= self.config.max_retries:
+                        raise ConnectionError(f"{self.config.device_id}: lost the server after {attempt} retries: {exc}") from exc
+                    delay = min(self.config.max_backoff_s, 0.2 * 2**attempt) * (0.5 + random.random() / 2)
+                    attempt += 1
+                    self.on_event("reconnect", {"device": self.config.device_id, "attempt": attempt, "delay_s": delay})
+                    await asyncio.sleep(delay)
+        finally:
+            self._drop_progress()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+
+    async def _session(self, ws: ClientConnection) -> bool:
+        """One connection's life. True when the server said goodbye (training over)."""
+        c = self.config
+        resume = self._progress.round if self._progress else -1
+        await send_msg(ws, p.Hello(
+            device_id=c.device_id, token=c.token, budget_bytes=c.budget_bytes, cores=c.cores,
+            runtimes=["onnxruntime", "torch"], num_samples=len(self.x), device_class=c.device_class,
+            labels=dict(c.labels), resume_round=resume,
+        ))
+        welcome = await self._expect(ws, p.Welcome)
+        self.welcome = welcome
+        self.on_event("welcome", {"device": c.device_id, "role": welcome.role, "split": welcome.split,
+                                  "chunks": [list(ch) for ch in welcome.chunks]})
+        while True:
+            msg = await recv_msg(ws, self.limits)
+            if isinstance(msg, p.Bye):
+                return True
+            if isinstance(msg, p.Task):
+                try:
+                    await self._round(ws, msg)
+                except RoundAborted:
+                    self.on_event("aborted", {"device": c.device_id, "round": msg.round})
+                    self._drop_progress()
+            elif isinstance(msg, p.Error):
+                raise DeviceRefused(f"{msg.code}: {msg.message}")
+            else:
+                raise p.ProtocolError("unexpected", f"did not expect {msg.TYPE} while idle")
+
+    async def _expect(self, ws: ClientConnection, kind: type) -> p.Message:
+        msg = await recv_msg(ws, self.limits)
+        if isinstance(msg, p.Error):
+            raise DeviceRefused(f"{msg.code}: {msg.message}")
+        if isinstance(msg, p.Bye):
+            raise RoundAborted("server said goodbye")
+        if not isinstance(msg, kind):
+            raise p.ProtocolError("unexpected", f"expected {kind.TYPE}, got {msg.TYPE}")
+        return msg
+
+    # -- one round ------------------------------------------------------------------------
+    async def _round(self, ws: ClientConnection, task: p.Task) -> None:
+        from edge_sdk.forward import ActivationCache, ChunkRunner  # onnxruntime loads on first use
+
+        welcome = self.welcome
+        assert welcome is not None
+        if self._progress is None or self._progress.round != task.round:
+            self._drop_progress()
+            self._progress = _RoundProgress(task.round)
+        prog = self._progress
+        if prog.activations is None:
+            prog.activations = ActivationCache.from_array(self.x)
+        # Algorithm 1: receive chunk i, feed the local data forward, keep the output, discard chunk i.
+        for i in range(prog.chunks_done, len(task.chunk_ids)):
+            data = await self._fetch(ws, task.round, "chunk", i, prog)
+            t = time.monotonic()
+            runner = ChunkRunner(data, threads=self.config.threads)
+            del data
+            previous = prog.activations
+            prog.activations = await asyncio.to_thread(
+                previous.apply, runner, batch_size=self.config.forward_batch,
+                storage=self._storage(welcome.role), directory=self._work_dir(),
+            )
+            runner.close()
+            del runner
+            prog.chunks_done = i + 1
+            prog.timings["forward_s"] += time.monotonic() - t
+        tail = p.decode_tensors(await self._fetch(ws, task.round, "tail", 0, prog), self.limits)
+        if self._drops(task.round):
+            self.on_event("dropped", {"device": self.config.device_id, "round": task.round})
+            os._exit(DROP_EXIT)
+
+        t = time.monotonic()
+        result = await asyncio.to_thread(self._train, welcome, task, tail, prog.activations.array)
+        prog.timings["train_s"] += time.monotonic() - t
+        del tail
+
+        t = time.monotonic()
+        if self.config.delay_s > 0:
+            await asyncio.sleep(self.config.delay_s)
+        transfer_id = uuid.uuid4().hex
+        trained = (welcome.split, welcome.num_blocks)
+        metrics = {**{k: round(v, 6) for k, v in prog.timings.items()}, "peak_rss_bytes": peak_rss_bytes(),
+                   "storage": self._storage(welcome.role), "steps": result.steps}
+        await send_msg(ws, p.Update(task.round, result.num_samples, trained, result.loss_before,
+                                    result.loss_after, transfer_id, metrics))
+        await send_payload(ws, p.encode_tensors(result.deltas), transfer_id=transfer_id, kind="update",
+                           meta={"round": task.round}, frame_size=self.config.frame_size)
+        ack = await self._expect(ws, p.Ack)
+        prog.timings["upload_s"] += time.monotonic() - t
+        report = RoundReport(task.round, welcome.role, trained, result.loss_before, result.loss_after, dict(prog.timings))
+        self.reports.append(report)
+        self.on_event("round_done", {"device": self.config.device_id, "round": task.round, "accepted": ack.accepted,
+                                     "reason": ack.reason, "role": welcome.role, "trained": list(trained),
+                                     **prog.timings, "peak_rss_bytes": peak_rss_bytes()})
+        self._drop_progress()
+
+    def _train(self, welcome: p.Welcome, task: p.Task, tail: dict[str, np.ndarray], x: np.ndarray):
+        from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail  # torch loads here
+
+        model = build_tail(welcome.model, welcome.split)
+        load_tail_state(model, welcome.split, tail)
+        cfg = TrainConfig(
+            local_steps=task.local_steps, batch_size=welcome.batch_size, lr=task.lr,
+            momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
+            seed=device_seed(int(task.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
+        )
+        return train_tail(model, welcome.split, x, self.y, cfg)
+
+    async def _fetch(self, ws: ClientConnection, round: int, kind: str, index: int, prog: _RoundProgress) -> bytes:
+        """Download one payload; a download cut by a dropped connection resumes from its offset."""
+        t = time.monotonic()
+        key = (kind, index)
+        incoming = prog.partial.get(key)
+        await send_msg(ws, p.Fetch(round, kind, index, incoming.offset if incoming else 0))
+        begin = await recv_msg(ws, self.limits)
+        if isinstance(begin, p.Ack) and not begin.accepted:
+            raise RoundAborted(begin.reason)
+        if not isinstance(begin, p.TransferBegin):
+            raise p.ProtocolError("unexpected", f"expected a transfer, got {begin.TYPE}")
+        if incoming is not None and incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
+            incoming.resume(begin)
+        else:
+            incoming = p.IncomingTransfer(begin, self.limits)
+        prog.partial[key] = incoming
+        done = incoming.offset >= incoming.total_size
+        while not done:
+            frame = await recv_msg(ws, self.limits)
+            if not isinstance(frame, p.TransferFrame):
+                raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
+            done = incoming.feed(frame)
+        data = incoming.result()
+        del prog.partial[key]
+        prog.timings["download_s"] += time.monotonic() - t
+        return data
+
+    def _drops(self, round: int) -> bool:
+        c = self.config
+        if round in c.drop_rounds:
+            return True
+        if c.drop_prob <= 0:
+            return False
+        return bool(np.random.default_rng([c.drop_seed, zlib.crc32(c.device_id.encode()), round]).random() < c.drop_prob)
+
+    # -- resources ------------------------------------------------------------------------
+    def _storage(self, role: str) -> str:
+        if self.config.storage != "auto":
+            return self.config.storage
+        return "disk" if role == "weak" else "memory"
+
+    def _work_dir(self) -> Path:
+        if self.config.work_dir is not None:
+            self.config.work_dir.mkdir(parents=True, exist_ok=True)
+            return self.config.work_dir
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"edgetrain-{self.config.device_id}-")
+        return Path(self._tmp.name)
+
+    def _drop_progress(self) -> None:
+        prog, self._progress = self._progress, None
+        if prog is not None and prog.activations is not None:
+            with contextlib.suppress(Exception):
+                prog.activations.close()

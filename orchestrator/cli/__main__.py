@@ -1,0 +1,5 @@
+"""``python -m orchestrator.cli``: the same as the ``edgetrain`` script."""
+
+from orchestrator.cli import main
+
+main()

@@ -1,0 +1,113 @@
+"""``edgetrain serve`` and ``edgetrain device``: the two long-running halves of a deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.cli import app
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("digits_mlp", help="Model from the zoo."),
+    strategy: str = typer.Option("embracingfl", help="Aggregation strategy (fedavg, embracingfl)."),
+    rounds: int = typer.Option(20, help="Rounds to run."),
+    fraction: float = typer.Option(1.0, help="Share of idle connected devices sampled per round."),
+    min_devices: int = typer.Option(2, help="Connected devices to wait for before a round starts."),
+    quorum: float = typer.Option(1.0, help="Share of selected devices whose updates close a round early."),
+    deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
+    local_steps: int = typer.Option(10, help="Local steps per round (tau)."),
+    batch_size: int = typer.Option(32, help="Local mini-batch size."),
+    lr: float = typer.Option(0.05, help="Local learning rate."),
+    data: str = typer.Option("digits", help="Held-out dataset for evaluation."),
+    data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets)."),
+    eval_every: int = typer.Option(1, help="Evaluate every n rounds (0: never)."),
+    store: Path = typer.Option(Path("runs/serve"), help="Folder for the SQLite journal and checkpoints."),
+    resume: bool = typer.Option(False, help="Continue from the last completed round in --store."),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8765),
+    token: str = typer.Option("", help="Shared credential devices must present (empty: none)."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
+    from orchestrator.config import ServerConfig
+    from orchestrator.server import Orchestrator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    config = ServerConfig(
+        model=model, strategy=strategy, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
+        deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
+        data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
+        token=token, seed=seed,
+    )
+
+    def on_event(kind: str, payload: dict) -> None:
+        print(json.dumps({"event": kind, **payload}, default=str), flush=True)
+
+    history = asyncio.run(Orchestrator(config, on_event=on_event).run())
+    if history:
+        last = history[-1]
+        typer.echo(f"finished round {last['round']}: accuracy {last.get('accuracy', float('nan')):.4f}", err=True)
+
+
+@app.command()
+def device(
+    server: str = typer.Option("ws://127.0.0.1:8765", help="Orchestrator URL."),
+    device_id: str = typer.Option(..., "--id", help="This device's id."),
+    device_class: Optional[str] = typer.Option(None, help="Declare the budget of a device class (profiles/devices)."),
+    budget: Optional[str] = typer.Option(None, help="Declare a memory budget, e.g. 512MiB (default: probe this machine)."),
+    data: str = typer.Option("digits", help="Local dataset."),
+    data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets."),
+    partition: str = typer.Option("iid", help="iid, dirichlet:ALPHA or natural."),
+    client: int = typer.Option(0, help="This device's index in the partition."),
+    num_clients: int = typer.Option(1, help="How many devices the dataset is split across."),
+    seed: int = typer.Option(0, help="Partition seed (the same on every device)."),
+    token: str = typer.Option(""),
+    threads: int = typer.Option(1, help="Threads for ONNX Runtime and torch."),
+    storage: str = typer.Option("auto", help="Where cached activations live: memory, disk, auto."),
+    json_events: bool = typer.Option(False, "--json-events", help="Print events as JSON lines on stdout."),
+    drop_rounds: str = typer.Option("", help="Emulation: vanish mid-round in these rounds (comma-separated)."),
+    drop_prob: float = typer.Option(0.0, help="Emulation: probability of vanishing mid-round, per round."),
+    delay: float = typer.Option(0.0, help="Emulation: extra network delay before each upload, seconds."),
+    reconnect_retries: int = typer.Option(30, help="Reconnect attempts after a lost connection."),
+) -> None:
+    """Run one device: say hello, follow the plan, train its share each round until the server is done."""
+    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.data import load_dataset, parse_partition, partition as split_data
+    from profiles.devices import load_device_class
+    from profiles.probe import probe
+    from profiles.units import parse_size
+
+    if budget is not None:
+        budget_bytes = parse_size(budget)
+    elif device_class is not None:
+        budget_bytes = load_device_class(device_class).budget_bytes
+    else:
+        budget_bytes = probe().budget_bytes
+    root = Path(data_root) if data_root else None
+    dataset = load_dataset(data, root=root, split="train")
+    scheme, alpha = parse_partition(partition)
+    labels = dataset.groups if scheme == "natural" else dataset.y
+    parts = split_data(labels, num_clients, scheme, alpha=alpha, seed=seed)
+    if not 0 <= client < len(parts):
+        raise typer.BadParameter(f"--client must be in [0, {len(parts)})")
+    idx = parts[client]
+    config = DeviceConfig(server=server, device_id=device_id, budget_bytes=budget_bytes, cores=threads,
+                          device_class=device_class or "", token=token, storage=storage, threads=threads,
+                          drop_rounds=frozenset(int(r) for r in drop_rounds.split(",") if r.strip()),
+                          drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries)
+
+    def on_event(kind: str, payload: dict) -> None:
+        if json_events:
+            print(json.dumps({"event": kind, **payload}, default=str), flush=True)
+        else:
+            typer.echo(f"{kind}: {payload}", err=True)
+
+    asyncio.run(DeviceClient(config, dataset.x[idx], dataset.y[idx], on_event=on_event).run())

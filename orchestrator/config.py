@@ -1,0 +1,48 @@
+"""Settings of a training run, as one dataclass the CLI, the demo and the tests fill in."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServerConfig:
+    """What the orchestrator trains and how it runs rounds.
+
+    Defaults follow EmbracingFL appendix 6.1 where it gives one (tau = 10 local steps, batch 32,
+    SGD with momentum 0.9 and weight decay 1e-4).
+    """
+
+    model: str = "digits_mlp"
+    strategy: str = "embracingfl"
+    strategy_options: dict[str, object] = field(default_factory=dict)
+    rounds: int = 20
+    fraction: float = 1.0
+    min_devices: int = 2
+    quorum: float = 1.0
+    deadline_s: float = 120.0
+    wait_devices_s: float = 120.0
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    eval_every: int = 1
+    eval_data: str = "digits"
+    data_root: str | None = None
+    eval_limit: int | None = None
+    store_dir: Path = Path("runs/serve")
+    resume: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str = ""
+    frame_size: int = 1 << 20
+    planner_batch: int = 32
+    keep_checkpoints: int = 3
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["store_dir"] = str(self.store_dir)
+        return d

@@ -1,0 +1,155 @@
+"""A local fleet: one orchestrator in this process and one OS process per device, on 127.0.0.1.
+
+Used by ``edgetrain demo`` and the integration tests; ``edgetrain emulate`` adds memory caps.
+Device processes run the same ``edgetrain device`` command a real board would run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.config import ServerConfig
+from orchestrator.server import Orchestrator
+
+
+@dataclass(frozen=True)
+class DeviceLaunch:
+    """How to start one device process."""
+
+    device_id: str
+    budget_bytes: int
+    client: int
+    num_clients: int
+    data: str = "digits"
+    partition: str = "iid"
+    device_class: str = ""
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self, url: str, data_root: str | None) -> list[str]:
+        args = [
+            sys.executable, "-m", "orchestrator.cli", "device", "--server", url, "--id", self.device_id,
+            "--budget", str(self.budget_bytes), "--data", self.data, "--partition", self.partition,
+            "--client", str(self.client), "--num-clients", str(self.num_clients), "--seed", str(self.seed),
+            "--json-events",
+        ]
+        if self.device_class:
+            args += ["--device-class", self.device_class]
+        if data_root:
+            args += ["--data-root", data_root]
+        return args + list(self.extra_args)
+
+
+@dataclass
+class FleetRun:
+    """What a local run produced: per-round metrics and per-device events."""
+
+    history: list[dict]
+    device_events: dict[str, list[dict]] = field(default_factory=dict)
+    returncodes: dict[str, int | None] = field(default_factory=dict)
+
+
+def device_env() -> dict[str, str]:
+    """Environment for device processes: one thread each, so many share two cores politely."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+async def _pump(proc: asyncio.subprocess.Process, device_id: str, sink: list[dict],
+                on_event: Callable[[str, dict], None]) -> None:
+    assert proc.stdout is not None
+    async for raw in proc.stdout:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("{"):
+            continue
+        with contextlib.suppress(json.JSONDecodeError):
+            event = json.loads(line)
+            sink.append(event)
+            on_event("device:" + str(event.get("event")), event)
+
+
+async def run_local_fleet(
+    config: ServerConfig,
+    devices: Sequence[DeviceLaunch],
+    *,
+    on_event: Callable[[str, dict], None] | None = None,
+    data_root: str | None = None,
+    stderr_dir: Path | None = None,
+) -> FleetRun:
+    """Start the orchestrator, start every device, wait for the last round, stop the devices."""
+    emit = on_event or (lambda kind, data: None)
+    orch = Orchestrator(config, on_event=emit)
+    ready = asyncio.Event()
+    server_task = asyncio.create_task(orch.run(ready=ready))
+    await asyncio.wait({server_task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if server_task.done():
+        server_task.result()  # raises the server's startup error
+    url = f"ws://{config.host}:{orch.port}"
+    events: dict[str, list[dict]] = {d.device_id: [] for d in devices}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    pumps = []
+    if stderr_dir is not None:
+        stderr_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for d in devices:
+            err = open(stderr_dir / f"{d.device_id}.log", "wb") if stderr_dir else asyncio.subprocess.DEVNULL
+            proc = await asyncio.create_subprocess_exec(
+                *d.argv(url, data_root), stdout=asyncio.subprocess.PIPE, stderr=err, env=device_env(),
+            )
+            procs[d.device_id] = proc
+            pumps.append(asyncio.create_task(_pump(proc, d.device_id, events[d.device_id], emit)))
+        history = await server_task
+    finally:
+        if not server_task.done():
+            server_task.cancel()
+        for proc in procs.values():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=10)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        for t in pumps:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, timeout=5)
+    return FleetRun(history, events, {k: p.returncode for k, p in procs.items()})
+
+
+def min_budget_for_split(model, split: int, batch: int = 32) -> int:
+    """The smallest budget for which the planner lets a device train blocks [split, L)."""
+    from profiles.planner import PlanError, plan_split
+
+    lo, hi = 1 << 20, 1 << 40
+    while hi - lo > (1 << 16):
+        mid = (lo + hi) // 2
+        try:
+            fits = plan_split(model, mid, batch).split <= split
+        except PlanError:
+            fits = False
+        lo, hi = (lo, mid) if fits else (mid, hi)
+    return hi
+
+
+def role_budgets(model_name: str, batch: int = 32, margin: float = 1.03) -> dict[str, int]:
+    """Budgets that make the planner give each role on this model (for demos and tests).
+
+    Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
+    enough for the largest suffix the planner still calls moderate (or the middle split).
+    """
+    from edge_sdk.models import build_model
+    from profiles.planner import plan_split
+
+    model = build_model(model_name, seed=None)
+    budgets = {k: int(min_budget_for_split(model, k, batch) * margin) for k in range(len(model))}
+    roles = {k: plan_split(model, b, batch).role for k, b in budgets.items()}
+    moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]
+    k_mod = moderate[0] if moderate else len(model) // 2
+    return {"strong": budgets[0], "moderate": budgets[k_mod], "weak": budgets[len(model) - 1]}

@@ -1,0 +1,89 @@
+"""Run reports: metrics.json, a per-round CSV, and PNG plots (accuracy per round, memory per device)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def new_run_dir(base: Path = Path("runs")) -> Path:
+    """``runs/<UTC timestamp>``, unique even for two runs in the same second."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = base / stamp
+    n = 1
+    while path.exists():
+        n += 1
+        path = base / f"{stamp}-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def write_metrics(run_dir: Path, payload: Mapping[str, object]) -> Path:
+    path = run_dir / "metrics.json"
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    rounds = payload.get("rounds")
+    if isinstance(rounds, Sequence) and rounds:
+        keys = [k for k in ("round", "selected", "reported", "accuracy", "test_loss", "round_wall_s", "server_cpu_s") if k in rounds[0]]
+        with open(run_dir / "rounds.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rounds)
+    return path
+
+
+def plot_accuracy(run_dir: Path, rounds: Sequence[Mapping[str, object]], *, title: str) -> Path | None:
+    """Accuracy and loss of the global model per round."""
+    points = [(r["round"], r["accuracy"]) for r in rounds if "accuracy" in r]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label="global model (test)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    path = run_dir / "accuracy.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_memory(run_dir: Path, devices: Sequence[Mapping[str, object]], *, title: str) -> Path | None:
+    """Peak memory of each device beside its budget, coloured by role."""
+    rows = [d for d in devices if d.get("peak_bytes")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"strong": "tab:blue", "moderate": "tab:orange", "weak": "tab:green"}
+    rows = sorted(rows, key=lambda d: (str(d.get("role")), str(d["device"])))
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.25 * len(rows)), 4))
+    xs = range(len(rows))
+    mib = 1 << 20
+    ax.bar(xs, [int(d["peak_bytes"]) / mib for d in rows], color=[colours.get(str(d.get("role")), "grey") for d in rows])
+    ax.scatter(xs, [int(d["budget_bytes"]) / mib for d in rows], marker="_", s=200, color="black", label="budget")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([str(d["device"]) for d in rows], rotation=90, fontsize=6)
+    ax.set_ylabel("peak memory (MiB)")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles + [ax.collections[0]], list(colours) + ["budget"], loc="upper right", fontsize=7)
+    path = run_dir / "memory.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
