@@ -128,7 +128,7 @@ def min_budget_for_split(model, split: int, batch: int = 32) -> int:
     from profiles.planner import PlanError, plan_split
 
     lo, hi = 1 << 20, 1 << 40
-    while hi - lo > (1 << 16):
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
             fits = plan_split(model, mid, batch).split <= split
@@ -138,18 +138,21 @@ def min_budget_for_split(model, split: int, batch: int = 32) -> int:
     return hi
 
 
-def role_budgets(model_name: str, batch: int = 32, margin: float = 1.03) -> dict[str, int]:
+def role_budgets(model_name: str, batch: int = 32) -> dict[str, int]:
     """Budgets that make the planner give each role on this model (for demos and tests).
 
     Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
-    enough for the largest suffix the planner still calls moderate (or the middle split).
+    enough for the smallest suffix the planner still calls moderate (or the middle split).
     """
     from edge_sdk.models import build_model
     from profiles.planner import plan_split
 
+    from profiles.accounting import measure_model
+
     model = build_model(model_name, seed=None)
-    budgets = {k: int(min_budget_for_split(model, k, batch) * margin) for k in range(len(model))}
-    roles = {k: plan_split(model, b, batch).role for k, b in budgets.items()}
+    cost = measure_model(model)
+    budgets = {k: min_budget_for_split(cost, k, batch) for k in range(len(model))}
+    roles = {k: plan_split(cost, b, batch).role for k, b in budgets.items()}
     moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]
-    k_mod = moderate[0] if moderate else len(model) // 2
+    k_mod = moderate[-1] if moderate else len(model) // 2
     return {"strong": budgets[0], "moderate": budgets[k_mod], "weak": budgets[len(model) - 1]}

@@ -29,6 +29,7 @@ from orchestrator.evaluate import Evaluator
 from orchestrator.rounds import RoundState, sample_devices
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceUpdate, UpdateRejected, make_strategy
+from profiles.accounting import measure_model
 from profiles.planner import Plan, PlanError, plan_split
 
 log = logging.getLogger("edgetrain.server")
@@ -83,6 +84,7 @@ class Orchestrator:
         self.store = Store(config.store_dir, keep=config.keep_checkpoints)
         self.cache = ChunkCache(max_bytes=256 << 20, directory=config.store_dir / "chunks")
         self.evaluator = Evaluator(config)
+        self.cost = measure_model(self.model)  # measured once; every hello is planned against it
         self.sessions: dict[str, Session] = {}
         self.round: RoundState | None = None
         self.payloads: RoundPayloads | None = None
@@ -173,7 +175,7 @@ class Orchestrator:
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
         try:
-            plan = plan_split(self.model, hello.budget_bytes, self.config.planner_batch)
+            plan = plan_split(self.cost, hello.budget_bytes, self.config.planner_batch)
         except PlanError as exc:
             raise p.ProtocolError("refused", str(exc)) from None
         old = self.sessions.get(hello.device_id)
@@ -283,11 +285,11 @@ class Orchestrator:
         self._changed.set()
 
     # -- rounds ---------------------------------------------------------------------------
-    async def _wait_for_devices(self) -> None:
+    async def _wait_for_devices(self, needed: int) -> None:
         deadline = time.monotonic() + self.config.wait_devices_s
-        while len(self._idle()) < self.config.min_devices:
+        while len(self._idle()) < needed:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.sessions)} of {self.config.min_devices} devices connected in time")
+                raise TimeoutError(f"only {len(self._idle())} of {needed} devices were ready in time")
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=0.5)
@@ -296,8 +298,10 @@ class Orchestrator:
         return [d for d, s in self.sessions.items() if s.busy_round is None]
 
     async def _rounds(self) -> None:
+        # The first round waits for min_devices to connect; later ones go ahead with whoever is
+        # idle, so a fleet that loses a device keeps training.
         for r in range(self.start_round, self.config.rounds + 1):
-            await self._wait_for_devices()
+            await self._wait_for_devices(self.config.min_devices if r == self.start_round else 1)
             await self._run_round(r)
 
     async def _prepare_payloads(self, r: int, sessions: list[Session]) -> RoundPayloads:

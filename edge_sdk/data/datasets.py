@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens")
+DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens", "synthetic")
 SPLITS: tuple[str, ...] = ("train", "test")
 DATA_ENV = "EDGETRAIN_DATA"
 CACHE_ENV = "EDGETRAIN_CACHE"
@@ -130,6 +130,8 @@ def load_dataset(
         return _cifar10(data_root(root), split, limit, cache_root(cache_dir))
     elif name == "movielens":
         data = _movielens(data_root(root), split)
+    elif name == "synthetic":
+        data = _synthetic(split)
     else:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
     return data if limit is None or limit >= len(data) else data.subset(np.arange(limit))
@@ -142,6 +144,17 @@ def _require(path: Path, name: str) -> Path:
             f"(see its README); nothing is downloaded at run time"
         )
     return path
+
+
+# -- synthetic -------------------------------------------------------------------------------
+def _synthetic(split: str) -> Dataset:
+    """Two Gaussian blobs in 4 dimensions (400 train / 100 test): for exact tests of the tiny model."""
+    rng = np.random.default_rng(1234 if split == "train" else 4321)
+    n = 400 if split == "train" else 100
+    y = rng.integers(0, 2, size=n).astype(np.int64)
+    centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
+    x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
+    return Dataset(x, y, 2, "synthetic")
 
 
 # -- digits ----------------------------------------------------------------------------------
