@@ -30,7 +30,8 @@ from orchestrator.rounds import RoundState, sample_devices
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceUpdate, UpdateRejected, make_strategy
 from profiles.accounting import measure_model
-from profiles.planner import Plan, PlanError, plan_split
+from profiles.planner import Plan, PlanError, RoleThresholds, plan_split
+from profiles.runtime import runtime_memory
 
 log = logging.getLogger("edgetrain.server")
 
@@ -175,7 +176,7 @@ class Orchestrator:
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
         try:
-            plan = plan_split(self.cost, hello.budget_bytes, self.config.planner_batch)
+            plan = self._plan(hello)
         except PlanError as exc:
             raise p.ProtocolError("refused", str(exc)) from None
         old = self.sessions.get(hello.device_id)
@@ -191,6 +192,31 @@ class Orchestrator:
         self.store.record_device(hello.device_id, profile, plan_summary(plan))
         self.on_event("registered", {"device": hello.device_id, "role": plan.role, "split": plan.split})
         return session
+
+    def _plan(self, hello: p.Hello) -> Plan:
+        """The planner's choice for this budget, or a split the device was told to take.
+
+        ``labels["force_split"]`` is for emulation and tests (e.g. make a weak device train the
+        whole model to show it cannot): the split is honoured whatever the budget says.
+        """
+        batch = self.config.planner_batch
+        forced = hello.labels.get("force_split")
+        if forced is None:
+            return plan_split(self.cost, hello.budget_bytes, batch)
+        try:
+            k = int(forced)
+        except ValueError:
+            raise p.ProtocolError("malformed", f"force_split must be an integer, not {forced!r}") from None
+        if not 0 <= k < len(self.model):
+            raise p.ProtocolError("malformed", f"force_split {k} outside [0, {len(self.model)})")
+        chunks = [(0, k)] if k > 0 else []
+        footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().training, chunks=chunks)
+        capacity = self.cost.capacity(k, batch)
+        return Plan(
+            model=self.cost.model, split=k, role=RoleThresholds().role(k, capacity), chunks=chunks,
+            footprint_bytes=footprint.total, capacity=capacity, budget_bytes=hello.budget_bytes, batch_size=batch,
+            num_blocks=len(self.cost), trainable_params=self.cost.trainable_params(k), footprint=footprint,
+        )
 
     async def _serve_session(self, session: Session) -> None:
         plan = session.plan

@@ -77,6 +77,7 @@ def device(
     drop_prob: float = typer.Option(0.0, help="Emulation: probability of vanishing mid-round, per round."),
     delay: float = typer.Option(0.0, help="Emulation: extra network delay before each upload, seconds."),
     reconnect_retries: int = typer.Option(30, help="Reconnect attempts after a lost connection."),
+    force_split: Optional[int] = typer.Option(None, help="Emulation: ask the server for this split whatever the budget."),
 ) -> None:
     """Run one device: say hello, follow the plan, train its share each round until the server is done."""
     from edge_sdk.client import DeviceClient, DeviceConfig
@@ -101,6 +102,7 @@ def device(
     idx = parts[client]
     config = DeviceConfig(server=server, device_id=device_id, budget_bytes=budget_bytes, cores=threads,
                           device_class=device_class or "", token=token, storage=storage, threads=threads,
+                          labels={} if force_split is None else {"force_split": str(force_split)},
                           drop_rounds=frozenset(int(r) for r in drop_rounds.split(",") if r.strip()),
                           drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries)
 
