@@ -246,7 +246,7 @@ class DeviceClient:
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
             seed=device_seed(int(task.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
         )
-        return train_tail(model, welcome.split, x, self.y, cfg)
+        return train_tail(model, welcome.split, x, self.y, cfg, initial=tail)
 
     async def _fetch(self, ws: ClientConnection, round: int, kind: str, index: int, prog: _RoundProgress) -> bytes:
         """Download one payload; a download cut by a dropped connection resumes from its offset."""

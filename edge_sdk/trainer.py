@@ -82,20 +82,23 @@ def _mean_loss(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, ba
 
 
 def train_tail(
-    model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, config: TrainConfig
+    model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, config: TrainConfig,
+    initial: Mapping[str, np.ndarray] | None = None,
 ) -> TrainResult:
     """Run tau local SGD steps on blocks [split, L) and return deltas (new - received).
 
     ``x`` is the input of block ``split``: raw data for a strong device, cached activations for
     the others. Each step samples a mini-batch from the local (cached) data, as in Algorithm 2,
-    line "xi_i <- a random data sampled from D-bar^i".
+    line "xi_i <- a random data sampled from D-bar^i". ``initial`` is the state the tail was
+    loaded from; given it, deltas are taken against it and no copy of the tail is made.
     """
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need matching, non-empty inputs and labels (got {len(x)} and {len(y)})")
     torch.set_num_threads(max(1, config.threads))
     rng = np.random.default_rng(config.seed)
     names = model.state_names(split)
-    before = {n: t.detach().clone() for n, t in model.state_dict().items() if n in set(names)}
+    if initial is None:
+        initial = {n: t.detach().numpy().copy() for n, t in model.state_dict().items() if n in set(names)}
     params = [p for i in range(split, len(model)) for p in model.block(i).parameters()]
 
     eval_idx = rng.permutation(len(x))[: config.eval_samples]
@@ -121,9 +124,9 @@ def train_tail(
     loss_after = _mean_loss(model, split, x_eval, y_eval, 256)
     after = model.state_dict()
     deltas = {
-        n: (after[n] - before[n]).numpy().astype(np.float32, copy=False)
+        n: np.subtract(after[n].numpy(), initial[n], dtype=np.float32)
         for n in names
-        if before[n].is_floating_point()
+        if after[n].is_floating_point()
     }
     return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps)
 
