@@ -1,0 +1,430 @@
+"""Device bundles: what a device provisioned offline needs to take part in training.
+
+A bundle is an uncompressed tar archive holding ``manifest.json``, the frozen chunks of blocks
+[0, split) as ONNX files, and the trainable tail (blocks [split, L)) as ``tail.npz``. The manifest
+names every file with its sha256 and the shapes flowing between the chunks, and carries a digest
+of its own content, so that any damaged or edited byte is caught before the device runs anything.
+(The checksums detect accidents and tampering with a bundle in transit; they are not a signature.)
+
+Chunks are read one at a time, straight from the archive, so a weak device never holds all of
+them (EmbracingFL, Algorithm 1). This module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from edge_sdk.forward import ChunkRunner
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "BUNDLE_FORMAT_VERSION",
+    "Bundle",
+    "BundleError",
+    "ChunkEntry",
+    "Manifest",
+    "TailEntry",
+    "TensorEntry",
+    "load_bundle",
+    "manifest_digest",
+]
+
+BUNDLE_FORMAT = "edgetrain-bundle"
+BUNDLE_FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+_READ_BLOCK = 1 << 20
+
+
+class BundleError(ValueError):
+    """A bundle is malformed, damaged, or inconsistent with its manifest."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One frozen chunk: blocks [start, stop) as ONNX in ``file``; shapes are per sample."""
+
+    id: str
+    start: int
+    stop: int
+    file: str
+    sha256: str
+    size: int
+    input_shape: tuple[int, ...]
+    input_dtype: str
+    output_shape: tuple[int, ...]
+    output_dtype: str
+
+
+@dataclass(frozen=True)
+class TailEntry:
+    """The trainable blocks [start, stop) as named arrays in ``file`` (numpy .npz)."""
+
+    file: str
+    sha256: str
+    size: int
+    start: int
+    stop: int
+    input_shape: tuple[int, ...]
+    input_dtype: str
+    tensors: tuple[TensorEntry, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    model: str
+    model_version: str
+    num_blocks: int
+    block_names: tuple[str, ...]
+    split: int
+    role: str | None
+    device_class: str | None
+    input_shape: tuple[int, ...]
+    input_dtype: str
+    export: dict[str, Any]
+    chunks: tuple[ChunkEntry, ...]
+    tail: TailEntry
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-ready data, with its ``format`` tag and ``digest``."""
+        body = {"format": BUNDLE_FORMAT, **asdict(self)}
+        body = json.loads(json.dumps(body))  # tuples -> lists, as they come back from JSON
+        body["digest"] = manifest_digest(body)
+        return body
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1).encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        """Parse and check a manifest: format, digest, field types, and that its parts fit together."""
+        if not isinstance(data, dict):
+            raise BundleError("manifest must be a JSON object")
+        if data.get("format") != BUNDLE_FORMAT:
+            raise BundleError(f"not an edgetrain bundle manifest (format {data.get('format')!r})")
+        version = data.get("format_version")
+        if version != BUNDLE_FORMAT_VERSION:
+            raise BundleError(
+                f"bundle format version {version!r} is not supported (this SDK reads {BUNDLE_FORMAT_VERSION})"
+            )
+        digest = manifest_digest(data)
+        if data.get("digest") != digest:
+            raise BundleError(
+                f"manifest digest mismatch: recorded {data.get('digest')!r}, content gives {digest}"
+                " (the manifest was edited or damaged)"
+            )
+        try:
+            manifest = cls(
+                format_version=_int(data, "format_version"),
+                model=_str(data, "model"),
+                model_version=_str(data, "model_version"),
+                num_blocks=_int(data, "num_blocks"),
+                block_names=tuple(_str_list(data, "block_names")),
+                split=_int(data, "split"),
+                role=_opt_str(data, "role"),
+                device_class=_opt_str(data, "device_class"),
+                input_shape=_shape(data, "input_shape"),
+                input_dtype=_dtype(data, "input_dtype"),
+                export=_dict(data, "export"),
+                chunks=tuple(_chunk(c, i) for i, c in enumerate(_list(data, "chunks"))),
+                tail=_tail(_dict(data, "tail")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise BundleError(f"malformed manifest: {exc}") from None
+        manifest._check_consistent()
+        return manifest
+
+    def _check_consistent(self) -> None:
+        if self.num_blocks < 1 or len(self.block_names) != self.num_blocks:
+            raise BundleError(f"manifest lists {len(self.block_names)} block names for {self.num_blocks} blocks")
+        if not 0 <= self.split < self.num_blocks:
+            raise BundleError(f"split {self.split} outside [0, {self.num_blocks})")
+        # The chunks cover [0, split) in order, each output feeding the next input.
+        position, shape, dtype = 0, self.input_shape, self.input_dtype
+        for i, c in enumerate(self.chunks):
+            if c.start != position or not c.start < c.stop:
+                raise BundleError(f"chunk {i} covers blocks [{c.start}, {c.stop}), expected a range from {position}")
+            if (c.input_shape, c.input_dtype) != (shape, dtype):
+                raise BundleError(
+                    f"chunk {i} takes {c.input_dtype}{list(c.input_shape)} but receives {dtype}{list(shape)}"
+                )
+            position, shape, dtype = c.stop, c.output_shape, c.output_dtype
+        if position != self.split:
+            raise BundleError(f"chunks cover blocks [0, {position}) but the split is {self.split}")
+        t = self.tail
+        if (t.start, t.stop) != (self.split, self.num_blocks):
+            raise BundleError(f"tail covers blocks [{t.start}, {t.stop}), expected [{self.split}, {self.num_blocks})")
+        if (t.input_shape, t.input_dtype) != (shape, dtype):
+            raise BundleError(f"tail takes {t.input_dtype}{list(t.input_shape)} but receives {dtype}{list(shape)}")
+        tail_blocks = set(self.block_names[self.split :])
+        for tensor in t.tensors:
+            parts = tensor.name.split(".")
+            if len(parts) < 3 or parts[0] != "blocks" or parts[1] not in tail_blocks:
+                raise BundleError(f"tail tensor {tensor.name!r} is not in the trainable blocks")
+        files = [c.file for c in self.chunks] + [t.file]
+        if len(set(files)) != len(files) or MANIFEST_NAME in files:
+            raise BundleError(f"manifest file names are not distinct: {files}")
+
+
+def manifest_digest(data: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a manifest without its ``digest`` field."""
+    body = {k: v for k, v in data.items() if k != "digest"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+# -- manifest field readers (raise KeyError/TypeError, turned into BundleError above) ----------
+def _get(data: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in data:
+        raise KeyError(f"missing field {key!r}")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise TypeError(f"field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _int(data: dict[str, Any], key: str) -> int:
+    return _get(data, key, int)
+
+
+def _str(data: dict[str, Any], key: str) -> str:
+    return _get(data, key, str)
+
+
+def _opt_str(data: dict[str, Any], key: str) -> str | None:
+    return None if data.get(key, None) is None else _str(data, key)
+
+
+def _dict(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return _get(data, key, dict)
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    return _get(data, key, list)
+
+
+def _str_list(data: dict[str, Any], key: str) -> list[str]:
+    values = _list(data, key)
+    if not all(isinstance(v, str) for v in values):
+        raise TypeError(f"field {key!r} must list strings")
+    return values
+
+
+def _shape(data: dict[str, Any], key: str) -> tuple[int, ...]:
+    values = _list(data, key)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise TypeError(f"field {key!r} must list non-negative integers")
+    return tuple(values)
+
+
+def _dtype(data: dict[str, Any], key: str) -> str:
+    name = _str(data, key)
+    try:
+        np.dtype(name)
+    except TypeError:
+        raise TypeError(f"field {key!r} names no numpy dtype: {name!r}") from None
+    return name
+
+
+def _chunk(data: Any, index: int) -> ChunkEntry:
+    if not isinstance(data, dict):
+        raise TypeError(f"chunk {index} must be an object")
+    return ChunkEntry(
+        id=_str(data, "id"),
+        start=_int(data, "start"),
+        stop=_int(data, "stop"),
+        file=_str(data, "file"),
+        sha256=_str(data, "sha256"),
+        size=_int(data, "size"),
+        input_shape=_shape(data, "input_shape"),
+        input_dtype=_dtype(data, "input_dtype"),
+        output_shape=_shape(data, "output_shape"),
+        output_dtype=_dtype(data, "output_dtype"),
+    )
+
+
+def _tail(data: dict[str, Any]) -> TailEntry:
+    tensors = []
+    for i, t in enumerate(_list(data, "tensors")):
+        if not isinstance(t, dict):
+            raise TypeError(f"tail tensor {i} must be an object")
+        tensors.append(TensorEntry(name=_str(t, "name"), shape=_shape(t, "shape"), dtype=_dtype(t, "dtype")))
+    return TailEntry(
+        file=_str(data, "file"),
+        sha256=_str(data, "sha256"),
+        size=_int(data, "size"),
+        start=_int(data, "start"),
+        stop=_int(data, "stop"),
+        input_shape=_shape(data, "input_shape"),
+        input_dtype=_dtype(data, "input_dtype"),
+        tensors=tuple(tensors),
+    )
+
+
+# -- reading a bundle ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Member:
+    offset: int
+    size: int
+
+
+class Bundle:
+    """A checked bundle on disk. Chunks and the tail are read from the archive when asked for."""
+
+    def __init__(self, path: Path, manifest: Manifest, members: dict[str, _Member]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._members = members
+
+    def __len__(self) -> int:
+        return len(self.manifest.chunks)
+
+    def _read(self, name: str, sha256: str) -> bytes:
+        member = self._members[name]
+        with open(self.path, "rb") as f:
+            f.seek(member.offset)
+            data = f.read(member.size)
+        if len(data) != member.size or hashlib.sha256(data).hexdigest() != sha256:
+            raise BundleError(f"{name} in {self.path} changed since the bundle was loaded (sha256 mismatch)")
+        return data
+
+    def chunk_bytes(self, index: int) -> bytes:
+        """ONNX bytes of chunk ``index`` (checked against its sha256 again as it is read)."""
+        entry = self.manifest.chunks[index]
+        return self._read(entry.file, entry.sha256)
+
+    def iter_chunks(self) -> Iterator[bytes]:
+        """The chunks' bytes in order, one at a time (feed to :func:`edge_sdk.forward.multi_step_forward`)."""
+        for index in range(len(self.manifest.chunks)):
+            yield self.chunk_bytes(index)
+
+    def runner(self, index: int, *, threads: int = 1) -> ChunkRunner:
+        """An ONNX Runtime session for chunk ``index``, checked against the manifest's shapes."""
+        from edge_sdk.forward import ChunkRunner
+
+        entry = self.manifest.chunks[index]
+        runner = ChunkRunner(self.chunk_bytes(index), threads=threads)
+        for what, got, want in (
+            ("input", (runner.input_shape, str(runner.input_dtype)), (entry.input_shape, entry.input_dtype)),
+            ("output", (runner.output_shape, str(runner.output_dtype)), (entry.output_shape, entry.output_dtype)),
+        ):
+            if not _fits(got, want):
+                runner.close()
+                raise BundleError(f"chunk {index} {what} is {got} in its ONNX but {want} in the manifest")
+        return runner
+
+    def tail(self) -> dict[str, np.ndarray]:
+        """The trainable blocks' tensors by state name, as the server sent them."""
+        entry = self.manifest.tail
+        data = self._read(entry.file, entry.sha256)
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{entry.file} is not a readable .npz: {exc}") from exc
+        expected = {t.name: t for t in entry.tensors}
+        if set(arrays) != set(expected):
+            raise BundleError(
+                f"{entry.file} holds {sorted(arrays)} but the manifest lists {sorted(expected)}"
+            )
+        for name, array in arrays.items():
+            t = expected[name]
+            if array.shape != t.shape or str(array.dtype) != t.dtype:
+                raise BundleError(
+                    f"tail tensor {name} is {array.dtype}{list(array.shape)}, manifest says {t.dtype}{list(t.shape)}"
+                )
+        return arrays
+
+
+def _fits(got: tuple[tuple[int | None, ...], str], want: tuple[tuple[int, ...], str]) -> bool:
+    (got_shape, got_dtype), (want_shape, want_dtype) = got, want
+    return (
+        got_dtype == want_dtype
+        and len(got_shape) == len(want_shape)
+        and all(g is None or g == w for g, w in zip(got_shape, want_shape))
+    )
+
+
+def _hash_member(f: Any, member: _Member) -> str:
+    digest = hashlib.sha256()
+    f.seek(member.offset)
+    remaining = member.size
+    while remaining:
+        block = f.read(min(_READ_BLOCK, remaining))
+        if not block:
+            break
+        digest.update(block)
+        remaining -= len(block)
+    return digest.hexdigest()
+
+
+def load_bundle(path: str | os.PathLike[str]) -> Bundle:
+    """Open and check a bundle: format version, manifest digest and consistency, every file and sha256.
+
+    Raises :class:`BundleError` on any mismatch. Files are hashed in blocks, never held whole.
+    """
+    path = Path(path)
+    try:
+        with tarfile.open(path, "r:") as archive:
+            members: dict[str, _Member] = {}
+            for info in archive:
+                if info.isdir():
+                    continue  # a re-packed archive may list its folders
+                if not info.isfile():
+                    raise BundleError(f"{path}: archive entry {info.name!r} is not a regular file")
+                if info.name in members:
+                    raise BundleError(f"{path}: archive holds {info.name!r} twice")
+                members[info.name] = _Member(info.offset_data, info.size)
+    except FileNotFoundError:
+        raise BundleError(f"{path}: no such bundle") from None
+    except (tarfile.TarError, OSError) as exc:
+        raise BundleError(f"{path}: not a bundle archive ({exc})") from exc
+
+    if MANIFEST_NAME not in members:
+        raise BundleError(f"{path}: {MANIFEST_NAME} is missing")
+    with open(path, "rb") as f:
+        m = members[MANIFEST_NAME]
+        if m.size > _MAX_MANIFEST_BYTES:
+            raise BundleError(f"{path}: {MANIFEST_NAME} is {m.size} bytes, more than a manifest can be")
+        f.seek(m.offset)
+        try:
+            data = json.loads(f.read(m.size))
+        except ValueError as exc:
+            raise BundleError(f"{path}: {MANIFEST_NAME} is not valid JSON ({exc})") from exc
+        manifest = Manifest.from_dict(data)
+
+        files = {c.file: (c.sha256, c.size) for c in manifest.chunks}
+        files[manifest.tail.file] = (manifest.tail.sha256, manifest.tail.size)
+        missing = sorted(set(files) - set(members))
+        if missing:
+            raise BundleError(f"{path}: files listed in the manifest are missing: {missing}")
+        extra = sorted(set(members) - set(files) - {MANIFEST_NAME})
+        if extra:
+            raise BundleError(f"{path}: files not listed in the manifest: {extra}")
+        for name, (sha256, size) in files.items():
+            member = members[name]
+            if member.size != size:
+                raise BundleError(f"{path}: {name} is {member.size} bytes, the manifest says {size}")
+            actual = _hash_member(f, member)
+            if actual != sha256:
+                raise BundleError(f"{path}: sha256 of {name} is {actual}, the manifest says {sha256}")
+    return Bundle(path, manifest, members)

@@ -1,0 +1,166 @@
+"""Write device bundles: a model's frozen chunks and trainable tail for a device provisioned offline.
+
+The format (manifest, checksums, reading) is defined device-side in :mod:`edge_sdk.bundle`;
+this module produces it from a layered model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk.bundle import (
+    BUNDLE_FORMAT_VERSION,
+    MANIFEST_NAME,
+    ChunkEntry,
+    Manifest,
+    TailEntry,
+    TensorEntry,
+)
+from edge_sdk.models.layered import LayeredModel
+from exporters.cache import ChunkCache, chunk_id
+from exporters.onnx_export import ExportSettings, chunk_io, export_chunk
+
+__all__ = ["TAIL_FILE", "check_chunks", "tail_arrays", "write_bundle"]
+
+TAIL_FILE = "tail.npz"
+
+
+def check_chunks(chunks: Sequence[tuple[int, int]], split: int, num_blocks: int) -> list[tuple[int, int]]:
+    """The chunks as a list, after checking that they cover blocks [0, split) in order without gaps."""
+    if not 0 <= split < num_blocks:
+        raise ValueError(f"split {split} outside [0, {num_blocks}): a device must train at least one block")
+    ranges = [(int(a), int(b)) for a, b in chunks]
+    position = 0
+    for start, stop in ranges:
+        if start != position or not start < stop:
+            raise ValueError(f"chunks {ranges} must cover blocks [0, {split}) in order; [{start}, {stop}) does not follow {position}")
+        position = stop
+    if position != split:
+        raise ValueError(f"chunks {ranges} cover blocks [0, {position}) but the split is {split}")
+    return ranges
+
+
+def tail_arrays(model: LayeredModel, split: int) -> dict[str, np.ndarray]:
+    """State (parameters and buffers) of blocks [split, L) as numpy arrays, by state name."""
+    state = model.state_dict()
+    return {name: state[name].detach().cpu().numpy().copy() for name in model.state_names(split)}
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_bundle(
+    model: LayeredModel,
+    plan_split: int,
+    chunks: Sequence[tuple[int, int]],
+    out: str | os.PathLike[str],
+    *,
+    version: str | int,
+    device_class: str | None = None,
+    role: str | None = None,
+    settings: ExportSettings = ExportSettings(),
+    cache: ChunkCache | None = None,
+) -> Manifest:
+    """Export blocks [0, plan_split) as ``chunks`` and write them with the tail to the archive ``out``.
+
+    With a ``cache`` (whose settings are then used), chunks already exported for this version are
+    reused. The archive is written to a temporary file and moved into place, so ``out`` is either
+    the old file or a complete bundle.
+    """
+    ranges = check_chunks(chunks, plan_split, len(model))
+    if cache is not None:
+        settings = cache.settings
+    files: list[tuple[str, bytes]] = []
+    entries: list[ChunkEntry] = []
+    for index, (start, stop) in enumerate(ranges):
+        if cache is not None:
+            cid, data = cache.get_or_export(model, version, start, stop)
+        else:
+            cid, data = chunk_id(model.name, version, start, stop, settings), export_chunk(
+                model, start, stop, settings=settings
+            )
+        io_ = chunk_io(model, start, stop)
+        name = f"chunks/{index:03d}-blocks-{start}-{stop}.onnx"
+        files.append((name, data))
+        entries.append(
+            ChunkEntry(
+                id=cid,
+                start=start,
+                stop=stop,
+                file=name,
+                sha256=_sha256(data),
+                size=len(data),
+                input_shape=io_.input_shape,
+                input_dtype=io_.input_dtype,
+                output_shape=io_.output_shape,
+                output_dtype=io_.output_dtype,
+            )
+        )
+
+    tail = tail_arrays(model, plan_split)
+    tail_bytes = _npz_bytes(tail)
+    tail_in = chunk_io(model, plan_split, len(model))
+    files.append((TAIL_FILE, tail_bytes))
+    model_in = chunk_io(model, 0, len(model))
+    manifest = Manifest(
+        format_version=BUNDLE_FORMAT_VERSION,
+        model=model.name,
+        model_version=str(version),
+        num_blocks=len(model),
+        block_names=tuple(model.block_names),
+        split=plan_split,
+        role=role,
+        device_class=device_class,
+        input_shape=model_in.input_shape,
+        input_dtype=model_in.input_dtype,
+        export=settings.as_dict(),
+        chunks=tuple(entries),
+        tail=TailEntry(
+            file=TAIL_FILE,
+            sha256=_sha256(tail_bytes),
+            size=len(tail_bytes),
+            start=plan_split,
+            stop=len(model),
+            input_shape=tail_in.input_shape,
+            input_dtype=tail_in.input_dtype,
+            tensors=tuple(TensorEntry(n, tuple(a.shape), str(a.dtype)) for n, a in tail.items()),
+        ),
+    )
+    manifest._check_consistent()
+    _write_tar(Path(out), [(MANIFEST_NAME, manifest.to_json()), *files])
+    return manifest
+
+
+def _write_tar(out: Path, files: list[tuple[str, bytes]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # Uncompressed: ONNX weights barely compress, and plain members can be read in place.
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as archive:
+                for name, data in files:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mode = 0o644
+                    archive.addfile(info, io.BytesIO(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,89 @@
+"""``edgetrain bundle``: write a device bundle (frozen ONNX chunks + trainable tail) to a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.cli import app
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+@app.command()
+def bundle(
+    model: str = typer.Option(..., help="Model from the zoo."),
+    out: Path = typer.Option(..., help="Bundle file to write (a .tar archive)."),
+    device: Optional[str] = typer.Option(None, help="Device class whose memory budget sets the split."),
+    budget: Optional[str] = typer.Option(None, help="Memory budget that sets the split, e.g. 512MiB."),
+    split: Optional[int] = typer.Option(None, help="Split index k: blocks [0, k) frozen, one chunk per block."),
+    batch: int = typer.Option(32, help="Training batch size the plan is made for."),
+    runtime: Optional[str] = typer.Option(
+        None, help="Memory the device's runtimes take, e.g. 250MiB (default: measured on this machine)."
+    ),
+    version: str = typer.Option("0", help="Model version recorded in the bundle and its chunk ids."),
+    seed: int = typer.Option(0, help="Seed of the model's initial weights."),
+    exporter: str = typer.Option("legacy", help="ONNX exporter: legacy (fast) or dynamo."),
+) -> None:
+    """Plan a split for a device (or take one), export the frozen chunks, and write a bundle."""
+    given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
+    if len(given) != 1:
+        raise _fail(f"give exactly one of --device, --budget, --split (got {', '.join(given) or 'none'})")
+    if runtime is not None and split is not None:
+        raise _fail("--runtime sets the plan for --device or --budget; --split takes no plan")
+    if batch < 1:
+        raise _fail(f"--batch must be at least 1, got {batch}")
+
+    from edge_sdk.models.zoo import build_model
+    from exporters.bundle import write_bundle
+    from exporters.onnx_export import ExportError, ExportSettings
+
+    try:
+        settings = ExportSettings(exporter=exporter)
+        layered = build_model(model, seed=seed)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+    role: str | None = None
+    device_class: str | None = None
+    if split is not None:
+        if not 0 <= split < len(layered):
+            raise _fail(f"--split must be in [0, {len(layered)}) for {model} ({len(layered)} blocks)")
+        chunks = [(i, i + 1) for i in range(split)]
+    else:
+        from profiles.devices import load_device_class
+        from profiles.planner import plan_for_device, plan_split
+        from profiles.units import parse_size
+
+        try:
+            runtime_bytes = parse_size(runtime) if runtime is not None else None
+            if device is not None and runtime_bytes is None:
+                # the device class's budget, and its own runtime figures where it has them
+                plan = plan_for_device(layered, device, batch_size=batch)
+            else:
+                budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
+                plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes)
+        except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
+            raise _fail(str(exc)) from None
+        device_class = device
+        split, chunks, role = plan.split, [tuple(c) for c in plan.chunks], plan.role
+
+    try:
+        manifest = write_bundle(
+            layered, split, chunks, out, version=version, device_class=device_class, role=role, settings=settings
+        )
+    except (ValueError, ExportError) as exc:
+        raise _fail(str(exc)) from None
+
+    typer.echo(
+        f"{out}: {manifest.model} v{manifest.model_version}, split {manifest.split}/{manifest.num_blocks}"
+        + (f", role {manifest.role}" if manifest.role else "")
+    )
+    for c in manifest.chunks:
+        typer.echo(f"  chunk [{c.start}, {c.stop}) {c.size:>10,} bytes  {c.id[:12]}")
+    typer.echo(f"  tail  [{manifest.tail.start}, {manifest.tail.stop}) {manifest.tail.size:>10,} bytes")
