@@ -1,0 +1,512 @@
+"""Memory accounting of a layered model, block by block, measured from the real modules.
+
+Two activation counts are kept per block, for two different questions.
+
+``activations``: the paper's count, for *capacity*
+    The outputs of the layers that carry weights and pass an error signal back: every
+    ``nn.Conv*``, ``nn.Linear`` and recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``: its output
+    sequence), per sample, read by forward hooks on the leaf modules. Embedding lookups,
+    normalization, pooling and element-wise ops are not counted. This is the rule that
+    reproduces EmbracingFL Table 1: its ResNet20 numbers are exactly 32 x the conv and dense
+    outputs of one sample (a batch of 32), its FEMNIST CNN numbers exactly the conv and dense
+    outputs of one sample, and its IMDB moderate client (embedding frozen) keeps as many
+    activations as the strong one, so embedding outputs do not count. (The paper's ResNet20 also
+    has a 1x1 projection shortcut in its first stage: 288 more parameters and one more 16x32x32
+    output per sample than the zoo's, which is how Table 1 gets 272,762 and 6,947,136.) Its IMDB
+    count, 1,310,720, is ten times the BiLSTM's output sequence of one sample (256 steps x 512);
+    the paper does not say which ten tensors, so this rule counts the sequence once.
+
+``saved_*``: what training really holds, for the *footprint* in bytes
+    Every tensor autograd stores for the backward pass (``torch.autograd.graph.saved_tensors_hooks``)
+    during a training-mode forward, counted once per storage, leaving out parameters and
+    buffers (counted as state) and the block's input (the previous block's output, or the
+    cached input of the trained suffix). For a conv-BN-ReLU stack that is the conv input, the BN
+    input, the ReLU output and BN's per-channel batch statistics; for max-pooling its int64
+    indices; for dropout its mask. Measured at two batch sizes, it splits into a per-sample part
+    and a batch-independent part (BN statistics).
+
+Capacity follows EmbracingFL Section 4, "Client Capacity Settings": C = (2p + 2a) / (2P + 2A), with
+p, a the trainable parameters and kept activations of the trained suffix and P, A those of the
+whole model.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported only to measure a model
+    from torch import nn
+
+    from edge_sdk.models.layered import LayeredModel
+
+__all__ = [
+    "BlockCost",
+    "DTYPE_SIZES",
+    "Footprint",
+    "ModelCost",
+    "TrainingMemory",
+    "measure_model",
+]
+
+#: Bytes per element of the floating dtypes a device may train in.
+DTYPE_SIZES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+_MiB = 1024 * 1024
+
+# The batch sizes at which a model is measured: two, so that per-sample and batch-independent
+# parts separate (not one: BatchNorm1d refuses a batch of one in training mode).
+_MEASURE_BATCHES = (2, 4)
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """How a device trains, as far as memory goes.
+
+    ``optimizer_copies``: extra copies of the trainable parameters the optimizer keeps: 0 for
+    plain SGD, 1 for SGD with momentum (the default), 2 for Adam.
+
+    ``frozen_copies``: copies of a frozen chunk's weights held while it runs: the serialized
+    ONNX bytes, the model ONNX Runtime parses from them, and its initializer tensors. Measured on
+    the project's machine (onnxruntime 1.31.1): a session made from the 24.5 MiB bytes of the LEAF
+    CNN's dense1 block grows RSS by 82 MiB, about 3 x the weights + the session cost.
+
+    ``session_bytes``: ONNX Runtime's fixed cost of one session and its first run, beyond the
+    chunk's weights and activations. Measured there too: a session for a 650-parameter chunk
+    grows RSS by 8.6 MiB, and its first batch-32 run by 8 MiB more.
+
+    ``sequential_phases``: a device streams its frozen chunks first (each chunk is freed before
+    the next loads), then trains the tail (DESIGN.md, "One round", step 3); its peak is the
+    larger of the two phases. Set it to False for a device that must hold both at once.
+
+    ``margin``: a share added to the model's bytes for what the accounting does not itemise
+    (allocator slack, temporaries of the loss and the optimizer step). Measured on torch 2.13:
+    the peak RSS growth of a ResNet20 training step (splits 0, 4, 7; batches 32 and 128) was
+    65-95% of the itemised bytes, varying by up to 10% from run to run.
+    """
+
+    dtype: str = "float32"
+    optimizer_copies: int = 1
+    frozen_copies: int = 3
+    session_bytes: int = 16 * _MiB
+    sequential_phases: bool = True
+    margin: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_SIZES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_SIZES)}")
+        if self.optimizer_copies < 0:
+            raise ValueError(f"optimizer_copies must be >= 0, not {self.optimizer_copies}")
+        if self.frozen_copies < 1:
+            raise ValueError(f"frozen_copies must be >= 1, not {self.frozen_copies}")
+        if self.session_bytes < 0:
+            raise ValueError(f"session_bytes must be >= 0, not {self.session_bytes}")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), not {self.margin}")
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def param_copies(self) -> int:
+        """Copies of each trainable parameter: the weight, its gradient, the optimizer state."""
+        return 2 + self.optimizer_copies
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """What one block costs. Counts marked "per sample" scale with the batch size."""
+
+    index: int
+    name: str
+    trainable_params: int  # parameters with requires_grad
+    frozen_params: int  # parameters without requires_grad
+    buffers: int  # buffer elements (BatchNorm running statistics): held, never trained
+    activations: int  # per sample: outputs of conv / linear / recurrent layers (the paper's a)
+    saved_elements: int  # per sample: floating elements autograd keeps for backward
+    saved_fixed_elements: int  # per batch of any size: floating elements kept for backward
+    saved_other_bytes: int  # per sample: non-floating saved bytes (pooling indices, masks)
+    input_saved: bool  # backward keeps this block's input, and the previous block does not
+    input_elements: int  # per sample
+    output_elements: int  # per sample
+    peak_elements: int  # per sample: the largest leaf module's input + output (inference)
+    train_peak_elements: int  # per sample: the same plus a convolution's unfolded patches (x2)
+    sparse: bool = False  # an embedding table fetched by rows (counted in full here)
+
+    @property
+    def params(self) -> int:
+        return self.trainable_params + self.frozen_params
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a device holds for one split, part by part, and its peak.
+
+    A device has two phases: it streams the frozen chunks through ONNX Runtime, holding one
+    chunk and the tail's weights at a time (``streaming``); then it trains the tail on the
+    cached activations (``training``). With ``sequential`` phases the peak is the larger of the
+    two, otherwise their sum. The runtime is held throughout.
+    """
+
+    split: int
+    batch: int
+    trainable_state: int  # trainable params x (weight + grad + optimizer copies), tail buffers
+    activations: int  # saved for backward for one batch, plus backward's working set
+    cached_input: int  # one batch of the tail's input (block k-1 output; the rest on disk)
+    frozen_chunk: int  # the largest frozen chunk: ORT session, weights, one batch through it
+    tail_weights: int  # the tail's weights and buffers, kept while the chunks stream
+    runtime: int  # the Python process with its runtimes imported (torch + ONNX Runtime)
+    sequential: bool = True
+    margin: float = 0.0  # share added to the model's bytes for what is not itemised
+
+    @property
+    def streaming(self) -> int:
+        """Peak of the multi-step forward pass (EmbracingFL Algorithm 1), runtime excluded."""
+        return self.frozen_chunk + self.tail_weights if self.frozen_chunk else 0
+
+    @property
+    def training(self) -> int:
+        """Peak of training the tail, runtime excluded."""
+        return self.trainable_state + self.activations + self.cached_input
+
+    @property
+    def model_bytes(self) -> int:
+        """Everything but the runtime, at the peak, with the margin."""
+        peak = max(self.streaming, self.training) if self.sequential else self.training + self.frozen_chunk
+        return math.ceil(peak * (1 + self.margin))
+
+    @property
+    def total(self) -> int:
+        return self.model_bytes + self.runtime
+
+    def chunk_room(self, budget_bytes: int) -> int:
+        """The largest frozen chunk (in bytes) that keeps this split within ``budget_bytes``."""
+        peak = math.floor((budget_bytes - self.runtime) / (1 + self.margin))
+        return peak - (self.tail_weights if self.sequential else self.training)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """The measured cost of every block of a layered model; plain data, no torch needed.
+
+    A split ``k`` freezes blocks [0, k) and trains blocks [k, L).
+    """
+
+    model: str
+    blocks: tuple[BlockCost, ...]
+    input_elements: int  # per sample, the model's input
+    input_itemsize: int  # bytes per element of the model's input (8 for int64 token ids)
+    sparse_blocks: tuple[str, ...] = field(default=())
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def block_names(self) -> list[str]:
+        return [b.name for b in self.blocks]
+
+    def _check_split(self, k: int) -> None:
+        if not 0 <= k < len(self.blocks):
+            raise ValueError(f"split {k} outside [0, {len(self.blocks) - 1}] for {self.model}")
+
+    @staticmethod
+    def _check_batch(batch: int) -> None:
+        if batch < 1:
+            raise ValueError(f"batch size must be >= 1, not {batch}")
+
+    # -- the paper's quantities ----------------------------------------------------------
+    def trainable_params(self, k: int = 0) -> int:
+        """p: trainable parameters of the suffix [k, L)."""
+        self._check_split(k)
+        return sum(b.trainable_params for b in self.blocks[k:])
+
+    def activations(self, k: int = 0, batch: int = 1) -> int:
+        """a: activations the suffix [k, L) keeps for ``batch`` samples (the paper's rule)."""
+        self._check_split(k)
+        self._check_batch(batch)
+        return batch * sum(b.activations for b in self.blocks[k:])
+
+    def capacity(self, k: int, batch: int = 32) -> float:
+        """Memory of the suffix [k, L) relative to the whole model.
+
+        EmbracingFL Section 4 ("Client Capacity Settings"): C = (2p + 2a) / (2P + 2A).
+        """
+        p, a = self.trainable_params(k), self.activations(k, batch)
+        whole_p, whole_a = self.trainable_params(0), self.activations(0, batch)
+        return (2 * p + 2 * a) / (2 * whole_p + 2 * whole_a)
+
+    # -- bytes ---------------------------------------------------------------------------
+    def saved_bytes(self, k: int, batch: int, itemsize: int = 4) -> int:
+        """Bytes autograd keeps for backward when training the suffix [k, L) on one batch."""
+        self._check_split(k)
+        self._check_batch(batch)
+        total = 0
+        for b in self.blocks[k:]:
+            total += (batch * b.saved_elements + b.saved_fixed_elements) * itemsize
+            total += batch * b.saved_other_bytes
+            if b.input_saved and b.index > k:
+                # Kept by this block only; the tail's own input is the cached batch instead.
+                total += batch * b.input_elements * itemsize
+        return total
+
+    def chunk_bytes(self, start: int, stop: int, batch: int, memory: TrainingMemory | None = None) -> int:
+        """Bytes held while the frozen blocks [start, stop) run forward on one batch.
+
+        ONNX Runtime's session cost, the chunk's weights and buffers (``frozen_copies`` of them),
+        the batch coming in, the batch going out (to the activation cache) and
+        the largest layer's input and output in between. No gradients, no unfolded patches
+        (ONNX Runtime's convolution works through a bounded buffer).
+        """
+        memory = memory or TrainingMemory()
+        if not 0 <= start < stop <= len(self.blocks):
+            raise ValueError(f"block range [{start}, {stop}) outside [0, {len(self.blocks)})")
+        self._check_batch(batch)
+        size = memory.itemsize
+        blocks = self.blocks[start:stop]
+        weights = sum(b.params + b.buffers for b in blocks) * size * memory.frozen_copies
+        incoming = batch * self._input_bytes(start, size)
+        outgoing = batch * blocks[-1].output_elements * size
+        working = batch * max(b.peak_elements for b in blocks) * size
+        return memory.session_bytes + weights + incoming + outgoing + working
+
+    def _input_bytes(self, k: int, itemsize: int) -> int:
+        """Bytes of one sample of block k's input."""
+        if k == 0:
+            return self.input_elements * self.input_itemsize
+        return self.blocks[k - 1].output_elements * itemsize
+
+    def footprint(
+        self,
+        k: int,
+        batch: int = 32,
+        *,
+        memory: TrainingMemory | None = None,
+        runtime_bytes: int = 0,
+        chunks: Sequence[tuple[int, int]] | None = None,
+    ) -> Footprint:
+        """What a device that freezes [0, k) and trains [k, L) with ``batch`` holds.
+
+        ``chunks`` are the frozen block ranges streamed one at a time; without them each frozen
+        block is its own chunk, the smallest peak any chunking reaches.
+        """
+        memory = memory or TrainingMemory()
+        self._check_split(k)
+        self._check_batch(batch)
+        size = memory.itemsize
+        tail = self.blocks[k:]
+        trainable = sum(b.trainable_params for b in tail)
+        held = sum(b.frozen_params + b.buffers for b in tail)
+        # Backward holds the gradient flowing out of a layer and the one flowing into it, and
+        # a convolution its unfolded patches: at most the largest layer's training peak.
+        working = batch * max(b.train_peak_elements for b in tail) * size
+        if chunks is None:
+            chunks = [(i, i + 1) for i in range(k)]
+        self._check_chunks(k, chunks)
+        return Footprint(
+            split=k,
+            batch=batch,
+            trainable_state=(trainable * memory.param_copies + held) * size,
+            activations=self.saved_bytes(k, batch, size) + working,
+            cached_input=batch * self._input_bytes(k, size),
+            frozen_chunk=max((self.chunk_bytes(s, e, batch, memory) for s, e in chunks), default=0),
+            tail_weights=(trainable + held) * size,
+            runtime=runtime_bytes,
+            sequential=memory.sequential_phases,
+            margin=memory.margin,
+        )
+
+    def _check_chunks(self, k: int, chunks: Sequence[tuple[int, int]]) -> None:
+        expected = 0
+        for start, stop in chunks:
+            if start != expected or stop <= start:
+                break
+            expected = stop
+        else:
+            if expected == k:
+                return
+        raise ValueError(f"chunks {list(chunks)} must cover [0, {k}) in order, without gaps")
+
+    # -- serialization -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelCost:
+        return cls(
+            model=data["model"],
+            blocks=tuple(BlockCost(**b) for b in data["blocks"]),
+            input_elements=data["input_elements"],
+            input_itemsize=data["input_itemsize"],
+            sparse_blocks=tuple(data.get("sparse_blocks", ())),
+        )
+
+
+# -- measuring ---------------------------------------------------------------------------------
+@dataclass
+class _Tally:
+    """What one training-mode forward pass at one batch size saw, block by block."""
+
+    batch: int
+    activations: list[int]
+    saved_float: list[int]  # bytes
+    saved_other: list[int]  # bytes
+    input_saved: list[bool]
+    inputs: list[int]  # elements
+    outputs: list[int]  # elements
+    peaks: list[int]  # elements
+    train_peaks: list[int]  # elements
+
+
+def _is_weight_layer(module: nn.Module) -> bool:
+    """Layers whose outputs the paper counts: convolutional, dense and recurrent layers."""
+    from torch import nn
+
+    return isinstance(module, (nn.modules.conv._ConvNd, nn.Linear, nn.RNNBase))
+
+
+def _column_buffer(module: nn.Module, output: Any) -> int:
+    """Elements of the unfolded-patch matrix of a convolution (im2col), per batch.
+
+    A k x k convolution on the CPU is a matrix product over (in_channels x k x k) x (output
+    positions); a 1x1, stride-1 convolution needs no such buffer. Its backward pass works on
+    such buffers for both gradients. Measured on torch 2.13 (oneDNN): without them the peak of
+    a ResNet20 training step at batch 128 comes out 50-80 MiB too low, and with one buffer
+    instead of two, the peak of training the last stage at batch 128 about 15% too low.
+    """
+    from math import prod
+
+    from torch import nn
+
+    if not isinstance(module, nn.modules.conv._ConvNd) or module.transposed:
+        return 0
+    kernel, stride = prod(module.kernel_size), prod(module.stride)
+    if kernel == 1 and stride == 1:
+        return 0
+    return output.shape[0] * module.in_channels * kernel * prod(output.shape[2:])
+
+
+def _tensors(value: Any) -> Iterable[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _tally(model: LayeredModel, batch: int) -> _Tally:
+    """Run one training-mode forward over all blocks and record what each block keeps."""
+    import torch
+
+    n = len(model)
+    tally = _Tally(batch, *([0] * n for _ in range(3)), [False] * n, *([0] * n for _ in range(4)))
+    state = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen: set[int] = set()  # storages already counted (by the first block that saved them)
+    block_input: dict[int, int] = {}  # storage of block i's input -> i
+    current = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or key in state or key in seen:
+            return t
+        seen.add(key)
+        i = current[0]
+        if block_input.get(key) == i:
+            # This block's own input, which the previous block did not save.
+            tally.input_saved[i] = i > 0
+        elif t.is_floating_point():
+            tally.saved_float[i] += storage.nbytes()
+        else:
+            tally.saved_other[i] += storage.nbytes()
+        return t
+
+    def leaf_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        i = current[0]
+        outs = list(_tensors(output))
+        size = sum(t.numel() for t in _tensors(args)) + sum(t.numel() for t in outs)
+        tally.peaks[i] = max(tally.peaks[i], size)
+        # Backward unfolds patches twice: for the input's gradient and for the weight's.
+        columns = _column_buffer(module, outs[0]) if outs else 0
+        tally.train_peaks[i] = max(tally.train_peaks[i], size + 2 * columns)
+        if _is_weight_layer(module):
+            # A recurrent layer's first output is its sequence; (h_n, c_n) are its last step.
+            tally.activations[i] += outs[0].numel()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(leaf_hook) for m in leaves]
+    x = model.sample_input(batch, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch.manual_seed(0)
+            for i in range(n):
+                current[0] = i
+                block_input[x.untyped_storage().data_ptr()] = i
+                tally.inputs[i] = x.numel()
+                x = model.block(i)(x)
+                tally.outputs[i] = x.numel()
+    finally:
+        for h in handles:
+            h.remove()
+    return tally
+
+
+def _split(small: int, large: int, b_small: int, b_large: int) -> tuple[int, int]:
+    """A size measured at two batch sizes as (per sample, batch-independent), rounded up."""
+    per = -(-(large - small) // (b_large - b_small))
+    return per, max(0, small - per * b_small)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def measure_model(model: LayeredModel) -> ModelCost:
+    """Measure every block of ``model`` by running it.
+
+    Two training-mode forward passes at batches of 2 and 4, on a copy (the model's BatchNorm
+    statistics and random state stay as they were); well under a second for the zoo's models.
+    """
+    import torch
+
+    float_size = torch.empty((), dtype=torch.float32).element_size()
+    work = copy.deepcopy(model).train()
+    small, large = (_tally(work, b) for b in _MEASURE_BATCHES)
+    b1, b2 = small.batch, large.batch
+    blocks = []
+    for i, name in enumerate(model.block_names):
+        block = model.block(i)
+        saved_per, saved_fixed = _split(small.saved_float[i], large.saved_float[i], b1, b2)
+        other_per, _ = _split(small.saved_other[i], large.saved_other[i], b1, b2)
+        blocks.append(
+            BlockCost(
+                index=i,
+                name=name,
+                trainable_params=sum(p.numel() for p in block.parameters() if p.requires_grad),
+                frozen_params=sum(p.numel() for p in block.parameters() if not p.requires_grad),
+                buffers=sum(b.numel() for b in block.buffers()),
+                activations=large.activations[i] // b2,
+                saved_elements=_ceil_div(saved_per, float_size),
+                saved_fixed_elements=_ceil_div(saved_fixed, float_size),
+                saved_other_bytes=other_per,
+                input_saved=large.input_saved[i],
+                input_elements=large.inputs[i] // b2,
+                output_elements=large.outputs[i] // b2,
+                peak_elements=_ceil_div(large.peaks[i], b2),
+                train_peak_elements=_ceil_div(large.train_peaks[i], b2),
+                sparse=name in model.sparse_blocks,
+            )
+        )
+    sample = model.sample_input(1, generator=torch.Generator().manual_seed(0))
+    return ModelCost(
+        model=model.name,
+        blocks=tuple(blocks),
+        input_elements=sample.numel(),
+        input_itemsize=sample.element_size(),
+        sparse_blocks=tuple(sorted(model.sparse_blocks)),
+    )

@@ -1,0 +1,227 @@
+"""The split a device trains: the largest trainable suffix whose footprint fits its budget.
+
+EmbracingFL (Section 3.1) lets every device train as many output-side layers as its memory
+allows; the input-side layers reach it frozen, one chunk at a time (the multi-step forward pass,
+Algorithm 1). The planner picks the split k (blocks [0, k) frozen, [k, L) trained), groups the
+frozen blocks into chunks, and names the device's role.
+
+Roles. ``strong`` trains the whole model (k = 0). A partial device is ``moderate`` when the
+capacity of its suffix (EmbracingFL Section 4: C = (2p + 2a) / (2P + 2A)) is at least
+``RoleThresholds.moderate``, else ``weak``. With the defaults (0.40, from the paper's ~40%
+moderate clients) this gives every label of the paper's Table 1: ResNet20 0.42 moderate and
+0.16 weak, FEMNIST CNN 0.99 moderate and 0.02 weak, IMDB BiLSTM 0.48 moderate and 0.35 weak.
+``RoleThresholds.weak`` is the paper's nominal weak capacity (~15%); it is not a cut, since
+the paper's weak clients go as low as 0.02.
+
+The footprint need not shrink as k grows: streaming a frozen block costs its weights several
+times over in ONNX Runtime (see ``TrainingMemory.frozen_copies``), so freezing the LEAF CNN's
+6.4 M-parameter dense layer costs more than training it. The planner takes the smallest k that
+fits, whatever the larger ones cost.
+
+Sparse models: an embedding block is counted in full (every row, trained or frozen), as if the
+device held the whole table; a device that fetches only its submodel rows (FedSubAvg) needs less.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from profiles.accounting import Footprint, ModelCost, TrainingMemory, measure_model
+from profiles.units import format_size
+
+if TYPE_CHECKING:
+    from edge_sdk.models.layered import LayeredModel
+    from profiles.devices import DeviceClass
+    from profiles.runtime import RuntimeMemory
+
+__all__ = ["Plan", "PlanError", "ROLES", "RoleThresholds", "group_chunks", "plan_for_device", "plan_split"]
+
+ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
+
+
+class PlanError(ValueError):
+    """No split of the model fits the budget; says how much the device would need."""
+
+    def __init__(self, message: str, *, needed_bytes: int, budget_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.budget_bytes = budget_bytes
+
+
+@dataclass(frozen=True)
+class RoleThresholds:
+    """Capacities that name a partial device's role (see the module docstring)."""
+
+    moderate: float = 0.40
+    weak: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not 0 < self.weak <= self.moderate <= 1:
+            raise ValueError(
+                f"role thresholds need 0 < weak <= moderate <= 1, not weak={self.weak}, moderate={self.moderate}"
+            )
+
+    def role(self, split: int, capacity: float) -> str:
+        """``strong`` for the whole model, else ``moderate`` or ``weak`` by capacity."""
+        if split == 0:
+            return "strong"
+        return "moderate" if capacity >= self.moderate else "weak"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a device trains, what it streams, and what that costs."""
+
+    model: str
+    split: int  # blocks [0, split) frozen, [split, num_blocks) trained
+    role: str
+    chunks: list[tuple[int, int]]  # frozen block ranges, streamed in this order
+    footprint_bytes: int  # peak bytes, runtime included
+    capacity: float
+    budget_bytes: int
+    batch_size: int
+    num_blocks: int
+    trainable_params: int
+    footprint: Footprint = field(repr=False)
+
+    @property
+    def trained_blocks(self) -> range:
+        return range(self.split, self.num_blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for the wire, the journal and JSON)."""
+        data = asdict(self)
+        data["chunks"] = [list(c) for c in self.chunks]
+        data["footprint"] = {**asdict(self.footprint), "total": self.footprint.total}
+        return data
+
+    def describe(self) -> str:
+        chunks = ", ".join(f"[{s}, {e})" for s, e in self.chunks) or "none"
+        return (
+            f"{self.model}: {self.role}, split {self.split}/{self.num_blocks} "
+            f"(trains {self.num_blocks - self.split} blocks, capacity {self.capacity:.2f}), "
+            f"chunks {chunks}, footprint {format_size(self.footprint_bytes)} of "
+            f"{format_size(self.budget_bytes)} at batch {self.batch_size}"
+        )
+
+
+def _runtime_bytes(runtime: RuntimeMemory | int | None) -> int:
+    if runtime is None:
+        from profiles.runtime import runtime_memory
+
+        return runtime_memory().training
+    if isinstance(runtime, int):
+        if runtime < 0:
+            raise ValueError(f"runtime bytes must be >= 0, not {runtime}")
+        return runtime
+    return runtime.training
+
+
+def _as_cost(model: LayeredModel | ModelCost) -> ModelCost:
+    return model if isinstance(model, ModelCost) else measure_model(model)
+
+
+def group_chunks(
+    cost: ModelCost, split: int, batch_size: int, fits: Callable[[int], bool], memory: TrainingMemory
+) -> list[tuple[int, int]]:
+    """Frozen blocks [0, split) grouped greedily, in order, into chunks whose bytes ``fits``.
+
+    Fewer, larger chunks mean fewer round trips; each still fits beside what the device holds.
+    Raises ValueError if a single block does not fit.
+    """
+    chunks: list[tuple[int, int]] = []
+    start = 0
+    while start < split:
+        if not fits(cost.chunk_bytes(start, start + 1, batch_size, memory)):
+            raise ValueError(f"frozen block {start} ({cost.blocks[start].name}) does not fit on its own")
+        stop = start + 1
+        while stop < split and fits(cost.chunk_bytes(start, stop + 1, batch_size, memory)):
+            stop += 1
+        chunks.append((start, stop))
+        start = stop
+    return chunks
+
+
+def plan_split(
+    model: LayeredModel | ModelCost,
+    budget_bytes: int,
+    batch_size: int = 32,
+    *,
+    thresholds: RoleThresholds = RoleThresholds(),
+    runtime: RuntimeMemory | int | None = None,
+    memory: TrainingMemory = TrainingMemory(),
+) -> Plan:
+    """The largest trainable suffix of ``model`` whose footprint fits ``budget_bytes``.
+
+    ``runtime`` is what the runtimes take (a :class:`RuntimeMemory`, whose ``training`` figure
+    is used, or bytes); by default it is measured on this machine (cached). Raises
+    :class:`PlanError` when not even the last block fits, saying how much it would need.
+    """
+    if budget_bytes <= 0:
+        raise ValueError(f"budget must be positive, not {budget_bytes}")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, not {batch_size}")
+    cost = _as_cost(model)
+    runtime_bytes = _runtime_bytes(runtime)
+    smallest: Footprint | None = None
+    for k in range(len(cost)):
+        # Each frozen block its own chunk: the smallest peak this split can reach.
+        least = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes)
+        if smallest is None or least.total < smallest.total:
+            smallest = least
+        if least.total > budget_bytes:
+            continue
+        def fits(chunk_bytes: int, least: Footprint = least) -> bool:
+            return dataclasses.replace(least, frozen_chunk=chunk_bytes).total <= budget_bytes
+
+        chunks = group_chunks(cost, k, batch_size, fits, memory)
+        footprint = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, chunks=chunks)
+        capacity = cost.capacity(k, batch_size)
+        return Plan(
+            model=cost.model,
+            split=k,
+            role=thresholds.role(k, capacity),
+            chunks=chunks,
+            footprint_bytes=footprint.total,
+            capacity=capacity,
+            budget_bytes=budget_bytes,
+            batch_size=batch_size,
+            num_blocks=len(cost),
+            trainable_params=cost.trainable_params(k),
+            footprint=footprint,
+        )
+    assert smallest is not None
+    k = smallest.split
+    raise PlanError(
+        f"{cost.model} does not fit a budget of {format_size(budget_bytes)} at batch {batch_size}: "
+        f"the smallest footprint is {format_size(smallest.total)} (split {k}, training "
+        f"{len(cost) - k} of {len(cost)} blocks: {format_size(smallest.runtime)} runtime + "
+        f"{format_size(smallest.model_bytes)} model); it needs {format_size(smallest.total - budget_bytes)} more, "
+        "or a smaller batch",
+        needed_bytes=smallest.total,
+        budget_bytes=budget_bytes,
+    )
+
+
+def plan_for_device(
+    model: LayeredModel | ModelCost,
+    device: DeviceClass | str,
+    batch_size: int = 32,
+    *,
+    thresholds: RoleThresholds = RoleThresholds(),
+    runtime: RuntimeMemory | None = None,
+    memory: TrainingMemory = TrainingMemory(),
+) -> Plan:
+    """:func:`plan_split` for a device class: its budget, and its runtime overrides if it has any."""
+    from profiles.devices import load_device_class
+    from profiles.runtime import runtime_memory
+
+    if isinstance(device, str):
+        device = load_device_class(device)
+    figures = (runtime or runtime_memory()).with_overrides(device.runtime_overrides)
+    return plan_split(
+        model, device.budget_bytes, batch_size, thresholds=thresholds, runtime=figures, memory=memory
+    )

@@ -1,0 +1,255 @@
+"""Memory the runtimes themselves take: the RSS of a fresh Python process after its imports.
+
+A device budget is the device's whole memory for the app, so the runtime counts before the
+model does: on a 512 MiB board torch alone takes over 40% of what an app may use (FACTS.md,
+"Memory of the runtimes"). Importing is not all: the first training step initialises torch's
+kernels and ``torch.optim`` imports sympy and ``torch._dynamo``, together about 112 MiB more on
+torch 2.13, so a training device is charged ``torch_training``, measured after one tiny step.
+
+The figures are measured on the machine that plans, in fresh subprocesses (about 3 s), and
+cached per Python / torch / ONNX Runtime version; a device class may override them with
+figures measured on the device itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+__all__ = [
+    "FALLBACK",
+    "RUNTIME_FIELDS",
+    "RuntimeMemory",
+    "default_cache_file",
+    "measure_runtime",
+    "runtime_key",
+    "runtime_memory",
+]
+
+_MiB = 1024 * 1024
+
+# One SGD-with-momentum step of a tiny conv/BN/linear model, as a training device takes before
+# its first real batch: it initialises torch's CPU kernels and loads what torch.optim imports
+# (sympy and torch._dynamo, about 70 MiB on torch 2.13).
+_WARM_UP = """
+from torch import nn
+model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Flatten(), nn.Linear(64, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+nn.functional.cross_entropy(model(torch.rand(2, 3, 8, 8)), torch.tensor([0, 1])).backward()
+optimizer.step()
+"""
+
+#: What each figure runs in a fresh interpreter before its RSS is read.
+_IMPORTS: dict[str, str] = {
+    "python": "",
+    "onnxruntime": "import onnxruntime",
+    "torch": "import torch",
+    "torch_onnxruntime": "import torch, onnxruntime",
+    "torch_training": "import torch, onnxruntime\n" + _WARM_UP,
+}
+
+#: Names of the figures, as accepted in overrides (device classes' ``[runtime]`` tables).
+RUNTIME_FIELDS: tuple[str, ...] = tuple(_IMPORTS)
+
+
+@dataclass(frozen=True)
+class RuntimeMemory:
+    """RSS in bytes of a fresh Python process after importing each runtime.
+
+    ``torch_training`` goes one step further than ``torch_onnxruntime``: the process has also
+    taken one tiny training step with ``torch.optim.SGD``, which initialises torch's kernels and
+    imports what the optimizer needs; that is what a training device holds before its model.
+    ``source`` says where the figures come from: ``measured``, ``cache``, ``fallback``,
+    ``override``, or a combination such as ``measured+fallback``.
+    """
+
+    python: int
+    onnxruntime: int
+    torch: int
+    torch_onnxruntime: int
+    torch_training: int
+    source: str = "measured"
+
+    @property
+    def training(self) -> int:
+        """A device that trains its tail with torch and runs its frozen chunks in ONNX Runtime."""
+        return max(self.torch_training, self.torch_onnxruntime)
+
+    @property
+    def inference(self) -> int:
+        """A device that only runs ONNX chunks (no torch)."""
+        return self.onnxruntime
+
+    def with_overrides(self, overrides: Mapping[str, int]) -> RuntimeMemory:
+        """These figures with some replaced (e.g. measured on the device itself)."""
+        if not overrides:
+            return self
+        unknown = set(overrides) - set(RUNTIME_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"unknown runtime figure(s) {sorted(unknown)}; known: {', '.join(RUNTIME_FIELDS)}"
+            )
+        return dataclasses.replace(self, **dict(overrides), source=f"{self.source}+override")
+
+    def to_dict(self) -> dict[str, int | str]:
+        return dataclasses.asdict(self)
+
+
+#: FACTS.md ("Memory of the runtimes"), measured with torch 2.13.0+cpu and onnxruntime 1.31.1 on
+#: the project's machine; ``torch_training`` adds the 112 MiB the warm-up step added there on top
+#: of importing torch and onnxruntime. Used only where measuring fails (e.g. no torch installed).
+FALLBACK = RuntimeMemory(
+    python=round(12.6 * _MiB),
+    onnxruntime=round(45.9 * _MiB),
+    torch=round(218.8 * _MiB),
+    torch_onnxruntime=round(237.0 * _MiB),
+    torch_training=round((237.0 + 112.0) * _MiB),
+    source="fallback",
+)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def runtime_key(python: str | os.PathLike[str] | None = None) -> str:
+    """The cache key: what the figures depend on (interpreter, torch and ONNX Runtime versions).
+
+    Versions are read from package metadata, so computing the key imports neither runtime.
+    """
+    if python is not None and Path(python) != Path(sys.executable):
+        return f"{Path(python)}|{platform.machine()}"
+    return (
+        f"py{platform.python_version()}|torch{_version('torch')}|"
+        f"ort{_version('onnxruntime')}|{platform.machine()}"
+    )
+
+
+def default_cache_file() -> Path:
+    """``$EDGETRAIN_CACHE_DIR/runtime.json``, else ``$XDG_CACHE_HOME/edgetrain``, else ``~/.cache/edgetrain``."""
+    root = os.environ.get("EDGETRAIN_CACHE_DIR")
+    if root:
+        return Path(root) / "runtime.json"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "edgetrain" / "runtime.json"
+
+
+def measure_runtime(python: str | os.PathLike[str] | None = None, *, timeout: float = 120.0) -> RuntimeMemory:
+    """Start one fresh interpreter per figure, let it import, and read its RSS from outside.
+
+    The children run concurrently; each imports, says it is ready, and waits for its stdin to
+    close, so the RSS read (with psutil, in this process) is that of the imports alone. A figure
+    whose child fails (e.g. the runtime is not installed) falls back to :data:`FALLBACK`.
+    """
+    import psutil
+
+    interpreter = str(python or sys.executable)
+    children: dict[str, subprocess.Popen[str]] = {}
+    figures: dict[str, int] = {}
+    failed: list[str] = []
+    try:
+        for name, imports in _IMPORTS.items():
+            code = f"{imports}\nimport sys\nprint('ready', flush=True)\nsys.stdin.read()\n"
+            try:
+                children[name] = subprocess.Popen(
+                    [interpreter, "-c", code],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+            except OSError:
+                failed.append(name)
+        deadline = time.monotonic() + timeout
+        for name, child in children.items():
+            assert child.stdout is not None
+            line = _readline(child, deadline)
+            if line.strip() != "ready":
+                failed.append(name)
+                continue
+            figures[name] = psutil.Process(child.pid).memory_info().rss
+    finally:
+        for child in children.values():
+            if child.stdin is not None:
+                child.stdin.close()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            if child.stdout is not None:
+                child.stdout.close()
+    for name in failed:
+        figures[name] = getattr(FALLBACK, name)
+    source = "measured" if not failed else ("fallback" if len(failed) == len(_IMPORTS) else "measured+fallback")
+    return RuntimeMemory(**figures, source=source)
+
+
+def _readline(child: subprocess.Popen[str], deadline: float) -> str:
+    """A line from the child's stdout, or "" if it exits or the deadline passes first."""
+    import selectors
+
+    assert child.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stdout, selectors.EVENT_READ)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not sel.select(remaining):
+            return ""
+    return child.stdout.readline()
+
+
+def runtime_memory(
+    *,
+    cache_file: str | os.PathLike[str] | None = None,
+    refresh: bool = False,
+    python: str | os.PathLike[str] | None = None,
+) -> RuntimeMemory:
+    """The runtime figures for this machine: from the cache, else measured (about 3 s) and cached.
+
+    Figures that had to fall back are not cached, so the next call measures again.
+    """
+    path = Path(cache_file) if cache_file is not None else default_cache_file()
+    key = runtime_key(python)
+    entries = _read_cache(path)
+    if not refresh and key in entries:
+        try:
+            return RuntimeMemory(**{f: int(entries[key][f]) for f in RUNTIME_FIELDS}, source="cache")
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged entry: measure again
+    measured = measure_runtime(python)
+    if measured.source == "measured":
+        entries[key] = {f: getattr(measured, f) for f in RUNTIME_FIELDS}
+        _write_cache(path, entries)
+    return measured
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, int]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict[str, dict[str, int]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: measure next time instead

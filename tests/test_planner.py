@@ -1,0 +1,376 @@
+"""The planner, device classes, size strings, and ``edgetrain profile``.
+
+Plans here use the documented fallback runtime figures (profiles.runtime.FALLBACK), so that the
+expected splits do not move with the machine; tests/test_probe.py measures the real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_sdk.models import build_model
+from profiles.accounting import ModelCost, TrainingMemory, measure_model
+from profiles.devices import DeviceClass, DeviceClassError, device_classes, device_names, load_device_class
+from profiles.planner import Plan, PlanError, RoleThresholds, group_chunks, plan_for_device, plan_split
+from profiles.runtime import FALLBACK
+from profiles.units import format_size, parse_size
+
+MiB = 1024 * 1024
+RUNTIME = FALLBACK.training  # 349 MiB: torch + ONNX Runtime (FACTS.md) + the warm-up step
+
+
+@pytest.fixture(scope="module")
+def costs() -> dict[str, ModelCost]:
+    return {name: measure_model(build_model(name)) for name in ("resnet20", "leaf_cnn", "recommender")}
+
+
+# -- every device class, batch 32 and 128 -------------------------------------------------------
+# The split each class gets (None: refused) with the fallback runtime figures.
+EXPECTED: dict[tuple[str, int], dict[str, int | None]] = {
+    ("resnet20", 32): {
+        "go-phone": None, "pi-zero-2w": None, "entry-phone": 0, "pi-3b": 0, "mid-phone": 0,
+        "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
+    },
+    ("resnet20", 128): {
+        "go-phone": None, "pi-zero-2w": None, "entry-phone": 7, "pi-3b": 2, "mid-phone": 0,
+        "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
+    },
+    ("leaf_cnn", 32): {
+        "go-phone": None, "pi-zero-2w": None, "entry-phone": 2, "pi-3b": 0, "mid-phone": 0,
+        "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
+    },
+    ("leaf_cnn", 128): {
+        "go-phone": None, "pi-zero-2w": None, "entry-phone": 2, "pi-3b": 0, "mid-phone": 0,
+        "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
+    },
+}
+CASES = [(m, b, d) for (m, b), table in EXPECTED.items() for d in table]
+
+
+def assert_plan_is_sound(cost: ModelCost, plan: Plan, runtime: int, memory: TrainingMemory = TrainingMemory()) -> None:
+    """The plan fits, no larger suffix fits, and every chunk fits beside what else is held."""
+    k, budget, batch = plan.split, plan.budget_bytes, plan.batch_size
+    assert plan.footprint_bytes <= budget
+    assert plan.footprint_bytes == cost.footprint(k, batch, memory=memory, runtime_bytes=runtime, chunks=plan.chunks).total
+    for smaller in range(k):  # every larger trainable suffix is over budget, however it is chunked
+        assert cost.footprint(smaller, batch, memory=memory, runtime_bytes=runtime).total > budget
+    covered = [i for start, stop in plan.chunks for i in range(start, stop)]
+    assert covered == list(range(k))
+    least = cost.footprint(k, batch, memory=memory, runtime_bytes=runtime)
+    for i, (start, stop) in enumerate(plan.chunks):
+        held = dataclasses.replace(least, frozen_chunk=cost.chunk_bytes(start, stop, batch, memory))
+        assert held.total <= budget
+        if i + 1 < len(plan.chunks):  # greedy: one more block would not have fit
+            grown = dataclasses.replace(least, frozen_chunk=cost.chunk_bytes(start, stop + 1, batch, memory))
+            assert grown.total > budget
+    assert plan.capacity == cost.capacity(k, batch)
+    assert plan.trainable_params == cost.trainable_params(k)
+
+
+@pytest.mark.parametrize(("model", "batch", "device"), CASES)
+def test_plan_for_every_device_class(costs, model, batch, device):
+    cost, expected = costs[model], EXPECTED[(model, batch)][device]
+    cls = load_device_class(device)
+    runtime = FALLBACK.with_overrides(cls.runtime_overrides).training
+    if expected is None:
+        with pytest.raises(PlanError) as refused:
+            plan_for_device(cost, cls, batch, runtime=FALLBACK)
+        assert refused.value.needed_bytes > cls.budget_bytes == refused.value.budget_bytes
+        assert cost.footprint(len(cost) - 1, batch, runtime_bytes=runtime).total > cls.budget_bytes
+        return
+    plan = plan_for_device(cost, cls, batch, runtime=FALLBACK)
+    assert plan.split == expected
+    assert plan.budget_bytes == cls.budget_bytes
+    assert plan.footprint.runtime == runtime
+    assert_plan_is_sound(cost, plan, runtime)
+
+
+def test_the_catalogue_gives_each_role(costs):
+    roles = {
+        plan_for_device(costs[m], d, b, runtime=FALLBACK).role
+        for (m, b), table in EXPECTED.items()
+        for d, k in table.items()
+        if k is not None
+    }
+    assert roles == {"strong", "moderate", "weak"}
+
+
+def test_device_runtime_overrides_reach_the_plan(costs):
+    jetson = load_device_class("jetson-nano-4gb")
+    plan = plan_for_device(costs["resnet20"], jetson, 32, runtime=FALLBACK)
+    assert plan.footprint.runtime == jetson.runtime_overrides["torch_onnxruntime"]
+    assert plan.footprint_bytes > jetson.runtime_overrides["torch_onnxruntime"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(budget_mib=st.integers(min_value=360, max_value=900), batch=st.sampled_from([1, 8, 32, 128]))
+def test_any_budget_gets_a_sound_plan_or_a_clear_refusal(costs, budget_mib, batch):
+    cost = costs["resnet20"]
+    try:
+        plan = plan_split(cost, budget_mib * MiB, batch, runtime=RUNTIME)
+    except PlanError as e:
+        assert e.needed_bytes > budget_mib * MiB
+        assert all(cost.footprint(k, batch, runtime_bytes=RUNTIME).total > budget_mib * MiB for k in range(len(cost)))
+        return
+    assert_plan_is_sound(cost, plan, RUNTIME)
+
+
+def test_each_boundary_budget_gives_its_split(costs):
+    """At exactly the least footprint of split k, the planner picks the first split that fits."""
+    cost = costs["resnet20"]
+    least = [cost.footprint(k, 32, runtime_bytes=RUNTIME).total for k in range(len(cost))]
+    seen = set()
+    for k, budget in enumerate(least):
+        plan = plan_split(cost, budget, 32, runtime=RUNTIME)
+        assert plan.split == min(j for j in range(len(cost)) if least[j] <= budget)
+        assert_plan_is_sound(cost, plan, RUNTIME)
+        seen.add(plan.split)
+    assert {0, 4, 7} <= seen  # the paper's strong, moderate and weak splits are all reachable
+
+
+# -- refusals -------------------------------------------------------------------------------------
+def test_a_tiny_budget_is_refused_with_what_it_needs(costs):
+    cost = costs["resnet20"]
+    with pytest.raises(PlanError) as refused:
+        plan_split(cost, 100 * MiB, 32, runtime=RUNTIME)
+    error = refused.value
+    assert isinstance(error, ValueError)
+    least = min(cost.footprint(k, 32, runtime_bytes=RUNTIME).total for k in range(len(cost)))
+    assert error.needed_bytes == least
+    assert error.budget_bytes == 100 * MiB
+    message = str(error)
+    assert "resnet20" in message and "100.0 MiB" in message and format_size(least) in message
+
+
+def test_a_frozen_block_too_large_to_stream_is_refused(costs):
+    """LEAF CNN, budget for its last block only: dense2 alone would train in 1 MiB, but the frozen
+    dense1 (6.4 M parameters) cannot be held even as a chunk of its own."""
+    cost = costs["leaf_cnn"]
+    last = cost.footprint(3, 32, runtime_bytes=RUNTIME)
+    budget = RUNTIME + 50 * MiB
+    assert last.training < 50 * MiB < last.frozen_chunk
+    with pytest.raises(PlanError, match="leaf_cnn does not fit"):
+        plan_split(cost, budget, 32, runtime=RUNTIME)
+    with pytest.raises(ValueError, match="dense1"):
+        group_chunks(cost, 3, 32, lambda chunk: chunk <= 50 * MiB, TrainingMemory())
+
+
+def test_bad_arguments(costs):
+    with pytest.raises(ValueError, match="budget"):
+        plan_split(costs["resnet20"], 0, 32, runtime=RUNTIME)
+    with pytest.raises(ValueError, match="batch"):
+        plan_split(costs["resnet20"], 1 << 30, 0, runtime=RUNTIME)
+    with pytest.raises(ValueError, match="runtime"):
+        plan_split(costs["resnet20"], 1 << 30, 32, runtime=-1)
+
+
+# -- roles ----------------------------------------------------------------------------------------
+def test_roles_reproduce_every_label_of_table1():
+    roles = RoleThresholds()
+    assert roles.role(0, 1.0) == "strong"
+    # (capacity, label) of Table 1's partial clients: ResNet20, FEMNIST CNN, IMDB BiLSTM.
+    for capacity, label in [(0.42, "moderate"), (0.16, "weak"), (0.99, "moderate"), (0.02, "weak"),
+                            (0.48, "moderate"), (0.35, "weak")]:
+        assert roles.role(1, capacity) == label, capacity
+
+
+def test_role_thresholds_are_configurable(costs):
+    cost = costs["resnet20"]
+    budget = cost.footprint(4, 32, runtime_bytes=RUNTIME).total
+    assert plan_split(cost, budget, 32, runtime=RUNTIME).role == "moderate"  # capacity 0.45
+    stricter = RoleThresholds(moderate=0.5, weak=0.2)
+    assert plan_split(cost, budget, 32, runtime=RUNTIME, thresholds=stricter).role == "weak"
+    whole = cost.footprint(0, 32, runtime_bytes=RUNTIME).total
+    assert plan_split(cost, whole, 32, runtime=RUNTIME, thresholds=stricter).role == "strong"
+    for bad in ({"moderate": 0.1, "weak": 0.2}, {"moderate": 1.5}, {"weak": 0.0}):
+        with pytest.raises(ValueError, match="thresholds"):
+            RoleThresholds(**bad)
+
+
+# -- the plan as data -----------------------------------------------------------------------------
+def test_plan_is_plain_data_and_measures_a_model_itself(costs):
+    model = build_model("resnet20")
+    budget = costs["resnet20"].footprint(7, 32, runtime_bytes=RUNTIME).total
+    plan = plan_split(model, budget, 32, runtime=RUNTIME)
+    assert plan == plan_split(costs["resnet20"], budget, 32, runtime=RUNTIME)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["split"] == plan.split and data["role"] == plan.role
+    assert data["chunks"] == [list(c) for c in plan.chunks]
+    assert data["footprint"]["total"] == plan.footprint_bytes
+    assert "split" in plan.describe() and plan.role in plan.describe()
+
+
+def test_sparse_blocks_count_in_full(costs):
+    cost = costs["recommender"]
+    assert cost.sparse_blocks == ("embeddings",)
+    assert cost.blocks[0].sparse
+    assert cost.blocks[0].trainable_params == (611 + 9_742) * 32  # every row of both tables
+    plan = plan_split(cost, RUNTIME + 64 * MiB, 32, runtime=RUNTIME)
+    assert plan.split == 0 and plan.role == "strong"
+
+
+def test_memory_settings_change_the_plan(costs):
+    cost = costs["leaf_cnn"]
+    budget = cost.footprint(0, 32, runtime_bytes=RUNTIME).total  # SGD with momentum fits exactly
+    assert plan_split(cost, budget, 32, runtime=RUNTIME).split == 0
+    adam = TrainingMemory(optimizer_copies=2)  # one more copy of 6.6 M parameters does not
+    plan = plan_split(cost, budget, 32, runtime=RUNTIME, memory=adam)
+    assert plan.split > 0
+    assert_plan_is_sound(cost, plan, RUNTIME, adam)
+
+
+# -- device classes -------------------------------------------------------------------------------
+def test_device_classes_cover_small_boards_to_flagship_phones():
+    classes = device_classes()
+    names = [d.name for d in classes]
+    assert len(classes) >= 6
+    assert {"pi-zero-2w", "pi-3b", "pi-4-2gb", "jetson-nano-4gb", "entry-phone", "mid-phone", "flagship-phone"} <= set(names)
+    assert [d.budget_bytes for d in classes] == sorted(d.budget_bytes for d in classes)
+    assert sorted(names) == device_names()
+    for d in classes:
+        assert isinstance(d, DeviceClass)
+        assert d.budget_bytes == int(d.ram_bytes * d.app_share) > 0
+        assert d.cores >= 1 and d.speed > 0 and d.notes and d.description
+    zero = load_device_class("pi-zero-2w")
+    assert zero.ram_bytes == 512 * MiB and zero.cores == 4
+    assert load_device_class("flagship-phone").ram_bytes == 12 * 1024 * MiB
+    jetson = load_device_class("jetson-nano-4gb")
+    assert jetson.gpu and jetson.ram_bytes == 4 * 1024 * MiB and "torch_onnxruntime" in jetson.runtime_overrides
+
+
+def test_a_typo_lists_the_known_classes():
+    with pytest.raises(DeviceClassError) as error:
+        load_device_class("pi-zero")
+    message = str(error.value)
+    assert "unknown device class 'pi-zero'" in message and "did you mean 'pi-zero-2w'" in message
+    for name in device_names():
+        assert name in message
+    assert isinstance(error.value, ValueError)
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+GOOD = 'ram = "1GiB"\napp_share = 0.5\ncores = 2\nspeed = 1.0\n'
+
+
+def test_a_class_file_outside_the_package(tmp_path):
+    path = _write(tmp_path, "lab-box", GOOD + '[runtime]\ntorch_training = "300MiB"\n')
+    box = load_device_class(str(path))
+    assert box.name == "lab-box" and box.budget_bytes == 512 * MiB
+    assert box.runtime_overrides == {"torch_training": 300 * MiB}
+    assert [d.name for d in device_classes(tmp_path)] == ["lab-box"]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (GOOD + "colour = 'red'\n", "colour"),
+        (GOOD.replace("app_share = 0.5", "app_share = 1.5"), "app_share"),
+        (GOOD.replace('ram = "1GiB"', 'ram = "lots"'), "ram"),
+        (GOOD.replace("cores = 2", "cores = 0"), "cores"),
+        (GOOD.replace("speed = 1.0", "speed = -1"), "speed"),
+        (GOOD + 'name = "other"\n', "name"),
+        (GOOD.replace("cores = 2\n", ""), "cores"),
+        (GOOD + "[runtime]\ncuda = 1\n", "runtime.cuda"),
+        (GOOD + "gpu = 'yes'\n", "gpu"),
+        ("ram = \n", "not valid TOML"),
+    ],
+)
+def test_malformed_class_files_name_the_file_and_key(tmp_path, text, key):
+    path = _write(tmp_path, "bad", text)
+    with pytest.raises(DeviceClassError) as error:
+        load_device_class("bad", directory=tmp_path)
+    assert str(path) in str(error.value) and key in str(error.value)
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("512MiB", 512 * MiB), ("1.5GiB", 1536 * MiB), ("300MB", 300_000_000), ("4096", 4096),
+        ("2 GiB", 2 << 30), ("64k", 65_536), ("1kB", 1000), ("12gib", 12 << 30), (".5M", MiB // 2), (77, 77),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "12 parsecs", "-5MiB", "1.2.3GB", "ten", -1, True, None])
+def test_parse_size_rejects_what_is_not_a_size(text):
+    with pytest.raises(ValueError, match="memory size|unit|negative"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert format_size(0) == "0 B"
+    assert format_size(512 * MiB) == "512.0 MiB"
+    assert format_size(1536 * MiB) == "1.5 GiB"
+    assert format_size(parse_size("237.0MiB")) == "237.0 MiB"
+
+
+# -- edgetrain profile ----------------------------------------------------------------------------
+def edgetrain(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Run the real command line, with the fallback runtime figures in its cache."""
+    from profiles.runtime import RUNTIME_FIELDS, runtime_key
+
+    cache = cache_dir / "runtime.json"
+    cache.write_text(json.dumps({runtime_key(): {f: getattr(FALLBACK, f) for f in RUNTIME_FIELDS}}))
+    env = {**os.environ, "EDGETRAIN_CACHE_DIR": str(cache_dir), "COLUMNS": "160"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "profile", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_cli_default_profiles_resnet20_for_every_device_class(tmp_path):
+    out = edgetrain("--model", "resnet20", cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for block in ("stem", "stage2_block1", "head"):
+        assert block in text
+    assert "272,474" in text and "257,994" in text and "206,346" in text  # suffix params, Table 1
+    assert "0.450" in text and "0.168" in text  # capacities of splits 4 and 7
+    for name in device_names():
+        assert name in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip() and line.split()[0] in device_names()}
+    assert "refused" in rows["pi-zero-2w"] and "strong" in rows["flagship-phone"]
+
+
+def test_cli_plans_for_one_device(tmp_path):
+    out = edgetrain("--model", "resnet20", "--device", "entry-phone", "--batch", "128", cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "Plan for entry-phone" in text
+    plan = plan_for_device(measure_model(build_model("resnet20")), "entry-phone", 128, runtime=FALLBACK)
+    assert f"{plan.split} / 11" in text and plan.role in text
+    assert format_size(plan.footprint_bytes) in text
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--list-devices"], 0, "jetson-nano-4gb"),
+        (["--device", "pi-zer"], 2, "did you mean 'pi-zero-2w'"),
+        (["--device", "pi-3b", "--budget", "1GiB"], 2, "not both"),
+        (["--budget", "lots"], 2, "not a memory size"),
+        (["--budget", "100MiB"], 1, "refused"),
+        (["--model", "nope"], 2, "unknown model 'nope'"),
+    ],
+)
+def test_cli_answers_and_errors(tmp_path, args, code, says):
+    out = edgetrain(*args, cache_dir=tmp_path)
+    assert out.returncode == code, out.stdout + out.stderr
+    assert says in out.stdout + out.stderr
