@@ -1,0 +1,914 @@
+"""Run one emulated device as an OS process under a hard memory cap, and report what it used.
+
+A device class's memory budget is the device's whole memory for the app (runtime included), so the
+emulator must hold every device process to it and prove afterwards that it stayed inside. Mechanisms, in
+order of preference:
+
+- ``cgroup-v2``: a child cgroup with ``memory.max`` (and ``memory.swap.max = 0``); the peak comes from
+  ``memory.peak`` (kernel 5.19+, else sampled ``memory.current``), an OOM kill from ``memory.events``.
+- ``cgroup-v1``: a child of this process's own memory cgroup with ``memory.limit_in_bytes`` (and
+  ``memory.memsw.limit_in_bytes`` so swap cannot dodge it); the peak is ``memory.max_usage_in_bytes``, an
+  OOM kill is the ``oom_kill`` count of ``memory.oom_control``. Library pages already charged to another
+  cgroup (shared libraries the parent loaded) are not counted again.
+- ``rlimit-as+watchdog``: no root needed. The device process calls :func:`apply_self_limit` after its own
+  imports, which caps its address space (``RLIMIT_AS``) so that an allocation past the budget fails with
+  ``MemoryError`` (exit code :data:`MEMORY_EXIT_CODE`); the parent also polls the child's RSS every 10 ms and
+  SIGKILLs it over budget. The watchdog overshoots by whatever the child allocates between two polls
+  (tens of MiB for a fast allocator), so its kill is a backstop, not an exact limit; the peak it reports
+  is the kernel's high-water mark (``VmHWM``) seen at the last poll.
+- ``none``: no cap (never chosen by ``"auto"``); the RSS is still sampled for the report.
+
+In a cgroup the kernel reclaims and kills; near the limit a process can thrash on shared-library pages
+for minutes instead of dying, so every process also has a wall-clock timeout after which it is killed
+and reported ``timed_out``.
+
+CPU: ``cpu_share`` (0.25 = a quarter of one core) is applied with the CFS bandwidth controller (cgroup
+v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or v2 ``cpu.max``) where writable; otherwise it is not
+applied and :attr:`CapResult.cpu_mechanism` says ``"none"``.
+
+Cgroups are named ``edgetrain-<parent pid>-<n>``, removed when the child has been reaped, at interpreter
+exit (``atexit``) for children still running, and by :func:`cleanup_stale` for those of a parent that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import errno
+import itertools
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "BUDGET_ENV",
+    "CGROUP_PREFIX",
+    "MECHANISMS",
+    "MECHANISM_ENV",
+    "MEMORY_EXIT_CODE",
+    "CapError",
+    "CapResult",
+    "CappedProcess",
+    "apply_self_limit",
+    "available_mechanisms",
+    "cleanup_stale",
+    "cpu_throttle_status",
+    "find_cgroups",
+    "is_out_of_memory",
+    "mechanism_status",
+]
+
+MECHANISMS: tuple[str, ...] = ("cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
+BUDGET_ENV = "EDGETRAIN_MEMORY_BUDGET"
+MECHANISM_ENV = "EDGETRAIN_MEMORY_MECHANISM"
+CGROUP_PREFIX = "edgetrain-"
+# Exit code of a device process that died of MemoryError under apply_self_limit: the code a shell
+# reports for a SIGKILLed command, which is how an OOM kill usually shows.
+MEMORY_EXIT_CODE = 137
+
+WATCHDOG_INTERVAL_S = 0.010
+_CFS_PERIOD_US = 100_000
+_CGROUP_NAME = re.compile(r"^edgetrain-(\d+)-\d+$")
+_names = itertools.count()  # per-process sequence for unique cgroup names
+
+
+class CapError(RuntimeError):
+    """A memory cap could not be set up (mechanism unavailable, cgroup not writable, bad budget)."""
+
+
+@dataclass(frozen=True)
+class CapResult:
+    """What a capped process did: how it ended and the most memory it held."""
+
+    returncode: int | None
+    mechanism: str  # "cgroup-v2" | "cgroup-v1" | "rlimit-as+watchdog" | "none"
+    budget_bytes: int
+    peak_bytes: int | None  # cgroup max usage, or the peak RSS the watchdog saw
+    oom_killed: bool  # killed by the kernel (cgroup OOM) or the watchdog for memory, or MemoryError exit
+    timed_out: bool
+    wall_s: float
+    cpu_mechanism: str = "none"  # "cgroup-v1" | "cgroup-v2" | "none": how cpu_share was applied
+    cpu_share: float | None = None  # the share applied, None when not applied
+
+    @property
+    def within_budget(self) -> bool:
+        """True when the process ended on its own and its measured peak is inside the budget."""
+        return (
+            not self.oom_killed
+            and not self.timed_out
+            and self.peak_bytes is not None
+            and self.peak_bytes <= self.budget_bytes
+        )
+
+
+# -- cgroup discovery ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Mount:
+    version: int  # 1 or 2
+    controllers: frozenset[str]  # v1: the hierarchy's controllers; v2: empty (see cgroup.controllers)
+    root: str  # the hierarchy path mounted there
+    mountpoint: Path
+
+
+def _mounts() -> list[_Mount]:
+    """cgroup mounts from /proc/self/mountinfo (fields: ... root mountpoint ... - fstype source opts)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        root, mountpoint = _unescape(fields[3]), Path(_unescape(fields[4]))
+        if tail[0] == "cgroup2":
+            mounts.append(_Mount(2, frozenset(), root, mountpoint))
+        else:
+            opts = set(tail[2].split(","))
+            mounts.append(_Mount(1, frozenset(opts), root, mountpoint))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup path per v1 controller, and under key "" its v2 path."""
+    paths: dict[str, str] = {}
+    try:
+        text = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return paths
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            paths[""] = path
+        for c in controllers.split(","):
+            paths[c] = path
+    return paths
+
+
+def _resolve(mount: _Mount, path: str) -> Path | None:
+    """The directory of hierarchy path `path` under `mount`, if that mount shows it."""
+    if mount.root != "/":
+        if path != mount.root and not path.startswith(mount.root + "/"):
+            return None
+        path = path[len(mount.root) :] or "/"
+    d = mount.mountpoint / path.lstrip("/")
+    return d if d.is_dir() else None
+
+
+def _v1_dir(controller: str) -> Path | None:
+    own = _own_cgroups()
+    if controller not in own:
+        return None
+    for m in _mounts():
+        if m.version == 1 and controller in m.controllers:
+            d = _resolve(m, own[controller])
+            if d is not None:
+                return d
+    return None
+
+
+def _v2_parent(controller: str) -> Path | None:
+    """Where a v2 child with `controller` can be made: our own cgroup if it delegates the controller to
+    its children, else our parent (a sibling of ours), whose delegation is what gave it to us."""
+    own = _own_cgroups()
+    if "" not in own:
+        return None
+    for m in _mounts():
+        if m.version != 2:
+            continue
+        d = _resolve(m, own[""])
+        if d is None:
+            continue
+        if controller in _read(d / "cgroup.subtree_control", "").split():
+            return d
+        if controller in _read(d / "cgroup.controllers", "").split() and d != m.mountpoint:
+            return d.parent
+    return None
+
+
+def _read(path: Path, default: str | None = None) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        if default is None:
+            raise
+        return default
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _new_name() -> str:
+    return f"{CGROUP_PREFIX}{os.getpid()}-{next(_names)}"
+
+
+def _make_cgroup(parent: Path, files: Mapping[str, str], optional: Mapping[str, str] | None = None) -> Path:
+    """mkdir a uniquely named child of `parent` and write its limit files (optional ones may fail)."""
+    while True:
+        d = parent / _new_name()
+        try:
+            os.mkdir(d)
+            break
+        except FileExistsError:
+            continue
+    try:
+        for name, value in files.items():
+            _write(d / name, value)
+        for name, value in (optional or {}).items():
+            if (d / name).exists():
+                try:
+                    _write(d / name, value)
+                except OSError:
+                    pass
+    except BaseException:
+        _remove_cgroup(d)
+        raise
+    return d
+
+
+def _cgroup_pids(d: Path) -> list[int]:
+    return [int(p) for p in _read(d / "cgroup.procs", "").split()]
+
+
+def _remove_cgroup(d: Path, *, kill: bool = True, attempts: int = 50) -> bool:
+    """Kill what is left inside (a device's own children) and rmdir; retry while the kernel is busy."""
+    for _ in range(attempts):
+        if kill:
+            for pid in _cgroup_pids(d):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.rmdir(d)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                return False
+        time.sleep(0.02)
+    return False
+
+
+def _kv(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+# -- mechanisms ------------------------------------------------------------------------------------
+def _probe_v1() -> str:
+    d = _v1_dir("memory")
+    if d is None:
+        return "no cgroup v1 memory hierarchy holds this process"
+    if not (d / "memory.limit_in_bytes").exists():
+        return f"{d} has no memory.limit_in_bytes"
+    try:
+        probe = _make_cgroup(d, {})
+    except OSError as e:
+        return f"cannot create a cgroup under {d}: {_why(e)}"
+    ok = (probe / "memory.limit_in_bytes").exists()
+    _remove_cgroup(probe, kill=False)
+    return "ok" if ok else f"a child of {d} has no memory.limit_in_bytes"
+
+
+def _probe_v2() -> str:
+    d = _v2_parent("memory")
+    if d is None:
+        return "cgroup v2 has no memory controller delegated to this process"
+    try:
+        probe = _make_cgroup(d, {})
+    except OSError as e:
+        return f"cannot create a cgroup under {d}: {_why(e)}"
+    ok = (probe / "memory.max").exists()
+    _remove_cgroup(probe, kill=False)
+    return "ok" if ok else f"a child of {d} has no memory.max"
+
+
+def _why(e: OSError) -> str:
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return f"{e.strerror} (needs root, or a cgroup delegated to this user)"
+    return str(e.strerror)
+
+
+def cpu_throttle_status() -> str:
+    """How ``cpu_share`` would be applied here ("cgroup-v2" or "cgroup-v1"), or why it would not."""
+    d = _v2_parent("cpu")
+    if d is not None and _v2_parent("memory") == d:
+        return "cgroup-v2"  # set on the memory cgroup, so only with the cgroup-v2 mechanism
+    d = _v1_dir("cpu")
+    if d is None or not (d / "cpu.cfs_quota_us").exists():
+        return "no cgroup v1 cpu hierarchy with CFS bandwidth control holds this process"
+    try:
+        probe = _make_cgroup(d, {})
+    except OSError as e:
+        return f"cannot create a cgroup under {d}: {_why(e)}"
+    _remove_cgroup(probe, kill=False)
+    return "cgroup-v1"
+
+
+def _probe_rlimit() -> str:
+    try:
+        import resource  # noqa: F401
+    except ImportError:
+        return "the resource module (POSIX rlimits) is missing"
+    if not hasattr(resource, "RLIMIT_AS"):
+        return "RLIMIT_AS is not supported on this platform"
+    return "ok"
+
+
+_PROBES: dict[str, Callable[[], str]] = {
+    "cgroup-v2": _probe_v2,
+    "cgroup-v1": _probe_v1,
+    "rlimit-as+watchdog": _probe_rlimit,
+    "none": lambda: "ok",
+}
+
+
+def mechanism_status() -> dict[str, str]:
+    """Every mechanism with "ok" or the reason it cannot be used on this machine."""
+    return {name: probe() for name, probe in _PROBES.items()}
+
+
+def available_mechanisms() -> list[str]:
+    """The capping mechanisms this machine supports, best first ("none" is not a cap: not listed)."""
+    return [m for m, status in mechanism_status().items() if status == "ok" and m != "none"]
+
+
+def _choose(mechanism: str) -> str:
+    if mechanism == "auto":
+        found = available_mechanisms()
+        if not found:
+            raise CapError(f"no memory capping mechanism works here: {mechanism_status()}")
+        return found[0]
+    if mechanism not in MECHANISMS:
+        raise CapError(f"unknown mechanism {mechanism!r}; known: auto, {', '.join(MECHANISMS)}")
+    status = _PROBES[mechanism]()
+    if status != "ok":
+        raise CapError(f"mechanism {mechanism!r} is unavailable: {status}")
+    return mechanism
+
+
+# -- in the child ----------------------------------------------------------------------------------
+def apply_self_limit(budget_bytes: int | None = None, *, force: bool = False) -> int | None:
+    """Cap this process's address space so that allocating past the budget raises MemoryError.
+
+    Call it in the device process after its imports. The budget is the process's whole memory (runtime
+    included), so the allowance for new allocations is the budget minus the current RSS, added to the
+    current virtual size: ``RLIMIT_AS = VmSize + (budget - RSS)``. Virtual reservations that are never
+    touched (thread stacks, malloc arenas) count against it too, so this errs on the strict side.
+    The budget defaults to ``$EDGETRAIN_MEMORY_BUDGET``; under a cgroup mechanism
+    (``$EDGETRAIN_MEMORY_MECHANISM``) the kernel already caps the process and this does nothing unless
+    ``force``. Also makes an uncaught
+    allocation failure (``MemoryError``, or torch's and ONNX Runtime's errors, see :func:`is_out_of_memory`)
+    exit with :data:`MEMORY_EXIT_CODE`, so the parent can tell it from other failures. A device that
+    catches such errors itself (an asyncio task, a ``try``) should exit with that code too.
+    Returns the limit set, or None when nothing was set.
+    """
+    import resource
+
+    mechanism = os.environ.get(MECHANISM_ENV, "")
+    if not force and mechanism in ("cgroup-v1", "cgroup-v2", "none"):
+        return None
+    if budget_bytes is None:
+        raw = os.environ.get(BUDGET_ENV)
+        if raw is None:
+            return None
+        try:
+            budget_bytes = int(raw)
+        except ValueError:
+            raise CapError(f"${BUDGET_ENV} must be an integer number of bytes, got {raw!r}") from None
+    if budget_bytes <= 0:
+        raise CapError(f"memory budget must be positive, got {budget_bytes}")
+    vms, rss = _self_vm()
+    limit = vms + max(budget_bytes - rss, 0)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _exit_on_memory_error()
+    return limit
+
+
+def _self_vm() -> tuple[int, int]:
+    """(virtual size, RSS) of this process in bytes."""
+    try:
+        fields = _status_fields(os.getpid())
+        return fields["VmSize"], fields["VmRSS"]
+    except (OSError, KeyError):
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return info.vms, info.rss
+
+
+# How torch ("DefaultCPUAllocator: can't allocate memory") and ONNX Runtime ("Failed to allocate memory")
+# report a failed allocation: as RuntimeError or their own exception types, not MemoryError.
+_OUT_OF_MEMORY = ("can't allocate memory", "failed to allocate memory", "bad_alloc", "out of memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for MemoryError and for the allocation failures of torch and ONNX Runtime."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, Exception) and any(s in text for s in _OUT_OF_MEMORY)
+
+
+def _exit_on_memory_error() -> None:
+    previous, previous_thread = sys.excepthook, threading.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        if is_out_of_memory(exc):
+            sys.stderr.flush()
+            os._exit(MEMORY_EXIT_CODE)
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        previous_thread(args)
+        if args.exc_value is not None and is_out_of_memory(args.exc_value):
+            sys.stderr.flush()
+            os._exit(MEMORY_EXIT_CODE)
+
+    sys.excepthook, threading.excepthook = hook, thread_hook
+
+
+# -- in the parent ---------------------------------------------------------------------------------
+def _status_fields(pid: int) -> dict[str, int]:
+    """Vm* lines of /proc/<pid>/status in bytes (Linux)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Vm"):
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    return out
+
+
+def _rss_of(pid: int) -> tuple[int, int] | None:
+    """(current RSS, high-water RSS) of a live child, or None once it is gone or a zombie."""
+    try:
+        fields = _status_fields(pid)
+        if "VmRSS" in fields:
+            return fields["VmRSS"], fields.get("VmHWM", fields["VmRSS"])
+        return None  # a zombie has no memory lines
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        rss = psutil.Process(pid).memory_info().rss
+        return rss, rss
+    except Exception:  # psutil.NoSuchProcess, AccessDenied, ZombieProcess
+        return None
+
+
+class CappedProcess:
+    """One child process under a hard memory cap; usable from asyncio (``await wait_async()``) and sync code.
+
+    A monitor thread reaps the child, enforces the timeout, and (for the watchdog mechanism) polls its
+    RSS. Use it as a context manager, or call :meth:`wait`, so that the cgroup is removed.
+    """
+
+    pid: int
+    mechanism: str
+
+    def __init__(self) -> None:  # use CappedProcess.start()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._callbacks: list[Callable[[CapResult], None]] = []
+        self._result: CapResult | None = None
+        self._returncode: int | None = None
+        self._kill_reason: str | None = None  # "memory" | "timeout" | "user"
+        self._peak_seen = 0
+        self._mem_cg: Path | None = None
+        self._cpu_cg: Path | None = None
+        self._cpu_mechanism = "none"
+        self._cpu_share: float | None = None
+        self._pidfd: int | None = None
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        budget_bytes: int,
+        *,
+        mechanism: str = "auto",
+        timeout_s: float | None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        stdout: int | IO[Any] | None = None,
+        stderr: int | IO[Any] | None = None,
+        cpu_share: float | None = None,
+        watchdog_interval_s: float = WATCHDOG_INTERVAL_S,
+    ) -> CappedProcess:
+        """Start `argv` capped at `budget_bytes`; kill it after `timeout_s` seconds (None: never).
+
+        The child's environment gets ``EDGETRAIN_MEMORY_BUDGET`` and ``EDGETRAIN_MEMORY_MECHANISM`` so a
+        device process can call :func:`apply_self_limit` (it does nothing under a cgroup).
+        """
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+            raise CapError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise CapError(f"timeout_s must be positive or None, got {timeout_s!r}")
+        if cpu_share is not None and not cpu_share > 0:
+            raise CapError(f"cpu_share must be positive (1.0 = one core), got {cpu_share!r}")
+        if not argv:
+            raise CapError("argv is empty")
+        self = cls()
+        self.mechanism = _choose(mechanism)
+        self.budget_bytes = budget_bytes
+        self.argv = list(argv)
+        self._timeout_s = timeout_s
+        self._interval = watchdog_interval_s
+        child_env = dict(os.environ if env is None else env)
+        child_env[BUDGET_ENV] = str(budget_bytes)
+        child_env[MECHANISM_ENV] = self.mechanism
+        try:
+            procs_files = self._setup_cgroups(cpu_share)
+            preexec = _join_cgroups_fn(procs_files) if procs_files else None
+            self._t0 = time.monotonic()
+            try:
+                self._popen = subprocess.Popen(
+                    self.argv, env=child_env, cwd=cwd, stdout=stdout, stderr=stderr, preexec_fn=preexec
+                )
+            except subprocess.SubprocessError as e:  # the preexec_fn failed: could not join the cgroup
+                raise CapError(f"could not move the child into its cgroup: {e}") from e
+        except BaseException:
+            self._remove_cgroups()
+            raise
+        self.pid = self._popen.pid
+        self._deadline = None if timeout_s is None else self._t0 + timeout_s
+        if hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                self._pidfd = None
+        atexit.register(self._at_exit)
+        threading.Thread(target=self._monitor, name=f"capped-{self.pid}", daemon=True).start()
+        return self
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _setup_cgroups(self, cpu_share: float | None) -> list[bytes]:
+        """Create the memory (and cpu) cgroups; return the cgroup.procs files the child must join."""
+        files: list[bytes] = []
+        budget = str(self.budget_bytes)
+        if self.mechanism == "cgroup-v1":
+            parent = _v1_dir("memory")
+            if parent is None:
+                raise CapError("the cgroup v1 memory hierarchy disappeared")
+            # memory.limit_in_bytes first: memsw may never be below it.
+            self._mem_cg = _make_cgroup(
+                parent, {"memory.limit_in_bytes": budget}, {"memory.memsw.limit_in_bytes": budget}
+            )
+        elif self.mechanism == "cgroup-v2":
+            parent = _v2_parent("memory")
+            if parent is None:
+                raise CapError("the cgroup v2 memory controller disappeared")
+            self._mem_cg = _make_cgroup(
+                parent, {"memory.max": budget}, {"memory.swap.max": "0", "memory.oom.group": "1"}
+            )
+            if cpu_share is not None and "cpu" in _read(parent / "cgroup.subtree_control", "").split():
+                quota = max(1000, round(cpu_share * _CFS_PERIOD_US))
+                try:
+                    _write(self._mem_cg / "cpu.max", f"{quota} {_CFS_PERIOD_US}")
+                    self._cpu_mechanism, self._cpu_share = "cgroup-v2", cpu_share
+                except OSError:
+                    pass
+        if self._mem_cg is not None:
+            files.append(os.fsencode(self._mem_cg / "cgroup.procs"))
+        if cpu_share is not None and self._cpu_mechanism == "none":
+            cpu_parent = _v1_dir("cpu")
+            if cpu_parent is not None and (cpu_parent / "cpu.cfs_quota_us").exists():
+                quota = max(1000, round(cpu_share * _CFS_PERIOD_US))
+                try:
+                    self._cpu_cg = _make_cgroup(
+                        cpu_parent,
+                        {"cpu.cfs_period_us": str(_CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)},
+                    )
+                    files.append(os.fsencode(self._cpu_cg / "cgroup.procs"))
+                    self._cpu_mechanism, self._cpu_share = "cgroup-v1", cpu_share
+                except OSError:
+                    self._cpu_cg = None
+        return files
+
+    # -- monitoring ------------------------------------------------------------------------------
+    def _monitor(self) -> None:
+        sample = self.mechanism in ("rlimit-as+watchdog", "none") or (
+            self.mechanism == "cgroup-v2" and not (self._mem_cg and (self._mem_cg / "memory.peak").exists())
+        )
+        try:
+            while not self._reap():
+                if sample:
+                    self._sample()
+                now = time.monotonic()
+                if self._deadline is not None and now >= self._deadline:
+                    self._kill("timeout")
+                wait = self._interval if sample else None
+                if self._deadline is not None:
+                    remaining = max(self._deadline - now, 0.0) if self._kill_reason is None else 0.05
+                    wait = remaining if wait is None else min(wait, remaining)
+                self._sleep(wait)
+        finally:
+            self._finish()
+
+    def _sleep(self, wait: float | None) -> None:
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], wait)  # wakes when the child exits
+        else:
+            time.sleep(WATCHDOG_INTERVAL_S if wait is None else min(wait, WATCHDOG_INTERVAL_S * 5))
+
+    def _sample(self) -> None:
+        if self.mechanism == "cgroup-v2":
+            assert self._mem_cg is not None
+            try:
+                self._peak_seen = max(self._peak_seen, int(_read(self._mem_cg / "memory.current")))
+            except (OSError, ValueError):
+                pass
+            return
+        seen = _rss_of(self.pid)
+        if seen is None:
+            return
+        rss, hwm = seen
+        self._peak_seen = max(self._peak_seen, hwm, rss)
+        if self.mechanism == "rlimit-as+watchdog" and rss > self.budget_bytes:
+            self._kill("memory")
+
+    def _reap(self) -> bool:
+        with self._lock:
+            if self._returncode is not None:
+                return True
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: trust Popen if it knows
+                self._returncode = self._popen.returncode if self._popen.returncode is not None else -1
+                self._wall = time.monotonic() - self._t0
+                return True
+            if pid == 0:
+                return False
+            self._returncode = os.waitstatus_to_exitcode(status)
+            self._popen.returncode = self._returncode  # keeps Popen from waiting on a reused pid
+            self._wall = time.monotonic() - self._t0
+            return True
+
+    def _kill(self, reason: str) -> None:
+        with self._lock:
+            if self._returncode is not None:
+                return
+            if self._kill_reason is None:
+                self._kill_reason = reason
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # The device's own children share its cgroup: take them down too.
+        for cg in (self._mem_cg, self._cpu_cg):
+            if cg is not None:
+                for pid in _cgroup_pids(cg):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def _finish(self) -> None:
+        peak, kernel_oom = self._cgroup_stats()
+        if peak is None and self.mechanism in ("rlimit-as+watchdog", "none", "cgroup-v2"):
+            peak = self._peak_seen or None
+        rc = self._returncode
+        oom = (
+            kernel_oom
+            or self._kill_reason == "memory"
+            or (self.mechanism == "rlimit-as+watchdog" and rc == MEMORY_EXIT_CODE)
+        )
+        self._remove_cgroups()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        result = CapResult(
+            returncode=rc,
+            mechanism=self.mechanism,
+            budget_bytes=self.budget_bytes,
+            peak_bytes=peak,
+            oom_killed=oom,
+            timed_out=self._kill_reason == "timeout",
+            wall_s=getattr(self, "_wall", time.monotonic() - self._t0),
+            cpu_mechanism=self._cpu_mechanism,
+            cpu_share=self._cpu_share,
+        )
+        with self._lock:
+            self._result = result
+            callbacks, self._callbacks = self._callbacks, []
+        atexit.unregister(self._at_exit)
+        self._done.set()
+        for cb in callbacks:
+            cb(result)
+
+    def _cgroup_stats(self) -> tuple[int | None, bool]:
+        cg = self._mem_cg
+        if cg is None:
+            return None, False
+        try:
+            if self.mechanism == "cgroup-v1":
+                peak = int(_read(cg / "memory.max_usage_in_bytes"))
+                control = _kv(_read(cg / "memory.oom_control", ""))
+                if "oom_kill" in control:
+                    oom = control["oom_kill"] > 0
+                else:  # kernels before 4.13: a failed charge and a SIGKILL
+                    oom = int(_read(cg / "memory.failcnt", "0")) > 0 and self._returncode == -signal.SIGKILL
+                return peak, oom
+            events = _kv(_read(cg / "memory.events", ""))
+            peak_text = _read(cg / "memory.peak", "")
+            peak = int(peak_text) if peak_text.strip().isdigit() else None
+            if peak is not None:
+                peak = max(peak, self._peak_seen)
+            return peak, events.get("oom_kill", 0) > 0
+        except (OSError, ValueError):
+            return None, False
+
+    def _remove_cgroups(self) -> None:
+        for attr in ("_mem_cg", "_cpu_cg"):
+            cg = getattr(self, attr)
+            if cg is not None and _remove_cgroup(cg):
+                setattr(self, attr, None)
+
+    def _at_exit(self) -> None:
+        self.kill()
+        self._done.wait(5.0)
+        self._remove_cgroups()
+
+    # -- public ------------------------------------------------------------------------------------
+    def poll(self) -> int | None:
+        """The return code once the child has ended (and its cgroup is gone), else None."""
+        return self._result.returncode if self._done.is_set() and self._result else None
+
+    def wait(self, timeout: float | None = None) -> CapResult:
+        """Block until the child ends; raise subprocess.TimeoutExpired if `timeout` passes first.
+
+        This timeout only bounds the wait: the cap's own timeout (``timeout_s``) kills the child."""
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.argv, timeout or 0.0)
+        assert self._result is not None
+        return self._result
+
+    async def wait_async(self) -> CapResult:
+        """Await the end of the child without blocking the event loop (no executor thread)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[CapResult] = loop.create_future()
+
+        def resolve(result: CapResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def from_thread(result: CapResult) -> None:
+            try:
+                loop.call_soon_threadsafe(resolve, result)
+            except RuntimeError:  # the loop was closed meanwhile
+                pass
+
+        with self._lock:
+            result = self._result
+            if result is None:
+                self._callbacks.append(from_thread)
+        if result is not None:
+            return result
+        return await future
+
+    def kill(self) -> None:
+        """SIGKILL the child (and anything it started inside its cgroup); wait() then reports it."""
+        self._kill("user")
+
+    def peak_bytes(self) -> int | None:
+        """The most memory the child has held so far (final once it has ended)."""
+        if self._result is not None:
+            return self._result.peak_bytes
+        cg = self._mem_cg
+        if cg is not None:
+            name = "memory.max_usage_in_bytes" if self.mechanism == "cgroup-v1" else "memory.peak"
+            text = _read(cg / name, "")
+            if text.strip().isdigit():
+                return max(int(text), self._peak_seen)
+        return self._peak_seen or None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def __enter__(self) -> CappedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done.is_set():
+            self.kill()
+        self._done.wait()
+
+    def __repr__(self) -> str:
+        state = "running" if self._result is None else f"returncode={self._result.returncode}"
+        return f"<CappedProcess pid={getattr(self, 'pid', None)} {self.mechanism} {state}>"
+
+
+def _join_cgroups_fn(procs_files: list[bytes]) -> Callable[[], None]:
+    """A preexec_fn that moves the forked child into its cgroups before exec, so its imports count.
+
+    Runs between fork and exec: plain os calls only, no allocation-heavy Python."""
+
+    def join() -> None:
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    return join
+
+
+# -- housekeeping ----------------------------------------------------------------------------------
+def _roots() -> list[Path]:
+    roots = []
+    for m in _mounts():
+        if m.version == 2 or m.controllers & {"memory", "cpu"}:
+            roots.append(m.mountpoint)
+    return roots
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_cgroups(owner: int | None = None, *, max_depth: int = 6) -> list[Path]:
+    """Cgroups this module created (``edgetrain-<pid>-<n>``) in every memory/cpu/v2 hierarchy,
+    optionally only those of parent pid `owner`."""
+    found: list[Path] = []
+    for root in _roots():
+        stack = [(root, 0)]
+        while stack:
+            d, depth = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False):
+                    continue
+                m = _CGROUP_NAME.match(e.name)
+                if m:
+                    if owner is None or int(m.group(1)) == owner:
+                        found.append(Path(e.path))
+                elif depth < max_depth:
+                    stack.append((Path(e.path), depth + 1))
+    return sorted(found)
+
+
+def cleanup_stale(*, kill_orphans: bool = True) -> list[Path]:
+    """Remove the cgroups of parents that no longer run (a killed emulator); return what was removed.
+
+    With `kill_orphans`, device processes still inside such a cgroup are SIGKILLed first (nobody is left
+    to collect their results); otherwise a cgroup that still holds processes is kept."""
+    removed = []
+    for cg in find_cgroups():
+        m = _CGROUP_NAME.match(cg.name)
+        assert m is not None
+        owner = int(m.group(1))
+        if owner == os.getpid() or _alive(owner):
+            continue
+        if not kill_orphans and _cgroup_pids(cg):
+            continue
+        if _remove_cgroup(cg, kill=kill_orphans):
+            removed.append(cg)
+    return removed

@@ -1,0 +1,582 @@
+"""Fleet files: which model and data to train, and the mix of emulated devices that trains it.
+
+A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
+
+    [fleet]
+    name = "tiny-capped"                 # default: the file's stem
+    description = "..."
+    model = "digits_mlp"                 # a zoo model
+    dataset = "digits"                   # default: the model's dataset
+    seed = 0
+
+    [training]                           # the names of orchestrator.config.ServerConfig
+    strategy = "embracingfl"
+    rounds = 5
+    fraction = 1.0                       # share of the devices sampled per round
+    local_steps = 10
+    batch_size = 32
+    lr = 0.05
+    momentum = 0.9
+    weight_decay = 1e-4
+
+    [partition]
+    scheme = "dirichlet"                 # iid | dirichlet | natural
+    alpha = 0.1                          # dirichlet only
+    seed = 0                             # default: the fleet seed
+
+    [emulation]
+    mode = "processes"                   # processes (one capped OS process each) | lightweight
+    memory_cap = "auto"                  # auto | cgroup-v2 | cgroup-v1 | rlimit-as+watchdog | none
+    timeout_s = 600                      # per device process
+    throttle_cpu = true                  # cpu_share = class speed x cpu_scale, at most the class's cores
+    cpu_scale = 1.0
+
+    [behaviour]                          # defaults for every group
+    dropout = 0.0                        # probability of vanishing mid-round, per round a device is in
+    latency_ms = 0                       # extra network delay per message
+    jitter_ms = 0                        # plus a uniform extra delay in [0, jitter_ms]
+    rejoin_after_s = 30                  # reconnect this long after vanishing; absent: never
+
+    [[groups]]
+    name = "weak-pi-zero"                # default: the class name; device ids are <name>-<index>
+    class = "pi-zero-2w"                 # a device class of profiles/devices/
+    count = 112
+    expect_role = "weak"                 # the role the planner should give (checked by the tests)
+    budget = "256MiB"                    # override of the class's budget, or "runtime+30MiB": the
+                                         # training runtime's memory on this machine plus that much
+    force_split = 0                      # train blocks [k, L) whatever the planner says (0: full model)
+    priority = false                     # FedALIGN's priority devices
+    tags = ["external"]                  # free labels, e.g. VaRSeL's internal/external
+    dropout = 0.1                        # any [behaviour] key, for this group only
+
+:func:`load_fleet` validates every key and value and names the file and key in its errors;
+:meth:`Fleet.devices` expands the groups into devices with stable ids and per-device seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profiles.runtime import RuntimeMemory
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "Behaviour",
+    "DeviceGroup",
+    "DeviceSpec",
+    "EmulationSettings",
+    "FLEETS_DIR",
+    "Fleet",
+    "FleetError",
+    "Partition",
+    "TrainingSettings",
+    "fleet_names",
+    "fleet_path",
+    "load_fleet",
+    "parse_fleet",
+]
+
+FLEETS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "fleets"
+PARTITION_SCHEMES = ("iid", "dirichlet", "natural")
+# Datasets whose samples carry a natural client (FEMNIST writer, MovieLens user): see edge_sdk.data.
+NATURAL_DATASETS = frozenset({"femnist", "movielens"})
+ROLES = ("strong", "moderate", "weak")
+EMULATION_MODES = ("processes", "lightweight")
+MEMORY_CAPS = ("auto", "cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_RELATIVE = re.compile(r"^\s*runtime\s*\+\s*(.+)$")
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+
+class FleetError(ValueError):
+    """A fleet file that cannot be used; the message names the file and the key."""
+
+    def __init__(self, source: str, key: str, message: str) -> None:
+        self.source, self.key, self.message = source, key, message
+        where = f"{source}: {key}: " if key else f"{source}: "
+        super().__init__(where + message)
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a device misbehaves on the network."""
+
+    dropout: float = 0.0
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    rejoin_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Round settings, named as in ``orchestrator.config.ServerConfig``; defaults from EmbracingFL
+    appendix 6.1 (tau = 10 local steps, batch 32, SGD momentum 0.9, weight decay 1e-4)."""
+
+    strategy: str = "embracingfl"
+    rounds: int = 20
+    fraction: float = 1.0
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+
+@dataclass(frozen=True)
+class Partition:
+    """How the dataset is split across the devices (one shard per device, in fleet order)."""
+
+    scheme: str = "iid"
+    alpha: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EmulationSettings:
+    """How the emulator runs the devices."""
+
+    mode: str = "processes"
+    memory_cap: str = "auto"
+    timeout_s: float = 600.0
+    throttle_cpu: bool = True
+    cpu_scale: float = 1.0  # cores of this machine per unit of class speed (pi-4-2gb has speed 1.0)
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """`count` devices of one device class, with the class's figures already resolved."""
+
+    name: str
+    device_class: str
+    count: int
+    budget_bytes: int | None  # the override if given, else the class's budget; None: runtime-relative
+    cores: int
+    speed: float
+    budget_override: bool = False
+    budget_over_runtime: int | None = None  # budget = training runtime + this ("runtime+30MiB")
+    runtime_overrides: Mapping[str, int] = field(default_factory=dict)  # the class's own runtime figures
+    expect_role: str | None = None
+    force_split: int | None = None
+    priority: bool = False
+    tags: tuple[str, ...] = ()
+    behaviour: Behaviour = field(default_factory=Behaviour)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One emulated device."""
+
+    id: str  # <group>-<index within the group>, e.g. weak-pi-zero-007
+    index: int  # position in the fleet; also the index of its data shard
+    group: str
+    device_class: str
+    budget_bytes: int
+    cores: int
+    speed: float
+    cpu_share: float | None  # None: not throttled
+    expect_role: str | None
+    force_split: int | None
+    priority: bool
+    tags: tuple[str, ...]
+    behaviour: Behaviour
+    seed: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A validated fleet file."""
+
+    name: str
+    description: str
+    model: str
+    dataset: str
+    seed: int
+    training: TrainingSettings
+    partition: Partition
+    emulation: EmulationSettings
+    groups: tuple[DeviceGroup, ...]
+    path: Path | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def counts(self) -> dict[str, int]:
+        """Devices per group name."""
+        return {g.name: g.count for g in self.groups}
+
+    def devices(self, runtime: RuntimeMemory | int | None = None) -> list[DeviceSpec]:
+        """Every device, group by group; ids and seeds depend only on the fleet seed, the group name
+        and the index in the group, so adding a group does not change the others' ids or seeds.
+
+        `runtime` resolves ``budget = "runtime+..."`` groups: the runtimes' memory figures (the class's
+        overrides applied), or the training runtime in bytes; by default measured on this machine
+        (cached by :mod:`profiles.runtime`), and only when a group needs it."""
+        out: list[DeviceSpec] = []
+        for g in self.groups:
+            budget = g.budget_bytes
+            if budget is None:
+                assert g.budget_over_runtime is not None
+                if runtime is None:
+                    from profiles.runtime import runtime_memory
+
+                    runtime = runtime_memory()
+                if isinstance(runtime, int):
+                    budget = runtime + g.budget_over_runtime
+                else:
+                    budget = runtime.with_overrides(g.runtime_overrides).training + g.budget_over_runtime
+            width = max(3, len(str(g.count - 1)))
+            share = None
+            if self.emulation.throttle_cpu:
+                share = min(g.speed * self.emulation.cpu_scale, float(g.cores))
+            for i in range(g.count):
+                device_id = f"{g.name}-{i:0{width}d}"
+                out.append(
+                    DeviceSpec(
+                        id=device_id,
+                        index=len(out),
+                        group=g.name,
+                        device_class=g.device_class,
+                        budget_bytes=budget,
+                        cores=g.cores,
+                        speed=g.speed,
+                        cpu_share=share,
+                        expect_role=g.expect_role,
+                        force_split=g.force_split,
+                        priority=g.priority,
+                        tags=g.tags,
+                        behaviour=g.behaviour,
+                        seed=device_seed(self.seed, device_id),
+                    )
+                )
+        return out
+
+
+def device_seed(fleet_seed: int, device_id: str) -> int:
+    """A 31-bit seed from the fleet seed and the device id (stable across Python versions and runs)."""
+    digest = hashlib.blake2b(f"{fleet_seed}/{device_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def fleet_names() -> list[str]:
+    """Names of the shipped fleets (``profiles/fleets/*.toml``)."""
+    return sorted(p.stem for p in FLEETS_DIR.glob("*.toml"))
+
+
+def fleet_path(name_or_path: str | Path) -> Path:
+    """A fleet file's path: an existing path as is, else a shipped fleet's name."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    shipped = FLEETS_DIR / f"{p.name}.toml" if p.suffix != ".toml" else FLEETS_DIR / p.name
+    if shipped.is_file() and len(p.parts) == 1:
+        return shipped
+    raise FleetError(str(name_or_path), "", f"no such fleet file; shipped fleets: {', '.join(fleet_names())}")
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Read and validate a fleet file (a path, or the name of a shipped fleet such as ``tiny-capped``)."""
+    p = fleet_path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise FleetError(str(p), "", f"not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FleetError(str(p), "", f"cannot read: {e}") from None
+    return parse_fleet(data, source=str(p), default_name=p.stem, path=p)
+
+
+def parse_fleet(
+    data: Mapping[str, Any], *, source: str = "<fleet>", default_name: str = "fleet", path: Path | None = None
+) -> Fleet:
+    """Validate a fleet already parsed from TOML (or built in code)."""
+    r = _Reader(source)
+    r.keys(data, "", {"fleet", "training", "partition", "emulation", "behaviour", "groups"})
+    head = r.table(data, "fleet", required=True)
+    r.keys(head, "fleet", {"name", "description", "model", "dataset", "seed"})
+    name = r.string(head, "fleet.name", default_name)
+    if not _NAME.match(name):
+        r.fail("fleet.name", f"{name!r} must be lowercase letters, digits, '-' or '_'")
+    model = r.string(head, "fleet.model", None)
+    dataset = _check_model(r, model, head.get("dataset"))
+    seed = r.integer(head, "fleet.seed", 0, minimum=0)
+
+    training = _training(r, r.table(data, "training"))
+    partition = _partition(r, r.table(data, "partition"), dataset, seed)
+    emulation = _emulation(r, r.table(data, "emulation"))
+    defaults = _behaviour(r, r.table(data, "behaviour"), "behaviour", Behaviour())
+
+    raw_groups = data.get("groups")
+    if not isinstance(raw_groups, list) or not raw_groups:
+        r.fail("groups", "a fleet needs at least one [[groups]] table (class and count)")
+    groups = tuple(_group(r, g, f"groups[{i}]", defaults) for i, g in enumerate(raw_groups))
+    seen: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        if g.name in seen:
+            r.fail(
+                f"groups[{i}].name",
+                f"{g.name!r} is also the name of groups[{seen[g.name]}]; give each group a distinct name",
+            )
+        seen[g.name] = i
+    return Fleet(
+        name=name,
+        description=r.string(head, "fleet.description", ""),
+        model=model,
+        dataset=dataset,
+        seed=seed,
+        training=training,
+        partition=partition,
+        emulation=emulation,
+        groups=groups,
+        path=path,
+    )
+
+
+def _check_model(r: _Reader, model: str, dataset: Any) -> str:
+    """The model must be in the zoo; the dataset defaults to (and must be) the one the model trains on."""
+    from edge_sdk.models.zoo import MODEL_NAMES, model_spec
+
+    if model not in MODEL_NAMES:
+        r.fail("fleet.model", f"unknown model {model!r}; known: {', '.join(MODEL_NAMES)}")
+    expected = model_spec(model).dataset
+    if dataset is None:
+        return expected
+    if not isinstance(dataset, str):
+        r.fail("fleet.dataset", f"must be a string, got {dataset!r}")
+    if dataset != expected:
+        r.fail("fleet.dataset", f"model {model!r} trains on {expected!r}, not {dataset!r}")
+    return dataset
+
+
+def _training(r: _Reader, t: Mapping[str, Any]) -> TrainingSettings:
+    d = TrainingSettings()
+    r.keys(t, "training", set(TrainingSettings.__dataclass_fields__))
+    fraction = r.number(t, "training.fraction", d.fraction, minimum=0.0)
+    if not 0.0 < fraction <= 1.0:
+        r.fail("training.fraction", f"must be in (0, 1], got {fraction}")
+    momentum = r.number(t, "training.momentum", d.momentum, minimum=0.0)
+    if momentum >= 1.0:
+        r.fail("training.momentum", f"must be in [0, 1), got {momentum}")
+    lr = r.number(t, "training.lr", d.lr, minimum=0.0)
+    if lr == 0.0:
+        r.fail("training.lr", "must be positive")
+    return TrainingSettings(
+        strategy=r.string(t, "training.strategy", d.strategy),
+        rounds=r.integer(t, "training.rounds", d.rounds, minimum=1),
+        fraction=fraction,
+        local_steps=r.integer(t, "training.local_steps", d.local_steps, minimum=1),
+        batch_size=r.integer(t, "training.batch_size", d.batch_size, minimum=1),
+        lr=lr,
+        momentum=momentum,
+        weight_decay=r.number(t, "training.weight_decay", d.weight_decay, minimum=0.0),
+    )
+
+
+def _partition(r: _Reader, t: Mapping[str, Any], dataset: str, fleet_seed: int) -> Partition:
+    r.keys(t, "partition", {"scheme", "alpha", "seed"})
+    scheme = r.string(t, "partition.scheme", "iid")
+    if scheme not in PARTITION_SCHEMES:
+        r.fail("partition.scheme", f"unknown scheme {scheme!r}; known: {', '.join(PARTITION_SCHEMES)}")
+    alpha = None
+    if scheme == "dirichlet":
+        alpha = r.number(t, "partition.alpha", None, minimum=0.0)
+        if alpha == 0.0:
+            r.fail("partition.alpha", "must be positive (0.1 is EmbracingFL's non-IID setting)")
+    elif "alpha" in t:
+        r.fail("partition.alpha", f"only the dirichlet scheme takes alpha, not {scheme!r}")
+    if scheme == "natural" and dataset not in NATURAL_DATASETS:
+        r.fail(
+            "partition.scheme",
+            f"dataset {dataset!r} has no natural clients; "
+            f"natural works with {', '.join(sorted(NATURAL_DATASETS))}",
+        )
+    return Partition(scheme, alpha, r.integer(t, "partition.seed", fleet_seed, minimum=0))
+
+
+def _emulation(r: _Reader, t: Mapping[str, Any]) -> EmulationSettings:
+    d = EmulationSettings()
+    r.keys(t, "emulation", set(EmulationSettings.__dataclass_fields__))
+    mode = r.string(t, "emulation.mode", d.mode)
+    if mode not in EMULATION_MODES:
+        r.fail("emulation.mode", f"unknown mode {mode!r}; known: {', '.join(EMULATION_MODES)}")
+    cap = r.string(t, "emulation.memory_cap", d.memory_cap)
+    if cap not in MEMORY_CAPS:
+        r.fail("emulation.memory_cap", f"unknown mechanism {cap!r}; known: {', '.join(MEMORY_CAPS)}")
+    timeout = r.number(t, "emulation.timeout_s", d.timeout_s, minimum=0.0)
+    if timeout == 0.0:
+        r.fail("emulation.timeout_s", "must be positive: a capped process near its limit can thrash for minutes")
+    scale = r.number(t, "emulation.cpu_scale", d.cpu_scale, minimum=0.0)
+    if scale == 0.0:
+        r.fail("emulation.cpu_scale", "must be positive (set throttle_cpu = false to turn throttling off)")
+    return EmulationSettings(mode, cap, timeout, r.boolean(t, "emulation.throttle_cpu", d.throttle_cpu), scale)
+
+
+_BEHAVIOUR_KEYS = set(Behaviour.__dataclass_fields__)
+
+
+def _behaviour(r: _Reader, t: Mapping[str, Any], where: str, base: Behaviour) -> Behaviour:
+    dropout = r.number(t, f"{where}.dropout", base.dropout, minimum=0.0)
+    if dropout > 1.0:
+        r.fail(f"{where}.dropout", f"is a probability in [0, 1], got {dropout}")
+    rejoin = base.rejoin_after_s
+    if "rejoin_after_s" in t:
+        rejoin = r.number(t, f"{where}.rejoin_after_s", None, minimum=0.0)
+    return Behaviour(
+        dropout=dropout,
+        latency_ms=r.number(t, f"{where}.latency_ms", base.latency_ms, minimum=0.0),
+        jitter_ms=r.number(t, f"{where}.jitter_ms", base.jitter_ms, minimum=0.0),
+        rejoin_after_s=rejoin,
+    )
+
+
+def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
+    if not isinstance(g, Mapping):
+        r.fail(where, "must be a table ([[groups]])")
+    r.keys(
+        g,
+        where,
+        {"name", "class", "count", "budget", "expect_role", "force_split", "priority", "tags"} | _BEHAVIOUR_KEYS,
+    )
+    class_name = r.string(g, f"{where}.class", None)
+    device_class = _device_class(r, class_name, f"{where}.class")
+    name = r.string(g, f"{where}.name", class_name)
+    if not _NAME.match(name):
+        r.fail(f"{where}.name", f"{name!r} must be lowercase letters, digits, '-' or '_' (it starts device ids)")
+    count = r.integer(g, f"{where}.count", None, minimum=1)
+    budget: int | None = device_class.budget_bytes
+    over_runtime = None
+    if "budget" in g:
+        raw = g["budget"]
+        relative = _RELATIVE.match(raw) if isinstance(raw, str) else None
+        if relative:
+            budget, over_runtime = None, _size(r, relative.group(1), f"{where}.budget")
+        else:
+            try:
+                budget = _size(r, raw, f"{where}.budget")
+            except FleetError as e:
+                r.fail(e.key, f"{e.message}; or write \"runtime+<size>\" for the runtime's memory plus a size")
+    role = g.get("expect_role")
+    if role is not None and role not in ROLES:
+        r.fail(f"{where}.expect_role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
+    force_split = None
+    if "force_split" in g:
+        force_split = r.integer(g, f"{where}.force_split", None, minimum=0)
+    tags = g.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and _TAG.match(t) for t in tags):
+        r.fail(f"{where}.tags", f"must be a list of short labels (letters, digits, '_.:-'), got {tags!r}")
+    if len(set(tags)) != len(tags):
+        r.fail(f"{where}.tags", f"has duplicates: {tags!r}")
+    return DeviceGroup(
+        name=name,
+        device_class=device_class.name,
+        count=count,
+        budget_bytes=budget,
+        cores=int(device_class.cores),
+        speed=float(device_class.speed),
+        budget_override="budget" in g,
+        budget_over_runtime=over_runtime,
+        runtime_overrides=dict(device_class.runtime_overrides),
+        expect_role=role,
+        force_split=force_split,
+        priority=r.boolean(g, f"{where}.priority", False),
+        tags=tuple(tags),
+        behaviour=_behaviour(r, g, where, defaults),
+    )
+
+
+def _device_class(r: _Reader, name: str, key: str) -> Any:
+    from profiles.devices import load_device_class
+
+    try:
+        return load_device_class(name)
+    except (KeyError, ValueError, LookupError) as e:
+        r.fail(key, str(e.args[0]) if e.args else f"unknown device class {name!r}")
+
+
+def _size(r: _Reader, value: Any, key: str) -> int:
+    from profiles.units import parse_size
+
+    if isinstance(value, float) or isinstance(value, bool):
+        r.fail(key, f"write a size such as \"512MiB\" or a whole number of bytes, got {value!r}")
+    try:
+        size = parse_size(value)
+    except ValueError as e:
+        r.fail(key, str(e))
+    if size <= 0:
+        r.fail(key, f"must be positive, got {value!r}")
+    return size
+
+
+class _Reader:
+    """Typed reads of TOML values that fail with the file and the dotted key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> Any:
+        raise FleetError(self.source, key, message)
+
+    def keys(self, table: Mapping[str, Any], where: str, allowed: set[str]) -> None:
+        for k in table:
+            if k not in allowed:
+                key = f"{where}.{k}" if where else k
+                self.fail(key, f"unknown key; expected one of: {', '.join(sorted(allowed))}")
+
+    def table(self, data: Mapping[str, Any], key: str, *, required: bool = False) -> Mapping[str, Any]:
+        if key not in data:
+            if required:
+                self.fail(key, f"missing [{key}] table")
+            return {}
+        value = data[key]
+        if not isinstance(value, Mapping):
+            self.fail(key, f"must be a table ([{key}]), got {type(value).__name__}")
+        return value
+
+    def _get(self, t: Mapping[str, Any], key: str, default: Any) -> Any:
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in t:
+            return t[leaf]
+        if default is None:
+            self.fail(key, "is required")
+        return default
+
+    def string(self, t: Mapping[str, Any], key: str, default: str | None) -> str:
+        v = self._get(t, key, default)
+        if not isinstance(v, str) or not v and default != "":
+            self.fail(key, f"must be a non-empty string, got {v!r}")
+        return v
+
+    def integer(self, t: Mapping[str, Any], key: str, default: int | None, *, minimum: int) -> int:
+        v = self._get(t, key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(key, f"must be an integer, got {v!r}")
+        if v < minimum:
+            self.fail(key, f"must be >= {minimum}, got {v}")
+        return v
+
+    def number(self, t: Mapping[str, Any], key: str, default: float | None, *, minimum: float) -> float:
+        v = self._get(t, key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            self.fail(key, f"must be a finite number, got {v!r}")
+        if v < minimum:
+            self.fail(key, f"must be >= {minimum}, got {v}")
+        return float(v)
+
+    def boolean(self, t: Mapping[str, Any], key: str, default: bool) -> bool:
+        v = self._get(t, key, default)
+        if not isinstance(v, bool):
+            self.fail(key, f"must be true or false, got {v!r}")
+        return v
