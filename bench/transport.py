@@ -1,0 +1,214 @@
+"""Transport benchmark: the wire protocol against bare websockets on 127.0.0.1.
+
+    python bench/transport.py [--sizes 1,10,100] [--repeats 5] [--frame-size 1048576]
+
+For each size (MiB of float32), a server process streams one tensor to a client in this process,
+in three ways measured in the same run and interleaved (the order rotates every repeat):
+
+- protocol: ``encode_tensors`` -> ``send_payload`` (sha256 of the payload, TransferBegin, frames)
+  over websockets opened with ``ws_options`` -> ``recv_payload`` (IncomingTransfer, sha256 check)
+  -> ``decode_tensors`` (dtype, shape and NaN/Inf checks). Timed from the client's request to the
+  decoded arrays.
+- protocol, cached digest: the same, but the sender passes a sha256 computed once beforehand, as a
+  server does for content-addressed model chunks that it streams to many devices.
+- bare: websockets in its fastest configuration (compression off, size limit off, the raw tensor
+  bytes as one message) -> ``numpy.frombuffer``. Timed the same way.
+
+It prints MiB/s (median of the repeats) and protocol/bare (target >= 0.8), the in-process speed of
+``encode_tensors``, ``decode_tensors`` and sha256, and writes bench/results/transport.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import websockets
+from rich.console import Console
+from rich.table import Table
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from edge_sdk.protocol import (  # noqa: E402
+    DEFAULT_FRAME_SIZE,
+    Limits,
+    TransferBegin,
+    decode_tensors,
+    encode_tensors,
+    sha256_hex,
+)
+from edge_sdk.transport import recv_msg, recv_payload, send_payload, ws_options  # noqa: E402
+
+MIB = 1 << 20
+#: Bare websockets, fastest settings: no compression, no size limit, one message per tensor.
+BARE_OPTIONS = {"compression": None, "max_size": None, "ping_interval": None}
+
+
+def _limits(frame_size: int, largest: int) -> Limits:
+    return Limits(max_frame_bytes=frame_size, max_transfer_bytes=largest + MIB, max_tensor_bytes=largest + MIB)
+
+
+def _tensor(size_mib: int) -> np.ndarray:
+    return np.random.default_rng(size_mib).standard_normal(size_mib * MIB // 4, dtype=np.float32)
+
+
+def _server(conn, sizes: list[int], frame_size: int) -> None:
+    """Server process: a protocol server and a bare server; a text request names method and size."""
+    tensors = {size: _tensor(size) for size in sizes}
+    digests = {size: sha256_hex(encode_tensors({"weights": tensors[size]})) for size in sizes}
+    limits = _limits(frame_size, max(sizes) * MIB)
+
+    async def protocol_handler(ws) -> None:
+        async for request in ws:
+            method, size = request.split()
+            payload = encode_tensors({"weights": tensors[int(size)]})
+            await send_payload(ws, payload, transfer_id=f"bench-{size}", kind="chunk", meta={"size_mib": int(size)},
+                               frame_size=frame_size, sha256=digests[int(size)] if method == "cached" else None)
+
+    async def bare_handler(ws) -> None:
+        async for request in ws:
+            await ws.send(memoryview(tensors[int(request)]).cast("B"))
+
+    async def main() -> None:
+        async with serve(protocol_handler, "127.0.0.1", 0, **ws_options(limits)) as proto, \
+                serve(bare_handler, "127.0.0.1", 0, **BARE_OPTIONS) as bare:
+            conn.send((proto.sockets[0].getsockname()[1], bare.sockets[0].getsockname()[1]))
+            await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # until told to stop
+
+    asyncio.run(main())
+
+
+METHODS = ("protocol", "cached", "bare")
+
+
+async def _measure(proto_port: int, bare_port: int, sizes: list[int], repeats: int,
+                   frame_size: int) -> dict[int, dict[str, list[float]]]:
+    limits = _limits(frame_size, max(sizes) * MIB)
+    times: dict[int, dict[str, list[float]]] = {size: {m: [] for m in METHODS} for size in sizes}
+    async with connect(f"ws://127.0.0.1:{proto_port}", **ws_options(limits)) as proto, \
+            connect(f"ws://127.0.0.1:{bare_port}", **BARE_OPTIONS) as bare:
+
+        async def via_protocol(method: str, size: int) -> float:
+            start = time.perf_counter()
+            await proto.send(f"{method} {size}")
+            begin = await recv_msg(proto, limits)
+            assert isinstance(begin, TransferBegin)
+            arrays = decode_tensors(await recv_payload(proto, begin, limits), limits)
+            elapsed = time.perf_counter() - start
+            assert arrays["weights"].nbytes == size * MIB
+            return elapsed
+
+        async def via_bare(method: str, size: int) -> float:
+            start = time.perf_counter()
+            await bare.send(str(size))
+            array = np.frombuffer(await bare.recv(), dtype=np.float32)
+            elapsed = time.perf_counter() - start
+            assert array.nbytes == size * MIB
+            return elapsed
+
+        run = {"protocol": via_protocol, "cached": via_protocol, "bare": via_bare}
+        for size in sizes:  # one size at a time, so that a 100 MiB run does not disturb a 1 MiB one
+            for method in METHODS:  # warm-up: allocator, socket buffers
+                await run[method](method, size)
+            for rep in range(repeats):
+                for method in METHODS[rep % 3:] + METHODS[:rep % 3]:
+                    times[size][method].append(await run[method](method, size))
+    return times
+
+
+def _codec_speed(sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    """In-process MiB/s of encode_tensors, decode_tensors (checks included) and sha256."""
+    out = {}
+    for size in sizes:
+        tensor = {"weights": _tensor(size)}
+        limits = _limits(DEFAULT_FRAME_SIZE, size * MIB)
+        enc, dec, sha = [], [], []
+        for _ in range(max(repeats, 3)):
+            start = time.perf_counter()
+            payload = encode_tensors(tensor)
+            enc.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            decode_tensors(payload, limits)
+            dec.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            sha256_hex(payload)
+            sha.append(time.perf_counter() - start)
+        out[size] = {"encode_mib_s": size / statistics.median(enc), "decode_mib_s": size / statistics.median(dec),
+                     "sha256_mib_s": size / statistics.median(sha)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,10,100", help="tensor sizes in MiB, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5, help="timed transfers per size and method")
+    parser.add_argument("--frame-size", type=int, default=DEFAULT_FRAME_SIZE, help="protocol frame size in bytes")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "transport.json")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    server = ctx.Process(target=_server, args=(child, sizes, args.frame_size), daemon=True)
+    server.start()
+    try:
+        proto_port, bare_port = parent.recv()
+        times = asyncio.run(_measure(proto_port, bare_port, sizes, args.repeats, args.frame_size))
+    finally:
+        parent.send("stop")
+        server.join(timeout=10)
+        if server.is_alive():
+            server.terminate()
+    codec = _codec_speed(sizes, args.repeats)
+
+    rows = []
+    for size in sizes:
+        speed = {m: size / statistics.median(times[size][m]) for m in METHODS}
+        rows.append({"size_mib": size, "protocol_mib_s": speed["protocol"], "cached_digest_mib_s": speed["cached"],
+                     "bare_mib_s": speed["bare"], "ratio": speed["protocol"] / speed["bare"],
+                     "ratio_cached_digest": speed["cached"] / speed["bare"], **codec[size],
+                     "seconds": times[size]})
+
+    def ratio(value: float) -> str:
+        style = "green" if value >= 0.8 else "red"
+        return f"[{style}]{value:.2f}[/{style}]"
+
+    table = Table(title=f"Transport on 127.0.0.1: MiB/s, median of {args.repeats} (frame {args.frame_size} B)")
+    for column in ("size", "bare websockets", "protocol", "protocol/bare", "protocol, cached digest",
+                   "cached/bare", "encode_tensors", "decode_tensors", "sha256"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(f"{row['size_mib']} MiB", f"{row['bare_mib_s']:.0f}", f"{row['protocol_mib_s']:.0f}",
+                      ratio(row["ratio"]), f"{row['cached_digest_mib_s']:.0f}", ratio(row["ratio_cached_digest"]),
+                      f"{row['encode_mib_s']:.0f}", f"{row['decode_mib_s']:.0f}", f"{row['sha256_mib_s']:.0f}")
+    Console(width=160).print(table)
+
+    result = {
+        "benchmark": "transport",
+        "frame_size": args.frame_size,
+        "repeats": args.repeats,
+        "bare_options": {k: v for k, v in BARE_OPTIONS.items()},
+        "machine": {"python": platform.python_version(), "websockets": websockets.__version__,
+                    "numpy": np.__version__, "cpus": multiprocessing.cpu_count()},
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

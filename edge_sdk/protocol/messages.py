@@ -1,0 +1,371 @@
+"""The messages of the wire protocol, as plain dataclasses.
+
+Each class is one message type (docs/protocol.md, "Messages"); its ``TYPE`` is the ``"t"`` field on
+the wire and its fields, in order, are the remaining keys. Instances are immutable: build a new one
+with :func:`dataclasses.replace`. Constructors normalise harmless spellings (a ``tuple`` for a
+``list``, an ``int`` for a ``float``, numpy scalars and str enums for plain values) so that
+``decode(encode(m)) == m``; everything else is checked by :func:`~edge_sdk.protocol.encode` and
+:func:`~edge_sdk.protocol.decode`, which raise :class:`~edge_sdk.protocol.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar, Union
+
+import numpy as np
+
+from .errors import ErrorCode, ProtocolError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Scalar",
+    "Message",
+    "Hello",
+    "Welcome",
+    "Task",
+    "Fetch",
+    "TransferBegin",
+    "TransferFrame",
+    "Update",
+    "Ack",
+    "Error",
+    "Bye",
+    "Resume",
+    "MESSAGE_TYPES",
+    "FETCH_KINDS",
+]
+
+#: Version of the wire format; every message carries it in ``"v"``. Bump it on any incompatible change.
+PROTOCOL_VERSION = 1
+
+#: Values allowed in ``config``, ``meta`` and ``metrics`` maps.
+Scalar = Union[str, int, float, bool]
+
+#: What a :class:`Fetch` may ask for.
+FETCH_KINDS = frozenset({"chunk", "tail", "rows"})
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ProtocolError(ErrorCode.MALFORMED, message)
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message. ``TYPE`` is the wire name (the ``"t"`` field)."""
+
+    TYPE: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for name, kind in _SCHEMAS.get(type(self), ()):
+            value = getattr(self, name)
+            fixed = _normalise(kind, value)
+            if fixed is not value:
+                object.__setattr__(self, name, fixed)
+
+    def check(self) -> None:
+        """Check the value constraints that types alone cannot express (raises ``malformed``)."""
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """Device -> server, the first message of a connection: who the device is and what it can hold."""
+
+    TYPE: ClassVar[str] = "hello"
+
+    device_id: str
+    token: str
+    budget_bytes: int
+    cores: int
+    runtimes: list[str]
+    num_samples: int
+    device_class: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    #: The round the device was in when it lost its connection, or -1 for a fresh start.
+    resume_round: int = -1
+
+    def check(self) -> None:
+        _require(self.device_id != "", "hello.device_id is empty")
+        _require(self.budget_bytes >= 0, "hello.budget_bytes is negative")
+        _require(self.cores >= 0, "hello.cores is negative")
+        _require(self.num_samples >= 0, "hello.num_samples is negative")
+        _require(self.resume_round >= -1, "hello.resume_round is below -1")
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    """Server -> device, the answer to ``Hello``: the device's role and split, and the frozen chunks.
+
+    ``chunks`` lists the block ranges ``(start, stop)`` into which the frozen blocks ``[0, split)``
+    are cut; the device fetches them in this order.
+    """
+
+    TYPE: ClassVar[str] = "welcome"
+
+    device_id: str
+    role: str
+    split: int
+    num_blocks: int
+    chunks: list[tuple[int, int]]
+    model: str
+    model_version: int
+    batch_size: int
+    local_steps: int
+    config: dict[str, Scalar]
+
+    def check(self) -> None:
+        _require(self.num_blocks >= 0, "welcome.num_blocks is negative")
+        _require(0 <= self.split <= self.num_blocks, "welcome.split is outside [0, num_blocks]")
+        for start, stop in self.chunks:
+            _require(0 <= start < stop <= self.num_blocks, f"welcome.chunks has a bad range ({start}, {stop})")
+        _require(self.model_version >= 0, "welcome.model_version is negative")
+        _require(self.batch_size >= 1, "welcome.batch_size is below 1")
+        _require(self.local_steps >= 0, "welcome.local_steps is negative")
+
+
+@dataclass(frozen=True)
+class Task(Message):
+    """Server -> selected device: train in this round. ``chunk_ids`` and ``tail_id`` name what to fetch."""
+
+    TYPE: ClassVar[str] = "task"
+
+    round: int
+    model_version: int
+    split: int
+    chunk_ids: list[str]
+    tail_id: str
+    local_steps: int
+    lr: float
+    deadline_s: float
+    config: dict[str, Scalar]
+
+    def check(self) -> None:
+        _require(self.round >= 0, "task.round is negative")
+        _require(self.model_version >= 0, "task.model_version is negative")
+        _require(self.split >= 0, "task.split is negative")
+        _require(self.local_steps >= 0, "task.local_steps is negative")
+        _require(self.lr >= 0.0, "task.lr is negative")
+        _require(self.deadline_s >= 0.0, "task.deadline_s is negative")
+
+
+@dataclass(frozen=True)
+class Fetch(Message):
+    """Device -> server: send me chunk ``index`` (kind ``"chunk"``), the tail (``"tail"``, index 0) or
+    submodel rows (``"rows"``), starting at byte ``offset`` (non-zero when resuming)."""
+
+    TYPE: ClassVar[str] = "fetch"
+
+    round: int
+    kind: str
+    index: int
+    offset: int = 0
+
+    def check(self) -> None:
+        _require(self.round >= 0, "fetch.round is negative")
+        _require(self.kind in FETCH_KINDS, f"fetch.kind {self.kind!r} is not one of {sorted(FETCH_KINDS)}")
+        _require(self.index >= 0, "fetch.index is negative")
+        _require(self.kind != "tail" or self.index == 0, "fetch.index must be 0 for the tail")
+        _require(self.offset >= 0, "fetch.offset is negative")
+
+
+@dataclass(frozen=True)
+class TransferBegin(Message):
+    """Either way: a payload of ``total_size`` bytes follows in ``TransferFrame`` messages, starting at
+    ``offset`` (0, or the receiver's held bytes when resuming), each at most ``frame_size`` bytes."""
+
+    TYPE: ClassVar[str] = "transfer_begin"
+
+    transfer_id: str
+    kind: str
+    total_size: int
+    sha256: str
+    frame_size: int
+    offset: int
+    meta: dict[str, Scalar]
+
+    def check(self) -> None:
+        _require(self.transfer_id != "", "transfer_begin.transfer_id is empty")
+        _require(self.kind != "", "transfer_begin.kind is empty")
+        _require(self.total_size >= 0, "transfer_begin.total_size is negative")
+        _require(_SHA256_HEX.fullmatch(self.sha256) is not None, "transfer_begin.sha256 is not 64 lowercase hex digits")
+        _require(self.frame_size >= 1, "transfer_begin.frame_size is below 1")
+        _require(0 <= self.offset <= self.total_size, "transfer_begin.offset is outside [0, total_size]")
+
+
+@dataclass(frozen=True)
+class TransferFrame(Message):
+    """Either way: ``data`` holds payload bytes ``[offset, offset + len(data))`` of a transfer.
+
+    ``data`` may be any bytes-like object; decoded frames hold a read-only ``memoryview`` into the
+    received websocket message (no copy).
+    """
+
+    TYPE: ClassVar[str] = "transfer_frame"
+
+    transfer_id: str
+    offset: int
+    data: bytes
+
+    def check(self) -> None:
+        _require(self.transfer_id != "", "transfer_frame.transfer_id is empty")
+        _require(self.offset >= 0, "transfer_frame.offset is negative")
+        _require(len(self.data) > 0, "transfer_frame.data is empty")
+
+
+@dataclass(frozen=True)
+class Update(Message):
+    """Device -> server: the outcome of a round. The parameter deltas (``encode_tensors``) follow as a
+    transfer of kind ``"update"`` with this ``transfer_id``; ``trained`` is the block range ``[start, stop)``."""
+
+    TYPE: ClassVar[str] = "update"
+
+    round: int
+    num_samples: int
+    trained: tuple[int, int]
+    loss_before: float
+    loss_after: float
+    transfer_id: str
+    metrics: dict[str, Scalar]
+
+    def check(self) -> None:
+        _require(self.round >= 0, "update.round is negative")
+        _require(self.num_samples >= 0, "update.num_samples is negative")
+        start, stop = self.trained
+        _require(0 <= start <= stop, f"update.trained has a bad range ({start}, {stop})")
+        _require(self.transfer_id != "", "update.transfer_id is empty")
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """Server -> device after an update: whether it was folded into the round, and if not why."""
+
+    TYPE: ClassVar[str] = "ack"
+
+    round: int
+    accepted: bool
+    reason: str = ""
+
+    def check(self) -> None:
+        _require(self.round >= 0, "ack.round is negative")
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Either way, just before the sender closes the connection. ``code`` is an :class:`ErrorCode` value."""
+
+    TYPE: ClassVar[str] = "error"
+
+    code: str
+    message: str
+
+    def check(self) -> None:
+        _require(self.code != "", "error.code is empty")
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    """Either way: an orderly goodbye (server stopping, training finished)."""
+
+    TYPE: ClassVar[str] = "bye"
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resume(Message):
+    """Receiver -> sender after a reconnect: continue transfer ``transfer_id`` from byte ``offset``."""
+
+    TYPE: ClassVar[str] = "resume"
+
+    transfer_id: str
+    offset: int
+
+    def check(self) -> None:
+        _require(self.transfer_id != "", "resume.transfer_id is empty")
+        _require(self.offset >= 0, "resume.offset is negative")
+
+
+# --- field kinds -------------------------------------------------------------------------------------
+# Each annotation maps to one kind; the codec validates decoded values by kind.
+
+STR, INT, FLOAT, BOOL, BYTES = "str", "int", "float", "bool", "bytes"
+LIST_STR, PAIR, LIST_PAIR, DICT_STR, DICT_SCALAR = "list[str]", "pair", "list[pair]", "dict[str]", "dict[scalar]"
+
+_KINDS: dict[object, str] = {
+    str: STR,
+    int: INT,
+    float: FLOAT,
+    bool: BOOL,
+    bytes: BYTES,
+    list[str]: LIST_STR,
+    tuple[int, int]: PAIR,
+    list[tuple[int, int]]: LIST_PAIR,
+    dict[str, str]: DICT_STR,
+    dict[str, Scalar]: DICT_SCALAR,
+}
+
+
+def _plain(value: object) -> object:
+    """numpy scalars and str/int enums as the plain Python values msgpack writes."""
+    if type(value) in (str, int, float, bool) or isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def _normalise(kind: str, value: object) -> object:
+    """Accept equivalent spellings so that equality survives a round trip; never hides a type error."""
+    if kind in (STR, INT, BOOL):
+        return _plain(value)
+    if kind == FLOAT:
+        value = _plain(value)
+        if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+            return float(value)
+    elif kind == PAIR:
+        if isinstance(value, (list, tuple)):
+            return tuple(_plain(v) for v in value)
+    elif kind == LIST_PAIR:
+        if isinstance(value, (list, tuple)):
+            return [tuple(_plain(v) for v in p) if isinstance(p, (list, tuple)) else p for p in value]
+    elif kind == LIST_STR:
+        if isinstance(value, (list, tuple)):
+            return [_plain(v) for v in value]
+    elif kind in (DICT_STR, DICT_SCALAR):
+        if isinstance(value, Mapping):
+            return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+#: Wire name -> message class, for every message of this protocol version.
+MESSAGE_TYPES: Mapping[str, type[Message]] = MappingProxyType({
+    cls.TYPE: cls
+    for cls in (Hello, Welcome, Task, Fetch, TransferBegin, TransferFrame, Update, Ack, Error, Bye, Resume)
+})
+
+_SCHEMAS: dict[type[Message], tuple[tuple[str, str], ...]] = {}
+for _cls in MESSAGE_TYPES.values():
+    _hints = typing.get_type_hints(_cls)
+    _SCHEMAS[_cls] = tuple((f.name, _KINDS[_hints[f.name]]) for f in dataclasses.fields(_cls))
+del _cls, _hints
+
+
+def schema(cls: type[Message]) -> tuple[tuple[str, str], ...]:
+    """The ``(field name, kind)`` pairs of a message class, in wire order."""
+    return _SCHEMAS[cls]

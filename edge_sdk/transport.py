@@ -1,0 +1,159 @@
+"""The protocol over ``websockets`` (asyncio API): settings and send/receive helpers.
+
+One protocol message is one binary websocket message. These helpers are the only place where
+:mod:`edge_sdk.protocol` meets sockets; server and device code call them with a connection from
+``websockets.asyncio.server.serve`` or ``websockets.asyncio.client.connect``, both opened with
+:func:`ws_options`. Imports websockets, never torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from websockets.asyncio.connection import Connection
+from websockets.exceptions import ConnectionClosed
+
+from .protocol import (
+    DEFAULT_FRAME_SIZE,
+    DEFAULT_LIMITS,
+    Bye,
+    Error,
+    ErrorCode,
+    IncomingTransfer,
+    Limits,
+    Message,
+    ProtocolError,
+    Scalar,
+    TransferBegin,
+    TransferFrame,
+    decode,
+    encode,
+    frames,
+)
+from .protocol.codec import BytesLike
+
+__all__ = ["ws_options", "send_msg", "recv_msg", "send_payload", "recv_payload", "send_error", "close_code"]
+
+#: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
+_THREAD_HASH_BYTES = 256 << 10
+
+#: Close codes (RFC 6455, section 7.4.1) used after an ``Error`` message.
+_CLOSE_POLICY, _CLOSE_TOO_BIG = 1008, 1009
+
+
+def ws_options(limits: Limits = DEFAULT_LIMITS, *, ping_interval: float | None = 20.0,
+               ping_timeout: float | None = 60.0, max_queue: int = 4,
+               write_limit: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``serve(...)`` and ``connect(...)``; use the same limits on both sides.
+
+    - ``compression=None``: permessage-deflate makes tensor traffic about 30x slower and shrinks
+      float32 data by only ~5%.
+    - ``max_size = limits.max_message_bytes``: one frame plus its header; payloads stream as frames,
+      so this does not bound the model size (the websockets default of 1 MiB would).
+    - ``max_queue``: received frames buffered before reading pauses, so a receiver holds at most
+      about ``max_queue * max_message_bytes`` bytes of unread data (4 MiB by default: weak devices
+      count every MiB); more does not speed up loopback transfers (bench/transport.py).
+    - ``write_limit``: high-water mark of the send buffer; by default two frames, so that a sender
+      keeps the socket busy instead of waking up for every 32 KiB (bench/transport.py).
+    - ``ping_timeout`` is generous because a busy device (training, running chunks) may answer pings late.
+    """
+    if write_limit is None:
+        write_limit = 2 * limits.max_frame_bytes
+    return {
+        "compression": None,
+        "max_size": limits.max_message_bytes,
+        "max_queue": max_queue,
+        "write_limit": write_limit,
+        "ping_interval": ping_interval,
+        "ping_timeout": ping_timeout,
+    }
+
+
+async def send_msg(ws: Connection, msg: Message) -> None:
+    """Send one message as one binary websocket message."""
+    await ws.send(encode(msg))
+
+
+async def recv_msg(ws: Connection, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Receive and decode one message. A text websocket message is ``malformed``.
+
+    Raises ``ProtocolError`` for bad input and ``websockets.exceptions.ConnectionClosed`` when the
+    connection ends.
+    """
+    data = await ws.recv()
+    if isinstance(data, str):
+        raise ProtocolError(ErrorCode.MALFORMED, "text websocket message: the protocol uses binary messages only")
+    return decode(data, limits)
+
+
+async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, kind: str,
+                       meta: Mapping[str, Scalar], frame_size: int = DEFAULT_FRAME_SIZE, offset: int = 0,
+                       sha256: str | None = None) -> None:
+    """Stream ``payload[offset:]`` as a ``TransferBegin`` and its frames (see ``protocol.frames``).
+
+    Each ``send`` waits while the socket's buffer is above ``write_limit``, so memory stays bounded
+    whatever the payload size.
+    """
+    for msg in frames(payload, transfer_id=transfer_id, kind=kind, meta=meta, frame_size=frame_size,
+                      offset=offset, sha256=sha256):
+        await ws.send(encode(msg))
+
+
+async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
+                       incoming: IncomingTransfer | None = None) -> bytes:
+    """Receive the frames announced by ``begin`` and return the verified payload.
+
+    To survive a dropped connection, create the ``IncomingTransfer`` yourself and pass it as
+    ``incoming``: after a reconnect, call again with the new ``begin`` and the same ``incoming``,
+    which then continues from ``incoming.offset``. An ``Error`` from the peer is raised as a
+    ``ProtocolError`` with ``remote=True``; any other message is ``unexpected``.
+    """
+    if incoming is None:
+        incoming = IncomingTransfer(begin, limits, hash_in_feed=False)
+    elif incoming.begin is not begin:
+        incoming.resume(begin)
+    loop = asyncio.get_running_loop()
+    hashing: asyncio.Future[int] | None = None
+    try:
+        while not incoming.complete:
+            msg = await recv_msg(ws, limits)
+            if type(msg) is TransferFrame:
+                incoming.feed(msg)
+            elif type(msg) is Error:
+                raise ProtocolError(msg.code, msg.message, remote=True)
+            else:
+                detail = f" ({msg.reason})" if type(msg) is Bye and msg.reason else ""
+                raise ProtocolError(ErrorCode.UNEXPECTED,
+                                    f"{msg.TYPE}{detail} during transfer {begin.transfer_id[:64]!r}")
+            # Hash what arrived in a worker thread while the next frame comes in (the last bytes
+            # are hashed by result(): there is nothing left to overlap with).
+            if incoming.hash_in_feed or incoming.complete or incoming.unhashed < _THREAD_HASH_BYTES:
+                continue
+            if hashing is None or hashing.done():
+                if hashing is not None:
+                    hashing.result()
+                hashing = loop.run_in_executor(None, incoming.hash_pending)
+    finally:
+        if hashing is not None:
+            await asyncio.wait([hashing])  # never leave a thread hashing a buffer we hand out
+    return incoming.result()
+
+
+def close_code(error: ProtocolError) -> int:
+    """The websocket close code that goes with an error: 1009 for ``too_large``, else 1008."""
+    return _CLOSE_TOO_BIG if error.code == ErrorCode.TOO_LARGE else _CLOSE_POLICY
+
+
+async def send_error(ws: Connection, error: ProtocolError, *, close: bool = True) -> None:
+    """Tell the peer what went wrong (an ``Error`` message), then close the connection.
+
+    Never raises when the connection is already gone: this is the last thing a handler does.
+    """
+    try:
+        await ws.send(encode(Error(code=error.code, message=error.message[:1024])))
+        if close:
+            await ws.close(code=close_code(error), reason=error.code[:100])
+    except ConnectionClosed:
+        pass

@@ -1,0 +1,173 @@
+"""Transfers: framing, checksum, resume after an interruption, and refusal of bad frames."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_sdk.protocol import (
+    ErrorCode,
+    IncomingTransfer,
+    Limits,
+    ProtocolError,
+    TransferBegin,
+    TransferFrame,
+    decode,
+    encode,
+    frames,
+    sha256_hex,
+)
+
+PAYLOAD = os.urandom(1_000_003)  # not a multiple of the frame size: the last frame is short
+FRAME = 64 * 1024
+
+
+def _stream(payload=PAYLOAD, frame_size=FRAME, offset=0, **kwargs):
+    out = list(frames(payload, transfer_id="chunk-0", kind="chunk", meta={"index": 0, "round": 3},
+                      frame_size=frame_size, offset=offset, **kwargs))
+    return out[0], out[1:]
+
+
+def _wire(msg):
+    return decode(encode(msg))  # every test goes through the real codec
+
+
+def _code(call) -> str:
+    with pytest.raises(ProtocolError) as info:
+        call()
+    return info.value.code
+
+
+@settings(max_examples=40, deadline=None)
+@given(payload=st.binary(max_size=5000), frame_size=st.integers(1, 1500))
+def test_any_payload_and_frame_size_round_trips(payload, frame_size):
+    begin, rest = _stream(payload, frame_size)
+    assert begin.total_size == len(payload) and begin.sha256 == hashlib.sha256(payload).hexdigest()
+    assert len(rest) == -(-len(payload) // frame_size)
+    incoming = IncomingTransfer(_wire(begin))
+    assert incoming.complete == (len(payload) == 0)
+    for i, frame in enumerate(rest):
+        assert len(frame.data) <= frame_size
+        assert incoming.feed(_wire(frame)) == (i == len(rest) - 1)
+    assert incoming.result() == payload
+
+
+def test_frames_are_views_of_the_payload():
+    begin, rest = _stream()
+    assert begin.meta == {"index": 0, "round": 3} and begin.frame_size == FRAME
+    assert all(isinstance(f.data, memoryview) and f.data.obj is PAYLOAD for f in rest)
+    assert [f.offset for f in rest] == list(range(0, len(PAYLOAD), FRAME))
+
+
+def test_known_digest_is_not_recomputed():
+    begin, _ = _stream(sha256="ab" * 32)
+    assert begin.sha256 == "ab" * 32
+
+
+def test_interrupted_transfer_resumes_from_its_offset():
+    begin, rest = _stream()
+    incoming = IncomingTransfer(_wire(begin))
+    half = len(rest) // 2
+    for frame in rest[:half]:
+        incoming.feed(_wire(frame))  # ... and then the connection drops
+    held = incoming.offset
+    assert held == half * FRAME and not incoming.complete
+    with pytest.raises(ProtocolError):
+        incoming.result()
+    # The receiver reports `held`; the sender restarts the stream from there.
+    begin2, rest2 = _stream(offset=held)
+    assert begin2.offset == held and rest2[0].offset == held
+    incoming.resume(_wire(begin2))
+    for frame in rest2:
+        incoming.feed(_wire(frame))
+    assert incoming.complete
+    assert incoming.result() == PAYLOAD
+    assert hashlib.sha256(incoming.result()).hexdigest() == begin.sha256
+
+
+def test_resume_must_continue_the_same_payload_at_the_held_offset():
+    begin, rest = _stream()
+    incoming = IncomingTransfer(begin)
+    incoming.feed(rest[0])
+    other = dataclasses.replace(begin, offset=FRAME, sha256="0" * 64)
+    assert _code(lambda: incoming.resume(other)) == ErrorCode.UNEXPECTED
+    assert _code(lambda: incoming.resume(dataclasses.replace(begin, offset=FRAME, transfer_id="x"))) == "unexpected"
+    assert _code(lambda: incoming.resume(dataclasses.replace(begin, offset=0))) == ErrorCode.OUT_OF_ORDER
+    assert _code(lambda: incoming.resume(dataclasses.replace(begin, offset=2 * FRAME))) == ErrorCode.OUT_OF_ORDER
+    assert _code(lambda: IncomingTransfer(dataclasses.replace(begin, offset=FRAME))) == ErrorCode.OUT_OF_ORDER
+
+
+def test_a_corrupted_frame_is_caught_by_the_checksum():
+    begin, rest = _stream()
+    incoming = IncomingTransfer(begin)
+    for i, frame in enumerate(rest):
+        if i == 5:
+            data = bytearray(frame.data)
+            data[100] ^= 0x01  # one flipped bit in transit
+            frame = TransferFrame(frame.transfer_id, frame.offset, bytes(data))
+        incoming.feed(_wire(frame))
+    assert incoming.complete
+    assert _code(incoming.result) == ErrorCode.CHECKSUM
+    assert _code(incoming.view) == ErrorCode.CHECKSUM
+
+
+def test_out_of_order_oversized_and_foreign_frames_are_refused():
+    begin, rest = _stream()
+    incoming = IncomingTransfer(begin)
+    assert _code(lambda: incoming.feed(rest[1])) == ErrorCode.OUT_OF_ORDER  # skipped a frame
+    incoming.feed(rest[0])
+    assert _code(lambda: incoming.feed(rest[0])) == ErrorCode.OUT_OF_ORDER  # replayed
+    assert _code(lambda: incoming.feed(TransferFrame("chunk-0", FRAME, b"x" * (FRAME + 1)))) == ErrorCode.TOO_LARGE
+    assert _code(lambda: incoming.feed(TransferFrame("chunk-9", FRAME, b"x"))) == ErrorCode.UNEXPECTED
+    assert _code(lambda: incoming.feed(begin)) == ErrorCode.UNEXPECTED  # type: ignore[arg-type]
+    assert incoming.offset == FRAME  # nothing refused was written
+
+    small = TransferBegin("t", "chunk", 10, sha256_hex(b"0123456789"), 8, 0, {})
+    tail = IncomingTransfer(small)
+    tail.feed(TransferFrame("t", 0, b"01234567"))
+    assert _code(lambda: tail.feed(TransferFrame("t", 8, b"89X"))) == ErrorCode.TOO_LARGE  # past the end
+    tail.feed(TransferFrame("t", 8, b"89"))
+    assert tail.result() == b"0123456789"
+
+
+def test_transfer_limits():
+    begin, _ = _stream()
+    assert _code(lambda: IncomingTransfer(begin, Limits(max_transfer_bytes=1000))) == ErrorCode.TOO_LARGE
+    assert _code(lambda: IncomingTransfer(begin, Limits(max_frame_bytes=1000))) == ErrorCode.TOO_LARGE
+    # The frame size bounds messages, not payloads: a payload 1000x the frame size is fine.
+    limits = Limits(max_frame_bytes=1024)
+    begin, rest = _stream(frame_size=1024)
+    incoming = IncomingTransfer(_wire(begin), limits)
+    for frame in rest:
+        incoming.feed(decode(encode(frame), limits))
+    assert incoming.result() == PAYLOAD
+
+
+def test_hashing_in_a_worker_thread_gives_the_same_result():
+    begin, rest = _stream()
+    incoming = IncomingTransfer(begin, hash_in_feed=False)
+    for frame in rest:
+        incoming.feed(frame)
+        worker = threading.Thread(target=incoming.hash_pending)
+        worker.start()
+        worker.join()
+    assert incoming.hash_pending() == 0
+    assert incoming.result() == PAYLOAD
+
+    lazy = IncomingTransfer(begin, hash_in_feed=False)
+    for frame in rest:
+        lazy.feed(frame)
+    assert bytes(lazy.view()) == PAYLOAD  # the rest is hashed on demand
+
+
+def test_frames_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        _stream(frame_size=0)
+    with pytest.raises(ValueError):
+        _stream(offset=len(PAYLOAD) + 1)
