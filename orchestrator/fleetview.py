@@ -54,11 +54,11 @@ class FleetView:
 
     def print_summary(self, summary: dict, *, wall_s: float, run_dir: Path, plot: Path | None) -> None:
         table = Table(title="devices")
-        for col in ("device", "role", "split", "trained blocks", "chunks streamed", "rounds", "peak RSS MiB", "budget MiB"):
-            table.add_column(col, justify="right" if col not in ("device", "role", "trained blocks") else "left")
+        for col in ("device", "role", "split", "trains", "chunks in", "rounds", "peak MiB", "budget MiB"):
+            table.add_column(col, justify="right" if col not in ("device", "role", "trains") else "left", no_wrap=True)
         for d in summary["devices"]:
             table.add_row(
-                d["device"], d["role"], str(d["split"]), ", ".join(d["trained_blocks"]), str(d["chunks_streamed"]),
+                d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), str(d["chunks_streamed"]),
                 str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f}", f"{d['budget_bytes'] / 2**20:.0f}",
             )
         self.console.print(table)
@@ -99,6 +99,12 @@ def summarise_run(run, launches: Sequence, config: ServerConfig) -> dict:
         })
     rounds = list(run.history)
     return {"rounds": rounds, "devices": devices, "final": rounds[-1] if rounds else {}}
+
+
+def _span(blocks: Sequence[str]) -> str:
+    if not blocks:
+        return "-"
+    return blocks[0] if len(blocks) == 1 else f"{blocks[0]}..{blocks[-1]}"
 
 
 def _mean(values) -> float | None:

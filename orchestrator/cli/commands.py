@@ -1,3 +1,7 @@
 """Imports every command module so that each registers its commands on the app."""
 
 # One line per command module; keep sorted.
+from orchestrator.cli import bundle  # noqa: F401
+from orchestrator.cli import serve  # noqa: F401
+from orchestrator.cli import demo  # noqa: F401
+from orchestrator.cli import profile  # noqa: F401
