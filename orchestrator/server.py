@@ -128,16 +128,19 @@ class Orchestrator:
     # -- serving --------------------------------------------------------------------------
     async def run(self, *, ready: asyncio.Event | None = None) -> list[dict]:
         """Serve until every round is done; return the per-round metrics."""
-        async with serve(self._handler, self.config.host, self.config.port, **ws_options(self.limits)) as server:
-            self.port = server.sockets[0].getsockname()[1]
-            self.on_event("listening", {"host": self.config.host, "port": self.port})
-            if ready is not None:
-                ready.set()
-            try:
-                await self._rounds()
-            finally:
-                await self._say_bye("training finished")
-                self.store.close()
+        try:
+            async with serve(self._handler, self.config.host, self.config.port, **ws_options(self.limits)) as server:
+                self.port = server.sockets[0].getsockname()[1]
+                self.on_event("listening", {"host": self.config.host, "port": self.port})
+                if ready is not None:
+                    ready.set()
+                try:
+                    await self._rounds()
+                finally:
+                    await self._say_bye("training finished")
+        finally:
+            # Closed only after the server stopped accepting: a late hello must not meet a closed journal.
+            self.store.close()
         return self.history
 
     async def _say_bye(self, reason: str) -> None:
