@@ -253,16 +253,22 @@ class DeviceClient:
         t = time.monotonic()
         key = (kind, index)
         incoming = prog.partial.get(key)
-        await send_msg(ws, p.Fetch(round, kind, index, incoming.offset if incoming else 0))
-        begin = await recv_msg(ws, self.limits)
-        if isinstance(begin, p.Ack) and not begin.accepted:
-            raise RoundAborted(begin.reason)
-        if not isinstance(begin, p.TransferBegin):
-            raise p.ProtocolError("unexpected", f"expected a transfer, got {begin.TYPE}")
-        if incoming is not None and incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
-            incoming.resume(begin)
-        else:
-            incoming = p.IncomingTransfer(begin, self.limits)
+        while True:
+            await send_msg(ws, p.Fetch(round, kind, index, incoming.offset if incoming else 0))
+            begin = await recv_msg(ws, self.limits)
+            if isinstance(begin, p.Ack) and not begin.accepted:
+                raise RoundAborted(begin.reason)
+            if not isinstance(begin, p.TransferBegin):
+                raise p.ProtocolError("unexpected", f"expected a transfer, got {begin.TYPE}")
+            if incoming is None:
+                incoming = p.IncomingTransfer(begin, self.limits)
+                break
+            if incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
+                incoming.resume(begin)
+                break
+            # The payload changed since the partial download: drop it and start again from 0.
+            await self._drain(ws, begin)
+            incoming = None
         prog.partial[key] = incoming
         done = incoming.offset >= incoming.total_size
         while not done:
@@ -282,6 +288,15 @@ class DeviceClient:
         if c.drop_prob <= 0:
             return False
         return bool(np.random.default_rng([c.drop_seed, zlib.crc32(c.device_id.encode()), round]).random() < c.drop_prob)
+
+    async def _drain(self, ws: ClientConnection, begin: p.TransferBegin) -> None:
+        """Read and discard the frames of a transfer this device no longer wants."""
+        received = begin.offset
+        while received < begin.total_size:
+            frame = await recv_msg(ws, self.limits)
+            if not isinstance(frame, p.TransferFrame):
+                raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
+            received += len(frame.data)
 
     # -- resources ------------------------------------------------------------------------
     def _storage(self, role: str) -> str:
