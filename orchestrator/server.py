@@ -46,7 +46,6 @@ class Session:
     plan: Plan
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     busy_round: int | None = None
-    connected_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -58,6 +57,8 @@ class RoundPayloads:
     chunk_ids: dict[tuple[int, int], str]
     chunks: dict[str, bytes]
     tails: dict[int, bytes]
+    # sha256 of each payload, computed once per round rather than once per device that fetches it
+    digests: dict[str | int, str] = field(default_factory=dict)
 
 
 def state_version(state: dict[str, np.ndarray]) -> str:
@@ -262,8 +263,10 @@ class Orchestrator:
             rng = tuple(plan.chunks[msg.index])
             cid = pay.chunk_ids[rng]
             data, meta = pay.chunks[cid], {"chunk_id": cid, "start": rng[0], "stop": rng[1], "round": pay.round}
+            digest = pay.digests[cid]
         elif msg.kind == "tail":
             data, meta = pay.tails[plan.split], {"split": plan.split, "round": pay.round, "version": pay.version}
+            digest = pay.digests[plan.split]
         else:
             raise p.ProtocolError("malformed", f"cannot fetch kind {msg.kind!r}")
         if not 0 <= msg.offset <= len(data):
@@ -271,7 +274,7 @@ class Orchestrator:
         tid = f"{msg.kind}-{pay.round}-{msg.index}-{session.device_id}"
         async with session.send_lock:
             await send_payload(session.ws, data, transfer_id=tid, kind=msg.kind, meta=meta,
-                               frame_size=self.config.frame_size, offset=msg.offset)
+                               frame_size=self.config.frame_size, offset=msg.offset, sha256=digest)
 
     async def _on_update(self, session: Session, msg: p.Update) -> None:
         begin = await recv_msg(session.ws, self.limits)
@@ -349,7 +352,8 @@ class Orchestrator:
             for k in splits:
                 names = self.model.state_names(k)
                 tails[k] = p.encode_tensors({n: self.global_state[n] for n in names})
-            return RoundPayloads(r, version, chunk_ids, chunks, tails)
+            digests: dict[str | int, str] = {key: p.sha256_hex(data) for key, data in (*chunks.items(), *tails.items())}
+            return RoundPayloads(r, version, chunk_ids, chunks, tails, digests)
 
         return await asyncio.to_thread(build)
 
