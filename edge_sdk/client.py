@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import resource
@@ -27,6 +28,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
+from edge_sdk.memory import release_memory, tune_allocator
 from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
 
 log = logging.getLogger("edgetrain.device")
@@ -87,6 +89,7 @@ class _RoundProgress:
     chunks_done: int = 0
     activations: object | None = None  # ActivationCache
     partial: dict[tuple[str, int], p.IncomingTransfer] = field(default_factory=dict)
+    storage: str = "memory"  # where the last chunk's activations went
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0, "upload_s": 0.0})
 
 
@@ -96,7 +99,19 @@ def device_seed(round_seed: int, device_id: str) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process so far.
+
+    Linux's VmHWM belongs to the process's own address space. ``ru_maxrss`` is not used where
+    VmHWM exists: it survives fork and exec, so a device started by a large parent would report
+    the parent's peak as its own.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -109,6 +124,7 @@ class DeviceClient:
     ) -> None:
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
+        tune_allocator()
         self.config = config
         self.x, self.y = x, y
         self.on_event = on_event or (lambda kind, data: None)
@@ -193,17 +209,21 @@ class DeviceClient:
             prog.activations = ActivationCache.from_array(self.x)
         # Algorithm 1: receive chunk i, feed the local data forward, keep the output, discard chunk i.
         for i in range(prog.chunks_done, len(task.chunk_ids)):
-            data = await self._fetch(ws, task.round, "chunk", i, prog)
+            # One copy as bytes, the receive buffer freed before the session parses it: a chunk
+            # then costs its bytes plus ONNX Runtime's two copies (profiles.accounting frozen_copies).
+            data = bytes(await self._fetch(ws, task.round, "chunk", i, prog))
             t = time.monotonic()
             runner = ChunkRunner(data, threads=self.config.threads)
             del data
+            prog.storage = self._storage(runner)
             previous = prog.activations
             prog.activations = await asyncio.to_thread(
                 previous.apply, runner, batch_size=self.config.forward_batch,
-                storage=self._storage(welcome.role), directory=self._work_dir(),
+                storage=self._storage(runner), directory=self._work_dir(),
             )
             runner.close()
             del runner
+            release_memory()
             prog.chunks_done = i + 1
             prog.timings["forward_s"] += time.monotonic() - t
         tail = p.decode_tensors(await self._fetch(ws, task.round, "tail", 0, prog), self.limits)
@@ -215,6 +235,7 @@ class DeviceClient:
         result = await asyncio.to_thread(self._train, welcome, task, tail, prog.activations.array)
         prog.timings["train_s"] += time.monotonic() - t
         del tail
+        release_memory()
 
         t = time.monotonic()
         if self.config.delay_s > 0:
@@ -222,13 +243,14 @@ class DeviceClient:
         transfer_id = uuid.uuid4().hex
         trained = (welcome.split, welcome.num_blocks)
         metrics = {**{k: round(v, 6) for k, v in prog.timings.items()}, "peak_rss_bytes": peak_rss_bytes(),
-                   "storage": self._storage(welcome.role), "steps": result.steps}
+                   "storage": prog.storage, "steps": result.steps}
         await send_msg(ws, p.Update(task.round, result.num_samples, trained, result.loss_before,
                                     result.loss_after, transfer_id, metrics))
         await send_payload(ws, p.encode_tensors(result.deltas), transfer_id=transfer_id, kind="update",
                            meta={"round": task.round}, frame_size=self.config.frame_size)
         ack = await self._expect(ws, p.Ack)
         prog.timings["upload_s"] += time.monotonic() - t
+        release_memory()
         report = RoundReport(task.round, welcome.role, trained, result.loss_before, result.loss_after, dict(prog.timings))
         self.reports.append(report)
         self.on_event("round_done", {"device": self.config.device_id, "round": task.round, "accepted": ack.accepted,
@@ -248,7 +270,7 @@ class DeviceClient:
         )
         return train_tail(model, welcome.split, x, self.y, cfg, initial=tail)
 
-    async def _fetch(self, ws: ClientConnection, round: int, kind: str, index: int, prog: _RoundProgress) -> bytes:
+    async def _fetch(self, ws: ClientConnection, round: int, kind: str, index: int, prog: _RoundProgress) -> memoryview:
         """Download one payload; a download cut by a dropped connection resumes from its offset."""
         t = time.monotonic()
         key = (kind, index)
@@ -276,7 +298,7 @@ class DeviceClient:
             if not isinstance(frame, p.TransferFrame):
                 raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
             done = incoming.feed(frame)
-        data = incoming.result()
+        data = incoming.view()  # verified, and no second copy of a payload that may be most of the budget
         del prog.partial[key]
         prog.timings["download_s"] += time.monotonic() - t
         return data
@@ -299,10 +321,19 @@ class DeviceClient:
             received += len(frame.data)
 
     # -- resources ------------------------------------------------------------------------
-    def _storage(self, role: str) -> str:
+    def _storage(self, runner) -> str:
+        """Keep a chunk's activations in memory only if they fit beside the plan's footprint.
+
+        The planner counts one batch of cached activations (the rest on disk); the budget left
+        over the planned footprint decides whether the whole cache may stay in memory.
+        """
         if self.config.storage != "auto":
             return self.config.storage
-        return "disk" if role == "weak" else "memory"
+        if any(d is None for d in runner.output_shape):
+            return "disk"
+        need = len(self.x) * math.prod(runner.output_shape) * np.dtype(runner.output_dtype).itemsize
+        footprint = int(self.welcome.config.get("footprint_bytes", self.config.budget_bytes)) if self.welcome else self.config.budget_bytes
+        return "memory" if need <= self.config.budget_bytes - footprint else "disk"
 
     def _work_dir(self) -> Path:
         if self.config.work_dir is not None:

@@ -206,7 +206,7 @@ class Orchestrator:
         batch = self.config.planner_batch
         forced = hello.labels.get("force_split")
         if forced is None:
-            return plan_split(self.cost, hello.budget_bytes, batch)
+            return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples)
         try:
             k = int(forced)
         except ValueError:
@@ -214,7 +214,8 @@ class Orchestrator:
         if not 0 <= k < len(self.model):
             raise p.ProtocolError("malformed", f"force_split {k} outside [0, {len(self.model)})")
         chunks = [(0, k)] if k > 0 else []
-        footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().training, chunks=chunks)
+        footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().training, chunks=chunks,
+                                        local_samples=hello.num_samples)
         capacity = self.cost.capacity(k, batch)
         return Plan(
             model=self.cost.model, split=k, role=RoleThresholds().role(k, capacity), chunks=chunks,
@@ -228,7 +229,8 @@ class Orchestrator:
             device_id=session.device_id, role=plan.role, split=plan.split, num_blocks=len(self.model),
             chunks=[tuple(c) for c in plan.chunks], model=self.config.model, model_version=self.start_round - 1,
             batch_size=self.config.batch_size, local_steps=self.config.local_steps,
-            config={"lr": self.config.lr, "momentum": self.config.momentum, "weight_decay": self.config.weight_decay},
+            config={"lr": self.config.lr, "momentum": self.config.momentum, "weight_decay": self.config.weight_decay,
+                    "footprint_bytes": plan.footprint_bytes},
         )
         async with session.send_lock:
             await send_msg(session.ws, welcome)
