@@ -123,7 +123,7 @@ async def run_local_fleet(
     return FleetRun(history, events, {k: p.returncode for k, p in procs.items()})
 
 
-def min_budget_for_split(model, split: int, batch: int = 32) -> int:
+def min_budget_for_split(model, split: int, batch: int = 32, local_samples: int = 0) -> int:
     """The smallest budget for which the planner lets a device train blocks [split, L)."""
     from profiles.planner import PlanError, plan_split
 
@@ -131,18 +131,20 @@ def min_budget_for_split(model, split: int, batch: int = 32) -> int:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
-            fits = plan_split(model, mid, batch).split <= split
+            fits = plan_split(model, mid, batch, local_samples=local_samples).split <= split
         except PlanError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid, hi)
     return hi
 
 
-def role_budgets(model_name: str, batch: int = 32) -> dict[str, int]:
+def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000) -> dict[str, int]:
     """Budgets that make the planner give each role on this model (for demos and tests).
 
     Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
     enough for the smallest suffix the planner still calls moderate (or the middle split).
+    ``local_samples`` bounds a device's dataset, which the budget must hold too (the default
+    covers any share of scikit-learn's digits, 1,438 training samples).
     """
     from edge_sdk.models import build_model
     from profiles.planner import plan_split
@@ -151,8 +153,8 @@ def role_budgets(model_name: str, batch: int = 32) -> dict[str, int]:
 
     model = build_model(model_name, seed=None)
     cost = measure_model(model)
-    budgets = {k: min_budget_for_split(cost, k, batch) for k in range(len(model))}
-    roles = {k: plan_split(cost, b, batch).role for k, b in budgets.items()}
+    budgets = {k: min_budget_for_split(cost, k, batch, local_samples) for k in range(len(model))}
+    roles = {k: plan_split(cost, b, batch, local_samples=local_samples).role for k, b in budgets.items()}
     moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]
     k_mod = moderate[-1] if moderate else len(model) // 2
     return {"strong": budgets[0], "moderate": budgets[k_mod], "weak": budgets[len(model) - 1]}

@@ -82,6 +82,11 @@ class TrainingMemory:
     the next loads), then trains the tail (DESIGN.md, "One round", step 3); its peak is the
     larger of the two phases. Set it to False for a device that must hold both at once.
 
+    ``transfer_copies``: copies of the tail's state held for the wire while the tail trains: the
+    received tail payload, which the deltas are taken against (edge_sdk.trainer then writes the
+    deltas over the trained weights and encodes them once the optimizer is gone, so the upload
+    never costs more than training did).
+
     ``margin``: a share added to the model's bytes for what the accounting does not itemise
     (allocator slack, temporaries of the loss and the optimizer step). Measured on torch 2.13:
     the peak RSS growth of a ResNet20 training step (splits 0, 4, 7; batches 32 and 128) was
@@ -90,6 +95,7 @@ class TrainingMemory:
 
     dtype: str = "float32"
     optimizer_copies: int = 1
+    transfer_copies: int = 1
     frozen_copies: int = 3
     session_bytes: int = 16 * _MiB
     sequential_phases: bool = True
@@ -100,6 +106,8 @@ class TrainingMemory:
             raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_SIZES)}")
         if self.optimizer_copies < 0:
             raise ValueError(f"optimizer_copies must be >= 0, not {self.optimizer_copies}")
+        if self.transfer_copies < 0:
+            raise ValueError(f"transfer_copies must be >= 0, not {self.transfer_copies}")
         if self.frozen_copies < 1:
             raise ValueError(f"frozen_copies must be >= 1, not {self.frozen_copies}")
         if self.session_bytes < 0:
@@ -154,12 +162,13 @@ class Footprint:
 
     split: int
     batch: int
-    trainable_state: int  # trainable params x (weight + grad + optimizer copies), tail buffers
+    trainable_state: int  # trainable params x (weight + grad + optimizer + transfer copies), tail buffers
     activations: int  # saved for backward for one batch, plus backward's working set
     cached_input: int  # one batch of the tail's input (block k-1 output; the rest on disk)
     frozen_chunk: int  # the largest frozen chunk: ORT session, weights, one batch through it
     tail_weights: int  # the tail's weights and buffers, kept while the chunks stream
     runtime: int  # the Python process with its runtimes imported (torch + ONNX Runtime)
+    local_data: int = 0  # the device's own samples, held in memory through both phases
     sequential: bool = True
     margin: float = 0.0  # share added to the model's bytes for what is not itemised
 
@@ -177,7 +186,7 @@ class Footprint:
     def model_bytes(self) -> int:
         """Everything but the runtime, at the peak, with the margin."""
         peak = max(self.streaming, self.training) if self.sequential else self.training + self.frozen_chunk
-        return math.ceil(peak * (1 + self.margin))
+        return math.ceil((peak + self.local_data) * (1 + self.margin))
 
     @property
     def total(self) -> int:
@@ -185,7 +194,7 @@ class Footprint:
 
     def chunk_room(self, budget_bytes: int) -> int:
         """The largest frozen chunk (in bytes) that keeps this split within ``budget_bytes``."""
-        peak = math.floor((budget_bytes - self.runtime) / (1 + self.margin))
+        peak = math.floor((budget_bytes - self.runtime) / (1 + self.margin)) - self.local_data
         return peak - (self.tail_weights if self.sequential else self.training)
 
 
@@ -287,11 +296,13 @@ class ModelCost:
         memory: TrainingMemory | None = None,
         runtime_bytes: int = 0,
         chunks: Sequence[tuple[int, int]] | None = None,
+        local_samples: int = 0,
     ) -> Footprint:
         """What a device that freezes [0, k) and trains [k, L) with ``batch`` holds.
 
         ``chunks`` are the frozen block ranges streamed one at a time; without them each frozen
-        block is its own chunk, the smallest peak any chunking reaches.
+        block is its own chunk, the smallest peak any chunking reaches. ``local_samples`` is the
+        size of the device's own dataset, which it holds in memory as model input.
         """
         memory = memory or TrainingMemory()
         self._check_split(k)
@@ -309,12 +320,14 @@ class ModelCost:
         return Footprint(
             split=k,
             batch=batch,
-            trainable_state=(trainable * memory.param_copies + held) * size,
+            trainable_state=(trainable * (memory.param_copies + memory.transfer_copies)
+                             + held * (1 + memory.transfer_copies)) * size,
             activations=self.saved_bytes(k, batch, size) + working,
             cached_input=batch * self._input_bytes(k, size),
             frozen_chunk=max((self.chunk_bytes(s, e, batch, memory) for s, e in chunks), default=0),
             tail_weights=(trainable + held) * size,
             runtime=runtime_bytes,
+            local_data=local_samples * self.input_elements * self.input_itemsize,
             sequential=memory.sequential_phases,
             margin=memory.margin,
         )

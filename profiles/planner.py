@@ -153,11 +153,13 @@ def plan_split(
     thresholds: RoleThresholds = RoleThresholds(),
     runtime: RuntimeMemory | int | None = None,
     memory: TrainingMemory = TrainingMemory(),
+    local_samples: int = 0,
 ) -> Plan:
     """The largest trainable suffix of ``model`` whose footprint fits ``budget_bytes``.
 
     ``runtime`` is what the runtimes take (a :class:`RuntimeMemory`, whose ``training`` figure
-    is used, or bytes); by default it is measured on this machine (cached). Raises
+    is used, or bytes); by default it is measured on this machine (cached). ``local_samples``
+    is the size of the device's dataset (its hello says it), held in memory throughout. Raises
     :class:`PlanError` when not even the last block fits, saying how much it would need.
     """
     if budget_bytes <= 0:
@@ -169,7 +171,7 @@ def plan_split(
     smallest: Footprint | None = None
     for k in range(len(cost)):
         # Each frozen block its own chunk: the smallest peak this split can reach.
-        least = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes)
+        least = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, local_samples=local_samples)
         if smallest is None or least.total < smallest.total:
             smallest = least
         if least.total > budget_bytes:
@@ -178,7 +180,8 @@ def plan_split(
             return dataclasses.replace(least, frozen_chunk=chunk_bytes).total <= budget_bytes
 
         chunks = group_chunks(cost, k, batch_size, fits, memory)
-        footprint = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, chunks=chunks)
+        footprint = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, chunks=chunks,
+                                   local_samples=local_samples)
         capacity = cost.capacity(k, batch_size)
         return Plan(
             model=cost.model,

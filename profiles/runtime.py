@@ -2,9 +2,10 @@
 
 A device budget is the device's whole memory for the app, so the runtime counts before the
 model does: on a 512 MiB board torch alone takes over 40% of what an app may use (FACTS.md,
-"Memory of the runtimes"). Importing is not all: the first training step initialises torch's
-kernels and ``torch.optim`` imports sympy and ``torch._dynamo``, together about 112 MiB more on
-torch 2.13, so a training device is charged ``torch_training``, measured after one tiny step.
+"Memory of the runtimes"). Importing is not all: what a first ONNX Runtime session and a first
+training step leave behind is about 30 MiB more on torch 2.13 (``torch.optim`` would add 70 MiB
+of sympy and ``torch._dynamo``, which is why edge_sdk.trainer has its own SGD), so a training
+device is charged ``torch_training``, measured after doing both the way a device does them.
 
 The figures are measured on the machine that plans, in fresh subprocesses (about 3 s), and
 cached per Python / torch / ONNX Runtime version; a device class may override them with
@@ -37,17 +38,19 @@ __all__ = [
 
 _MiB = 1024 * 1024
 
-# One SGD-with-momentum step of a tiny conv/BN/linear model, as a training device takes before
-# its first real batch: it initialises torch's CPU kernels and loads what torch.optim imports
-# (sympy and torch._dynamo, about 70 MiB on torch 2.13).
-_WARM_UP = """
-from torch import nn
-model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
-                      nn.Flatten(), nn.Linear(64, 2))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-nn.functional.cross_entropy(model(torch.rand(2, 3, 8, 8)), torch.tensor([0, 1])).backward()
-optimizer.step()
-"""
+# What a training device has done before its peak: loaded its own modules (websockets, msgpack,
+# the client), run an ONNX Runtime session (edge_sdk.forward.warm_up; what ONNX Runtime keeps after
+# its first session stays) and taken one training step exactly as it takes them
+# (edge_sdk.trainer.warm_up, whose own momentum SGD keeps torch.optim's sympy and torch._dynamo,
+# ~70 MiB, out of the process; the step initialises torch's CPU kernels).
+_WARM_UP = (
+    "import edge_sdk.client\n"
+    "from edge_sdk.forward import warm_up as ort_warm_up\nort_warm_up()\n"
+    "from edge_sdk.trainer import warm_up\nwarm_up()\n"
+)
+
+#: Bumped whenever what the figures run changes, so cached figures of an older recipe are re-measured.
+_RECIPE = 4
 
 #: What each figure runs in a fresh interpreter before its RSS is read.
 _IMPORTS: dict[str, str] = {
@@ -106,14 +109,15 @@ class RuntimeMemory:
 
 
 #: FACTS.md ("Memory of the runtimes"), measured with torch 2.13.0+cpu and onnxruntime 1.31.1 on
-#: the project's machine; ``torch_training`` adds the 112 MiB the warm-up step added there on top
-#: of importing torch and onnxruntime. Used only where measuring fails (e.g. no torch installed).
+#: the project's machine; ``torch_training`` adds the 30 MiB that the device's warm-up (an ONNX
+#: session, a training step) added there on top of importing torch and onnxruntime. Used only
+#: where measuring fails (e.g. no torch installed).
 FALLBACK = RuntimeMemory(
     python=round(12.6 * _MiB),
     onnxruntime=round(45.9 * _MiB),
     torch=round(218.8 * _MiB),
     torch_onnxruntime=round(237.0 * _MiB),
-    torch_training=round((237.0 + 112.0) * _MiB),
+    torch_training=round((237.0 + 30.0) * _MiB),
     source="fallback",
 )
 
@@ -134,7 +138,7 @@ def runtime_key(python: str | os.PathLike[str] | None = None) -> str:
         return f"{Path(python)}|{platform.machine()}"
     return (
         f"py{platform.python_version()}|torch{_version('torch')}|"
-        f"ort{_version('onnxruntime')}|{platform.machine()}"
+        f"ort{_version('onnxruntime')}|{platform.machine()}|recipe{_RECIPE}"
     )
 
 

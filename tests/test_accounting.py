@@ -141,7 +141,8 @@ def test_footprint_parts(resnet20):
     fp = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB)
     p = resnet20.trainable_params(4)
     buffers = sum(b.buffers for b in resnet20.blocks[4:])
-    assert fp.trainable_state == (3 * p + buffers) * 4  # weight + grad + momentum, float32
+    # weight + grad + momentum + the received tail the deltas are taken against, float32
+    assert fp.trainable_state == (4 * p + 2 * buffers) * 4
     assert fp.tail_weights == (p + buffers) * 4
     assert fp.cached_input == 32 * 16 * 32 * 32 * 4  # one batch of stage 1's output
     assert fp.activations > resnet20.saved_bytes(4, 32) > resnet20.activations(4, 32) * 4
@@ -161,6 +162,10 @@ def test_footprint_parts(resnet20):
     assert big.activations > 3.9 * fp.activations
     # The whole model streams nothing.
     assert resnet20.footprint(0).frozen_chunk == 0
+    # A device's own data is held through both phases: 100 CIFAR images, float32.
+    with_data = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB, local_samples=100)
+    assert with_data.local_data == 100 * 3 * 32 * 32 * 4
+    assert with_data.model_bytes == pytest.approx((max(fp.streaming, fp.training) + with_data.local_data) * 1.10, abs=1)
 
 
 def test_chunks_must_cover_the_frozen_blocks(resnet20):

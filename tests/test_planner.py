@@ -25,7 +25,7 @@ from profiles.runtime import FALLBACK
 from profiles.units import format_size, parse_size
 
 MiB = 1024 * 1024
-RUNTIME = FALLBACK.training  # 349 MiB: torch + ONNX Runtime (FACTS.md) + the warm-up step
+RUNTIME = FALLBACK.training  # 267 MiB: torch + ONNX Runtime (FACTS.md) + the device's warm-up
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,15 @@ def costs() -> dict[str, ModelCost]:
 # The split each class gets (None: refused) with the fallback runtime figures.
 EXPECTED: dict[tuple[str, int], dict[str, int | None]] = {
     ("resnet20", 32): {
-        "go-phone": None, "pi-zero-2w": None, "entry-phone": 0, "pi-3b": 0, "mid-phone": 0,
+        "go-phone": 6, "pi-zero-2w": 4, "entry-phone": 0, "pi-3b": 0, "mid-phone": 0,
         "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
     },
     ("resnet20", 128): {
-        "go-phone": None, "pi-zero-2w": None, "entry-phone": 7, "pi-3b": 2, "mid-phone": 0,
+        "go-phone": None, "pi-zero-2w": 9, "entry-phone": 4, "pi-3b": 0, "mid-phone": 0,
         "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
     },
     ("leaf_cnn", 32): {
-        "go-phone": None, "pi-zero-2w": None, "entry-phone": 2, "pi-3b": 0, "mid-phone": 0,
+        "go-phone": None, "pi-zero-2w": None, "entry-phone": 0, "pi-3b": 0, "mid-phone": 0,
         "pi-4-2gb": 0, "jetson-nano-4gb": 0, "flagship-phone": 0,
     },
     ("leaf_cnn", 128): {
@@ -346,7 +346,8 @@ def test_cli_default_profiles_resnet20_for_every_device_class(tmp_path):
     for name in device_names():
         assert name in text
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip() and line.split()[0] in device_names()}
-    assert "refused" in rows["pi-zero-2w"] and "strong" in rows["flagship-phone"]
+    # A 512 MiB board trains a moderate share of ResNet20; a flagship phone trains it all.
+    assert "moderate" in rows["pi-zero-2w"] and "strong" in rows["flagship-phone"]
 
 
 def test_cli_plans_for_one_device(tmp_path):

@@ -1,0 +1,91 @@
+"""The device's torch trainer: its optimiser, its deltas, and that the frozen prefix is never built."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from edge_sdk.models import build_model
+from edge_sdk.trainer import MomentumSGD, TrainConfig, build_tail, load_tail_state, tail_state, train_tail
+
+
+def test_momentum_sgd_matches_torch_optim_sgd() -> None:
+    torch.manual_seed(0)
+    ours, ref = build_model("digits_mlp", seed=1), build_model("digits_mlp", seed=1)
+    opt_ours = MomentumSGD(list(ours.parameters()), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    for _ in range(5):
+        x, y = torch.rand(16, 64), torch.randint(0, 10, (16,))
+        for model, opt in ((ours, opt_ours), (ref, opt_ref)):
+            opt.zero_grad()
+            model.loss(model(x), y).backward()
+            opt.step()
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_deltas_are_trained_minus_received_and_only_for_the_tail() -> None:
+    full = build_model("digits_mlp", seed=0)
+    split = 2
+    received = tail_state(full, split)
+    tail = build_tail("digits_mlp", split)
+    load_tail_state(tail, split, received)
+    x = full(torch.rand(64, 64), 0, split).detach().numpy()
+    y = np.random.default_rng(0).integers(0, 10, 64)
+    reference = build_tail("digits_mlp", split)
+    load_tail_state(reference, split, received)
+
+    result = train_tail(tail, split, x, y, TrainConfig(local_steps=3, lr=0.1), initial=received)
+    assert set(result.deltas) == set(full.state_names(split))
+    assert result.loss_after < result.loss_before
+    # Replaying the same steps with a copy of the tail gives weights = received + deltas.
+    train_tail(reference, split, x, y, TrainConfig(local_steps=3, lr=0.1))
+    for name, delta in result.deltas.items():
+        assert np.abs(delta).max() > 0, name
+    replay = train_tail(build_and_load(received, split), split, x, y, TrainConfig(local_steps=3, lr=0.1))
+    for name in result.deltas:
+        np.testing.assert_allclose(result.deltas[name], replay.deltas[name], atol=1e-7)
+
+
+def build_and_load(state: dict[str, np.ndarray], split: int):
+    tail = build_tail("digits_mlp", split)
+    load_tail_state(tail, split, state)
+    return tail
+
+
+def test_weak_tail_never_materialises_the_prefix() -> None:
+    tail = build_tail("resnet20", 7)
+    real = [n for n, p in tail.named_parameters() if not p.is_meta]
+    meta = [n for n, p in tail.named_parameters() if p.is_meta]
+    assert real and meta
+    assert all(tail.block_of(n) >= 7 for n in real) and all(tail.block_of(n) < 7 for n in meta)
+    assert sum(p.numel() for p in tail.parameters() if not p.is_meta) == 206_346
+
+
+def test_training_does_not_load_torch_optim() -> None:
+    """torch.optim pulls in sympy and torch._dynamo (~70 MiB); a device's training step must not."""
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from edge_sdk.trainer import warm_up, build_tail, train_tail, TrainConfig, load_tail_state, tail_state\n"
+        "from edge_sdk.models import build_model\n"
+        "warm_up()\n"
+        "full = build_model('tiny'); t = build_tail('tiny', 0); load_tail_state(t, 0, tail_state(full, 0))\n"
+        "train_tail(t, 0, np.random.rand(8, 4).astype('float32'), np.zeros(8, dtype='int64'), TrainConfig(local_steps=2))\n"
+        "print('sympy' in sys.modules, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"], out
+
+
+def test_tail_with_server_weights_computes_what_the_full_model_computes() -> None:
+    for name, split in (("bilstm", 1), ("resnet20", 4), ("leaf_cnn", 2)):
+        full = build_model(name, seed=0).eval()
+        tail = build_tail(name, split)
+        load_tail_state(tail, split, tail_state(full, split))
+        tail.eval()
+        with torch.no_grad():
+            h = full(full.sample_input(3), 0, split)
+            torch.testing.assert_close(tail(h, start=split), full(h, start=split), rtol=0, atol=0, msg=name)
