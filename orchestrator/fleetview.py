@@ -53,13 +53,13 @@ class FleetView:
             p.update(self.rounds_task, completed=int(data["round"]), info=acc)
 
     def print_summary(self, summary: dict, *, wall_s: float, run_dir: Path, plot: Path | None) -> None:
-        table = Table(title="devices")
-        for col in ("device", "role", "split", "trains", "chunks in", "rounds", "peak MiB", "budget MiB"):
+        table = Table(title="devices", caption="k: split; chunks: frozen chunks streamed; MiB: peak RSS / budget")
+        for col in ("device", "role", "k", "trains", "chunks", "rounds", "MiB"):
             table.add_column(col, justify="right" if col not in ("device", "role", "trains") else "left", no_wrap=True)
         for d in summary["devices"]:
             table.add_row(
                 d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), str(d["chunks_streamed"]),
-                str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f}", f"{d['budget_bytes'] / 2**20:.0f}",
+                str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f} / {d['budget_bytes'] / 2**20:.0f}",
             )
         self.console.print(table)
         final = summary["final"]
