@@ -15,7 +15,8 @@ import ctypes
 import ctypes.util
 import functools
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+_M_MMAP_THRESHOLD = -3  # mallopt parameters (malloc.h)
+_M_ARENA_MAX = -8
 
 
 @functools.cache
@@ -32,10 +33,16 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def tune_allocator(mmap_threshold: int = 1 << 20) -> bool:
-    """Serve allocations of ``mmap_threshold`` bytes or more from their own mappings. True if applied."""
+def tune_allocator(mmap_threshold: int = 1 << 20, arenas: int = 2) -> bool:
+    """Serve allocations of ``mmap_threshold`` bytes or more from their own mappings, and let the
+    threads share ``arenas`` malloc arenas (glibc reserves 64 MiB of address space per arena, and
+    scatters freed memory across them). True if applied."""
     libc = _libc()
-    return bool(libc and libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap_threshold)))
+    return bool(
+        libc
+        and libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap_threshold))
+        and libc.mallopt(_M_ARENA_MAX, ctypes.c_int(arenas))
+    )
 
 
 def release_memory() -> bool:
