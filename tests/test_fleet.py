@@ -25,7 +25,8 @@ RUNTIME = 400 * MiB  # a training runtime's memory, for budgets written as "runt
 SHIPPED = {
     "embracingfl-16s-112w": (128, {"strong": 16, "weak": 112}),
     "embracingfl-25-25-50": (128, {"strong": 32, "moderate": 32, "weak": 64}),
-    "femnist-75weak": (48, {"strong": 12, "weak": 36}),
+    "cifar10-resnet20-mixed": (6, {"strong": 2, "moderate": 2, "weak": 2}),
+    "femnist-75weak": (16, {"strong": 4, "weak": 12}),
     "tiny-capped": (5, None),
     "tiny-200": (200, None),
 }

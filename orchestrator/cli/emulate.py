@@ -1,8 +1,11 @@
-"""``edgetrain emulate --fleet FILE``: a fleet file's devices as capped OS processes against a local orchestrator.
+"""``edgetrain emulate --fleet FILE``: a fleet file's devices against a local orchestrator.
 
-Each device is held to its class's memory budget and CPU share (see ``orchestrator.emulation.runner``);
-the run writes ``metrics.json`` (per round, and per device: cap mechanism, peak memory against budget,
-how each process ended, time per phase per round), ``accuracy.png`` and ``memory.png``.
+The fleet's ``emulation.mode`` decides how devices run. ``processes``: one OS process per device, held
+to its class's memory budget and CPU share (see ``orchestrator.emulation.runner``). ``lightweight``:
+many uncapped devices share a few worker processes (see ``orchestrator.emulation.lightweight``), for
+fleets of hundreds of devices. The run writes ``metrics.json`` (the mode, per round, and per device:
+cap mechanism, peak memory against budget, how each process ended, time per phase per round; in the
+lightweight mode also each worker's memory and CPU), ``accuracy.png`` and ``memory.png``.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ def emulate(
     data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets."),
     deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
     rss_guard: bool = typer.Option(True, help="Also kill a device whose resident set passes its budget."),
+    workers: Optional[int] = typer.Option(
+        None, help="Lightweight mode: worker processes the devices share (default: one per core, 2-4)."),
 ) -> None:
-    """Run every device of FILE under its memory cap and CPU share; report peaks against budgets."""
+    """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from rich.console import Console
 
     from orchestrator.emulation.fleet import FleetError, load_fleet
-    from orchestrator.emulation.runner import run_fleet, server_config
+    from orchestrator.emulation.lightweight import WorkerFailed, default_workers
+    from orchestrator.emulation.runner import run_emulation, server_config
     from orchestrator.fleetview import FleetView
     from orchestrator.report import new_run_dir, plot_accuracy, plot_memory, write_metrics
 
@@ -39,37 +45,60 @@ def emulate(
         spec = load_fleet(fleet)
     except FleetError as e:
         raise typer.BadParameter(str(e), param_hint="--fleet") from None
-    if spec.emulation.mode != "processes":
-        raise typer.BadParameter(f"{spec.name}: emulation.mode is {spec.emulation.mode!r}; "
-                                 "edgetrain emulate runs mode \"processes\"", param_hint="--fleet")
+    mode = spec.emulation.mode
     if rounds is not None and rounds < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--rounds")
+    if workers is not None and mode != "lightweight":
+        raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one process per device; "
+                                 "--workers applies to mode \"lightweight\"", param_hint="--workers")
+    if workers is not None and not 1 <= workers <= spec.num_devices:
+        raise typer.BadParameter(f"must be between 1 and the fleet's {spec.num_devices} devices", param_hint="--workers")
     run_dir = new_run_dir(out)
     config = server_config(spec, rounds=rounds, store_dir=run_dir / "store", data_root=data_root, deadline_s=deadline)
     devices = spec.devices()
+    if mode == "lightweight":
+        n_workers = workers or default_workers(len(devices))
+        how = f"mode lightweight: {n_workers} worker processes, no memory caps"
+    else:
+        how = f"mode processes: memory cap {spec.emulation.memory_cap}"
     console.print(f"[bold]edgetrain emulate[/]: fleet {spec.name} ({spec.model} on {spec.dataset}), "
-                  f"{len(devices)} devices, {config.rounds} rounds, memory cap {spec.emulation.memory_cap}; "
-                  f"writing {run_dir}")
+                  f"{len(devices)} devices, {config.rounds} rounds, {how}; writing {run_dir}")
     t0 = time.monotonic()
     with FleetView(console, rounds=config.rounds, devices=len(devices)) as view:
 
         def on_event(kind: str, data: dict) -> None:
             view.on_event(kind, data)
-            if kind == "emulator:exit" and data.get("ended") not in ("finished", "stopped"):
+            # Planned vanishings of hundreds of lightweight devices are counted in the summary instead.
+            quiet = ("finished", "stopped", "dropped") if mode == "lightweight" else ("finished", "stopped")
+            if kind == "emulator:exit" and data.get("ended") not in quiet:
                 where = f" in round {data['round']}" if data.get("round") else ""
                 by = f" by {data['killed_by']}" if data.get("killed_by") else ""
-                console.print(f"[yellow]{data['device']}[/]: {data['ended']}{by}{where} (rc {data['returncode']})")
+                how = f"rc {data['returncode']}" if data.get("returncode") is not None else f"worker {data.get('worker')}"
+                error = f": {data['error']}" if data.get("error") else ""
+                console.print(f"[yellow]{data['device']}[/]: {data['ended']}{by}{where} ({how}){error}")
 
-        run = asyncio.run(run_fleet(spec, config, specs=devices, on_event=on_event, data_root=data_root,
-                                    stderr_dir=run_dir / "logs", rss_guard=rss_guard))
+        try:
+            run = asyncio.run(run_emulation(spec, config, specs=devices, on_event=on_event, data_root=data_root,
+                                            stderr_dir=run_dir / "logs", rss_guard=rss_guard, workers=workers))
+        except WorkerFailed as e:
+            console.print(str(e), style="red", markup=False)
+            raise typer.Exit(1) from None
     wall = time.monotonic() - t0
     per_device = [d.to_dict() for d in run.devices]
     final = run.history[-1] if run.history else {}
-    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), "config": config.to_dict(),
-                            "wall_s": wall, "rounds": run.history, "devices": per_device, "final": final})
+    emulation: dict[str, object] = {"mode": run.mode}
+    if run.mode == "lightweight":
+        emulation.update(workers=len(run.workers), worker_processes=run.workers)
+    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), **emulation,
+                            "config": config.to_dict(), "wall_s": wall, "rounds": run.history, "devices": per_device,
+                            "final": final})
     acc_plot = plot_accuracy(run_dir, run.history, title=f"{spec.name}: {spec.model} on {spec.dataset}")
     mem_plot = plot_memory(run_dir, per_device, title=f"{spec.name}: peak memory per device against its budget")
-    _print_summary(console, per_device, final, wall, run_dir, [p for p in (acc_plot, mem_plot) if p])
+    plots = [p for p in (acc_plot, mem_plot) if p]
+    if run.mode == "lightweight":
+        _print_lightweight_summary(console, per_device, run.workers, run.history, final, wall, run_dir, plots)
+    else:
+        _print_summary(console, per_device, final, wall, run_dir, plots)
 
 
 def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run_dir: Path, plots: list[Path]) -> None:
@@ -93,6 +122,54 @@ def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run
                       f"{(d['peak_bytes'] or 0) / mib:.0f}", f"{(d['peak_rss_bytes'] or 0) / mib:.0f}",
                       f"{d['budget_bytes'] / mib:.0f}", f"{fwd:.2f}", f"{train:.2f}")
     console.print(table)
+    console.print("mode: processes (one capped OS process per device)")
+    _print_done(console, final, wall_s, run_dir, plots)
+
+
+def _print_lightweight_summary(console, devices: list[dict], workers: list[dict], history: list[dict], final: dict,
+                               wall_s: float, run_dir: Path, plots: list[Path]) -> None:
+    """Hundreds of devices: one row per group, then the worker processes and the rounds."""
+    from rich.table import Table
+
+    mib = float(1 << 20)
+    groups: dict[str, list[dict]] = {}
+    for d in devices:
+        groups.setdefault(d["group"], []).append(d)
+    table = Table(title="device groups")
+    for col in ("group", "devices", "role (split)", "finished", "dropped lives", "failed", "rounds reported"):
+        table.add_column(col, justify="left" if col in ("group", "role (split)") else "right")
+    for name, members in groups.items():
+        roles: dict[str, int] = {}
+        for d in members:
+            key = f"{d['role']} ({d['split']})"
+            roles[key] = roles.get(key, 0) + 1
+        lives = [life for d in members for life in d["lives"]]
+        table.add_row(name, str(len(members)), ", ".join(f"{n} {k}" for k, n in roles.items()),
+                      str(sum(d["status"] in ("finished", "stopped") for d in members)),
+                      str(sum(life["ended"] == "dropped" for life in lives)),
+                      str(sum(life["ended"] == "failed" for life in lives)),
+                      str(sum(d["rounds_reported"] for d in members)))
+    console.print(table)
+    wt = Table(title="worker processes")
+    for col in ("worker", "pid", "devices", "RSS before devices MiB", "peak RSS MiB", "CPU s", "exit"):
+        wt.add_column(col, justify="right")
+    for w in workers:
+        wt.add_row(str(w["index"]), str(w["pid"]), str(w["devices"]), f"{(w['rss_ready_bytes'] or 0) / mib:.0f}",
+                   f"{(w['peak_rss_bytes'] or 0) / mib:.0f}",
+                   f"{w['cpu_s']:.2f}" if w["cpu_s"] is not None else "?", str(w["returncode"]))
+    console.print(wt)
+    rt = Table(title="rounds")
+    for col in ("round", "selected", "reported", "wall s", "server CPU s", "workers CPU s"):
+        rt.add_column(col, justify="right")
+    for r in history:
+        rt.add_row(str(r["round"]), str(r["selected"]), str(r["reported"]), f"{r['round_wall_s']:.2f}",
+                   f"{r['server_cpu_s']:.2f}", f"{r['workers_cpu_s']:.2f}" if "workers_cpu_s" in r else "?")
+    console.print(rt)
+    console.print(f"mode: lightweight ({len(workers)} worker processes shared by {len(devices)} uncapped devices)")
+    _print_done(console, final, wall_s, run_dir, plots)
+
+
+def _print_done(console, final: dict, wall_s: float, run_dir: Path, plots: list[Path]) -> None:
     acc = final.get("accuracy")
     console.print(f"[bold green]done[/] in {wall_s:.1f} s: {final.get('round', 0)} rounds"
                   + (f", final accuracy [bold]{acc:.4f}[/]" if acc is not None else ""))

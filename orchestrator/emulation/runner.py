@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,7 @@ __all__ = [
     "PHASES",
     "device_launch",
     "drop_schedule",
+    "run_emulation",
     "run_fleet",
     "server_config",
 ]
@@ -99,6 +101,7 @@ class DeviceResult:
     rounds: list[dict] = field(default_factory=list)  # one per round_done: round, phases, peak_rss_bytes
     failed_rounds: list[int] = field(default_factory=list)  # rounds it was selected for but did not report
     events: list[dict] = field(default_factory=list)
+    worker: int | None = None  # lightweight mode: the index of the worker process it ran in
 
     @property
     def peak_bytes(self) -> int | None:
@@ -130,6 +133,8 @@ class DeviceResult:
                  within_budget=not self.oom_killed and self.peak_bytes is not None
                  and self.peak_bytes <= self.budget_bytes
                  and (self.peak_rss_bytes or 0) <= self.budget_bytes)
+        if self.worker is not None:  # lightweight mode: uncapped and unmeasured, so neither within nor over
+            d["within_budget"] = None
         return d
 
 
@@ -139,6 +144,8 @@ class EmulationRun:
 
     history: list[dict]
     devices: list[DeviceResult]
+    mode: str = "processes"  # the fleet's emulation mode that ran: "processes" | "lightweight"
+    workers: list[dict] = field(default_factory=list)  # lightweight mode: one WorkerStats dict per process
 
     def device(self, device_id: str) -> DeviceResult:
         for d in self.devices:
@@ -234,6 +241,7 @@ class _Emulator:
         self.url = ""
         self.rss_guard = rss_guard
         self.registered: set[str] = set()  # devices whose current process has said hello
+        self.env: dict[str, str] = {}  # added to every device's environment
 
     def on_server_event(self, kind: str, data: dict) -> None:
         if kind == "registered":
@@ -261,7 +269,7 @@ class _Emulator:
         try:
             proc = CappedProcess.start(
                 _capped_argv(launch, self.url, self.data_root), spec.budget_bytes, mechanism=self.mechanism,
-                timeout_s=self.timeout_s, env=device_env(), stdout=write_fd, stderr=err, cpu_share=spec.cpu_share,
+                timeout_s=self.timeout_s, env={**device_env(), **self.env}, stdout=write_fd, stderr=err, cpu_share=spec.cpu_share,
             )
         finally:
             os.close(write_fd)
@@ -422,6 +430,7 @@ async def run_fleet(
     mechanism: str | None = None,
     timeout_s: float | None = None,
     rss_guard: bool = True,
+    data_limit: int | None = None,
 ) -> EmulationRun:
     """Run every device of `fleet` against an orchestrator in this process until the last round.
 
@@ -429,7 +438,9 @@ async def run_fleet(
     :func:`drop_schedule`; `mechanism` and `timeout_s` default to the fleet's ``[emulation]`` section.
     Devices that vanish on purpose are started again after their ``rejoin_after_s``; devices killed
     for memory or time are not (the report says which, and in which round). `rss_guard` also kills a
-    device whose resident set passes its budget (see the module docstring).
+    device whose resident set passes its budget (see the module docstring). Devices read the
+    training split from one memory-mapped copy (:func:`_share_dataset`), cut to its first
+    `data_limit` samples if given (CIFAR-10: a class-balanced subset).
     """
     from orchestrator.server import Orchestrator  # loads torch: only when a run starts
 
@@ -441,6 +452,8 @@ async def run_fleet(
     emu = _Emulator(fleet, specs, launches, on_event or (lambda kind, data: None),
                     mechanism=mechanism or fleet.emulation.memory_cap,
                     timeout_s=timeout_s or fleet.emulation.timeout_s, rss_guard=rss_guard, data_root=data_root, stderr_dir=stderr_dir)
+    shared = _share_dataset(fleet.dataset, data_root, data_limit)
+    emu.env[SHARED_DATA_ENV] = shared.name
     orch = Orchestrator(config, on_event=emu.on_server_event)
     ready = asyncio.Event()
     server_task = asyncio.create_task(orch.run(ready=ready))
@@ -460,7 +473,90 @@ async def run_fleet(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await server_task
         await emu.stop()
+        shared.cleanup()
     return EmulationRun(history, [emu.results[s.id] for s in specs if s.id in emu.results])
+
+
+async def run_emulation(
+    fleet: Fleet,
+    config: ServerConfig,
+    *,
+    specs: list[DeviceSpec] | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+    data_root: str | None = None,
+    stderr_dir: Path | None = None,
+    rss_guard: bool = True,
+    workers: int | None = None,
+) -> EmulationRun:
+    """Run `fleet` in its ``emulation.mode``: one capped process per device (:func:`run_fleet`), or
+    many uncapped devices per worker process (:func:`orchestrator.emulation.lightweight.run_lightweight`).
+
+    `rss_guard` applies to the process mode, `workers` (default: one per core, 2-4) to the lightweight one."""
+    mode = fleet.emulation.mode
+    if mode == "lightweight":
+        from orchestrator.emulation.lightweight import run_lightweight
+
+        return await run_lightweight(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
+                                     stderr_dir=stderr_dir, workers=workers)
+    if workers is not None:
+        raise ValueError(f"{fleet.name}: workers apply to emulation.mode \"lightweight\", not {mode!r}")
+    return await run_fleet(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
+                           stderr_dir=stderr_dir, rss_guard=rss_guard)
+
+
+# -- the training data, shared by the device processes ----------------------------------------------
+#: A device's environment names the folder holding the fleet's training split as .npy files.
+SHARED_DATA_ENV = "EDGETRAIN_SHARED_DATA"
+
+
+def _share_dataset(name: str, data_root: str | None, limit: int | None) -> tempfile.TemporaryDirectory:
+    """Write the training split once, as .npy files every device process memory-maps.
+
+    A real device holds only its own data; the loaders build the whole split in the process that
+    calls them (parsing FEMNIST's LEAF JSON peaks near 700 MiB, CIFAR-10 is 600 MiB of float32),
+    which is more than a weak device's whole budget. From a memory map a device copies its shard only.
+    """
+    from edge_sdk.data import load_dataset
+
+    data = load_dataset(name, root=data_root, split="train", limit=limit)
+    folder = tempfile.TemporaryDirectory(prefix="edgetrain-data-")
+    try:
+        base = Path(folder.name)
+        np.save(base / "x.npy", data.x)
+        np.save(base / "y.npy", data.y)
+        if data.groups is not None:
+            np.save(base / "groups.npy", data.groups)
+        (base / "dataset.json").write_text(json.dumps({"name": name, "num_classes": data.num_classes}))
+    except BaseException:
+        folder.cleanup()
+        raise
+    return folder
+
+
+def _use_shared_dataset() -> None:
+    """In a device process: load the training split from the emulator's memory-mapped copy.
+
+    Mapped here, before the rlimit fallback caps the address space, so the mapping (only pages
+    read become resident) does not count against the budget as virtual memory."""
+    folder = os.environ.get(SHARED_DATA_ENV)
+    if not folder:
+        return
+    import edge_sdk.data as data
+
+    base = Path(folder)
+    meta = json.loads((base / "dataset.json").read_text())
+    groups = base / "groups.npy"
+    shared = data.Dataset(x=np.load(base / "x.npy", mmap_mode="r"), y=np.load(base / "y.npy", mmap_mode="r"),
+                          num_classes=int(meta["num_classes"]), name=meta["name"],
+                          groups=np.load(groups, mmap_mode="r") if groups.is_file() else None)
+    load = data.load_dataset
+
+    def load_shared(name: str, *, split: str = "train", limit: int | None = None, **kwargs) -> data.Dataset:
+        if name != shared.name or split != "train" or limit is not None:
+            return load(name, split=split, limit=limit, **kwargs)
+        return shared
+
+    data.load_dataset = load_shared
 
 
 # -- the device entry point under the rlimit fallback -----------------------------------------------
@@ -483,6 +579,7 @@ def device_main(argv: list[str]) -> None:
     emulator can tell a device over its budget from one that crashed."""
     from orchestrator.emulation.capping import MEMORY_EXIT_CODE, apply_self_limit, is_out_of_memory
 
+    _use_shared_dataset()
     if os.environ.get(MECHANISM_ENV) == "rlimit-as+watchdog":
         _load_runtimes()
         apply_self_limit()

@@ -1,0 +1,646 @@
+"""The emulator's lightweight mode: many uncapped devices sharing a few worker processes.
+
+A process that imports torch costs 220-390 MiB of resident memory (FACTS.md), so a fleet of a few
+hundred capped processes does not fit on one machine. In this mode the fleet's devices are split
+across W worker processes; each worker runs its devices as asyncio tasks of the real
+:class:`edge_sdk.client.DeviceClient`, every device with its own websocket connection, its own state
+(plan, round progress, reconnects) and its own shard of the data. Nothing caps a device's memory
+here: budgets only steer the planner, and the report says so (``mode: lightweight``).
+
+A device that is not selected in a round awaits its next message on its socket and costs no CPU;
+the workers' CPU per round (measured from outside, between the orchestrator's ``round_start`` and
+``round_end``) shows it. Training and chunk forwarding run in a small thread pool (2 threads by
+default) with torch and ONNX Runtime on one thread each, so a hundred devices in a worker never
+start more than a few busy threads.
+
+Run as ``python -m orchestrator.emulation.lightweight --url URL --spec-file F`` this module is the
+worker: F is a :class:`WorkerSpec` as JSON. It prints one JSON event per line on stdout (the
+device's own events, plus ``life_start``/``life_end`` per device life and ``worker_ready``/
+``worker_exit``), and stops when its stdin closes: that is how the emulator ends the run, and why
+a worker never outlives the emulator.
+
+Vanishing mid-round (the fleet's ``dropout``): a device process leaves with ``os._exit`` right after
+its ``dropped`` event; a device here must not take its neighbours down, so the worker raises out of
+that event instead, which closes the device's connection the way a dead process's would (the
+orchestrator sees it gone), and starts a fresh client after ``rejoin_after_s``, as the process mode
+starts a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from orchestrator.emulation.fleet import DeviceSpec, Fleet
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from orchestrator.config import ServerConfig
+    from orchestrator.emulation.runner import EmulationRun
+
+__all__ = [
+    "MAX_WORKERS",
+    "WorkerDevice",
+    "WorkerSpec",
+    "WorkerFailed",
+    "WorkerStats",
+    "default_workers",
+    "main",
+    "run_lightweight",
+    "run_worker",
+    "split_devices",
+    "worker_device",
+]
+
+#: Upper bound of :func:`default_workers`: more workers than cores only add torch copies.
+MAX_WORKERS = 4
+
+T = TypeVar("T")
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process ended during the run: its devices are gone, so the run stops (the message says why)."""
+
+
+# -- what a worker runs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerDevice:
+    """One device of a worker: what the ``edgetrain device`` command of the process mode gets."""
+
+    device_id: str
+    budget_bytes: int
+    device_class: str
+    client: int  # index of its data shard
+    num_clients: int
+    data: str
+    partition: str  # "iid", "natural" or "dirichlet:ALPHA"
+    seed: int  # partition seed (also the drop seed, as on the device command line)
+    force_split: int | None = None
+    drop_rounds: tuple[int, ...] = ()
+    delay_s: float = 0.0
+    rejoin_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker process needs: its devices and where the data lives."""
+
+    index: int
+    devices: tuple[WorkerDevice, ...]
+    data_root: str | None = None
+    threads: int = 2  # training / forwarding threads shared by the worker's devices
+    stop_grace_s: float = 10.0  # after stdin closes: time for devices still talking to finish
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        """Parse a spec file; a malformed one raises ValueError naming what is wrong."""
+        try:
+            raw = json.loads(text)
+            devices = tuple(
+                WorkerDevice(**{**d, "drop_rounds": tuple(int(r) for r in d.get("drop_rounds", ()))})
+                for d in raw.pop("devices")
+            )
+            spec = cls(devices=devices, **raw)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"not a worker spec: {type(e).__name__}: {e}") from None
+        if not spec.devices:
+            raise ValueError("a worker spec needs at least one device")
+        if spec.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {spec.threads}")
+        ids = [d.device_id for d in spec.devices]
+        if len(set(ids)) != len(ids):
+            raise ValueError("device ids in a worker spec must be distinct")
+        return spec
+
+
+def default_workers(num_devices: int, cores: int | None = None) -> int:
+    """Worker processes for a fleet: one per core, between 2 and :data:`MAX_WORKERS`, never more than devices."""
+    cores = cores or os.cpu_count() or 2
+    return max(1, min(num_devices, MAX_WORKERS, max(2, cores)))
+
+
+def split_devices(devices: Sequence[T], workers: int) -> list[list[T]]:
+    """Deal devices round-robin over `workers` lists, so every worker gets a share of every group."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if workers > len(devices):
+        raise ValueError(f"{workers} workers for {len(devices)} devices: at most one worker per device")
+    return [list(devices[i::workers]) for i in range(workers)]
+
+
+def worker_device(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = ()) -> WorkerDevice:
+    """The device as the process mode would launch it (:func:`~orchestrator.emulation.runner.device_launch`)."""
+    from orchestrator.emulation.runner import device_launch
+
+    launch = device_launch(fleet, spec, drop_rounds)
+    args = list(launch.extra_args)
+    options: dict[str, str] = {}
+    while args:
+        flag = args.pop(0)
+        if flag not in ("--force-split", "--drop-rounds", "--delay") or not args:
+            raise ValueError(f"{spec.id}: the lightweight mode does not support the device option {flag!r}")
+        options[flag] = args.pop(0)
+    return WorkerDevice(
+        device_id=launch.device_id, budget_bytes=launch.budget_bytes, device_class=launch.device_class,
+        client=launch.client, num_clients=launch.num_clients, data=launch.data, partition=launch.partition,
+        seed=launch.seed,
+        force_split=int(options["--force-split"]) if "--force-split" in options else None,
+        drop_rounds=tuple(int(r) for r in options.get("--drop-rounds", "").split(",") if r),
+        delay_s=float(options.get("--delay", 0.0)),
+        rejoin_after_s=spec.behaviour.rejoin_after_s,
+    )
+
+
+# -- the worker process --------------------------------------------------------------------------------
+class _Vanished(Exception):
+    """Raised out of a device's ``dropped`` event: the device leaves as if its process had died."""
+
+
+class _Stopped(Exception):
+    """Raised out of a device's ``reconnect`` event once the run is over: nobody will answer."""
+
+
+def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each device's shard, partitioned as ``edgetrain device`` does (each dataset loaded once)."""
+    from edge_sdk.data import load_dataset, parse_partition, partition
+
+    root = Path(spec.data_root) if spec.data_root else None
+    datasets: dict[str, Any] = {}
+    parts: dict[tuple[str, str, int, int], list] = {}
+    out = {}
+    for d in spec.devices:
+        if d.data not in datasets:
+            datasets[d.data] = load_dataset(d.data, root=root, split="train")
+        ds = datasets[d.data]
+        key = (d.data, d.partition, d.num_clients, d.seed)
+        if key not in parts:
+            scheme, alpha = parse_partition(d.partition)
+            labels = ds.groups if scheme == "natural" else ds.y
+            parts[key] = partition(labels, d.num_clients, scheme, alpha=alpha, seed=d.seed)
+        if not 0 <= d.client < len(parts[key]):
+            raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
+        idx = parts[key][d.client]
+        out[d.device_id] = (ds.x[idx], ds.y[idx])
+    return out
+
+
+def _load_runtimes() -> None:
+    """Import torch and ONNX Runtime once, on one thread each, before any device connects."""
+    import onnxruntime  # noqa: F401
+    import torch
+
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):  # only settable before torch's first parallel work
+        torch.set_num_interop_threads(1)
+
+
+def _cpu_and_memory() -> dict[str, float | int]:
+    """This process's CPU (all threads), resident set and its high-water mark."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {"cpu_user_s": round(usage.ru_utime, 3), "cpu_system_s": round(usage.ru_stime, 3),
+            "rss_bytes": rss, "peak_rss_bytes": int(usage.ru_maxrss) * 1024}
+
+
+async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
+                        emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str]) -> None:
+    """Run one device until the server says goodbye; after a vanish, a fresh client rejoins.
+
+    `reconnecting` holds the devices between a lost connection and their next welcome."""
+    from edge_sdk.client import DeviceClient, DeviceConfig
+
+    def on_event(kind: str, data: dict) -> None:
+        emit(kind, data)
+        if kind == "dropped":
+            raise _Vanished(d.device_id)
+        if kind == "welcome":
+            reconnecting.discard(d.device_id)
+        elif kind == "reconnect":
+            if stopping.is_set():
+                raise _Stopped(d.device_id)
+            reconnecting.add(d.device_id)
+
+    life = 0
+    while True:
+        life += 1
+        config = DeviceConfig(
+            server=url, device_id=d.device_id, budget_bytes=d.budget_bytes, cores=1, device_class=d.device_class,
+            threads=1, labels={} if d.force_split is None else {"force_split": str(d.force_split)},
+            drop_rounds=frozenset(d.drop_rounds), drop_seed=d.seed, delay_s=d.delay_s,
+        )
+        emit("life_start", {"device": d.device_id, "life": life})
+        t0, error = time.monotonic(), ""
+        try:
+            await DeviceClient(config, x, y, on_event=on_event).run()
+            ended = "finished"
+        except _Vanished:
+            ended = "dropped"
+        except _Stopped:
+            ended = "stopped"
+        except asyncio.CancelledError:
+            emit("life_end", {"device": d.device_id, "life": life, "ended": "stopped",
+                              "wall_s": round(time.monotonic() - t0, 3), "error": ""})
+            raise
+        except Exception as exc:  # one device's failure is reported, never its neighbours' end
+            ended, error = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            reconnecting.discard(d.device_id)
+        emit("life_end", {"device": d.device_id, "life": life, "ended": ended,
+                          "wall_s": round(time.monotonic() - t0, 3), "error": error})
+        if ended != "dropped" or d.rejoin_after_s is None or stopping.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=d.rejoin_after_s)
+        if stopping.is_set():
+            return
+
+
+async def _wait_for_stdin_eof() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        while await reader.readline():
+            pass
+    finally:
+        transport.close()
+
+
+async def run_worker(spec: WorkerSpec, url: str, *, emit: Callable[[str, dict], None],
+                     stop: Callable[[], Any] | None = None) -> None:
+    """Run every device of `spec` against `url` until each is done.
+
+    `stop` is awaited concurrently (by default: stdin reaching its end); once it returns, devices
+    still connected get ``stop_grace_s`` to finish and the rest (waiting to rejoin, reconnecting)
+    are cancelled and reported ``stopped``."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=spec.threads, thread_name_prefix="device"))
+    data = _local_data(spec)
+    stopping = asyncio.Event()
+    reconnecting: set[str] = set()
+    tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting))
+             for d in spec.devices}
+    stopper = asyncio.create_task((stop or _wait_for_stdin_eof)())
+    emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **_cpu_and_memory()})
+    everyone = asyncio.gather(*tasks.values(), return_exceptions=True)
+    await asyncio.wait({stopper, everyone}, return_when=asyncio.FIRST_COMPLETED)
+    if not everyone.done():
+        stopping.set()  # devices waiting to rejoin return now
+        for device_id in list(reconnecting):  # backing off from a server that is gone
+            tasks[device_id].cancel()
+        await asyncio.wait({everyone}, timeout=spec.stop_grace_s)
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    stopper.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await stopper
+    emit("worker_exit", {"worker": spec.index, "pid": os.getpid(), **_cpu_and_memory()})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The worker entry point: ``python -m orchestrator.emulation.lightweight --url URL --spec-file F``."""
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.emulation.lightweight",
+                                     description="Run many emulated devices as asyncio tasks in one process.")
+    parser.add_argument("--url", required=True, help="the orchestrator, e.g. ws://127.0.0.1:8765")
+    parser.add_argument("--spec-file", required=True, type=Path, help="a WorkerSpec as JSON")
+    args = parser.parse_args(argv)
+    try:
+        spec = WorkerSpec.from_json(args.spec_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        parser.error(f"{args.spec_file}: {e}")
+    if not args.url.startswith(("ws://", "wss://")):
+        parser.error(f"--url must be a ws:// or wss:// URL, got {args.url!r}")
+    _load_runtimes()
+
+    def emit(kind: str, data: dict) -> None:
+        sys.stdout.write(json.dumps({"event": kind, **data}, default=str) + "\n")
+        sys.stdout.flush()
+
+    asyncio.run(run_worker(spec, args.url, emit=emit))
+
+
+# -- the emulator's side ------------------------------------------------------------------------------
+@dataclass
+class WorkerStats:
+    """One worker process: its devices, its memory and CPU, and its CPU in each round."""
+
+    index: int
+    devices: int
+    pid: int | None = None
+    returncode: int | None = None
+    peak_rss_bytes: int | None = None  # the worker's resident high-water mark (VmHWM / ru_maxrss)
+    rss_ready_bytes: int | None = None  # with its runtimes and data loaded, before its devices connect
+    rss_after_connect_bytes: int | None = None  # resident set once every device had its plan
+    cpu_s: float | None = None  # user + system over the worker's life
+    rounds: list[dict] = field(default_factory=list)  # {"round", "cpu_s"}: CPU between round start and end
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Worker:
+    """The emulator's handle on one worker process."""
+
+    def __init__(self, index: int, devices: list[WorkerDevice]) -> None:
+        self.index, self.devices = index, devices
+        self.stats = WorkerStats(index, len(devices))
+        self.proc: asyncio.subprocess.Process | None = None
+        self.watch: asyncio.Task | None = None
+        self.round_cpu0: float | None = None
+        self.exited = False
+        self.log: Path | None = None  # its stderr
+
+    def log_tail(self, chars: int = 2000) -> str:
+        if self.log is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return self.log.read_bytes()[-chars:].decode(errors="replace").strip()
+        return ""
+
+    def cpu_s(self) -> float | None:
+        """The process's CPU so far (user + system, all threads), from /proc."""
+        if self.proc is None:
+            return None
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def sample_rss(self) -> int | None:
+        from orchestrator.emulation.runner import _rss_hwm
+
+        if self.proc is None:
+            return None
+        rss, hwm = _rss_hwm(f"/proc/{self.proc.pid}/status")
+        if hwm:
+            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, hwm)
+        return rss or None
+
+
+class _LightweightEmulator:
+    """The state of one lightweight run; lives inside :func:`run_lightweight`'s event loop."""
+
+    def __init__(self, specs: list[DeviceSpec], workers: list[_Worker], emit: Callable[[str, dict], None]) -> None:
+        from orchestrator.emulation.runner import DeviceResult
+
+        self.emit = emit
+        self.workers = workers
+        self.current_round: int | None = None
+        self.results: dict[str, DeviceResult] = {}
+        self.open_lives: dict[str, float] = {}  # device -> when its current life started
+        self.registered: set[str] = set()
+        self.finished = False  # set when the emulator ends the run: workers ending now were stopped
+        self.worker_failed = asyncio.Event()  # a worker ended before the run did: the run cannot go on
+        self.failures: list[str] = []
+        by_id = {s.id: s for s in specs}
+        for w in workers:
+            for d in w.devices:
+                s = by_id[d.device_id]
+                self.results[d.device_id] = DeviceResult(
+                    device=d.device_id, group=s.group, device_class=s.device_class, budget_bytes=s.budget_bytes,
+                    mechanism="none", cpu_mechanism="none", cpu_share=None, expect_role=s.expect_role,
+                    force_split=s.force_split, drop_rounds=tuple(d.drop_rounds), worker=w.index,
+                )
+
+    def on_server_event(self, kind: str, data: dict) -> None:
+        if kind == "registered":
+            self.registered.add(str(data["device"]))
+            if len(self.registered) == len(self.results):
+                for w in self.workers:  # every device holds its connection, plan and data now
+                    w.stats.rss_after_connect_bytes = w.sample_rss()
+        elif kind == "round_start":
+            self.current_round = int(data["round"])
+            for w in self.workers:
+                w.round_cpu0 = w.cpu_s()
+        elif kind == "round_end":
+            self.current_round = None
+            for w in self.workers:
+                cpu = w.cpu_s()
+                if cpu is not None and w.round_cpu0 is not None:
+                    w.stats.rounds.append({"round": int(data["round"]), "cpu_s": round(cpu - w.round_cpu0, 3)})
+                w.sample_rss()
+            for d in data.get("stragglers", []):
+                if d in self.results:
+                    self.results[d].failed_rounds.append(int(data["round"]))
+        self.emit(kind, data)
+
+    def on_worker_event(self, worker: _Worker, event: dict) -> None:
+        from orchestrator.emulation.runner import PHASES, DeviceLife
+
+        kind = str(event.get("event"))
+        device = event.get("device")
+        res = self.results.get(str(device)) if device is not None else None
+        if kind == "worker_ready":
+            worker.stats.rss_ready_bytes = int(event["rss_bytes"])
+            worker.sample_rss()
+        elif kind == "worker_exit":
+            worker.stats.cpu_s = round(float(event["cpu_user_s"]) + float(event["cpu_system_s"]), 3)
+            worker.stats.peak_rss_bytes = max(worker.stats.peak_rss_bytes or 0, int(event["peak_rss_bytes"]))
+            self.emit("emulator:worker_exit", {**event, "worker": worker.index})
+            return
+        if res is None:
+            return
+        if kind == "life_start":
+            self.open_lives[res.device] = time.monotonic()
+            self.emit("emulator:started", {"device": res.device, "pid": worker.stats.pid, "worker": worker.index,
+                                           "mechanism": "none", "budget_bytes": res.budget_bytes,
+                                           "life": int(event["life"])})
+            return
+        if kind == "life_end":
+            self.open_lives.pop(res.device, None)
+            life = DeviceLife(None, str(event["ended"]), False, False, None, None, float(event["wall_s"]),
+                              self.current_round)
+            res.lives.append(life)
+            self.emit("emulator:exit", {"device": res.device, "worker": worker.index, "error": event.get("error", ""),
+                                        **asdict(life)})
+            return
+        res.events.append(event)
+        if kind == "welcome":
+            res.role, res.split = str(event.get("role")), int(event.get("split", -1))
+        elif kind == "round_done":
+            # peak_rss_bytes is the whole worker's: not this device's, so it is left out here.
+            res.rounds.append({**{k: event.get(k) for k in ("round", *PHASES, "accepted", "role")},
+                               "peak_rss_bytes": None})
+        self.emit("device:" + kind, event)
+
+    def on_worker_gone(self, worker: _Worker, returncode: int | None, *, stopped: bool) -> None:
+        """A worker ended: devices whose life it did not close ended with it."""
+        from orchestrator.emulation.runner import DeviceLife
+
+        worker.stats.returncode = returncode
+        ended = "stopped" if stopped else "failed"
+        for d in worker.devices:
+            t0 = self.open_lives.pop(d.device_id, None)
+            if t0 is None:
+                continue
+            life = DeviceLife(returncode, ended, False, False, None, None, round(time.monotonic() - t0, 3),
+                              self.current_round, "emulator" if stopped else None)
+            self.results[d.device_id].lives.append(life)
+            self.emit("emulator:exit", {"device": d.device_id, "worker": worker.index,
+                                        "error": f"worker exited with {returncode}", **asdict(life)})
+
+
+async def _watch(emu: _LightweightEmulator, worker: _Worker) -> None:
+    """Read a worker's events until its stdout closes, then record how it ended."""
+    proc = worker.proc
+    assert proc is not None and proc.stdout is not None
+    async for raw in proc.stdout:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        emu.on_worker_event(worker, event)
+    await proc.wait()
+    worker.exited = True
+    emu.on_worker_gone(worker, proc.returncode, stopped=emu.finished)
+    if not emu.finished and proc.returncode != 0:  # 0: every device of it ended on its own, each reported
+        tail = worker.log_tail()
+        emu.failures.append(f"worker {worker.index} (pid {proc.pid}) exited with {proc.returncode} during the run"
+                            + (f"; its stderr ends with:\n{tail}" if tail else ""))
+        emu.worker_failed.set()
+
+
+async def _sample_rss(workers: list[_Worker], interval_s: float = 0.5) -> None:
+    while True:
+        for w in workers:
+            if not w.exited:
+                w.sample_rss()
+        await asyncio.sleep(interval_s)
+
+
+async def run_lightweight(
+    fleet: Fleet,
+    config: ServerConfig,
+    *,
+    specs: list[DeviceSpec] | None = None,
+    drops: Mapping[str, Iterable[int]] | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+    data_root: str | None = None,
+    stderr_dir: Path | None = None,
+    workers: int | None = None,
+    threads: int = 2,
+    stop_grace_s: float = 10.0,
+) -> EmulationRun:
+    """Run every device of `fleet` in `workers` processes against an orchestrator in this process.
+
+    The same inputs and result as :func:`~orchestrator.emulation.runner.run_fleet`, with no memory
+    caps: ``mechanism`` is "none" for every device, ``peak_bytes`` is unknown, and the result's
+    ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
+    :func:`default_workers`; `threads` is each worker's training thread pool."""
+    from orchestrator.emulation.runner import EmulationRun, drop_schedule
+    from orchestrator.localfleet import device_env
+    from orchestrator.server import Orchestrator  # loads torch: only when a run starts
+
+    specs = fleet.devices() if specs is None else specs
+    if not specs:
+        raise ValueError(f"{fleet.name}: no devices to emulate")
+    n_workers = default_workers(len(specs)) if workers is None else workers
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
+    devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
+    handles = [_Worker(i, [devices[s.id] for s in share])
+               for i, share in enumerate(split_devices(specs, n_workers))]
+    emu = _LightweightEmulator(specs, handles, on_event or (lambda kind, data: None))
+
+    orch = Orchestrator(config, on_event=emu.on_server_event)
+    ready = asyncio.Event()
+    server_task = asyncio.create_task(orch.run(ready=ready))
+    ready_task = asyncio.create_task(ready.wait())
+    await asyncio.wait({server_task, ready_task}, return_when=asyncio.FIRST_COMPLETED)
+    ready_task.cancel()
+    if server_task.done():
+        server_task.result()  # raises the server's startup error
+    url = f"ws://{config.host}:{orch.port}"
+    tmp = None
+    if stderr_dir is None:  # spec files and worker logs still need a home
+        import tempfile
+
+        tmp = tempfile.TemporaryDirectory(prefix="edgetrain-lightweight-")
+    run_files = Path(tmp.name) if tmp is not None else Path(stderr_dir)
+    run_files.mkdir(parents=True, exist_ok=True)
+    sampler = asyncio.create_task(_sample_rss(handles))
+    try:
+        for w in handles:
+            spec_file = run_files / f"worker-{w.index}.json"
+            spec_file.write_text(WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s).to_json())
+            w.log = run_files / f"worker-{w.index}.log"
+            with open(w.log, "ab") as err:
+                w.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "orchestrator.emulation.lightweight", "--url", url, "--spec-file",
+                    str(spec_file), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                    env=device_env(), limit=1 << 20,
+                )
+            w.stats.pid = w.proc.pid
+            w.watch = asyncio.create_task(_watch(emu, w))
+            emu.emit("emulator:worker_started", {"worker": w.index, "pid": w.proc.pid, "devices": len(w.devices)})
+        failed = asyncio.create_task(emu.worker_failed.wait())
+        await asyncio.wait({server_task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        failed.cancel()
+        if not server_task.done():
+            raise WorkerFailed(f"{fleet.name}: the run stops, a worker's devices are lost: {'; '.join(emu.failures)}")
+        history = server_task.result()
+    finally:
+        if not server_task.done():
+            server_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await server_task
+        await _stop_workers(emu, handles, grace_s=stop_grace_s + 5.0)
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        if tmp is not None:
+            tmp.cleanup()
+    for metrics in history:  # the devices' side of each round's cost, beside the server's server_cpu_s
+        per_worker = [r["cpu_s"] for w in handles for r in w.stats.rounds if r["round"] == metrics.get("round")]
+        if len(per_worker) == len(handles):
+            metrics["workers_cpu_s"] = round(sum(per_worker), 3)
+    return EmulationRun(history, [emu.results[s.id] for s in specs], mode="lightweight",
+                        workers=[w.stats.to_dict() for w in handles])
+
+
+async def _stop_workers(emu: _LightweightEmulator, handles: list[_Worker], *, grace_s: float) -> None:
+    """Close every worker's stdin (its signal to stop), wait for it, kill it if it does not go."""
+    emu.finished = True
+    for w in handles:
+        if w.proc is not None and w.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                w.proc.stdin.close()
+    for w in handles:
+        if w.proc is None or w.watch is None:
+            continue
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(w.watch), timeout=grace_s)
+        if w.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(w.watch, timeout=10)
+
+
+if __name__ == "__main__":
+    main()
