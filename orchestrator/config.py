@@ -36,7 +36,7 @@ class ServerConfig:
     store_dir: Path = Path("runs/serve")
     resume: bool = False
     host: str = "127.0.0.1"
-    port: int = 8765
+    port: int = 0  # 0: any free port (local fleets); `edgetrain serve` defaults to 8765
     token: str = ""
     frame_size: int = 1 << 20
     planner_batch: int = 32

@@ -31,6 +31,7 @@ class DeviceLaunch:
     partition: str = "iid"
     device_class: str = ""
     seed: int = 0
+    data_limit: int | None = None
     extra_args: tuple[str, ...] = ()
 
     def argv(self, url: str, data_root: str | None) -> list[str]:
@@ -44,6 +45,8 @@ class DeviceLaunch:
             args += ["--device-class", self.device_class]
         if data_root:
             args += ["--data-root", data_root]
+        if self.data_limit is not None:
+            args += ["--data-limit", str(self.data_limit)]
         return args + list(self.extra_args)
 
 
@@ -54,6 +57,18 @@ class FleetRun:
     history: list[dict]
     device_events: dict[str, list[dict]] = field(default_factory=dict)
     returncodes: dict[str, int | None] = field(default_factory=dict)
+
+
+def prepare_device_data(launches: Sequence[DeviceLaunch], data_root: str | None) -> None:
+    """Write the memory-mapped copy of every dataset the devices will load, once, before they start.
+
+    Devices then map it and copy only their shard; without this each would parse the whole
+    dataset at once (``edge_sdk.data.load_dataset(mmap=True)``).
+    """
+    from edge_sdk.data import load_dataset
+
+    for name, limit in sorted({(d.data, d.data_limit) for d in launches}, key=str):
+        load_dataset(name, root=data_root, split="train", limit=limit, mmap=True)
 
 
 def device_env() -> dict[str, str]:
@@ -76,6 +91,24 @@ async def _pump(proc: asyncio.subprocess.Process, device_id: str, sink: list[dic
             on_event("device:" + str(event.get("event")), event)
 
 
+async def start_orchestrator(
+    config: ServerConfig, on_event: Callable[[str, dict], None]
+) -> tuple[Orchestrator, asyncio.Task[list[dict]]]:
+    """Start an orchestrator in this event loop; return once it listens (its port is known).
+
+    The task's result is the run's per-round metrics; a server that fails to start raises here.
+    """
+    orch = Orchestrator(config, on_event=on_event)
+    ready = asyncio.Event()
+    server_task = asyncio.create_task(orch.run(ready=ready))
+    ready_task = asyncio.create_task(ready.wait())
+    await asyncio.wait({server_task, ready_task}, return_when=asyncio.FIRST_COMPLETED)
+    ready_task.cancel()
+    if server_task.done():
+        server_task.result()  # raises the server's startup error
+    return orch, server_task
+
+
 async def run_local_fleet(
     config: ServerConfig,
     devices: Sequence[DeviceLaunch],
@@ -86,12 +119,8 @@ async def run_local_fleet(
 ) -> FleetRun:
     """Start the orchestrator, start every device, wait for the last round, stop the devices."""
     emit = on_event or (lambda kind, data: None)
-    orch = Orchestrator(config, on_event=emit)
-    ready = asyncio.Event()
-    server_task = asyncio.create_task(orch.run(ready=ready))
-    await asyncio.wait({server_task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    if server_task.done():
-        server_task.result()  # raises the server's startup error
+    prepare_device_data(devices, data_root)
+    orch, server_task = await start_orchestrator(config, emit)
     url = f"ws://{config.host}:{orch.port}"
     events: dict[str, list[dict]] = {d.device_id: [] for d in devices}
     procs: dict[str, asyncio.subprocess.Process] = {}

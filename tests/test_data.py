@@ -221,3 +221,19 @@ def test_cifar10_decodes_a_balanced_subset_and_caches_it(tmp_path):
     again = load_dataset("cifar10", root=root, split="test", limit=200, cache_dir=tmp_path)
     np.testing.assert_array_equal(first.x, again.x)
     np.testing.assert_array_equal(first.y, again.y)
+
+
+def test_memory_mapped_copy_equals_the_parsed_dataset(tmp_path) -> None:
+    """What devices load (mmap=True) is the same data, mapped from a cache written once."""
+    for name in ("digits", "synthetic"):
+        parsed = load_dataset(name, split="train")
+        first = load_dataset(name, split="train", mmap=True, cache_dir=tmp_path)
+        again = load_dataset(name, split="train", mmap=True, cache_dir=tmp_path)
+        for d in (first, again):
+            assert isinstance(d.x, np.memmap) and isinstance(d.y, np.memmap)
+            np.testing.assert_array_equal(d.x, parsed.x)
+            np.testing.assert_array_equal(d.y, parsed.y)
+            assert (d.num_classes, d.name) == (parsed.num_classes, parsed.name)
+    limited = load_dataset("digits", split="train", limit=100, mmap=True, cache_dir=tmp_path)
+    assert len(limited) == 100
+    assert len(list(tmp_path.glob("*.json"))) == 3  # one cache entry per (dataset, split, limit)

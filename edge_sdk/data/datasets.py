@@ -11,11 +11,10 @@ current directory (or beside this checkout). Nothing is downloaded: a missing da
 
 from __future__ import annotations
 
-import importlib.util
-
 import csv
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import tarfile
@@ -114,12 +113,19 @@ def load_dataset(
     split: str = "train",
     limit: int | None = None,
     cache_dir: Path | str | None = None,
+    mmap: bool = False,
 ) -> Dataset:
     """Load ``split`` of dataset ``name`` (one of :data:`DATASET_NAMES`).
 
     ``limit`` caps the number of samples: CIFAR-10 then decodes only a class-balanced subset
     (60,000 JPEGs take a while); other datasets keep their first ``limit`` samples.
+
+    With ``mmap`` the arrays are memory-mapped from .npy files in the cache (written on first
+    use): what a device does, since parsing a whole dataset (FEMNIST's JSON peaks near 700 MiB)
+    costs more than a small device's budget, while from a map it copies only its own shard.
     """
+    if mmap:
+        return _mapped(name, root, split, limit, cache_root(cache_dir))
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if limit is not None and limit < 1:
@@ -137,6 +143,46 @@ def load_dataset(
     else:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
     return data if limit is None or limit >= len(data) else data.subset(np.arange(limit))
+
+
+def _source_key(name: str, root: Path | str | None) -> str:
+    """Identity of a dataset's source files (path, size, modification time), for cache names."""
+    if name in ("synthetic",):
+        return "builtin"
+    base = {"digits": _digits_csv().parent, "femnist": data_root(root) / "femnist_leaf_flic",
+            "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small"}.get(name)
+    if base is None:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
+    _require(base, name)
+    files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else [base]
+    ident = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _mapped(name: str, root: Path | str | None, split: str, limit: int | None, cache: Path) -> Dataset:
+    stem = cache / f"{name}-{_source_key(name, root)}-{split}-{'all' if limit is None else limit}"
+    meta_path = stem.with_suffix(".json")
+    if not meta_path.is_file():
+        data = load_dataset(name, root=root, split=split, limit=limit)
+        cache.mkdir(parents=True, exist_ok=True)
+        _save_npy(stem.with_suffix(".x.npy"), np.ascontiguousarray(data.x))
+        _save_npy(stem.with_suffix(".y.npy"), np.ascontiguousarray(data.y))
+        if data.groups is not None:
+            _save_npy(stem.with_suffix(".groups.npy"), np.ascontiguousarray(data.groups))
+        meta = {"name": data.name, "num_classes": data.num_classes, "groups": data.groups is not None,
+                "info": {k: list(v) if isinstance(v, tuple) else v for k, v in data.info.items()}}
+        tmp = meta_path.with_name(meta_path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, meta_path)  # written last: its presence means the arrays are complete
+    meta = json.loads(meta_path.read_text())
+    return Dataset(
+        x=np.load(stem.with_suffix(".x.npy"), mmap_mode="r"),
+        y=np.load(stem.with_suffix(".y.npy"), mmap_mode="r"),
+        num_classes=int(meta["num_classes"]),
+        name=str(meta["name"]),
+        groups=np.load(stem.with_suffix(".groups.npy"), mmap_mode="r") if meta["groups"] else None,
+        info={k: tuple(v) if isinstance(v, list) else v for k, v in meta["info"].items()},
+    )
 
 
 def _require(path: Path, name: str) -> Path:

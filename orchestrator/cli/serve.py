@@ -65,6 +65,7 @@ def device(
     budget: Optional[str] = typer.Option(None, help="Declare a memory budget, e.g. 512MiB (default: probe this machine)."),
     data: str = typer.Option("digits", help="Local dataset."),
     data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets."),
+    data_limit: Optional[int] = typer.Option(None, help="Use only the dataset's first N training samples."),
     partition: str = typer.Option("iid", help="iid, dirichlet:ALPHA or natural."),
     client: int = typer.Option(0, help="This device's index in the partition."),
     num_clients: int = typer.Option(1, help="How many devices the dataset is split across."),
@@ -80,6 +81,8 @@ def device(
     force_split: Optional[int] = typer.Option(None, help="Emulation: ask the server for this split whatever the budget."),
 ) -> None:
     """Run one device: say hello, follow the plan, train its share each round until the server is done."""
+    import numpy as np
+
     from edge_sdk.client import DeviceClient, DeviceConfig
     from edge_sdk.data import load_dataset, parse_partition, partition as split_data
     from profiles.devices import load_device_class
@@ -93,7 +96,8 @@ def device(
     else:
         budget_bytes = probe().budget_bytes
     root = Path(data_root) if data_root else None
-    dataset = load_dataset(data, root=root, split="train")
+    # Memory-mapped: the device copies its own shard, never the whole dataset.
+    dataset = load_dataset(data, root=root, split="train", limit=data_limit, mmap=True)
     scheme, alpha = parse_partition(partition)
     labels = dataset.groups if scheme == "natural" else dataset.y
     parts = split_data(labels, num_clients, scheme, alpha=alpha, seed=seed)
@@ -112,4 +116,6 @@ def device(
         else:
             typer.echo(f"{kind}: {payload}", err=True)
 
-    asyncio.run(DeviceClient(config, dataset.x[idx], dataset.y[idx], on_event=on_event).run())
+    x, y = np.asarray(dataset.x[idx]), np.asarray(dataset.y[idx])
+    del dataset
+    asyncio.run(DeviceClient(config, x, y, on_event=on_event).run())

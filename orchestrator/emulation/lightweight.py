@@ -185,7 +185,7 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for d in spec.devices:
         if d.data not in datasets:
-            datasets[d.data] = load_dataset(d.data, root=root, split="train")
+            datasets[d.data] = load_dataset(d.data, root=root, split="train", mmap=True)
         ds = datasets[d.data]
         key = (d.data, d.partition, d.num_clients, d.seed)
         if key not in parts:
@@ -552,8 +552,7 @@ async def run_lightweight(
     ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
     :func:`default_workers`; `threads` is each worker's training thread pool."""
     from orchestrator.emulation.runner import EmulationRun, drop_schedule
-    from orchestrator.localfleet import device_env
-    from orchestrator.server import Orchestrator  # loads torch: only when a run starts
+    from orchestrator.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     if not specs:
@@ -567,14 +566,7 @@ async def run_lightweight(
                for i, share in enumerate(split_devices(specs, n_workers))]
     emu = _LightweightEmulator(specs, handles, on_event or (lambda kind, data: None))
 
-    orch = Orchestrator(config, on_event=emu.on_server_event)
-    ready = asyncio.Event()
-    server_task = asyncio.create_task(orch.run(ready=ready))
-    ready_task = asyncio.create_task(ready.wait())
-    await asyncio.wait({server_task, ready_task}, return_when=asyncio.FIRST_COMPLETED)
-    ready_task.cancel()
-    if server_task.done():
-        server_task.result()  # raises the server's startup error
+    orch, server_task = await start_orchestrator(config, emu.on_server_event)
     url = f"ws://{config.host}:{orch.port}"
     tmp = None
     if stderr_dir is None:  # spec files and worker logs still need a home

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -439,29 +439,23 @@ async def run_fleet(
     Devices that vanish on purpose are started again after their ``rejoin_after_s``; devices killed
     for memory or time are not (the report says which, and in which round). `rss_guard` also kills a
     device whose resident set passes its budget (see the module docstring). Devices read the
-    training split from one memory-mapped copy (:func:`_share_dataset`), cut to its first
-    `data_limit` samples if given (CIFAR-10: a class-balanced subset).
+    training split from one memory-mapped copy written before they start
+    (:func:`orchestrator.localfleet.prepare_device_data`), cut to its first `data_limit` samples if
+    given (CIFAR-10: a class-balanced subset).
     """
-    from orchestrator.server import Orchestrator  # loads torch: only when a run starts
+    from orchestrator.localfleet import prepare_device_data, start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
-    launches = {s.id: device_launch(fleet, s, schedule.get(s.id, ())) for s in specs}
+    launches = {s.id: dataclasses.replace(device_launch(fleet, s, schedule.get(s.id, ())), data_limit=data_limit)
+                for s in specs}
     if stderr_dir is not None:
         stderr_dir.mkdir(parents=True, exist_ok=True)
     emu = _Emulator(fleet, specs, launches, on_event or (lambda kind, data: None),
                     mechanism=mechanism or fleet.emulation.memory_cap,
                     timeout_s=timeout_s or fleet.emulation.timeout_s, rss_guard=rss_guard, data_root=data_root, stderr_dir=stderr_dir)
-    shared = _share_dataset(fleet.dataset, data_root, data_limit)
-    emu.env[SHARED_DATA_ENV] = shared.name
-    orch = Orchestrator(config, on_event=emu.on_server_event)
-    ready = asyncio.Event()
-    server_task = asyncio.create_task(orch.run(ready=ready))
-    ready_task = asyncio.create_task(ready.wait())
-    await asyncio.wait({server_task, ready_task}, return_when=asyncio.FIRST_COMPLETED)
-    ready_task.cancel()
-    if server_task.done():
-        server_task.result()  # raises the server's startup error
+    prepare_device_data(list(launches.values()), data_root)
+    orch, server_task = await start_orchestrator(config, emu.on_server_event)
     emu.url = f"ws://{config.host}:{orch.port}"
     try:
         for s in specs:
@@ -473,7 +467,6 @@ async def run_fleet(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await server_task
         await emu.stop()
-        shared.cleanup()
     return EmulationRun(history, [emu.results[s.id] for s in specs if s.id in emu.results])
 
 
@@ -487,6 +480,7 @@ async def run_emulation(
     stderr_dir: Path | None = None,
     rss_guard: bool = True,
     workers: int | None = None,
+    data_limit: int | None = None,
 ) -> EmulationRun:
     """Run `fleet` in its ``emulation.mode``: one capped process per device (:func:`run_fleet`), or
     many uncapped devices per worker process (:func:`orchestrator.emulation.lightweight.run_lightweight`).
@@ -501,75 +495,18 @@ async def run_emulation(
     if workers is not None:
         raise ValueError(f"{fleet.name}: workers apply to emulation.mode \"lightweight\", not {mode!r}")
     return await run_fleet(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
-                           stderr_dir=stderr_dir, rss_guard=rss_guard)
-
-
-# -- the training data, shared by the device processes ----------------------------------------------
-#: A device's environment names the folder holding the fleet's training split as .npy files.
-SHARED_DATA_ENV = "EDGETRAIN_SHARED_DATA"
-
-
-def _share_dataset(name: str, data_root: str | None, limit: int | None) -> tempfile.TemporaryDirectory:
-    """Write the training split once, as .npy files every device process memory-maps.
-
-    A real device holds only its own data; the loaders build the whole split in the process that
-    calls them (parsing FEMNIST's LEAF JSON peaks near 700 MiB, CIFAR-10 is 600 MiB of float32),
-    which is more than a weak device's whole budget. From a memory map a device copies its shard only.
-    """
-    from edge_sdk.data import load_dataset
-
-    data = load_dataset(name, root=data_root, split="train", limit=limit)
-    folder = tempfile.TemporaryDirectory(prefix="edgetrain-data-")
-    try:
-        base = Path(folder.name)
-        np.save(base / "x.npy", data.x)
-        np.save(base / "y.npy", data.y)
-        if data.groups is not None:
-            np.save(base / "groups.npy", data.groups)
-        (base / "dataset.json").write_text(json.dumps({"name": name, "num_classes": data.num_classes}))
-    except BaseException:
-        folder.cleanup()
-        raise
-    return folder
-
-
-def _use_shared_dataset() -> None:
-    """In a device process: load the training split from the emulator's memory-mapped copy.
-
-    Mapped here, before the rlimit fallback caps the address space, so the mapping (only pages
-    read become resident) does not count against the budget as virtual memory."""
-    folder = os.environ.get(SHARED_DATA_ENV)
-    if not folder:
-        return
-    import edge_sdk.data as data
-
-    base = Path(folder)
-    meta = json.loads((base / "dataset.json").read_text())
-    groups = base / "groups.npy"
-    shared = data.Dataset(x=np.load(base / "x.npy", mmap_mode="r"), y=np.load(base / "y.npy", mmap_mode="r"),
-                          num_classes=int(meta["num_classes"]), name=meta["name"],
-                          groups=np.load(groups, mmap_mode="r") if groups.is_file() else None)
-    load = data.load_dataset
-
-    def load_shared(name: str, *, split: str = "train", limit: int | None = None, **kwargs) -> data.Dataset:
-        if name != shared.name or split != "train" or limit is not None:
-            return load(name, split=split, limit=limit, **kwargs)
-        return shared
-
-    data.load_dataset = load_shared
+                           stderr_dir=stderr_dir, rss_guard=rss_guard, data_limit=data_limit)
 
 
 # -- the device entry point under the rlimit fallback -----------------------------------------------
 def _load_runtimes() -> None:
-    """Import and warm up what training loads lazily, so RLIMIT_AS is set above it (FACTS.md)."""
-    import onnxruntime  # noqa: F401
-    import torch
-    from torch import nn
+    """Load and warm up what a device loads lazily (its first ONNX session, its first training
+    step, as the device takes them), so that RLIMIT_AS is set above it (FACTS.md)."""
+    from edge_sdk.forward import warm_up as onnxruntime_warm_up
+    from edge_sdk.trainer import warm_up as torch_warm_up
 
-    model = nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    nn.functional.cross_entropy(model(torch.rand(2, 4)), torch.tensor([0, 1])).backward()
-    opt.step()
+    onnxruntime_warm_up()
+    torch_warm_up()
 
 
 def device_main(argv: list[str]) -> None:
@@ -579,7 +516,6 @@ def device_main(argv: list[str]) -> None:
     emulator can tell a device over its budget from one that crashed."""
     from orchestrator.emulation.capping import MEMORY_EXIT_CODE, apply_self_limit, is_out_of_memory
 
-    _use_shared_dataset()
     if os.environ.get(MECHANISM_ENV) == "rlimit-as+watchdog":
         _load_runtimes()
         apply_self_limit()
