@@ -54,7 +54,7 @@ class DeviceConfig:
     storage: str = "auto"  # where cached activations live: memory, disk, or auto (disk for weak devices)
     work_dir: Path | None = None
     threads: int = 1
-    forward_batch: int = 64
+    forward_batch: int = 0  # batch of the multi-step forward pass; 0: the planned batch size
     reconnect: bool = True
     max_retries: int = 30
     max_backoff_s: float = 5.0
@@ -218,7 +218,7 @@ class DeviceClient:
             prog.storage = self._storage(runner)
             previous = prog.activations
             prog.activations = await asyncio.to_thread(
-                previous.apply, runner, batch_size=self.config.forward_batch,
+                previous.apply, runner, batch_size=self.config.forward_batch or welcome.batch_size,
                 storage=self._storage(runner), directory=self._work_dir(),
             )
             runner.close()

@@ -138,16 +138,17 @@ def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndar
             target.copy_(source.to(target.dtype))
 
 
-def _mean_loss(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, batch: int) -> float:
+def _mean_loss(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, idx: np.ndarray, batch: int) -> float:
+    """Mean loss over the samples ``idx``, one batch at a time (never a copy of all of them)."""
     model.eval()
-    total, count = 0.0, 0
+    total = 0.0
     with torch.no_grad():
-        for i in range(0, len(x), batch):
-            xb = torch.from_numpy(np.ascontiguousarray(x[i : i + batch]))
-            yb = torch.from_numpy(np.ascontiguousarray(y[i : i + batch]))
-            total += float(model.loss(model(xb, start=split), yb)) * len(xb)
-            count += len(xb)
-    return total / max(count, 1)
+        for i in range(0, len(idx), batch):
+            rows = idx[i : i + batch]
+            xb = torch.from_numpy(np.ascontiguousarray(x[rows]))
+            yb = torch.from_numpy(np.ascontiguousarray(y[rows]))
+            total += float(model.loss(model(xb, start=split), yb)) * len(rows)
+    return total / max(len(idx), 1)
 
 
 def train_tail(
@@ -174,8 +175,8 @@ def train_tail(
 
     eval_idx = rng.permutation(len(x))[: config.eval_samples]
     eval_idx.sort()
-    x_eval, y_eval = x[eval_idx], y[eval_idx]
-    loss_before = _mean_loss(model, split, x_eval, y_eval, 256)
+    # Evaluated at the training batch size: a larger one would need more memory than the plan gives.
+    loss_before = _mean_loss(model, split, x, y, eval_idx, config.batch_size)
 
     optimiser = MomentumSGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     model.train()
@@ -192,7 +193,7 @@ def train_tail(
         optimiser.step()
     del optimiser
 
-    loss_after = _mean_loss(model, split, x_eval, y_eval, 256)
+    loss_after = _mean_loss(model, split, x, y, eval_idx, config.batch_size)
     for param in params:
         param.grad = None
     # The deltas overwrite the trained weights in place: no extra copy of the tail is ever held,

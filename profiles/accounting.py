@@ -164,7 +164,7 @@ class Footprint:
     batch: int
     trainable_state: int  # trainable params x (weight + grad + optimizer + transfer copies), tail buffers
     activations: int  # saved for backward for one batch, plus backward's working set
-    cached_input: int  # one batch of the tail's input (block k-1 output; the rest on disk)
+    cached_input: int  # the tail's input (block k-1 output) for every local sample, or one batch
     frozen_chunk: int  # the largest frozen chunk: ORT session, weights, one batch through it
     tail_weights: int  # the tail's weights and buffers, kept while the chunks stream
     runtime: int  # the Python process with its runtimes imported (torch + ONNX Runtime)
@@ -323,7 +323,9 @@ class ModelCost:
             trainable_state=(trainable * (memory.param_copies + memory.transfer_copies)
                              + held * (1 + memory.transfer_copies)) * size,
             activations=self.saved_bytes(k, batch, size) + working,
-            cached_input=batch * self._input_bytes(k, size),
+            # Training samples every local sample's cached activations: held in memory, or paged in
+            # from their file on disk as the batches reach them (resident either way by the end).
+            cached_input=max(batch, local_samples if k > 0 else 0) * self._input_bytes(k, size),
             frozen_chunk=max((self.chunk_bytes(s, e, batch, memory) for s, e in chunks), default=0),
             tail_weights=(trainable + held) * size,
             runtime=runtime_bytes,

@@ -165,7 +165,10 @@ def test_footprint_parts(resnet20):
     # A device's own data is held through both phases: 100 CIFAR images, float32.
     with_data = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB, local_samples=100)
     assert with_data.local_data == 100 * 3 * 32 * 32 * 4
-    assert with_data.model_bytes == pytest.approx((max(fp.streaming, fp.training) + with_data.local_data) * 1.10, abs=1)
+    # ... and so are the cached activations of every local sample (stage 1's output) while the tail trains.
+    assert with_data.cached_input == 100 * 16 * 32 * 32 * 4
+    assert with_data.model_bytes == pytest.approx(
+        (max(with_data.streaming, with_data.training) + with_data.local_data) * 1.10, abs=1)
 
 
 def test_chunks_must_cover_the_frozen_blocks(resnet20):
