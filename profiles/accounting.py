@@ -78,6 +78,11 @@ class TrainingMemory:
     chunk's weights and activations. Measured there too: a session for a 650-parameter chunk
     grows RSS by 8.6 MiB, and its first batch-32 run by 8 MiB more.
 
+    ``process_bytes``: what a device process holds beyond its runtimes and its model: the
+    websocket connection's buffers (frames in flight both ways), the worker thread that trains,
+    the event loop, allocator slack. Measured on the project's machine: emulated ResNet20 devices
+    peaked 13-18 MiB above the same round run in a bare process.
+
     ``sequential_phases``: a device streams its frozen chunks first (each chunk is freed before
     the next loads), then trains the tail (DESIGN.md, "One round", step 3); its peak is the
     larger of the two phases. Set it to False for a device that must hold both at once.
@@ -98,6 +103,7 @@ class TrainingMemory:
     transfer_copies: int = 1
     frozen_copies: int = 3
     session_bytes: int = 16 * _MiB
+    process_bytes: int = 24 * _MiB
     sequential_phases: bool = True
     margin: float = 0.10
 
@@ -110,6 +116,8 @@ class TrainingMemory:
             raise ValueError(f"transfer_copies must be >= 0, not {self.transfer_copies}")
         if self.frozen_copies < 1:
             raise ValueError(f"frozen_copies must be >= 1, not {self.frozen_copies}")
+        if self.process_bytes < 0:
+            raise ValueError(f"process_bytes must be >= 0, not {self.process_bytes}")
         if self.session_bytes < 0:
             raise ValueError(f"session_bytes must be >= 0, not {self.session_bytes}")
         if not 0 <= self.margin < 1:
@@ -169,6 +177,7 @@ class Footprint:
     tail_weights: int  # the tail's weights and buffers, kept while the chunks stream
     runtime: int  # the Python process with its runtimes imported (torch + ONNX Runtime)
     local_data: int = 0  # the device's own samples, held in memory through both phases
+    process: int = 0  # the device process's own overhead (connection buffers, threads, slack)
     sequential: bool = True
     margin: float = 0.0  # share added to the model's bytes for what is not itemised
 
@@ -190,11 +199,11 @@ class Footprint:
 
     @property
     def total(self) -> int:
-        return self.model_bytes + self.runtime
+        return self.model_bytes + self.runtime + self.process
 
     def chunk_room(self, budget_bytes: int) -> int:
         """The largest frozen chunk (in bytes) that keeps this split within ``budget_bytes``."""
-        peak = math.floor((budget_bytes - self.runtime) / (1 + self.margin)) - self.local_data
+        peak = math.floor((budget_bytes - self.runtime - self.process) / (1 + self.margin)) - self.local_data
         return peak - (self.tail_weights if self.sequential else self.training)
 
 
@@ -330,6 +339,7 @@ class ModelCost:
             tail_weights=(trainable + held) * size,
             runtime=runtime_bytes,
             local_data=local_samples * self.input_elements * self.input_itemsize,
+            process=memory.process_bytes,
             sequential=memory.sequential_phases,
             margin=memory.margin,
         )
