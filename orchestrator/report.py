@@ -60,8 +60,13 @@ def plot_accuracy(run_dir: Path, rounds: Sequence[Mapping[str, object]], *, titl
 
 
 def plot_memory(run_dir: Path, devices: Sequence[Mapping[str, object]], *, title: str) -> Path | None:
-    """Peak memory of each device beside its budget, coloured by role."""
-    rows = [d for d in devices if d.get("peak_bytes")]
+    """Peak memory of each device beside its budget, coloured by role.
+
+    Bars are the peak resident set where the devices report it (what the budget means), with the
+    cgroup's charge drawn inside them where a cgroup measured it: a cgroup is not charged for
+    library pages another process touched first, so on its own it would flatter the devices.
+    """
+    rows = [d for d in devices if d.get("peak_rss_bytes") or d.get("peak_bytes")]
     if not rows:
         return None
     import matplotlib
@@ -72,16 +77,25 @@ def plot_memory(run_dir: Path, devices: Sequence[Mapping[str, object]], *, title
     colours = {"strong": "tab:blue", "moderate": "tab:orange", "weak": "tab:green"}
     rows = sorted(rows, key=lambda d: (str(d.get("role")), str(d["device"])))
     fig, ax = plt.subplots(figsize=(max(6.4, 0.25 * len(rows)), 4))
-    xs = range(len(rows))
+    xs = list(range(len(rows)))
     mib = 1 << 20
-    ax.bar(xs, [int(d["peak_bytes"]) / mib for d in rows], color=[colours.get(str(d.get("role")), "grey") for d in rows])
-    ax.scatter(xs, [int(d["budget_bytes"]) / mib for d in rows], marker="_", s=200, color="black", label="budget")
-    ax.set_xticks(list(xs))
+    rss = [int(d.get("peak_rss_bytes") or d.get("peak_bytes") or 0) / mib for d in rows]
+    ax.bar(xs, rss, color=[colours.get(str(d.get("role")), "grey") for d in rows])
+    charged = [(x, int(d["peak_bytes"]) / mib) for x, d in zip(xs, rows) if d.get("peak_rss_bytes") and d.get("peak_bytes")]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    labels = [f"{role} (peak RSS)" for role in colours]
+    if charged:
+        ax.bar([c[0] for c in charged], [c[1] for c in charged], width=0.4, color="none", edgecolor="black", hatch="//")
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="none", edgecolor="black", hatch="//"))
+        labels.append("cgroup charge")
+    budget = ax.scatter(xs, [int(d["budget_bytes"]) / mib for d in rows], marker="_", s=200, color="black")
+    handles.append(budget)
+    labels.append("budget")
+    ax.set_xticks(xs)
     ax.set_xticklabels([str(d["device"]) for d in rows], rotation=90, fontsize=6)
     ax.set_ylabel("peak memory (MiB)")
     ax.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles + [ax.collections[0]], list(colours) + ["budget"], loc="upper right", fontsize=7)
+    ax.legend(handles, labels, loc="upper right", fontsize=7)
     path = run_dir / "memory.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
