@@ -156,3 +156,22 @@ def test_dropped_device_does_not_stall_the_round_and_rejoins(run: dict) -> None:
     assert d["failed_rounds"][0] == 1
     assert any(r["round"] > 1 for r in d["rounds"]), d["rounds"]  # reported again after its restart
     assert d["peak_bytes"] <= d["budget_bytes"] and d["peak_rss_bytes"] <= d["budget_bytes"]
+
+
+def test_without_cgroups_the_rlimit_fallback_enforces_the_same_fleet(tmp_path: Path) -> None:
+    """Where no cgroup can be written (no root), RLIMIT_AS + the RSS watchdog hold the budgets."""
+    import asyncio
+
+    from orchestrator.emulation.runner import run_fleet, server_config
+
+    if "rlimit-as+watchdog" not in available_mechanisms():
+        pytest.skip("RLIMIT_AS is not available on this system")
+    fleet = load_fleet("tiny-capped")
+    config = server_config(fleet, rounds=2, store_dir=tmp_path / "store")
+    run = asyncio.run(run_fleet(fleet, config, mechanism="rlimit-as+watchdog", drops={}, stderr_dir=tmp_path / "logs"))
+    assert [r["round"] for r in run.history] == [1, 2]
+    for d in (d.to_dict() for d in run.devices):
+        assert d["mechanism"] == "rlimit-as+watchdog", d
+        assert d["status"] == "finished" and not d["oom_killed"], d
+        assert d["rounds"] and d["peak_rss_bytes"] <= d["budget_bytes"], d
+    assert {d.role for d in run.devices} == {"strong", "moderate", "weak"}
