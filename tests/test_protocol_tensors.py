@@ -174,3 +174,15 @@ def test_many_tensors_use_wider_map_headers():
     back = decode_tensors(encode_tensors(many))
     assert len(back) == 70_000 and back["t69999"].tolist() == [69999, 69999]
     assert _code(encode_tensors(many), Limits(max_items=1000)) == ErrorCode.TOO_LARGE
+
+
+def test_empty_tensor_with_huge_other_dimensions_is_refused() -> None:
+    """Found by the fuzz test: shape (0, 2**31, 2**31) holds no data, yet numpy cannot even make the
+    view; the decoder must say so as a protocol error, not let numpy's ValueError escape."""
+    payload = bytearray(encode_tensors({"t": np.zeros((0, 1, 1), dtype=np.float32)}))
+    # The shape follows the 8-byte tensor header: three little-endian uint64 dimensions.
+    at = payload.index(struct.pack("<3Q", 0, 1, 1))
+    payload[at:at + 24] = struct.pack("<3Q", 0, 2**31, 2**31)
+    with pytest.raises(ProtocolError) as err:
+        decode_tensors(bytes(payload))
+    assert err.value.code == ErrorCode.BAD_SHAPE

@@ -229,11 +229,17 @@ def _tensor(view: memoryview, start: int, length: int, limits: Limits, name: str
     if length < offset:
         raise ProtocolError(ErrorCode.MALFORMED, f"{where}: shape is truncated")
     shape = struct.unpack_from(f"<{rank}Q", view, start + _HEAD.size)
-    count = 1
+    count = span = 1
     for dim in shape:
         if dim > limits.max_dim:
             raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: dimension {dim} exceeds {limits.max_dim}")
         count *= dim
+        span *= max(dim, 1)
+    # An empty tensor's other dimensions are bounded too: numpy refuses shapes whose product of the
+    # non-zero dimensions overflows, empty or not.
+    if count == 0 and span * dtype.itemsize > limits.max_tensor_bytes:
+        raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: shape {list(shape)} spans more than "
+                                                 f"{limits.max_tensor_bytes} bytes")
     nbytes = count * dtype.itemsize
     if nbytes > limits.max_tensor_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"{where}: {nbytes} bytes exceed {limits.max_tensor_bytes}")
