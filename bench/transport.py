@@ -1,6 +1,6 @@
 """Transport benchmark: the wire protocol against bare websockets on 127.0.0.1.
 
-    python bench/transport.py [--sizes 1,10,100] [--repeats 5] [--frame-size 1048576]
+    python bench/transport.py [--sizes 1,10,100] [--repeats 15] [--frame-size 262144]
 
 For each size (MiB of float32), a server process streams one tensor to a client in this process,
 in three ways measured in the same run and interleaved (the order rotates every repeat):
@@ -16,6 +16,19 @@ in three ways measured in the same run and interleaved (the order rotates every 
 
 It prints MiB/s (median of the repeats) and protocol/bare (target >= 0.8), the in-process speed of
 ``encode_tensors``, ``decode_tensors`` and sha256, and writes bench/results/transport.json.
+
+It also prints the best ratio the checksum allows on this machine, from the in-process sha256
+time ``h`` of the payload and the bare transfer time ``b``:
+
+- the receiver must hash every byte, so the protocol takes at least ``h``; without a cached digest
+  the sender also hashes the whole payload before its first frame, and the receiver can only hash
+  what has arrived: at least ``2 h``;
+- on loopback both ends share the machine's ``n`` cores. Moving the bytes costs the two processes
+  CPU time ``c`` (the smaller of a bare transfer's and the protocol's own without its hashing, both
+  measured in blocks of back-to-back transfers after the timed ones), so the protocol takes at
+  least ``(c + h) / n``, or ``(c + 2 h) / n`` without a cached digest.
+
+The bound is ``b`` over the larger of these times. The CPU time of each method is printed too.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import platform
 import statistics
 import sys
@@ -72,6 +86,9 @@ def _server(conn, sizes: list[int], frame_size: int) -> None:
 
     async def protocol_handler(ws) -> None:
         async for request in ws:
+            if request == "cpu":
+                await ws.send(repr(time.process_time()))
+                continue
             method, size = request.split()
             payload = encode_tensors({"weights": tensors[int(size)]})
             await send_payload(ws, payload, transfer_id=f"bench-{size}", kind="chunk", meta={"size_mib": int(size)},
@@ -79,6 +96,9 @@ def _server(conn, sizes: list[int], frame_size: int) -> None:
 
     async def bare_handler(ws) -> None:
         async for request in ws:
+            if request == "cpu":
+                await ws.send(repr(time.process_time()))
+                continue
             await ws.send(memoryview(tensors[int(request)]).cast("B"))
 
     async def main() -> None:
@@ -94,9 +114,11 @@ METHODS = ("protocol", "cached", "bare")
 
 
 async def _measure(proto_port: int, bare_port: int, sizes: list[int], repeats: int,
-                   frame_size: int) -> dict[int, dict[str, list[float]]]:
+                   frame_size: int) -> tuple[dict[int, dict[str, list[float]]], dict[int, dict[str, dict[str, float]]]]:
+    """Seconds per transfer for each size and method (interleaved), then CPU seconds per transfer."""
     limits = _limits(frame_size, max(sizes) * MIB)
     times: dict[int, dict[str, list[float]]] = {size: {m: [] for m in METHODS} for size in sizes}
+    cpu: dict[int, dict[str, dict[str, float]]] = {size: {} for size in sizes}
     async with connect(f"ws://127.0.0.1:{proto_port}", **ws_options(limits)) as proto, \
             connect(f"ws://127.0.0.1:{bare_port}", **BARE_OPTIONS) as bare:
 
@@ -118,6 +140,10 @@ async def _measure(proto_port: int, bare_port: int, sizes: list[int], repeats: i
             assert array.nbytes == size * MIB
             return elapsed
 
+        async def server_cpu(ws) -> float:
+            await ws.send("cpu")
+            return float(await ws.recv())
+
         run = {"protocol": via_protocol, "cached": via_protocol, "bare": via_bare}
         for size in sizes:  # one size at a time, so that a 100 MiB run does not disturb a 1 MiB one
             for method in METHODS:  # warm-up: allocator, socket buffers
@@ -125,7 +151,15 @@ async def _measure(proto_port: int, bare_port: int, sizes: list[int], repeats: i
             for rep in range(repeats):
                 for method in METHODS[rep % 3:] + METHODS[:rep % 3]:
                     times[size][method].append(await run[method](method, size))
-    return times
+            block = max(3, 200 // size)  # enough back-to-back transfers to time small CPU costs
+            for method in METHODS:
+                ws = bare if method == "bare" else proto
+                client, server = time.process_time(), await server_cpu(ws)
+                for _ in range(block):
+                    await run[method](method, size)
+                cpu[size][method] = {"client": (time.process_time() - client) / block,
+                                     "server": (await server_cpu(ws) - server) / block}
+    return times, cpu
 
 
 def _codec_speed(sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
@@ -153,7 +187,7 @@ def _codec_speed(sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,10,100", help="tensor sizes in MiB, comma-separated")
-    parser.add_argument("--repeats", type=int, default=5, help="timed transfers per size and method")
+    parser.add_argument("--repeats", type=int, default=15, help="timed transfers per size and method")
     parser.add_argument("--frame-size", type=int, default=DEFAULT_FRAME_SIZE, help="protocol frame size in bytes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "transport.json")
     args = parser.parse_args(argv)
@@ -165,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     server.start()
     try:
         proto_port, bare_port = parent.recv()
-        times = asyncio.run(_measure(proto_port, bare_port, sizes, args.repeats, args.frame_size))
+        times, cpu = asyncio.run(_measure(proto_port, bare_port, sizes, args.repeats, args.frame_size))
     finally:
         parent.send("stop")
         server.join(timeout=10)
@@ -173,27 +207,48 @@ def main(argv: list[str] | None = None) -> dict:
             server.terminate()
     codec = _codec_speed(sizes, args.repeats)
 
+    cores = len(os.sched_getaffinity(0))
     rows = []
     for size in sizes:
-        speed = {m: size / statistics.median(times[size][m]) for m in METHODS}
+        median = {m: statistics.median(times[size][m]) for m in METHODS}
+        speed = {m: size / median[m] for m in METHODS}
+        bare_s, hash_s = median["bare"], size / codec[size]["sha256_mib_s"]
+        moving_cpu_s = min(sum(cpu[size]["bare"].values()), sum(cpu[size]["cached"].values()) - hash_s,
+                           sum(cpu[size]["protocol"].values()) - 2 * hash_s)
         rows.append({"size_mib": size, "protocol_mib_s": speed["protocol"], "cached_digest_mib_s": speed["cached"],
                      "bare_mib_s": speed["bare"], "ratio": speed["protocol"] / speed["bare"],
-                     "ratio_cached_digest": speed["cached"] / speed["bare"], **codec[size],
-                     "seconds": times[size]})
+                     "ratio_cached_digest": speed["cached"] / speed["bare"],
+                     # Best ratios the sha256 allows here (see the module docstring).
+                     "sha256_s": hash_s, "bare_s": bare_s, "moving_cpu_s": moving_cpu_s, "cores": cores,
+                     "bound": bare_s / max(2 * hash_s, (moving_cpu_s + 2 * hash_s) / cores),
+                     "bound_cached_digest": bare_s / max(hash_s, (moving_cpu_s + hash_s) / cores),
+                     "cpu_ms": {m: {k: v * 1e3 for k, v in cpu[size][m].items()} for m in METHODS},
+                     **codec[size], "seconds": times[size]})
 
     def ratio(value: float) -> str:
         style = "green" if value >= 0.8 else "red"
         return f"[{style}]{value:.2f}[/{style}]"
 
     table = Table(title=f"Transport on 127.0.0.1: MiB/s, median of {args.repeats} (frame {args.frame_size} B)")
-    for column in ("size", "bare websockets", "protocol", "protocol/bare", "protocol, cached digest",
-                   "cached/bare", "encode_tensors", "decode_tensors", "sha256"):
+    for column in ("size", "bare websockets", "protocol", "protocol/bare", "bound", "protocol, cached digest",
+                   "cached/bare", "bound", "encode_tensors", "decode_tensors", "sha256"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(f"{row['size_mib']} MiB", f"{row['bare_mib_s']:.0f}", f"{row['protocol_mib_s']:.0f}",
-                      ratio(row["ratio"]), f"{row['cached_digest_mib_s']:.0f}", ratio(row["ratio_cached_digest"]),
+                      ratio(row["ratio"]), f"{row['bound']:.2f}", f"{row['cached_digest_mib_s']:.0f}",
+                      ratio(row["ratio_cached_digest"]), f"{row['bound_cached_digest']:.2f}",
                       f"{row['encode_mib_s']:.0f}", f"{row['decode_mib_s']:.0f}", f"{row['sha256_mib_s']:.0f}")
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    cpu_table = Table(title="CPU ms per transfer (client process incl. its threads + server process)")
+    cpu_table.add_column("size", justify="right")
+    for method in METHODS:
+        cpu_table.add_column(method, justify="right")
+    cpu_table.add_column("sha256 alone", justify="right")
+    for row in rows:
+        cells = [f"{c['client']:.2f} + {c['server']:.2f}" for c in (row["cpu_ms"][m] for m in METHODS)]
+        cpu_table.add_row(f"{row['size_mib']} MiB", *cells, f"{row['sha256_s'] * 1e3:.2f}")
+    console.print(cpu_table)
 
     result = {
         "benchmark": "transport",

@@ -4,11 +4,18 @@ One protocol message is one binary websocket message. These helpers are the only
 :mod:`edge_sdk.protocol` meets sockets; server and device code call them with a connection from
 ``websockets.asyncio.server.serve`` or ``websockets.asyncio.client.connect``, both opened with
 :func:`ws_options`. Imports websockets, never torch.
+
+Speed (bench/transport.py): a large ``TransferFrame`` goes out as two fragments of its websocket
+message, its msgpack header then its data straight from the payload, so the data is not copied
+into a joined buffer first; any receiver reassembles exactly ``encode(frame)``. The receiver
+hashes in a worker thread while the next frames arrive (``hashlib`` releases the GIL) and hands
+out a view of its receive buffer instead of a copy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,13 +38,27 @@ from .protocol import (
     decode,
     encode,
     frames,
+    sha256_hex,
 )
-from .protocol.codec import BytesLike
+from .protocol.codec import BytesLike, encode_parts
 
 __all__ = ["ws_options", "send_msg", "recv_msg", "send_payload", "recv_payload", "send_error", "close_code"]
 
 #: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
 _THREAD_HASH_BYTES = 256 << 10
+
+#: Payload from which ``send_payload`` computes its sha256 in a worker thread, so that the event
+#: loop keeps serving other connections; a smaller one takes under ~2 ms, which the loop can afford.
+_THREAD_DIGEST_BYTES = 4 << 20
+
+#: Backlog of unhashed bytes that the event loop waits for, blocking, when the last frame is in
+#: (about 0.5 ms of hashing), and the longest it blocks (then it awaits the worker instead).
+_BLOCK_HASH_BYTES = 1 << 20
+_BLOCK_TIMEOUT = 0.002
+
+#: Frame data from which sending header and data as two fragments beats joining them: below it
+#: the copy is cheap and two more websocket frames cost as much (bench/transport.py).
+_FRAGMENT_BYTES = 512 << 10
 
 #: Close codes (RFC 6455, section 7.4.1) used after an ``Error`` message.
 _CLOSE_POLICY, _CLOSE_TOO_BIG = 1008, 1009
@@ -52,9 +73,10 @@ def ws_options(limits: Limits = DEFAULT_LIMITS, *, ping_interval: float | None =
       float32 data by only ~5%.
     - ``max_size = limits.max_message_bytes``: one frame plus its header; payloads stream as frames,
       so this does not bound the model size (the websockets default of 1 MiB would).
-    - ``max_queue``: received frames buffered before reading pauses, so a receiver holds at most
-      about ``max_queue * max_message_bytes`` bytes of unread data (4 MiB by default: weak devices
-      count every MiB); more does not speed up loopback transfers (bench/transport.py).
+    - ``max_queue``: received websocket frames buffered before reading pauses, so a receiver holds
+      at most about ``max_queue * max_message_bytes`` bytes of unread data (4 MiB by default: weak
+      devices count every MiB; a fragmented ``TransferFrame`` is three websocket frames, one of
+      them with data); more does not speed up loopback transfers (bench/transport.py).
     - ``write_limit``: high-water mark of the send buffer; by default two frames, so that a sender
       keeps the socket busy instead of waking up for every 32 KiB (bench/transport.py).
     - ``ping_timeout`` is generous because a busy device (training, running chunks) may answer pings late.
@@ -72,8 +94,18 @@ def ws_options(limits: Limits = DEFAULT_LIMITS, *, ping_interval: float | None =
 
 
 async def send_msg(ws: Connection, msg: Message) -> None:
-    """Send one message as one binary websocket message."""
-    await ws.send(encode(msg))
+    """Send one message as one binary websocket message.
+
+    A ``TransferFrame`` of at least 512 KiB is sent as the fragments of that message (header, then
+    data): the data then reaches the socket without first being copied into a joined buffer.
+    """
+    parts = encode_parts(msg)
+    if len(parts) == 1:
+        await ws.send(parts[0])
+    elif len(parts[1]) >= _FRAGMENT_BYTES:
+        await ws.send(parts)
+    else:
+        await ws.send(b"".join(parts))
 
 
 async def recv_msg(ws: Connection, limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -94,16 +126,24 @@ async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, 
     """Stream ``payload[offset:]`` as a ``TransferBegin`` and its frames (see ``protocol.frames``).
 
     Each ``send`` waits while the socket's buffer is above ``write_limit``, so memory stays bounded
-    whatever the payload size.
+    whatever the payload size. Pass ``sha256`` (``protocol.sha256_hex(payload)``) when the same
+    payload is sent more than once: the checksum must precede the first frame, so computing it is
+    time the transfer cannot hide. A large one is computed in a worker thread, so that the event
+    loop keeps serving other connections meanwhile.
     """
+    if sha256 is None and memoryview(payload).nbytes >= _THREAD_DIGEST_BYTES:
+        sha256 = await asyncio.get_running_loop().run_in_executor(None, sha256_hex, payload)
     for msg in frames(payload, transfer_id=transfer_id, kind=kind, meta=meta, frame_size=frame_size,
                       offset=offset, sha256=sha256):
-        await ws.send(encode(msg))
+        await send_msg(ws, msg)
 
 
 async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
-                       incoming: IncomingTransfer | None = None) -> bytes:
+                       incoming: IncomingTransfer | None = None) -> memoryview:
     """Receive the frames announced by ``begin`` and return the verified payload.
+
+    The payload is a read-only view of the receive buffer (``IncomingTransfer.view``), not a copy:
+    ``decode_tensors`` takes it as it is; call ``bytes()`` on it if you need bytes.
 
     To survive a dropped connection, create the ``IncomingTransfer`` yourself and pass it as
     ``incoming``: after a reconnect, call again with the new ``begin`` and the same ``incoming``,
@@ -115,7 +155,8 @@ async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DE
     elif incoming.begin is not begin:
         incoming.resume(begin)
     loop = asyncio.get_running_loop()
-    hashing: asyncio.Future[int] | None = None
+    hashing: asyncio.Future[int] | None = None  # the worker's job, if one was started
+    caught_up = threading.Event()  # set by that job when it has hashed all it saw: it is done
     try:
         while not incoming.complete:
             msg = await recv_msg(ws, limits)
@@ -127,18 +168,34 @@ async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DE
                 detail = f" ({msg.reason})" if type(msg) is Bye and msg.reason else ""
                 raise ProtocolError(ErrorCode.UNEXPECTED,
                                     f"{msg.TYPE}{detail} during transfer {begin.transfer_id[:64]!r}")
-            # Hash what arrived in a worker thread while the next frame comes in (the last bytes
-            # are hashed by result(): there is nothing left to overlap with).
-            if incoming.hash_in_feed or incoming.complete or incoming.unhashed < _THREAD_HASH_BYTES:
-                continue
-            if hashing is None or hashing.done():
-                if hashing is not None:
-                    hashing.result()
-                hashing = loop.run_in_executor(None, incoming.hash_pending)
+            # Hash what arrived in a worker thread while the next frames come in (hashlib releases
+            # the GIL). Not when little is left to come: there would be nothing to overlap with,
+            # and the thread hop would cost more than it hides (view() hashes the rest).
+            if (not incoming.hash_in_feed and not incoming.complete
+                    and (hashing is None or caught_up.is_set())
+                    and incoming.unhashed >= _THREAD_HASH_BYTES
+                    and incoming.total_size - incoming.offset >= _THREAD_HASH_BYTES):
+                caught_up = threading.Event()
+                hashing = loop.run_in_executor(None, _hash_arrived, incoming, caught_up)
+        if hashing is not None and incoming.unhashed <= _BLOCK_HASH_BYTES:
+            # The worker is finishing the last bytes. Its event wakes this thread as soon as it is
+            # done; its future would take a trip through the event loop, ~0.1 ms more.
+            caught_up.wait(_BLOCK_TIMEOUT)
     finally:
-        if hashing is not None:
+        if hashing is not None and not caught_up.is_set():
             await asyncio.wait([hashing])  # never leave a thread hashing a buffer we hand out
-    return incoming.result()
+    return incoming.view()
+
+
+def _hash_arrived(incoming: IncomingTransfer, caught_up: threading.Event) -> int:
+    """Hash until caught up with the bytes held, those fed meanwhile included (while frames arrive
+    faster than they hash, the worker keeps going instead of waiting to be handed each one), then
+    set ``caught_up``: from then on this job touches nothing."""
+    total = 0
+    while done := incoming.hash_pending():
+        total += done
+    caught_up.set()
+    return total
 
 
 def close_code(error: ProtocolError) -> int:

@@ -23,6 +23,7 @@ from edge_sdk.protocol import (
     frames,
     sha256_hex,
 )
+from edge_sdk.protocol.codec import encode_parts
 
 PAYLOAD = os.urandom(1_000_003)  # not a multiple of the frame size: the last frame is short
 FRAME = 64 * 1024
@@ -63,6 +64,22 @@ def test_frames_are_views_of_the_payload():
     assert begin.meta == {"index": 0, "round": 3} and begin.frame_size == FRAME
     assert all(isinstance(f.data, memoryview) and f.data.obj is PAYLOAD for f in rest)
     assert [f.offset for f in rest] == list(range(0, len(PAYLOAD), FRAME))
+
+
+def test_encode_parts_is_encode_without_copying_the_frame_data():
+    begin, rest = _stream()
+    header, data = encode_parts(rest[1])
+    assert data.obj is PAYLOAD  # the payload itself, not a copy
+    assert header + bytes(data) == encode(rest[1]) and len(header) < 100
+    assert decode(header + bytes(data)) == rest[1]
+    assert encode_parts(begin) == (encode(begin),)  # other messages are one part
+    # A frame over a typed buffer: the data part counts bytes, and the wire form is the same.
+    floats = memoryview(bytearray(64)).cast("f")
+    parts = encode_parts(TransferFrame("t", 0, floats))
+    assert len(parts[1]) == 64 and b"".join(parts) == encode(TransferFrame("t", 0, bytes(64)))
+    # encode_parts validates like encode.
+    assert _code(lambda: encode_parts(TransferFrame("t", 0, b""))) == ErrorCode.MALFORMED
+    assert _code(lambda: encode_parts(TransferFrame("", 0, b"x"))) == ErrorCode.MALFORMED
 
 
 def test_known_digest_is_not_recomputed():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 
@@ -29,6 +30,7 @@ from edge_sdk.protocol import (
     encode_tensors,
     frames,
 )
+from edge_sdk.protocol.codec import encode_parts
 from edge_sdk.transport import recv_msg, recv_payload, send_error, send_msg, send_payload, ws_options
 
 FRAME = 256 * 1024
@@ -98,8 +100,10 @@ def test_streams_a_multi_frame_payload():
             await send_msg(ws, Fetch(round=0, kind="chunk", index=0))
             begin = await recv_msg(ws, LIMITS)
             assert isinstance(begin, TransferBegin) and begin.total_size == len(CHUNK)
+            assert begin.sha256 == hashlib.sha256(CHUNK).hexdigest()  # computed by send_payload
             payload = await recv_payload(ws, begin, LIMITS)
             assert payload == CHUNK
+            assert isinstance(payload, memoryview) and payload.readonly  # the receive buffer, not a copy
             arrays = decode_tensors(payload, LIMITS)
             assert arrays["blocks.stage1.conv.weight"].shape == (64, 64, 3, 3, 8)
             await send_msg(ws, Bye("done"))
@@ -185,5 +189,64 @@ def test_recv_payload_raises_the_peers_error_and_refuses_interleaved_messages():
                     with pytest.raises(ProtocolError) as info:
                         await recv_payload(ws, begin, LIMITS)
                     assert (info.value.code, info.value.remote) == (code, remote)
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+BIG = Limits(max_frame_bytes=1 << 20, max_transfer_bytes=64 << 20)
+
+
+def test_a_large_frame_is_sent_as_fragments_that_reassemble_to_its_encoding():
+    big = TransferFrame("t", 0, memoryview(CHUNK)[: 768 << 10])  # above the fragmenting threshold
+    small = TransferFrame("t", 0, memoryview(CHUNK)[:FRAME])
+
+    async def handler(ws):
+        await send_msg(ws, big)
+        await send_msg(ws, small)
+        await send_msg(ws, big)
+        await ws.wait_closed()
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0, **ws_options(BIG)) as ws_server:
+            url = f"ws://127.0.0.1:{ws_server.sockets[0].getsockname()[1]}"
+            async with connect(url, **ws_options(BIG)) as ws:
+                parts = [part async for part in ws.recv_streaming()]
+                header, data = encode_parts(big)
+                assert parts == [header, bytes(data), b""]  # header, data as it is, end of message
+                assert [part async for part in ws.recv_streaming()] == [encode(small)]  # small: joined
+                assert await recv_msg(ws, BIG) == big  # a plain receiver sees one message
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+@pytest.mark.parametrize("frame_size", [FRAME, 768 << 10], ids=["joined", "fragmented"])
+def test_a_corrupted_payload_is_refused_while_hashing_overlaps_the_transfer(frame_size):
+    corrupt_at = len(CHUNK) - 2 * FRAME  # late: the worker thread has hashed earlier frames by then
+
+    async def handler(ws):
+        await recv_msg(ws, BIG)
+        await send_payload(ws, CHUNK, transfer_id="ok", kind="chunk", meta={}, frame_size=frame_size)
+        await recv_msg(ws, BIG)
+        bad = bytearray(CHUNK)
+        bad[corrupt_at] ^= 0x01
+        for msg in frames(bad, transfer_id="bad", kind="chunk", meta={}, frame_size=frame_size,
+                          sha256=hashlib.sha256(CHUNK).hexdigest()):
+            await send_msg(ws, msg)
+        await ws.wait_closed()
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0, **ws_options(BIG)) as ws_server:
+            url = f"ws://127.0.0.1:{ws_server.sockets[0].getsockname()[1]}"
+            async with connect(url, **ws_options(BIG)) as ws:
+                await send_msg(ws, Fetch(0, "chunk", 0))
+                payload = await recv_payload(ws, await recv_msg(ws, BIG), BIG)
+                assert payload == CHUNK and decode_tensors(payload, BIG).keys() == {"blocks.stage1.conv.weight"}
+                await send_msg(ws, Fetch(0, "chunk", 1))
+                begin = await recv_msg(ws, BIG)
+                incoming = IncomingTransfer(begin, BIG, hash_in_feed=False)
+                with pytest.raises(ProtocolError) as info:
+                    await recv_payload(ws, begin, BIG, incoming=incoming)
+                assert info.value.code == ErrorCode.CHECKSUM and not info.value.remote
+                assert incoming.complete and incoming.unhashed == 0  # every byte was hashed
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))

@@ -5,8 +5,9 @@ nothing: the size is checked before parsing, msgpack runs with tight length limi
 is checked for presence, exact type (a ``bool`` is not an ``int``), bounds and value constraints.
 Any failure raises :class:`~edge_sdk.protocol.ProtocolError`; no other exception escapes.
 
-``TransferFrame`` has a fast path in both directions: the header is written by hand so the frame's
-data is copied once on encode, and on decode the data is a ``memoryview`` into the input (no copy).
+``TransferFrame`` has a fast path in both directions: the header is written by hand, so that
+:func:`encode_parts` returns it beside the untouched data (no copy at all; :func:`encode` joins the
+two, one copy), and on decode the data is a ``memoryview`` into the input (no copy).
 The fast decoder accepts only the exact layout the encoder writes and falls back to the general
 decoder for anything else, so both paths accept the same inputs. Format bytes (0xcf uint 64,
 0xc6 bin 32, ...) are those of the msgpack specification (github.com/msgpack/msgpack/blob/master/spec.md).
@@ -40,7 +41,7 @@ from .messages import (
     schema,
 )
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "encode", "decode", "BytesLike"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "encode", "encode_parts", "decode", "BytesLike"]
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -101,6 +102,17 @@ _UNBOUNDED = Limits(max_frame_bytes=_HUGE, max_message_bytes=2 * _HUGE, max_tran
 def encode(msg: Message) -> bytes:
     """Encode a message as one msgpack map. Raises ``ProtocolError`` if the message is not valid,
     so that nothing is sent that the peer would have to reject."""
+    return b"".join(encode_parts(msg))
+
+
+def encode_parts(msg: Message) -> tuple[BytesLike, ...]:
+    """Encode a message as buffers whose concatenation is ``encode(msg)``, without copying its data.
+
+    A ``TransferFrame`` gives two parts, its msgpack header (a few dozen bytes) and its ``data``
+    as it is: sent as the fragments of one websocket message (``ws.send(parts)``), the data is not
+    joined to the header in a new buffer first, and the peer still receives exactly
+    ``encode(msg)``. Any other message gives one part. Raises like :func:`encode`.
+    """
     cls = type(msg)
     if cls not in _SCHEMA_BY_CLASS:
         raise ProtocolError(ErrorCode.MALFORMED, f"cannot encode {cls.__name__}: not a protocol message")
@@ -111,7 +123,7 @@ def encode(msg: Message) -> bytes:
         body: dict[str, Any] = {"t": cls.TYPE, "v": PROTOCOL_VERSION}
         for name, _ in _SCHEMA_BY_CLASS[cls]:
             body[name] = getattr(msg, name)
-        return msgpack.packb(body, use_bin_type=True)
+        return (msgpack.packb(body, use_bin_type=True),)
     except UnicodeEncodeError as exc:  # a str holding lone surrogates has no UTF-8 form
         raise ProtocolError(ErrorCode.MALFORMED, f"{cls.TYPE}: a string is not valid Unicode: {exc.reason}") from None
 
@@ -125,8 +137,8 @@ _U64 = struct.Struct(">BQ")
 _BIN32 = struct.Struct(">BI")
 
 
-def _encode_frame(frame: TransferFrame) -> bytes:
-    """Write the map by hand: the header is a few dozen bytes and the data is copied exactly once."""
+def _encode_frame(frame: TransferFrame) -> tuple[bytes, BytesLike]:
+    """Write the map's header by hand; the data follows it unchanged (``bin 32``, always)."""
     data = _byte_view(frame.data)
     header = b"".join((
         _FRAME_PREFIX,
@@ -136,7 +148,7 @@ def _encode_frame(frame: TransferFrame) -> bytes:
         _DATA_KEY,
         _BIN32.pack(0xC6, len(data)),  # bin 32
     ))
-    return b"".join((header, data))
+    return header, data
 
 
 def _byte_view(data: BytesLike) -> BytesLike:

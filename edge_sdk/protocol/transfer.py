@@ -29,8 +29,10 @@ from .messages import Scalar, TransferBegin, TransferFrame
 
 __all__ = ["DEFAULT_FRAME_SIZE", "frames", "sha256_hex", "IncomingTransfer"]
 
-#: Data bytes per frame when the sender does not choose (bench/transport.py measures the choice).
-DEFAULT_FRAME_SIZE = 1 << 20
+#: Data bytes per frame when the sender does not choose. Frames smaller than the payload let the
+#: receiver hash the first ones while the next are in flight: on loopback a 1 MiB payload arrives
+#: about 20% sooner than with 1 MiB frames, larger ones as fast (bench/transport.py --frame-size).
+DEFAULT_FRAME_SIZE = 256 << 10
 
 
 def sha256_hex(payload: BytesLike) -> str:
@@ -192,7 +194,8 @@ class IncomingTransfer:
         return self._view.toreadonly()
 
     def result(self) -> bytes:
-        """The verified payload. Raises ``unexpected`` if incomplete, ``checksum`` if corrupted."""
+        """The verified payload, copied out as bytes (:meth:`view` avoids the copy). Raises
+        ``unexpected`` if incomplete, ``checksum`` if corrupted."""
         return self.view().tobytes()
 
     def _verify(self) -> None:
