@@ -58,7 +58,7 @@ class DeviceConfig:
     reconnect: bool = True
     max_retries: int = 30
     max_backoff_s: float = 5.0
-    frame_size: int = 1 << 20
+    frame_size: int = p.DEFAULT_FRAME_SIZE
     # Fault injection for emulation and tests: vanish mid-round (the process exits after its
     # downloads) in the listed rounds or with a probability per round; add network delay.
     drop_rounds: frozenset[int] = frozenset()
@@ -128,7 +128,8 @@ class DeviceClient:
         self.config = config
         self.x, self.y = x, y
         self.on_event = on_event or (lambda kind, data: None)
-        self.limits = p.Limits(max_frame_bytes=config.frame_size)
+        # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
+        self.limits = p.Limits(max_frame_bytes=max(config.frame_size, p.DEFAULT_LIMITS.max_frame_bytes))
         self.welcome: p.Welcome | None = None
         self.reports: list[RoundReport] = []
         self._progress: _RoundProgress | None = None

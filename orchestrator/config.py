@@ -38,7 +38,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (local fleets); `edgetrain serve` defaults to 8765
     token: str = ""
-    frame_size: int = 1 << 20
+    frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)
     planner_batch: int = 32
     keep_checkpoints: int = 3
 

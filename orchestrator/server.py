@@ -78,7 +78,8 @@ class Orchestrator:
     def __init__(self, config: ServerConfig, *, on_event: Callable[[str, dict], None] | None = None) -> None:
         self.config = config
         self.on_event = on_event or (lambda kind, data: None)
-        self.limits = p.Limits(max_frame_bytes=config.frame_size)
+        # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
+        self.limits = p.Limits(max_frame_bytes=max(config.frame_size, p.DEFAULT_LIMITS.max_frame_bytes))
         self.model: LayeredModel = build_model(config.model, seed=config.seed)
         self.model.eval()
         self.global_state = {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
