@@ -21,8 +21,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
+# Benchmarks (not tests): numbers go to bench/results/ and, by hand, to BENCHMARKS.md.
 bench: $(STAMP)
 	$(PY) bench/transport.py
+	$(PY) bench/overhead.py
+	$(PY) bench/memory_ratio.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info
