@@ -436,10 +436,12 @@ def _tally(model: LayeredModel, batch: int) -> _Tally:
     current = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        # Detached: a saved output packed as itself (with its grad_fn) would form a cycle through
+        # autograd's C++ graph that Python's collector cannot see, leaking the measured copy.
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key == 0 or key in state or key in seen:
-            return t
+            return t.detach()
         seen.add(key)
         i = current[0]
         if block_input.get(key) == i:
@@ -449,7 +451,7 @@ def _tally(model: LayeredModel, batch: int) -> _Tally:
             tally.saved_float[i] += storage.nbytes()
         else:
             tally.saved_other[i] += storage.nbytes()
-        return t
+        return t.detach()
 
     def leaf_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         i = current[0]

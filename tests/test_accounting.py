@@ -245,3 +245,21 @@ def test_footprint_covers_a_real_training_step(resnet20, split):
     accounted = (fp.training - fp.cached_input) * (1 + fp.margin)
     message = f"measured {growth / MiB:.1f} MiB, accounted {accounted / MiB:.1f} MiB"
     assert 0.4 * accounted < growth <= accounted, message
+
+
+def test_measuring_again_and_again_does_not_pile_up_copies():
+    """A server measures every model it serves; each measurement's working copy must be freed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import psutil\n"
+        "from edge_sdk.models import build_model\n"
+        "from profiles.accounting import measure_model\n"
+        "m = build_model('digits_mlp'); measure_model(m)\n"  # 34 MB of weights per working copy
+        "rss = psutil.Process().memory_info().rss\n"
+        "for _ in range(5): measure_model(m)\n"
+        "print((psutil.Process().memory_info().rss - rss) >> 20)\n"
+    )
+    grown = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grown < 40, f"RSS grew {grown} MiB over 5 measurements"
