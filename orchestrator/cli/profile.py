@@ -28,6 +28,7 @@ def profile(
     device: Optional[str] = typer.Option(None, help="Plan for this device class (or a device class .toml file)."),
     budget: Optional[str] = typer.Option(None, help="Plan for this memory budget, e.g. 512MiB, 1.5GiB, 300MB."),
     batch: int = typer.Option(32, help="Training batch size."),
+    samples: int = typer.Option(0, help="Samples in the device's local dataset (held in memory, cached activations too)."),
     optimizer_copies: int = typer.Option(1, help="Optimizer state per parameter: 0 SGD, 1 SGD+momentum, 2 Adam."),
     list_devices: bool = typer.Option(False, "--list-devices", help="List the device classes and exit."),
     refresh_runtime: bool = typer.Option(False, "--refresh-runtime", help="Measure the runtimes' memory again."),
@@ -48,6 +49,8 @@ def profile(
         raise _fail("give --device or --budget, not both")
     if batch < 1:
         raise _fail(f"--batch must be at least 1, got {batch}")
+    if samples < 0:
+        raise _fail(f"--samples must be >= 0, got {samples}")
 
     from profiles.accounting import TrainingMemory
     from profiles.devices import load_device_class
@@ -73,13 +76,14 @@ def profile(
     cost = measure_model(layered)
     runtime = runtime_memory(refresh=refresh_runtime)
 
-    _print_blocks(console, cost, batch, memory, runtime)
+    _print_blocks(console, cost, batch, memory, runtime, samples)
     if target is not None:
-        _print_plan(console, cost, batch, memory, runtime.with_overrides(target.runtime_overrides), target.budget_bytes, target)
+        _print_plan(console, cost, batch, memory, runtime.with_overrides(target.runtime_overrides), target.budget_bytes,
+                    target, samples)
     elif budget_bytes is not None:
-        _print_plan(console, cost, batch, memory, runtime, budget_bytes, None)
+        _print_plan(console, cost, batch, memory, runtime, budget_bytes, None, samples)
     else:
-        _print_fleet(console, cost, batch, memory, runtime)
+        _print_fleet(console, cost, batch, memory, runtime, samples)
 
 
 def _print_devices(console: Console) -> None:
@@ -105,7 +109,8 @@ def _print_devices(console: Console) -> None:
     console.print(table)
 
 
-def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory) -> None:
+def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
+                  samples: int) -> None:
     from rich import box
     from rich.table import Table
 
@@ -123,7 +128,8 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
             f"suffix params: trainable parameters of blocks [k, {len(cost)}); "
             f"capacity = (2p + 2a) / (2P + 2A) at batch {batch}; footprint: peak bytes of split k at "
             f"batch {batch}, {memory.dtype}, runtime {format_size(runtime.training)} "
-            f"(torch + ONNX Runtime after one warm-up step, {runtime.source}) included"
+            f"(torch + ONNX Runtime after one warm-up step, {runtime.source}), the process's own "
+            f"{format_size(memory.process_bytes)} and {samples} local samples (--samples) included"
         ),
         caption_justify="left",
     )
@@ -134,7 +140,7 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
         table.add_column(col, justify="right", no_wrap=True)
     for b in cost.blocks:
         k = b.index
-        footprint = cost.footprint(k, batch, memory=memory, runtime_bytes=runtime.training)
+        footprint = cost.footprint(k, batch, memory=memory, runtime_bytes=runtime.training, local_samples=samples)
         name = b.name + (" (sparse)" if b.sparse else "")
         table.add_row(
             str(k), name, f"{b.params:,}", f"{b.activations:,}", f"{cost.trainable_params(k):,}",
@@ -143,11 +149,12 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
     console.print(table)
 
 
-def _plan(cost: ModelCost, budget_bytes: int, batch: int, memory: TrainingMemory, runtime: RuntimeMemory) -> Plan | PlanError:
+def _plan(cost: ModelCost, budget_bytes: int, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
+          samples: int) -> Plan | PlanError:
     from profiles.planner import PlanError, plan_split
 
     try:
-        return plan_split(cost, budget_bytes, batch, runtime=runtime, memory=memory)
+        return plan_split(cost, budget_bytes, batch, runtime=runtime, memory=memory, local_samples=samples)
     except PlanError as exc:
         return exc
 
@@ -160,6 +167,7 @@ def _print_plan(
     runtime: RuntimeMemory,
     budget_bytes: int,
     device: DeviceClass | None,
+    samples: int,
 ) -> None:
     from rich.table import Table
 
@@ -167,7 +175,7 @@ def _print_plan(
     from profiles.units import format_size
 
     who = device.summary() if device is not None else f"budget {format_size(budget_bytes)}"
-    plan = _plan(cost, budget_bytes, batch, memory, runtime)
+    plan = _plan(cost, budget_bytes, batch, memory, runtime, samples)
     if isinstance(plan, PlanError):
         console.print(f"[bold]Plan for {who}[/bold]\n[red]refused:[/red] {plan}")
         raise typer.Exit(code=1)
@@ -181,22 +189,29 @@ def _print_plan(
     trained = ", ".join(cost.block_names[plan.split:])
     table.add_row("split", f"{plan.split} / {plan.num_blocks}", f"trains {trained}")
     table.add_row("frozen chunks", str(len(plan.chunks)), chunks)
-    table.add_row("trainable state", format_size(fp.trainable_state), f"{plan.trainable_params:,} params x {memory.param_copies} + buffers")
+    table.add_row("trainable state", format_size(fp.trainable_state),
+                  f"{plan.trainable_params:,} params x {memory.param_copies + memory.transfer_copies} "
+                  "(weight, gradient, momentum, received tail) + buffers")
     table.add_row("activations", format_size(fp.activations), "saved for backward + backward's working set")
-    table.add_row("cached input", format_size(fp.cached_input), "one batch (the rest may live on disk)")
+    table.add_row("cached input", format_size(fp.cached_input),
+                  f"the tail's input for {samples} local samples" if samples and plan.split else "one batch")
+    table.add_row("local data", format_size(fp.local_data), f"{samples} samples (--samples)")
     table.add_row("largest frozen chunk", format_size(fp.frozen_chunk), "ONNX Runtime session + weights + one batch")
     table.add_row("runtime", format_size(fp.runtime), f"torch + ONNX Runtime after a warm-up step ({runtime.source})")
+    table.add_row("process", format_size(fp.process), "connection buffers, worker thread, allocator slack")
     peak = (
         f"max(streaming {format_size(fp.streaming)}, training {format_size(fp.training)})"
         if fp.sequential
         else "sum of the parts"
     )
-    table.add_row("footprint", format_size(plan.footprint_bytes), f"{peak} x {1 + fp.margin:.2f} margin + runtime")
+    table.add_row("footprint", format_size(plan.footprint_bytes),
+                  f"({peak} + local data) x {1 + fp.margin:.2f} margin + runtime + process")
     table.add_row("budget", format_size(plan.budget_bytes), f"{plan.footprint_bytes / plan.budget_bytes:.0%} used")
     console.print(table)
 
 
-def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory) -> None:
+def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
+                 samples: int) -> None:
     from rich import box
     from rich.table import Table
 
@@ -210,7 +225,7 @@ def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: Training
     for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint"):
         table.add_column(col, justify="left" if col in ("class", "role", "chunks") else "right", no_wrap=col != "chunks")
     for d in device_classes():
-        plan = _plan(cost, d.budget_bytes, batch, memory, runtime.with_overrides(d.runtime_overrides))
+        plan = _plan(cost, d.budget_bytes, batch, memory, runtime.with_overrides(d.runtime_overrides), samples)
         if isinstance(plan, PlanError):
             table.add_row(d.name, format_size(d.budget_bytes), "[red]refused[/red]", "-", "-", "-",
                           f"needs {format_size(plan.needed_bytes)}")
