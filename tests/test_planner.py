@@ -360,6 +360,17 @@ def test_cli_plans_for_one_device(tmp_path):
     assert format_size(plan.footprint_bytes) in text
 
 
+def test_cli_counts_the_local_dataset(tmp_path):
+    """--samples moves the plan the way the server's planning of a hello with that many samples does."""
+    out = edgetrain("--model", "resnet20", "--device", "pi-zero-2w", "--samples", "256", cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = plan_split(measure_model(build_model("resnet20")), load_device_class("pi-zero-2w").budget_bytes, 32,
+                      runtime=FALLBACK, local_samples=256)
+    assert plan.footprint.local_data == 256 * 3 * 32 * 32 * 4
+    assert f"{plan.split} / 11" in out.stdout and format_size(plan.footprint_bytes) in out.stdout
+    assert "256 samples" in out.stdout and "local data" in out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
