@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
 from edge_sdk.memory import release_memory, tune_allocator
-from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
+from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
 
 log = logging.getLogger("edgetrain.device")
 
@@ -293,13 +293,9 @@ class DeviceClient:
             await self._drain(ws, begin)
             incoming = None
         prog.partial[key] = incoming
-        done = incoming.offset >= incoming.total_size
-        while not done:
-            frame = await recv_msg(ws, self.limits)
-            if not isinstance(frame, p.TransferFrame):
-                raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
-            done = incoming.feed(frame)
-        data = incoming.view()  # verified, and no second copy of a payload that may be most of the budget
+        # Verified, and no second copy of a payload that may be most of the budget. The device hashes
+        # each frame as it lands (hash_in_feed): no worker thread, whose stack and arena count too.
+        data = await recv_payload(ws, incoming.begin, self.limits, incoming=incoming)
         del prog.partial[key]
         prog.timings["download_s"] += time.monotonic() - t
         return data
@@ -320,6 +316,10 @@ class DeviceClient:
             if not isinstance(frame, p.TransferFrame):
                 raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
             received += len(frame.data)
+        if not begin.sha256:  # the digest follows the last frame
+            end = await recv_msg(ws, self.limits)
+            if not isinstance(end, p.TransferEnd):
+                raise p.ProtocolError("unexpected", f"expected transfer_end, got {end.TYPE}")
 
     # -- resources ------------------------------------------------------------------------
     def _storage(self, runner) -> str:

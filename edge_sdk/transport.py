@@ -7,9 +7,10 @@ One protocol message is one binary websocket message. These helpers are the only
 
 Speed (bench/transport.py): a large ``TransferFrame`` goes out as two fragments of its websocket
 message, its msgpack header then its data straight from the payload, so the data is not copied
-into a joined buffer first; any receiver reassembles exactly ``encode(frame)``. The receiver
-hashes in a worker thread while the next frames arrive (``hashlib`` releases the GIL) and hands
-out a view of its receive buffer instead of a copy.
+into a joined buffer first; any receiver reassembles exactly ``encode(frame)``. A sender without
+a precomputed digest hashes each frame as it goes and sends the digest last (``TransferEnd``).
+The receiver hashes in a worker thread while the next frames arrive (``hashlib`` releases the
+GIL) and hands out a view of its receive buffer instead of a copy.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from .protocol import (
     ProtocolError,
     Scalar,
     TransferBegin,
+    TransferEnd,
     TransferFrame,
     decode,
     encode,
     frames,
-    sha256_hex,
 )
 from .protocol.codec import BytesLike, encode_parts
 
@@ -46,10 +47,6 @@ __all__ = ["ws_options", "send_msg", "recv_msg", "send_payload", "recv_payload",
 
 #: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
 _THREAD_HASH_BYTES = 256 << 10
-
-#: Payload from which ``send_payload`` computes its sha256 in a worker thread, so that the event
-#: loop keeps serving other connections; a smaller one takes under ~2 ms, which the loop can afford.
-_THREAD_DIGEST_BYTES = 4 << 20
 
 #: Backlog of unhashed bytes that the event loop waits for, blocking, when the last frame is in
 #: (about 0.5 ms of hashing), and the longest it blocks (then it awaits the worker instead).
@@ -123,16 +120,15 @@ async def recv_msg(ws: Connection, limits: Limits = DEFAULT_LIMITS) -> Message:
 async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, kind: str,
                        meta: Mapping[str, Scalar], frame_size: int = DEFAULT_FRAME_SIZE, offset: int = 0,
                        sha256: str | None = None) -> None:
-    """Stream ``payload[offset:]`` as a ``TransferBegin`` and its frames (see ``protocol.frames``).
+    """Stream ``payload[offset:]`` as a ``TransferBegin``, its frames and, without ``sha256``, a
+    ``TransferEnd`` (see ``protocol.frames``).
 
     Each ``send`` waits while the socket's buffer is above ``write_limit``, so memory stays bounded
     whatever the payload size. Pass ``sha256`` (``protocol.sha256_hex(payload)``) when the same
-    payload is sent more than once: the checksum must precede the first frame, so computing it is
-    time the transfer cannot hide. A large one is computed in a worker thread, so that the event
-    loop keeps serving other connections meanwhile.
+    payload is sent more than once, so that it is hashed once; otherwise each frame is hashed right
+    after it is sent (~0.13 ms per 256 KiB, short enough for the event loop to keep serving other
+    connections in between) and the digest follows the last frame.
     """
-    if sha256 is None and memoryview(payload).nbytes >= _THREAD_DIGEST_BYTES:
-        sha256 = await asyncio.get_running_loop().run_in_executor(None, sha256_hex, payload)
     for msg in frames(payload, transfer_id=transfer_id, kind=kind, meta=meta, frame_size=frame_size,
                       offset=offset, sha256=sha256):
         await send_msg(ws, msg)
@@ -140,7 +136,8 @@ async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, 
 
 async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
                        incoming: IncomingTransfer | None = None) -> memoryview:
-    """Receive the frames announced by ``begin`` and return the verified payload.
+    """Receive the frames announced by ``begin`` (and its ``TransferEnd`` if the digest was not in
+    ``begin``) and return the verified payload.
 
     The payload is a read-only view of the receive buffer (``IncomingTransfer.view``), not a copy:
     ``decode_tensors`` takes it as it is; call ``bytes()`` on it if you need bytes.
@@ -158,10 +155,12 @@ async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DE
     hashing: asyncio.Future[int] | None = None  # the worker's job, if one was started
     caught_up = threading.Event()  # set by that job when it has hashed all it saw: it is done
     try:
-        while not incoming.complete:
+        while not incoming.finished:
             msg = await recv_msg(ws, limits)
             if type(msg) is TransferFrame:
                 incoming.feed(msg)
+            elif type(msg) is TransferEnd:
+                incoming.finish(msg)
             elif type(msg) is Error:
                 raise ProtocolError(msg.code, msg.message, remote=True)
             else:

@@ -26,6 +26,7 @@ from edge_sdk.protocol import (
     Resume,
     Task,
     TransferBegin,
+    TransferEnd,
     TransferFrame,
     Update,
     Welcome,
@@ -58,7 +59,7 @@ def welcomes(draw) -> Welcome:
 def transfer_begins(draw) -> TransferBegin:
     total = draw(NAT)
     return TransferBegin(transfer_id=draw(ID), kind=draw(st.sampled_from(["chunk", "tail", "rows", "update"])),
-                         total_size=total, sha256=draw(SHA), frame_size=draw(st.integers(1, 1 << 40)),
+                         total_size=total, sha256=draw(st.one_of(SHA, st.just(""))), frame_size=draw(st.integers(1, 1 << 40)),
                          offset=draw(st.integers(0, total)), meta=draw(CONFIG))
 
 
@@ -87,6 +88,7 @@ MESSAGES = {
     "transfer_begin": transfer_begins(),
     "transfer_frame": st.builds(TransferFrame, transfer_id=st.text(min_size=1, max_size=300), offset=NAT,
                                 data=st.binary(min_size=1, max_size=2000)),
+    "transfer_end": st.builds(TransferEnd, transfer_id=ID, sha256=SHA),
     "update": updates(),
     "ack": st.builds(Ack, round=NAT, accepted=st.booleans(), reason=TEXT),
     "error": st.builds(Error, code=st.sampled_from([c.value for c in ErrorCode] + ["from_the_future"]),
@@ -179,7 +181,8 @@ def test_unknown_type_and_bad_version():
     body = _wire(HELLO)
     assert _code(_pack({**body, "t": "hack"})) == ErrorCode.UNKNOWN_TYPE
     assert _code(_pack({**body, "t": 7})) == ErrorCode.UNKNOWN_TYPE
-    assert _code(_pack({**body, "v": 2})) == ErrorCode.BAD_VERSION
+    assert _code(_pack({**body, "v": PROTOCOL_VERSION + 1})) == ErrorCode.BAD_VERSION
+    assert _code(_pack({**body, "v": PROTOCOL_VERSION - 1})) == ErrorCode.BAD_VERSION
     assert _code(_pack({**body, "v": True})) == ErrorCode.BAD_VERSION
     no_version = dict(body)
     del no_version["v"]
@@ -238,6 +241,9 @@ def test_scalar_maps_and_floats():
     TransferBegin("t", "chunk", 10, "0" * 64, 4, 11, {}),  # offset past the end
     TransferBegin("t", "chunk", 10, "A" * 64, 4, 0, {}),  # not lowercase hex
     TransferBegin("t", "chunk", 10, "0" * 64, 0, 0, {}),  # frame size 0
+    TransferBegin("t", "chunk", 10, "0" * 63, 4, 0, {}),  # neither empty nor 64 digits
+    TransferEnd("t", ""),  # the end always carries the digest
+    TransferEnd("", "0" * 64),
     TransferFrame("t", 0, b""),
     Update(0, 1, (3, 2), 0.0, 0.0, "u", {}),
     Update(0, 1, (0, 2), float("nan"), 0.0, "u", {}),

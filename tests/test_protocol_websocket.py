@@ -100,7 +100,7 @@ def test_streams_a_multi_frame_payload():
             await send_msg(ws, Fetch(round=0, kind="chunk", index=0))
             begin = await recv_msg(ws, LIMITS)
             assert isinstance(begin, TransferBegin) and begin.total_size == len(CHUNK)
-            assert begin.sha256 == hashlib.sha256(CHUNK).hexdigest()  # computed by send_payload
+            assert begin.sha256 == ""  # send_payload hashes while it streams: a TransferEnd has the digest
             payload = await recv_payload(ws, begin, LIMITS)
             assert payload == CHUNK
             assert isinstance(payload, memoryview) and payload.readonly  # the receive buffer, not a copy
@@ -219,18 +219,21 @@ def test_a_large_frame_is_sent_as_fragments_that_reassemble_to_its_encoding():
     asyncio.run(asyncio.wait_for(main(), timeout=60))
 
 
+@pytest.mark.parametrize("digest_first", [True, False], ids=["digest-first", "digest-last"])
 @pytest.mark.parametrize("frame_size", [FRAME, 768 << 10], ids=["joined", "fragmented"])
-def test_a_corrupted_payload_is_refused_while_hashing_overlaps_the_transfer(frame_size):
+def test_a_corrupted_payload_is_refused_while_hashing_overlaps_the_transfer(frame_size, digest_first):
     corrupt_at = len(CHUNK) - 2 * FRAME  # late: the worker thread has hashed earlier frames by then
 
     async def handler(ws):
         await recv_msg(ws, BIG)
         await send_payload(ws, CHUNK, transfer_id="ok", kind="chunk", meta={}, frame_size=frame_size)
         await recv_msg(ws, BIG)
-        bad = bytearray(CHUNK)
-        bad[corrupt_at] ^= 0x01
-        for msg in frames(bad, transfer_id="bad", kind="chunk", meta={}, frame_size=frame_size,
-                          sha256=hashlib.sha256(CHUNK).hexdigest()):
+        sha256 = hashlib.sha256(CHUNK).hexdigest() if digest_first else None
+        for msg in frames(CHUNK, transfer_id="bad", kind="chunk", meta={}, frame_size=frame_size, sha256=sha256):
+            if isinstance(msg, TransferFrame) and msg.offset <= corrupt_at < msg.offset + len(msg.data):
+                bad = bytearray(msg.data)  # one bit flipped in transit, after the sender hashed the frame
+                bad[corrupt_at - msg.offset] ^= 0x01
+                msg = TransferFrame(msg.transfer_id, msg.offset, bytes(bad))
             await send_msg(ws, msg)
         await ws.wait_closed()
 

@@ -33,6 +33,7 @@ __all__ = [
     "Fetch",
     "TransferBegin",
     "TransferFrame",
+    "TransferEnd",
     "Update",
     "Ack",
     "Error",
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: Version of the wire format; every message carries it in ``"v"``. Bump it on any incompatible change.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Values allowed in ``config``, ``meta`` and ``metrics`` maps.
 Scalar = Union[str, int, float, bool]
@@ -181,7 +182,11 @@ class Fetch(Message):
 @dataclass(frozen=True)
 class TransferBegin(Message):
     """Either way: a payload of ``total_size`` bytes follows in ``TransferFrame`` messages, starting at
-    ``offset`` (0, or the receiver's held bytes when resuming), each at most ``frame_size`` bytes."""
+    ``offset`` (0, or the receiver's held bytes when resuming), each at most ``frame_size`` bytes.
+
+    ``sha256`` is the digest of the whole payload, known before the first frame (a payload sent many
+    times), or ``""``: the sender hashes as it streams and a ``TransferEnd`` follows the last frame.
+    """
 
     TYPE: ClassVar[str] = "transfer_begin"
 
@@ -197,7 +202,8 @@ class TransferBegin(Message):
         _require(self.transfer_id != "", "transfer_begin.transfer_id is empty")
         _require(self.kind != "", "transfer_begin.kind is empty")
         _require(self.total_size >= 0, "transfer_begin.total_size is negative")
-        _require(_SHA256_HEX.fullmatch(self.sha256) is not None, "transfer_begin.sha256 is not 64 lowercase hex digits")
+        _require(self.sha256 == "" or _SHA256_HEX.fullmatch(self.sha256) is not None,
+                 "transfer_begin.sha256 is neither empty nor 64 lowercase hex digits")
         _require(self.frame_size >= 1, "transfer_begin.frame_size is below 1")
         _require(0 <= self.offset <= self.total_size, "transfer_begin.offset is outside [0, total_size]")
 
@@ -220,6 +226,21 @@ class TransferFrame(Message):
         _require(self.transfer_id != "", "transfer_frame.transfer_id is empty")
         _require(self.offset >= 0, "transfer_frame.offset is negative")
         _require(len(self.data) > 0, "transfer_frame.data is empty")
+
+
+@dataclass(frozen=True)
+class TransferEnd(Message):
+    """Either way: the sha256 of the whole payload, right after the last frame of a transfer whose
+    ``TransferBegin.sha256`` was empty (and only then)."""
+
+    TYPE: ClassVar[str] = "transfer_end"
+
+    transfer_id: str
+    sha256: str
+
+    def check(self) -> None:
+        _require(self.transfer_id != "", "transfer_end.transfer_id is empty")
+        _require(_SHA256_HEX.fullmatch(self.sha256) is not None, "transfer_end.sha256 is not 64 lowercase hex digits")
 
 
 @dataclass(frozen=True)
@@ -356,7 +377,8 @@ def _normalise(kind: str, value: object) -> object:
 #: Wire name -> message class, for every message of this protocol version.
 MESSAGE_TYPES: Mapping[str, type[Message]] = MappingProxyType({
     cls.TYPE: cls
-    for cls in (Hello, Welcome, Task, Fetch, TransferBegin, TransferFrame, Update, Ack, Error, Bye, Resume)
+    for cls in (Hello, Welcome, Task, Fetch, TransferBegin, TransferFrame, TransferEnd, Update, Ack, Error, Bye,
+                Resume)
 })
 
 _SCHEMAS: dict[type[Message], tuple[tuple[str, str], ...]] = {}

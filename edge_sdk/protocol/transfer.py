@@ -9,7 +9,10 @@ Resume: a receiver that lost its connection keeps its :class:`IncomingTransfer`,
 ``TransferBegin`` (same id, size and sha256; ``offset`` equal to the bytes held) to
 :meth:`IncomingTransfer.resume`.
 
-Checksum: the receiver's sha256 runs over the bytes already held, incrementally. By default
+Checksum: the sha256 of the whole payload travels in ``TransferBegin`` when the sender knows it
+before streaming (a payload hashed once and sent many times), else in a ``TransferEnd`` after the
+last frame: the sender hashes each frame as it goes instead of reading the whole payload before
+its first frame. The receiver's sha256 runs over the bytes already held, incrementally. By default
 :meth:`IncomingTransfer.feed` hashes each frame as it lands; an I/O layer that wants the hash off
 its critical path passes ``hash_in_feed=False`` and calls :meth:`IncomingTransfer.hash_pending` from
 a worker thread while it waits for the next frame (``hashlib`` releases the GIL), as
@@ -25,7 +28,7 @@ import numpy as np
 
 from .codec import DEFAULT_LIMITS, BytesLike, Limits
 from .errors import ErrorCode, ProtocolError
-from .messages import Scalar, TransferBegin, TransferFrame
+from .messages import Scalar, TransferBegin, TransferEnd, TransferFrame
 
 __all__ = ["DEFAULT_FRAME_SIZE", "frames", "sha256_hex", "IncomingTransfer"]
 
@@ -36,17 +39,22 @@ DEFAULT_FRAME_SIZE = 256 << 10
 
 
 def sha256_hex(payload: BytesLike) -> str:
-    """The checksum carried by ``TransferBegin.sha256``. Compute it once per payload and pass it to
-    :func:`frames` when the same payload is sent many times (a chunk streamed to many devices)."""
+    """The checksum of a transfer. Compute it once per payload and pass it to :func:`frames` when the
+    same payload is sent many times (a chunk streamed to many devices): it then travels in
+    ``TransferBegin`` and the sender does not hash the payload again."""
     return hashlib.sha256(payload).hexdigest()
 
 
 def frames(payload: BytesLike, *, transfer_id: str, kind: str, meta: Mapping[str, Scalar],
            frame_size: int = DEFAULT_FRAME_SIZE, offset: int = 0,
-           sha256: str | None = None) -> Iterator[TransferBegin | TransferFrame]:
-    """Yield the ``TransferBegin`` then the ``TransferFrame`` messages that carry ``payload[offset:]``.
+           sha256: str | None = None) -> Iterator[TransferBegin | TransferFrame | TransferEnd]:
+    """Yield the messages that carry ``payload[offset:]``: a ``TransferBegin``, the ``TransferFrame``
+    messages, and, unless ``sha256`` is given, a ``TransferEnd`` with the digest.
 
-    Frames hold zero-copy ``memoryview`` slices of ``payload``: keep it unchanged while sending.
+    Without ``sha256`` each frame is hashed when the next message is asked for, that is once the
+    caller has sent it (the bytes before ``offset`` first), so the first frame leaves at once and
+    the sender hashes while the receiver does. Frames hold
+    zero-copy ``memoryview`` slices of ``payload``: keep it unchanged while sending.
     """
     view = memoryview(payload)
     if view.ndim != 1 or view.format != "B":
@@ -56,11 +64,16 @@ def frames(payload: BytesLike, *, transfer_id: str, kind: str, meta: Mapping[str
         raise ValueError(f"frame_size must be a positive int, got {frame_size!r}")
     if type(offset) is not int or not 0 <= offset <= total:
         raise ValueError(f"offset {offset!r} is outside [0, {total}]")
-    digest = sha256 if sha256 is not None else sha256_hex(view)
-    yield TransferBegin(transfer_id=transfer_id, kind=kind, total_size=total, sha256=digest,
+    running = None if sha256 else hashlib.sha256(view[:offset])
+    yield TransferBegin(transfer_id=transfer_id, kind=kind, total_size=total, sha256=sha256 or "",
                         frame_size=frame_size, offset=offset, meta=dict(meta))
     for start in range(offset, total, frame_size):
-        yield TransferFrame(transfer_id=transfer_id, offset=start, data=view[start:start + frame_size])
+        data = view[start:start + frame_size]
+        yield TransferFrame(transfer_id=transfer_id, offset=start, data=data)
+        if running is not None:  # after the frame has gone out: the first one leaves at once
+            running.update(data)
+    if running is not None:
+        yield TransferEnd(transfer_id=transfer_id, sha256=running.hexdigest())
 
 
 class IncomingTransfer:
@@ -93,6 +106,7 @@ class IncomingTransfer:
         self._hash = hashlib.sha256()
         self._hashed = 0
         self._hash_in_feed = hash_in_feed
+        self._digest = begin.sha256 or None  # else it comes in a TransferEnd
         self._verified = False
 
     @property
@@ -118,7 +132,13 @@ class IncomingTransfer:
 
     @property
     def complete(self) -> bool:
+        """Every byte is held (the digest may still be due in a ``TransferEnd``)."""
         return self._offset == self.begin.total_size
+
+    @property
+    def finished(self) -> bool:
+        """Every byte and the digest are here: :meth:`view` can check and return the payload."""
+        return self._offset == self.begin.total_size and self._digest is not None
 
     @property
     def hash_in_feed(self) -> bool:
@@ -160,6 +180,25 @@ class IncomingTransfer:
             self.hash_pending()
         return end == self.begin.total_size
 
+    def finish(self, end: TransferEnd) -> None:
+        """Take the ``TransferEnd`` of a transfer announced without a digest, after its last frame.
+
+        Raises ``unexpected`` (not this transfer's end, or its digest came in ``TransferBegin``, or
+        a second end) and ``out_of_order`` (bytes are still missing).
+        """
+        if not isinstance(end, TransferEnd):
+            raise ProtocolError(ErrorCode.UNEXPECTED, f"expected transfer_end, got {type(end).__name__}")
+        if end.transfer_id != self.begin.transfer_id:
+            raise ProtocolError(ErrorCode.UNEXPECTED, f"end of transfer {end.transfer_id[:64]!r} "
+                                                      f"during transfer {self.begin.transfer_id[:64]!r}")
+        if self.begin.sha256 or self._digest is not None:
+            raise ProtocolError(ErrorCode.UNEXPECTED, f"transfer {self.begin.transfer_id[:64]!r} already has "
+                                                      "its sha256: no transfer_end is due")
+        if not self.complete:
+            raise ProtocolError(ErrorCode.OUT_OF_ORDER, f"transfer_end after {self._offset} of "
+                                                        f"{self.begin.total_size} bytes")
+        self._digest = end.sha256
+
     def hash_pending(self) -> int:
         """Fold the held bytes not hashed yet into the sha256; return how many.
 
@@ -195,7 +234,7 @@ class IncomingTransfer:
 
     def result(self) -> bytes:
         """The verified payload, copied out as bytes (:meth:`view` avoids the copy). Raises
-        ``unexpected`` if incomplete, ``checksum`` if corrupted."""
+        ``unexpected`` if incomplete (bytes or a due ``TransferEnd`` missing), ``checksum`` if corrupted."""
         return self.view().tobytes()
 
     def _verify(self) -> None:
@@ -204,8 +243,10 @@ class IncomingTransfer:
         if not self.complete:
             raise ProtocolError(ErrorCode.UNEXPECTED, f"transfer incomplete: {self._offset} of "
                                                       f"{self.begin.total_size} bytes")
+        if self._digest is None:
+            raise ProtocolError(ErrorCode.UNEXPECTED, "transfer incomplete: its transfer_end has not arrived")
         self.hash_pending()
         digest = self._hash.hexdigest()
-        if digest != self.begin.sha256:
-            raise ProtocolError(ErrorCode.CHECKSUM, f"payload hashes to {digest}, expected {self.begin.sha256}")
+        if digest != self._digest:
+            raise ProtocolError(ErrorCode.CHECKSUM, f"payload hashes to {digest}, expected {self._digest}")
         self._verified = True
