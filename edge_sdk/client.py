@@ -60,10 +60,13 @@ class DeviceConfig:
     max_backoff_s: float = 5.0
     frame_size: int = p.DEFAULT_FRAME_SIZE
     # Fault injection for emulation and tests: vanish mid-round (the process exits after its
-    # downloads) in the listed rounds or with a probability per round; add network delay.
+    # downloads) in the listed rounds or with a probability per round; lose the connection half-way
+    # through the update's upload in the listed rounds (the link drops, the device
+    # reconnects and the server resumes the transfer); add network delay.
     drop_rounds: frozenset[int] = frozenset()
     drop_prob: float = 0.0
     drop_seed: int = 0
+    cut_upload_rounds: frozenset[int] = frozenset()
     delay_s: float = 0.0
 
 
@@ -83,13 +86,17 @@ class RoundReport:
 
 @dataclass
 class _RoundProgress:
-    """What survives a reconnect within one round: the activations computed so far and partial downloads."""
+    """What survives a reconnect within one round: the activations computed so far, partial
+    downloads, and the update once trained (until the server acknowledges it)."""
 
     round: int
     chunks_done: int = 0
     activations: object | None = None  # ActivationCache
     partial: dict[tuple[str, int], p.IncomingTransfer] = field(default_factory=dict)
     storage: str = "memory"  # where the last chunk's activations went
+    update: p.Update | None = None  # sent before its payload
+    payload: bytes | None = None  # encode_tensors of the update's deltas
+    upload_cut: bool = False  # the fault injection cut_upload_rounds has cut this round's upload
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0, "upload_s": 0.0})
 
 
@@ -175,11 +182,14 @@ class DeviceClient:
             msg = await recv_msg(ws, self.limits)
             if isinstance(msg, p.Bye):
                 return True
-            if isinstance(msg, p.Task):
+            if isinstance(msg, (p.Task, p.Resume)):
                 try:
-                    await self._round(ws, msg)
+                    if isinstance(msg, p.Task):
+                        await self._round(ws, msg)
+                    else:
+                        await self._resume_upload(ws, msg)
                 except RoundAborted:
-                    self.on_event("aborted", {"device": c.device_id, "round": msg.round})
+                    self.on_event("aborted", {"device": c.device_id, "round": self._progress.round if self._progress else -1})
                     self._drop_progress()
             elif isinstance(msg, p.Error):
                 raise DeviceRefused(f"{msg.code}: {msg.message}")
@@ -198,14 +208,27 @@ class DeviceClient:
 
     # -- one round ------------------------------------------------------------------------
     async def _round(self, ws: ClientConnection, task: p.Task) -> None:
-        from edge_sdk.forward import ActivationCache, ChunkRunner  # onnxruntime loads on first use
-
         welcome = self.welcome
         assert welcome is not None
         if self._progress is None or self._progress.round != task.round:
             self._drop_progress()
             self._progress = _RoundProgress(task.round)
         prog = self._progress
+        if prog.update is None:
+            await self._compute_update(ws, task, prog, welcome)
+        # Else trained already (the round's task again after a reconnect): only the upload is left.
+        assert prog.update is not None and prog.payload is not None
+        t = time.monotonic()
+        if self.config.delay_s > 0:
+            await asyncio.sleep(self.config.delay_s)
+        await send_msg(ws, prog.update)
+        await self._upload(ws, prog, offset=0, started=t)
+
+    async def _compute_update(self, ws: ClientConnection, task: p.Task, prog: _RoundProgress,
+                              welcome: p.Welcome) -> None:
+        """Download, run forward and train: the update and its encoded deltas, kept in ``prog``."""
+        from edge_sdk.forward import ActivationCache, ChunkRunner  # onnxruntime loads on first use
+
         if prog.activations is None:
             prog.activations = ActivationCache.from_array(self.x)
         # Algorithm 1: receive chunk i, feed the local data forward, keep the output, discard chunk i.
@@ -236,28 +259,63 @@ class DeviceClient:
         result = await asyncio.to_thread(self._train, welcome, task, tail, prog.activations.array)
         prog.timings["train_s"] += time.monotonic() - t
         del tail
-        release_memory()
-
-        t = time.monotonic()
-        if self.config.delay_s > 0:
-            await asyncio.sleep(self.config.delay_s)
-        transfer_id = uuid.uuid4().hex
-        trained = (welcome.split, welcome.num_blocks)
         metrics = {**{k: round(v, 6) for k, v in prog.timings.items()}, "peak_rss_bytes": peak_rss_bytes(),
                    "storage": prog.storage, "steps": result.steps}
-        await send_msg(ws, p.Update(task.round, result.num_samples, trained, result.loss_before,
-                                    result.loss_after, transfer_id, metrics))
-        await send_payload(ws, p.encode_tensors(result.deltas), transfer_id=transfer_id, kind="update",
-                           meta={"round": task.round}, frame_size=self.config.frame_size)
-        ack = await self._expect(ws, p.Ack)
-        prog.timings["upload_s"] += time.monotonic() - t
+        prog.update = p.Update(task.round, result.num_samples, (welcome.split, welcome.num_blocks), result.loss_before,
+                               result.loss_after, uuid.uuid4().hex, metrics)
+        prog.payload = p.encode_tensors(result.deltas)
+        del result
         release_memory()
-        report = RoundReport(task.round, welcome.role, trained, result.loss_before, result.loss_after, dict(prog.timings))
+
+    async def _resume_upload(self, ws: ClientConnection, msg: p.Resume) -> None:
+        """The server holds the first ``msg.offset`` bytes of this round's update: send the rest."""
+        prog = self._progress
+        if prog is None or prog.update is None or prog.payload is None or prog.update.transfer_id != msg.transfer_id:
+            raise p.ProtocolError("unexpected", f"resume of transfer {msg.transfer_id[:64]!r}, which this device is not sending")
+        if msg.offset > len(prog.payload):
+            raise p.ProtocolError("malformed", f"resume at offset {msg.offset}, past the update's {len(prog.payload)} bytes")
+        self.on_event("upload_resumed", {"device": self.config.device_id, "round": prog.round, "offset": msg.offset,
+                                         "total": len(prog.payload)})
+        await self._upload(ws, prog, offset=msg.offset, started=time.monotonic())
+
+    async def _upload(self, ws: ClientConnection, prog: _RoundProgress, *, offset: int, started: float) -> None:
+        """Stream the update's deltas from ``offset``, wait for the server's verdict, close the round."""
+        update, welcome = prog.update, self.welcome
+        assert update is not None and prog.payload is not None and welcome is not None
+        try:
+            if prog.round in self.config.cut_upload_rounds and not prog.upload_cut:
+                prog.upload_cut = True
+                await self._send_half_and_cut(ws, prog)
+            else:
+                await send_payload(ws, prog.payload, transfer_id=update.transfer_id, kind="update",
+                                   meta={"round": prog.round}, frame_size=self.config.frame_size, offset=offset)
+            ack = await self._expect(ws, p.Ack)
+        finally:
+            prog.timings["upload_s"] += time.monotonic() - started
+        release_memory()
+        report = RoundReport(prog.round, welcome.role, update.trained, update.loss_before, update.loss_after,
+                             dict(prog.timings))
         self.reports.append(report)
-        self.on_event("round_done", {"device": self.config.device_id, "round": task.round, "accepted": ack.accepted,
-                                     "reason": ack.reason, "role": welcome.role, "trained": list(trained),
+        self.on_event("round_done", {"device": self.config.device_id, "round": prog.round, "accepted": ack.accepted,
+                                     "reason": ack.reason, "role": welcome.role, "trained": list(update.trained),
                                      **prog.timings, "peak_rss_bytes": peak_rss_bytes()})
         self._drop_progress()
+
+    async def _send_half_and_cut(self, ws: ClientConnection, prog: _RoundProgress) -> None:
+        """Fault injection: send the update's frames up to half its size, then drop the link (the
+        socket closes without a websocket closing handshake); waiting for the ack then fails."""
+        assert prog.update is not None and prog.payload is not None
+        half, sent = len(prog.payload) // 2, 0
+        for msg in p.frames(prog.payload, transfer_id=prog.update.transfer_id, kind="update",
+                            meta={"round": prog.round}, frame_size=self.config.frame_size):
+            if isinstance(msg, p.TransferFrame):
+                if msg.offset >= half:
+                    break
+                sent = msg.offset + len(msg.data)
+            await send_msg(ws, msg)
+        self.on_event("upload_cut", {"device": self.config.device_id, "round": prog.round, "sent": sent,
+                                     "total": len(prog.payload)})
+        ws.transport.close()  # what was written still arrives: the server holds exactly `sent` bytes
 
     def _train(self, welcome: p.Welcome, task: p.Task, tail: dict[str, np.ndarray], x: np.ndarray):
         from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail  # torch loads here

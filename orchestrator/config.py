@@ -22,6 +22,9 @@ class ServerConfig:
     min_devices: int = 2
     quorum: float = 1.0
     deadline_s: float = 120.0
+    # How long a device whose update upload was cut by its connection stays awaited in the round
+    # (it usually reconnects within seconds and resumes the transfer); then it is a straggler.
+    upload_resume_s: float = 15.0
     wait_devices_s: float = 120.0
     local_steps: int = 10
     batch_size: int = 32

@@ -49,6 +49,15 @@ class Session:
 
 
 @dataclass
+class PartialUpload:
+    """An update whose transfer a dropped connection cut short. Kept until the round ends, so that
+    the device's reconnect continues it from the bytes held (docs/protocol.md, "Resume")."""
+
+    update: p.Update
+    incoming: p.IncomingTransfer
+
+
+@dataclass
 class RoundPayloads:
     """What devices of the current round download: ONNX chunks by range, encoded tails by split."""
 
@@ -91,6 +100,8 @@ class Orchestrator:
         self.sessions: dict[str, Session] = {}
         self.round: RoundState | None = None
         self.payloads: RoundPayloads | None = None
+        # Updates cut short by a dropped connection, by device: resumed when the device comes back this round.
+        self.partial_uploads: dict[str, PartialUpload] = {}
         self.start_round = 1
         self.history: list[dict] = []
         self._changed = asyncio.Event()
@@ -171,9 +182,21 @@ class Orchestrator:
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 if self.round is not None:
-                    self.round.on_gone(session.device_id)
+                    if session.device_id in self.partial_uploads:
+                        # Cut mid-upload: still awaited for a while, to come back and resume.
+                        asyncio.get_running_loop().call_later(self.config.upload_resume_s, self._give_up_upload,
+                                                              session.device_id, self.round.round)
+                    else:
+                        self.round.on_gone(session.device_id)
                 self.on_event("disconnected", {"device": session.device_id})
                 self._changed.set()
+
+    def _give_up_upload(self, device_id: str, round: int) -> None:
+        """The device whose upload was cut has not come back in time: stop waiting for it."""
+        rs = self.round
+        if rs is not None and rs.round == round and device_id not in self.sessions:
+            rs.on_gone(device_id)
+            self._changed.set()
 
     def _register(self, ws: ServerConnection, hello: p.Hello) -> Session:
         if self.config.token and hello.token != self.config.token:
@@ -239,7 +262,11 @@ class Orchestrator:
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
             rs.on_back(session.device_id)
-            await self._send_task(session, rs)
+            partial = self.partial_uploads.pop(session.device_id, None)
+            if partial is not None and partial.update.round == rs.round:
+                await self._resume_upload(session, partial)
+            else:
+                await self._send_task(session, rs)
         self._changed.set()
         while True:
             msg = await recv_msg(session.ws, self.limits)
@@ -283,7 +310,33 @@ class Orchestrator:
         begin = await recv_msg(session.ws, self.limits)
         if not isinstance(begin, p.TransferBegin) or begin.transfer_id != msg.transfer_id or begin.kind != "update":
             raise p.ProtocolError("unexpected", "an update must be followed by its transfer")
-        payload = await recv_payload(session.ws, begin, self.limits)
+        await self._receive_update(session, msg, begin, p.IncomingTransfer(begin, self.limits, hash_in_feed=False))
+
+    async def _resume_upload(self, session: Session, partial: PartialUpload) -> None:
+        """Ask a reconnected device for the rest of the update it was sending when its connection dropped."""
+        session.busy_round = partial.update.round
+        transfer_id, offset = partial.update.transfer_id, partial.incoming.offset
+        async with session.send_lock:
+            await send_msg(session.ws, p.Resume(transfer_id, offset))
+        begin = await recv_msg(session.ws, self.limits)
+        if not isinstance(begin, p.TransferBegin) or begin.transfer_id != transfer_id:
+            raise p.ProtocolError("unexpected", f"resume of {transfer_id[:64]!r} must be answered by its transfer")
+        self.on_event("upload_resumed", {"device": session.device_id, "round": partial.update.round, "offset": offset,
+                                         "total": partial.incoming.total_size})
+        await self._receive_update(session, partial.update, begin, partial.incoming)
+
+    async def _receive_update(self, session: Session, msg: p.Update, begin: p.TransferBegin,
+                              incoming: p.IncomingTransfer) -> None:
+        """Receive an update's deltas (``begin`` starts or resumes ``incoming``) and fold them in."""
+        try:
+            payload = await recv_payload(session.ws, begin, self.limits, incoming=incoming)
+        except ConnectionClosed:
+            rs = self.round
+            if rs is not None and msg.round == rs.round and rs.expects(session.device_id):
+                self.partial_uploads[session.device_id] = PartialUpload(msg, incoming)
+                self.on_event("upload_cut", {"device": session.device_id, "round": msg.round,
+                                             "offset": incoming.offset, "total": incoming.total_size})
+            raise
         deltas = p.decode_tensors(payload, self.limits)
         rs = self.round
         session.busy_round = None
@@ -394,6 +447,7 @@ class Orchestrator:
         self.global_state = {k: np.asarray(v) for k, v in result.state.items()}
         self.round = None
         self.payloads = None
+        self.partial_uploads.clear()
         metrics: dict[str, object] = {
             "round": r, "selected": len(selected), "reported": len(rs.reported), "rejected": len(rs.rejected),
             "stragglers": sorted(rs.stragglers()), "roles": role_counts(self.sessions, rs.reported),

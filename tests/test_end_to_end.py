@@ -217,3 +217,30 @@ def test_resume_starts_from_the_checkpointed_weights(tmp_path: Path) -> None:
     config.resume = False
     with pytest.raises(ValueError, match="--resume"):
         asyncio.run(make())
+
+
+def test_an_upload_cut_by_the_network_resumes_where_it_stopped(tmp_path: Path) -> None:
+    """The strong device's link drops half-way through its round-1 update: it reconnects, the server
+    asks for the rest from the bytes it holds (Resume), and the update counts without retraining."""
+    config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=3, lr=0.1,
+                          store_dir=tmp_path / "store", deadline_s=120)
+    launches = _fleet("digits_mlp", ["strong", "weak"], extra={"strong-0": ("--cut-upload-rounds", "1")})
+    server_events: list[tuple[str, dict]] = []
+    run = asyncio.run(run_local_fleet(config, launches, on_event=lambda kind, data: server_events.append((kind, data))))
+    assert [r["round"] for r in run.history] == [1, 2]
+    assert run.history[0]["reported"] == 2 and run.history[0]["stragglers"] == []
+
+    device = {e["event"]: e for e in run.device_events["strong-0"] if e["event"] in ("upload_cut", "upload_resumed")}
+    cut = next(data for kind, data in server_events if kind == "upload_cut")
+    resumed = next(data for kind, data in server_events if kind == "upload_resumed")
+    # The server held exactly what went through before the link dropped, half-way, and continued from there.
+    assert cut["device"] == resumed["device"] == "strong-0" and cut["round"] == resumed["round"] == 1
+    assert 0 < cut["offset"] == resumed["offset"] == device["upload_cut"]["sent"] < cut["total"]
+    assert device["upload_resumed"]["offset"] == cut["offset"] and device["upload_resumed"]["round"] == 1
+    # One training and one accepted update per round: the round's task was not sent again.
+    done = [e for e in run.device_events["strong-0"] if e["event"] == "round_done"]
+    assert [(e["round"], e["accepted"]) for e in done] == [(1, True), (2, True)]
+    assert sum(1 for e in run.device_events["strong-0"] if e["event"] == "reconnect") == 1
+    store = Store(tmp_path / "store")
+    assert sorted(u["device_id"] for u in store.updates(1) if u["accepted"]) == ["strong-0", "weak-1"]
+    store.close()

@@ -76,6 +76,8 @@ def device(
     json_events: bool = typer.Option(False, "--json-events", help="Print events as JSON lines on stdout."),
     drop_rounds: str = typer.Option("", help="Emulation: vanish mid-round in these rounds (comma-separated)."),
     drop_prob: float = typer.Option(0.0, help="Emulation: probability of vanishing mid-round, per round."),
+    cut_upload_rounds: str = typer.Option("", help="Emulation: lose the connection half-way through the update's "
+                                                   "upload in these rounds (comma-separated); the upload resumes."),
     delay: float = typer.Option(0.0, help="Emulation: extra network delay before each upload, seconds."),
     reconnect_retries: int = typer.Option(30, help="Reconnect attempts after a lost connection."),
     force_split: Optional[int] = typer.Option(None, help="Emulation: ask the server for this split whatever the budget."),
@@ -108,6 +110,7 @@ def device(
                           device_class=device_class or "", token=token, storage=storage, threads=threads,
                           labels={} if force_split is None else {"force_split": str(force_split)},
                           drop_rounds=frozenset(int(r) for r in drop_rounds.split(",") if r.strip()),
+                          cut_upload_rounds=frozenset(int(r) for r in cut_upload_rounds.split(",") if r.strip()),
                           drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries)
 
     def on_event(kind: str, payload: dict) -> None:
