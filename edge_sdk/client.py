@@ -61,11 +61,12 @@ class DeviceConfig:
     frame_size: int = p.DEFAULT_FRAME_SIZE
     # Fault injection for emulation and tests: vanish mid-round (the process exits after its
     # downloads) in the listed rounds or with a probability per round; lose the connection half-way
-    # through the update's upload in the listed rounds (the link drops, the device
-    # reconnects and the server resumes the transfer); add network delay.
+    # through the round's first download or through the update's upload in the listed rounds (the
+    # link drops, the device reconnects and the transfer resumes); add network delay.
     drop_rounds: frozenset[int] = frozenset()
     drop_prob: float = 0.0
     drop_seed: int = 0
+    cut_download_rounds: frozenset[int] = frozenset()
     cut_upload_rounds: frozenset[int] = frozenset()
     delay_s: float = 0.0
 
@@ -96,7 +97,8 @@ class _RoundProgress:
     storage: str = "memory"  # where the last chunk's activations went
     update: p.Update | None = None  # sent before its payload
     payload: bytes | None = None  # encode_tensors of the update's deltas
-    upload_cut: bool = False  # the fault injection cut_upload_rounds has cut this round's upload
+    download_cut: bool = False  # the fault injections have cut this round's transfers
+    upload_cut: bool = False
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0, "upload_s": 0.0})
 
 
@@ -301,6 +303,22 @@ class DeviceClient:
                                      **prog.timings, "peak_rss_bytes": peak_rss_bytes()})
         self._drop_progress()
 
+    async def _receive_half_and_cut(self, ws: ClientConnection, incoming: p.IncomingTransfer) -> None:
+        """Fault injection: take a download's frames up to half its size, then drop the link: frames
+        still in flight are lost. What is held stays in the round's progress, and the download
+        resumes from it after the reconnect."""
+        while incoming.offset < incoming.total_size // 2:
+            frame = await recv_msg(ws, self.limits)
+            if not isinstance(frame, p.TransferFrame):
+                raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
+            incoming.feed(frame)
+        self.on_event("download_cut", {"device": self.config.device_id, "round": self._progress.round if self._progress
+                                       else -1, "kind": incoming.kind, "held": incoming.offset,
+                                       "total": incoming.total_size})
+        ws.transport.abort()
+        await ws.wait_closed()
+        raise ws.protocol.close_exc
+
     async def _send_half_and_cut(self, ws: ClientConnection, prog: _RoundProgress) -> None:
         """Fault injection: send the update's frames up to half its size, then drop the link (the
         socket closes without a websocket closing handshake); waiting for the ack then fails."""
@@ -346,11 +364,16 @@ class DeviceClient:
                 break
             if incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
                 incoming.resume(begin)
+                self.on_event("download_resumed", {"device": self.config.device_id, "round": round, "kind": kind,
+                                                   "index": index, "offset": begin.offset, "total": begin.total_size})
                 break
             # The payload changed since the partial download: drop it and start again from 0.
             await self._drain(ws, begin)
             incoming = None
         prog.partial[key] = incoming
+        if round in self.config.cut_download_rounds and not prog.download_cut:
+            prog.download_cut = True
+            await self._receive_half_and_cut(ws, incoming)
         # Verified, and no second copy of a payload that may be most of the budget. The device hashes
         # each frame as it lands (hash_in_feed): no worker thread, whose stack and arena count too.
         data = await recv_payload(ws, incoming.begin, self.limits, incoming=incoming)

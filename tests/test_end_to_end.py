@@ -219,12 +219,15 @@ def test_resume_starts_from_the_checkpointed_weights(tmp_path: Path) -> None:
         asyncio.run(make())
 
 
-def test_an_upload_cut_by_the_network_resumes_where_it_stopped(tmp_path: Path) -> None:
-    """The strong device's link drops half-way through its round-1 update: it reconnects, the server
-    asks for the rest from the bytes it holds (Resume), and the update counts without retraining."""
+def test_transfers_cut_by_the_network_resume_where_they_stopped(tmp_path: Path) -> None:
+    """In round 1 the strong device's link drops half-way through its update, and the weak device's
+    half-way through its first chunk. Each reconnects: the server asks the strong device for the rest
+    of its update from the bytes it holds (Resume), the weak device fetches the rest of its chunk
+    from the bytes it holds (Fetch.offset), and both updates count without training again."""
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=3, lr=0.1,
                           store_dir=tmp_path / "store", deadline_s=120)
-    launches = _fleet("digits_mlp", ["strong", "weak"], extra={"strong-0": ("--cut-upload-rounds", "1")})
+    launches = _fleet("digits_mlp", ["strong", "weak"], extra={"strong-0": ("--cut-upload-rounds", "1"),
+                                                               "weak-1": ("--cut-download-rounds", "1")})
     server_events: list[tuple[str, dict]] = []
     run = asyncio.run(run_local_fleet(config, launches, on_event=lambda kind, data: server_events.append((kind, data))))
     assert [r["round"] for r in run.history] == [1, 2]
@@ -237,10 +240,16 @@ def test_an_upload_cut_by_the_network_resumes_where_it_stopped(tmp_path: Path) -
     assert cut["device"] == resumed["device"] == "strong-0" and cut["round"] == resumed["round"] == 1
     assert 0 < cut["offset"] == resumed["offset"] == device["upload_cut"]["sent"] < cut["total"]
     assert device["upload_resumed"]["offset"] == cut["offset"] and device["upload_resumed"]["round"] == 1
-    # One training and one accepted update per round: the round's task was not sent again.
-    done = [e for e in run.device_events["strong-0"] if e["event"] == "round_done"]
-    assert [(e["round"], e["accepted"]) for e in done] == [(1, True), (2, True)]
-    assert sum(1 for e in run.device_events["strong-0"] if e["event"] == "reconnect") == 1
+    # The weak device went on from the bytes of its first chunk it held when its link dropped.
+    weak = {e["event"]: e for e in run.device_events["weak-1"] if e["event"] in ("download_cut", "download_resumed")}
+    assert weak["download_cut"]["kind"] == "chunk" and weak["download_cut"]["round"] == 1
+    assert 0 < weak["download_cut"]["held"] == weak["download_resumed"]["offset"] < weak["download_resumed"]["total"]
+    assert (weak["download_resumed"]["kind"], weak["download_resumed"]["index"]) == ("chunk", 0)
+    for device in ("strong-0", "weak-1"):
+        # One accepted update per round, after one reconnect: nothing was done twice.
+        done = [e for e in run.device_events[device] if e["event"] == "round_done"]
+        assert [(e["round"], e["accepted"]) for e in done] == [(1, True), (2, True)]
+        assert sum(1 for e in run.device_events[device] if e["event"] == "reconnect") == 1
     store = Store(tmp_path / "store")
     assert sorted(u["device_id"] for u in store.updates(1) if u["accepted"]) == ["strong-0", "weak-1"]
     store.close()

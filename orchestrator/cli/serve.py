@@ -76,6 +76,8 @@ def device(
     json_events: bool = typer.Option(False, "--json-events", help="Print events as JSON lines on stdout."),
     drop_rounds: str = typer.Option("", help="Emulation: vanish mid-round in these rounds (comma-separated)."),
     drop_prob: float = typer.Option(0.0, help="Emulation: probability of vanishing mid-round, per round."),
+    cut_download_rounds: str = typer.Option("", help="Emulation: lose the connection half-way through the first "
+                                                     "download of these rounds (comma-separated); it resumes."),
     cut_upload_rounds: str = typer.Option("", help="Emulation: lose the connection half-way through the update's "
                                                    "upload in these rounds (comma-separated); the upload resumes."),
     delay: float = typer.Option(0.0, help="Emulation: extra network delay before each upload, seconds."),
@@ -110,6 +112,7 @@ def device(
                           device_class=device_class or "", token=token, storage=storage, threads=threads,
                           labels={} if force_split is None else {"force_split": str(force_split)},
                           drop_rounds=frozenset(int(r) for r in drop_rounds.split(",") if r.strip()),
+                          cut_download_rounds=frozenset(int(r) for r in cut_download_rounds.split(",") if r.strip()),
                           cut_upload_rounds=frozenset(int(r) for r in cut_upload_rounds.split(",") if r.strip()),
                           drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries)
 
