@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
@@ -304,9 +305,8 @@ class DeviceClient:
         self._drop_progress()
 
     async def _receive_half_and_cut(self, ws: ClientConnection, incoming: p.IncomingTransfer) -> None:
-        """Fault injection: take a download's frames up to half its size, then drop the link: frames
-        still in flight are lost. What is held stays in the round's progress, and the download
-        resumes from it after the reconnect."""
+        """Fault injection: take a download's frames up to half its size, then drop the link. What
+        is held stays in the round's progress, and the download resumes from it after the reconnect."""
         while incoming.offset < incoming.total_size // 2:
             frame = await recv_msg(ws, self.limits)
             if not isinstance(frame, p.TransferFrame):
@@ -315,13 +315,11 @@ class DeviceClient:
         self.on_event("download_cut", {"device": self.config.device_id, "round": self._progress.round if self._progress
                                        else -1, "kind": incoming.kind, "held": incoming.offset,
                                        "total": incoming.total_size})
-        ws.transport.abort()
-        await ws.wait_closed()
-        raise ws.protocol.close_exc
+        await self._drop_link(ws)
 
     async def _send_half_and_cut(self, ws: ClientConnection, prog: _RoundProgress) -> None:
-        """Fault injection: send the update's frames up to half its size, then drop the link (the
-        socket closes without a websocket closing handshake); waiting for the ack then fails."""
+        """Fault injection: send the update's frames up to half its size, then drop the link. The
+        server keeps what reached it, and asks for the rest after the reconnect."""
         assert prog.update is not None and prog.payload is not None
         half, sent = len(prog.payload) // 2, 0
         for msg in p.frames(prog.payload, transfer_id=prog.update.transfer_id, kind="update",
@@ -333,7 +331,15 @@ class DeviceClient:
             await send_msg(ws, msg)
         self.on_event("upload_cut", {"device": self.config.device_id, "round": prog.round, "sent": sent,
                                      "total": len(prog.payload)})
-        ws.transport.close()  # what was written still arrives: the server holds exactly `sent` bytes
+        await self._drop_link(ws)
+
+    @staticmethod
+    async def _drop_link(ws: ClientConnection) -> NoReturn:
+        """Reset the connection as a failing network would (no closing handshake; bytes in flight may
+        be lost) and raise what any later use of it would."""
+        ws.transport.abort()
+        await ws.wait_closed()
+        raise ws.protocol.close_exc
 
     def _train(self, welcome: p.Welcome, task: p.Task, tail: dict[str, np.ndarray], x: np.ndarray):
         from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail  # torch loads here
