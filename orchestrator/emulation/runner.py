@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -501,12 +502,31 @@ async def run_emulation(
 # -- the device entry point under the rlimit fallback -----------------------------------------------
 def _load_runtimes() -> None:
     """Load and warm up what a device loads lazily (its first ONNX session, its first training
-    step, as the device takes them), so that RLIMIT_AS is set above it (FACTS.md)."""
+    step, as the device takes them), so that RLIMIT_AS is set above it (FACTS.md).
+
+    The device runs both in a worker thread (``asyncio.to_thread``), so the warm-up does too: the
+    malloc arena that thread takes (glibc reserves 64 MiB of address space for it) then exists
+    before the limit is set, instead of consuming the allowance of a device whose RSS is well under
+    its budget."""
     from edge_sdk.forward import warm_up as onnxruntime_warm_up
+    from edge_sdk.memory import tune_allocator
     from edge_sdk.trainer import warm_up as torch_warm_up
 
-    onnxruntime_warm_up()
-    torch_warm_up()
+    tune_allocator()  # the device's own allocator settings, before any thread takes an arena
+    failed: list[BaseException] = []
+
+    def warm() -> None:
+        try:
+            onnxruntime_warm_up()
+            torch_warm_up()
+        except BaseException as exc:  # re-raised in the main thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=warm, name="warm-up")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
 
 
 def device_main(argv: list[str]) -> None:
