@@ -15,6 +15,7 @@ import math
 import os
 import random
 import resource
+import ssl
 import tempfile
 import time
 import uuid
@@ -30,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
 from edge_sdk.memory import release_memory, tune_allocator
-from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
+from edge_sdk.transport import client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
 
 log = logging.getLogger("edgetrain.device")
 
@@ -60,6 +61,7 @@ class DeviceConfig:
     max_retries: int = 30
     max_backoff_s: float = 5.0
     frame_size: int = p.DEFAULT_FRAME_SIZE
+    tls_ca: str | None = None  # for a wss:// server: trust only this PEM file (private CA, self-signed)
     # Fault injection for emulation and tests: vanish mid-round (the process exits after its
     # downloads) in the listed rounds or with a probability per round; lose the connection half-way
     # through the round's first download or through the update's upload in the listed rounds (the
@@ -152,7 +154,7 @@ class DeviceClient:
         try:
             while True:
                 try:
-                    async with connect(self.config.server, **ws_options(self.limits)) as ws:
+                    async with connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
                         attempt = 0
                         if await self._session(ws):
                             return self.reports
@@ -167,6 +169,14 @@ class DeviceClient:
             self._drop_progress()
             if self._tmp is not None:
                 self._tmp.cleanup()
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The TLS settings for a ``wss://`` server (None for ``ws://``)."""
+        if not self.config.server.startswith("wss://"):
+            if self.config.tls_ca is not None:
+                raise ValueError(f"tls_ca is set but {self.config.server!r} is not a wss:// URL")
+            return None
+        return client_tls(self.config.tls_ca)
 
     async def _session(self, ws: ClientConnection) -> bool:
         """One connection's life. True when the server said goodbye (training over)."""

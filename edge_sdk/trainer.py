@@ -9,6 +9,7 @@ trained blocks get real storage, so a weak device never holds the full model.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -129,7 +130,9 @@ def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndar
     if missing or extra:
         raise ValueError(f"tail state mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
     own = model.state_dict()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # The received arrays are read-only views of the receive buffer, and they are only read here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for name in expected:
             target = own[name]
             source = torch.from_numpy(np.asarray(state[name]))

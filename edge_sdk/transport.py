@@ -16,8 +16,10 @@ GIL) and hands out a view of its receive buffer instead of a copy.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.connection import Connection
@@ -43,7 +45,8 @@ from .protocol import (
 )
 from .protocol.codec import BytesLike, encode_parts
 
-__all__ = ["ws_options", "send_msg", "recv_msg", "send_payload", "recv_payload", "send_error", "close_code"]
+__all__ = ["ws_options", "server_tls", "client_tls", "send_msg", "recv_msg", "send_payload", "recv_payload",
+           "send_error", "close_code"]
 
 #: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
 _THREAD_HASH_BYTES = 256 << 10
@@ -88,6 +91,25 @@ def ws_options(limits: Limits = DEFAULT_LIMITS, *, ping_interval: float | None =
         "ping_interval": ping_interval,
         "ping_timeout": ping_timeout,
     }
+
+
+def server_tls(certfile: str | Path, keyfile: str | Path | None = None) -> ssl.SSLContext:
+    """TLS for ``serve(..., ssl=...)``: devices then connect with ``wss://`` and their hello (its
+    token included) and every payload are encrypted. ``certfile`` is the PEM certificate chain,
+    ``keyfile`` its private key (omit it when the certificate file holds the key too)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(certfile), None if keyfile is None else str(keyfile))
+    return context
+
+
+def client_tls(cafile: str | Path | None = None) -> ssl.SSLContext:
+    """TLS for ``connect("wss://...", ssl=...)``: the server's certificate is verified against the
+    system's trusted authorities, or only against ``cafile`` (a PEM file: a private CA or a
+    self-signed server certificate), and must name the host in the URL."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=None if cafile is None else str(cafile))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 async def send_msg(ws: Connection, msg: Message) -> None:

@@ -41,6 +41,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (local fleets); `edgetrain serve` defaults to 8765
     token: str = ""
+    tls_cert: str | None = None  # PEM certificate chain: serve wss:// (devices verify it)
+    tls_key: str | None = None  # its private key, unless tls_cert holds it
     frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)
     planner_batch: int = 32
     keep_checkpoints: int = 3

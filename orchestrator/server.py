@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel, build_model
-from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
+from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
@@ -142,9 +143,11 @@ class Orchestrator:
     async def run(self, *, ready: asyncio.Event | None = None) -> list[dict]:
         """Serve until every round is done; return the per-round metrics."""
         try:
-            async with serve(self._handler, self.config.host, self.config.port, **ws_options(self.limits)) as server:
+            tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
+            async with serve(self._handler, self.config.host, self.config.port, ssl=tls,
+                             **ws_options(self.limits)) as server:
                 self.port = server.sockets[0].getsockname()[1]
-                self.on_event("listening", {"host": self.config.host, "port": self.port})
+                self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
                 if ready is not None:
                     ready.set()
                 try:
@@ -199,7 +202,7 @@ class Orchestrator:
             self._changed.set()
 
     def _register(self, ws: ServerConnection, hello: p.Hello) -> Session:
-        if self.config.token and hello.token != self.config.token:
+        if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")

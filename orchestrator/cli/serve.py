@@ -34,6 +34,8 @@ def serve(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8765),
     token: str = typer.Option("", help="Shared credential devices must present (empty: none)."),
+    tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve wss:// (TLS) instead of ws://."),
+    tls_key: Optional[Path] = typer.Option(None, help="Private key of --tls-cert (if not in the same file)."),
     seed: int = typer.Option(0),
 ) -> None:
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
@@ -45,8 +47,11 @@ def serve(
         model=model, strategy=strategy, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
         deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
         data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
-        token=token, seed=seed,
+        token=token, seed=seed, tls_cert=None if tls_cert is None else str(tls_cert),
+        tls_key=None if tls_key is None else str(tls_key),
     )
+    if tls_key is not None and tls_cert is None:
+        raise typer.BadParameter("--tls-key needs --tls-cert")
 
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
@@ -59,7 +64,9 @@ def serve(
 
 @app.command()
 def device(
-    server: str = typer.Option("ws://127.0.0.1:8765", help="Orchestrator URL."),
+    server: str = typer.Option("ws://127.0.0.1:8765", help="Orchestrator URL (wss://... for TLS)."),
+    tls_ca: Optional[Path] = typer.Option(None, help="For wss://: trust only this PEM file (a private CA or the "
+                                                     "server's self-signed certificate); default: the system's."),
     device_id: str = typer.Option(..., "--id", help="This device's id."),
     device_class: Optional[str] = typer.Option(None, help="Declare the budget of a device class (profiles/devices)."),
     budget: Optional[str] = typer.Option(None, help="Declare a memory budget, e.g. 512MiB (default: probe this machine)."),
@@ -114,7 +121,8 @@ def device(
                           drop_rounds=frozenset(int(r) for r in drop_rounds.split(",") if r.strip()),
                           cut_download_rounds=frozenset(int(r) for r in cut_download_rounds.split(",") if r.strip()),
                           cut_upload_rounds=frozenset(int(r) for r in cut_upload_rounds.split(",") if r.strip()),
-                          drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries)
+                          drop_prob=drop_prob, drop_seed=seed, delay_s=delay, max_retries=reconnect_retries,
+                          tls_ca=None if tls_ca is None else str(tls_ca))
 
     def on_event(kind: str, payload: dict) -> None:
         if json_events:
