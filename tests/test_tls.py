@@ -1,8 +1,8 @@
 """TLS: an orchestrator serving wss:// and devices that verify it (real sockets, a real handshake).
 
-The certificate in tests/data is self-signed for localhost and 127.0.0.1 (valid until 2126), made
-with ``openssl req -x509 -newkey rsa:2048 -nodes -days 36500 -subj /CN=localhost
--addext subjectAltName=DNS:localhost,IP:127.0.0.1``; it protects nothing but these tests.
+The certificate in tests/data is self-signed for localhost and 127.0.0.1, valid from 2024 to 2124
+(``openssl ca -selfsign -startdate 20240101000000Z -enddate 21240101000000Z`` over a 2048-bit RSA
+key, with subjectAltName DNS:localhost, IP:127.0.0.1); it protects nothing but these tests.
 """
 
 from __future__ import annotations
