@@ -83,20 +83,8 @@ def _server(conn, sizes: list[int], frame_size: int) -> None:
     digests = {size: sha256_hex(payloads[size]) for size in sizes}
     limits = _limits(frame_size, max(sizes) * MIB)
 
-    async def protocol_handler(ws) -> None:
-        async for request in ws:
-            if request == "cpu":
-                await ws.send(repr(time.process_time()))
-                continue
-            method, size = request.split()
-            if method == "cached":  # encoded and hashed once, streamed many times (the orchestrator)
-                payload, digest = payloads[int(size)], digests[int(size)]
-            else:  # encoded and hashed for this transfer (a device's update)
-                payload, digest = encode_tensors({"weights": tensors[int(size)]}), None
-            await send_payload(ws, payload, transfer_id=f"bench-{size}", kind="chunk", meta={"size_mib": int(size)},
-                               frame_size=frame_size, sha256=digest)
-
-    async def bare_handler(ws) -> None:
+    async def handler(ws) -> None:
+        """Both servers run this; each is asked only for the methods its websocket settings suit."""
         async for request in ws:
             if request == "cpu":
                 await ws.send(repr(time.process_time()))
@@ -105,12 +93,19 @@ def _server(conn, sizes: list[int], frame_size: int) -> None:
             data = memoryview(tensors[int(size)]).cast("B")
             if method == "bare":
                 await ws.send(data)
-            else:  # sha256 floor: one message in fragments of the frame size
+            elif method == "floor":  # one message in fragments of the frame size
                 await ws.send(data[i:i + frame_size] for i in range(0, len(data), frame_size))
+            else:
+                if method == "cached":  # encoded and hashed once, streamed many times (the orchestrator)
+                    payload, digest = payloads[int(size)], digests[int(size)]
+                else:  # encoded and hashed for this transfer (a device's update)
+                    payload, digest = encode_tensors({"weights": tensors[int(size)]}), None
+                await send_payload(ws, payload, transfer_id=f"bench-{size}", kind="chunk",
+                                   meta={"size_mib": int(size)}, frame_size=frame_size, sha256=digest)
 
     async def main() -> None:
-        async with serve(protocol_handler, "127.0.0.1", 0, **ws_options(limits)) as proto, \
-                serve(bare_handler, "127.0.0.1", 0, **BARE_OPTIONS) as bare:
+        async with serve(handler, "127.0.0.1", 0, **ws_options(limits)) as proto, \
+                serve(handler, "127.0.0.1", 0, **BARE_OPTIONS) as bare:
             conn.send((proto.sockets[0].getsockname()[1], bare.sockets[0].getsockname()[1]))
             await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # until told to stop
 
