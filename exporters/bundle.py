@@ -10,9 +10,9 @@ import hashlib
 import io
 import os
 import tarfile
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from edge_sdk.bundle import (
     TailEntry,
     TensorEntry,
 )
+from edge_sdk.fileio import atomic_write
 from edge_sdk.models.layered import LayeredModel
 from exporters.cache import ChunkCache, chunk_id
 from exporters.onnx_export import ExportSettings, chunk_io, export_chunk
@@ -148,19 +149,14 @@ def write_bundle(
 
 def _write_tar(out: Path, files: list[tuple[str, bytes]]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # Uncompressed: ONNX weights barely compress, and plain members can be read in place.
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as archive:
-                for name, data in files:
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    info.mode = 0o644
-                    archive.addfile(info, io.BytesIO(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def write(f: BinaryIO) -> None:
+        # Uncompressed: ONNX weights barely compress, and plain members can be read in place.
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            for name, data in files:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o644
+                archive.addfile(info, io.BytesIO(data))
+
+    atomic_write(out, writer=write)

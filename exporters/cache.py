@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_sdk.fileio import atomic_write
 from edge_sdk.models.layered import LayeredModel
 from exporters.onnx_export import ExportSettings, export_chunk
 
@@ -59,20 +58,6 @@ class CacheStats:
     evictions: int
     entries: int
     bytes: int
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class ChunkCache:
@@ -253,5 +238,5 @@ class ChunkCache:
             "size": len(data),
         }
         # The bytes first, the record last: a record on disk means its bytes are complete.
-        _atomic_write(onnx_path, data)
-        _atomic_write(meta_path, json.dumps(meta, sort_keys=True, indent=1).encode())
+        atomic_write(onnx_path, data)
+        atomic_write(meta_path, json.dumps(meta, sort_keys=True, indent=1).encode())

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_sdk.fileio import atomic_write, remove_leftovers
+
 JOURNAL = "journal.sqlite3"
 CHECKPOINTS = "checkpoints"
 
@@ -104,8 +106,7 @@ class Store:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
-        for leftover in self.checkpoints.glob("*.tmp"):  # a write interrupted by a crash
-            leftover.unlink(missing_ok=True)
+        remove_leftovers(self.checkpoints)  # writes a crash interrupted
 
     # -- plumbing ----------------------------------------------------------------------------
     def _transaction(self) -> _Transaction:
@@ -356,13 +357,7 @@ def _write_checkpoint(path: Path, state: Mapping[str, np.ndarray]) -> str:
     np.savez(buffer, **arrays)
     data = buffer.getbuffer()
     digest = hashlib.sha256(data).hexdigest()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
+    atomic_write(path, data)
     return digest
 
 
@@ -381,16 +376,3 @@ def _sha256_file(path: Path) -> str:
             h.update(block)
     return h.hexdigest()
 
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

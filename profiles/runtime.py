@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from edge_sdk.fileio import atomic_write
+
 __all__ = [
     "FALLBACK",
     "RUNTIME_FIELDS",
@@ -252,8 +254,7 @@ def _read_cache(path: Path) -> dict[str, dict[str, int]]:
 def _write_cache(path: Path, entries: dict[str, dict[str, int]]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        text = json.dumps(entries, indent=2, sort_keys=True) + "\n"
+        atomic_write(path, text.encode(), durable=False)  # a cache: measured again if lost
     except OSError:
         pass  # a read-only home: measure next time instead

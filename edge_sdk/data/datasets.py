@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_sdk.fileio import atomic_write
+
 DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens", "synthetic")
 SPLITS: tuple[str, ...] = ("train", "test")
 DATA_ENV = "EDGETRAIN_DATA"
@@ -171,9 +173,8 @@ def _mapped(name: str, root: Path | str | None, split: str, limit: int | None, c
             _save_npy(stem.with_suffix(".groups.npy"), np.ascontiguousarray(data.groups))
         meta = {"name": data.name, "num_classes": data.num_classes, "groups": data.groups is not None,
                 "info": {k: list(v) if isinstance(v, tuple) else v for k, v in data.info.items()}}
-        tmp = meta_path.with_name(meta_path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, meta_path)  # written last: its presence means the arrays are complete
+        # Written last: its presence means the arrays are complete.
+        atomic_write(meta_path, json.dumps(meta).encode(), durable=False)
     meta = json.loads(meta_path.read_text())
     return Dataset(
         x=np.load(stem.with_suffix(".x.npy"), mmap_mode="r"),
@@ -343,10 +344,8 @@ def _balanced(members: list[tarfile.TarInfo], limit: int) -> list[tarfile.TarInf
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
+    # A cache other device processes may map at the same time; rebuilt if lost, so not fsynced.
+    atomic_write(path, writer=lambda f: np.save(f, array), durable=False)
 
 
 # -- MovieLens -------------------------------------------------------------------------------
