@@ -56,13 +56,9 @@ _IDLE = """
 import json
 import onnxruntime, torch
 import edge_sdk.client, edge_sdk.data, edge_sdk.trainer
-fields = {}
-with open("/proc/self/status") as f:
-    for line in f:
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-print(json.dumps(fields), flush=True)
+from edge_sdk.memory import process_memory
+seen = process_memory()
+print(json.dumps({"rss": seen.rss_bytes, "peak_rss": seen.peak_rss_bytes}), flush=True)
 """
 
 
@@ -107,7 +103,7 @@ def idle_baseline(mechanism: str) -> Baseline:
         raise RuntimeError(f"the idle device process failed (rc {result.returncode}): {text}")
     fields = json.loads(text.strip().splitlines()[-1])
     return Baseline(result.mechanism, result.peak_bytes if result.mechanism.startswith("cgroup") else None,
-                    max(fields["VmRSS"], fields["VmHWM"]))
+                    fields["peak_rss"])
 
 
 def pick(fleet: Fleet, per_role: int, extra_bytes: int) -> list[DeviceSpec]:

@@ -7,6 +7,10 @@ from the heap, and memory freed there stays in the process: the RSS ratchets up 
 no longer uses. Fixing the threshold makes every large buffer its own mapping, returned to the OS
 when freed; trimming after a phase hands back what is left in the heap. On other C libraries both
 are no-ops.
+
+It is also the one place where a process's memory and CPU are read (:func:`rss_bytes`,
+:func:`peak_rss_bytes`, :func:`process_memory`, :func:`cpu_seconds`): through psutil, except the
+resident high-water mark, which psutil has no accessor for.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+import resource
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["ProcessMemory", "cpu_seconds", "peak_rss_bytes", "process_memory", "release_memory", "rss_bytes",
+           "tune_allocator"]
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameters (malloc.h)
 _M_ARENA_MAX = -8
@@ -49,3 +61,79 @@ def release_memory() -> bool:
     """Return free heap memory to the OS (after a chunk session closes, after a round). True if any was."""
     libc = _libc()
     return bool(libc and libc.malloc_trim(ctypes.c_size_t(0)))
+
+
+# -- what a process holds ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One reading of a process's memory, in bytes."""
+
+    rss_bytes: int  # resident now
+    vms_bytes: int  # virtual size (what RLIMIT_AS caps)
+    peak_rss_bytes: int  # resident high-water mark
+
+
+def _process(pid: int | None) -> psutil.Process:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"no process {pid}") from None
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of process ``pid`` (default: this one). ProcessLookupError once it is gone."""
+    try:
+        return int(_process(pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"no process {pid}") from None
+
+
+def peak_rss_bytes(pid: int | None = None) -> int:
+    """Peak resident set size of process ``pid`` (default: this one) so far.
+
+    Linux's VmHWM belongs to the process's own address space. ``ru_maxrss`` is not used where
+    VmHWM exists: it survives fork and exec, so a device started by a large parent would report
+    the parent's peak as its own. Where there is no VmHWM, this process falls back to
+    ``ru_maxrss`` and another process to its current RSS (the most that is known of its peak).
+    A process that has ended (a zombie included) reads 0 if its RSS can no longer be read.
+    """
+    status = f"/proc/{'self' if pid is None else pid}/status"
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        if pid is not None:
+            raise ProcessLookupError(f"no process {pid}") from None
+    except (OSError, ValueError, IndexError):
+        pass
+    if pid is None or pid == os.getpid():
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    try:
+        return rss_bytes(pid)
+    except psutil.Error:  # AccessDenied: nothing is known
+        return 0
+
+
+def process_memory(pid: int | None = None) -> ProcessMemory:
+    """RSS, virtual size and resident peak of process ``pid`` (default: this one) in one reading.
+
+    ProcessLookupError once the process is gone. The peak is at least the RSS read with it."""
+    try:
+        info = _process(pid).memory_info()
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"no process {pid}") from None
+    peak = peak_rss_bytes(pid)
+    return ProcessMemory(int(info.rss), int(info.vms), max(peak, int(info.rss)))
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system, all threads) process ``pid`` (default: this one) has used so far.
+
+    ProcessLookupError once the process is gone."""
+    try:
+        times = _process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"no process {pid}") from None
+    return float(times.user + times.system)

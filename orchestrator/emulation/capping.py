@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from edge_sdk.memory import process_memory
+
 __all__ = [
     "BUDGET_ENV",
     "CGROUP_PREFIX",
@@ -418,14 +420,8 @@ def apply_self_limit(budget_bytes: int | None = None, *, force: bool = False) ->
 
 def _self_vm() -> tuple[int, int]:
     """(virtual size, RSS) of this process in bytes."""
-    try:
-        fields = _status_fields(os.getpid())
-        return fields["VmSize"], fields["VmRSS"]
-    except (OSError, KeyError):
-        import psutil
-
-        info = psutil.Process().memory_info()
-        return info.vms, info.rss
+    seen = process_memory()
+    return seen.vms_bytes, seen.rss_bytes
 
 
 # How torch ("DefaultCPUAllocator: can't allocate memory") and ONNX Runtime ("Failed to allocate memory")
@@ -460,37 +456,13 @@ def _exit_on_memory_error() -> None:
 
 
 # -- in the parent ---------------------------------------------------------------------------------
-def _status_fields(pid: int) -> dict[str, int]:
-    """Vm* lines of /proc/<pid>/status in bytes (Linux)."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Vm"):
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) * 1024
-    return out
-
-
 def _rss_of(pid: int) -> tuple[int, int] | None:
-    """(current RSS, high-water RSS) of a live child, or None once it is gone or a zombie."""
+    """(current RSS, high-water RSS) of a child, or None once it is gone (a zombie reads zeros)."""
     try:
-        fields = _status_fields(pid)
-        if "VmRSS" in fields:
-            return fields["VmRSS"], fields.get("VmHWM", fields["VmRSS"])
-        return None  # a zombie has no memory lines
-    except FileNotFoundError:
+        seen = process_memory(pid)
+    except (ProcessLookupError, PermissionError):
         return None
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        rss = psutil.Process(pid).memory_info().rss
-        return rss, rss
-    except Exception:  # psutil.NoSuchProcess, AccessDenied, ZombieProcess
-        return None
+    return seen.rss_bytes, seen.peak_rss_bytes
 
 
 class CappedProcess:

@@ -211,13 +211,12 @@ def _load_runtimes() -> None:
 
 def _cpu_and_memory() -> dict[str, float | int]:
     """This process's CPU (all threads), resident set and its high-water mark."""
+    from edge_sdk.memory import process_memory
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    rss = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    seen = process_memory()
     return {"cpu_user_s": round(usage.ru_utime, 3), "cpu_system_s": round(usage.ru_stime, 3),
-            "rss_bytes": rss, "peak_rss_bytes": int(usage.ru_maxrss) * 1024}
+            "rss_bytes": seen.rss_bytes, "peak_rss_bytes": seen.peak_rss_bytes}
 
 
 async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
@@ -377,14 +376,14 @@ class _Worker:
         return ""
 
     def cpu_s(self) -> float | None:
-        """The process's CPU so far (user + system, all threads), from /proc."""
+        """The process's CPU so far (user + system, all threads)."""
+        from edge_sdk.memory import cpu_seconds
+
         if self.proc is None:
             return None
         try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
+            return cpu_seconds(self.proc.pid)
+        except (ProcessLookupError, PermissionError):
             return None
 
     def sample_rss(self) -> int | None:
@@ -392,7 +391,7 @@ class _Worker:
 
         if self.proc is None:
             return None
-        rss, hwm = _rss_hwm(f"/proc/{self.proc.pid}/status")
+        rss, hwm = _rss_hwm(self.proc.pid)
         if hwm:
             self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, hwm)
         return rss or None

@@ -386,9 +386,8 @@ class _RssGuard:
         self.killed = False
 
     async def run(self) -> None:
-        path = f"/proc/{self.proc.pid}/status"
         while self.proc.poll() is None:
-            rss, hwm = _rss_hwm(path)
+            rss, hwm = _rss_hwm(self.proc.pid)
             self.peak = max(self.peak, hwm)
             if self.enforce and rss > self.budget and self.proc.poll() is None:
                 self.killed = True
@@ -397,19 +396,15 @@ class _RssGuard:
             await asyncio.sleep(self.interval_s)
 
 
-def _rss_hwm(path: str) -> tuple[int, int]:
-    """(VmRSS, VmHWM) in bytes from /proc/<pid>/status; zeros once the process is gone."""
-    rss = hwm = 0
+def _rss_hwm(pid: int) -> tuple[int, int]:
+    """(RSS, resident high-water mark) in bytes of process `pid`; zeros once it is gone."""
+    from edge_sdk.memory import process_memory
+
     try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return rss, hwm
+        seen = process_memory(pid)
+    except (ProcessLookupError, PermissionError):
+        return 0, 0
+    return seen.rss_bytes, seen.peak_rss_bytes
 
 
 def _drop_rounds(launch: DeviceLaunch) -> tuple[int, ...]:
