@@ -1,9 +1,15 @@
-"""The device: connect, say hello, follow the plan, train its share each round, reconnect on drops.
+"""The device: connect, say hello, carry out the server's instructions, reconnect on drops.
 
-One round on a device (DESIGN.md "One round, as data flows", EmbracingFL Algorithms 1-2):
-fetch frozen chunk 1, run it over the local data, cache the activations, free the chunk, fetch
-chunk 2 ... then fetch the trainable tail, train tau local steps on the cached activations and
-send the parameter deltas. A strong device has no chunks and trains the whole model.
+One training instruction on a device (DESIGN.md "One round, as data flows", EmbracingFL Algorithms
+1-2): fetch frozen chunk 1, run it over the local data, cache the activations, free the chunk,
+fetch chunk 2 ... then fetch the model payload (the trainable tail, or a submodel of its rows),
+train tau local steps on the cached activations and report the deltas. A strong device has no
+chunks and trains the whole model. A round may hold several instructions (docs/protocol.md,
+"Phases"): ``evaluate`` reports the received model's loss, ``compare`` reports the distance between
+this round's update and a broadcast one; the activations and the trained update are kept for the
+round, so no phase computes them twice, and a trained update is never trained again.
+
+The client carries no test hooks: emulation wraps its connection from outside (``connect``).
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import resource
 import ssl
@@ -23,17 +28,21 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
 from edge_sdk.memory import release_memory, tune_allocator
-from edge_sdk.transport import client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
+from edge_sdk.protocol.session import DeviceSession
+from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
 
 log = logging.getLogger("edgetrain.device")
+
+#: Integer inputs with at most this many columns are declared per column in the hello (their rows).
+MAX_ROW_COLUMNS = 16
 
 
 class DeviceRefused(RuntimeError):
@@ -62,47 +71,51 @@ class DeviceConfig:
     max_backoff_s: float = 5.0
     frame_size: int = p.DEFAULT_FRAME_SIZE
     tls_ca: str | None = None  # for a wss:// server: trust only this PEM file (private CA, self-signed)
-    # Fault injection for emulation and tests: vanish mid-round (the process exits after its
-    # downloads) in the listed rounds or with a probability per round; lose the connection half-way
-    # through the round's first download or through the update's upload in the listed rounds (the
-    # link drops, the device reconnects and the transfer resumes); add network delay.
-    drop_rounds: frozenset[int] = frozenset()
-    drop_prob: float = 0.0
-    drop_seed: int = 0
-    cut_download_rounds: frozenset[int] = frozenset()
-    cut_upload_rounds: frozenset[int] = frozenset()
-    delay_s: float = 0.0
-
-
-#: Exit status of a device process that vanished on purpose (fault injection).
-DROP_EXIT = 75
 
 
 @dataclass
 class RoundReport:
     round: int
     role: str
+    phase: str
     trained: tuple[int, int]
-    loss_before: float
-    loss_after: float
+    metrics: dict[str, p.Scalar]
     timings: dict[str, float]
+
+    @property
+    def loss_before(self) -> float:
+        return float(self.metrics.get("loss_before", math.nan))
+
+    @property
+    def loss_after(self) -> float:
+        return float(self.metrics.get("loss_after", math.nan))
+
+
+@dataclass
+class _Trained:
+    """A trained update of this round: sent for ``train``, compared for ``compare``, never retrained."""
+
+    deltas: dict[str, np.ndarray | p.RowSparse]
+    num_samples: int
+    trained: tuple[int, int]
+    metrics: dict[str, p.Scalar]
 
 
 @dataclass
 class _RoundProgress:
     """What survives a reconnect within one round: the activations computed so far, partial
-    downloads, and the update once trained (until the server acknowledges it)."""
+    downloads, trained updates, and each report until the server acknowledges it."""
 
     round: int
-    chunks_done: int = 0
+    chunks_done: tuple[str, ...] = ()  # chunk ids run forward so far, in order
     activations: object | None = None  # ActivationCache
-    partial: dict[tuple[str, int], p.IncomingTransfer] = field(default_factory=dict)
+    partial: dict[str, p.IncomingTransfer] = field(default_factory=dict)
     storage: str = "memory"  # where the last chunk's activations went
-    update: p.Update | None = None  # sent before its payload
-    payload: bytes | None = None  # encode_tensors of the update's deltas
-    download_cut: bool = False  # the fault injections have cut this round's transfers
-    upload_cut: bool = False
-    timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0, "upload_s": 0.0})
+    trained: dict[str, _Trained] = field(default_factory=dict)  # by model payload id
+    reports: dict[str, tuple[p.Report, bytes | None]] = field(default_factory=dict)  # by phase, until acked
+    acked: set[str] = field(default_factory=set)  # phases done this round
+    timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0,
+                                                               "upload_s": 0.0})
 
 
 def device_seed(round_seed: int, device_id: str) -> int:
@@ -127,19 +140,34 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def declared_rows(x: np.ndarray) -> dict[str, list[int]]:
+    """Per integer input column, the distinct values the local data holds (Hello.rows): the rows of
+    the embedding tables it touches. Empty for other inputs."""
+    if x.dtype.kind not in "iu" or x.ndim != 2 or x.shape[1] > MAX_ROW_COLUMNS:
+        return {}
+    return {str(c): np.unique(x[:, c]).astype(np.int64).tolist() for c in range(x.shape[1])}
+
+
 class DeviceClient:
-    """Runs a device against an orchestrator until the server says goodbye."""
+    """Runs a device against an orchestrator until the server says goodbye.
+
+    ``connect`` opens the connection (``websockets.asyncio.client.connect`` by default); emulation
+    passes a wrapper that injects faults.
+    """
 
     def __init__(
         self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, *,
         on_event: Callable[[str, dict], None] | None = None,
+        connect: Callable[..., Any] | None = None,
     ) -> None:
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
         tune_allocator()
         self.config = config
         self.x, self.y = x, y
+        self.rows = declared_rows(x)
         self.on_event = on_event or (lambda kind, data: None)
+        self._connect = connect or ws_connect
         # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
         self.limits = p.Limits(max_frame_bytes=max(config.frame_size, p.DEFAULT_LIMITS.max_frame_bytes))
         self.welcome: p.Welcome | None = None
@@ -154,9 +182,9 @@ class DeviceClient:
         try:
             while True:
                 try:
-                    async with connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
+                    async with self._connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
                         attempt = 0
-                        if await self._session(ws):
+                        if await self._session(Channel(ws, DeviceSession(), self.limits)):
                             return self.reports
                 except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
                     if not self.config.reconnect or attempt >= self.config.max_retries:
@@ -178,77 +206,138 @@ class DeviceClient:
             return None
         return client_tls(self.config.tls_ca)
 
-    async def _session(self, ws: ClientConnection) -> bool:
+    async def _session(self, ch: Channel) -> bool:
         """One connection's life. True when the server said goodbye (training over)."""
         c = self.config
         resume = self._progress.round if self._progress else -1
-        await send_msg(ws, p.Hello(
+        await send_msg(ch, p.Hello(
             device_id=c.device_id, token=c.token, budget_bytes=c.budget_bytes, cores=c.cores,
             runtimes=["onnxruntime", "torch"], num_samples=len(self.x), device_class=c.device_class,
-            labels=dict(c.labels), resume_round=resume,
+            labels=dict(c.labels), resume_round=resume, rows=self.rows,
         ))
-        welcome = await self._expect(ws, p.Welcome)
+        welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome
         self.on_event("welcome", {"device": c.device_id, "role": welcome.role, "split": welcome.split,
                                   "chunks": [list(ch) for ch in welcome.chunks]})
         while True:
-            msg = await recv_msg(ws, self.limits)
+            msg = await recv_msg(ch)
             if isinstance(msg, p.Bye):
                 return True
-            if isinstance(msg, (p.Task, p.Resume)):
-                try:
-                    if isinstance(msg, p.Task):
-                        await self._round(ws, msg)
-                    else:
-                        await self._resume_upload(ws, msg)
-                except RoundAborted:
-                    self.on_event("aborted", {"device": c.device_id, "round": self._progress.round if self._progress else -1})
-                    self._drop_progress()
-            elif isinstance(msg, p.Error):
+            if isinstance(msg, p.Error):
                 raise DeviceRefused(f"{msg.code}: {msg.message}")
+            if isinstance(msg, p.Resume):
+                await self._resume_upload(ch, msg)
+            elif isinstance(msg, p.Instruction):
+                instruction: p.Instruction | None = msg
+                while instruction is not None:
+                    try:
+                        await self._carry_out(ch, instruction)
+                    except RoundAborted:
+                        self.on_event("aborted", {"device": c.device_id, "round": instruction.round})
+                        self._drop_progress()
+                    instruction = ch.session.next_instruction()
             else:
                 raise p.ProtocolError("unexpected", f"did not expect {msg.TYPE} while idle")
 
-    async def _expect(self, ws: ClientConnection, kind: type) -> p.Message:
-        msg = await recv_msg(ws, self.limits)
-        if isinstance(msg, p.Error):
-            raise DeviceRefused(f"{msg.code}: {msg.message}")
-        if isinstance(msg, p.Bye):
-            raise RoundAborted("server said goodbye")
+    async def _recv(self, ch: Channel) -> p.Message:
+        """The next message that is not a follow-up instruction (those wait in the session's queue)."""
+        while True:
+            msg = await recv_msg(ch)
+            if isinstance(msg, p.Instruction):
+                continue
+            if isinstance(msg, p.Error):
+                raise DeviceRefused(f"{msg.code}: {msg.message}")
+            if isinstance(msg, p.Bye):
+                raise RoundAborted("server said goodbye")
+            return msg
+
+    async def _expect(self, ch: Channel, kind: type) -> p.Message:
+        msg = await self._recv(ch)
         if not isinstance(msg, kind):
             raise p.ProtocolError("unexpected", f"expected {kind.TYPE}, got {msg.TYPE}")
         return msg
 
-    # -- one round ------------------------------------------------------------------------
-    async def _round(self, ws: ClientConnection, task: p.Task) -> None:
+    # -- one instruction ------------------------------------------------------------------
+    async def _carry_out(self, ch: Channel, ins: p.Instruction) -> None:
+        """Do the instruction's phase and report; a report already made (before a reconnect) is sent again."""
+        if self._progress is None or self._progress.round != ins.round:
+            self._drop_progress()  # the previous round's activations and updates: freed before this round's
+            self._progress = _RoundProgress(ins.round)
+        prog = self._progress
+        if ins.phase not in prog.reports:
+            if ins.phase == "train":
+                trained = await self._trained(ch, ins, prog)
+                payload = p.encode_tensors(trained.deltas)
+                metrics = {**trained.metrics, **{k: round(v, 6) for k, v in prog.timings.items()},
+                           "peak_rss_bytes": peak_rss_bytes(), "storage": prog.storage}
+                report = p.Report(ins.round, ins.phase, trained.num_samples, trained.trained, uuid.uuid4().hex, metrics)
+                prog.reports[ins.phase] = (report, payload)
+            elif ins.phase == "evaluate":
+                metrics = await self._evaluate(ch, ins, prog)
+                prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, len(self.x), (0, 0), "", metrics), None)
+            elif ins.phase == "compare":
+                metrics = await self._compare(ch, ins, prog)
+                prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, len(self.x), (0, 0), "", metrics), None)
+            else:
+                raise p.ProtocolError("unexpected", f"this device does not know the phase {ins.phase!r}")
+            release_memory()
+        report, payload = prog.reports[ins.phase]
+        await send_msg(ch, report)
+        await self._upload(ch, prog, report, payload, offset=0)
+
+    async def _resume_upload(self, ch: Channel, msg: p.Resume) -> None:
+        """The server holds the first ``msg.offset`` bytes of this round's update: send the rest."""
+        prog = self._progress
+        held = None if prog is None else next(
+            ((r, data) for r, data in prog.reports.values() if r.transfer_id == msg.transfer_id), None)
+        if held is None or held[1] is None:
+            raise p.ProtocolError("unexpected", f"resume of transfer {msg.transfer_id[:64]!r}, which this device is not sending")
+        report, payload = held
+        if msg.offset > len(payload):
+            raise p.ProtocolError("malformed", f"resume at offset {msg.offset}, past the update's {len(payload)} bytes")
+        self.on_event("upload_resumed", {"device": self.config.device_id, "round": report.round, "offset": msg.offset,
+                                         "total": len(payload)})
+        await self._upload(ch, prog, report, payload, offset=msg.offset)
+
+    async def _upload(self, ch: Channel, prog: _RoundProgress, report: p.Report, payload: bytes | None, *,
+                      offset: int) -> None:
+        """Stream the report's tensors from ``offset`` (if it has any) and wait for the server's verdict."""
+        started = time.monotonic()
+        try:
+            if payload is not None:
+                await send_payload(ch, payload, transfer_id=report.transfer_id, kind="update",
+                                   meta={"round": report.round}, frame_size=self.config.frame_size, offset=offset)
+            ack = await self._expect(ch, p.Ack)
+        finally:
+            prog.timings["upload_s"] += time.monotonic() - started
+        del prog.reports[report.phase]  # acknowledged: the encoded update is not needed any more
+        prog.acked.add(report.phase)
+        release_memory()
         welcome = self.welcome
         assert welcome is not None
-        if self._progress is None or self._progress.round != task.round:
-            self._drop_progress()
-            self._progress = _RoundProgress(task.round)
-        prog = self._progress
-        if prog.update is None:
-            await self._compute_update(ws, task, prog, welcome)
-        # Else trained already (the round's task again after a reconnect): only the upload is left.
-        assert prog.update is not None and prog.payload is not None
-        t = time.monotonic()
-        if self.config.delay_s > 0:
-            await asyncio.sleep(self.config.delay_s)
-        await send_msg(ws, prog.update)
-        await self._upload(ws, prog, offset=0, started=t)
+        self.reports.append(RoundReport(report.round, welcome.role, report.phase, tuple(report.trained),
+                                        dict(report.metrics), dict(prog.timings)))
+        self.on_event("round_done", {"device": self.config.device_id, "round": report.round, "phase": report.phase,
+                                     "accepted": ack.accepted, "reason": ack.reason, "role": welcome.role,
+                                     "trained": list(report.trained), **prog.timings,
+                                     "peak_rss_bytes": peak_rss_bytes()})
 
-    async def _compute_update(self, ws: ClientConnection, task: p.Task, prog: _RoundProgress,
-                              welcome: p.Welcome) -> None:
-        """Download, run forward and train: the update and its encoded deltas, kept in ``prog``."""
+    # -- phases ---------------------------------------------------------------------------
+    async def _forward(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> np.ndarray:
+        """The input of block ``ins.split`` for every local sample (EmbracingFL Algorithm 1): the raw
+        data, or the output of the frozen chunks run one at a time, each freed before the next."""
         from edge_sdk.forward import ActivationCache, ChunkRunner  # onnxruntime loads on first use
 
-        if prog.activations is None:
-            prog.activations = ActivationCache.from_array(self.x)
-        # Algorithm 1: receive chunk i, feed the local data forward, keep the output, discard chunk i.
-        for i in range(prog.chunks_done, len(task.chunk_ids)):
+        welcome = self.welcome
+        assert welcome is not None
+        if prog.activations is None or tuple(ins.chunk_ids[: len(prog.chunks_done)]) != prog.chunks_done:
+            if prog.activations is not None:
+                prog.activations.close()
+            prog.activations, prog.chunks_done = ActivationCache.from_array(self.x), ()
+        for cid in ins.chunk_ids[len(prog.chunks_done):]:
             # One copy as bytes, the receive buffer freed before the session parses it: a chunk
             # then costs its bytes plus ONNX Runtime's two copies (profiles.accounting frozen_copies).
-            data = bytes(await self._fetch(ws, task.round, "chunk", i, prog))
+            data = bytes(await self._fetch(ch, ins.round, cid, prog))
             t = time.monotonic()
             runner = ChunkRunner(data, threads=self.config.threads)
             del data
@@ -256,121 +345,100 @@ class DeviceClient:
             previous = prog.activations
             prog.activations = await asyncio.to_thread(
                 previous.apply, runner, batch_size=self.config.forward_batch or welcome.batch_size,
-                storage=self._storage(runner), directory=self._work_dir(),
+                storage=prog.storage, directory=self._work_dir(),
             )
             runner.close()
             del runner
             release_memory()
-            prog.chunks_done = i + 1
+            prog.chunks_done = (*prog.chunks_done, cid)
             prog.timings["forward_s"] += time.monotonic() - t
-        tail = p.decode_tensors(await self._fetch(ws, task.round, "tail", 0, prog), self.limits)
-        if self._drops(task.round):
-            self.on_event("dropped", {"device": self.config.device_id, "round": task.round})
-            os._exit(DROP_EXIT)
+        return prog.activations.array
 
-        t = time.monotonic()
-        result = await asyncio.to_thread(self._train, welcome, task, tail, prog.activations.array)
-        prog.timings["train_s"] += time.monotonic() - t
-        del tail
-        metrics = {**{k: round(v, 6) for k, v in prog.timings.items()}, "peak_rss_bytes": peak_rss_bytes(),
-                   "storage": prog.storage, "steps": result.steps}
-        prog.update = p.Update(task.round, result.num_samples, (welcome.split, welcome.num_blocks), result.loss_before,
-                               result.loss_after, uuid.uuid4().hex, metrics)
-        prog.payload = p.encode_tensors(result.deltas)
-        del result
-        release_memory()
+    async def _model(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress):
+        """The input of the tail, the received state and a tail model loaded with it (torch)."""
+        from edge_sdk.trainer import build_tail, load_tail_state, local_rows  # torch loads here
 
-    async def _resume_upload(self, ws: ClientConnection, msg: p.Resume) -> None:
-        """The server holds the first ``msg.offset`` bytes of this round's update: send the rest."""
-        prog = self._progress
-        if prog is None or prog.update is None or prog.payload is None or prog.update.transfer_id != msg.transfer_id:
-            raise p.ProtocolError("unexpected", f"resume of transfer {msg.transfer_id[:64]!r}, which this device is not sending")
-        if msg.offset > len(prog.payload):
-            raise p.ProtocolError("malformed", f"resume at offset {msg.offset}, past the update's {len(prog.payload)} bytes")
-        self.on_event("upload_resumed", {"device": self.config.device_id, "round": prog.round, "offset": msg.offset,
-                                         "total": len(prog.payload)})
-        await self._upload(ws, prog, offset=msg.offset, started=time.monotonic())
+        x = await self._forward(ch, ins, prog)
+        state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
+        rows = {n: v.indices for n, v in state.items() if isinstance(v, p.RowSparse)}
+        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()})
+        load_tail_state(model, ins.split, state)
+        if rows:
+            x = local_rows(model, np.asarray(x), rows)
+        return x, state, rows, model
 
-    async def _upload(self, ws: ClientConnection, prog: _RoundProgress, *, offset: int, started: float) -> None:
-        """Stream the update's deltas from ``offset``, wait for the server's verdict, close the round."""
-        update, welcome = prog.update, self.welcome
-        assert update is not None and prog.payload is not None and welcome is not None
-        try:
-            if prog.round in self.config.cut_upload_rounds and not prog.upload_cut:
-                prog.upload_cut = True
-                await self._send_half_and_cut(ws, prog)
-            else:
-                await send_payload(ws, prog.payload, transfer_id=update.transfer_id, kind="update",
-                                   meta={"round": prog.round}, frame_size=self.config.frame_size, offset=offset)
-            ack = await self._expect(ws, p.Ack)
-        finally:
-            prog.timings["upload_s"] += time.monotonic() - started
-        release_memory()
-        report = RoundReport(prog.round, welcome.role, update.trained, update.loss_before, update.loss_after,
-                             dict(prog.timings))
-        self.reports.append(report)
-        self.on_event("round_done", {"device": self.config.device_id, "round": prog.round, "accepted": ack.accepted,
-                                     "reason": ack.reason, "role": welcome.role, "trained": list(update.trained),
-                                     **prog.timings, "peak_rss_bytes": peak_rss_bytes()})
-        self._drop_progress()
+    def _train_config(self, ins: p.Instruction):
+        from edge_sdk.trainer import TrainConfig
 
-    async def _receive_half_and_cut(self, ws: ClientConnection, incoming: p.IncomingTransfer) -> None:
-        """Fault injection: take a download's frames up to half its size, then drop the link. What
-        is held stays in the round's progress, and the download resumes from it after the reconnect."""
-        while incoming.offset < incoming.total_size // 2:
-            frame = await recv_msg(ws, self.limits)
-            if not isinstance(frame, p.TransferFrame):
-                raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
-            incoming.feed(frame)
-        self.on_event("download_cut", {"device": self.config.device_id, "round": self._progress.round if self._progress
-                                       else -1, "kind": incoming.kind, "held": incoming.offset,
-                                       "total": incoming.total_size})
-        await self._drop_link(ws)
-
-    async def _send_half_and_cut(self, ws: ClientConnection, prog: _RoundProgress) -> None:
-        """Fault injection: send the update's frames up to half its size, then drop the link. The
-        server keeps what reached it, and asks for the rest after the reconnect."""
-        assert prog.update is not None and prog.payload is not None
-        half, sent = len(prog.payload) // 2, 0
-        for msg in p.frames(prog.payload, transfer_id=prog.update.transfer_id, kind="update",
-                            meta={"round": prog.round}, frame_size=self.config.frame_size):
-            if isinstance(msg, p.TransferFrame):
-                if msg.offset >= half:
-                    break
-                sent = msg.offset + len(msg.data)
-            await send_msg(ws, msg)
-        self.on_event("upload_cut", {"device": self.config.device_id, "round": prog.round, "sent": sent,
-                                     "total": len(prog.payload)})
-        await self._drop_link(ws)
-
-    @staticmethod
-    async def _drop_link(ws: ClientConnection) -> NoReturn:
-        """Reset the connection as a failing network would (no closing handshake; bytes in flight may
-        be lost) and raise what any later use of it would."""
-        ws.transport.abort()
-        await ws.wait_closed()
-        raise ws.protocol.close_exc
-
-    def _train(self, welcome: p.Welcome, task: p.Task, tail: dict[str, np.ndarray], x: np.ndarray):
-        from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail  # torch loads here
-
-        model = build_tail(welcome.model, welcome.split)
-        load_tail_state(model, welcome.split, tail)
-        cfg = TrainConfig(
-            local_steps=task.local_steps, batch_size=welcome.batch_size, lr=task.lr,
+        welcome = self.welcome
+        assert welcome is not None
+        return TrainConfig(
+            local_steps=ins.local_steps, batch_size=welcome.batch_size, lr=ins.lr if ins.lr > 0 else 1e-3,
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
-            seed=device_seed(int(task.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
+            seed=device_seed(int(ins.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
         )
-        return train_tail(model, welcome.split, x, self.y, cfg, initial=tail)
 
-    async def _fetch(self, ws: ClientConnection, round: int, kind: str, index: int, prog: _RoundProgress) -> memoryview:
+    async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> _Trained:
+        """This round's update for the instruction's model payload: trained once, then reused."""
+        done = prog.trained.get(ins.model_id)
+        if done is not None:
+            return done
+        from edge_sdk.trainer import train_tail
+
+        x, state, rows, model = await self._model(ch, ins, prog)
+        t = time.monotonic()
+        result = await asyncio.to_thread(train_tail, model, ins.split, x, self.y, self._train_config(ins), state)
+        prog.timings["train_s"] += time.monotonic() - t
+        deltas: dict[str, np.ndarray | p.RowSparse] = dict(result.deltas)
+        for name, idx in rows.items():
+            deltas[name] = p.RowSparse(idx, deltas[name], state[name].num_rows)
+        done = _Trained(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
+                        {"loss_before": result.loss_before, "loss_after": result.loss_after, "steps": result.steps})
+        prog.trained[ins.model_id] = done
+        return done
+
+    async def _evaluate(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> dict[str, p.Scalar]:
+        """Loss (and accuracy) of the received model on the local data, without training."""
+        from edge_sdk.trainer import evaluate_tail
+
+        x, _, _, model = await self._model(ch, ins, prog)
+        t = time.monotonic()
+        metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y, self._train_config(ins))
+        prog.timings["eval_s"] = prog.timings.get("eval_s", 0.0) + time.monotonic() - t
+        return dict(metrics)
+
+    async def _compare(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> dict[str, p.Scalar]:
+        """||delta - b||^2, <delta, b> and ||delta||^2 over the broadcast's entries (VaRSeL eq. 8 needs
+        the first), with this round's update for the instruction's payload."""
+        if not ins.broadcast_id:
+            raise p.ProtocolError("malformed", "a compare instruction needs a broadcast")
+        trained = await self._trained(ch, ins, prog)
+        broadcast = p.decode_tensors(await self._fetch(ch, ins.round, ins.broadcast_id, prog), self.limits)
+        sq_distance = dot = sq_norm = 0.0
+        for name, b in broadcast.items():
+            d = trained.deltas.get(name)
+            if d is None:
+                continue
+            if isinstance(d, p.RowSparse):
+                d = d.dense()
+            if isinstance(b, p.RowSparse):
+                b = b.dense()
+            if np.shape(b) != np.shape(d):
+                raise p.ProtocolError("malformed", f"broadcast {name!r} has shape {np.shape(b)}, the update {np.shape(d)}")
+            d64, b64 = np.asarray(d, np.float64), np.asarray(b, np.float64)
+            sq_distance += float(np.sum((d64 - b64) ** 2))
+            dot += float(np.sum(d64 * b64))
+            sq_norm += float(np.sum(d64 * d64))
+        return {"sq_distance": sq_distance, "dot": dot, "sq_norm": sq_norm, **trained.metrics}
+
+    # -- downloads ------------------------------------------------------------------------
+    async def _fetch(self, ch: Channel, round: int, payload_id: str, prog: _RoundProgress) -> memoryview:
         """Download one payload; a download cut by a dropped connection resumes from its offset."""
         t = time.monotonic()
-        key = (kind, index)
-        incoming = prog.partial.get(key)
+        incoming = prog.partial.get(payload_id)
         while True:
-            await send_msg(ws, p.Fetch(round, kind, index, incoming.offset if incoming else 0))
-            begin = await recv_msg(ws, self.limits)
+            await send_msg(ch, p.Fetch(round, payload_id, incoming.offset if incoming else 0))
+            begin = await self._recv(ch)
             if isinstance(begin, p.Ack) and not begin.accepted:
                 raise RoundAborted(begin.reason)
             if not isinstance(begin, p.TransferBegin):
@@ -380,41 +448,31 @@ class DeviceClient:
                 break
             if incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
                 incoming.resume(begin)
-                self.on_event("download_resumed", {"device": self.config.device_id, "round": round, "kind": kind,
-                                                   "index": index, "offset": begin.offset, "total": begin.total_size})
+                self.on_event("download_resumed", {"device": self.config.device_id, "round": round,
+                                                   "payload": payload_id, "offset": begin.offset,
+                                                   "total": begin.total_size})
                 break
             # The payload changed since the partial download: drop it and start again from 0.
-            await self._drain(ws, begin)
+            await self._drain(ch, begin)
             incoming = None
-        prog.partial[key] = incoming
-        if round in self.config.cut_download_rounds and not prog.download_cut:
-            prog.download_cut = True
-            await self._receive_half_and_cut(ws, incoming)
+        prog.partial[payload_id] = incoming
         # Verified, and no second copy of a payload that may be most of the budget. The device hashes
         # each frame as it lands (hash_in_feed): no worker thread, whose stack and arena count too.
-        data = await recv_payload(ws, incoming.begin, self.limits, incoming=incoming)
-        del prog.partial[key]
+        data = await recv_payload(ch, incoming.begin, self.limits, incoming=incoming)
+        del prog.partial[payload_id]
         prog.timings["download_s"] += time.monotonic() - t
         return data
 
-    def _drops(self, round: int) -> bool:
-        c = self.config
-        if round in c.drop_rounds:
-            return True
-        if c.drop_prob <= 0:
-            return False
-        return bool(np.random.default_rng([c.drop_seed, zlib.crc32(c.device_id.encode()), round]).random() < c.drop_prob)
-
-    async def _drain(self, ws: ClientConnection, begin: p.TransferBegin) -> None:
+    async def _drain(self, ch: Channel, begin: p.TransferBegin) -> None:
         """Read and discard the frames of a transfer this device no longer wants."""
         received = begin.offset
         while received < begin.total_size:
-            frame = await recv_msg(ws, self.limits)
+            frame = await recv_msg(ch)
             if not isinstance(frame, p.TransferFrame):
                 raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
             received += len(frame.data)
         if not begin.sha256:  # the digest follows the last frame
-            end = await recv_msg(ws, self.limits)
+            end = await recv_msg(ch)
             if not isinstance(end, p.TransferEnd):
                 raise p.ProtocolError("unexpected", f"expected transfer_end, got {end.TYPE}")
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from edge_sdk.models import LayeredModel, build_model
+from edge_sdk.protocol import RowSparse
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,51 @@ def warm_up() -> None:
     optimiser.step()
 
 
-def build_tail(model_name: str, split: int) -> LayeredModel:
-    """The zoo model with real storage only for blocks [split, L); the prefix stays on ``meta``."""
+def build_tail(model_name: str, split: int, table_rows: Mapping[str, int] | None = None) -> LayeredModel:
+    """The zoo model with real storage only for blocks [split, L); the prefix stays on ``meta``.
+
+    ``table_rows`` cuts embedding tables to a submodel (FedSubAvg): entry -> number of rows the
+    device received. The full table is never allocated, only its rows.
+    """
     with torch.device("meta"):
         model = build_model(model_name, seed=None)
+        for entry, rows in (table_rows or {}).items():
+            _shrink_table(model, entry, rows)
     if not 0 <= split < len(model):
         raise ValueError(f"split {split} outside [0, {len(model)})")
     for name in model.block_names[split:]:
         _materialise(model.blocks[name])
     return model
+
+
+def _shrink_table(model: LayeredModel, entry: str, rows: int) -> None:
+    """Replace the embedding that owns ``entry`` (``<module path>.weight``) by one of ``rows`` rows."""
+    path, _, leaf = entry.rpartition(".")
+    table = model.get_submodule(path)
+    if leaf != "weight" or not isinstance(table, torch.nn.Embedding):
+        raise ValueError(f"{entry!r} is not the weight of an embedding table")
+    parent_path, _, attr = path.rpartition(".")
+    setattr(model.get_submodule(parent_path), attr, torch.nn.Embedding(rows, table.embedding_dim))
+
+
+def local_rows(model: LayeredModel, x: np.ndarray, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``x`` with each table's input column renumbered to positions in the rows received.
+
+    ``model.sparse_inputs`` maps a table entry to the input column that indexes it. Every index the
+    data holds must be among the rows (the device declared them in its hello).
+    """
+    columns = getattr(model, "sparse_inputs", {})
+    out = np.array(x, copy=True)
+    for entry, idx in rows.items():
+        if entry not in columns:
+            raise ValueError(f"{entry!r} is not a sparse table of {model.name}")
+        col = columns[entry]
+        pos = np.searchsorted(idx, x[:, col])
+        pos_clipped = np.minimum(pos, max(len(idx) - 1, 0))
+        if len(idx) == 0 or not np.array_equal(idx[pos_clipped], x[:, col]):
+            raise ValueError(f"the local data indexes rows of {entry!r} that were not received")
+        out[:, col] = pos
+    return out
 
 
 def _materialise(module: torch.nn.Module) -> None:
@@ -122,8 +159,9 @@ def _materialise(module: torch.nn.Module) -> None:
                 mod._buffers[key] = torch.empty(buf.shape, dtype=buf.dtype)
 
 
-def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndarray]) -> None:
-    """Copy the server's tensors for blocks [split, L) into the tail; every entry must be present."""
+def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndarray | RowSparse]) -> None:
+    """Copy the server's tensors for blocks [split, L) into the tail; every entry must be present.
+    A row-sparse entry fills a table built with :func:`build_tail`'s ``table_rows``."""
     expected = set(model.state_names(split))
     missing = expected - set(state)
     extra = set(state) - expected
@@ -135,7 +173,8 @@ def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndar
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for name in expected:
             target = own[name]
-            source = torch.from_numpy(np.asarray(state[name]))
+            value = state[name]
+            source = torch.from_numpy(np.asarray(value.values if isinstance(value, RowSparse) else value))
             if tuple(source.shape) != tuple(target.shape):
                 raise ValueError(f"{name}: shape {tuple(source.shape)} != {tuple(target.shape)}")
             target.copy_(source.to(target.dtype))
@@ -154,9 +193,25 @@ def _mean_loss(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, id
     return total / max(len(idx), 1)
 
 
+def evaluate_tail(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, config: TrainConfig) -> dict[str, float]:
+    """Loss (and accuracy, for classification) of blocks [split, L) on up to ``eval_samples`` local samples."""
+    torch.set_num_threads(max(1, config.threads))
+    idx = np.sort(np.random.default_rng(config.seed).permutation(len(x))[: config.eval_samples])
+    out = {"loss": _mean_loss(model, split, x, y, idx, config.batch_size)}
+    if model.task == "classification":
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(idx), config.batch_size):
+                rows = idx[i : i + config.batch_size]
+                logits = model(torch.from_numpy(np.ascontiguousarray(x[rows])), start=split)
+                correct += int((logits.argmax(1).numpy() == np.asarray(y[rows])).sum())
+        out["accuracy"] = correct / max(len(idx), 1)
+    return out
+
+
 def train_tail(
     model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, config: TrainConfig,
-    initial: Mapping[str, np.ndarray] | None = None,
+    initial: Mapping[str, np.ndarray | RowSparse] | None = None,
 ) -> TrainResult:
     """Run tau local SGD steps on blocks [split, L) and return deltas (new - received).
 
@@ -174,6 +229,7 @@ def train_tail(
     names = model.state_names(split)
     if initial is None:
         initial = {n: t.detach().numpy().copy() for n, t in model.state_dict().items() if n in set(names)}
+    initial = {n: v.values if isinstance(v, RowSparse) else v for n, v in initial.items()}
     params = [p for i in range(split, len(model)) for p in model.block(i).parameters()]
 
     eval_idx = rng.permutation(len(x))[: config.eval_samples]

@@ -45,8 +45,8 @@ from .protocol import (
 )
 from .protocol.codec import BytesLike, encode_parts
 
-__all__ = ["ws_options", "server_tls", "client_tls", "send_msg", "recv_msg", "send_payload", "recv_payload",
-           "send_error", "close_code"]
+__all__ = ["Channel", "ws_options", "server_tls", "client_tls", "send_msg", "recv_msg", "send_payload",
+           "recv_payload", "send_error", "close_code"]
 
 #: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
 _THREAD_HASH_BYTES = 256 << 10
@@ -112,7 +112,51 @@ def client_tls(cafile: str | Path | None = None) -> ssl.SSLContext:
     return context
 
 
-async def send_msg(ws: Connection, msg: Message) -> None:
+class Channel:
+    """A connection and its session state machine (:mod:`edge_sdk.protocol.session`): every message
+    sent or received through it is first checked against the session, so neither side can act out
+    of turn (a fetch of a payload it was not given, a report of another phase...).
+
+    ``send_msg``, ``recv_msg``, ``send_payload`` and ``recv_payload`` take a channel wherever they
+    take a connection.
+    """
+
+    def __init__(self, ws: Connection, session: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.ws = ws
+        self.session = session
+        self.limits = limits
+        self.send_lock = asyncio.Lock()  # one sender at a time: a transfer's frames stay together
+
+    async def send(self, msg: Message) -> None:
+        self.session.send(msg)
+        await _send_raw(self.ws, msg)
+
+    async def recv(self) -> Message:
+        msg = await _recv_raw(self.ws, self.limits)
+        self.session.receive(msg)
+        return msg
+
+
+async def send_msg(ws: Connection | Channel, msg: Message) -> None:
+    """Send one message as one binary websocket message (through the channel's session, if a channel)."""
+    if isinstance(ws, Channel):
+        await ws.send(msg)
+    else:
+        await _send_raw(ws, msg)
+
+
+async def recv_msg(ws: Connection | Channel, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Receive and decode one message (checked by the channel's session, if a channel).
+
+    Raises ``ProtocolError`` for bad input and ``websockets.exceptions.ConnectionClosed`` when the
+    connection ends.
+    """
+    if isinstance(ws, Channel):
+        return await ws.recv()
+    return await _recv_raw(ws, limits)
+
+
+async def _send_raw(ws: Connection, msg: Message) -> None:
     """Send one message as one binary websocket message.
 
     A ``TransferFrame`` of at least 512 KiB is sent as the fragments of that message (header, then
@@ -127,19 +171,15 @@ async def send_msg(ws: Connection, msg: Message) -> None:
         await ws.send(b"".join(parts))
 
 
-async def recv_msg(ws: Connection, limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Receive and decode one message. A text websocket message is ``malformed``.
-
-    Raises ``ProtocolError`` for bad input and ``websockets.exceptions.ConnectionClosed`` when the
-    connection ends.
-    """
+async def _recv_raw(ws: Connection, limits: Limits) -> Message:
+    """Receive and decode one message. A text websocket message is ``malformed``."""
     data = await ws.recv()
     if isinstance(data, str):
         raise ProtocolError(ErrorCode.MALFORMED, "text websocket message: the protocol uses binary messages only")
     return decode(data, limits)
 
 
-async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, kind: str,
+async def send_payload(ws: Connection | Channel, payload: BytesLike, *, transfer_id: str, kind: str,
                        meta: Mapping[str, Scalar], frame_size: int = DEFAULT_FRAME_SIZE, offset: int = 0,
                        sha256: str | None = None) -> None:
     """Stream ``payload[offset:]`` as a ``TransferBegin``, its frames and, without ``sha256``, a
@@ -156,7 +196,7 @@ async def send_payload(ws: Connection, payload: BytesLike, *, transfer_id: str, 
         await send_msg(ws, msg)
 
 
-async def recv_payload(ws: Connection, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
+async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
                        incoming: IncomingTransfer | None = None) -> memoryview:
     """Receive the frames announced by ``begin`` (and its ``TransferEnd`` if the digest was not in
     ``begin``) and return the verified payload.
@@ -224,11 +264,13 @@ def close_code(error: ProtocolError) -> int:
     return _CLOSE_TOO_BIG if error.code == ErrorCode.TOO_LARGE else _CLOSE_POLICY
 
 
-async def send_error(ws: Connection, error: ProtocolError, *, close: bool = True) -> None:
+async def send_error(ws: Connection | Channel, error: ProtocolError, *, close: bool = True) -> None:
     """Tell the peer what went wrong (an ``Error`` message), then close the connection.
 
     Never raises when the connection is already gone: this is the last thing a handler does.
     """
+    if isinstance(ws, Channel):
+        ws = ws.ws
     try:
         await ws.send(encode(Error(code=error.code, message=error.message[:1024])))
         if close:

@@ -45,6 +45,8 @@ class ServerConfig:
     tls_key: str | None = None  # its private key, unless tls_cert holds it
     frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)
     planner_batch: int = 32
+    # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).
+    allow_forced_split: bool = False
     keep_checkpoints: int = 3
 
     def to_dict(self) -> dict[str, object]:

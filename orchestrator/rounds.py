@@ -1,8 +1,9 @@
-"""Round bookkeeping without I/O: who was selected, who reported, who vanished, when it closes.
+"""Round bookkeeping without I/O: which instructions are out, who answered, who vanished, when it closes.
 
 DESIGN.md "One round, as data flows", steps 3-5: the scheduler samples devices, collects their
-updates, and closes the round at quorum or deadline, treating late or vanished devices as
-stragglers so that one slow phone never stalls the fleet.
+reports, and closes the round at quorum or deadline, treating late or vanished devices as
+stragglers so that one slow phone never stalls the fleet. A round may hold several instructions
+per device (a strategy's phases: evaluate, then train; train, then compare), each answered once.
 """
 
 from __future__ import annotations
@@ -13,15 +14,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+__all__ = ["RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE"]
 
-def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1) -> list[str]:
-    """Sample ``ceil(fraction * n)`` (at least ``minimum``) of the idle devices, reproducibly per round."""
+OUTSTANDING, REPORTED, REFUSED, GONE = "outstanding", "reported", "refused", "gone"
+
+
+def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1,
+                   k: int | None = None) -> list[str]:
+    """Sample ``k`` (default ``ceil(fraction * n)``, at least ``minimum``) of ``candidates``,
+    reproducibly per (seed, round), returned sorted."""
     pool = sorted(candidates)
     if not pool:
         return []
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    k = min(len(pool), max(minimum, math.ceil(fraction * len(pool))))
+    if k is None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        k = max(minimum, math.ceil(fraction * len(pool)))
+    k = min(len(pool), max(0, k))
     rng = np.random.default_rng([seed, round])
     picked = rng.choice(len(pool), size=k, replace=False)
     return [pool[i] for i in sorted(picked)]
@@ -29,49 +38,85 @@ def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed:
 
 @dataclass
 class RoundState:
-    """One round's membership. ``quorum`` is the share of selected devices whose reports close it early."""
+    """One round's instructions, keyed by (device, phase), and their outcome.
+
+    ``quorum`` is the share of a phase's instructions whose accepted reports let the strategy close
+    the round early (:meth:`quorum_reached`).
+    """
 
     round: int
-    selected: frozenset[str]
     deadline: float
     quorum: float = 1.0
-    reported: set[str] = field(default_factory=set)
-    rejected: set[str] = field(default_factory=set)
-    gone: set[str] = field(default_factory=set)
+    status: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 < self.quorum <= 1:
             raise ValueError(f"quorum must be in (0, 1], got {self.quorum}")
 
+    # -- changes ---------------------------------------------------------------------------------
+    def issue(self, device_id: str, phase: str) -> None:
+        key = (device_id, phase)
+        if key in self.status:
+            raise ValueError(f"{device_id} already has a {phase!r} instruction in round {self.round}")
+        self.status[key] = OUTSTANDING
+
+    def on_report(self, device_id: str, phase: str, accepted: bool) -> None:
+        if not self.expects(device_id, phase):
+            raise KeyError(f"{device_id} owes no {phase!r} report in round {self.round}")
+        self.status[(device_id, phase)] = REPORTED if accepted else REFUSED
+
+    def on_gone(self, device_id: str) -> list[str]:
+        """The device disconnected: its open instructions are no longer waited for. Returns their phases."""
+        phases = [ph for (d, ph), s in self.status.items() if d == device_id and s == OUTSTANDING]
+        for ph in phases:
+            self.status[(device_id, ph)] = GONE
+        return phases
+
+    def on_back(self, device_id: str) -> list[str]:
+        """The device reconnected: its vanished instructions are awaited again. Returns their phases."""
+        phases = [ph for (d, ph), s in self.status.items() if d == device_id and s == GONE]
+        for ph in phases:
+            self.status[(device_id, ph)] = OUTSTANDING
+        return phases
+
+    # -- queries ---------------------------------------------------------------------------------
+    def expects(self, device_id: str, phase: str | None = None) -> bool:
+        """True while a report of this device (for ``phase``, or any) would still count."""
+        if phase is not None:
+            return self.status.get((device_id, phase)) in (OUTSTANDING, GONE)
+        return any(d == device_id and s in (OUTSTANDING, GONE) for (d, _), s in self.status.items())
+
+    def devices(self, phase: str | None = None, status: str | None = None) -> set[str]:
+        return {d for (d, ph), s in self.status.items()
+                if (phase is None or ph == phase) and (status is None or s == status)}
+
     @property
-    def needed(self) -> int:
-        return max(1, math.ceil(self.quorum * len(self.selected)))
-
-    def expects(self, device_id: str) -> bool:
-        """True while this device's update would still count in this round."""
-        return device_id in self.selected and device_id not in self.reported | self.rejected
-
-    def on_report(self, device_id: str, accepted: bool) -> None:
-        if not self.expects(device_id):
-            raise KeyError(f"{device_id} is not expected in round {self.round}")
-        (self.reported if accepted else self.rejected).add(device_id)
-        self.gone.discard(device_id)
-
-    def on_gone(self, device_id: str) -> None:
-        if self.expects(device_id):
-            self.gone.add(device_id)
-
-    def on_back(self, device_id: str) -> None:
-        self.gone.discard(device_id)
+    def selected(self) -> set[str]:
+        """Devices that got any instruction this round."""
+        return self.devices()
 
     @property
-    def outstanding(self) -> set[str]:
-        """Selected devices still connected that have not answered."""
-        return set(self.selected) - self.reported - self.rejected - self.gone
+    def outstanding(self) -> set[tuple[str, str]]:
+        """Instructions still awaited from connected devices."""
+        return {k for k, s in self.status.items() if s == OUTSTANDING}
 
-    def done(self, now: float) -> bool:
-        """Closed at quorum, when nobody is left to wait for, or at the deadline."""
-        return len(self.reported) >= self.needed or not self.outstanding or now >= self.deadline
+    def reported(self, phase: str | None = None) -> set[str]:
+        return self.devices(phase, REPORTED)
+
+    def refused(self, phase: str | None = None) -> set[str]:
+        return self.devices(phase, REFUSED)
+
+    def quorum_reached(self, phase: str = "train") -> bool:
+        """At least ``ceil(quorum * n)`` of the ``n`` instructions of ``phase`` were reported and accepted."""
+        issued = sum(1 for (_, ph) in self.status if ph == phase)
+        if issued == 0:
+            return False
+        return len(self.reported(phase)) >= max(1, math.ceil(self.quorum * issued))
+
+    def settled(self) -> bool:
+        """Nobody connected is left to wait for."""
+        return not self.outstanding
 
     def stragglers(self) -> set[str]:
-        return set(self.selected) - self.reported - self.rejected
+        """Devices with an instruction that was never answered."""
+        return {d for (d, _), s in self.status.items() if s in (OUTSTANDING, GONE)}

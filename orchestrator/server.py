@@ -1,8 +1,12 @@
-"""The orchestrator: an asyncio websockets server that plans devices and runs federated rounds.
+"""The orchestrator: an asyncio websockets server that plans devices and carries out the strategy's rounds.
 
-I/O lives here; the decisions live in sans-I/O pieces it calls: the planner
-(:mod:`profiles.planner`), round bookkeeping (:mod:`orchestrator.rounds`), the strategy
-(:mod:`orchestrator.strategies`) and the wire protocol (:mod:`edge_sdk.protocol`).
+The server does the I/O; the decisions live in sans-I/O pieces it calls (docs/architecture.md):
+the planner (:mod:`profiles.planner`) gives each hello a role and split, the strategy
+(:mod:`orchestrator.strategies`) decides who does what in a round and folds the reports, round
+bookkeeping (:mod:`orchestrator.rounds`) tracks the instructions out, payload selections
+(:mod:`orchestrator.selection`) cut what each device receives and bound what it may return, and the
+session state machine (:mod:`edge_sdk.protocol.session`) checks every message against the
+conversation so far.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -23,30 +28,62 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel, build_model
-from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
+from edge_sdk.protocol.session import ServerSession
+from edge_sdk.transport import Channel, recv_msg, recv_payload, send_error, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
-from orchestrator.rounds import RoundState, sample_devices
+from orchestrator.rounds import RoundState
+from orchestrator.selection import Selection
 from orchestrator.store import Store
-from orchestrator.strategies import DeviceUpdate, UpdateRejected, make_strategy
+from orchestrator.strategies import (
+    Broadcast,
+    DeviceInfo,
+    DeviceReport,
+    Instruction,
+    Refused,
+    RoundContext,
+    Strategy,
+    make_strategy,
+)
 from profiles.accounting import measure_model
 from profiles.planner import Plan, PlanError, RoleThresholds, plan_split
 from profiles.runtime import runtime_memory
 
 log = logging.getLogger("edgetrain.server")
 
+#: Phases whose reports must carry tensors (deltas of the state the selection sent).
+TENSOR_PHASES = frozenset({"train"})
+
 
 @dataclass
 class Session:
-    """A connected device: its hello, its plan, and the round it is working on (or None)."""
+    """A connected device: its hello, its plan, what strategies see of it, and its channel."""
 
     device_id: str
-    ws: ServerConnection
+    channel: Channel
     hello: p.Hello
     plan: Plan
-    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    busy_round: int | None = None
+    info: DeviceInfo
+
+    @property
+    def ws(self) -> ServerConnection:
+        return self.channel.ws
+
+
+@dataclass
+class Work:
+    """One instruction out in the current round: what the strategy asked and what went on the wire."""
+
+    instruction: Instruction
+    selection: Selection
+    wire: p.Instruction
+    names: tuple[str, ...]  # state entries of the selected tail
+
+    @property
+    def payload_ids(self) -> tuple[str, ...]:
+        ids = (*self.wire.chunk_ids, self.wire.model_id)
+        return (*ids, self.wire.broadcast_id) if self.wire.broadcast_id else ids
 
 
 @dataclass
@@ -54,25 +91,22 @@ class PartialUpload:
     """An update whose transfer a dropped connection cut short. Kept until the round ends, so that
     the device's reconnect continues it from the bytes held (docs/protocol.md, "Resume")."""
 
-    update: p.Update
+    report: p.Report
     incoming: p.IncomingTransfer
 
 
-@dataclass
-class RoundPayloads:
-    """What devices of the current round download: ONNX chunks by range, encoded tails by split."""
+@dataclass(frozen=True)
+class Payload:
+    """One encoded payload of the round: sent to every device that fetches its id, hashed once."""
 
-    round: int
-    version: str
-    chunk_ids: dict[tuple[int, int], str]
-    chunks: dict[str, bytes]
-    tails: dict[int, bytes]
-    # sha256 of each payload, computed once per round rather than once per device that fetches it
-    digests: dict[str | int, str] = field(default_factory=dict)
+    kind: str  # chunk | model | broadcast
+    data: bytes
+    sha256: str
+    meta: dict[str, p.Scalar] = field(default_factory=dict)
 
 
 def state_version(state: dict[str, np.ndarray]) -> str:
-    """Content hash of the global weights: the model version that chunk ids are derived from."""
+    """Content hash of the global weights: the model version that chunk and model ids derive from."""
     h = hashlib.sha256()
     for name in sorted(state):
         arr = np.ascontiguousarray(state[name])
@@ -83,9 +117,10 @@ def state_version(state: dict[str, np.ndarray]) -> str:
 
 
 class Orchestrator:
-    """Registers devices, runs ``config.rounds`` rounds, and persists every completed one."""
+    """Registers devices, runs ``config.rounds`` rounds as the strategy directs, persists each one."""
 
-    def __init__(self, config: ServerConfig, *, on_event: Callable[[str, dict], None] | None = None) -> None:
+    def __init__(self, config: ServerConfig, *, on_event: Callable[[str, dict], None] | None = None,
+                 strategy: Strategy | None = None) -> None:
         self.config = config
         self.on_event = on_event or (lambda kind, data: None)
         # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
@@ -93,25 +128,30 @@ class Orchestrator:
         self.model: LayeredModel = build_model(config.model, seed=config.seed)
         self.model.eval()
         self.global_state = {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
-        self.strategy = make_strategy(config.strategy, blocks=self.model.block_names, **config.strategy_options)
+        self.strategy = strategy if strategy is not None else make_strategy(config.strategy, **config.strategy_options)
         self.store = Store(config.store_dir, keep=config.keep_checkpoints)
         self.cache = ChunkCache(max_bytes=256 << 20, directory=config.store_dir / "chunks")
         self.evaluator = Evaluator(config)
         self.cost = measure_model(self.model)  # measured once; every hello is planned against it
         self.sessions: dict[str, Session] = {}
         self.round: RoundState | None = None
-        self.payloads: RoundPayloads | None = None
+        self.ctx: RoundContext | None = None
+        self.version = ""
+        self.payloads: dict[str, Payload] = {}  # this round's payloads by id
+        self._broadcast_ids: dict[int, tuple[Broadcast, str]] = {}  # id(Broadcast) -> (kept alive, payload id)
+        self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         # Updates cut short by a dropped connection, by device: resumed when the device comes back this round.
         self.partial_uploads: dict[str, PartialUpload] = {}
         self.start_round = 1
         self.history: list[dict] = []
         self._changed = asyncio.Event()
+        self._bytes = [0, 0]  # sent, received this round
         self.port: int | None = None
         self._prepare_store()
 
     # -- persistence ----------------------------------------------------------------------
     def _prepare_store(self) -> None:
-        identity = {"model": self.config.model, "strategy": self.config.strategy, "seed": str(self.config.seed)}
+        identity = {"model": self.config.model, "strategy": self.strategy.name, "seed": str(self.config.seed)}
         if self.config.resume:
             for key, value in identity.items():
                 stored = self.store.get_meta(key)
@@ -162,46 +202,61 @@ class Orchestrator:
     async def _say_bye(self, reason: str) -> None:
         for session in list(self.sessions.values()):
             with contextlib.suppress(Exception):
-                async with session.send_lock:
-                    await send_msg(session.ws, p.Bye(reason))
+                async with session.channel.send_lock:
+                    await send_msg(session.channel, p.Bye(reason))
                 await session.ws.close()
 
     async def _handler(self, ws: ServerConnection) -> None:
+        channel = Channel(ws, ServerSession(), self.limits)
         session: Session | None = None
         try:
-            hello = await asyncio.wait_for(recv_msg(ws, self.limits), timeout=30)
+            hello = await asyncio.wait_for(recv_msg(channel), timeout=30)
             if not isinstance(hello, p.Hello):
                 raise p.ProtocolError("unexpected", f"first message must be hello, got {hello.TYPE}")
-            session = self._register(ws, hello)
+            session = self._register(channel, hello)
             await self._serve_session(session)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
             with contextlib.suppress(Exception):
-                await send_msg(ws, p.Error(exc.code, exc.message))
+                await send_msg(ws, p.Error(exc.code, exc.message[:1024]))
                 await ws.close(1008 if exc.code != "refused" else 1000, exc.code)
         except (ConnectionClosed, asyncio.TimeoutError):
             pass
         finally:
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
-                if self.round is not None:
-                    if session.device_id in self.partial_uploads:
-                        # Cut mid-upload: still awaited for a while, to come back and resume.
-                        asyncio.get_running_loop().call_later(self.config.upload_resume_s, self._give_up_upload,
-                                                              session.device_id, self.round.round)
-                    else:
-                        self.round.on_gone(session.device_id)
+                await self._on_disconnect(session.device_id)
                 self.on_event("disconnected", {"device": session.device_id})
                 self._changed.set()
+
+    async def _on_disconnect(self, device_id: str) -> None:
+        rs = self.round
+        if rs is None or not rs.expects(device_id):
+            return
+        if device_id in self.partial_uploads:
+            # Cut mid-upload: still awaited for a while, to come back and resume.
+            asyncio.get_running_loop().call_later(self.config.upload_resume_s, self._give_up_upload, device_id,
+                                                  rs.round)
+            return
+        await self._gone(device_id)
+
+    async def _gone(self, device_id: str) -> None:
+        rs, ctx = self.round, self.ctx
+        if rs is None or ctx is None:
+            return
+        phases = rs.on_gone(device_id)
+        if phases:
+            await self._dispatch(self.strategy.on_missing(device_id, phases, ctx))
 
     def _give_up_upload(self, device_id: str, round: int) -> None:
         """The device whose upload was cut has not come back in time: stop waiting for it."""
         rs = self.round
         if rs is not None and rs.round == round and device_id not in self.sessions:
-            rs.on_gone(device_id)
+            self.partial_uploads.pop(device_id, None)
+            asyncio.ensure_future(self._gone(device_id))
             self._changed.set()
 
-    def _register(self, ws: ServerConnection, hello: p.Hello) -> Session:
+    def _register(self, channel: Channel, hello: p.Hello) -> Session:
         if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
         if not hello.device_id or len(hello.device_id) > 128:
@@ -214,25 +269,45 @@ class Orchestrator:
         if old is not None:
             # A reconnect replaces the stale connection of the same device.
             asyncio.ensure_future(old.ws.close(1000, "replaced"))
-        session = Session(hello.device_id, ws, hello, plan)
+        session = Session(hello.device_id, channel, hello, plan, self._device_info(hello, plan))
         self.sessions[hello.device_id] = session
         profile = {
             "budget_bytes": hello.budget_bytes, "cores": hello.cores, "runtimes": list(hello.runtimes),
             "num_samples": hello.num_samples, "device_class": hello.device_class, "labels": dict(hello.labels),
+            "rows": {k: len(v) for k, v in hello.rows.items()},
         }
         self.store.record_device(hello.device_id, profile, plan_summary(plan))
         self.on_event("registered", {"device": hello.device_id, "role": plan.role, "split": plan.split})
         return session
 
-    def _plan(self, hello: p.Hello) -> Plan:
-        """The planner's choice for this budget, or a split the device was told to take.
+    def _device_info(self, hello: p.Hello, plan: Plan) -> DeviceInfo:
+        """What strategies see of a device. Declared rows are mapped from input columns to table entries."""
+        rows: dict[str, np.ndarray] = {}
+        for entry, column in getattr(self.model, "sparse_inputs", {}).items():
+            values = hello.rows.get(str(column))
+            if values is None:
+                continue
+            table_rows = self.global_state[entry].shape[0]
+            if values and values[-1] >= table_rows:
+                raise p.ProtocolError("malformed", f"hello.rows[{column}] names row {values[-1]} of a table with "
+                                                   f"{table_rows} rows")
+            rows[entry] = np.asarray(values, dtype=np.int64)
+        return DeviceInfo(
+            device_id=hello.device_id, role=plan.role, split=plan.split, num_samples=hello.num_samples,
+            device_class=hello.device_class, tags=MappingProxyType(dict(hello.labels)),
+            runtimes=tuple(hello.runtimes), rows=MappingProxyType(rows),
+        )
 
-        ``labels["force_split"]`` is for emulation and tests (e.g. make a weak device train the
-        whole model to show it cannot): the split is honoured whatever the budget says.
+    def _plan(self, hello: p.Hello) -> Plan:
+        """The planner's choice for this budget, or a split the device asked for where allowed.
+
+        ``labels["force_split"]`` is honoured only when the server's configuration allows it
+        (``allow_forced_split``: emulation and tests, e.g. make a weak device train the whole model
+        to show that it cannot); otherwise the planner decides.
         """
         batch = self.config.planner_batch
         forced = hello.labels.get("force_split")
-        if forced is None:
+        if forced is None or not self.config.allow_forced_split:
             return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples)
         try:
             k = int(forced)
@@ -259,121 +334,213 @@ class Orchestrator:
             config={"lr": self.config.lr, "momentum": self.config.momentum, "weight_decay": self.config.weight_decay,
                     "footprint_bytes": plan.footprint_bytes},
         )
-        async with session.send_lock:
-            await send_msg(session.ws, welcome)
+        async with session.channel.send_lock:
+            await send_msg(session.channel, welcome)
         # A device that drops mid-round and comes back resumes that round (DESIGN.md "Nothing is lost").
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
             rs.on_back(session.device_id)
             partial = self.partial_uploads.pop(session.device_id, None)
-            if partial is not None and partial.update.round == rs.round:
+            if partial is not None and partial.report.round == rs.round:
                 await self._resume_upload(session, partial)
             else:
-                await self._send_task(session, rs)
+                for work in self.work.get(session.device_id, {}).values():
+                    if rs.expects(session.device_id, work.wire.phase):
+                        await self._send_instruction(session, work)
         self._changed.set()
         while True:
-            msg = await recv_msg(session.ws, self.limits)
+            msg = await recv_msg(session.channel)
             if isinstance(msg, p.Fetch):
                 await self._on_fetch(session, msg)
-            elif isinstance(msg, p.Update):
-                await self._on_update(session, msg)
+            elif isinstance(msg, p.Report):
+                await self._on_report(session, msg)
             elif isinstance(msg, p.Bye):
                 return
             else:
                 raise p.ProtocolError("unexpected", f"a device may not send {msg.TYPE} here")
 
+    # -- payloads -------------------------------------------------------------------------
     async def _on_fetch(self, session: Session, msg: p.Fetch) -> None:
-        pay = self.payloads
-        if pay is None or self.round is None or msg.round != pay.round or not self.round.expects(session.device_id):
-            async with session.send_lock:
-                await send_msg(session.ws, p.Ack(msg.round, False, "round closed"))
-            session.busy_round = None
+        payload = self.payloads.get(msg.payload_id)
+        rs = self.round
+        if payload is None or rs is None or msg.round != rs.round or not rs.expects(session.device_id):
+            async with session.channel.send_lock:
+                await send_msg(session.channel, p.Ack(msg.round, False, "round closed"))
             return
-        plan = session.plan
-        if msg.kind == "chunk":
-            if not 0 <= msg.index < len(plan.chunks):
-                raise p.ProtocolError("malformed", f"chunk index {msg.index} outside the plan's {len(plan.chunks)} chunks")
-            rng = tuple(plan.chunks[msg.index])
-            cid = pay.chunk_ids[rng]
-            data, meta = pay.chunks[cid], {"chunk_id": cid, "start": rng[0], "stop": rng[1], "round": pay.round}
-            digest = pay.digests[cid]
-        elif msg.kind == "tail":
-            data, meta = pay.tails[plan.split], {"split": plan.split, "round": pay.round, "version": pay.version}
-            digest = pay.digests[plan.split]
-        else:
-            raise p.ProtocolError("malformed", f"cannot fetch kind {msg.kind!r}")
-        if not 0 <= msg.offset <= len(data):
-            raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(data)} bytes")
-        tid = f"{msg.kind}-{pay.round}-{msg.index}-{session.device_id}"
-        async with session.send_lock:
-            await send_payload(session.ws, data, transfer_id=tid, kind=msg.kind, meta=meta,
-                               frame_size=self.config.frame_size, offset=msg.offset, sha256=digest)
+        if not 0 <= msg.offset <= len(payload.data):
+            raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
+        tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
+        async with session.channel.send_lock:
+            await send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
+                               meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
+                               offset=msg.offset, sha256=payload.sha256)
+        sent = len(payload.data) - msg.offset
+        self._bytes[0] += sent
+        self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
+                               "payload": msg.payload_id, "bytes": sent})
 
-    async def _on_update(self, session: Session, msg: p.Update) -> None:
-        begin = await recv_msg(session.ws, self.limits)
+    def _prepare(self, instructions: Sequence[Instruction]) -> list[tuple[Session | None, Instruction, Work | None]]:
+        """Cut, encode and hash every payload the instructions need that this round does not hold yet
+        (runs in a worker thread: ONNX export and encoding are CPU work)."""
+        out: list[tuple[Session | None, Instruction, Work | None]] = []
+        rs = self.round
+        assert rs is not None
+        names_by_split: dict[int, tuple[str, ...]] = {}
+        for ins in instructions:
+            session = self.sessions.get(ins.device_id)
+            if session is None:
+                out.append((None, ins, None))
+                continue
+            selection = ins.selection if ins.selection is not None else Selection.tail(session.plan.split)
+            if not 0 <= selection.split < len(self.model):
+                raise ValueError(f"strategy {self.strategy.name}: split {selection.split} outside [0, {len(self.model)})")
+            chunk_ids = []
+            for a, b in chunk_ranges(session.plan.chunks, selection.split):
+                cid, data = self.cache.get_or_export(self.model, self.version, a, b)
+                if cid not in self.payloads:
+                    self.payloads[cid] = Payload("chunk", data, p.sha256_hex(data), {"chunk_id": cid, "start": a, "stop": b})
+                chunk_ids.append(cid)
+            names = names_by_split.get(selection.split)
+            if names is None:
+                names = names_by_split[selection.split] = tuple(self.model.state_names(selection.split))
+            model_id = f"model-{self.version}-{selection.key()}"
+            if model_id not in self.payloads:
+                data = p.encode_tensors(selection.cut(self.global_state, names))
+                self.payloads[model_id] = Payload("model", data, p.sha256_hex(data),
+                                                  {"split": selection.split, "selection": selection.kind,
+                                                   "version": self.version})
+            broadcast_id = ""
+            if ins.broadcast is not None:
+                kept = self._broadcast_ids.get(id(ins.broadcast))
+                if kept is None:
+                    broadcast_id = f"broadcast-{rs.round}-{len(self._broadcast_ids)}"
+                    data = p.encode_tensors(dict(ins.broadcast.tensors))
+                    self.payloads[broadcast_id] = Payload("broadcast", data, p.sha256_hex(data))
+                    self._broadcast_ids[id(ins.broadcast)] = (ins.broadcast, broadcast_id)
+                else:
+                    broadcast_id = kept[1]
+            wire = p.Instruction(
+                round=rs.round, phase=ins.phase, model_version=rs.round - 1, split=selection.split,
+                chunk_ids=chunk_ids, model_id=model_id, selection=selection.kind, broadcast_id=broadcast_id,
+                local_steps=self.config.local_steps if ins.local_steps is None else int(ins.local_steps),
+                lr=self.config.lr if ins.lr is None else float(ins.lr), deadline_s=0.0,
+                config={"seed": self.config.seed * 100_003 + rs.round, **dict(ins.config)},
+            )
+            out.append((session, ins, Work(ins, selection, wire, names)))
+        return out
+
+    async def _dispatch(self, instructions: Iterable[Instruction]) -> None:
+        """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing."""
+        batch = list(instructions)
+        rs, ctx = self.round, self.ctx
+        if not batch or rs is None or ctx is None:
+            return
+        prepared = await asyncio.to_thread(self._prepare, batch)
+        missing: dict[str, list[str]] = {}
+        for session, ins, work in prepared:
+            rs.issue(ins.device_id, ins.phase)
+            if session is None or work is None or self.sessions.get(ins.device_id) is not session:
+                rs.on_gone(ins.device_id)
+                missing.setdefault(ins.device_id, []).append(ins.phase)
+                continue
+            self.work.setdefault(ins.device_id, {})[ins.phase] = work
+            with contextlib.suppress(ConnectionClosed):
+                await self._send_instruction(session, work)
+        self._changed.set()
+        for device_id, phases in missing.items():
+            await self._dispatch(self.strategy.on_missing(device_id, phases, ctx))
+
+    async def _send_instruction(self, session: Session, work: Work) -> None:
+        rs = self.round
+        assert rs is not None
+        wire = p.Instruction(**{**work.wire.__dict__, "deadline_s": max(0.0, rs.deadline - time.monotonic())})
+        async with session.channel.send_lock:
+            await send_msg(session.channel, wire)
+
+    # -- reports --------------------------------------------------------------------------
+    async def _on_report(self, session: Session, msg: p.Report) -> None:
+        if not msg.transfer_id:
+            await self._take_report(session, msg, {})
+            return
+        begin = await recv_msg(session.channel)
         if not isinstance(begin, p.TransferBegin) or begin.transfer_id != msg.transfer_id or begin.kind != "update":
-            raise p.ProtocolError("unexpected", "an update must be followed by its transfer")
+            raise p.ProtocolError("unexpected", "a report with tensors must be followed by their transfer")
         await self._receive_update(session, msg, begin, p.IncomingTransfer(begin, self.limits, hash_in_feed=False))
 
     async def _resume_upload(self, session: Session, partial: PartialUpload) -> None:
         """Ask a reconnected device for the rest of the update it was sending when its connection dropped."""
-        session.busy_round = partial.update.round
-        transfer_id, offset = partial.update.transfer_id, partial.incoming.offset
-        async with session.send_lock:
-            await send_msg(session.ws, p.Resume(transfer_id, offset))
-        begin = await recv_msg(session.ws, self.limits)
+        transfer_id, offset = partial.report.transfer_id, partial.incoming.offset
+        async with session.channel.send_lock:
+            await send_msg(session.channel, p.Resume(transfer_id, offset))
+        begin = await recv_msg(session.channel)
         if not isinstance(begin, p.TransferBegin) or begin.transfer_id != transfer_id:
             raise p.ProtocolError("unexpected", f"resume of {transfer_id[:64]!r} must be answered by its transfer")
-        self.on_event("upload_resumed", {"device": session.device_id, "round": partial.update.round, "offset": offset,
+        self.on_event("upload_resumed", {"device": session.device_id, "round": partial.report.round, "offset": offset,
                                          "total": partial.incoming.total_size})
-        await self._receive_update(session, partial.update, begin, partial.incoming)
+        await self._receive_update(session, partial.report, begin, partial.incoming)
 
-    async def _receive_update(self, session: Session, msg: p.Update, begin: p.TransferBegin,
+    async def _receive_update(self, session: Session, msg: p.Report, begin: p.TransferBegin,
                               incoming: p.IncomingTransfer) -> None:
-        """Receive an update's deltas (``begin`` starts or resumes ``incoming``) and fold them in."""
+        """Receive a report's tensors (``begin`` starts or resumes ``incoming``), then take the report."""
         try:
-            payload = await recv_payload(session.ws, begin, self.limits, incoming=incoming)
+            payload = await recv_payload(session.channel, begin, self.limits, incoming=incoming)
         except ConnectionClosed:
             rs = self.round
-            if rs is not None and msg.round == rs.round and rs.expects(session.device_id):
+            if rs is not None and msg.round == rs.round and rs.expects(session.device_id, msg.phase):
                 self.partial_uploads[session.device_id] = PartialUpload(msg, incoming)
                 self.on_event("upload_cut", {"device": session.device_id, "round": msg.round,
                                              "offset": incoming.offset, "total": incoming.total_size})
             raise
-        deltas = p.decode_tensors(payload, self.limits)
-        rs = self.round
-        session.busy_round = None
-        if rs is None or msg.round != rs.round or not rs.expects(session.device_id):
-            async with session.send_lock:
-                await send_msg(session.ws, p.Ack(msg.round, False, "late: the round is closed"))
-            self.on_event("late", {"device": session.device_id, "round": msg.round})
+        self._bytes[1] += len(payload)
+        await self._take_report(session, msg, p.decode_tensors(payload, self.limits))
+
+    async def _take_report(self, session: Session, msg: p.Report, tensors: dict) -> None:
+        """Check a report against the instruction it answers, hand it to the strategy, ack, dispatch follow-ups."""
+        rs, ctx = self.round, self.ctx
+        work = self.work.get(session.device_id, {}).get(msg.phase)
+        if rs is None or ctx is None or msg.round != rs.round or work is None \
+                or not rs.expects(session.device_id, msg.phase):
+            await self._ack(session, p.Ack(msg.round, False, "late: the round is closed", msg.phase))
+            self.on_event("late", {"device": session.device_id, "round": msg.round, "phase": msg.phase})
             return
-        expected_range = (session.plan.split, len(self.model))
-        if tuple(msg.trained) != expected_range:
-            raise p.ProtocolError("malformed", f"trained {tuple(msg.trained)} but the plan is {expected_range}")
+        self._check_report(session, msg, work, tensors)
+        report = DeviceReport(
+            device_id=session.device_id, round=rs.round, phase=msg.phase, role=session.plan.role,
+            num_samples=msg.num_samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
+            tensors=MappingProxyType(tensors), selection=work.selection,
+        )
+        follow: Sequence[Instruction] = ()
+        try:
+            follow = self.strategy.on_report(report, ctx)
+            accepted, reason = True, ""
+        except Refused as exc:
+            accepted, reason = False, exc.reason
+        rs.on_report(session.device_id, msg.phase, accepted)
+        self.store.record_update(rs.round, session.device_id, {**report_info(report), "accepted": accepted,
+                                                               "reason": reason})
+        await self._ack(session, p.Ack(rs.round, accepted, reason, msg.phase))
+        self.on_event("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
+                                 "phase": msg.phase, "accepted": accepted, "reason": reason,
+                                 "reported": len(rs.reported()), "selected": len(rs.selected)})
+        self._changed.set()
+        await self._dispatch(follow)
+
+    def _check_report(self, session: Session, msg: p.Report, work: Work, tensors: dict) -> None:
+        """What the server guarantees every strategy: the tensors are deltas of exactly what was sent
+        (finite: checked on decode), and the sample count is the device's own (at most 10x its hello)."""
         if msg.num_samples <= 0 or msg.num_samples > max(session.hello.num_samples, 1) * 10:
             raise p.ProtocolError("malformed", f"implausible sample count {msg.num_samples}")
-        update = DeviceUpdate(
-            device_id=session.device_id, role=session.plan.role, trained=expected_range,
-            num_samples=msg.num_samples, deltas=deltas, loss_before=msg.loss_before,
-            loss_after=msg.loss_after, metrics=dict(msg.metrics),
-        )
-        reason = self.strategy.accept(update)
-        if reason is None:
-            try:
-                self.strategy.fold(update)
-            except UpdateRejected as exc:
-                rs.on_report(session.device_id, accepted=False)
-                self.store.record_update(rs.round, session.device_id, {**update_info(update), "accepted": False, "reason": str(exc)})
-                self._changed.set()
-                raise p.ProtocolError("malformed", f"update rejected: {exc}") from None
-        rs.on_report(session.device_id, accepted=reason is None)
-        self.store.record_update(rs.round, session.device_id, {**update_info(update), "accepted": reason is None, "reason": reason or ""})
-        async with session.send_lock:
-            await send_msg(session.ws, p.Ack(rs.round, reason is None, reason or ""))
-        self.on_event("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
-                                 "accepted": reason is None, "reported": len(rs.reported), "selected": len(rs.selected)})
-        self._changed.set()
+        if msg.phase in TENSOR_PHASES or tensors:
+            expected = (work.selection.split, len(self.model))
+            if tuple(msg.trained) != expected:
+                raise p.ProtocolError("malformed", f"trained {tuple(msg.trained)} but the instruction sent {expected}")
+            reason = work.selection.check(tensors, self.global_state, work.names)
+            if reason is not None:
+                raise p.ProtocolError("malformed", f"report rejected: {reason}")
+
+    async def _ack(self, session: Session, ack: p.Ack) -> None:
+        async with session.channel.send_lock:
+            await send_msg(session.channel, ack)
 
     # -- rounds ---------------------------------------------------------------------------
     async def _wait_for_devices(self, needed: int) -> None:
@@ -386,7 +553,8 @@ class Orchestrator:
                 await asyncio.wait_for(self._changed.wait(), timeout=0.5)
 
     def _idle(self) -> list[str]:
-        return [d for d, s in self.sessions.items() if s.busy_round is None]
+        rs = self.round
+        return [d for d in self.sessions if rs is None or not rs.expects(d)]
 
     async def _rounds(self) -> None:
         # The first round waits for min_devices to connect; later ones go ahead with whoever is
@@ -395,65 +563,38 @@ class Orchestrator:
             await self._wait_for_devices(self.config.min_devices if r == self.start_round else 1)
             await self._run_round(r)
 
-    async def _prepare_payloads(self, r: int, sessions: list[Session]) -> RoundPayloads:
-        self._load_global_into_model()
-        version = state_version(self.global_state)
-        ranges = sorted({tuple(c) for s in sessions for c in s.plan.chunks})
-        splits = sorted({s.plan.split for s in sessions})
-
-        def build() -> RoundPayloads:
-            chunk_ids, chunks = {}, {}
-            for a, b in ranges:
-                cid, data = self.cache.get_or_export(self.model, version, a, b)
-                chunk_ids[(a, b)] = cid
-                chunks[cid] = data
-            tails = {}
-            for k in splits:
-                names = self.model.state_names(k)
-                tails[k] = p.encode_tensors({n: self.global_state[n] for n in names})
-            digests: dict[str | int, str] = {key: p.sha256_hex(data) for key, data in (*chunks.items(), *tails.items())}
-            return RoundPayloads(r, version, chunk_ids, chunks, tails, digests)
-
-        return await asyncio.to_thread(build)
-
-    async def _send_task(self, session: Session, rs: RoundState) -> None:
-        pay = self.payloads
-        assert pay is not None
-        task = p.Task(
-            round=rs.round, model_version=rs.round - 1, split=session.plan.split,
-            chunk_ids=[pay.chunk_ids[tuple(c)] for c in session.plan.chunks], tail_id=f"tail-{pay.version}-{session.plan.split}",
-            local_steps=self.config.local_steps, lr=self.config.lr,
-            deadline_s=max(0.0, rs.deadline - time.monotonic()), config={"seed": self.config.seed * 100_003 + rs.round},
-        )
-        session.busy_round = rs.round
-        async with session.send_lock:
-            await send_msg(session.ws, task)
-
     async def _run_round(self, r: int) -> None:
         t0, cpu0 = time.monotonic(), time.process_time()
-        selected = sample_devices(self._idle(), self.config.fraction, r, self.config.seed)
-        sessions = [self.sessions[d] for d in selected]
-        self.payloads = await self._prepare_payloads(r, sessions)
-        self.strategy.begin_round(r, self.global_state)
-        rs = RoundState(r, frozenset(selected), deadline=time.monotonic() + self.config.deadline_s, quorum=self.config.quorum)
-        self.round = rs
-        self.store.begin_round(r, selected)
-        self.on_event("round_start", {"round": r, "selected": len(selected)})
-        for s in sessions:
-            with contextlib.suppress(ConnectionClosed):
-                await self._send_task(s, rs)
-        while not rs.done(time.monotonic()):
+        self._load_global_into_model()
+        self.version = state_version(self.global_state)
+        self.payloads, self._broadcast_ids, self.work = {}, {}, {}
+        self._bytes = [0, 0]
+        rs = RoundState(r, deadline=time.monotonic() + self.config.deadline_s, quorum=self.config.quorum)
+        frozen = MappingProxyType(self.global_state)
+        ctx = RoundContext(
+            round=r, global_state=frozen, devices=MappingProxyType({d: self.sessions[d].info for d in self._idle()}),
+            state=rs, blocks=tuple(self.model.block_names), fraction=self.config.fraction, seed=self.config.seed,
+        )
+        self.round, self.ctx = rs, ctx
+        instructions = list(self.strategy.configure(ctx))
+        self.store.begin_round(r, sorted({i.device_id for i in instructions}))
+        self.on_event("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
+        await self._dispatch(instructions)
+        while not (rs.settled() or time.monotonic() >= rs.deadline or self.strategy.round_complete(ctx)):
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=0.25)
-        result = self.strategy.finish()
+        result = self.strategy.aggregate(ctx)
         self.global_state = {k: np.asarray(v) for k, v in result.state.items()}
-        self.round = None
-        self.payloads = None
+        self.round = self.ctx = None
+        self.payloads, self._broadcast_ids, self.work = {}, {}, {}
         self.partial_uploads.clear()
+        reported = rs.reported()
         metrics: dict[str, object] = {
-            "round": r, "selected": len(selected), "reported": len(rs.reported), "rejected": len(rs.rejected),
-            "stragglers": sorted(rs.stragglers()), "roles": role_counts(self.sessions, rs.reported),
+            "round": r, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
+            "stragglers": sorted(rs.stragglers()), "roles": role_counts(self.sessions, rs.reported("train") or reported),
+            "bytes_sent": self._bytes[0], "bytes_received": self._bytes[1],
+            **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
         }
         eval_s = eval_cpu = 0.0
         if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
@@ -465,16 +606,26 @@ class Orchestrator:
             "round_wall_s": time.monotonic() - t0,
             "eval_s": eval_s,
             # The orchestrator's own work this round (CPU of this process: exporting and encoding
-            # payloads, streaming, decoding and folding updates, aggregating, checkpointing), with
+            # payloads, streaming, decoding and folding reports, aggregating, checkpointing), with
             # evaluation left out; waiting on devices costs none.
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
         self.store.complete_round(r, self.global_state, metrics)
-        for s in self.sessions.values():
-            if s.busy_round == r:
-                s.busy_round = None
         self.history.append(metrics)
         self.on_event("round_end", metrics)
+
+
+def chunk_ranges(planned: Sequence[Sequence[int]], split: int) -> list[tuple[int, int]]:
+    """The frozen chunks of blocks ``[0, split)``: the plan's chunks when the instruction keeps the
+    planned split, else the plan's chunks cut at ``split`` (a strategy asked for a longer tail)."""
+    out = []
+    for a, b in planned:
+        if a >= split:
+            break
+        out.append((int(a), int(min(b, split))))
+    if split > 0 and (not out or out[-1][1] < split):
+        out.append((out[-1][1] if out else 0, split))
+    return out
 
 
 def plan_summary(plan: Plan) -> dict[str, object]:
@@ -482,9 +633,10 @@ def plan_summary(plan: Plan) -> dict[str, object]:
             "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity}
 
 
-def update_info(u: DeviceUpdate) -> dict[str, object]:
-    return {"role": u.role, "trained": list(u.trained), "num_samples": u.num_samples,
-            "loss_before": u.loss_before, "loss_after": u.loss_after, "metrics": dict(u.metrics)}
+def report_info(r: DeviceReport) -> dict[str, object]:
+    return {"phase": r.phase, "role": r.role, "trained": list(r.trained), "num_samples": r.num_samples,
+            "loss_before": r.metrics.get("loss_before"), "loss_after": r.metrics.get("loss_after"),
+            "selection": r.selection.kind, "metrics": dict(r.metrics)}
 
 
 def role_counts(sessions: dict[str, Session], reported: set[str]) -> dict[str, int]:

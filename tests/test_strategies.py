@@ -1,4 +1,8 @@
-"""Aggregation strategies: exact hand-computed averages, rejection, order independence."""
+"""Aggregation strategies: exact hand-computed averages, refusal, order independence.
+
+Strategies are driven here as the server drives them (configure, on_report per report, aggregate)
+without sockets: :func:`run` builds the round context from the reports' devices.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edge_sdk.protocol import RowSparse
+from orchestrator.rounds import RoundState
+from orchestrator.selection import Selection
 from orchestrator.strategies import (
     STRATEGY_NAMES,
-    DeviceUpdate,
+    DeviceInfo,
+    DeviceReport,
     EmbracingFL,
     FedAvg,
-    UpdateRejected,
+    Instruction,
+    Refused,
+    RoundContext,
+    WeightedSums,
     make_strategy,
 )
 
@@ -30,34 +41,26 @@ def global_state() -> dict[str, np.ndarray]:
     }
 
 
-def strong(device_id: str, samples: int, fc1_w, fc1_b, nbt: int, head_w, head_b) -> DeviceUpdate:
-    return DeviceUpdate(
-        device_id=device_id,
-        role="strong",
-        trained=(0, 2),
-        num_samples=samples,
-        deltas={
-            "blocks.fc1.weight": np.array(fc1_w, F32),
-            "blocks.fc1.bias": np.array(fc1_b, F32),
-            "blocks.fc1.bn.num_batches_tracked": np.array(nbt, np.int64),
-            "blocks.head.weight": np.array(head_w, F32),
-            "blocks.head.bias": np.array(head_b, F32),
-        },
-        loss_before=2.0,
-        loss_after=1.0,
-    )
+def report(device_id, role, trained, samples, tensors, loss_before=1.0, loss_after=0.5, phase="train",
+           selection=None) -> DeviceReport:
+    return DeviceReport(device_id=device_id, round=1, phase=phase, role=role, num_samples=samples,
+                        trained=tuple(trained), metrics={"loss_before": loss_before, "loss_after": loss_after},
+                        tensors=tensors, selection=selection or Selection.tail(trained[0]))
 
 
-def weak(device_id: str, samples: int, head_w, head_b) -> DeviceUpdate:
-    return DeviceUpdate(
-        device_id=device_id,
-        role="weak",
-        trained=(1, 2),
-        num_samples=samples,
-        deltas={"blocks.head.weight": np.array(head_w, F32), "blocks.head.bias": np.array(head_b, F32)},
-        loss_before=3.0,
-        loss_after=2.0,
-    )
+def strong(device_id: str, samples: int, fc1_w, fc1_b, nbt: int, head_w, head_b) -> DeviceReport:
+    return report(device_id, "strong", (0, 2), samples, {
+        "blocks.fc1.weight": np.array(fc1_w, F32),
+        "blocks.fc1.bias": np.array(fc1_b, F32),
+        "blocks.fc1.bn.num_batches_tracked": np.array(nbt, np.int64),
+        "blocks.head.weight": np.array(head_w, F32),
+        "blocks.head.bias": np.array(head_b, F32),
+    }, 2.0, 1.0)
+
+
+def weak(device_id: str, samples: int, head_w, head_b) -> DeviceReport:
+    return report(device_id, "weak", (1, 2), samples,
+                  {"blocks.head.weight": np.array(head_w, F32), "blocks.head.bias": np.array(head_b, F32)}, 3.0, 2.0)
 
 
 S1 = strong("s1", 10, [[1, 0], [2, -4]], [1, 1], 3, [[1, 1]], [0.5])
@@ -65,11 +68,25 @@ S2 = strong("s2", 30, [[-1, 4], [2, 0]], [0, 0], 7, [[2, -2]], [0.5])
 W1 = weak("w1", 60, [[4, 1]], [2])
 
 
-def run(strategy, updates, state=None):
-    strategy.begin_round(1, global_state() if state is None else state)
-    for u in updates:
-        strategy.fold(u)
-    return strategy.finish()
+def context(state, reports, blocks=BLOCKS, round=1) -> RoundContext:
+    devices = {r.device_id: DeviceInfo(r.device_id, r.role, r.trained[0], r.num_samples) for r in reports}
+    return RoundContext(round=round, global_state=state, devices=devices, state=RoundState(round, deadline=1e18),
+                        blocks=tuple(blocks))
+
+
+def run(strategy, reports, state=None, blocks=BLOCKS):
+    """One round as the server runs it: configure, then every report in order, then aggregate."""
+    state = global_state() if state is None else state
+    ctx = context(state, reports, blocks)
+    strategy.configure(ctx)
+    for r in reports:
+        ctx.state.issue(r.device_id, r.phase)
+        try:
+            strategy.on_report(r, ctx)
+            ctx.state.on_report(r.device_id, r.phase, True)
+        except Refused:
+            ctx.state.on_report(r.device_id, r.phase, False)
+    return strategy.aggregate(ctx)
 
 
 def assert_state_equal(got: dict, want: dict) -> None:
@@ -81,9 +98,8 @@ def assert_state_equal(got: dict, want: dict) -> None:
 
 
 # -- EmbracingFL: exact numbers ------------------------------------------------------------------
-@pytest.mark.parametrize("blocks", [None, BLOCKS])
-def test_embracingfl_sample_weighted_two_strong_one_weak(blocks):
-    result = run(EmbracingFL(blocks=blocks), [S1, S2, W1])
+def test_embracingfl_sample_weighted_two_strong_one_weak():
+    result = run(EmbracingFL(), [S1, S2, W1])
     # fc1 (input side, y): strong devices only, weights 10 and 30 (Section 3.1, 1/s rule with w_i).
     # head (output side, z): all three, weights 10, 30, 60.
     want = {
@@ -130,16 +146,15 @@ def test_entries_nobody_trained_keep_their_old_value():
     assert set(result.untouched) == {"blocks.fc1.weight", "blocks.fc1.bias", "blocks.fc1.bn.num_batches_tracked"}
 
 
-def test_finish_does_not_modify_the_input_state_and_round_closes():
+def test_aggregate_does_not_modify_the_input_state_and_round_closes():
     state = global_state()
     before = {k: v.copy() for k, v in state.items()}
     strategy = EmbracingFL()
     result = run(strategy, [S1, W1], state=state)
     assert_state_equal(state, before)
     assert result.state["blocks.head.weight"] is not state["blocks.head.weight"]
-    assert strategy.round is None
-    with pytest.raises(RuntimeError, match="begin_round"):
-        strategy.fold(S1)
+    with pytest.raises(RuntimeError, match="before configure"):
+        strategy.on_report(S1, context(state, [S1]))
 
 
 def test_a_round_without_updates_keeps_the_model():
@@ -160,82 +175,100 @@ def test_with_a_real_layered_model_state():
     def update(device_id, role, split, samples):
         names = model.state_names(split, L)
         deltas = {n: rng.normal(size=state[n].shape).astype(F32) for n in names}
-        return DeviceUpdate(device_id, role, (split, L), samples, deltas, 1.0, 0.5)
+        return report(device_id, role, (split, L), samples, deltas)
 
     updates = [update("a", "strong", 0, 10), update("b", "moderate", 2, 20), update("c", "weak", 3, 30)]
-    result = run(EmbracingFL(blocks=model.block_names), updates, state=state)
+    result = run(EmbracingFL(), updates, state=state, blocks=model.block_names)
     head = "blocks.head.weight"
-    want = state[head] + (10 * updates[0].deltas[head] + 20 * updates[1].deltas[head] + 30 * updates[2].deltas[head]) / 60
+    want = state[head] + (10 * updates[0].tensors[head] + 20 * updates[1].tensors[head] + 30 * updates[2].tensors[head]) / 60
     np.testing.assert_allclose(result.state[head], want, rtol=1e-5, atol=1e-6)
     fc1 = "blocks.fc1.0.weight"
-    np.testing.assert_allclose(result.state[fc1], state[fc1] + updates[0].deltas[fc1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(result.state[fc1], state[fc1] + updates[0].tensors[fc1], rtol=1e-6, atol=1e-6)
     assert result.contributors[fc1] == 1 and result.contributors["blocks.fc3.0.bias"] == 2
     model.load_state_dict({k: torch.from_numpy(v) for k, v in result.state.items()})  # shapes/dtypes fit
 
 
-# -- rejection -------------------------------------------------------------------------------
-def _with(update: DeviceUpdate, **changes) -> DeviceUpdate:
-    fields = dict(update.__dict__)
+# -- refusal -------------------------------------------------------------------------------
+def _with(r: DeviceReport, **changes) -> DeviceReport:
+    fields = dict(r.__dict__)
     fields.update(changes)
-    return DeviceUpdate(**fields)
+    return DeviceReport(**fields)
 
 
-BAD_UPDATES = {
-    "nan": (_with(S2, deltas={**S2.deltas, "blocks.head.bias": np.array([np.nan], F32)}), "NaN"),
-    "inf": (_with(S2, deltas={**S2.deltas, "blocks.fc1.weight": np.full((2, 2), np.inf, F32)}), "NaN or Inf"),
-    "shape": (_with(S2, deltas={**S2.deltas, "blocks.head.weight": np.zeros((2, 1), F32)}), "shape"),
-    "dtype": (_with(S2, deltas={**S2.deltas, "blocks.head.bias": np.array([0.5], np.float64)}), "dtype"),
-    "unknown name": (_with(W1, deltas={**W1.deltas, "blocks.evil.weight": np.zeros(1, F32)}), "unknown state entry"),
-    "not an array": (_with(W1, deltas={**W1.deltas, "blocks.head.bias": [1.0]}), "not numpy.ndarray"),
-    "role": (_with(W1, role="admin"), "unknown role"),
-    "no samples": (_with(W1, num_samples=0), "num_samples"),
-    "nan loss": (_with(W1, loss_after=float("nan")), "loss_after"),
-    "range": (_with(W1, trained=(2, 1)), "trained range"),
-    "empty": (_with(W1, deltas={}), "empty"),
+NAMES_S = list(global_state())
+NAMES_W = ["blocks.head.weight", "blocks.head.bias"]
+BAD_TENSORS = {
+    "shape": (_with(S2, tensors={**S2.tensors, "blocks.head.weight": np.zeros((2, 1), F32)}), NAMES_S, "shape"),
+    "dtype": (_with(S2, tensors={**S2.tensors, "blocks.head.bias": np.array([0.5], np.float64)}), NAMES_S, "dtype"),
+    "unknown name": (_with(W1, tensors={**W1.tensors, "blocks.evil.weight": np.zeros(1, F32)}), NAMES_W, "not sent"),
+    "not an array": (_with(W1, tensors={**W1.tensors, "blocks.head.bias": [1.0]}), NAMES_W, "not a dense tensor"),
+    "outside the tail": (_with(W1, tensors={**W1.tensors, "blocks.fc1.bias": np.zeros(2, F32)}), NAMES_W, "not sent"),
+    "empty": (_with(W1, tensors={}), NAMES_W, "missing"),
+    "missing bias": (_with(W1, tensors={"blocks.head.weight": W1.tensors["blocks.head.weight"]}), NAMES_W,
+                     "missing ['blocks.head.bias']"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_UPDATES))
-@pytest.mark.parametrize("cls", [EmbracingFL, FedAvg])
-def test_bad_update_is_rejected_and_leaves_the_round_untouched(cls, case):
-    bad, fragment = BAD_UPDATES[case]
-    reference = run(cls(), [S1])
-    strategy = cls()
-    strategy.begin_round(1, global_state())
-    strategy.fold(S1)
-    reason = strategy.accept(bad)
+@pytest.mark.parametrize("case", sorted(BAD_TENSORS))
+def test_the_server_check_refuses_tensors_outside_what_was_sent(case):
+    # The server runs Selection.check on every report before a strategy sees it (NaN/Inf are
+    # refused earlier, when the tensors are decoded).
+    bad, names, fragment = BAD_TENSORS[case]
+    reason = bad.selection.check(bad.tensors, global_state(), names)
     assert reason is not None and fragment in reason
-    with pytest.raises(UpdateRejected, match=fragment) as info:
-        strategy.fold(bad)
-    assert isinstance(info.value, ValueError) and info.value.device_id == bad.device_id
-    result = strategy.finish()
+    assert S1.selection.check(S1.tensors, global_state(), NAMES_S) is None
+    assert W1.selection.check(W1.tensors, global_state(), NAMES_W) is None
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (_with(W1, role="admin"), "unknown role"),
+    (_with(W1, trained=(0, 1)), "must end at the last block"),
+    (_with(W1, trained=(0, 2)), "is not the tail"),
+    (_with(W1, phase="evaluate"), "only train reports"),
+])
+def test_embracingfl_refuses_a_report_and_leaves_the_round_untouched(bad, fragment):
+    reference = run(EmbracingFL(), [S1])
+    strategy = EmbracingFL()
+    ctx = context(global_state(), [S1, W1])
+    strategy.configure(ctx)
+    strategy.on_report(S1, ctx)
+    with pytest.raises(Refused, match=fragment):
+        strategy.on_report(bad, ctx)
+    result = strategy.aggregate(ctx)
     assert_state_equal(result.state, reference.state)
     assert result.devices == ("s1",) and result.rejected == 1
     assert result.contributors == reference.contributors
 
 
-def test_the_same_device_cannot_be_folded_twice_in_a_round():
-    strategy = EmbracingFL()
-    strategy.begin_round(3, global_state())
-    strategy.fold(W1)
-    with pytest.raises(UpdateRejected, match="already folded in round 3"):
-        strategy.fold(W1)
-    strategy.finish()
-    strategy.begin_round(4, global_state())
-    strategy.fold(W1)  # a new round: welcome again
-    assert strategy.finish().devices == ("w1",)
+def test_default_configure_trains_each_sampled_device_on_its_planned_tail():
+    ctx = context(global_state(), [S1, S2, W1])
+    ctx.fraction = 1.0
+    instructions = EmbracingFL().configure(ctx)
+    assert [(i.device_id, i.phase, i.selection.kind, i.selection.split) for i in instructions] == [
+        ("s1", "train", "tail", 0), ("s2", "train", "tail", 0), ("w1", "train", "tail", 1)]
+    ctx.fraction = 0.34
+    assert len(EmbracingFL().configure(ctx)) == 2  # ceil(0.34 * 3)
+    assert all(i.selection.split == 0 for i in FedAvg().configure(context(global_state(), [W1])))
 
 
-def test_with_blocks_the_deltas_must_match_the_trained_range():
-    strategy = EmbracingFL(blocks=BLOCKS)
-    strategy.begin_round(1, global_state())
-    claims_head_only = _with(S1, trained=(1, 2))  # sends fc1 entries too
-    assert "outside the range" in strategy.accept(claims_head_only)
-    missing_bias = _with(W1, deltas={"blocks.head.weight": W1.deltas["blocks.head.weight"]})
-    assert "missing ['blocks.head.bias']" in strategy.accept(missing_bias)
-    not_a_suffix = _with(W1, trained=(0, 1))
-    assert "must end at the last block" in strategy.accept(not_a_suffix)
-    assert strategy.accept(W1) is None
+def test_row_and_channel_deltas_are_averaged_over_their_own_contributors():
+    state = {"t": np.arange(12, dtype=F32).reshape(6, 2), "w": np.zeros((3, 4), F32)}
+    sums = WeightedSums(state)
+    sums.add("t", RowSparse(np.array([1, 4]), np.array([[1, 1], [2, 2]], F32), 6), 1.0)
+    sums.add("t", RowSparse(np.array([4, 5]), np.array([[4, 4], [3, 3]], F32), 6), 3.0)
+    sums.add("w", np.ones((2, 2), F32), 1.0, (slice(0, 2), slice(0, 2)))
+    sums.add("w", np.full((3, 4), 5, F32), 1.0)
+    new = sums.new_state()
+    want_t = state["t"].copy()
+    want_t[1] += 1
+    want_t[4] += (2 * 1 + 4 * 3) / 4
+    want_t[5] += 3
+    np.testing.assert_allclose(new["t"], want_t)
+    for row in (0, 2, 3):  # untouched rows: bit for bit
+        assert new["t"][row].tobytes() == state["t"][row].tobytes()
+    want_w = np.full((3, 4), 5, F32)
+    want_w[:2, :2] = 3  # (1 + 5) / 2 where both contributed
+    np.testing.assert_allclose(new["w"], want_w)
 
 
 # -- FedAvg ----------------------------------------------------------------------------------
@@ -248,16 +281,15 @@ def test_fedavg_averages_full_updates():
     np.testing.assert_allclose(result.state["blocks.fc1.weight"], [[1, 1], [2.5, 0]])
 
 
-@pytest.mark.parametrize("blocks", [None, BLOCKS])
-def test_fedavg_rejects_a_partial_update(blocks):
-    strategy = FedAvg(blocks=blocks)
-    strategy.begin_round(1, global_state())
-    reason = strategy.accept(W1)
-    assert reason is not None and "whole model" in reason
-    with pytest.raises(UpdateRejected, match="whole model"):
-        strategy.fold(W1)
-    strategy.fold(S1)
-    assert strategy.finish().devices == ("s1",)
+def test_fedavg_refuses_a_partial_update():
+    strategy = FedAvg()
+    ctx = context(global_state(), [S1, W1])
+    strategy.configure(ctx)
+    with pytest.raises(Refused, match="whole model"):
+        strategy.on_report(W1, ctx)
+    strategy.on_report(S1, ctx)
+    result = strategy.aggregate(ctx)
+    assert result.devices == ("s1",) and result.rejected == 1
 
 
 # -- registry --------------------------------------------------------------------------------
@@ -268,6 +300,9 @@ def test_make_strategy_by_name():
     assert isinstance(make_strategy("fedavg"), FedAvg)
     with pytest.raises(ValueError, match="unknown strategy 'fedprox'; known: fedavg, embracingfl"):
         make_strategy("fedprox")
+    assert isinstance(make_strategy("orchestrator.strategies:FedAvg"), FedAvg)
+    with pytest.raises(ValueError, match="not a Strategy subclass"):
+        make_strategy("orchestrator.strategies:make_strategy")
     with pytest.raises(ValueError, match="bad options"):
         make_strategy("fedavg", momentum=0.9)
     with pytest.raises(ValueError, match="unknown weighting 'median'"):
@@ -296,7 +331,7 @@ def rounds(draw):
                 else:
                     deltas[key] = (rng.normal(size=shape) * 10 ** rng.uniform(-3, 3)).astype(F32)
         samples = draw(st.integers(1, 10_000))
-        updates.append(DeviceUpdate(f"d{i}", role, (split, 3), samples, deltas, 1.0, 0.5))
+        updates.append(report(f"d{i}", role, (split, 3), samples, deltas))
     order = draw(st.permutations(range(n)))
     return updates, order
 
@@ -310,20 +345,20 @@ def _state() -> dict[str, np.ndarray]:
 @given(rounds(), st.sampled_from(["samples", "uniform"]))
 def test_fold_order_does_not_change_the_result(case, weighting):
     updates, order = case
-    first = run(EmbracingFL(weighting=weighting, blocks=("a", "b", "c")), updates, state=_state())
-    second = run(EmbracingFL(weighting=weighting, blocks=("a", "b", "c")), [updates[i] for i in order], state=_state())
+    first = run(EmbracingFL(weighting=weighting), updates, state=_state(), blocks=("a", "b", "c"))
+    second = run(EmbracingFL(weighting=weighting), [updates[i] for i in order], state=_state(), blocks=("a", "b", "c"))
     old = _state()
     for key in SHAPES:
         np.testing.assert_allclose(first.state[key], second.state[key], rtol=1e-6, atol=1e-6)
         # and both equal the direct formula: old + sum_{C_k} w_i d_i / sum_{C_k} w_i
-        contrib = [u for u in updates if key in u.deltas]
+        contrib = [u for u in updates if key in u.tensors]
         if not contrib:
             want = old[key]
         elif key.endswith(".n"):
-            want = old[key] + max(int(u.deltas[key]) for u in contrib)
+            want = old[key] + max(int(u.tensors[key]) for u in contrib)
         else:
             w = np.array([u.num_samples if weighting == "samples" else 1 for u in contrib], np.float64)
-            d = np.stack([u.deltas[key].astype(np.float64) for u in contrib])
+            d = np.stack([u.tensors[key].astype(np.float64) for u in contrib])
             want = old[key] + np.tensordot(w, d, axes=1) / w.sum()
         np.testing.assert_allclose(first.state[key], want, rtol=1e-5, atol=1e-5)
         assert first.contributors[key] == len(contrib)

@@ -148,6 +148,9 @@ def recommender(users: int = 611, items: int = 9_742, dim: int = 32, hidden: int
         num_outputs=1, sparse_blocks=["embeddings"],
     )
     model.input_high = min(users, items)
+    # Which input column indexes which table: a device declares the rows its data touches per
+    # column, and trains a submodel of exactly those rows (FedSubAvg).
+    model.sparse_inputs = {"blocks.embeddings.user.weight": 0, "blocks.embeddings.item.weight": 1}
     return model
 
 

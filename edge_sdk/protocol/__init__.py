@@ -11,8 +11,9 @@ Imports numpy and msgpack only (never torch or onnx), so devices without torch c
 from .codec import DEFAULT_LIMITS, Limits, decode, encode
 from .errors import ErrorCode, ProtocolError
 from .messages import (
-    FETCH_KINDS,
     MESSAGE_TYPES,
+    PAYLOAD_KINDS,
+    PHASES,
     PROTOCOL_VERSION,
     Ack,
     Bye,
@@ -20,16 +21,17 @@ from .messages import (
     Fetch,
     Hello,
     Message,
+    Instruction,
+    Report,
     Resume,
+    SELECTIONS,
     Scalar,
-    Task,
     TransferBegin,
     TransferEnd,
     TransferFrame,
-    Update,
     Welcome,
 )
-from .tensors import DTYPES, TENSOR_EXT, decode_tensors, encode_tensors
+from .tensors import DTYPES, TENSOR_EXT, RowSparse, decode_tensors, encode_tensors
 from .transfer import DEFAULT_FRAME_SIZE, IncomingTransfer, frames, sha256_hex
 
 __all__ = [
@@ -44,18 +46,21 @@ __all__ = [
     "Message",
     "Hello",
     "Welcome",
-    "Task",
+    "Instruction",
     "Fetch",
     "TransferBegin",
     "TransferFrame",
     "TransferEnd",
-    "Update",
+    "Report",
     "Ack",
     "Error",
     "Bye",
     "Resume",
     "MESSAGE_TYPES",
-    "FETCH_KINDS",
+    "PHASES",
+    "SELECTIONS",
+    "PAYLOAD_KINDS",
+    "RowSparse",
     "TENSOR_EXT",
     "DTYPES",
     "encode_tensors",

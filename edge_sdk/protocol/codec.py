@@ -26,6 +26,7 @@ from .errors import ErrorCode, ProtocolError
 from .messages import (
     BOOL,
     BYTES,
+    DICT_INTS,
     DICT_SCALAR,
     DICT_STR,
     FLOAT,
@@ -361,6 +362,14 @@ def _check_kind(where: str, name: str, kind: str, value: Any, limits: Limits) ->
                 out[key] = _check_str(where, f"{name}[{key[:40]!r}]", item, limits)
             else:
                 out[key] = _check_scalar(where, f"{name}[{key[:40]!r}]", item, limits)
+        return out
+    if kind == DICT_INTS:
+        _check_items(where, name, value, limits, dict)
+        out = {}
+        for key, items in value.items():
+            _check_str(where, name, key, limits)
+            _check_items(where, f"{name}[{key[:40]!r}]", items, limits, list)
+            out[key] = [_check_int(where, f"{name}[{key[:40]!r}]", item) for item in items]
         return out
     raise AssertionError(f"unknown field kind {kind}")  # pragma: no cover - schemas are fixed
 

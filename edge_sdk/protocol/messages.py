@@ -29,28 +29,39 @@ __all__ = [
     "Message",
     "Hello",
     "Welcome",
-    "Task",
+    "Instruction",
     "Fetch",
     "TransferBegin",
     "TransferFrame",
     "TransferEnd",
-    "Update",
+    "Report",
     "Ack",
     "Error",
     "Bye",
     "Resume",
     "MESSAGE_TYPES",
-    "FETCH_KINDS",
+    "PHASES",
+    "SELECTIONS",
+    "PAYLOAD_KINDS",
 ]
 
 #: Version of the wire format; every message carries it in ``"v"``. Bump it on any incompatible change.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Values allowed in ``config``, ``meta`` and ``metrics`` maps.
 Scalar = Union[str, int, float, bool]
 
-#: What a :class:`Fetch` may ask for.
-FETCH_KINDS = frozenset({"chunk", "tail", "rows"})
+#: Phases a device of this SDK knows (docs/protocol.md, "Phases"). ``train``: train the selected state
+#: and report its deltas; ``evaluate``: report the loss of the received model on the local data;
+#: ``compare``: report the squared distance between this round's update and a broadcast update.
+PHASES = frozenset({"train", "evaluate", "compare"})
+
+#: How the state a device receives is cut from the global state (docs/protocol.md, "Selections"):
+#: the whole tail ``[split, L)``; the tail with sparse tables cut to rows; the tail cut to channels.
+SELECTIONS = frozenset({"tail", "rows", "channels"})
+
+#: ``TransferBegin.kind`` values: payloads the server streams, and the device's update.
+PAYLOAD_KINDS = frozenset({"chunk", "model", "broadcast", "update"})
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -94,9 +105,15 @@ class Hello(Message):
     labels: dict[str, str] = field(default_factory=dict)
     #: The round the device was in when it lost its connection, or -1 for a fresh start.
     resume_round: int = -1
+    #: For integer inputs that index embedding tables: per input column (``"0"``, ``"1"``...), the
+    #: sorted distinct values the local data holds (the rows of its submodel, FedSubAvg).
+    rows: dict[str, list[int]] = field(default_factory=dict)
 
     def check(self) -> None:
         _require(self.device_id != "", "hello.device_id is empty")
+        for column, values in self.rows.items():
+            _require(all(b > a for a, b in zip(values, values[1:])), f"hello.rows[{column!r}] is not strictly increasing")
+            _require(not values or values[0] >= 0, f"hello.rows[{column!r}] holds a negative row")
         _require(self.budget_bytes >= 0, "hello.budget_bytes is negative")
         _require(self.cores >= 0, "hello.cores is negative")
         _require(self.num_samples >= 0, "hello.num_samples is negative")
@@ -135,47 +152,57 @@ class Welcome(Message):
 
 
 @dataclass(frozen=True)
-class Task(Message):
-    """Server -> selected device: train in this round. ``chunk_ids`` and ``tail_id`` name what to fetch."""
+class Instruction(Message):
+    """Server -> device: do ``phase`` in ``round``. A device may get several in one round (a
+    strategy's follow-ups); each is answered by one ``Report``.
 
-    TYPE: ClassVar[str] = "task"
+    The device fetches ``chunk_ids`` in order and runs them forward (blocks ``[0, split)``), then
+    ``model_id``: the state of blocks ``[split, L)`` cut by ``selection``. ``broadcast_id`` names
+    tensors the strategy sends along (for example the mean update of other devices), or is ``""``.
+    """
+
+    TYPE: ClassVar[str] = "instruction"
 
     round: int
+    phase: str
     model_version: int
     split: int
     chunk_ids: list[str]
-    tail_id: str
+    model_id: str
+    selection: str
+    broadcast_id: str
     local_steps: int
     lr: float
     deadline_s: float
     config: dict[str, Scalar]
 
     def check(self) -> None:
-        _require(self.round >= 0, "task.round is negative")
-        _require(self.model_version >= 0, "task.model_version is negative")
-        _require(self.split >= 0, "task.split is negative")
-        _require(self.local_steps >= 0, "task.local_steps is negative")
-        _require(self.lr >= 0.0, "task.lr is negative")
-        _require(self.deadline_s >= 0.0, "task.deadline_s is negative")
+        _require(self.round >= 0, "instruction.round is negative")
+        _require(self.phase != "", "instruction.phase is empty")
+        _require(self.model_version >= 0, "instruction.model_version is negative")
+        _require(self.split >= 0, "instruction.split is negative")
+        _require(self.model_id != "", "instruction.model_id is empty")
+        _require(self.selection in SELECTIONS,
+                 f"instruction.selection {self.selection!r} is not one of {sorted(SELECTIONS)}")
+        _require(self.local_steps >= 0, "instruction.local_steps is negative")
+        _require(self.lr >= 0.0, "instruction.lr is negative")
+        _require(self.deadline_s >= 0.0, "instruction.deadline_s is negative")
 
 
 @dataclass(frozen=True)
 class Fetch(Message):
-    """Device -> server: send me chunk ``index`` (kind ``"chunk"``), the tail (``"tail"``, index 0) or
-    submodel rows (``"rows"``), starting at byte ``offset`` (non-zero when resuming)."""
+    """Device -> server: send me payload ``payload_id`` (a chunk, model or broadcast id of the
+    device's current instruction), starting at byte ``offset`` (non-zero when resuming)."""
 
     TYPE: ClassVar[str] = "fetch"
 
     round: int
-    kind: str
-    index: int
+    payload_id: str
     offset: int = 0
 
     def check(self) -> None:
         _require(self.round >= 0, "fetch.round is negative")
-        _require(self.kind in FETCH_KINDS, f"fetch.kind {self.kind!r} is not one of {sorted(FETCH_KINDS)}")
-        _require(self.index >= 0, "fetch.index is negative")
-        _require(self.kind != "tail" or self.index == 0, "fetch.index must be 0 for the tail")
+        _require(self.payload_id != "", "fetch.payload_id is empty")
         _require(self.offset >= 0, "fetch.offset is negative")
 
 
@@ -244,37 +271,40 @@ class TransferEnd(Message):
 
 
 @dataclass(frozen=True)
-class Update(Message):
-    """Device -> server: the outcome of a round. The parameter deltas (``encode_tensors``) follow as a
-    transfer of kind ``"update"`` with this ``transfer_id``; ``trained`` is the block range ``[start, stop)``."""
+class Report(Message):
+    """Device -> server: the outcome of one instruction. ``metrics`` holds what the phase measured
+    (``loss_before``/``loss_after`` for training, ``loss`` for evaluation, ...). When the phase has
+    tensors (a training's deltas), ``transfer_id`` is non-empty and a transfer of kind ``"update"``
+    with that id follows (``encode_tensors``; row-sparse entries allowed). ``trained`` is the block
+    range ``[start, stop)`` the tensors cover (``(0, 0)`` when there are none)."""
 
-    TYPE: ClassVar[str] = "update"
+    TYPE: ClassVar[str] = "report"
 
     round: int
+    phase: str
     num_samples: int
     trained: tuple[int, int]
-    loss_before: float
-    loss_after: float
     transfer_id: str
     metrics: dict[str, Scalar]
 
     def check(self) -> None:
-        _require(self.round >= 0, "update.round is negative")
-        _require(self.num_samples >= 0, "update.num_samples is negative")
+        _require(self.round >= 0, "report.round is negative")
+        _require(self.phase != "", "report.phase is empty")
+        _require(self.num_samples >= 0, "report.num_samples is negative")
         start, stop = self.trained
-        _require(0 <= start <= stop, f"update.trained has a bad range ({start}, {stop})")
-        _require(self.transfer_id != "", "update.transfer_id is empty")
+        _require(0 <= start <= stop, f"report.trained has a bad range ({start}, {stop})")
 
 
 @dataclass(frozen=True)
 class Ack(Message):
-    """Server -> device after an update: whether it was folded into the round, and if not why."""
+    """Server -> device after a report: whether the strategy took it, and if not why."""
 
     TYPE: ClassVar[str] = "ack"
 
     round: int
     accepted: bool
     reason: str = ""
+    phase: str = ""
 
     def check(self) -> None:
         _require(self.round >= 0, "ack.round is negative")
@@ -321,6 +351,7 @@ class Resume(Message):
 
 STR, INT, FLOAT, BOOL, BYTES = "str", "int", "float", "bool", "bytes"
 LIST_STR, PAIR, LIST_PAIR, DICT_STR, DICT_SCALAR = "list[str]", "pair", "list[pair]", "dict[str]", "dict[scalar]"
+DICT_INTS = "dict[list[int]]"
 
 _KINDS: dict[object, str] = {
     str: STR,
@@ -333,6 +364,7 @@ _KINDS: dict[object, str] = {
     list[tuple[int, int]]: LIST_PAIR,
     dict[str, str]: DICT_STR,
     dict[str, Scalar]: DICT_SCALAR,
+    dict[str, list[int]]: DICT_INTS,
 }
 
 
@@ -371,14 +403,18 @@ def _normalise(kind: str, value: object) -> object:
     elif kind in (DICT_STR, DICT_SCALAR):
         if isinstance(value, Mapping):
             return {_plain(k): _plain(v) for k, v in value.items()}
+    elif kind == DICT_INTS:
+        if isinstance(value, Mapping):
+            return {_plain(k): [_plain(v) for v in vs] if isinstance(vs, (list, tuple, np.ndarray)) else vs
+                    for k, vs in value.items()}
     return value
 
 
 #: Wire name -> message class, for every message of this protocol version.
 MESSAGE_TYPES: Mapping[str, type[Message]] = MappingProxyType({
     cls.TYPE: cls
-    for cls in (Hello, Welcome, Task, Fetch, TransferBegin, TransferFrame, TransferEnd, Update, Ack, Error, Bye,
-                Resume)
+    for cls in (Hello, Welcome, Instruction, Fetch, TransferBegin, TransferFrame, TransferEnd, Report, Ack, Error,
+                Bye, Resume)
 })
 
 _SCHEMAS: dict[type[Message], tuple[tuple[str, str], ...]] = {}

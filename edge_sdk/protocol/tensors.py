@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from .codec import DEFAULT_LIMITS, BytesLike, Limits
 from .errors import ErrorCode, ProtocolError
 
-__all__ = ["TENSOR_EXT", "DTYPES", "encode_tensors", "decode_tensors"]
+__all__ = ["TENSOR_EXT", "DTYPES", "RowSparse", "encode_tensors", "decode_tensors"]
 
 #: msgpack extension type code of a tensor.
 TENSOR_EXT = 1
@@ -52,7 +53,102 @@ _ALIGN = 64
 _FINITE_BLOCK = 1 << 18  # elements checked at a time: bounded scratch memory, cache-sized
 
 
-def encode_tensors(tensors: Mapping[str, np.ndarray]) -> bytes:
+#: Separator of the wire entries of a row-sparse tensor (``name@rows``, ``name@values``,
+#: ``name@num_rows``); reserved: plain tensor names may not contain it.
+SPARSE_SEP = "@"
+_SPARSE_PARTS = ("rows", "values", "num_rows")
+
+
+@dataclass(frozen=True, eq=False)
+class RowSparse:
+    """Rows ``indices`` of a table of ``num_rows`` rows (docs/protocol.md, "Row-sparse tensors").
+
+    A submodel's embedding rows travel this way (FedSubAvg): the device receives and returns only
+    the rows its data touches. ``indices`` is int64, strictly increasing, in ``[0, num_rows)``;
+    ``values[i]`` is row ``indices[i]``.
+    """
+
+    indices: np.ndarray
+    values: np.ndarray
+    num_rows: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the whole table."""
+        return (self.num_rows, *self.values.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    def check(self, name: str = "") -> None:
+        """Raise ``ProtocolError`` unless indices and values describe rows of the table."""
+        where = f"row-sparse tensor {name[:64]!r}"
+        idx = self.indices
+        if idx.ndim != 1 or idx.dtype != np.dtype("<i8"):
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: indices must be 1-D int64")
+        if self.values.ndim < 1 or self.values.shape[0] != idx.shape[0]:
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: {idx.shape[0]} indices but values of shape "
+                                                     f"{list(self.values.shape)}")
+        if type(self.num_rows) is not int or self.num_rows < 0:
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: num_rows {self.num_rows!r} is not a count")
+        if idx.size and (idx[0] < 0 or idx[-1] >= self.num_rows or (idx.size > 1 and not (idx[1:] > idx[:-1]).all())):
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: indices must be strictly increasing rows in "
+                                                     f"[0, {self.num_rows})")
+
+    def dense(self) -> np.ndarray:
+        """The whole table with zeros outside the rows (for tests and small tables)."""
+        out = np.zeros(self.shape, dtype=self.values.dtype)
+        out[self.indices] = self.values
+        return out
+
+
+def _expand(tensors: Mapping[str, np.ndarray | RowSparse]) -> dict[str, np.ndarray]:
+    """Row-sparse entries as their three plain wire entries."""
+    flat: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        if type(name) is str and SPARSE_SEP in name:
+            raise ProtocolError(ErrorCode.MALFORMED, f"tensor name {name[:64]!r} contains the reserved "
+                                                     f"{SPARSE_SEP!r}")
+        if isinstance(value, RowSparse):
+            value.check(name)
+            flat[f"{name}{SPARSE_SEP}rows"] = value.indices
+            flat[f"{name}{SPARSE_SEP}values"] = value.values
+            flat[f"{name}{SPARSE_SEP}num_rows"] = np.array(value.num_rows, dtype=np.int64)
+        else:
+            flat[name] = value
+    return flat
+
+
+def _collapse(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray | RowSparse]:
+    """The inverse of :func:`_expand`: every ``@`` entry must belong to a complete row-sparse triple."""
+    if not any(SPARSE_SEP in name for name in flat):
+        return flat  # type: ignore[return-value]
+    out: dict[str, np.ndarray | RowSparse] = {}
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    for name, array in flat.items():
+        base, sep, part = name.rpartition(SPARSE_SEP)
+        if not sep:
+            out[name] = array
+            continue
+        if part not in _SPARSE_PARTS or not base or SPARSE_SEP in base:
+            raise ProtocolError(ErrorCode.MALFORMED, f"tensor name {name[:64]!r}: {SPARSE_SEP!r} is reserved for "
+                                                     f"row-sparse parts {list(_SPARSE_PARTS)}")
+        parts.setdefault(base, {})[part] = array
+    for base, got in parts.items():
+        if base in out or len(got) != len(_SPARSE_PARTS):
+            raise ProtocolError(ErrorCode.MALFORMED, f"row-sparse tensor {base[:64]!r} needs exactly the parts "
+                                                     f"{list(_SPARSE_PARTS)}, got {sorted(got)}")
+        num_rows = got["num_rows"]
+        if num_rows.shape != () or num_rows.dtype != np.dtype("<i8"):
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"row-sparse tensor {base[:64]!r}: num_rows must be an int64 scalar")
+        sparse = RowSparse(got["rows"], got["values"], int(num_rows))
+        sparse.check(base)
+        out[base] = sparse
+    return out
+
+
+def encode_tensors(tensors: Mapping[str, np.ndarray | RowSparse]) -> bytes:
     """Encode named arrays. Big-endian or non-contiguous arrays are converted first.
 
     Raises ``ProtocolError`` (``bad_dtype``, ``malformed``) for anything the decoder would refuse
@@ -60,6 +156,7 @@ def encode_tensors(tensors: Mapping[str, np.ndarray]) -> bytes:
     """
     if not isinstance(tensors, Mapping):
         raise ProtocolError(ErrorCode.MALFORMED, f"expected a mapping of str to ndarray, got {type(tensors).__name__}")
+    tensors = _expand(tensors)
     count = len(tensors)
     if count < 16:
         parts: list[BytesLike] = [bytes((0x80 | count,))]  # fixmap
@@ -99,10 +196,11 @@ def encode_tensors(tensors: Mapping[str, np.ndarray]) -> bytes:
 
 
 def decode_tensors(data: BytesLike, limits: Limits = DEFAULT_LIMITS, *,
-                   allow_non_finite: bool = False) -> dict[str, np.ndarray]:
+                   allow_non_finite: bool = False) -> dict[str, np.ndarray | RowSparse]:
     """Decode named arrays, refusing unknown dtypes, bad shapes, oversize data and NaN/Inf.
 
-    The arrays are read-only views of ``data`` (no copy), which they keep alive.
+    The arrays are read-only views of ``data`` (no copy), which they keep alive. Row-sparse
+    entries come back as :class:`RowSparse`, checked (sorted rows inside the table).
     Raises only ``ProtocolError``.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -136,7 +234,7 @@ def decode_tensors(data: BytesLike, limits: Limits = DEFAULT_LIMITS, *,
         raise ProtocolError(ErrorCode.MALFORMED, "tensor payload is truncated") from None
     if reader.pos != len(view):
         raise ProtocolError(ErrorCode.MALFORMED, f"{len(view) - reader.pos} bytes after the tensor map")
-    return tensors
+    return _collapse(tensors)
 
 
 class _Reader:

@@ -1,25 +1,30 @@
 """Aggregation strategies: one class per algorithm behind one small interface.
 
 ``make_strategy("embracingfl", weighting="uniform")`` builds one by name. A new algorithm is one
-module with a :class:`Strategy` subclass plus one line in ``_STRATEGIES`` below.
+module with a :class:`Strategy` subclass plus one line in ``_STRATEGIES`` below; the interface and
+a worked example are in docs/architecture.md, "Strategies".
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from types import MappingProxyType
 
 from orchestrator.strategies.base import (
-    ROLES,
     WEIGHTINGS,
     AveragingStrategy,
-    DeviceUpdate,
+    Broadcast,
+    DeviceInfo,
+    DeviceReport,
+    Instruction,
+    Refused,
+    RoundContext,
     RoundResult,
     Strategy,
-    UpdateRejected,
     WeightedSums,
 )
-from orchestrator.strategies.embracing import EmbracingFL
+from orchestrator.strategies.embracing import ROLES, EmbracingFL
 from orchestrator.strategies.fedavg import FedAvg
 
 _STRATEGIES = MappingProxyType(
@@ -34,12 +39,27 @@ _STRATEGIES = MappingProxyType(
 STRATEGY_NAMES: tuple[str, ...] = tuple(_STRATEGIES)
 
 
-def make_strategy(name: str, **options: object) -> Strategy:
-    """Build the strategy registered as ``name`` with its keyword options."""
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered as ``name``, or ``package.module:Class`` for a strategy of your own."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load strategy {name!r}: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise ValueError(f"{name!r} is not a Strategy subclass")
+        return cls
     try:
-        cls = _STRATEGIES[name]
+        return _STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGY_NAMES)}") from None
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGY_NAMES)}, "
+                         "or package.module:Class") from None
+
+
+def make_strategy(name: str, **options: object) -> Strategy:
+    """Build the strategy registered as ``name`` (or ``package.module:Class``) with its keyword options."""
+    cls = strategy_class(name)
     try:
         inspect.signature(cls).bind(**options)
     except TypeError as exc:
@@ -52,12 +72,17 @@ __all__ = [
     "STRATEGY_NAMES",
     "WEIGHTINGS",
     "AveragingStrategy",
-    "DeviceUpdate",
+    "Broadcast",
+    "DeviceInfo",
+    "DeviceReport",
     "EmbracingFL",
     "FedAvg",
+    "Instruction",
+    "Refused",
+    "RoundContext",
     "RoundResult",
     "Strategy",
-    "UpdateRejected",
     "WeightedSums",
     "make_strategy",
+    "strategy_class",
 ]

@@ -1,9 +1,22 @@
-"""What every aggregation strategy shares: the update message, the round result, the interface.
+"""The strategy interface: a strategy drives each round; the server only does the I/O.
 
-A strategy sees a round as ``begin_round`` (the global state devices trained from), then
-``accept``/``fold`` once per arriving update, then ``finish`` (the new global state). Updates are
-folded into running sums as they arrive, so the server holds O(model) memory however many devices
-report. :class:`WeightedSums` is that running sum, shared by the averaging strategies.
+In the spirit of Flower's ``configure_train`` / ``aggregate_train``, but streaming
+(docs/architecture.md, "Strategies"):
+
+1. :meth:`Strategy.configure` chooses who takes part and with what :class:`Instruction`
+   (phase, payload :class:`~orchestrator.selection.Selection`, config values, a :class:`Broadcast`).
+2. :meth:`Strategy.on_report` sees each :class:`DeviceReport` as it arrives, folds it into running
+   sums (O(model) memory however many devices report) or refuses it (:class:`Refused`), and may
+   return follow-up instructions for any device: a second phase in the same round.
+3. :meth:`Strategy.round_complete` says when the round may close before its deadline (default:
+   the quorum of the train phase); the server also closes it when nothing is outstanding.
+4. :meth:`Strategy.aggregate` returns the new global state (:class:`RoundResult`).
+
+The server checks every report before a strategy sees it: tensors are exactly the deltas of what
+the selection sent (names, shapes, dtypes, rows), finite, and the sample count is the device's own.
+:class:`WeightedSums` is the running sum with per-element weights that every averaging rule here
+shares: entries, rows or channels that different numbers of devices trained are each averaged over
+their own contributors.
 """
 
 from __future__ import annotations
@@ -11,41 +24,129 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
+from edge_sdk.protocol import RowSparse, Scalar
+from orchestrator.rounds import RoundState, sample_devices
+from orchestrator.selection import Selection
+
 WEIGHTINGS: tuple[str, ...] = ("samples", "uniform")
 
+__all__ = [
+    "WEIGHTINGS", "AveragingStrategy", "Broadcast", "DeviceInfo", "DeviceReport", "Instruction", "Refused",
+    "RoundContext", "RoundResult", "Strategy", "WeightedSums",
+]
 
-class UpdateRejected(ValueError):
-    """A device update that must not reach the global model (wrong names, shapes, dtypes, NaN...)."""
 
-    def __init__(self, device_id: str, reason: str) -> None:
-        super().__init__(f"update from {device_id!r} rejected: {reason}")
-        self.device_id = device_id
+class Refused(Exception):
+    """Raised by :meth:`Strategy.on_report`: the report is valid but not taken (the device gets a
+    negative ack with ``reason`` and stays connected; nothing was folded)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
         self.reason = reason
 
 
 @dataclass(frozen=True)
-class DeviceUpdate:
-    """What a device sends back after local training.
+class DeviceInfo:
+    """A connected device as strategies see it: its plan and what it declared in its hello."""
 
-    ``deltas`` holds ``new - old`` for every state entry of the blocks in ``trained`` (blocks
-    ``[split, L)``); entries of frozen blocks are absent.
+    device_id: str
+    role: str  # the planner's: strong | moderate | weak
+    split: int  # its planned tail is blocks [split, L)
+    num_samples: int
+    device_class: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)  # hello labels (priority, group, ...)
+    runtimes: tuple[str, ...] = ()
+    rows: Mapping[str, np.ndarray] = field(default_factory=dict)  # sparse table entry -> rows its data touches
+
+
+@dataclass(frozen=True, eq=False)
+class Broadcast:
+    """Tensors sent along with instructions (for example the internal devices' mean update, VaRSeL).
+
+    Create one and give it to every instruction that carries it: the server encodes and hashes it
+    once per round, however many devices fetch it.
+    """
+
+    tensors: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What the strategy asks of one device (the server sends it as a protocol ``Instruction``).
+
+    ``selection`` None means the device's planned tail. ``local_steps`` and ``lr`` None mean the
+    server's configuration. ``config`` values reach the device's phase (a broadcast loss, mu, ...).
     """
 
     device_id: str
-    role: str  # strong | moderate | weak
-    trained: tuple[int, int]  # block range the device trained, [split, L)
+    phase: str = "train"
+    selection: Selection | None = None
+    broadcast: Broadcast | None = None
+    config: Mapping[str, Scalar] = field(default_factory=dict)
+    local_steps: int | None = None
+    lr: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """One device's answer to one instruction, already checked by the server.
+
+    ``tensors`` hold ``new - old`` for the entries the selection sent: dense arrays shaped as sent
+    (a channel slice is smaller than the global tensor) or :class:`~edge_sdk.protocol.RowSparse`
+    rows. Phases without tensors (evaluate, compare) report only ``metrics``.
+    """
+
+    device_id: str
+    round: int
+    phase: str
+    role: str
     num_samples: int
-    deltas: dict[str, np.ndarray]
-    loss_before: float
-    loss_after: float
-    metrics: Mapping[str, float | int | str] = field(default_factory=dict)
+    trained: tuple[int, int]
+    metrics: Mapping[str, Scalar]
+    tensors: Mapping[str, np.ndarray | RowSparse]
+    selection: Selection
+
+    def metric(self, name: str, default: float = math.nan) -> float:
+        value = self.metrics.get(name, default)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+    @property
+    def loss_before(self) -> float:
+        return self.metric("loss_before")
+
+    @property
+    def loss_after(self) -> float:
+        return self.metric("loss_after")
+
+
+@dataclass
+class RoundContext:
+    """A strategy's window on the round: the state devices start from, the candidates, progress."""
+
+    round: int
+    global_state: Mapping[str, np.ndarray]
+    devices: Mapping[str, DeviceInfo]  # connected and idle when the round began
+    state: RoundState
+    blocks: tuple[str, ...] = ()
+    fraction: float = 1.0
+    seed: int = 0
+
+    def sample(self, candidates: Iterable[str] | None = None, *, fraction: float | None = None,
+               k: int | None = None, salt: int = 0) -> list[str]:
+        """Reproducible sample of ``candidates`` (default: every device), by fraction or count."""
+        pool = self.devices if candidates is None else candidates
+        return sample_devices(pool, self.fraction if fraction is None else fraction, self.round,
+                              self.seed + salt, k=k)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
 
 
 @dataclass(frozen=True)
@@ -56,11 +157,12 @@ class RoundResult:
     state: dict[str, np.ndarray]
     devices: tuple[str, ...]  # folded, in arrival order
     num_samples: int  # over folded devices
-    contributors: dict[str, int]  # state entry -> devices that trained it this round
+    contributors: dict[str, int]  # state entry -> devices that trained (part of) it this round
     roles: dict[str, int]  # role -> devices folded
-    rejected: int  # updates that fold refused
+    rejected: int  # reports refused
     mean_loss_before: float | None  # sample-weighted over folded devices
     mean_loss_after: float | None
+    extra: dict[str, object] = field(default_factory=dict)  # strategy-specific (weights, included devices)
 
     @property
     def untouched(self) -> list[str]:
@@ -70,292 +172,200 @@ class RoundResult:
     def summary(self) -> dict[str, object]:
         """A JSON-ready digest for the journal and the metrics files."""
         return {
-            "round": self.round,
-            "devices": len(self.devices),
-            "num_samples": self.num_samples,
-            "roles": dict(self.roles),
-            "rejected": self.rejected,
-            "untouched": len(self.untouched),
-            "loss_before": self.mean_loss_before,
-            "loss_after": self.mean_loss_after,
+            "round": self.round, "devices": len(self.devices), "num_samples": self.num_samples,
+            "roles": dict(self.roles), "rejected": self.rejected, "untouched": len(self.untouched),
+            "loss_before": self.mean_loss_before, "loss_after": self.mean_loss_after, **self.extra,
         }
 
 
 class Strategy(ABC):
-    """One aggregation algorithm. Subclasses set ``name`` and implement ``fold`` and ``finish``.
-
-    The base class owns the round bookkeeping and the validation every strategy needs; a
-    strategy with its own admission test (FedALIGN's loss test) extends :meth:`accept`.
-
-    ``blocks`` (the model's ordered block names, ``LayeredModel.block_names``) is optional; with
-    it, an update's ``trained`` range is checked against its delta names exactly. Without it,
-    only the names themselves are checked (blocks without state are invisible in a state dict,
-    so block indices cannot be recovered from names alone).
-    """
+    """One federated algorithm. Subclasses set ``name`` and implement :meth:`on_report` and
+    :meth:`aggregate`; the defaults of the other hooks run a one-phase round of training on each
+    sampled device's planned tail."""
 
     name: ClassVar[str]
 
-    def __init__(self, *, blocks: Sequence[str] | None = None) -> None:
-        self._blocks = tuple(blocks) if blocks is not None else None
-        self._round: int | None = None
-        self._global: dict[str, np.ndarray] = {}
-        self._block_entries: dict[str, list[str]] = {}
-        self._seen: set[str] = set()
-        self._rejected = 0
-
-    # -- round lifecycle -------------------------------------------------------------------
-    def begin_round(self, round: int, global_state: Mapping[str, np.ndarray]) -> None:
-        """Start a round from ``global_state`` (not modified; ``finish`` returns new arrays)."""
-        state: dict[str, np.ndarray] = {}
-        for key, value in global_state.items():
-            if not isinstance(value, np.ndarray):
-                raise TypeError(f"global state entry {key!r} is {type(value).__name__}, not numpy.ndarray")
-            if value.dtype.kind not in "fbiu":
-                raise TypeError(f"global state entry {key!r} has unsupported dtype {value.dtype}")
-            state[key] = value
-        if not state:
-            raise ValueError("global state is empty")
-        self._round = round
-        self._global = state
-        self._block_entries = self._group_by_block(state) if self._blocks is not None else {}
-        self._seen = set()
-        self._rejected = 0
-        self._begin(state)
-
-    def accept(self, update: DeviceUpdate) -> str | None:
-        """None if ``update`` may be folded, else why not. Never changes the running sums."""
-        self._require_round()
-        return self._validate(update)
-
-    def fold(self, update: DeviceUpdate) -> None:
-        """Add an accepted update to the running sums; raise :class:`UpdateRejected` otherwise.
-
-        Validation runs completely before anything is added, so a rejected update leaves the
-        round exactly as it was.
-        """
-        reason = self.accept(update)
-        if reason is not None:
-            self._rejected += 1
-            raise UpdateRejected(update.device_id, reason)
-        self._seen.add(update.device_id)
-        self._fold(update)
-
-    def finish(self) -> RoundResult:
-        """Close the round: the new global state and its summary. The strategy is then idle."""
-        round = self._require_round()
-        result = self._finish(round)
-        self._round = None
-        self._global = {}
-        self._seen = set()
-        return result
-
-    @property
-    def round(self) -> int | None:
-        """The open round, or None between rounds."""
-        return self._round
-
-    @property
-    def global_state(self) -> Mapping[str, np.ndarray]:
-        return self._global
-
-    # -- what subclasses implement -----------------------------------------------------------
-    def _begin(self, global_state: dict[str, np.ndarray]) -> None:
-        """Reset per-round sums (called at the end of ``begin_round``)."""
+    def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
+        """Round start: the instructions to send. Default: train ``fraction`` of the devices on their tails."""
+        return [Instruction(d, "train", Selection.tail(ctx.devices[d].split)) for d in ctx.sample()]
 
     @abstractmethod
-    def _fold(self, update: DeviceUpdate) -> None:
-        """Add a validated update to the running sums."""
+    def on_report(self, report: DeviceReport, ctx: RoundContext) -> Sequence[Instruction]:
+        """Take (fold) one report, or raise :class:`Refused`. Returns follow-up instructions (often none)."""
+
+    def on_missing(self, device_id: str, phases: Sequence[str], ctx: RoundContext) -> Sequence[Instruction]:
+        """A device vanished with instructions of ``phases`` open. Returns follow-ups (default: none)."""
+        return ()
+
+    def round_complete(self, ctx: RoundContext) -> bool:
+        """True when the round may close though instructions are still out (default: train quorum)."""
+        return ctx.state.quorum_reached("train")
 
     @abstractmethod
-    def _finish(self, round: int) -> RoundResult:
-        """Build the new global state from the running sums."""
-
-    def _check(self, update: DeviceUpdate) -> str | None:
-        """Strategy-specific admission test, run after the common validation."""
-        return None
-
-    # -- validation ------------------------------------------------------------------------
-    def _require_round(self) -> int:
-        if self._round is None:
-            raise RuntimeError(f"{type(self).__name__}: no round open; call begin_round first")
-        return self._round
-
-    def _group_by_block(self, state: Mapping[str, np.ndarray]) -> dict[str, list[str]]:
-        assert self._blocks is not None
-        known = set(self._blocks)
-        groups: dict[str, list[str]] = {b: [] for b in self._blocks}
-        for key in state:
-            block = _block_name(key)
-            if block not in known:
-                raise ValueError(f"global state entry {key!r} belongs to no block of {list(self._blocks)}")
-            groups[block].append(key)
-        return groups
-
-    def _validate(self, update: DeviceUpdate) -> str | None:
-        if not isinstance(update, DeviceUpdate):
-            return f"expected a DeviceUpdate, got {type(update).__name__}"
-        if not isinstance(update.device_id, str) or not update.device_id:
-            return "device_id must be a non-empty string"
-        if update.device_id in self._seen:
-            return f"device {update.device_id!r} was already folded in round {self._round}"
-        if update.role not in ROLES:
-            return f"unknown role {update.role!r}; roles are {', '.join(ROLES)}"
-        if isinstance(update.num_samples, bool) or not isinstance(update.num_samples, (int, np.integer)):
-            return f"num_samples must be an integer, got {type(update.num_samples).__name__}"
-        if update.num_samples < 1:
-            return f"num_samples must be at least 1, got {update.num_samples}"
-        for label, loss in (("loss_before", update.loss_before), ("loss_after", update.loss_after)):
-            if not isinstance(loss, (int, float, np.floating, np.integer)) or not math.isfinite(loss):
-                return f"{label} must be a finite number, got {loss!r}"
-        reason = self._validate_range(update)
-        if reason is not None:
-            return reason
-        if not isinstance(update.deltas, Mapping) or not update.deltas:
-            return "deltas are empty"
-        for key, delta in update.deltas.items():
-            reference = self._global.get(key)
-            if reference is None:
-                return f"unknown state entry {key!r}"
-            if not isinstance(delta, np.ndarray):
-                return f"delta {key!r} is {type(delta).__name__}, not numpy.ndarray"
-            if delta.shape != reference.shape:
-                return f"delta {key!r} has shape {delta.shape}, the model has {reference.shape}"
-            if delta.dtype != reference.dtype:
-                return f"delta {key!r} has dtype {delta.dtype}, the model has {reference.dtype}"
-            if delta.dtype.kind not in "fbiu":
-                return f"delta {key!r} has unsupported dtype {delta.dtype}"
-            if delta.dtype.kind == "f" and not np.isfinite(delta).all():
-                return f"delta {key!r} contains NaN or Inf"
-        return self._check(update)
-
-    def _validate_range(self, update: DeviceUpdate) -> str | None:
-        trained = update.trained
-        if (
-            not isinstance(trained, (tuple, list))
-            or len(trained) != 2
-            or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in trained)
-        ):
-            return f"trained must be a (start, stop) pair of block indices, got {trained!r}"
-        start, stop = int(trained[0]), int(trained[1])
-        if not 0 <= start < stop:
-            return f"trained range [{start}, {stop}) is empty or negative"
-        if self._blocks is None:
-            return None
-        if stop != len(self._blocks):
-            return f"trained range [{start}, {stop}) must end at the last block ({len(self._blocks)})"
-        expected = {k for b in self._blocks[start:stop] for k in self._block_entries[b]}
-        got = set(update.deltas) if isinstance(update.deltas, Mapping) else set()
-        if got != expected:
-            missing = sorted(expected - got)
-            extra = sorted(got - expected)
-            return (
-                f"deltas do not match trained blocks [{start}, {stop}): "
-                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"outside the range {extra[:5]}{'...' if len(extra) > 5 else ''}"
-            )
-        return None
-
-
-def _block_name(state_name: str) -> str:
-    """Block of a state entry: ``blocks.<block>.<rest>`` (LayeredModel) or the first component."""
-    parts = state_name.split(".")
-    if len(parts) >= 3 and parts[0] == "blocks":
-        return parts[1]
-    return parts[0]
+    def aggregate(self, ctx: RoundContext) -> RoundResult:
+        """Close the round: the new global state from what was folded."""
 
 
 class WeightedSums:
-    """Per-entry running sums ``sum_i w_i * delta_i`` and ``sum_i w_i`` over contributing devices.
+    """Per-element running sums ``sum_i w_i * delta_i`` and ``sum_i w_i`` over contributors.
 
-    Float entries accumulate in float64 and are cast back to the global dtype at the end. Integer
-    and boolean entries (BatchNorm ``num_batches_tracked``) are counters, not parameters: they take
-    the largest value any contributor reached (old + max delta), so averaging cannot make them
-    fractional or move them backwards.
+    A dense delta adds its weight to every element of its entry; a channel slice only to its slice;
+    row-sparse deltas only to their rows, so each row, channel or entry is averaged over the devices
+    that trained it (EmbracingFL Section 3.1 per entry; HeteroFL per channel; FedSubAvg per row).
+    Float entries accumulate in float64 and are cast back at the end. Integer entries (BatchNorm
+    ``num_batches_tracked``) are counters, not parameters: they take the largest value any
+    contributor reached (old + max delta), so averaging cannot make them fractional.
+    Memory is O(model): one accumulator (and at most one weight array) per entry touched.
     """
 
     def __init__(self, global_state: Mapping[str, np.ndarray]) -> None:
         self._global = global_state
         self._sums: dict[str, np.ndarray] = {}
-        self._weights: dict[str, float] = {}
-        self._counts: dict[str, int] = dict.fromkeys(global_state, 0)
-        self._roles: Counter[str] = Counter()
-        self._devices: list[str] = []
-        self._samples = 0
-        self._loss_sums = [0.0, 0.0]
+        self._dense_w: dict[str, float] = {}  # weight added to every element of the entry
+        self._part_w: dict[str, np.ndarray] = {}  # weight of rows (shape [rows]) or slices (full shape)
+        self.counts: dict[str, int] = dict.fromkeys(global_state, 0)
+        self.roles: Counter[str] = Counter()
+        self.devices: list[str] = []
+        self.samples = 0
+        self._loss = [0.0, 0.0, 0]
 
-    def add(self, update: DeviceUpdate, weight: float) -> None:
-        """Add ``weight * delta`` for every entry of a validated update."""
-        for key, delta in update.deltas.items():
-            if delta.dtype.kind == "f":
-                acc = self._sums.get(key)
-                if acc is None:
-                    acc = self._sums[key] = np.zeros(delta.shape, dtype=np.float64)
-                # acc += weight * delta, computed in float64 without a float32 intermediate.
-                np.add(acc, np.multiply(delta, weight, dtype=acc.dtype), out=acc)
-            else:
-                acc = self._sums.get(key)
-                self._sums[key] = delta.copy() if acc is None else np.maximum(acc, delta)
-            self._weights[key] = self._weights.get(key, 0.0) + weight
-            self._counts[key] += 1
-        self._roles[update.role] += 1
-        self._devices.append(update.device_id)
-        self._samples += int(update.num_samples)
-        self._loss_sums[0] += float(update.loss_before) * int(update.num_samples)
-        self._loss_sums[1] += float(update.loss_after) * int(update.num_samples)
+    def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
+            region: tuple[slice, ...] | np.ndarray | None = None) -> None:
+        """Add ``weight * delta`` to entry ``name``; ``region`` places a slice (slices) or rows (indices)."""
+        old = self._global[name]
+        if old.dtype.kind != "f":
+            if region is not None or isinstance(delta, RowSparse):
+                raise ValueError(f"counter entry {name!r} takes whole deltas only")
+            acc = self._sums.get(name)
+            self._sums[name] = np.array(delta, copy=True) if acc is None else np.maximum(acc, delta)
+            self._dense_w[name] = self._dense_w.get(name, 0.0) + weight
+            self.counts[name] += 1
+            return
+        acc = self._sums.get(name)
+        if acc is None:
+            acc = self._sums[name] = np.zeros(old.shape, dtype=np.float64)
+        if isinstance(delta, RowSparse):
+            rows = delta.indices
+            # acc[rows] += w * values: rows are unique (checked on decode), so fancy assignment is exact.
+            acc[rows] += np.multiply(delta.values, weight, dtype=np.float64)
+            w = self._part_w.get(name)
+            if w is None:
+                w = self._part_w[name] = np.zeros(old.shape[0], dtype=np.float64)
+            w[rows] += weight
+        elif region is None:
+            np.add(acc, np.multiply(delta, weight, dtype=np.float64), out=acc)
+            self._dense_w[name] = self._dense_w.get(name, 0.0) + weight
+        else:
+            view = acc[region]
+            np.add(view, np.multiply(delta, weight, dtype=np.float64), out=view)
+            w = self._part_w.get(name)
+            if w is None:
+                w = self._part_w[name] = np.zeros(old.shape, dtype=np.float64)
+            w[region] += weight
+        self.counts[name] += 1
 
-    def result(self, round: int, rejected: int) -> RoundResult:
-        """New state: ``old + sum_i w_i delta_i / sum_i w_i`` per entry; untouched entries copied."""
+    def add_report(self, report: DeviceReport, weight: float) -> None:
+        """Add every tensor of a checked report, each where its selection placed it."""
+        for name, delta in report.tensors.items():
+            region = None if isinstance(delta, RowSparse) else report.selection.region(name)
+            if isinstance(region, np.ndarray):
+                region = None  # a row entry always arrives as RowSparse
+            self.add(name, delta, weight, region)
+        self.note(report)
+
+    def note(self, report: DeviceReport) -> None:
+        """Count a folded report in the round's summary (devices, roles, samples, losses)."""
+        self.roles[report.role] += 1
+        self.devices.append(report.device_id)
+        n = int(report.num_samples)
+        self.samples += n
+        if math.isfinite(report.loss_before) and math.isfinite(report.loss_after):
+            self._loss[0] += report.loss_before * n
+            self._loss[1] += report.loss_after * n
+            self._loss[2] += n
+
+    def weights(self, name: str) -> np.ndarray | float:
+        """Total weight per element of entry ``name`` (a scalar when only whole deltas were added)."""
+        dense = self._dense_w.get(name, 0.0)
+        part = self._part_w.get(name)
+        if part is None:
+            return dense
+        if part.ndim == 1 and self._global[name].ndim > 1:
+            part = part.reshape(-1, *([1] * (self._global[name].ndim - 1)))
+        return part + dense
+
+    def new_state(self, scale: Mapping[str, np.ndarray | float] | None = None) -> dict[str, np.ndarray]:
+        """``old + scale * sum_i w_i delta_i / sum_i w_i`` per element (``scale`` 1 by default);
+        elements nobody trained keep their old value bit for bit."""
         state: dict[str, np.ndarray] = {}
-        for key, old in self._global.items():
-            acc = self._sums.get(key)
+        for name, old in self._global.items():
+            acc = self._sums.get(name)
             if acc is None:
-                state[key] = old.copy()
-            elif old.dtype.kind == "f":
-                mean = acc / self._weights[key]
-                state[key] = np.asarray(old.astype(np.float64) + mean, dtype=old.dtype)
+                state[name] = old.copy()
+                continue
+            if old.dtype.kind != "f":
+                state[name] = np.asarray(old + acc, dtype=old.dtype)
+                continue
+            w = self.weights(name)
+            s = 1.0 if scale is None else scale.get(name, 1.0)
+            if isinstance(w, float):
+                state[name] = np.asarray(old.astype(np.float64) + s * (acc / w), dtype=old.dtype)
             else:
-                state[key] = np.asarray(old + acc, dtype=old.dtype)
-        n = self._samples
+                w_full = np.broadcast_to(w, old.shape)
+                mean = np.divide(acc, w_full, out=np.zeros_like(acc), where=w_full > 0)
+                new = np.asarray(old.astype(np.float64) + s * mean, dtype=old.dtype)
+                state[name] = np.where(w_full > 0, new, old)
+        return state
+
+    def result(self, round: int, rejected: int, state: dict[str, np.ndarray] | None = None,
+               extra: dict[str, object] | None = None) -> RoundResult:
+        n = self._loss[2]
         return RoundResult(
-            round=round,
-            state=state,
-            devices=tuple(self._devices),
-            num_samples=n,
-            contributors=dict(self._counts),
-            roles=dict(self._roles),
-            rejected=rejected,
-            mean_loss_before=self._loss_sums[0] / n if n else None,
-            mean_loss_after=self._loss_sums[1] / n if n else None,
+            round=round, state=self.new_state() if state is None else state, devices=tuple(self.devices),
+            num_samples=self.samples, contributors=dict(self.counts), roles=dict(self.roles), rejected=rejected,
+            mean_loss_before=self._loss[0] / n if n else None, mean_loss_after=self._loss[1] / n if n else None,
+            extra=dict(extra or {}),
         )
 
 
 class AveragingStrategy(Strategy):
-    """A strategy whose new state is the per-entry weighted mean of the folded deltas.
+    """One train phase; the new state is the per-element weighted mean of the folded deltas.
 
     w_i is the device's sample count (``weighting="samples"``) or 1 (``weighting="uniform"``).
-    Subclasses add admission rules (:meth:`_check`) or override :meth:`weight`.
+    Subclasses add admission rules (:meth:`admit`) or override :meth:`weight`.
     """
 
-    def __init__(self, weighting: str = "samples", *, blocks: Sequence[str] | None = None) -> None:
-        super().__init__(blocks=blocks)
+    def __init__(self, weighting: str = "samples") -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
         self.weighting = weighting
         self._sums: WeightedSums | None = None
+        self._refused = 0
 
-    def weight(self, update: DeviceUpdate) -> float:
-        """w_i for a validated update."""
-        return float(update.num_samples) if self.weighting == "samples" else 1.0
+    def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
+        self._sums = WeightedSums(ctx.global_state)
+        self._refused = 0
+        return super().configure(ctx)
 
-    def _begin(self, global_state: dict[str, np.ndarray]) -> None:
-        self._sums = WeightedSums(global_state)
+    def weight(self, report: DeviceReport) -> float:
+        """w_i for a checked report."""
+        return float(report.num_samples) if self.weighting == "samples" else 1.0
 
-    def _fold(self, update: DeviceUpdate) -> None:
-        assert self._sums is not None
-        self._sums.add(update, self.weight(update))
+    def admit(self, report: DeviceReport, ctx: RoundContext) -> str | None:
+        """None to fold the report, else why it is refused."""
+        return None
 
-    def _finish(self, round: int) -> RoundResult:
-        assert self._sums is not None
-        result = self._sums.result(round, self._rejected)
+    def on_report(self, report: DeviceReport, ctx: RoundContext) -> Sequence[Instruction]:
+        if self._sums is None:
+            raise RuntimeError(f"{type(self).__name__}: report before configure")
+        reason = "only train reports are folded" if report.phase != "train" else self.admit(report, ctx)
+        if reason is not None:
+            self._refused += 1
+            raise Refused(reason)
+        self._sums.add_report(report, self.weight(report))
+        return ()
+
+    def aggregate(self, ctx: RoundContext) -> RoundResult:
+        sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
         self._sums = None
-        return result
+        return sums.result(ctx.round, self._refused)

@@ -17,11 +17,18 @@ entry k is averaged over exactly its contributors C_k,
 with w_i = 1 (``weighting="uniform"``: the paper's 1/s and 1/m exactly) or the device's sample
 count (``weighting="samples"``, the default, as FedAvg weights devices). Entries nobody trained
 this round keep their old value.
+
+Roles belong to this algorithm: a device trains the suffix its plan gives it (the default
+:meth:`~orchestrator.strategies.base.Strategy.configure`), and every report must cover exactly that
+suffix, ending at the last block (the server checks the names against the tail it sent).
 """
 
 from __future__ import annotations
 
-from orchestrator.strategies.base import AveragingStrategy
+from orchestrator.strategies.base import AveragingStrategy, DeviceReport, RoundContext
+
+#: The planner's roles (EmbracingFL Section 4: strong trains all, moderate ~40%, weak ~15% of memory).
+ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
 
 
 class EmbracingFL(AveragingStrategy):
@@ -32,3 +39,13 @@ class EmbracingFL(AveragingStrategy):
     """
 
     name = "embracingfl"
+
+    def admit(self, report: DeviceReport, ctx: RoundContext) -> str | None:
+        if report.role not in ROLES:
+            return f"unknown role {report.role!r}; roles are {', '.join(ROLES)}"
+        start, stop = report.trained
+        if ctx.blocks and stop != len(ctx.blocks):
+            return f"trained range [{start}, {stop}) must end at the last block ({len(ctx.blocks)})"
+        if start != report.selection.split:
+            return f"trained range [{start}, {stop}) is not the tail [{report.selection.split}, L) it was sent"
+        return None

@@ -6,20 +6,31 @@ x_{t+1} = x_t + sum_i w_i (x_t^i - x_t) / sum_i w_i, with w_i the device's sampl
 
 from __future__ import annotations
 
-from orchestrator.strategies.base import AveragingStrategy, DeviceUpdate
+from collections.abc import Sequence
+
+from orchestrator.selection import Selection
+from orchestrator.strategies.base import AveragingStrategy, DeviceReport, Instruction, RoundContext
 
 
 class FedAvg(AveragingStrategy):
-    """Weighted mean of full-model deltas. A partial update is refused: FedAvg has no rule for it."""
+    """Weighted mean of full-model deltas: every sampled device trains the whole model (split 0).
+
+    A device whose plan is a partial split is still asked for the whole model, as FedAvg would; a
+    report that covers less is refused, since FedAvg has no rule for it.
+    """
 
     name = "fedavg"
 
-    def _check(self, update: DeviceUpdate) -> str | None:
-        missing = [k for k in self.global_state if k not in update.deltas]
+    def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
+        planned = super().configure(ctx)
+        return [Instruction(i.device_id, "train", Selection.tail(0)) for i in planned]
+
+    def admit(self, report: DeviceReport, ctx: RoundContext) -> str | None:
+        missing = [k for k in ctx.global_state if k not in report.tensors]
         if missing:
             return (
-                f"FedAvg needs the whole model, but the update (role {update.role}, trained blocks "
-                f"{tuple(update.trained)}) lacks {len(missing)} of {len(self.global_state)} entries, "
+                f"FedAvg needs the whole model, but the report (role {report.role}, trained blocks "
+                f"{tuple(report.trained)}) lacks {len(missing)} of {len(ctx.global_state)} entries, "
                 f"e.g. {missing[0]!r}; use a partial-training strategy such as embracingfl"
             )
         return None
