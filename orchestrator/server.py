@@ -429,16 +429,22 @@ class Orchestrator:
             out.append((session, ins, Work(ins, selection, wire, names)))
         return out
 
-    async def _dispatch(self, instructions: Iterable[Instruction]) -> None:
-        """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing."""
+    async def _dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
+        """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing.
+
+        Every instruction is entered in the round's bookkeeping before the first ``await``, so the
+        round cannot be seen as settled while its follow-ups are being prepared.
+        """
         batch = list(instructions)
         rs, ctx = self.round, self.ctx
         if not batch or rs is None or ctx is None:
             return
+        if not issued:
+            for ins in batch:
+                rs.issue(ins.device_id, ins.phase)
         prepared = await asyncio.to_thread(self._prepare, batch)
         missing: dict[str, list[str]] = {}
         for session, ins, work in prepared:
-            rs.issue(ins.device_id, ins.phase)
             if session is None or work is None or self.sessions.get(ins.device_id) is not session:
                 rs.on_gone(ins.device_id)
                 missing.setdefault(ins.device_id, []).append(ins.phase)
@@ -516,14 +522,16 @@ class Orchestrator:
         except Refused as exc:
             accepted, reason = False, exc.reason
         rs.on_report(session.device_id, msg.phase, accepted)
+        for ins in follow:  # entered before any await: the round is not settled while they are prepared
+            rs.issue(ins.device_id, ins.phase)
         self.store.record_update(rs.round, session.device_id, {**report_info(report), "accepted": accepted,
                                                                "reason": reason})
         await self._ack(session, p.Ack(rs.round, accepted, reason, msg.phase))
         self.on_event("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                                  "phase": msg.phase, "accepted": accepted, "reason": reason,
                                  "reported": len(rs.reported()), "selected": len(rs.selected)})
+        await self._dispatch(follow, issued=True)
         self._changed.set()
-        await self._dispatch(follow)
 
     def _check_report(self, session: Session, msg: p.Report, work: Work, tensors: dict) -> None:
         """What the server guarantees every strategy: the tensors are deltas of exactly what was sent

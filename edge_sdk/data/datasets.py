@@ -26,7 +26,7 @@ import numpy as np
 
 from edge_sdk.fileio import atomic_write
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens", "synthetic")
+DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens", "synthetic", "synthetic_ratings")
 SPLITS: tuple[str, ...] = ("train", "test")
 DATA_ENV = "EDGETRAIN_DATA"
 CACHE_ENV = "EDGETRAIN_CACHE"
@@ -142,6 +142,8 @@ def load_dataset(
         data = _movielens(data_root(root), split)
     elif name == "synthetic":
         data = _synthetic(split)
+    elif name == "synthetic_ratings":
+        data = _synthetic_ratings(split)
     else:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
     return data if limit is None or limit >= len(data) else data.subset(np.arange(limit))
@@ -149,7 +151,7 @@ def load_dataset(
 
 def _source_key(name: str, root: Path | str | None) -> str:
     """Identity of a dataset's source files (path, size, modification time), for cache names."""
-    if name in ("synthetic",):
+    if name in ("synthetic", "synthetic_ratings"):
         return "builtin"
     base = {"digits": _digits_csv().parent, "femnist": data_root(root) / "femnist_leaf_flic",
             "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small"}.get(name)
@@ -204,6 +206,24 @@ def _synthetic(split: str) -> Dataset:
     centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
     x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
     return Dataset(x, y, 2, "synthetic")
+
+
+def _synthetic_ratings(split: str) -> Dataset:
+    """MovieLens-shaped ratings made up on the spot (nothing to download): 40 users each rating 30
+    of 9,742 items, rating = 3 + <u, v> from rank-4 latent factors, clipped to [0.5, 5]. Indexes the
+    recommender's tables exactly as MovieLens latest-small does; each user's last 6 ratings are
+    the test split. For tests of sparse submodels, which need few rows of a large table per device."""
+    rng = np.random.default_rng(2024)
+    users, items, per_user, test_per_user = 40, 9_742, 30, 6
+    u = rng.normal(0, 0.7, size=(users, 4))
+    v = rng.normal(0, 0.7, size=(items, 4))
+    pairs = np.stack([np.repeat(np.arange(users), per_user),
+                      np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])], axis=1)
+    rating = np.clip(3 + np.einsum("ij,ij->i", u[pairs[:, 0]], v[pairs[:, 1]]), 0.5, 5.0).astype(np.float32)
+    is_test = np.tile(np.arange(per_user) >= per_user - test_per_user, users)
+    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
+    return Dataset(pairs[keep].astype(np.int64), rating[keep], 0, "synthetic_ratings", groups=pairs[keep, 0],
+                   info={"num_users": users, "num_items": items})
 
 
 # -- digits ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ In the spirit of Flower's ``configure_train`` / ``aggregate_train``, but streami
    sums (O(model) memory however many devices report) or refuses it (:class:`Refused`), and may
    return follow-up instructions for any device: a second phase in the same round.
 3. :meth:`Strategy.round_complete` says when the round may close before its deadline (default:
-   the quorum of the train phase); the server also closes it when nothing is outstanding.
+   the quorum of the train phase, with no other phase still out); the server also closes it when
+   nothing is outstanding.
 4. :meth:`Strategy.aggregate` returns the new global state (:class:`RoundResult`).
 
 The server checks every report before a strategy sees it: tensors are exactly the deltas of what
@@ -198,8 +199,10 @@ class Strategy(ABC):
         return ()
 
     def round_complete(self, ctx: RoundContext) -> bool:
-        """True when the round may close though instructions are still out (default: train quorum)."""
-        return ctx.state.quorum_reached("train")
+        """True when the round may close though instructions are still out. Default: the train
+        phase reached its quorum and only train instructions (stragglers) are still out."""
+        state = ctx.state
+        return state.quorum_reached("train") and all(phase == "train" for _, phase in state.outstanding)
 
     @abstractmethod
     def aggregate(self, ctx: RoundContext) -> RoundResult:
