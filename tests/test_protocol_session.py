@@ -257,12 +257,19 @@ def test_an_instruction_to_an_idle_device_with_a_queue_joins_the_queue():
 
 
 def test_next_instruction():
-    pair = Pair().welcomed()
+    pair = Pair()
+    assert pair.device.next_instruction() is None  # nothing to take before the welcome
+    pair.welcomed()
     assert pair.device.next_instruction() is None  # idle, nothing pending
+    pair.down(EVALUATE)
     pair.down(TRAIN)
-    refused(lambda _: pair.device.next_instruction(), None, session=pair.device)  # only when idle
-    fresh = DeviceSession()
-    refused(lambda _: fresh.next_instruction(), None, session=fresh)
+    refused(lambda _: pair.device.next_instruction(), None, session=pair.device)  # not while working
+    pair.download("m0", b"m")
+    pair.up(Report(0, "evaluate", 1, (0, 0), "", {}))
+    refused(lambda _: pair.device.next_instruction(), None, session=pair.device)  # nor awaiting the ack
+    pair.down(Bye("stopping"))
+    assert pair.device.next_instruction() is None  # closed: nothing more to do
+    assert list(pair.device.pending) == [TRAIN]
 
 
 def test_a_fetch_of_a_closed_round_is_answered_by_an_ack_that_drops_the_instruction():

@@ -470,12 +470,16 @@ class DeviceSession(_Session):
         self._from_server(msg)
 
     def next_instruction(self) -> Instruction | None:
-        """Make the oldest pending instruction current (``IDLE`` -> ``WORKING``) and return it, or
-        return None when none is pending. Raises ``unexpected`` unless the device is ``IDLE``."""
-        if self._state is not SessionState.IDLE:
-            raise _unexpected(f"device: next_instruction() in state {self._state.name}: only an idle device "
-                              "takes the next instruction")
-        if not self._pending:
+        """Make the oldest pending instruction current (``IDLE`` -> ``WORKING``) and return it.
+
+        Returns None when there is nothing to take: none pending, or the session is not past its
+        welcome or is closed. Raises ``unexpected`` while an instruction is still being worked on
+        (``WORKING``, ``UPLOADING``, ``AWAITING_ACK``): it ends with its ``Ack``.
+        """
+        if self._state in (SessionState.WORKING, SessionState.UPLOADING, SessionState.AWAITING_ACK):
+            raise _unexpected(f"device: next_instruction() in state {self._state.name}: the current instruction "
+                              "is not finished")
+        if self._state is not SessionState.IDLE or not self._pending:
             return None
         instruction = self._pending.popleft()
         self._start(instruction)
