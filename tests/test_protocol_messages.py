@@ -14,21 +14,24 @@ from hypothesis import strategies as st
 from edge_sdk.protocol import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,
+    PAYLOAD_KINDS,
+    PHASES,
     PROTOCOL_VERSION,
+    SELECTIONS,
     Ack,
     Bye,
     Error,
     ErrorCode,
     Fetch,
     Hello,
+    Instruction,
     Limits,
     ProtocolError,
+    Report,
     Resume,
-    Task,
     TransferBegin,
     TransferEnd,
     TransferFrame,
-    Update,
     Welcome,
     decode,
     encode,
@@ -42,6 +45,9 @@ FINITE = st.floats(allow_nan=False, allow_infinity=False)
 SCALAR = st.one_of(TEXT, INT64, FINITE, st.booleans())
 CONFIG = st.dictionaries(TEXT, SCALAR, max_size=6)
 SHA = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+PHASE = st.one_of(st.sampled_from(sorted(PHASES)), ID)  # phases are open strings on the wire
+ROWS = st.dictionaries(st.integers(0, 15).map(str),
+                       st.sets(st.integers(0, (1 << 63) - 1), max_size=8).map(sorted), max_size=4)
 
 
 @st.composite
@@ -58,39 +64,36 @@ def welcomes(draw) -> Welcome:
 @st.composite
 def transfer_begins(draw) -> TransferBegin:
     total = draw(NAT)
-    return TransferBegin(transfer_id=draw(ID), kind=draw(st.sampled_from(["chunk", "tail", "rows", "update"])),
+    return TransferBegin(transfer_id=draw(ID), kind=draw(st.sampled_from(sorted(PAYLOAD_KINDS))),
                          total_size=total, sha256=draw(st.one_of(SHA, st.just(""))), frame_size=draw(st.integers(1, 1 << 40)),
                          offset=draw(st.integers(0, total)), meta=draw(CONFIG))
 
 
 @st.composite
-def fetches(draw) -> Fetch:
-    kind = draw(st.sampled_from(["chunk", "tail", "rows"]))
-    return Fetch(round=draw(NAT), kind=kind, index=0 if kind == "tail" else draw(NAT), offset=draw(NAT))
-
-
-@st.composite
-def updates(draw) -> Update:
+def reports(draw) -> Report:
     start = draw(st.integers(0, 1000))
-    return Update(round=draw(NAT), num_samples=draw(NAT), trained=(start, draw(st.integers(start, 2000))),
-                  loss_before=draw(FINITE), loss_after=draw(FINITE), transfer_id=draw(ID), metrics=draw(CONFIG))
+    return Report(round=draw(NAT), phase=draw(PHASE), num_samples=draw(NAT),
+                  trained=(start, draw(st.integers(start, 2000))), transfer_id=draw(st.one_of(st.just(""), ID)),
+                  metrics=draw(CONFIG))
 
 
 MESSAGES = {
     "hello": st.builds(Hello, device_id=ID, token=TEXT, budget_bytes=NAT, cores=st.integers(0, 1024),
                        runtimes=st.lists(TEXT, max_size=4), num_samples=NAT, device_class=TEXT,
-                       labels=st.dictionaries(TEXT, TEXT, max_size=4), resume_round=st.integers(-1, 1 << 40)),
+                       labels=st.dictionaries(TEXT, TEXT, max_size=4), resume_round=st.integers(-1, 1 << 40),
+                       rows=ROWS),
     "welcome": welcomes(),
-    "task": st.builds(Task, round=NAT, model_version=NAT, split=NAT, chunk_ids=st.lists(TEXT, max_size=5),
-                      tail_id=TEXT, local_steps=NAT, lr=st.floats(0, 10), deadline_s=st.floats(0, 1e6),
-                      config=CONFIG),
-    "fetch": fetches(),
+    "instruction": st.builds(Instruction, round=NAT, phase=PHASE, model_version=NAT, split=NAT,
+                             chunk_ids=st.lists(ID, max_size=5), model_id=ID,
+                             selection=st.sampled_from(sorted(SELECTIONS)), broadcast_id=st.one_of(st.just(""), ID),
+                             local_steps=NAT, lr=st.floats(0, 10), deadline_s=st.floats(0, 1e6), config=CONFIG),
+    "fetch": st.builds(Fetch, round=NAT, payload_id=ID, offset=NAT),
     "transfer_begin": transfer_begins(),
     "transfer_frame": st.builds(TransferFrame, transfer_id=st.text(min_size=1, max_size=300), offset=NAT,
                                 data=st.binary(min_size=1, max_size=2000)),
     "transfer_end": st.builds(TransferEnd, transfer_id=ID, sha256=SHA),
-    "update": updates(),
-    "ack": st.builds(Ack, round=NAT, accepted=st.booleans(), reason=TEXT),
+    "report": reports(),
+    "ack": st.builds(Ack, round=NAT, accepted=st.booleans(), reason=TEXT, phase=st.one_of(st.just(""), PHASE)),
     "error": st.builds(Error, code=st.sampled_from([c.value for c in ErrorCode] + ["from_the_future"]),
                        message=TEXT),
     "bye": st.builds(Bye, reason=TEXT),
@@ -153,15 +156,38 @@ def _code(data: bytes, limits: Limits = DEFAULT_LIMITS) -> str:
 
 
 HELLO = Hello(device_id="pi-zero-1", token="secret", budget_bytes=512 << 20, cores=1, runtimes=["onnxruntime"],
-              num_samples=600, device_class="rpi_zero2", labels={"site": "lab"})
+              num_samples=600, device_class="rpi_zero2", labels={"site": "lab"}, rows={"0": [0, 3, 9], "1": []})
+INSTRUCTION = Instruction(3, "train", 2, 2, ["c0", "c1"], "model-2-tail-2", "tail", "", 5, 0.1, 30.0,
+                          {"mu": 0.01, "name": "x", "n": 3, "flag": False})
+
+
+def test_version_3_message_set():
+    assert PROTOCOL_VERSION == 3
+    assert {"instruction", "report"} <= set(MESSAGE_TYPES) and not {"task", "update"} & set(MESSAGE_TYPES)
+    assert PHASES == {"train", "evaluate", "compare"} and SELECTIONS == {"tail", "rows", "channels"}
+    assert PAYLOAD_KINDS == {"chunk", "model", "broadcast", "update"}
+    # Every field is on the wire, defaults included, in declaration order.
+    assert list(_wire(Fetch(1, "c0")))[2:] == ["round", "payload_id", "offset"]
+    assert list(_wire(Ack(1, True)))[2:] == ["round", "accepted", "reason", "phase"]
+    assert _wire(HELLO)["rows"] == {"0": [0, 3, 9], "1": []}
+    assert _wire(Hello("d", "", 0, 0, [], 0))["rows"] == {}
+    assert list(_wire(INSTRUCTION))[2:] == ["round", "phase", "model_version", "split", "chunk_ids", "model_id",
+                                            "selection", "broadcast_id", "local_steps", "lr", "deadline_s", "config"]
+    assert list(_wire(Report(0, "evaluate", 5, (0, 0), "", {"loss": 0.5})))[2:] == [
+        "round", "phase", "num_samples", "trained", "transfer_id", "metrics"]
 
 
 def test_constructor_normalises_equivalent_spellings():
     w = Welcome("d", "weak", 2, 4, [[0, 1], (1, 2)], "resnet20", 0, 32, 1, {"x": 1})
     assert w.chunks == [(0, 1), (1, 2)]
-    u = Update(0, 10, [2, 4], 1, 0.5, "u-1", {})
-    assert u.trained == (2, 4) and type(u.loss_before) is float
-    assert decode(encode(u)) == u
+    r = Report(0, "train", 10, [2, 4], "u-1", {})
+    assert r.trained == (2, 4)
+    assert decode(encode(r)) == r
+    i = Instruction(0, "evaluate", 0, 1, ("c0",), "m", "tail", "", 1, 1, 0, {})
+    assert i.chunk_ids == ["c0"] and type(i.lr) is float and type(i.deadline_s) is float
+    assert decode(encode(i)) == i
+    h = Hello("d", "", 0, 0, [], 0, rows={"0": (1, 2)})
+    assert h.rows == {"0": [1, 2]}
     with pytest.raises(dataclasses.FrozenInstanceError):
         HELLO.cores = 4  # type: ignore[misc]
 
@@ -169,10 +195,13 @@ def test_constructor_normalises_equivalent_spellings():
 def test_numpy_scalars_and_str_enums_become_plain_values():
     import numpy as np
 
-    u = Update(np.int64(2), np.int32(50), (np.int64(1), 3), np.float32(0.5), 0.25, "u-2",
-               {"grad_norm": np.float32(1.5), "clipped": np.bool_(True), "steps": np.int64(3)})
-    assert_same(u, Update(2, 50, (1, 3), 0.5, 0.25, "u-2", {"grad_norm": 1.5, "clipped": True, "steps": 3}))
-    assert_same(decode(encode(u)), u)
+    r = Report(np.int64(2), "train", np.int32(50), (np.int64(1), 3), "u-2",
+               {"loss_before": np.float32(0.5), "clipped": np.bool_(True), "steps": np.int64(3)})
+    assert_same(r, Report(2, "train", 50, (1, 3), "u-2", {"loss_before": 0.5, "clipped": True, "steps": 3}))
+    assert_same(decode(encode(r)), r)
+    h = Hello("d", "", 0, 0, [], 0, rows={"0": np.array([1, 5, 7], dtype=np.int64), np.str_("1"): [np.int32(2)]})
+    assert_same(h.rows, {"0": [1, 5, 7], "1": [2]})  # np.unique of a data column goes straight in
+    assert_same(decode(encode(h)), h)
     e = Error(ErrorCode.TOO_LARGE, "frame too big")
     assert type(e.code) is str and decode(encode(e)).code == "too_large"
 
@@ -202,6 +231,14 @@ def test_unknown_type_and_bad_version():
     {"labels": {"site": 1}},
     {"labels": [["a", "b"]]},
     {"resume_round": -2},
+    {"rows": {"0": [3, 1]}},  # not sorted
+    {"rows": {"0": [1, 1]}},  # not distinct
+    {"rows": {"0": [-1, 2]}},  # a negative row
+    {"rows": {"0": [1.0]}},
+    {"rows": {"0": [True]}},
+    {"rows": {"0": 1}},
+    {"rows": {0: [1]}},
+    {"rows": [["0", [1]]]},
 ])
 def test_ill_typed_field_is_malformed(change):
     assert _code(_pack({**_wire(HELLO), **change})) == ErrorCode.MALFORMED
@@ -217,8 +254,7 @@ def test_missing_and_extra_fields_are_malformed():
 
 
 def test_scalar_maps_and_floats():
-    task = Task(3, 1, 2, ["c0"], "tail", 5, 0.1, 30.0, {"mu": 0.01, "name": "x", "n": 3, "flag": False})
-    body = _wire(task)
+    body = _wire(INSTRUCTION)
     assert decode(_pack({**body, "lr": 1})).lr == 1.0  # an int where a float is expected is fine
     assert _code(_pack({**body, "lr": True})) == ErrorCode.MALFORMED
     assert _code(_pack({**body, "lr": float("nan")})) == ErrorCode.NON_FINITE
@@ -235,9 +271,21 @@ def test_scalar_maps_and_floats():
     Welcome("d", "weak", 2, 4, [(2, 1)], "m", 0, 32, 1, {}),  # empty chunk range
     Welcome("d", "weak", 2, 4, [(0, 9)], "m", 0, 32, 1, {}),  # chunk past the model
     Welcome("d", "weak", 2, 4, [], "m", 0, 0, 1, {}),  # batch size 0
-    Fetch(0, "weights", 0),
-    Fetch(0, "tail", 1),
-    Fetch(0, "chunk", 0, offset=-1),
+    Fetch(0, ""),  # no payload id
+    Fetch(-1, "c0"),
+    Fetch(0, "c0", offset=-1),
+    Instruction(-1, "train", 0, 0, [], "m", "tail", "", 1, 0.1, 1.0, {}),
+    Instruction(0, "", 0, 0, [], "m", "tail", "", 1, 0.1, 1.0, {}),  # no phase
+    Instruction(0, "train", -1, 0, [], "m", "tail", "", 1, 0.1, 1.0, {}),
+    Instruction(0, "train", 0, -1, [], "m", "tail", "", 1, 0.1, 1.0, {}),
+    Instruction(0, "train", 0, 0, [], "", "tail", "", 1, 0.1, 1.0, {}),  # no model payload
+    Instruction(0, "train", 0, 0, [], "m", "columns", "", 1, 0.1, 1.0, {}),  # not a selection
+    Instruction(0, "train", 0, 0, [], "m", "", "", 1, 0.1, 1.0, {}),
+    Instruction(0, "train", 0, 0, [], "m", "tail", "", -1, 0.1, 1.0, {}),
+    Instruction(0, "train", 0, 0, [], "m", "tail", "", 1, -0.1, 1.0, {}),
+    Instruction(0, "train", 0, 0, [], "m", "tail", "", 1, 0.1, -1.0, {}),
+    Instruction(0, "train", 0, 0, [], "m", "tail", "", 1, float("inf"), 1.0, {}),
+    Instruction(0, "train", 0, 0, [1], "m", "tail", "", 1, 0.1, 1.0, {}),  # chunk ids are strings
     TransferBegin("t", "chunk", 10, "0" * 64, 4, 11, {}),  # offset past the end
     TransferBegin("t", "chunk", 10, "A" * 64, 4, 0, {}),  # not lowercase hex
     TransferBegin("t", "chunk", 10, "0" * 64, 0, 0, {}),  # frame size 0
@@ -245,9 +293,18 @@ def test_scalar_maps_and_floats():
     TransferEnd("t", ""),  # the end always carries the digest
     TransferEnd("", "0" * 64),
     TransferFrame("t", 0, b""),
-    Update(0, 1, (3, 2), 0.0, 0.0, "u", {}),
-    Update(0, 1, (0, 2), float("nan"), 0.0, "u", {}),
+    Report(0, "train", 1, (3, 2), "u", {}),  # a bad block range
+    Report(0, "train", 1, (-1, 2), "u", {}),
+    Report(0, "", 1, (0, 2), "u", {}),  # no phase
+    Report(-1, "train", 1, (0, 2), "u", {}),
+    Report(0, "train", -1, (0, 2), "u", {}),
+    Report(0, "train", 1, (0, 2), "u", {"loss_before": float("nan")}),
+    Report(0, "train", 1, (0, 1, 2), "u", {}),  # not a pair
     Ack(-1, True),
+    Ack(0, True, "", 5),  # the phase is a string
+    Hello("d", "", 0, 0, [], 0, rows={"0": [2, 1]}),
+    Hello("d", "", 0, 0, [], 0, rows={"0": [-3]}),
+    Hello("d", "", 0, 0, [], 0, rows={"0": [1 << 63]}),  # outside int64
     Error("", "no code"),
     Resume("t", -5),
 ])
@@ -256,9 +313,32 @@ def test_encode_refuses_invalid_messages(msg):
         encode(msg)
 
 
+def test_valid_edge_cases():
+    for msg in (
+        Report(0, "evaluate", 5, (0, 0), "", {"loss": 0.1, "accuracy": 0.9}),  # no tensors: no transfer
+        Report(0, "compare", 5, (0, 0), "", {"sq_distance": 1.0, "dot": 0.0, "sq_norm": 1.0}),
+        Instruction(0, "distill", 0, 0, [], "m", "channels", "b", 0, 0.0, 0.0, {"channels": 0.5}),  # open phases
+        Hello("d", "", 0, 0, [], 0, rows={"0": [], "1": [0, (1 << 63) - 1]}),
+        Ack(0, False, "round closed", ""),
+    ):
+        assert decode(encode(msg)) == msg
+
+
 def test_invalid_message_from_a_peer_is_refused_by_decode():
-    body = _wire(Fetch(1, "chunk", 2))
-    assert _code(_pack({**body, "kind": "weights"})) == ErrorCode.MALFORMED
+    body = _wire(Fetch(1, "c0"))
+    assert _code(_pack({**body, "payload_id": ""})) == ErrorCode.MALFORMED
+    assert _code(_pack({**body, "kind": "chunk", "index": 0})) == ErrorCode.MALFORMED  # a version 2 fetch
+    body = _wire(INSTRUCTION)
+    assert _code(_pack({**body, "selection": "weights"})) == ErrorCode.MALFORMED
+    assert _code(_pack({**body, "model_id": ""})) == ErrorCode.MALFORMED
+    assert _code(_pack({**body, "t": "task"})) == ErrorCode.UNKNOWN_TYPE  # gone in version 3
+    body = _wire(Report(0, "train", 1, (0, 2), "u", {}))
+    assert _code(_pack({**body, "phase": ""})) == ErrorCode.MALFORMED
+    assert _code(_pack({**body, "loss_before": 0.5})) == ErrorCode.MALFORMED  # a version 2 field
+    assert _code(_pack({**_wire(Ack(0, True)), "phase": None})) == ErrorCode.MALFORMED
+    no_phase = _wire(Ack(0, True))
+    del no_phase["phase"]
+    assert _code(_pack(no_phase)) == ErrorCode.MALFORMED
     body = _wire(Welcome("d", "weak", 2, 4, [(0, 2)], "m", 0, 32, 1, {}))
     assert _code(_pack({**body, "chunks": [[0, 2, 3]]})) == ErrorCode.MALFORMED
     assert _code(_pack({**body, "chunks": [[0, 9]]})) == ErrorCode.MALFORMED
@@ -277,6 +357,9 @@ def test_limits_bound_strings_lists_and_messages():
     assert _code(encode(dataclasses.replace(HELLO, device_id="x" * 17)), limits) == ErrorCode.TOO_LARGE
     assert _code(encode(dataclasses.replace(HELLO, runtimes=["a"] * 4)), limits) == ErrorCode.TOO_LARGE
     assert decode(encode(dataclasses.replace(HELLO, runtimes=["a"] * 3)), limits).runtimes == ["a"] * 3
+    assert _code(encode(dataclasses.replace(HELLO, rows={"0": [1, 2, 3, 4]})), limits) == ErrorCode.TOO_LARGE
+    assert _code(encode(dataclasses.replace(HELLO, rows={str(i): [] for i in range(4)})), limits) == ErrorCode.TOO_LARGE
+    assert decode(encode(dataclasses.replace(HELLO, rows={"0": [1, 2, 3]})), limits).rows == {"0": [1, 2, 3]}
     small = Limits(max_frame_bytes=1024, max_message_bytes=1024 + 4 * 4096 + 256)
     frame = encode(TransferFrame("t", 0, b"x" * 2048))
     assert _code(frame, small) == ErrorCode.TOO_LARGE
