@@ -1,7 +1,7 @@
 """A probe of the machine the SDK runs on: memory, a container's memory limit, usable cores.
 
-A device reports this in its hello; the planner turns it into a role and split. Imports psutil
-only (no torch, no onnx), so it runs on the leanest device.
+A device reports this in its hello (its budget when none is declared); the planner turns it into
+a role and split. Imports psutil only (no torch, no onnx), so it runs on the leanest device.
 
 A process in a container or a capped cgroup sees the host's memory in ``/proc/meminfo`` but is
 killed at its cgroup's limit, so the budget is the smaller of the two. cgroup v2 keeps the limit
