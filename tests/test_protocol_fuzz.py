@@ -1,7 +1,8 @@
 """Fuzzing: whatever bytes arrive, decode and decode_tensors raise ProtocolError or return valid values.
 
 Inputs: random bytes, and valid encodings mutated by bit flips, truncation, insertions, huge length
-headers, field values swapped for other types, nested garbage, non-map top levels and NaN tensors.
+headers, field values swapped for other types, nested garbage, non-map top levels, NaN tensors, and
+row-sparse triples with their parts dropped, renamed or corrupted.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from edge_sdk.protocol import (
     Limits,
     Message,
     ProtocolError,
+    RowSparse,
     decode,
     decode_tensors,
     encode,
     encode_tensors,
 )
 from test_protocol_messages import any_message
-from test_protocol_tensors import tensor_dicts
+from test_protocol_tensors import ROWS, VALUES, _raw, mixed_tensor_dicts, tensor_dicts
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SMALL = Limits(max_frame_bytes=4096, max_transfer_bytes=1 << 20, max_tensor_bytes=1 << 16, max_items=64,
@@ -91,11 +93,21 @@ def _decode_tensors_or_refuse(data: bytes, limits: Limits = SMALL, **kwargs) -> 
     except ProtocolError as exc:
         assert exc.code in {c.value for c in ErrorCode}
         return None
-    for name, array in tensors.items():
-        assert type(name) is str and isinstance(array, np.ndarray)
-        assert array.nbytes <= limits.max_tensor_bytes and array.ndim <= limits.max_rank
-        if array.dtype.kind == "f" and not kwargs.get("allow_non_finite"):
-            assert np.isfinite(array).all()
+    for name, value in tensors.items():
+        assert type(name) is str
+        if isinstance(value, RowSparse):  # a complete, checked triple
+            assert "@" not in name and name
+            value.check(name)
+            assert value.indices.dtype == np.int64 and value.values.shape[0] == value.indices.shape[0]
+            arrays = [value.indices, value.values]
+        else:
+            assert "@" not in name  # every "@" entry belongs to a triple
+            arrays = [value]
+        for array in arrays:
+            assert isinstance(array, np.ndarray)
+            assert array.nbytes <= limits.max_tensor_bytes and array.ndim <= limits.max_rank
+            if array.dtype.kind == "f" and not kwargs.get("allow_non_finite"):
+                assert np.isfinite(array).all()
     return tensors
 
 
@@ -149,7 +161,7 @@ def test_pathological_inputs(wire):
 
 
 @settings(FUZZ, max_examples=1000)
-@given(tensors=tensor_dicts, data=st.data())
+@given(tensors=st.one_of(tensor_dicts, mixed_tensor_dicts()), data=st.data())
 def test_mutated_tensor_payloads(tensors, data):
     base = encode_tensors(tensors)
     _decode_tensors_or_refuse(data.draw(mutated(base)))
@@ -157,7 +169,7 @@ def test_mutated_tensor_payloads(tensors, data):
 
 
 @settings(FUZZ, max_examples=300)
-@given(tensors=tensor_dicts.filter(bool), data=st.data())
+@given(tensors=st.one_of(tensor_dicts, mixed_tensor_dicts()).filter(bool), data=st.data())
 def test_tensor_headers_with_hostile_shapes(tensors, data):
     """Overwrite dtype, rank, pad or a dimension of one tensor with arbitrary values."""
     wire = bytearray(encode_tensors(tensors))
@@ -180,3 +192,23 @@ def test_nan_tensors_are_refused(shape, where, value, dtype):
     wire = encode_tensors({"w": array})
     assert _decode_tensors_or_refuse(wire) is None
     assert _decode_tensors_or_refuse(wire, allow_non_finite=True) is not None
+
+
+@settings(FUZZ, max_examples=500)
+@given(data=st.data())
+def test_row_sparse_triples_taken_apart(data):
+    """A triple's parts dropped, renamed, duplicated under other names, or swapped for other arrays."""
+    parts = {"rows": ROWS, "values": VALUES, "num_rows": np.array(5, np.int64)}
+    some_array = st.sampled_from([ROWS, VALUES, np.array(5, np.int64), np.array(1, np.int64), np.array([3, 1], np.int64),
+                                  np.zeros((2, 3), np.int32), np.zeros(0, np.int64), np.array(2, np.int32),
+                                  np.array(-4, np.int64), np.array(1 << 40, np.int64)])
+    entries = {}
+    for part, array in parts.items():
+        if data.draw(st.integers(0, 5)) == 0:
+            continue  # dropped
+        name = data.draw(st.sampled_from(["w", "v", "", "w@x", "a@b"])) + "@" + \
+            data.draw(st.sampled_from([part, part, part, "rows", "values", "num_rows", "cols", ""]))
+        entries[name] = data.draw(some_array) if data.draw(st.integers(0, 3)) == 0 else array
+    for name in data.draw(st.lists(st.sampled_from(["w", "v", "w@", "@", "x"]), max_size=2)):
+        entries[name] = data.draw(some_array)
+    _decode_tensors_or_refuse(_raw(entries))
