@@ -1,4 +1,5 @@
-"""The protocol over a real websockets server on 127.0.0.1: streaming, resume, and bad clients."""
+"""The protocol over a real websockets server on 127.0.0.1: streaming, resume, bad clients, and a
+whole round through channels whose sessions check every message on both ends."""
 
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk.protocol import (
+    Ack,
     Bye,
     Error,
     ErrorCode,
     Fetch,
     Hello,
     IncomingTransfer,
+    Instruction,
     Limits,
     ProtocolError,
+    Report,
+    RowSparse,
     TransferBegin,
     TransferFrame,
     Welcome,
@@ -31,17 +36,20 @@ from edge_sdk.protocol import (
     frames,
 )
 from edge_sdk.protocol.codec import encode_parts
-from edge_sdk.transport import recv_msg, recv_payload, send_error, send_msg, send_payload, ws_options
+from edge_sdk.protocol.session import DeviceSession, ServerSession, SessionState
+from edge_sdk.transport import Channel, recv_msg, recv_payload, send_error, send_msg, send_payload, ws_options
 
 FRAME = 256 * 1024
 LIMITS = Limits(max_frame_bytes=FRAME, max_transfer_bytes=64 << 20)
 CHUNK = encode_tensors({"blocks.stage1.conv.weight": np.random.default_rng(0).standard_normal((64, 64, 3, 3, 8),
                                                                                              dtype=np.float32)})
 assert len(CHUNK) > 4 * FRAME  # several frames
+#: What the minimal server can stream, by payload id: a chunk and a model payload (the same bytes).
+KINDS = {"chunk-0": "chunk", "chunk-1": "chunk", "model-0": "model"}
 
 
 class Server:
-    """A minimal orchestrator: Hello -> Welcome, Fetch -> chunk transfer; protocol errors -> Error + close."""
+    """A minimal orchestrator: Hello -> Welcome, Fetch -> the payload's transfer; protocol errors -> Error + close."""
 
     def __init__(self) -> None:
         self.served: list[str] = []
@@ -57,9 +65,11 @@ class Server:
             while True:
                 msg = await recv_msg(ws, LIMITS)
                 if isinstance(msg, Fetch):
-                    await send_payload(ws, CHUNK, transfer_id=f"r{msg.round}-{msg.kind}-{msg.index}", kind=msg.kind,
-                                       meta={"index": msg.index, "round": msg.round}, frame_size=FRAME,
-                                       offset=msg.offset)
+                    if msg.payload_id not in KINDS:
+                        raise ProtocolError(ErrorCode.UNEXPECTED, f"no payload {msg.payload_id!r}")
+                    await send_payload(ws, CHUNK, transfer_id=f"r{msg.round}-{msg.payload_id}",
+                                       kind=KINDS[msg.payload_id], meta={"payload": msg.payload_id, "round": msg.round},
+                                       frame_size=FRAME, offset=msg.offset)
                 elif isinstance(msg, Bye):
                     return
                 else:
@@ -97,9 +107,9 @@ def test_streams_a_multi_frame_payload():
             await send_msg(ws, _hello("dev-1"))
             welcome = await recv_msg(ws, LIMITS)
             assert isinstance(welcome, Welcome) and welcome.split == 2
-            await send_msg(ws, Fetch(round=0, kind="chunk", index=0))
+            await send_msg(ws, Fetch(round=0, payload_id="chunk-0"))
             begin = await recv_msg(ws, LIMITS)
-            assert isinstance(begin, TransferBegin) and begin.total_size == len(CHUNK)
+            assert isinstance(begin, TransferBegin) and begin.total_size == len(CHUNK) and begin.kind == "chunk"
             assert begin.sha256 == ""  # send_payload hashes while it streams: a TransferEnd has the digest
             payload = await recv_payload(ws, begin, LIMITS)
             assert payload == CHUNK
@@ -117,7 +127,7 @@ def test_a_dropped_download_resumes_on_a_new_connection():
         async with connect(url, **ws_options(LIMITS)) as ws:
             await send_msg(ws, _hello("dev-2"))
             await recv_msg(ws, LIMITS)
-            await send_msg(ws, Fetch(round=4, kind="chunk", index=1))
+            await send_msg(ws, Fetch(round=4, payload_id="chunk-1"))
             begin = await recv_msg(ws, LIMITS)
             incoming = IncomingTransfer(begin, LIMITS)
             while incoming.offset < len(CHUNK) // 2:
@@ -128,7 +138,7 @@ def test_a_dropped_download_resumes_on_a_new_connection():
         async with connect(url, **ws_options(LIMITS)) as ws:
             await send_msg(ws, _hello("dev-2"))
             await recv_msg(ws, LIMITS)
-            await send_msg(ws, Fetch(round=4, kind="chunk", index=1, offset=held))
+            await send_msg(ws, Fetch(round=4, payload_id="chunk-1", offset=held))
             begin2 = await recv_msg(ws, LIMITS)
             assert isinstance(begin2, TransferBegin) and begin2.offset == held
             payload = await recv_payload(ws, begin2, LIMITS, incoming=incoming)
@@ -159,9 +169,9 @@ def test_a_bad_client_gets_an_error_and_a_close_while_others_are_served(bad):
         async with connect(url, **ws_options(LIMITS)) as ws:
             await send_msg(ws, _hello("dev-3"))
             assert isinstance(await recv_msg(ws, LIMITS), Welcome)
-            await send_msg(ws, Fetch(round=0, kind="tail", index=0))
+            await send_msg(ws, Fetch(round=0, payload_id="model-0"))
             begin = await recv_msg(ws, LIMITS)
-            assert await recv_payload(ws, begin, LIMITS) == CHUNK
+            assert begin.kind == "model" and await recv_payload(ws, begin, LIMITS) == CHUNK
             await send_msg(ws, Bye())
 
     server = asyncio.run(_with_server(client))
@@ -171,10 +181,10 @@ def test_a_bad_client_gets_an_error_and_a_close_while_others_are_served(bad):
 def test_recv_payload_raises_the_peers_error_and_refuses_interleaved_messages():
     async def handler(ws):
         fetch = await recv_msg(ws, LIMITS)
-        stream = frames(CHUNK, transfer_id="t", kind=fetch.kind, meta={}, frame_size=FRAME)
+        stream = frames(CHUNK, transfer_id="t", kind=KINDS[fetch.payload_id], meta={}, frame_size=FRAME)
         for msg in itertools.islice(stream, 3):  # the begin and two frames, then trouble
             await send_msg(ws, msg)
-        if fetch.kind == "chunk":
+        if fetch.payload_id == "chunk-0":
             await send_error(ws, ProtocolError(ErrorCode.REFUSED, "server draining"))
         else:
             await send_msg(ws, Bye("stopping"))
@@ -182,9 +192,9 @@ def test_recv_payload_raises_the_peers_error_and_refuses_interleaved_messages():
     async def main():
         async with serve(handler, "127.0.0.1", 0, **ws_options(LIMITS)) as ws_server:
             url = f"ws://127.0.0.1:{ws_server.sockets[0].getsockname()[1]}"
-            for kind, code, remote in (("chunk", "refused", True), ("tail", "unexpected", False)):
+            for payload_id, code, remote in (("chunk-0", "refused", True), ("model-0", "unexpected", False)):
                 async with connect(url, **ws_options(LIMITS)) as ws:
-                    await send_msg(ws, Fetch(0, kind, 0))
+                    await send_msg(ws, Fetch(0, payload_id))
                     begin = await recv_msg(ws, LIMITS)
                     with pytest.raises(ProtocolError) as info:
                         await recv_payload(ws, begin, LIMITS)
@@ -241,10 +251,10 @@ def test_a_corrupted_payload_is_refused_while_hashing_overlaps_the_transfer(fram
         async with serve(handler, "127.0.0.1", 0, **ws_options(BIG)) as ws_server:
             url = f"ws://127.0.0.1:{ws_server.sockets[0].getsockname()[1]}"
             async with connect(url, **ws_options(BIG)) as ws:
-                await send_msg(ws, Fetch(0, "chunk", 0))
+                await send_msg(ws, Fetch(0, "chunk-0"))
                 payload = await recv_payload(ws, await recv_msg(ws, BIG), BIG)
                 assert payload == CHUNK and decode_tensors(payload, BIG).keys() == {"blocks.stage1.conv.weight"}
-                await send_msg(ws, Fetch(0, "chunk", 1))
+                await send_msg(ws, Fetch(0, "chunk-1"))
                 begin = await recv_msg(ws, BIG)
                 incoming = IncomingTransfer(begin, BIG, hash_in_feed=False)
                 with pytest.raises(ProtocolError) as info:
@@ -253,3 +263,132 @@ def test_a_corrupted_payload_is_refused_while_hashing_overlaps_the_transfer(fram
                 assert incoming.complete and incoming.unhashed == 0  # every byte was hashed
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+# --- a round through channels: both ends' sessions check every message -------------------------------
+
+TABLE = RowSparse(np.array([1, 5], np.int64), np.ones((2, 4), np.float32), 8)
+MODEL = encode_tensors({"blocks.1.emb.weight": TABLE, "blocks.2.fc.bias": np.zeros(3, np.float32)})
+ROUND = Instruction(round=0, phase="evaluate", model_version=0, split=1, chunk_ids=["chunk-0"], model_id="model-0",
+                    selection="rows", broadcast_id="", local_steps=2, lr=0.1, deadline_s=60.0, config={})
+FOLLOW_UP = Instruction(**{**ROUND.__dict__, "phase": "train"})
+
+
+class ChannelServer:
+    """Hello -> Welcome and an evaluate instruction; sends the train follow-up while the device
+    fetches; streams payloads; takes reports and their updates; acks; says bye after the train ack."""
+
+    def __init__(self) -> None:
+        self.errors: list[ProtocolError] = []
+        self.updates: list[dict] = []
+        self.final: ServerSession | None = None
+        self.hello: Hello | None = None
+
+    async def handler(self, ws) -> None:
+        ch = Channel(ws, ServerSession(), LIMITS)
+        try:
+            hello = self.hello = await recv_msg(ch)
+            assert ch.session.state is SessionState.WELCOMING
+            await send_msg(ch, Welcome(hello.device_id, "weak", 1, 3, [(0, 1)], "tiny", 0, 8, 2, {}))
+            await send_msg(ch, ROUND)
+            followed = False
+            while True:
+                msg = await recv_msg(ch)
+                if isinstance(msg, Fetch):
+                    if not followed:
+                        await send_msg(ch, FOLLOW_UP)  # mid-fetch: the device queues it
+                        followed = True
+                    payload = CHUNK if msg.payload_id.startswith("chunk") else MODEL
+                    await send_payload(ch, payload, transfer_id=f"{msg.payload_id}-r0", kind=KINDS[msg.payload_id],
+                                       meta={}, frame_size=FRAME, offset=msg.offset)
+                elif isinstance(msg, Report):
+                    if msg.transfer_id:
+                        begin = await recv_msg(ch)
+                        self.updates.append(decode_tensors(await recv_payload(ch, begin, LIMITS), LIMITS))
+                    assert ch.session.state is SessionState.AWAITING_ACK
+                    await send_msg(ch, Ack(msg.round, True, "", msg.phase))
+                    if msg.phase == "train":
+                        assert ch.session.state is SessionState.IDLE and not ch.session.pending
+                        await send_msg(ch, Bye("training finished"))
+                        self.final = ch.session
+                        return
+                    assert ch.session.instruction == FOLLOW_UP  # the server moved on by itself
+                else:
+                    raise ProtocolError(ErrorCode.UNEXPECTED, f"{msg.TYPE} is not expected here")
+        except ProtocolError as exc:
+            self.errors.append(exc)
+            await send_error(ch, exc)
+        except ConnectionClosed:
+            pass
+
+
+async def _with_channel_server(client) -> ChannelServer:
+    server = ChannelServer()
+    async with serve(server.handler, "127.0.0.1", 0, **ws_options(LIMITS)) as ws_server:
+        port = ws_server.sockets[0].getsockname()[1]
+        await asyncio.wait_for(client(f"ws://127.0.0.1:{port}"), timeout=60)
+    return server
+
+
+def test_a_round_with_a_follow_up_through_checked_channels():
+    async def client(url):
+        async with connect(url, **ws_options(LIMITS)) as ws:
+            ch = Channel(ws, DeviceSession(), LIMITS)
+            session = ch.session
+            await send_msg(ch, Hello("dev-ch", "t", 256 << 20, 1, ["onnxruntime"], 100, rows={"0": [1, 5]}))
+            await recv_msg(ch)
+            instruction = await recv_msg(ch)
+            phases = []
+            while instruction is not None:
+                for payload_id in (*instruction.chunk_ids, instruction.model_id):
+                    await send_msg(ch, Fetch(instruction.round, payload_id))
+                    begin = await recv_msg(ch)
+                    while isinstance(begin, Instruction):  # a follow-up waits in the session's queue
+                        begin = await recv_msg(ch)
+                    data = await recv_payload(ch, begin, LIMITS)
+                    assert data == (CHUNK if payload_id.startswith("chunk") else MODEL)
+                model = decode_tensors(MODEL, LIMITS)
+                if instruction.phase == "evaluate":
+                    assert list(session.pending) == [FOLLOW_UP]
+                    await send_msg(ch, Report(0, "evaluate", 100, (0, 0), "", {"loss": 0.5}))
+                else:
+                    deltas = {"blocks.1.emb.weight": RowSparse(TABLE.indices, TABLE.values * 0.5, 8),
+                              "blocks.2.fc.bias": np.ones(3, np.float32)}
+                    await send_msg(ch, Report(0, "train", 100, (1, 3), "upd-1", {"loss_before": 1.0, "loss_after": 0.5}))
+                    assert session.state is SessionState.UPLOADING
+                    await send_payload(ch, encode_tensors(deltas), transfer_id="upd-1", kind="update", meta={},
+                                       frame_size=FRAME)
+                assert isinstance(model["blocks.1.emb.weight"], RowSparse)
+                ack = await recv_msg(ch)
+                assert ack == Ack(0, True, "", instruction.phase) and session.state is SessionState.IDLE
+                phases.append(instruction.phase)
+                instruction = session.next_instruction()
+            assert phases == ["evaluate", "train"]
+            assert isinstance(await recv_msg(ch), Bye) and session.closed
+
+    server = asyncio.run(_with_channel_server(client))
+    assert server.errors == [] and server.final is not None and server.final.closed
+    assert server.hello.rows == {"0": [1, 5]}
+    (update,) = server.updates
+    np.testing.assert_array_equal(update["blocks.1.emb.weight"].dense()[5], np.full(4, 0.5, np.float32))
+
+
+def test_a_device_fetching_what_it_was_not_given_is_refused_by_the_servers_session():
+    async def client(url):
+        async with connect(url, **ws_options(LIMITS)) as ws:
+            ch = Channel(ws, DeviceSession(), LIMITS)
+            await send_msg(ch, _hello("dev-rogue"))
+            await recv_msg(ch)
+            await recv_msg(ch)  # the instruction
+            with pytest.raises(ProtocolError) as info:  # its own session will not send it ...
+                await send_msg(ch, Fetch(0, "model-9"))
+            assert info.value.code == ErrorCode.UNEXPECTED and "'model-9'" in info.value.message
+            await send_msg(ws, Fetch(0, "model-9"))  # ... so it goes around it
+            error = await recv_msg(ws, LIMITS)
+            assert isinstance(error, Error) and error.code == ErrorCode.UNEXPECTED and "'model-9'" in error.message
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+    server = asyncio.run(_with_channel_server(client))
+    assert [e.code for e in server.errors] == [ErrorCode.UNEXPECTED]
