@@ -199,7 +199,8 @@ def test_nan_tensors_are_refused(shape, where, value, dtype):
 def test_row_sparse_triples_taken_apart(data):
     """A triple's parts dropped, renamed, duplicated under other names, or swapped for other arrays."""
     parts = {"rows": ROWS, "values": VALUES, "num_rows": np.array(5, np.int64)}
-    some_array = st.sampled_from([ROWS, VALUES, np.array(5, np.int64), np.array(1, np.int64), np.array([3, 1], np.int64),
+    some_array = st.sampled_from([ROWS, VALUES, np.array(5, np.int64), np.array(1, np.int64),
+                                  np.array([3, 1], np.int64),
                                   np.zeros((2, 3), np.int32), np.zeros(0, np.int64), np.array(2, np.int32),
                                   np.array(-4, np.int64), np.array(1 << 40, np.int64)])
     entries = {}

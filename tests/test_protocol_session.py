@@ -140,7 +140,8 @@ def both_refuse(pair: Pair, msg, code: str = ErrorCode.UNEXPECTED, *, from_devic
 def test_a_train_round():
     pair = Pair()
     for side in (pair.device, pair.server):
-        assert (side.state, side.round, side.instruction, list(side.pending), side.closed) == (S.HELLO, -1, None, [], False)
+        assert (side.state, side.round, side.instruction, list(side.pending)) == (S.HELLO, -1, None, [])
+        assert not side.closed
     pair.up(HELLO)
     assert pair.device.state is pair.server.state is S.WELCOMING
     pair.down(WELCOME)

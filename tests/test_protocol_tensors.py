@@ -150,7 +150,8 @@ def _raw(entries: dict[str, np.ndarray]) -> bytes:
 
 
 def _triple(rows, values, num_rows, name: str = "w") -> dict[str, np.ndarray]:
-    return {f"{name}@rows": np.asarray(rows), f"{name}@values": np.asarray(values), f"{name}@num_rows": np.asarray(num_rows)}
+    return {f"{name}@rows": np.asarray(rows), f"{name}@values": np.asarray(values),
+            f"{name}@num_rows": np.asarray(num_rows)}
 
 
 ROWS = np.array([0, 2], np.int64)

@@ -354,7 +354,8 @@ def test_a_round_with_a_follow_up_through_checked_channels():
                 else:
                     deltas = {"blocks.1.emb.weight": RowSparse(TABLE.indices, TABLE.values * 0.5, 8),
                               "blocks.2.fc.bias": np.ones(3, np.float32)}
-                    await send_msg(ch, Report(0, "train", 100, (1, 3), "upd-1", {"loss_before": 1.0, "loss_after": 0.5}))
+                    await send_msg(ch, Report(0, "train", 100, (1, 3), "upd-1",
+                                              {"loss_before": 1.0, "loss_after": 0.5}))
                     assert session.state is SessionState.UPLOADING
                     await send_payload(ch, encode_tensors(deltas), transfer_id="upd-1", kind="update", meta={},
                                        frame_size=FRAME)
