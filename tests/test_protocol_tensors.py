@@ -215,6 +215,14 @@ def test_encode_refuses_row_sparse_of_non_arrays():
         assert info.value.code == ErrorCode.MALFORMED
 
 
+@pytest.mark.xfail(strict=True, reason="tensors.py: _expand formats a row-sparse entry's name before checking "
+                                       "it is a str; a TypeError escapes encode_tensors")
+def test_encode_refuses_a_row_sparse_entry_with_a_name_that_is_not_a_string():
+    with pytest.raises(ProtocolError) as info:
+        encode_tensors({1: RowSparse(ROWS, VALUES, 5)})  # type: ignore[dict-item]
+    assert info.value.code == ErrorCode.MALFORMED
+
+
 @pytest.mark.xfail(strict=True, reason="tensors.py: encode takes a row-sparse entry named '', whose parts "
                                        "'@rows'... the decoder refuses")
 def test_encode_refuses_a_row_sparse_entry_without_a_name():
