@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation import capping
+from orchestrator.emulation import capping, cgroups
 from orchestrator.emulation.capping import (
     MEMORY_EXIT_CODE,
     CapError,
@@ -223,7 +223,7 @@ def test_cleanup_stale_removes_the_cgroups_of_a_dead_parent():
         pytest.skip(f"needs a writable cgroup v1 memory hierarchy: {STATUS['cgroup-v1']}")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    parent = capping._v1_dir("memory")
+    parent = cgroups.v1_dir("memory")
     empty = parent / f"edgetrain-{dead.pid}-0"
     busy = parent / f"edgetrain-{dead.pid}-1"
     empty.mkdir()
@@ -231,7 +231,7 @@ def test_cleanup_stale_removes_the_cgroups_of_a_dead_parent():
     procs = os.fsencode(busy / "cgroup.procs")
     # An orphaned device left running inside the cgroup of the parent that died.
     orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=capping._join_cgroups_fn([procs])
+        [sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=cgroups.join_cgroups_fn([procs])
     )
     try:
         assert busy in find_cgroups(dead.pid) and empty in find_cgroups(dead.pid)

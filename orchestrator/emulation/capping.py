@@ -26,18 +26,16 @@ CPU: ``cpu_share`` (0.25 = a quarter of one core) is applied with the CFS bandwi
 v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or v2 ``cpu.max``) where writable; otherwise it is not
 applied and :attr:`CapResult.cpu_mechanism` says ``"none"``.
 
-Cgroups are named ``edgetrain-<parent pid>-<n>``, removed when the child has been reaped, at interpreter
-exit (``atexit``) for children still running, and by :func:`cleanup_stale` for those of a parent that died.
+Cgroups (:mod:`orchestrator.emulation.cgroups`) are named ``edgetrain-<parent pid>-<n>``, removed when
+the child has been reaped, at interpreter exit (``atexit``) for children still running, and by
+:func:`cleanup_stale` for those of a parent that died.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import errno
-import itertools
 import os
-import re
 import select
 import signal
 import subprocess
@@ -50,6 +48,24 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_sdk.memory import process_memory
+from orchestrator.emulation.cgroups import (
+    CFS_PERIOD_US,
+    CGROUP_PREFIX,
+    cgroup_pids,
+    cleanup_stale,
+    cpu_throttle_status,
+    find_cgroups,
+    join_cgroups_fn,
+    kv_lines,
+    make_cgroup,
+    probe_v1,
+    probe_v2,
+    read_file,
+    remove_cgroup,
+    v1_dir,
+    v2_parent,
+    write_file,
+)
 
 __all__ = [
     "BUDGET_ENV",
@@ -72,15 +88,11 @@ __all__ = [
 MECHANISMS: tuple[str, ...] = ("cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
 BUDGET_ENV = "EDGETRAIN_MEMORY_BUDGET"
 MECHANISM_ENV = "EDGETRAIN_MEMORY_MECHANISM"
-CGROUP_PREFIX = "edgetrain-"
 # Exit code of a device process that died of MemoryError under apply_self_limit: the code a shell
 # reports for a SIGKILLed command, which is how an OOM kill usually shows.
 MEMORY_EXIT_CODE = 137
 
 WATCHDOG_INTERVAL_S = 0.010
-_CFS_PERIOD_US = 100_000
-_CGROUP_NAME = re.compile(r"^edgetrain-(\d+)-\d+$")
-_names = itertools.count()  # per-process sequence for unique cgroup names
 
 
 class CapError(RuntimeError):
@@ -112,229 +124,7 @@ class CapResult:
         )
 
 
-# -- cgroup discovery ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Mount:
-    version: int  # 1 or 2
-    controllers: frozenset[str]  # v1: the hierarchy's controllers; v2: empty (see cgroup.controllers)
-    root: str  # the hierarchy path mounted there
-    mountpoint: Path
-
-
-def _mounts() -> list[_Mount]:
-    """cgroup mounts from /proc/self/mountinfo (fields: ... root mountpoint ... - fstype source opts)."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return []
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        root, mountpoint = _unescape(fields[3]), Path(_unescape(fields[4]))
-        if tail[0] == "cgroup2":
-            mounts.append(_Mount(2, frozenset(), root, mountpoint))
-        else:
-            opts = set(tail[2].split(","))
-            mounts.append(_Mount(1, frozenset(opts), root, mountpoint))
-    return mounts
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _own_cgroups() -> dict[str, str]:
-    """This process's cgroup path per v1 controller, and under key "" its v2 path."""
-    paths: dict[str, str] = {}
-    try:
-        text = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return paths
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            paths[""] = path
-        for c in controllers.split(","):
-            paths[c] = path
-    return paths
-
-
-def _resolve(mount: _Mount, path: str) -> Path | None:
-    """The directory of hierarchy path `path` under `mount`, if that mount shows it."""
-    if mount.root != "/":
-        if path != mount.root and not path.startswith(mount.root + "/"):
-            return None
-        path = path[len(mount.root) :] or "/"
-    d = mount.mountpoint / path.lstrip("/")
-    return d if d.is_dir() else None
-
-
-def _v1_dir(controller: str) -> Path | None:
-    own = _own_cgroups()
-    if controller not in own:
-        return None
-    for m in _mounts():
-        if m.version == 1 and controller in m.controllers:
-            d = _resolve(m, own[controller])
-            if d is not None:
-                return d
-    return None
-
-
-def _v2_parent(controller: str) -> Path | None:
-    """Where a v2 child with `controller` can be made: our own cgroup if it delegates the controller to
-    its children, else our parent (a sibling of ours), whose delegation is what gave it to us."""
-    own = _own_cgroups()
-    if "" not in own:
-        return None
-    for m in _mounts():
-        if m.version != 2:
-            continue
-        d = _resolve(m, own[""])
-        if d is None:
-            continue
-        if controller in _read(d / "cgroup.subtree_control", "").split():
-            return d
-        if controller in _read(d / "cgroup.controllers", "").split() and d != m.mountpoint:
-            return d.parent
-    return None
-
-
-def _read(path: Path, default: str | None = None) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        if default is None:
-            raise
-        return default
-
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _new_name() -> str:
-    return f"{CGROUP_PREFIX}{os.getpid()}-{next(_names)}"
-
-
-def _make_cgroup(parent: Path, files: Mapping[str, str], optional: Mapping[str, str] | None = None) -> Path:
-    """mkdir a uniquely named child of `parent` and write its limit files (optional ones may fail)."""
-    while True:
-        d = parent / _new_name()
-        try:
-            os.mkdir(d)
-            break
-        except FileExistsError:
-            continue
-    try:
-        for name, value in files.items():
-            _write(d / name, value)
-        for name, value in (optional or {}).items():
-            if (d / name).exists():
-                try:
-                    _write(d / name, value)
-                except OSError:
-                    pass
-    except BaseException:
-        _remove_cgroup(d)
-        raise
-    return d
-
-
-def _cgroup_pids(d: Path) -> list[int]:
-    return [int(p) for p in _read(d / "cgroup.procs", "").split()]
-
-
-def _remove_cgroup(d: Path, *, kill: bool = True, attempts: int = 50) -> bool:
-    """Kill what is left inside (a device's own children) and rmdir; retry while the kernel is busy."""
-    for _ in range(attempts):
-        if kill:
-            for pid in _cgroup_pids(d):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        try:
-            os.rmdir(d)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as e:
-            if e.errno != errno.EBUSY:
-                return False
-        time.sleep(0.02)
-    return False
-
-
-def _kv(text: str) -> dict[str, int]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
 # -- mechanisms ------------------------------------------------------------------------------------
-def _probe_v1() -> str:
-    d = _v1_dir("memory")
-    if d is None:
-        return "no cgroup v1 memory hierarchy holds this process"
-    if not (d / "memory.limit_in_bytes").exists():
-        return f"{d} has no memory.limit_in_bytes"
-    try:
-        probe = _make_cgroup(d, {})
-    except OSError as e:
-        return f"cannot create a cgroup under {d}: {_why(e)}"
-    ok = (probe / "memory.limit_in_bytes").exists()
-    _remove_cgroup(probe, kill=False)
-    return "ok" if ok else f"a child of {d} has no memory.limit_in_bytes"
-
-
-def _probe_v2() -> str:
-    d = _v2_parent("memory")
-    if d is None:
-        return "cgroup v2 has no memory controller delegated to this process"
-    try:
-        probe = _make_cgroup(d, {})
-    except OSError as e:
-        return f"cannot create a cgroup under {d}: {_why(e)}"
-    ok = (probe / "memory.max").exists()
-    _remove_cgroup(probe, kill=False)
-    return "ok" if ok else f"a child of {d} has no memory.max"
-
-
-def _why(e: OSError) -> str:
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return f"{e.strerror} (needs root, or a cgroup delegated to this user)"
-    return str(e.strerror)
-
-
-def cpu_throttle_status() -> str:
-    """How ``cpu_share`` would be applied here ("cgroup-v2" or "cgroup-v1"), or why it would not."""
-    d = _v2_parent("cpu")
-    if d is not None and _v2_parent("memory") == d:
-        return "cgroup-v2"  # set on the memory cgroup, so only with the cgroup-v2 mechanism
-    d = _v1_dir("cpu")
-    if d is None or not (d / "cpu.cfs_quota_us").exists():
-        return "no cgroup v1 cpu hierarchy with CFS bandwidth control holds this process"
-    try:
-        probe = _make_cgroup(d, {})
-    except OSError as e:
-        return f"cannot create a cgroup under {d}: {_why(e)}"
-    _remove_cgroup(probe, kill=False)
-    return "cgroup-v1"
-
-
 def _probe_rlimit() -> str:
     try:
         import resource  # noqa: F401
@@ -346,8 +136,8 @@ def _probe_rlimit() -> str:
 
 
 _PROBES: dict[str, Callable[[], str]] = {
-    "cgroup-v2": _probe_v2,
-    "cgroup-v1": _probe_v1,
+    "cgroup-v2": probe_v2,
+    "cgroup-v1": probe_v1,
     "rlimit-as+watchdog": _probe_rlimit,
     "none": lambda: "ok",
 }
@@ -528,7 +318,7 @@ class CappedProcess:
         child_env[MECHANISM_ENV] = self.mechanism
         try:
             procs_files = self._setup_cgroups(cpu_share)
-            preexec = _join_cgroups_fn(procs_files) if procs_files else None
+            preexec = join_cgroups_fn(procs_files) if procs_files else None
             self._t0 = time.monotonic()
             try:
                 self._popen = subprocess.Popen(
@@ -556,37 +346,37 @@ class CappedProcess:
         files: list[bytes] = []
         budget = str(self.budget_bytes)
         if self.mechanism == "cgroup-v1":
-            parent = _v1_dir("memory")
+            parent = v1_dir("memory")
             if parent is None:
                 raise CapError("the cgroup v1 memory hierarchy disappeared")
             # memory.limit_in_bytes first: memsw may never be below it.
-            self._mem_cg = _make_cgroup(
+            self._mem_cg = make_cgroup(
                 parent, {"memory.limit_in_bytes": budget}, {"memory.memsw.limit_in_bytes": budget}
             )
         elif self.mechanism == "cgroup-v2":
-            parent = _v2_parent("memory")
+            parent = v2_parent("memory")
             if parent is None:
                 raise CapError("the cgroup v2 memory controller disappeared")
-            self._mem_cg = _make_cgroup(
+            self._mem_cg = make_cgroup(
                 parent, {"memory.max": budget}, {"memory.swap.max": "0", "memory.oom.group": "1"}
             )
-            if cpu_share is not None and "cpu" in _read(parent / "cgroup.subtree_control", "").split():
-                quota = max(1000, round(cpu_share * _CFS_PERIOD_US))
+            if cpu_share is not None and "cpu" in read_file(parent / "cgroup.subtree_control", "").split():
+                quota = max(1000, round(cpu_share * CFS_PERIOD_US))
                 try:
-                    _write(self._mem_cg / "cpu.max", f"{quota} {_CFS_PERIOD_US}")
+                    write_file(self._mem_cg / "cpu.max", f"{quota} {CFS_PERIOD_US}")
                     self._cpu_mechanism, self._cpu_share = "cgroup-v2", cpu_share
                 except OSError:
                     pass
         if self._mem_cg is not None:
             files.append(os.fsencode(self._mem_cg / "cgroup.procs"))
         if cpu_share is not None and self._cpu_mechanism == "none":
-            cpu_parent = _v1_dir("cpu")
+            cpu_parent = v1_dir("cpu")
             if cpu_parent is not None and (cpu_parent / "cpu.cfs_quota_us").exists():
-                quota = max(1000, round(cpu_share * _CFS_PERIOD_US))
+                quota = max(1000, round(cpu_share * CFS_PERIOD_US))
                 try:
-                    self._cpu_cg = _make_cgroup(
+                    self._cpu_cg = make_cgroup(
                         cpu_parent,
-                        {"cpu.cfs_period_us": str(_CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)},
+                        {"cpu.cfs_period_us": str(CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)},
                     )
                     files.append(os.fsencode(self._cpu_cg / "cgroup.procs"))
                     self._cpu_mechanism, self._cpu_share = "cgroup-v1", cpu_share
@@ -624,7 +414,7 @@ class CappedProcess:
         if self.mechanism == "cgroup-v2":
             assert self._mem_cg is not None
             try:
-                self._peak_seen = max(self._peak_seen, int(_read(self._mem_cg / "memory.current")))
+                self._peak_seen = max(self._peak_seen, int(read_file(self._mem_cg / "memory.current")))
             except (OSError, ValueError):
                 pass
             return
@@ -666,7 +456,7 @@ class CappedProcess:
         # The device's own children share its cgroup: take them down too.
         for cg in (self._mem_cg, self._cpu_cg):
             if cg is not None:
-                for pid in _cgroup_pids(cg):
+                for pid in cgroup_pids(cg):
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -711,15 +501,15 @@ class CappedProcess:
             return None, False
         try:
             if self.mechanism == "cgroup-v1":
-                peak = int(_read(cg / "memory.max_usage_in_bytes"))
-                control = _kv(_read(cg / "memory.oom_control", ""))
+                peak = int(read_file(cg / "memory.max_usage_in_bytes"))
+                control = kv_lines(read_file(cg / "memory.oom_control", ""))
                 if "oom_kill" in control:
                     oom = control["oom_kill"] > 0
                 else:  # kernels before 4.13: a failed charge and a SIGKILL
-                    oom = int(_read(cg / "memory.failcnt", "0")) > 0 and self._returncode == -signal.SIGKILL
+                    oom = int(read_file(cg / "memory.failcnt", "0")) > 0 and self._returncode == -signal.SIGKILL
                 return peak, oom
-            events = _kv(_read(cg / "memory.events", ""))
-            peak_text = _read(cg / "memory.peak", "")
+            events = kv_lines(read_file(cg / "memory.events", ""))
+            peak_text = read_file(cg / "memory.peak", "")
             peak = int(peak_text) if peak_text.strip().isdigit() else None
             if peak is not None:
                 peak = max(peak, self._peak_seen)
@@ -730,7 +520,7 @@ class CappedProcess:
     def _remove_cgroups(self) -> None:
         for attr in ("_mem_cg", "_cpu_cg"):
             cg = getattr(self, attr)
-            if cg is not None and _remove_cgroup(cg):
+            if cg is not None and remove_cgroup(cg):
                 setattr(self, attr, None)
 
     def _at_exit(self) -> None:
@@ -786,7 +576,7 @@ class CappedProcess:
         cg = self._mem_cg
         if cg is not None:
             name = "memory.max_usage_in_bytes" if self.mechanism == "cgroup-v1" else "memory.peak"
-            text = _read(cg / name, "")
+            text = read_file(cg / name, "")
             if text.strip().isdigit():
                 return max(int(text), self._peak_seen)
         return self._peak_seen or None
@@ -808,79 +598,3 @@ class CappedProcess:
         return f"<CappedProcess pid={getattr(self, 'pid', None)} {self.mechanism} {state}>"
 
 
-def _join_cgroups_fn(procs_files: list[bytes]) -> Callable[[], None]:
-    """A preexec_fn that moves the forked child into its cgroups before exec, so its imports count.
-
-    Runs between fork and exec: plain os calls only, no allocation-heavy Python."""
-
-    def join() -> None:
-        for path in procs_files:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-
-    return join
-
-
-# -- housekeeping ----------------------------------------------------------------------------------
-def _roots() -> list[Path]:
-    roots = []
-    for m in _mounts():
-        if m.version == 2 or m.controllers & {"memory", "cpu"}:
-            roots.append(m.mountpoint)
-    return roots
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def find_cgroups(owner: int | None = None, *, max_depth: int = 6) -> list[Path]:
-    """Cgroups this module created (``edgetrain-<pid>-<n>``) in every memory/cpu/v2 hierarchy,
-    optionally only those of parent pid `owner`."""
-    found: list[Path] = []
-    for root in _roots():
-        stack = [(root, 0)]
-        while stack:
-            d, depth = stack.pop()
-            try:
-                entries = list(os.scandir(d))
-            except OSError:
-                continue
-            for e in entries:
-                if not e.is_dir(follow_symlinks=False):
-                    continue
-                m = _CGROUP_NAME.match(e.name)
-                if m:
-                    if owner is None or int(m.group(1)) == owner:
-                        found.append(Path(e.path))
-                elif depth < max_depth:
-                    stack.append((Path(e.path), depth + 1))
-    return sorted(found)
-
-
-def cleanup_stale(*, kill_orphans: bool = True) -> list[Path]:
-    """Remove the cgroups of parents that no longer run (a killed emulator); return what was removed.
-
-    With `kill_orphans`, device processes still inside such a cgroup are SIGKILLed first (nobody is left
-    to collect their results); otherwise a cgroup that still holds processes is kept."""
-    removed = []
-    for cg in find_cgroups():
-        m = _CGROUP_NAME.match(cg.name)
-        assert m is not None
-        owner = int(m.group(1))
-        if owner == os.getpid() or _alive(owner):
-            continue
-        if not kill_orphans and _cgroup_pids(cg):
-            continue
-        if _remove_cgroup(cg, kill=kill_orphans):
-            removed.append(cg)
-    return removed
