@@ -227,17 +227,18 @@ class DeviceClient:
                 raise DeviceRefused(f"{msg.code}: {msg.message}")
             if isinstance(msg, p.Resume):
                 await self._resume_upload(ch, msg)
+                instruction: p.Instruction | None = ch.session.next_instruction()
             elif isinstance(msg, p.Instruction):
-                instruction: p.Instruction | None = msg
-                while instruction is not None:
-                    try:
-                        await self._carry_out(ch, instruction)
-                    except RoundAborted:
-                        self.on_event("aborted", {"device": c.device_id, "round": instruction.round})
-                        self._drop_progress()
-                    instruction = ch.session.next_instruction()
+                instruction = msg
             else:
                 raise p.ProtocolError("unexpected", f"did not expect {msg.TYPE} while idle")
+            while instruction is not None:
+                try:
+                    await self._carry_out(ch, instruction)
+                except RoundAborted:
+                    self.on_event("aborted", {"device": c.device_id, "round": instruction.round})
+                    self._drop_progress()
+                instruction = ch.session.next_instruction()
 
     async def _recv(self, ch: Channel) -> p.Message:
         """The next message that is not a follow-up instruction (those wait in the session's queue)."""

@@ -71,10 +71,11 @@ def transfer_begins(draw) -> TransferBegin:
 
 @st.composite
 def reports(draw) -> Report:
-    start = draw(st.integers(0, 1000))
-    return Report(round=draw(NAT), phase=draw(PHASE), num_samples=draw(NAT),
-                  trained=(start, draw(st.integers(start, 2000))), transfer_id=draw(st.one_of(st.just(""), ID)),
-                  metrics=draw(CONFIG))
+    transfer_id = draw(st.one_of(st.just(""), ID))
+    start = draw(st.integers(0, 1000)) if transfer_id else 0
+    stop = draw(st.integers(start, 2000)) if transfer_id else 0
+    return Report(round=draw(NAT), phase=draw(PHASE), num_samples=draw(NAT), trained=(start, stop),
+                  transfer_id=transfer_id, metrics=draw(CONFIG))
 
 
 MESSAGES = {

@@ -182,6 +182,7 @@ class Instruction(Message):
         _require(self.model_version >= 0, "instruction.model_version is negative")
         _require(self.split >= 0, "instruction.split is negative")
         _require(self.model_id != "", "instruction.model_id is empty")
+        _require(all(self.chunk_ids), "instruction.chunk_ids holds an empty id")
         _require(self.selection in SELECTIONS,
                  f"instruction.selection {self.selection!r} is not one of {sorted(SELECTIONS)}")
         _require(self.local_steps >= 0, "instruction.local_steps is negative")
@@ -293,6 +294,8 @@ class Report(Message):
         _require(self.num_samples >= 0, "report.num_samples is negative")
         start, stop = self.trained
         _require(0 <= start <= stop, f"report.trained has a bad range ({start}, {stop})")
+        _require(self.transfer_id != "" or (start, stop) == (0, 0),
+                 "report.trained must be (0, 0) when the report has no tensors")
 
 
 @dataclass(frozen=True)

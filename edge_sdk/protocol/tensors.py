@@ -84,9 +84,13 @@ class RowSparse:
     def check(self, name: str = "") -> None:
         """Raise ``ProtocolError`` unless indices and values describe rows of the table."""
         where = f"row-sparse tensor {name[:64]!r}"
+        if not isinstance(self.indices, np.ndarray) or not isinstance(self.values, np.ndarray):
+            raise ProtocolError(ErrorCode.MALFORMED, f"{where}: indices and values must be numpy arrays")
         idx = self.indices
-        if idx.ndim != 1 or idx.dtype != np.dtype("<i8"):
-            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: indices must be 1-D int64")
+        if idx.dtype != np.dtype("<i8"):
+            raise ProtocolError(ErrorCode.BAD_DTYPE, f"{where}: indices must be int64, got {idx.dtype}")
+        if idx.ndim != 1:
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: indices must be 1-D")
         if self.values.ndim < 1 or self.values.shape[0] != idx.shape[0]:
             raise ProtocolError(ErrorCode.BAD_SHAPE, f"{where}: {idx.shape[0]} indices but values of shape "
                                                      f"{list(self.values.shape)}")
@@ -107,6 +111,8 @@ def _expand(tensors: Mapping[str, np.ndarray | RowSparse]) -> dict[str, np.ndarr
     """Row-sparse entries as their three plain wire entries."""
     flat: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
+        if isinstance(value, RowSparse) and (type(name) is not str or not name):
+            raise ProtocolError(ErrorCode.MALFORMED, f"a row-sparse tensor needs a non-empty str name, got {name!r:.64}")
         if type(name) is str and SPARSE_SEP in name:
             raise ProtocolError(ErrorCode.MALFORMED, f"tensor name {name[:64]!r} contains the reserved "
                                                      f"{SPARSE_SEP!r}")
@@ -120,7 +126,7 @@ def _expand(tensors: Mapping[str, np.ndarray | RowSparse]) -> dict[str, np.ndarr
     return flat
 
 
-def _collapse(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray | RowSparse]:
+def _collapse(flat: dict[str, np.ndarray], limits: Limits) -> dict[str, np.ndarray | RowSparse]:
     """The inverse of :func:`_expand`: every ``@`` entry must belong to a complete row-sparse triple."""
     if not any(SPARSE_SEP in name for name in flat):
         return flat  # type: ignore[return-value]
@@ -142,6 +148,9 @@ def _collapse(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray | RowSparse]:
         num_rows = got["num_rows"]
         if num_rows.shape != () or num_rows.dtype != np.dtype("<i8"):
             raise ProtocolError(ErrorCode.BAD_SHAPE, f"row-sparse tensor {base[:64]!r}: num_rows must be an int64 scalar")
+        if int(num_rows) > limits.max_dim:
+            raise ProtocolError(ErrorCode.BAD_SHAPE, f"row-sparse tensor {base[:64]!r}: {int(num_rows)} rows exceed "
+                                                     f"{limits.max_dim}")
         sparse = RowSparse(got["rows"], got["values"], int(num_rows))
         sparse.check(base)
         out[base] = sparse
@@ -234,7 +243,7 @@ def decode_tensors(data: BytesLike, limits: Limits = DEFAULT_LIMITS, *,
         raise ProtocolError(ErrorCode.MALFORMED, "tensor payload is truncated") from None
     if reader.pos != len(view):
         raise ProtocolError(ErrorCode.MALFORMED, f"{len(view) - reader.pos} bytes after the tensor map")
-    return _collapse(tensors)
+    return _collapse(tensors, limits)
 
 
 class _Reader:
