@@ -29,18 +29,20 @@ def _hello(resume_round: int = -1) -> p.Hello:
 
 
 async def _start_update(url: str, orch, events: list[tuple[str, dict]]) -> tuple[dict[str, np.ndarray], bytes, int]:
-    """Connect, take the round's task, send the update and the first half of its frames, then lose
-    the connection. Returns the deltas, their payload and the bytes sent."""
+    """Connect, take the round's instruction, send the report and the first half of its update's
+    frames, then lose the connection. Returns the deltas, their payload and the bytes sent."""
     async with connect(url, **ws_options()) as ws:
         await send_msg(ws, _hello())
         welcome = await recv_msg(ws)
         task = await recv_msg(ws)
-        assert isinstance(welcome, p.Welcome) and welcome.split == 0 and isinstance(task, p.Task)
+        assert isinstance(welcome, p.Welcome) and welcome.split == 0 and isinstance(task, p.Instruction)
+        assert task.phase == "train" and task.selection == "tail"
         rng = np.random.default_rng(7)
         deltas = {name: rng.standard_normal(orch.global_state[name].shape).astype(np.float32) / 10
                   for name in orch.model.state_names(welcome.split)}
         payload = p.encode_tensors(deltas)
-        await send_msg(ws, p.Update(task.round, 100, (welcome.split, welcome.num_blocks), 1.0, 0.5, "upd-1", {}))
+        await send_msg(ws, p.Report(task.round, "train", 100, (welcome.split, welcome.num_blocks), "upd-1",
+                                    {"loss_before": 1.0, "loss_after": 0.5}))
         messages = list(p.frames(payload, transfer_id="upd-1", kind="update", meta={}, frame_size=FRAME))
         half = messages[: len(messages) // 2]
         for msg in half:
@@ -71,7 +73,7 @@ def test_the_server_resumes_an_update_from_the_bytes_it_holds(tmp_path: Path) ->
                                 offset=resume.offset):
                 await send_msg(ws, msg)
             ack = await recv_msg(ws)
-            assert ack == p.Ack(1, True, "")
+            assert ack == p.Ack(1, True, "", "train")
             assert isinstance(await recv_msg(ws), p.Bye)  # one round: training is over
         await server
         return before, deltas, orch.global_state
