@@ -525,7 +525,7 @@ class Orchestrator:
         for ins in follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
         self.store.record_update(rs.round, session.device_id, {**report_info(report), "accepted": accepted,
-                                                               "reason": reason})
+                                                               "reason": reason}, phase=msg.phase)
         await self._ack(session, p.Ack(rs.round, accepted, reason, msg.phase))
         self.on_event("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                                  "phase": msg.phase, "accepted": accepted, "reason": reason,

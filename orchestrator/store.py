@@ -3,7 +3,7 @@ model checkpoints, so a killed server resumes from its last completed round.
 
 Layout of a run directory::
 
-    journal.sqlite3            WAL-mode SQLite: meta, devices, rounds, updates
+    journal.sqlite3            WAL-mode SQLite: meta, devices, rounds, reports (one per device and phase)
     checkpoints/round-000012.npz
 
 A round is complete when its journal row says so; that row is committed only after its
@@ -58,13 +58,14 @@ CREATE TABLE IF NOT EXISTS rounds (
     checkpoint TEXT,
     sha256 TEXT
 );
-CREATE TABLE IF NOT EXISTS updates (
+CREATE TABLE IF NOT EXISTS reports (
     round INTEGER NOT NULL,
     device_id TEXT NOT NULL,
+    phase TEXT NOT NULL,
     received REAL NOT NULL,
     accepted INTEGER,
     info TEXT NOT NULL,
-    PRIMARY KEY (round, device_id)
+    PRIMARY KEY (round, device_id, phase)
 );
 """
 
@@ -173,15 +174,16 @@ class Store:
             last = self._db.execute("SELECT MAX(round) AS r FROM rounds WHERE finished IS NOT NULL").fetchone()["r"]
             if last is not None and round <= last:
                 raise StoreError(f"round {round} is not after the last completed round {last}")
-            self._db.execute("DELETE FROM updates WHERE round = ?", (round,))
+            self._db.execute("DELETE FROM reports WHERE round = ?", (round,))
             self._db.execute(
                 """INSERT INTO rounds(round, started, selected) VALUES (?, ?, ?)
                    ON CONFLICT(round) DO UPDATE SET started = excluded.started, selected = excluded.selected""",
                 (round, time.time(), _dumps(list(selected))),
             )
 
-    def record_update(self, round: int, device_id: str, info: Mapping[str, object]) -> None:
-        """Journal one device's report: role, trained range, samples, losses, timings, accepted/reason."""
+    def record_update(self, round: int, device_id: str, info: Mapping[str, object], phase: str = "train") -> None:
+        """Journal one device's report of one phase (a round may hold several per device): role,
+        trained range, samples, metrics, accepted/reason."""
         round = _round_number(round)
         accepted = info.get("accepted")
         with self._lock, self._transaction():
@@ -191,10 +193,11 @@ class Store:
             if row["finished"] is not None:
                 raise StoreError(f"round {round} is already complete; late update from {device_id!r}")
             self._db.execute(
-                """INSERT INTO updates(round, device_id, received, accepted, info) VALUES (?, ?, ?, ?, ?)
-                   ON CONFLICT(round, device_id) DO UPDATE SET
+                """INSERT INTO reports(round, device_id, phase, received, accepted, info) VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT(round, device_id, phase) DO UPDATE SET
                        received = excluded.received, accepted = excluded.accepted, info = excluded.info""",
-                (round, device_id, time.time(), None if accepted is None else int(bool(accepted)), _dumps(info)),
+                (round, device_id, phase, time.time(), None if accepted is None else int(bool(accepted)),
+                 _dumps(info)),
             )
 
     def complete_round(self, round: int, state: Mapping[str, np.ndarray], metrics: Mapping[str, object]) -> None:
@@ -277,7 +280,7 @@ class Store:
         """Every journaled round: started/finished times, selected devices, updates reported, metrics."""
         with self._lock:
             rows = self._db.execute(
-                """SELECT r.*, (SELECT COUNT(*) FROM updates u WHERE u.round = r.round) AS reported
+                """SELECT r.*, (SELECT COUNT(*) FROM reports u WHERE u.round = r.round) AS reported
                    FROM rounds r ORDER BY r.round"""
             ).fetchall()
         return [
@@ -297,7 +300,7 @@ class Store:
 
     def updates(self, round: int | None = None) -> list[dict]:
         """Journaled device reports, of one round or all, in arrival order."""
-        query = "SELECT * FROM updates"
+        query = "SELECT * FROM reports"
         args: tuple[object, ...] = ()
         if round is not None:
             query += " WHERE round = ?"
@@ -305,7 +308,8 @@ class Store:
         with self._lock:
             rows = self._db.execute(query + " ORDER BY round, received, device_id", args).fetchall()
         return [
-            {"round": r["round"], "device_id": r["device_id"], "received": r["received"], **json.loads(r["info"])}
+            {"round": r["round"], "device_id": r["device_id"], "phase": r["phase"], "received": r["received"],
+             **json.loads(r["info"])}
             for r in rows
         ]
 
