@@ -1,7 +1,7 @@
 """The device: connect, say hello, carry out the server's instructions, reconnect on drops.
 
-One training instruction on a device (DESIGN.md "One round, as data flows", EmbracingFL Algorithms
-1-2): fetch frozen chunk 1, run it over the local data, cache the activations, free the chunk,
+One training instruction on a device (docs/architecture.md, "One round, step by step"; EmbracingFL
+Algorithms 1-2): fetch frozen chunk 1, run it over the local data, cache the activations, free the chunk,
 fetch chunk 2 ... then fetch the model payload (the trainable tail, or a submodel of its rows),
 train tau local steps on the cached activations and report the deltas. A strong device has no
 chunks and trains the whole model. A round may hold several instructions (docs/protocol.md,

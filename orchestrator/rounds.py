@@ -1,6 +1,6 @@
 """Round bookkeeping without I/O: which instructions are out, who answered, who vanished, when it closes.
 
-DESIGN.md "One round, as data flows", steps 3-5: the scheduler samples devices, collects their
+docs/architecture.md, "One round, step by step": the scheduler samples devices, collects their
 reports, and closes the round at quorum or deadline, treating late or vanished devices as
 stragglers so that one slow phone never stalls the fleet. A round may hold several instructions
 per device (a strategy's phases: evaluate, then train; train, then compare), each answered once.

@@ -336,7 +336,7 @@ class Orchestrator:
         )
         async with session.channel.send_lock:
             await send_msg(session.channel, welcome)
-        # A device that drops mid-round and comes back resumes that round (DESIGN.md "Nothing is lost").
+        # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept").
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
             rs.on_back(session.device_id)

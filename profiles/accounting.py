@@ -84,7 +84,7 @@ class TrainingMemory:
     peaked 13-18 MiB above the same round run in a bare process.
 
     ``sequential_phases``: a device streams its frozen chunks first (each chunk is freed before
-    the next loads), then trains the tail (DESIGN.md, "One round", step 3); its peak is the
+    the next loads), then trains the tail (docs/architecture.md, "One round, step by step"); its peak is the
     larger of the two phases. Set it to False for a device that must hold both at once.
 
     ``transfer_copies``: copies of the tail's state held for the wire while the tail trains: the

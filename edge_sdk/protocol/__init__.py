@@ -31,6 +31,7 @@ from .messages import (
     TransferFrame,
     Welcome,
 )
+from .session import DeviceSession, ServerSession, SessionState
 from .tensors import DTYPES, TENSOR_EXT, RowSparse, decode_tensors, encode_tensors
 from .transfer import DEFAULT_FRAME_SIZE, IncomingTransfer, frames, sha256_hex
 
@@ -69,4 +70,7 @@ __all__ = [
     "frames",
     "sha256_hex",
     "IncomingTransfer",
+    "SessionState",
+    "DeviceSession",
+    "ServerSession",
 ]

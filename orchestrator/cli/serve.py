@@ -21,7 +21,7 @@ from orchestrator.cli import app
 @app.command()
 def serve(
     model: str = typer.Option("digits_mlp", help="Model from the zoo."),
-    strategy: str = typer.Option("embracingfl", help="Aggregation strategy (fedavg, embracingfl)."),
+    strategy: str = typer.Option("embracingfl", help="Strategy: fedavg, embracingfl, or package.module:Class for one of your own (docs/architecture.md, \"Strategies\")."),
     rounds: int = typer.Option(20, help="Rounds to run."),
     fraction: float = typer.Option(1.0, help="Share of idle connected devices sampled per round."),
     min_devices: int = typer.Option(2, help="Connected devices to wait for before a round starts."),
