@@ -1,7 +1,7 @@
 """Peak memory per EmbracingFL role under hard caps, beside the paper's capacities (Table 1).
 
 For each model a small fleet runs as capped OS processes against a local orchestrator (the same
-``orchestrator.emulation.runner.run_fleet`` as ``edgetrain emulate``): the LEAF CNN on FEMNIST with
+``orchestrator.emulation.supervisor.run_fleet`` as ``edgetrain emulate``): the LEAF CNN on FEMNIST with
 a strong device (split 0) and a weak one (forced split 3: the paper's weak model), taken from
 ``profiles/fleets/femnist-75weak.toml`` with that fleet's shard sizes; ResNet20 on a class-balanced
 CIFAR-10 subset with one strong, one moderate (split 4) and one weak device (split 7), from
@@ -37,7 +37,9 @@ from rich.table import Table  # noqa: E402
 
 from orchestrator.emulation.capping import CappedProcess  # noqa: E402
 from orchestrator.emulation.fleet import DeviceSpec, Fleet, load_fleet  # noqa: E402
-from orchestrator.emulation.runner import EmulationRun, run_fleet, server_config  # noqa: E402
+from orchestrator.emulation.recorder import EmulationRun  # noqa: E402
+from orchestrator.emulation.schedule import server_config  # noqa: E402
+from orchestrator.emulation.supervisor import run_fleet  # noqa: E402
 
 MiB = float(1 << 20)
 ROLES = ("strong", "moderate", "weak")

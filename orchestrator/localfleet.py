@@ -1,53 +1,28 @@
 """A local fleet: one orchestrator in this process and one OS process per device, on 127.0.0.1.
 
 Used by ``edgetrain demo`` and the integration tests; ``edgetrain emulate`` adds memory caps.
-Device processes run the same ``edgetrain device`` command a real board would run.
+Each device is a :class:`~orchestrator.emulation.launch.DeviceLaunch` run by
+``python -m orchestrator.emulation.device``: the client a real board runs, with the launch's faults
+(if any) applied around its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import dataclasses
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config import ServerConfig
+from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
+from orchestrator.emulation.recorder import json_events
 from orchestrator.server import Orchestrator
 
-
-@dataclass(frozen=True)
-class DeviceLaunch:
-    """How to start one device process."""
-
-    device_id: str
-    budget_bytes: int
-    client: int
-    num_clients: int
-    data: str = "digits"
-    partition: str = "iid"
-    device_class: str = ""
-    seed: int = 0
-    data_limit: int | None = None
-    extra_args: tuple[str, ...] = ()
-
-    def argv(self, url: str, data_root: str | None) -> list[str]:
-        args = [
-            sys.executable, "-m", "orchestrator.cli", "device", "--server", url, "--id", self.device_id,
-            "--budget", str(self.budget_bytes), "--data", self.data, "--partition", self.partition,
-            "--client", str(self.client), "--num-clients", str(self.num_clients), "--seed", str(self.seed),
-            "--json-events",
-        ]
-        if self.device_class:
-            args += ["--device-class", self.device_class]
-        if data_root:
-            args += ["--data-root", data_root]
-        if self.data_limit is not None:
-            args += ["--data-limit", str(self.data_limit)]
-        return args + list(self.extra_args)
+__all__ = ["DeviceLaunch", "Faults", "FleetRun", "device_env", "min_budget_for_split", "prepare_device_data",
+           "role_budgets", "run_local_fleet", "start_orchestrator"]
 
 
 @dataclass
@@ -81,14 +56,9 @@ def device_env() -> dict[str, str]:
 async def _pump(proc: asyncio.subprocess.Process, device_id: str, sink: list[dict],
                 on_event: Callable[[str, dict], None]) -> None:
     assert proc.stdout is not None
-    async for raw in proc.stdout:
-        line = raw.decode(errors="replace").strip()
-        if not line.startswith("{"):
-            continue
-        with contextlib.suppress(json.JSONDecodeError):
-            event = json.loads(line)
-            sink.append(event)
-            on_event("device:" + str(event.get("event")), event)
+    async for event in json_events(proc.stdout):
+        sink.append(event)
+        on_event("device:" + str(event.get("event")), event)
 
 
 async def start_orchestrator(
@@ -117,8 +87,12 @@ async def run_local_fleet(
     data_root: str | None = None,
     stderr_dir: Path | None = None,
 ) -> FleetRun:
-    """Start the orchestrator, start every device, wait for the last round, stop the devices."""
+    """Start the orchestrator, start every device, wait for the last round, stop the devices.
+
+    A device launched with ``force_split`` gets that split: the server is told to honour it."""
     emit = on_event or (lambda kind, data: None)
+    if any(d.faults.force_split is not None for d in devices):
+        config = dataclasses.replace(config, allow_forced_split=True)
     prepare_device_data(devices, data_root)
     orch, server_task = await start_orchestrator(config, emit)
     url = f"ws://{config.host}:{orch.port}"
@@ -131,7 +105,8 @@ async def run_local_fleet(
         for d in devices:
             err = open(stderr_dir / f"{d.device_id}.log", "wb") if stderr_dir else asyncio.subprocess.DEVNULL
             proc = await asyncio.create_subprocess_exec(
-                *d.argv(url, data_root), stdout=asyncio.subprocess.PIPE, stderr=err, env=device_env(),
+                *device_argv(d, url, data_root=data_root), stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=device_env(),
             )
             procs[d.device_id] = proc
             pumps.append(asyncio.create_task(_pump(proc, d.device_id, events[d.device_id], emit)))

@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator.emulation.capping import available_mechanisms
 from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.runner import PHASES, drop_schedule
+from orchestrator.emulation.recorder import PHASES
+from orchestrator.emulation.schedule import drop_schedule
 from orchestrator.localfleet import device_env, role_budgets
 
 pytestmark = pytest.mark.slow
@@ -162,7 +163,8 @@ def test_without_cgroups_the_rlimit_fallback_enforces_the_same_fleet(tmp_path: P
     """Where no cgroup can be written (no root), RLIMIT_AS + the RSS watchdog hold the budgets."""
     import asyncio
 
-    from orchestrator.emulation.runner import run_fleet, server_config
+    from orchestrator.emulation.schedule import server_config
+    from orchestrator.emulation.supervisor import run_fleet
 
     if "rlimit-as+watchdog" not in available_mechanisms():
         pytest.skip("RLIMIT_AS is not available on this system")

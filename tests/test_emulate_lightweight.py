@@ -30,7 +30,9 @@ from orchestrator.emulation.lightweight import (
     default_workers,
     split_devices,
 )
-from orchestrator.emulation.runner import drop_schedule, run_emulation, server_config
+from orchestrator.emulation.launch import DeviceLaunch, Faults
+from orchestrator.emulation.runner import run_emulation
+from orchestrator.emulation.schedule import drop_schedule, server_config
 from orchestrator.localfleet import device_env
 from orchestrator.store import Store
 
@@ -222,7 +224,9 @@ def test_devices_are_dealt_round_robin_and_specs_are_validated(tmp_path: Path) -
     with pytest.raises(ValueError, match="at most one worker per device"):
         split_devices([1, 2], 3)
     assert 2 <= default_workers(200) <= 4 and default_workers(1) == 1
-    device = WorkerDevice("d-0", 1 << 30, "mid-phone", 0, 1, "synthetic", "iid", 0, drop_rounds=(2,))
+    launch = DeviceLaunch("d-0", 1 << 30, client=0, num_clients=1, data="synthetic", device_class="mid-phone",
+                          faults=Faults(drop_rounds=(2,), delay_s=0.3, force_split=1))
+    device = WorkerDevice(launch, rejoin_after_s=0.5)
     spec = WorkerSpec(0, (device,))
     assert WorkerSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="not a worker spec"):

@@ -22,18 +22,19 @@ from edge_sdk.models import build_model
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail
 from exporters.onnx_export import export_chunk
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import DeviceLaunch, device_env, role_budgets, run_local_fleet
+from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
+from orchestrator.localfleet import device_env, role_budgets, run_local_fleet
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
 
 
-def _fleet(model: str, roles: list[str], *, partition_scheme: str = "iid", extra: dict[str, tuple[str, ...]] | None = None):
+def _fleet(model: str, roles: list[str], *, partition_scheme: str = "iid", faults: dict[str, Faults] | None = None):
     budgets = role_budgets(model)
     n = len(roles)
     return [
         DeviceLaunch(f"{role}-{i}", budgets[role], client=i, num_clients=n, partition=partition_scheme,
-                     extra_args=(extra or {}).get(f"{role}-{i}", ()))
+                     faults=(faults or {}).get(f"{role}-{i}", Faults()))
         for i, role in enumerate(roles)
     ]
 
@@ -102,7 +103,7 @@ def test_partial_average_matches_a_hand_computed_one(tmp_path: Path) -> None:
     # The tiny model fits anywhere; the weak device asks for split 1 (it trains only the head).
     launches = [
         DeviceLaunch(f"{role}-{i}", 512 << 20, client=i, num_clients=3, data="synthetic",
-                     extra_args=("--force-split", "1") if role == "weak" else ())
+                     faults=Faults(force_split=1 if role == "weak" else None))
         for i, role in enumerate(["strong", "strong", "weak"])
     ]
     initial = {k: v.detach().numpy().copy() for k, v in build_model("tiny", seed=0).state_dict().items()}
@@ -130,7 +131,7 @@ def test_device_killed_mid_round_does_not_stall_the_round(tmp_path: Path) -> Non
     deadline = 90.0
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=3, local_steps=5, lr=0.1,
                           store_dir=tmp_path / "store", deadline_s=deadline)
-    launches = _fleet("digits_mlp", ["strong", "weak", "weak"], extra={"weak-2": ("--drop-rounds", "1")})
+    launches = _fleet("digits_mlp", ["strong", "weak", "weak"], faults={"weak-2": Faults(drop_rounds=(1,))})
     run = asyncio.run(run_local_fleet(config, launches))
     first = run.history[0]
     assert first["reported"] == 2 and first["stragglers"] == ["weak-2"]
@@ -158,8 +159,9 @@ def test_killed_server_resumes_from_its_journal(tmp_path: Path) -> None:
     budgets = role_budgets("digits_mlp")
     server = _serve(port, store_dir, rounds=5, resume=False)
     devices = [
-        subprocess.Popen(DeviceLaunch(f"d{i}", budgets["strong" if i == 0 else "weak"], client=i, num_clients=2).argv(
-            f"ws://127.0.0.1:{port}", None), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=device_env())
+        subprocess.Popen(device_argv(DeviceLaunch(f"d{i}", budgets["strong" if i == 0 else "weak"], client=i, num_clients=2),
+                                     f"ws://127.0.0.1:{port}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=device_env())
         for i in range(2)
     ]
     try:
@@ -228,8 +230,8 @@ def test_transfers_cut_by_the_network_resume_where_they_stopped(tmp_path: Path) 
                           store_dir=tmp_path / "store", deadline_s=120)
     # The strong device uploads 3 s late: the round is still open when the weak device comes back (a
     # device that vanishes mid-download is not waited for; one whose upload was cut is).
-    launches = _fleet("digits_mlp", ["strong", "weak"], extra={"strong-0": ("--cut-upload-rounds", "1", "--delay", "3"),
-                                                               "weak-1": ("--cut-download-rounds", "1")})
+    launches = _fleet("digits_mlp", ["strong", "weak"], faults={"strong-0": Faults(cut_upload_rounds=(1,), delay_s=3),
+                                                                "weak-1": Faults(cut_download_rounds=(1,))})
     server_events: list[tuple[str, dict]] = []
     run = asyncio.run(run_local_fleet(config, launches, on_event=lambda kind, data: server_events.append((kind, data))))
     assert [r["round"] for r in run.history] == [1, 2]
@@ -247,7 +249,7 @@ def test_transfers_cut_by_the_network_resume_where_they_stopped(tmp_path: Path) 
     weak = {e["event"]: e for e in run.device_events["weak-1"] if e["event"] in ("download_cut", "download_resumed")}
     assert weak["download_cut"]["kind"] == "chunk" and weak["download_cut"]["round"] == 1
     assert 0 < weak["download_cut"]["held"] == weak["download_resumed"]["offset"] < weak["download_resumed"]["total"]
-    assert (weak["download_resumed"]["kind"], weak["download_resumed"]["index"]) == ("chunk", 0)
+    assert weak["download_resumed"]["round"] == 1 and weak["download_resumed"]["payload"]
     for device in ("strong-0", "weak-1"):
         # One accepted update per round, after one reconnect: nothing was done twice.
         done = [e for e in run.device_events[device] if e["event"] == "round_done"]

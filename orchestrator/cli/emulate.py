@@ -1,7 +1,7 @@
 """``edgetrain emulate --fleet FILE``: a fleet file's devices against a local orchestrator.
 
 The fleet's ``emulation.mode`` decides how devices run. ``processes``: one OS process per device, held
-to its class's memory budget and CPU share (see ``orchestrator.emulation.runner``). ``lightweight``:
+to its class's memory budget and CPU share (see ``orchestrator.emulation.supervisor``). ``lightweight``:
 many uncapped devices share a few worker processes (see ``orchestrator.emulation.lightweight``), for
 fleets of hundreds of devices. The run writes ``metrics.json`` (the mode, per round, and per device:
 cap mechanism, peak memory against budget, how each process ended, time per phase per round; in the
@@ -36,7 +36,8 @@ def emulate(
 
     from orchestrator.emulation.fleet import FleetError, load_fleet
     from orchestrator.emulation.lightweight import WorkerFailed, default_workers
-    from orchestrator.emulation.runner import run_emulation, server_config
+    from orchestrator.emulation.runner import run_emulation
+    from orchestrator.emulation.schedule import server_config
     from orchestrator.fleetview import FleetView
     from orchestrator.report import new_run_dir, plot_accuracy, plot_memory, write_metrics
 
@@ -84,14 +85,11 @@ def emulate(
             console.print(str(e), style="red", markup=False)
             raise typer.Exit(1) from None
     wall = time.monotonic() - t0
-    per_device = [d.to_dict() for d in run.devices]
+    results = run.to_dict()
+    per_device = results["devices"]
     final = run.history[-1] if run.history else {}
-    emulation: dict[str, object] = {"mode": run.mode}
-    if run.mode == "lightweight":
-        emulation.update(workers=len(run.workers), worker_processes=run.workers)
-    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), **emulation,
-                            "config": config.to_dict(), "wall_s": wall, "rounds": run.history, "devices": per_device,
-                            "final": final})
+    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), "config": config.to_dict(),
+                            "wall_s": wall, **results, "final": final})
     acc_plot = plot_accuracy(run_dir, run.history, title=f"{spec.name}: {spec.model} on {spec.dataset}")
     mem_plot = plot_memory(run_dir, per_device, title=f"{spec.name}: peak memory per device against its budget")
     plots = [p for p in (acc_plot, mem_plot) if p]

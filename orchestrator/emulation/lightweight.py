@@ -19,11 +19,14 @@ device's own events, plus ``life_start``/``life_end`` per device life and ``work
 ``worker_exit``), and stops when its stdin closes: that is how the emulator ends the run, and why
 a worker never outlives the emulator.
 
-Vanishing mid-round (the fleet's ``dropout``): a device process leaves with ``os._exit`` right after
-its ``dropped`` event; a device here must not take its neighbours down, so the worker raises out of
-that event instead, which closes the device's connection the way a dead process's would (the
-orchestrator sees it gone), and starts a fresh client after ``rejoin_after_s``, as the process mode
-starts a fresh process.
+Each device is the :class:`~orchestrator.emulation.launch.DeviceLaunch` the process mode would start,
+run by the same code as a device process (:func:`orchestrator.emulation.device.build_client`).
+Vanishing mid-round (the fleet's ``dropout``): a device process leaves with ``os._exit``; a device
+here must not take its neighbours down, so its connection is reset and
+:class:`~orchestrator.emulation.faults.DeviceVanished` ends that device only (the orchestrator sees
+it gone), and the worker starts a fresh client after ``rejoin_after_s``, as the process mode starts a
+fresh process. What the devices did is recorded by the same
+:class:`~orchestrator.emulation.recorder.Recorder` as in the process mode.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,13 +44,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.emulation.faults import DeviceVanished
 from orchestrator.emulation.fleet import DeviceSpec, Fleet
+from orchestrator.emulation.launch import DeviceLaunch
+from orchestrator.emulation.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
+from orchestrator.emulation.schedule import device_launch, drop_schedule
 
 if TYPE_CHECKING:
     import numpy as np
 
     from orchestrator.config import ServerConfig
-    from orchestrator.emulation.runner import EmulationRun
 
 __all__ = [
     "MAX_WORKERS",
@@ -77,20 +82,14 @@ class WorkerFailed(RuntimeError):
 # -- what a worker runs ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerDevice:
-    """One device of a worker: what the ``edgetrain device`` command of the process mode gets."""
+    """One device of a worker: the launch the process mode would start, and when it rejoins after a vanish."""
 
-    device_id: str
-    budget_bytes: int
-    device_class: str
-    client: int  # index of its data shard
-    num_clients: int
-    data: str
-    partition: str  # "iid", "natural" or "dirichlet:ALPHA"
-    seed: int  # partition seed (also the drop seed, as on the device command line)
-    force_split: int | None = None
-    drop_rounds: tuple[int, ...] = ()
-    delay_s: float = 0.0
+    launch: DeviceLaunch
     rejoin_after_s: float | None = None
+
+    @property
+    def device_id(self) -> str:
+        return self.launch.device_id
 
 
 @dataclass(frozen=True)
@@ -104,19 +103,19 @@ class WorkerSpec:
     stop_grace_s: float = 10.0  # after stdin closes: time for devices still talking to finish
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        raw = asdict(self)
+        raw["devices"] = [{"launch": d.launch.to_dict(), "rejoin_after_s": d.rejoin_after_s} for d in self.devices]
+        return json.dumps(raw)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerSpec:
         """Parse a spec file; a malformed one raises ValueError naming what is wrong."""
         try:
             raw = json.loads(text)
-            devices = tuple(
-                WorkerDevice(**{**d, "drop_rounds": tuple(int(r) for r in d.get("drop_rounds", ()))})
-                for d in raw.pop("devices")
-            )
+            devices = tuple(WorkerDevice(DeviceLaunch.from_dict(d["launch"]), d.get("rejoin_after_s"))
+                            for d in raw.pop("devices"))
             spec = cls(devices=devices, **raw)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"not a worker spec: {type(e).__name__}: {e}") from None
         if not spec.devices:
             raise ValueError("a worker spec needs at least one device")
@@ -144,54 +143,31 @@ def split_devices(devices: Sequence[T], workers: int) -> list[list[T]]:
 
 
 def worker_device(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = ()) -> WorkerDevice:
-    """The device as the process mode would launch it (:func:`~orchestrator.emulation.runner.device_launch`)."""
-    from orchestrator.emulation.runner import device_launch
-
-    launch = device_launch(fleet, spec, drop_rounds)
-    args = list(launch.extra_args)
-    options: dict[str, str] = {}
-    while args:
-        flag = args.pop(0)
-        if flag not in ("--force-split", "--drop-rounds", "--delay") or not args:
-            raise ValueError(f"{spec.id}: the lightweight mode does not support the device option {flag!r}")
-        options[flag] = args.pop(0)
-    return WorkerDevice(
-        device_id=launch.device_id, budget_bytes=launch.budget_bytes, device_class=launch.device_class,
-        client=launch.client, num_clients=launch.num_clients, data=launch.data, partition=launch.partition,
-        seed=launch.seed,
-        force_split=int(options["--force-split"]) if "--force-split" in options else None,
-        drop_rounds=tuple(int(r) for r in options.get("--drop-rounds", "").split(",") if r),
-        delay_s=float(options.get("--delay", 0.0)),
-        rejoin_after_s=spec.behaviour.rejoin_after_s,
-    )
+    """The device as the process mode would launch it (:func:`~orchestrator.emulation.schedule.device_launch`)."""
+    return WorkerDevice(device_launch(fleet, spec, drop_rounds), spec.behaviour.rejoin_after_s)
 
 
 # -- the worker process --------------------------------------------------------------------------------
-class _Vanished(Exception):
-    """Raised out of a device's ``dropped`` event: the device leaves as if its process had died."""
-
-
 class _Stopped(Exception):
     """Raised out of a device's ``reconnect`` event once the run is over: nobody will answer."""
 
 
 def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each device's shard, partitioned as ``edgetrain device`` does (each dataset loaded once)."""
-    from edge_sdk.data import load_dataset, parse_partition, partition
+    """Each device's shard, as ``python -m edge_sdk`` loads it (each dataset loaded and split once)."""
+    from edge_sdk.cli import partition_indices
+    from edge_sdk.data import load_dataset
 
-    root = Path(spec.data_root) if spec.data_root else None
-    datasets: dict[str, Any] = {}
-    parts: dict[tuple[str, str, int, int], list] = {}
+    datasets: dict[tuple[str, int | None], Any] = {}
+    parts: dict[tuple[str, int | None, str, int, int], list] = {}
     out = {}
-    for d in spec.devices:
-        if d.data not in datasets:
-            datasets[d.data] = load_dataset(d.data, root=root, split="train", mmap=True)
-        ds = datasets[d.data]
-        key = (d.data, d.partition, d.num_clients, d.seed)
+    for d in (w.launch for w in spec.devices):
+        source = (d.data, d.data_limit)
+        if source not in datasets:
+            datasets[source] = load_dataset(d.data, root=spec.data_root, split="train", limit=d.data_limit, mmap=True)
+        ds = datasets[source]
+        key = (*source, d.partition, d.num_clients, d.seed)
         if key not in parts:
-            scheme, alpha = parse_partition(d.partition)
-            labels = ds.groups if scheme == "natural" else ds.y
-            parts[key] = partition(labels, d.num_clients, scheme, alpha=alpha, seed=d.seed)
+            parts[key] = partition_indices(ds, d.partition, d.num_clients, d.seed)
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
@@ -210,13 +186,11 @@ def _load_runtimes() -> None:
 
 
 def _cpu_and_memory() -> dict[str, float | int]:
-    """This process's CPU (all threads), resident set and its high-water mark."""
-    from edge_sdk.memory import process_memory
+    """This process's CPU (user + system, all threads), resident set and its high-water mark."""
+    from edge_sdk.memory import cpu_seconds, process_memory
 
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     seen = process_memory()
-    return {"cpu_user_s": round(usage.ru_utime, 3), "cpu_system_s": round(usage.ru_stime, 3),
-            "rss_bytes": seen.rss_bytes, "peak_rss_bytes": seen.peak_rss_bytes}
+    return {"cpu_s": round(cpu_seconds(), 3), "rss_bytes": seen.rss_bytes, "peak_rss_bytes": seen.peak_rss_bytes}
 
 
 async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
@@ -224,45 +198,40 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
     """Run one device until the server says goodbye; after a vanish, a fresh client rejoins.
 
     `reconnecting` holds the devices between a lost connection and their next welcome."""
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from orchestrator.emulation.device import build_client
+
+    device_id = d.device_id
 
     def on_event(kind: str, data: dict) -> None:
         emit(kind, data)
-        if kind == "dropped":
-            raise _Vanished(d.device_id)
         if kind == "welcome":
-            reconnecting.discard(d.device_id)
+            reconnecting.discard(device_id)
         elif kind == "reconnect":
             if stopping.is_set():
-                raise _Stopped(d.device_id)
-            reconnecting.add(d.device_id)
+                raise _Stopped(device_id)
+            reconnecting.add(device_id)
 
     life = 0
     while True:
         life += 1
-        config = DeviceConfig(
-            server=url, device_id=d.device_id, budget_bytes=d.budget_bytes, cores=1, device_class=d.device_class,
-            threads=1, labels={} if d.force_split is None else {"force_split": str(d.force_split)},
-            drop_rounds=frozenset(d.drop_rounds), drop_seed=d.seed, delay_s=d.delay_s,
-        )
-        emit("life_start", {"device": d.device_id, "life": life})
+        emit("life_start", {"device": device_id, "life": life})
         t0, error = time.monotonic(), ""
         try:
-            await DeviceClient(config, x, y, on_event=on_event).run()
+            await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True).run()
             ended = "finished"
-        except _Vanished:
+        except DeviceVanished:
             ended = "dropped"
         except _Stopped:
             ended = "stopped"
         except asyncio.CancelledError:
-            emit("life_end", {"device": d.device_id, "life": life, "ended": "stopped",
+            emit("life_end", {"device": device_id, "life": life, "ended": "stopped",
                               "wall_s": round(time.monotonic() - t0, 3), "error": ""})
             raise
         except Exception as exc:  # one device's failure is reported, never its neighbours' end
             ended, error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
-            reconnecting.discard(d.device_id)
-        emit("life_end", {"device": d.device_id, "life": life, "ended": ended,
+            reconnecting.discard(device_id)
+        emit("life_end", {"device": device_id, "life": life, "ended": ended,
                           "wall_s": round(time.monotonic() - t0, 3), "error": error})
         if ended != "dropped" or d.rejoin_after_s is None or stopping.is_set():
             return
@@ -387,106 +356,83 @@ class _Worker:
             return None
 
     def sample_rss(self) -> int | None:
-        from orchestrator.emulation.runner import _rss_hwm
+        """The worker's resident set now (None once it is gone); keeps its high-water mark."""
+        from edge_sdk.memory import process_memory
 
         if self.proc is None:
             return None
-        rss, hwm = _rss_hwm(self.proc.pid)
-        if hwm:
-            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, hwm)
-        return rss or None
+        try:
+            seen = process_memory(self.proc.pid)
+        except (ProcessLookupError, PermissionError):
+            return None
+        if seen.peak_rss_bytes:
+            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, seen.peak_rss_bytes)
+        return seen.rss_bytes or None
 
 
 class _LightweightEmulator:
     """The state of one lightweight run; lives inside :func:`run_lightweight`'s event loop."""
 
-    def __init__(self, specs: list[DeviceSpec], workers: list[_Worker], emit: Callable[[str, dict], None]) -> None:
-        from orchestrator.emulation.runner import DeviceResult
-
-        self.emit = emit
-        self.workers = workers
-        self.current_round: int | None = None
-        self.results: dict[str, DeviceResult] = {}
-        self.open_lives: dict[str, float] = {}  # device -> when its current life started
-        self.registered: set[str] = set()
+    def __init__(self, specs: list[DeviceSpec], workers: list[_Worker], recorder: Recorder) -> None:
+        self.workers, self.recorder = workers, recorder
         self.finished = False  # set when the emulator ends the run: workers ending now were stopped
         self.worker_failed = asyncio.Event()  # a worker ended before the run did: the run cannot go on
         self.failures: list[str] = []
+        self.open_lives: dict[str, float] = {}  # device -> when its current life started
         by_id = {s.id: s for s in specs}
         for w in workers:
             for d in w.devices:
                 s = by_id[d.device_id]
-                self.results[d.device_id] = DeviceResult(
+                recorder.add(DeviceResult(
                     device=d.device_id, group=s.group, device_class=s.device_class, budget_bytes=s.budget_bytes,
                     mechanism="none", cpu_mechanism="none", cpu_share=None, expect_role=s.expect_role,
-                    force_split=s.force_split, drop_rounds=tuple(d.drop_rounds), worker=w.index,
-                )
+                    force_split=s.force_split, drop_rounds=d.launch.faults.drop_rounds, worker=w.index,
+                ))
 
     def on_server_event(self, kind: str, data: dict) -> None:
         if kind == "registered":
-            self.registered.add(str(data["device"]))
-            if len(self.registered) == len(self.results):
+            if len(self.recorder.registered | {str(data["device"])}) == len(self.recorder.results):
                 for w in self.workers:  # every device holds its connection, plan and data now
                     w.stats.rss_after_connect_bytes = w.sample_rss()
         elif kind == "round_start":
-            self.current_round = int(data["round"])
             for w in self.workers:
                 w.round_cpu0 = w.cpu_s()
         elif kind == "round_end":
-            self.current_round = None
             for w in self.workers:
                 cpu = w.cpu_s()
                 if cpu is not None and w.round_cpu0 is not None:
                     w.stats.rounds.append({"round": int(data["round"]), "cpu_s": round(cpu - w.round_cpu0, 3)})
                 w.sample_rss()
-            for d in data.get("stragglers", []):
-                if d in self.results:
-                    self.results[d].failed_rounds.append(int(data["round"]))
-        self.emit(kind, data)
+        self.recorder.on_server_event(kind, data)
 
     def on_worker_event(self, worker: _Worker, event: dict) -> None:
-        from orchestrator.emulation.runner import PHASES, DeviceLife
-
         kind = str(event.get("event"))
         device = event.get("device")
-        res = self.results.get(str(device)) if device is not None else None
         if kind == "worker_ready":
             worker.stats.rss_ready_bytes = int(event["rss_bytes"])
             worker.sample_rss()
         elif kind == "worker_exit":
-            worker.stats.cpu_s = round(float(event["cpu_user_s"]) + float(event["cpu_system_s"]), 3)
+            worker.stats.cpu_s = float(event["cpu_s"])
             worker.stats.peak_rss_bytes = max(worker.stats.peak_rss_bytes or 0, int(event["peak_rss_bytes"]))
-            self.emit("emulator:worker_exit", {**event, "worker": worker.index})
+            self.recorder.emit("emulator:worker_exit", {**event, "worker": worker.index})
             return
-        if res is None:
+        if device is None or str(device) not in self.recorder.results:
             return
+        device = str(device)
         if kind == "life_start":
-            self.open_lives[res.device] = time.monotonic()
-            self.emit("emulator:started", {"device": res.device, "pid": worker.stats.pid, "worker": worker.index,
-                                           "mechanism": "none", "budget_bytes": res.budget_bytes,
-                                           "life": int(event["life"])})
-            return
-        if kind == "life_end":
-            self.open_lives.pop(res.device, None)
+            self.open_lives[device] = time.monotonic()
+            self.recorder.life_started(device, pid=worker.stats.pid, worker=worker.index, mechanism="none")
+        elif kind == "life_end":
+            self.open_lives.pop(device, None)
             life = DeviceLife(None, str(event["ended"]), False, False, None, None, float(event["wall_s"]),
-                              self.current_round)
-            res.lives.append(life)
-            self.emit("emulator:exit", {"device": res.device, "worker": worker.index, "error": event.get("error", ""),
-                                        **asdict(life)})
-            return
-        res.events.append(event)
-        if kind == "welcome":
-            res.role, res.split = str(event.get("role")), int(event.get("split", -1))
-        elif kind == "round_done":
-            # peak_rss_bytes is the whole worker's: not this device's, so it is left out here.
-            res.rounds.append({**{k: event.get(k) for k in ("round", *PHASES, "accepted", "role")},
-                               "peak_rss_bytes": None})
-        self.emit("device:" + kind, event)
+                              self.recorder.current_round)
+            self.recorder.life_ended(device, life, worker=worker.index, error=event.get("error", ""))
+        else:
+            # peak_rss_bytes in its events is the whole worker's, not this device's.
+            self.recorder.on_device_event(device, event, own_peak=False)
 
     def on_worker_gone(self, worker: _Worker, returncode: int | None, *, stopped: bool) -> None:
         """A worker ended: devices whose life it did not close ended with it."""
-        from orchestrator.emulation.runner import DeviceLife
-
         worker.stats.returncode = returncode
         ended = "stopped" if stopped else "failed"
         for d in worker.devices:
@@ -494,24 +440,16 @@ class _LightweightEmulator:
             if t0 is None:
                 continue
             life = DeviceLife(returncode, ended, False, False, None, None, round(time.monotonic() - t0, 3),
-                              self.current_round, "emulator" if stopped else None)
-            self.results[d.device_id].lives.append(life)
-            self.emit("emulator:exit", {"device": d.device_id, "worker": worker.index,
-                                        "error": f"worker exited with {returncode}", **asdict(life)})
+                              self.recorder.current_round, "emulator" if stopped else None)
+            self.recorder.life_ended(d.device_id, life, worker=worker.index,
+                                     error=f"worker exited with {returncode}")
 
 
 async def _watch(emu: _LightweightEmulator, worker: _Worker) -> None:
     """Read a worker's events until its stdout closes, then record how it ended."""
     proc = worker.proc
     assert proc is not None and proc.stdout is not None
-    async for raw in proc.stdout:
-        line = raw.decode(errors="replace").strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    async for event in json_events(proc.stdout):
         emu.on_worker_event(worker, event)
     await proc.wait()
     worker.exited = True
@@ -546,11 +484,10 @@ async def run_lightweight(
 ) -> EmulationRun:
     """Run every device of `fleet` in `workers` processes against an orchestrator in this process.
 
-    The same inputs and result as :func:`~orchestrator.emulation.runner.run_fleet`, with no memory
+    The same inputs and result as :func:`~orchestrator.emulation.supervisor.run_fleet`, with no memory
     caps: ``mechanism`` is "none" for every device, ``peak_bytes`` is unknown, and the result's
     ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
     :func:`default_workers`; `threads` is each worker's training thread pool."""
-    from orchestrator.emulation.runner import EmulationRun, drop_schedule
     from orchestrator.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
@@ -563,7 +500,8 @@ async def run_lightweight(
     devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
     handles = [_Worker(i, [devices[s.id] for s in share])
                for i, share in enumerate(split_devices(specs, n_workers))]
-    emu = _LightweightEmulator(specs, handles, on_event or (lambda kind, data: None))
+    recorder = Recorder(on_event)
+    emu = _LightweightEmulator(specs, handles, recorder)
 
     orch, server_task = await start_orchestrator(config, emu.on_server_event)
     url = f"ws://{config.host}:{orch.port}"
@@ -588,7 +526,7 @@ async def run_lightweight(
                 )
             w.stats.pid = w.proc.pid
             w.watch = asyncio.create_task(_watch(emu, w))
-            emu.emit("emulator:worker_started", {"worker": w.index, "pid": w.proc.pid, "devices": len(w.devices)})
+            recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.proc.pid, "devices": len(w.devices)})
         failed = asyncio.create_task(emu.worker_failed.wait())
         await asyncio.wait({server_task, failed}, return_when=asyncio.FIRST_COMPLETED)
         failed.cancel()
@@ -610,8 +548,7 @@ async def run_lightweight(
         per_worker = [r["cpu_s"] for w in handles for r in w.stats.rounds if r["round"] == metrics.get("round")]
         if len(per_worker) == len(handles):
             metrics["workers_cpu_s"] = round(sum(per_worker), 3)
-    return EmulationRun(history, [emu.results[s.id] for s in specs], mode="lightweight",
-                        workers=[w.stats.to_dict() for w in handles])
+    return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=[w.stats.to_dict() for w in handles])
 
 
 async def _stop_workers(emu: _LightweightEmulator, handles: list[_Worker], *, grace_s: float) -> None:

@@ -1,0 +1,89 @@
+"""What starts one emulated device: a typed record, handed as JSON to the process that runs it.
+
+The local fleet, the capped emulator and the lightweight workers all start devices from a
+:class:`DeviceLaunch`: a device process gets it as one JSON argument of
+``python -m orchestrator.emulation.device`` (:func:`device_argv`), a lightweight worker inside its
+spec file, and both use it as it is, never as a command line parsed back.
+
+Imports only the standard library and :mod:`orchestrator.emulation.faults`: device processes load it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from orchestrator.emulation.faults import Faults
+
+__all__ = ["DeviceLaunch", "Faults", "device_argv"]
+
+
+@dataclass(frozen=True)
+class DeviceLaunch:
+    """One emulated device: who it is, its budget, its share of the data and its faults."""
+
+    device_id: str
+    budget_bytes: int
+    client: int  # index of its data shard
+    num_clients: int  # how many shards the dataset is split into
+    data: str = "digits"
+    partition: str = "iid"  # "iid", "natural" or "dirichlet:ALPHA"
+    device_class: str = ""  # reported in its hello (the budget is already resolved)
+    seed: int = 0  # partition seed (the same on every device), also the seed of drawn drops
+    data_limit: int | None = None  # only the dataset's first N training samples
+    threads: int = 1  # threads of ONNX Runtime and torch
+    faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        if not self.device_id:
+            raise ValueError("a device needs an id")
+        if isinstance(self.budget_bytes, bool) or int(self.budget_bytes) <= 0:
+            raise ValueError(f"{self.device_id}: budget_bytes must be positive, got {self.budget_bytes!r}")
+        if not 0 <= self.client < self.num_clients:
+            raise ValueError(f"{self.device_id}: client {self.client} outside [0, {self.num_clients})")
+        if self.threads < 1:
+            raise ValueError(f"{self.device_id}: threads must be at least 1, got {self.threads}")
+        if isinstance(self.faults, Mapping):  # from JSON
+            object.__setattr__(self, "faults", Faults.from_dict(self.faults))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["faults"] = self.faults.to_dict()
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DeviceLaunch:
+        """A launch from its :meth:`to_dict` form; anything malformed raises ValueError naming it."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"a device launch is a JSON object, not {type(raw).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown fields in a device launch: {unknown}")
+        try:
+            return cls(**dict(raw))
+        except TypeError as e:
+            raise ValueError(f"not a device launch: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> DeviceLaunch:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"a device launch is JSON: {e}") from None
+        return cls.from_dict(raw)
+
+
+def device_argv(launch: DeviceLaunch, server: str, *, data_root: str | None = None,
+                python: str = sys.executable) -> list[str]:
+    """The command that runs ``launch`` against ``server`` as its own process, events as JSON lines."""
+    argv = [python, "-m", "orchestrator.emulation.device", launch.to_json(), "--server", server, "--json-events"]
+    if data_root:
+        argv += ["--data-root", str(data_root)]
+    return argv

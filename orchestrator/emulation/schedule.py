@@ -1,0 +1,68 @@
+"""From a fleet file to what an emulated run starts: the orchestrator's settings and one
+:class:`~orchestrator.emulation.launch.DeviceLaunch` per device, with the rounds it vanishes in.
+
+Shared by both emulation modes, so that a fleet runs the same devices whichever mode it names.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.config import ServerConfig
+from orchestrator.emulation.faults import Faults
+from orchestrator.emulation.fleet import DeviceSpec, Fleet
+from orchestrator.emulation.launch import DeviceLaunch
+
+__all__ = ["device_launch", "drop_schedule", "server_config"]
+
+
+def drop_schedule(fleet: Fleet, devices: Iterable[DeviceSpec], rounds: int) -> dict[str, tuple[int, ...]]:
+    """The rounds in which each device vanishes mid-round: each round with probability ``dropout``.
+
+    Decided by the emulator (seeded by the fleet seed and the device id), so a run is reproducible and
+    a restarted device keeps the same schedule."""
+    out: dict[str, tuple[int, ...]] = {}
+    for d in devices:
+        p = d.behaviour.dropout
+        if p <= 0:
+            out[d.id] = ()
+            continue
+        u = np.random.default_rng([fleet.seed, zlib.crc32(d.id.encode())]).random(rounds)
+        out[d.id] = tuple(int(r) + 1 for r in np.flatnonzero(u < p))
+    return out
+
+
+def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, data_root: str | None = None,
+                  deadline_s: float = 120.0) -> ServerConfig:
+    """The orchestrator's settings for a fleet: its training section, waiting for every device first,
+    honouring the forced splits of its groups."""
+    t = fleet.training
+    return ServerConfig(
+        model=fleet.model, strategy=t.strategy, rounds=rounds or t.rounds, fraction=t.fraction,
+        min_devices=fleet.num_devices, local_steps=t.local_steps, batch_size=t.batch_size, lr=t.lr,
+        momentum=t.momentum, weight_decay=t.weight_decay, seed=fleet.seed, eval_data=fleet.dataset,
+        data_root=data_root, store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
+        allow_forced_split=True,  # fleet groups may force a split (force_split)
+    )
+
+
+def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (), *,
+                  data_limit: int | None = None) -> DeviceLaunch:
+    """How to start one device of the fleet: its budget, class, data shard and misbehaviour."""
+    part = fleet.partition
+    scheme = f"dirichlet:{part.alpha}" if part.scheme == "dirichlet" else part.scheme
+    b = spec.behaviour
+    delay_s = 0.0
+    if b.latency_ms or b.jitter_ms:
+        # One fixed delay per device: its latency plus a seeded share of the jitter.
+        jitter = np.random.default_rng([spec.seed, 1]).random() * b.jitter_ms
+        delay_s = round((b.latency_ms + jitter) / 1000, 4)
+    return DeviceLaunch(
+        device_id=spec.id, budget_bytes=spec.budget_bytes, client=spec.index, num_clients=fleet.num_devices,
+        data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
+        faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split),
+    )
