@@ -83,3 +83,16 @@ def test_only_measuring_a_model_loads_torch():
         print(json.dumps({"before": before, "after": "torch" in sys.modules}))
     """
     assert run_fresh(code) == {"before": False, "after": True}
+
+
+def test_an_emulated_device_process_loads_no_server_and_no_torch_at_import():
+    """Device processes and lightweight workers import the emulation's device side only: what a
+    device holds is what is measured against its budget."""
+    code = """
+        import json, sys
+        import orchestrator.emulation.device, orchestrator.emulation.lightweight
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx", "typer", "rich")
+                        or m in ("orchestrator.server", "orchestrator.cli", "orchestrator.localfleet"))
+        print(json.dumps({"loaded": loaded}))
+    """
+    assert run_fresh(code)["loaded"] == []
