@@ -19,7 +19,6 @@ import contextlib
 import logging
 import math
 import random
-import resource
 import ssl
 import tempfile
 import time
@@ -35,7 +34,7 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
-from edge_sdk.memory import release_memory, tune_allocator
+from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
 
@@ -121,23 +120,6 @@ class _RoundProgress:
 def device_seed(round_seed: int, device_id: str) -> int:
     """The local sampling seed: differs per device and round, the same on every run (no salted hash())."""
     return (round_seed * 1_000_003 + zlib.crc32(device_id.encode())) % (1 << 31)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far.
-
-    Linux's VmHWM belongs to the process's own address space. ``ru_maxrss`` is not used where
-    VmHWM exists: it survives fork and exec, so a device started by a large parent would report
-    the parent's peak as its own.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def declared_rows(x: np.ndarray) -> dict[str, list[int]]:
