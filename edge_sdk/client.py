@@ -359,6 +359,7 @@ class DeviceClient:
             local_steps=ins.local_steps, batch_size=welcome.batch_size, lr=ins.lr if ins.lr > 0 else 1e-3,
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
             seed=device_seed(int(ins.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
+            prox_mu=float(ins.config.get("prox_mu", 0.0)),
         )
 
     async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> _Trained:

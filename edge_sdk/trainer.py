@@ -32,6 +32,9 @@ class TrainConfig:
     seed: int = 0
     eval_samples: int = 512
     threads: int = 1
+    #: FedProx's proximal term (Li et al., 2020, eq. 2): the local objective adds (mu / 2) ||w - w_t||^2
+    #: around the received weights w_t. 0 is plain local SGD.
+    prox_mu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,12 @@ def train_tail(
         initial = {n: t.detach().numpy().copy() for n, t in model.state_dict().items() if n in set(names)}
     initial = {n: v.values if isinstance(v, RowSparse) else v for n, v in initial.items()}
     params = [p for i in range(split, len(model)) for p in model.block(i).parameters()]
+    anchors: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    if config.prox_mu > 0:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            anchors = [(p, torch.from_numpy(np.asarray(initial[n]))) for n, p in model.named_parameters()
+                       if p.requires_grad and n in initial]
 
     eval_idx = rng.permutation(len(x))[: config.eval_samples]
     eval_idx.sort()
@@ -249,6 +258,9 @@ def train_tail(
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"local loss became {loss.item()}; lower the learning rate")
         loss.backward()
+        for p, w0 in anchors:  # gradient of (mu / 2) ||w - w_t||^2 is mu (w - w_t)
+            if p.grad is not None:
+                p.grad.add_(p.detach() - w0, alpha=config.prox_mu)
         optimiser.step()
     del optimiser
 

@@ -50,8 +50,8 @@ def test_deltas_are_trained_minus_received_and_only_for_the_tail() -> None:
         np.testing.assert_allclose(result.deltas[name], replay.deltas[name], atol=1e-7)
 
 
-def build_and_load(state: dict[str, np.ndarray], split: int):
-    tail = build_tail("digits_mlp", split)
+def build_and_load(state: dict[str, np.ndarray], split: int, model: str = "digits_mlp"):
+    tail = build_tail(model, split)
     load_tail_state(tail, split, state)
     return tail
 
@@ -89,3 +89,30 @@ def test_tail_with_server_weights_computes_what_the_full_model_computes() -> Non
         with torch.no_grad():
             h = full(full.sample_input(3), 0, split)
             torch.testing.assert_close(tail(h, start=split), full(h, start=split), rtol=0, atol=0, msg=name)
+
+
+def test_the_proximal_term_is_fedprox_objective() -> None:
+    """prox_mu adds (mu / 2) ||w - w_t||^2 to the local loss: the same weights as autograd of that objective."""
+    full = build_model("tiny", seed=0)
+    received = tail_state(full, 0)
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 2, 8)
+    mu = 0.7
+    config = TrainConfig(local_steps=4, batch_size=8, lr=0.2, momentum=0.0, weight_decay=0.0, prox_mu=mu)
+    result = train_tail(build_and_load(received, 0, "tiny"), 0, x, y, config, initial=received)
+
+    ref = build_and_load(received, 0, "tiny")
+    anchor = {n: torch.from_numpy(v.copy()) for n, v in received.items()}
+    for _ in range(4):  # batch == all samples: the same batches as train_tail
+        ref.zero_grad()
+        loss = ref.loss(ref(torch.from_numpy(x)), torch.from_numpy(y))
+        loss = loss + mu / 2 * sum(((p - anchor[n]) ** 2).sum() for n, p in ref.named_parameters())
+        loss.backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= 0.2 * p.grad
+    for n, p in ref.named_parameters():
+        np.testing.assert_allclose(result.deltas[n], p.detach().numpy() - received[n], rtol=1e-5, atol=1e-6)
+    plain = train_tail(build_and_load(received, 0, "tiny"), 0, x, y, TrainConfig(local_steps=4, batch_size=8, lr=0.2,
+                       momentum=0.0, weight_decay=0.0), initial=received)
+    assert any(not np.allclose(plain.deltas[n], result.deltas[n]) for n in plain.deltas)
