@@ -48,43 +48,50 @@ class RoundState:
     deadline: float
     quorum: float = 1.0
     status: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: The same statuses by device (phase -> status): a device's questions cost O(its phases), not O(round).
+    _by_device: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.quorum <= 1:
             raise ValueError(f"quorum must be in (0, 1], got {self.quorum}")
+
+    def _set(self, device_id: str, phase: str, status: str) -> None:
+        self.status[(device_id, phase)] = status
+        self._by_device.setdefault(device_id, {})[phase] = status
 
     # -- changes ---------------------------------------------------------------------------------
     def issue(self, device_id: str, phase: str) -> None:
         key = (device_id, phase)
         if key in self.status:
             raise ValueError(f"{device_id} already has a {phase!r} instruction in round {self.round}")
-        self.status[key] = OUTSTANDING
+        self._set(device_id, phase, OUTSTANDING)
 
     def on_report(self, device_id: str, phase: str, accepted: bool) -> None:
         if not self.expects(device_id, phase):
             raise KeyError(f"{device_id} owes no {phase!r} report in round {self.round}")
-        self.status[(device_id, phase)] = REPORTED if accepted else REFUSED
+        self._set(device_id, phase, REPORTED if accepted else REFUSED)
 
     def on_gone(self, device_id: str) -> list[str]:
         """The device disconnected: its open instructions are no longer waited for. Returns their phases."""
-        phases = [ph for (d, ph), s in self.status.items() if d == device_id and s == OUTSTANDING]
+        phases = [ph for ph, s in self._by_device.get(device_id, {}).items() if s == OUTSTANDING]
         for ph in phases:
-            self.status[(device_id, ph)] = GONE
+            self._set(device_id, ph, GONE)
         return phases
 
     def on_back(self, device_id: str) -> list[str]:
         """The device reconnected: its vanished instructions are awaited again. Returns their phases."""
-        phases = [ph for (d, ph), s in self.status.items() if d == device_id and s == GONE]
+        phases = [ph for ph, s in self._by_device.get(device_id, {}).items() if s == GONE]
         for ph in phases:
-            self.status[(device_id, ph)] = OUTSTANDING
+            self._set(device_id, ph, OUTSTANDING)
         return phases
 
     # -- queries ---------------------------------------------------------------------------------
     def expects(self, device_id: str, phase: str | None = None) -> bool:
         """True while a report of this device (for ``phase``, or any) would still count."""
+        phases = self._by_device.get(device_id, {})
         if phase is not None:
-            return self.status.get((device_id, phase)) in (OUTSTANDING, GONE)
-        return any(d == device_id and s in (OUTSTANDING, GONE) for (d, _), s in self.status.items())
+            return phases.get(phase) in (OUTSTANDING, GONE)
+        return any(s in (OUTSTANDING, GONE) for s in phases.values())
 
     def devices(self, phase: str | None = None, status: str | None = None) -> set[str]:
         return {d for (d, ph), s in self.status.items()
