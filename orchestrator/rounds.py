@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE"]
+__all__ = ["RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED"]
 
-OUTSTANDING, REPORTED, REFUSED, GONE = "outstanding", "reported", "refused", "gone"
+# SKIPPED: never sent (the device could not hold what was asked); not a straggler.
+OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refused", "gone", "skipped"
 
 
 def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1,
@@ -78,6 +79,12 @@ class RoundState:
             self._set(device_id, ph, GONE)
         return phases
 
+    def on_skipped(self, device_id: str, phase: str) -> None:
+        """The instruction was not sent (over the device's budget): nothing to wait for."""
+        if self.status.get((device_id, phase)) != OUTSTANDING:
+            raise KeyError(f"{device_id} has no open {phase!r} instruction in round {self.round}")
+        self._set(device_id, phase, SKIPPED)
+
     def on_back(self, device_id: str) -> list[str]:
         """The device reconnected: its vanished instructions are awaited again. Returns their phases."""
         phases = [ph for ph, s in self._by_device.get(device_id, {}).items() if s == GONE]
@@ -113,9 +120,12 @@ class RoundState:
     def refused(self, phase: str | None = None) -> set[str]:
         return self.devices(phase, REFUSED)
 
+    def skipped(self, phase: str | None = None) -> set[str]:
+        return self.devices(phase, SKIPPED)
+
     def quorum_reached(self, phase: str = "train") -> bool:
-        """At least ``ceil(quorum * n)`` of the ``n`` instructions of ``phase`` were reported and accepted."""
-        issued = sum(1 for (_, ph) in self.status if ph == phase)
+        """At least ``ceil(quorum * n)`` of the ``n`` instructions of ``phase`` sent were reported and accepted."""
+        issued = sum(1 for (_, ph), s in self.status.items() if ph == phase and s != SKIPPED)
         if issued == 0:
             return False
         return len(self.reported(phase)) >= max(1, math.ceil(self.quorum * issued))

@@ -381,7 +381,8 @@ class Orchestrator:
 
     def _prepare(self, instructions: Sequence[Instruction]) -> list[tuple[Session | None, Instruction, Work | None]]:
         """Cut, encode and hash every payload the instructions need that this round does not hold yet
-        (runs in a worker thread: ONNX export and encoding are CPU work)."""
+        (runs in a worker thread: ONNX export and encoding are CPU work). A device gone gives
+        ``(None, ins, None)``; one whose budget cannot hold the instruction ``(session, ins, None)``."""
         out: list[tuple[Session | None, Instruction, Work | None]] = []
         rs = self.round
         assert rs is not None
@@ -394,8 +395,12 @@ class Orchestrator:
             selection = ins.selection if ins.selection is not None else Selection.tail(session.plan.split)
             if not 0 <= selection.split < len(self.model):
                 raise ValueError(f"strategy {self.strategy.name}: split {selection.split} outside [0, {len(self.model)})")
+            ranges = chunk_ranges(session.plan.chunks, selection.split)
+            if selection.split < session.plan.split and not self._fits(session, selection.split, ranges):
+                out.append((session, ins, None))  # never asked: the device could not hold that much
+                continue
             chunk_ids = []
-            for a, b in chunk_ranges(session.plan.chunks, selection.split):
+            for a, b in ranges:
                 cid, data = self.cache.get_or_export(self.model, self.version, a, b)
                 if cid not in self.payloads:
                     self.payloads[cid] = Payload("chunk", data, p.sha256_hex(data), {"chunk_id": cid, "start": a, "stop": b})
@@ -429,6 +434,18 @@ class Orchestrator:
             out.append((session, ins, Work(ins, selection, wire, names)))
         return out
 
+    def _fits(self, session: Session, split: int, chunks: Sequence[tuple[int, int]]) -> bool:
+        """Whether a longer tail than the plan's fits the device's budget (the server enforces budgets:
+        a strategy may ask for more, e.g. FedAvg for the whole model, but a device is never sent
+        more than it can hold)."""
+        footprint = self.cost.footprint(split, self.config.planner_batch, runtime_bytes=runtime_memory().training,
+                                        chunks=chunks, local_samples=session.hello.num_samples)
+        if footprint.total <= session.hello.budget_bytes:
+            return True
+        self.on_event("over_budget", {"device": session.device_id, "split": split, "planned_split": session.plan.split,
+                                      "footprint_bytes": footprint.total, "budget_bytes": session.hello.budget_bytes})
+        return False
+
     async def _dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
         """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing.
 
@@ -445,6 +462,10 @@ class Orchestrator:
         prepared = await asyncio.to_thread(self._prepare, batch)
         missing: dict[str, list[str]] = {}
         for session, ins, work in prepared:
+            if session is not None and work is None:
+                rs.on_skipped(ins.device_id, ins.phase)
+                missing.setdefault(ins.device_id, []).append(ins.phase)
+                continue
             if session is None or work is None or self.sessions.get(ins.device_id) is not session:
                 rs.on_gone(ins.device_id)
                 missing.setdefault(ins.device_id, []).append(ins.phase)
@@ -600,7 +621,7 @@ class Orchestrator:
         reported = rs.reported()
         metrics: dict[str, object] = {
             "round": r, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
-            "stragglers": sorted(rs.stragglers()), "roles": role_counts(self.sessions, rs.reported("train") or reported),
+            "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()), "roles": role_counts(self.sessions, rs.reported("train") or reported),
             "bytes_sent": self._bytes[0], "bytes_received": self._bytes[1],
             **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
         }

@@ -13,10 +13,11 @@ from orchestrator.strategies.base import AveragingStrategy, DeviceReport, Instru
 
 
 class FedAvg(AveragingStrategy):
-    """Weighted mean of full-model deltas: every sampled device trains the whole model (split 0).
+    """Weighted mean of full-model deltas: every sampled device is asked for the whole model (split 0).
 
-    A device whose plan is a partial split is still asked for the whole model, as FedAvg would; a
-    report that covers less is refused, since FedAvg has no rule for it.
+    The server sends that instruction only to devices whose budget holds the whole model, so weak
+    devices drop out as they do in plain FedAvg (the baseline EmbracingFL improves on); a report
+    that covers less than the whole model is refused, since FedAvg has no rule for it.
     """
 
     name = "fedavg"
