@@ -492,7 +492,24 @@ class Orchestrator:
         begin = await recv_msg(session.channel)
         if not isinstance(begin, p.TransferBegin) or begin.transfer_id != msg.transfer_id or begin.kind != "update":
             raise p.ProtocolError("unexpected", "a report with tensors must be followed by their transfer")
+        bound = self._update_bound(session, msg.phase)
+        if begin.total_size > bound:
+            # Refused at its first message, before anything is allocated for it.
+            raise p.ProtocolError("too_large", f"an update of {begin.total_size} bytes, but deltas of what this "
+                                               f"device was sent take at most {bound}")
         await self._receive_update(session, msg, begin, p.IncomingTransfer(begin, self.limits, hash_in_feed=False))
+
+    def _update_bound(self, session: Session, phase: str) -> int:
+        """The largest update a device may send for an instruction: its deltas have the names, shapes
+        and rows of the model payload it was sent, so they encode to at most that payload's size
+        (plus headers); nothing larger is ever received. A late report (its round closed) is bounded
+        by the device's planned tail, so that it can still be read and answered as late."""
+        work = self.work.get(session.device_id, {}).get(phase)
+        payload = None if work is None else self.payloads.get(work.wire.model_id)
+        if payload is not None:
+            return len(payload.data) + (64 << 10)
+        names = self.model.state_names(session.plan.split)
+        return sum(self.global_state[n].nbytes for n in names) + 256 * len(names) + (64 << 10)
 
     async def _resume_upload(self, session: Session, partial: PartialUpload) -> None:
         """Ask a reconnected device for the rest of the update it was sending when its connection dropped."""
