@@ -1,0 +1,304 @@
+"""FedALIGN: prioritized federated learning (Lamsal et al., "FedALIGN: Federated Adaptive Learning
+with Inclusion of Global Needs", /work/shared/papers/fedalign-prioritized-fl.md).
+
+The objective is the priority devices' (sample-weighted) loss. Non-priority devices help only when
+the global model fits their data about as well as it fits the priority devices' data:
+
+- Section 3.1, selection rule: a non-priority device k is included in a round iff
+  ``|F_k(w) - F(w)| <= epsilon``, with F(w) the global (priority) loss of the model w it received.
+  The server sends w and F(w); the device checks the rule on its own data (its incentive to take
+  part) and the server checks it again before it aggregates.
+- Appendix A.1, eq. 15: the new model is the data-weighted mean of the included devices' models,
+  renormalised by the data of the devices included this round (``WeightedSums`` with sample weights,
+  per entry, so partial tails of EmbracingFL roles count only where they trained).
+- Section 4: the first ``warmup`` rounds train the priority devices only.
+- Appendix C.2: the FedProx variant adds the proximal term (``prox_mu``, factor 1 in the paper) to
+  every device's local objective; the selection rule is unchanged.
+
+One round, hook by hook:
+
+1. ``configure``: every connected priority device gets ``evaluate`` then ``train`` (priority devices
+   always take part); ``fraction`` of the non-priority devices are sampled.
+2. When the priority devices' ``evaluate`` reports are in, F(w) is their sample-weighted mean loss;
+   the sampled non-priority devices get ``evaluate`` with ``config`` ``global_loss`` = F(w) and
+   ``epsilon`` (what a device needs for its own check).
+3. A non-priority ``evaluate`` report within epsilon gets a ``train`` follow-up on the same
+   selection (the device reuses its download); a ``train`` report is checked again with its own
+   ``loss_before`` (the loss of the same model on the same local samples) and refused if outside.
+4. ``aggregate``: eq. 15 over the folded devices; ``RoundResult.extra`` names the included
+   non-priority devices and their weights, and reports the priority loss and accuracy and the
+   non-priority devices' own accuracy on the received model.
+
+Which devices are priority is an operator's choice (:class:`PriorityRule`): device ids or globs, a
+hello label (``priority=1``, ``edgetrain device --label priority=1``), or ``key=value`` on a label.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.selection import Selection
+from orchestrator.strategies.base import (
+    WEIGHTINGS,
+    DeviceInfo,
+    DeviceReport,
+    Instruction,
+    Refused,
+    RoundContext,
+    RoundResult,
+    Strategy,
+    WeightedSums,
+)
+
+__all__ = ["FedALIGN", "PriorityRule", "parse_ids"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def parse_ids(ids: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Device ids or globs from a comma-separated string (command line, fleet file) or a sequence."""
+    if ids is None:
+        return ()
+    items = ids.split(",") if isinstance(ids, str) else list(ids)
+    out = tuple(str(i).strip() for i in items if str(i).strip())
+    return out
+
+
+@dataclass(frozen=True)
+class PriorityRule:
+    """Which devices belong to the group whose objective is trained (FedALIGN's priority devices,
+    VaRSeL's internal ones): a device id matching one of ``ids`` (globs such as ``prio-*``), or the
+    hello label ``label`` set to a true value (1, true, yes, on), or ``label`` written ``key=value``
+    and that label equal to the value."""
+
+    ids: tuple[str, ...] = ()
+    label: str = "priority"
+
+    def __post_init__(self) -> None:
+        key = self.label.partition("=")[0]
+        if self.label and not key:
+            raise ValueError(f"label rule {self.label!r} needs a label name before '='")
+
+    def matches(self, device: DeviceInfo) -> bool:
+        if any(fnmatch.fnmatchcase(device.device_id, pattern) for pattern in self.ids):
+            return True
+        if not self.label:
+            return False
+        key, eq, value = self.label.partition("=")
+        got = device.tags.get(key)
+        if got is None:
+            return False
+        return got == value if eq else got.strip().lower() in _TRUE
+
+    def split(self, devices: Iterable[str], infos: Mapping[str, DeviceInfo]) -> tuple[list[str], list[str]]:
+        """(members, others), each sorted."""
+        members, others = [], []
+        for d in sorted(devices):
+            (members if self.matches(infos[d]) else others).append(d)
+        return members, others
+
+
+def _number(name: str, value: object, *, minimum: float = 0.0, allow_inf: bool = False) -> float:
+    """A float option (command-line options arrive as strings) with a clear error."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(x) or (math.isinf(x) and not allow_inf) or x < minimum:
+        raise ValueError(f"{name} must be {'a' if allow_inf else 'a finite'} number >= {minimum}, got {value!r}")
+    return x
+
+
+class FedALIGN(Strategy):
+    """Prioritized FL: priority devices always train; a non-priority device is folded only when its
+    loss on the received model is within ``epsilon`` of the priority loss (Section 3.1).
+
+    ``epsilon`` is a constant (``inf``: every non-priority device, i.e. FedAvg on all; ``0``: in
+    practice none, i.e. FedAvg on the priority devices) or, with ``epsilon_decay`` < 1, scheduled as
+    ``max(epsilon_min, epsilon * epsilon_decay ** (t - warmup - 1))`` in round t; a program may pass
+    a callable ``round -> epsilon`` instead. ``prox_mu`` > 0 is the FedProx variant (appendix C.2).
+    """
+
+    name = "fedalign"
+
+    def __init__(self, epsilon: float | str | Callable[[int], float] = math.inf, warmup: int | str = 0, *,
+                 epsilon_decay: float | str = 1.0, epsilon_min: float | str = 0.0, prox_mu: float | str = 0.0,
+                 priority: str | Sequence[str] | None = None, priority_label: str = "priority",
+                 weighting: str = "samples") -> None:
+        if callable(epsilon):
+            self._epsilon_fn: Callable[[int], float] | None = epsilon
+            self.epsilon = math.nan
+        else:
+            self._epsilon_fn = None
+            self.epsilon = _number("epsilon", epsilon, allow_inf=True)
+        warm = _number("warmup", warmup)
+        if warm != int(warm):
+            raise ValueError(f"warmup must be a whole number of rounds, got {warmup!r}")
+        self.warmup = int(warm)
+        self.epsilon_decay = _number("epsilon_decay", epsilon_decay)
+        if self.epsilon_decay > 1.0:
+            raise ValueError(f"epsilon_decay must be in [0, 1], got {epsilon_decay!r}")
+        self.epsilon_min = _number("epsilon_min", epsilon_min, allow_inf=True)
+        self.prox_mu = _number("prox_mu", prox_mu)
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
+        self.weighting = weighting
+        self.rule = PriorityRule(parse_ids(priority), priority_label)
+        self._reset()
+
+    # -- per round --------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._sums: WeightedSums | None = None
+        self._priority: list[str] = []
+        self._candidates: list[str] = []  # sampled non-priority devices
+        self._selection: dict[str, Selection] = {}
+        self._evaluated: dict[str, tuple[float, float, int]] = {}  # device -> (loss, accuracy, samples)
+        self._global_loss: float | None = None
+        self._eps = math.inf
+        self._accepted: list[str] = []  # non-priority devices asked to train
+        self._included: dict[str, float] = {}  # non-priority device -> fold weight
+        self._refused = 0
+        self._folded = 0.0  # sum of the fold weights
+
+    def epsilon_at(self, round: int) -> float:
+        """The selection threshold of ``round`` (constant, decayed after the warm-up, or the callable's)."""
+        if self._epsilon_fn is not None:
+            return _number("epsilon(round)", self._epsilon_fn(round), allow_inf=True)
+        if self.epsilon_decay == 1.0 or math.isinf(self.epsilon):
+            return self.epsilon
+        return max(self.epsilon_min, self.epsilon * self.epsilon_decay ** max(0, round - self.warmup - 1))
+
+    def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
+        self._reset()
+        self._sums = WeightedSums(ctx.global_state)
+        self._eps = self.epsilon_at(ctx.round)
+        self._priority, others = self.rule.split(ctx.devices, ctx.devices)
+        if ctx.round > self.warmup and others:  # Section 4: warm-up rounds train the priority devices only
+            self._candidates = sorted(ctx.sample(others))
+        for d in self._priority + self._candidates:
+            self._selection[d] = Selection.tail(ctx.devices[d].split)
+        out: list[Instruction] = []
+        for d in self._priority:  # priority devices always take part: F(w) first, then their update
+            out.append(Instruction(d, "evaluate", self._selection[d]))
+            out.append(Instruction(d, "train", self._selection[d], config=self._train_config()))
+        if not self._priority:
+            out.extend(self._ask_candidates())  # nothing to wait for (no priority device connected)
+        return out
+
+    def _train_config(self) -> dict[str, float]:
+        return {"prox_mu": self.prox_mu} if self.prox_mu > 0 else {}
+
+    def _weight(self, report: DeviceReport) -> float:
+        return float(report.num_samples) if self.weighting == "samples" else 1.0
+
+    def _ask_candidates(self) -> list[Instruction]:
+        """Step 2: the non-priority devices receive w with F(w) and epsilon, and evaluate w."""
+        config: dict[str, float] = {"epsilon": self._eps} if math.isfinite(self._eps) else {}
+        if self._global_loss is not None and math.isfinite(self._global_loss):
+            config["global_loss"] = self._global_loss
+        return [Instruction(d, "evaluate", self._selection[d], config=config) for d in self._candidates]
+
+    def _priority_loss_ready(self, ctx: RoundContext) -> list[Instruction]:
+        """Once every priority device evaluated w (or vanished): F(w), then the non-priority devices."""
+        if self._global_loss is not None or not self._priority:
+            return []
+        pending = [d for d in self._priority if d not in self._evaluated and ctx.state.expects(d, "evaluate")]
+        if pending:
+            return []
+        # F(w) = sum_k n_k F_k(w) / sum_k n_k over the priority devices (the prioritized objective).
+        losses = [(loss, n) for d, (loss, _, n) in self._evaluated.items() if d in self._priority and math.isfinite(loss)]
+        total = sum(n for _, n in losses)
+        self._global_loss = sum(loss * n for loss, n in losses) / total if total else math.nan
+        return self._ask_candidates()
+
+    def _within(self, loss: float) -> bool:
+        """Section 3.1: |F_k(w) - F(w)| <= epsilon."""
+        if math.isinf(self._eps):
+            return True
+        g = self._global_loss
+        return g is not None and math.isfinite(g) and math.isfinite(loss) and abs(loss - g) <= self._eps
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def on_report(self, report: DeviceReport, ctx: RoundContext) -> Sequence[Instruction]:
+        if self._sums is None:
+            raise RuntimeError("fedalign: report before configure")
+        d = report.device_id
+        if report.phase == "evaluate":
+            self._evaluated[d] = (report.metric("loss"), report.metric("accuracy"), int(report.num_samples))
+            if d in self._priority:
+                return self._priority_loss_ready(ctx)
+            if d in self._candidates and self._within(report.metric("loss")):
+                self._accepted.append(d)  # the device's own check, made for it (step 3)
+                return [Instruction(d, "train", self._selection[d], config=self._train_config())]
+            return ()
+        if report.phase != "train":
+            self._refused += 1
+            raise Refused(f"fedalign has no {report.phase!r} phase")
+        if d not in self._priority:
+            # The server's check before aggregating (Section 3.1), on the loss the device measured
+            # on the received model before its local steps.
+            loss = report.loss_before
+            if d not in self._accepted or not self._within(loss):
+                self._refused += 1
+                raise Refused(f"loss {loss:.6g} is not within epsilon {self._eps:.6g} of the priority loss "
+                              f"{self._global_loss if self._global_loss is not None else math.nan:.6g}")
+        w = self._weight(report)
+        # Appendix A.1, eq. 15: data-weighted mean over the devices included this round, per entry.
+        self._sums.add_report(report, w)
+        self._folded += w
+        if d not in self._priority:
+            self._included[d] = w
+        return ()
+
+    def on_missing(self, device_id: str, phases: Sequence[str], ctx: RoundContext) -> Sequence[Instruction]:
+        if device_id in self._priority and "evaluate" in phases:
+            return self._priority_loss_ready(ctx)  # decide without it
+        return ()
+
+    def round_complete(self, ctx: RoundContext) -> bool:
+        # Not before the non-priority devices were asked (their evaluate follow-ups are still to come).
+        if self._candidates and self._global_loss is None and self._priority:
+            return False
+        return super().round_complete(ctx)
+
+    def aggregate(self, ctx: RoundContext) -> RoundResult:
+        sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
+        total = self._folded
+        included = {d: w / total for d, w in sorted(self._included.items())} if total else {}
+        pri = self._mean(self._priority)
+        non = self._mean(self._candidates)
+        extra: dict[str, object] = {
+            "strategy": self.name,
+            "warmup": ctx.round <= self.warmup,
+            "epsilon": self._eps if math.isfinite(self._eps) else "inf",
+            "priority_devices": len(self._priority),
+            "priority_loss": self._global_loss,
+            "priority_accuracy": pri[1],
+            "nonpriority_asked": len(self._candidates),
+            "nonpriority_loss": non[0],
+            "nonpriority_accuracy": non[1],
+            # Which non-priority devices went into the model, and their share of eq. 15's weights.
+            "included": included,
+            "excluded": sorted(set(self._candidates) - set(self._included)),
+        }
+        self._sums = None
+        return sums.result(ctx.round, self._refused, extra={k: _json(v) for k, v in extra.items()})
+
+    def _mean(self, devices: Iterable[str]) -> tuple[float | None, float | None]:
+        """Sample-weighted mean (loss, accuracy) of the received model over ``devices``' evaluate reports."""
+        rows = [self._evaluated[d] for d in devices if d in self._evaluated]
+        n = sum(r[2] for r in rows if math.isfinite(r[0]))
+        loss = sum(r[0] * r[2] for r in rows if math.isfinite(r[0])) / n if n else None
+        n_acc = sum(r[2] for r in rows if math.isfinite(r[1]))
+        acc = sum(r[1] * r[2] for r in rows if math.isfinite(r[1])) / n_acc if n_acc else None
+        return loss, acc
+
+
+def _json(value: object) -> object:
+    """Journal-ready: NaN and infinities become None (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,406 @@
+"""VaRSeL: variance-reduction selfish learning (Wang et al., "Selfish Federated Learning",
+/work/shared/papers/varsel-selfish-fl.md, Section 4 and Algorithm 1).
+
+The objective is that of the M internal devices (eq. 2). Each external device j counts with a
+weight w_j in [0, 1] in the surrogate objective (eq. 3), with ``1'w <= K`` (the communication
+budget), and the weights are chosen to make the surrogate gradient as close as possible to the
+internal one: minimise the variance of eq. 4,
+
+    Phi(w) = (A + || sum_j w_j (g_j - g_I) ||^2) / (M + 1'w)^2,      A = sum_i ||g_i - g_I||^2,
+
+where g_I is the internal mean update (eq. 6, its unbiased estimate). Before the externals send
+their updates, the server only knows d_j = ||g_j - g_I||^2 (the communicated term of eq. 7) and
+minimises the upper bound of eq. 7,
+
+    Phi~(w) = (A + (1'w) sum_j w_j d_j) / (M + 1'w)^2                 (eq. 8, w~),
+
+then samples the externals by w~ (Algorithm 1, line 10), receives their updates (lines 11-13), solves
+eq. 4 on them (line 14, w*) and applies (M g_I + sum_j w*_j g_j) / (M + 1'w*) (line 15; the deltas
+already carry the step -eta, line 16). With tau > 1 local steps, updates replace gradients (end of
+Section 4.3). Eq. 5 predicts that 1'w* shrinks as training converges (the "fine-tune effect"):
+every round logs it as ``external_weight_sum``.
+
+One round, hook by hook: ``configure`` sends the internal devices ``train`` (and ``evaluate``, for
+the internal loss and accuracy the round reports); ``on_report`` folds them with weight 1 and, when
+the last is in (line 3), sends every external ``compare`` with one :class:`Broadcast` of g_I (line
+4) over the entries every participant trains (the common tail, so distances are comparable); each
+external trains once and reports ``sq_distance`` (lines 5-8); then eq. 8 (line 9) and sampling (line
+10) give ``train`` follow-ups, which the devices answer with the update they already trained; the
+chosen updates are held until ``aggregate`` solves eq. 4 and folds them with weight w*_j into the
+same :class:`WeightedSums`, so an external that trained only its tail (an EmbracingFL weak role) is
+averaged in where it trained.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from edge_sdk.protocol import RowSparse
+from orchestrator.selection import Selection
+from orchestrator.strategies.base import (
+    Broadcast,
+    DeviceReport,
+    Instruction,
+    Refused,
+    RoundContext,
+    RoundResult,
+    Strategy,
+    WeightedSums,
+)
+from orchestrator.strategies.fedalign import PriorityRule, _json, _number, parse_ids
+
+__all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
+
+
+# -- the two weight problems ---------------------------------------------------------------------
+def phi_tilde(w: np.ndarray, d: np.ndarray, a: float, m: int) -> float:
+    """Eq. 7's bound: (A + (1'w) sum_j w_j d_j) / (M + 1'w)^2."""
+    s = float(np.sum(w))
+    return (a + s * float(np.dot(w, d))) / (m + s) ** 2
+
+
+def phi(w: np.ndarray, gram: np.ndarray, a: float, m: int) -> float:
+    """Eq. 4: (A + w' G w) / (M + 1'w)^2 with G_jk = <g_j - g_I, g_k - g_I>."""
+    s = float(np.sum(w))
+    return (a + float(w @ gram @ w)) / (m + s) ** 2
+
+
+def approx_weights(d: Sequence[float] | np.ndarray, a: float, m: int, budget: float) -> np.ndarray:
+    """Eq. 8, exactly: w~ = argmin Phi~(w) over w in [0, 1]^N, 1'w <= K.
+
+    For a fixed total s = 1'w the numerator A + s sum_j w_j d_j is least when the weight goes to
+    the smallest d_j first (a fractional knapsack), so w~ is 1 on the k nearest externals and
+    s - k on the next. On s in [k, k+1] the objective is (A + b s + d s^2) / (M + s)^2 with
+    d = d_(k+1) and b = C_k - k d (C_k: the k smallest distances' sum), whose derivative vanishes
+    where b M - 2A + s (2 d M - b) = 0: the optimum is an end of a segment or that point.
+    """
+    d = np.asarray(d, dtype=np.float64)
+    if m < 1:
+        raise ValueError("VaRSeL needs at least one internal device (M >= 1)")
+    if d.ndim != 1 or not np.all(np.isfinite(d)) or np.any(d < 0):
+        raise ValueError("distances must be finite and non-negative")
+    if budget < 0 or not math.isfinite(a) or a < 0:
+        raise ValueError(f"need budget >= 0 and A >= 0, got {budget} and {a}")
+    n = len(d)
+    w = np.zeros(n)
+    s_max = min(float(budget), float(n))
+    if n == 0 or s_max <= 0:
+        return w
+    order = np.argsort(d, kind="stable")
+    ds = d[order]
+    prefix = np.concatenate([[0.0], np.cumsum(ds)])
+
+    def value(s: float) -> float:
+        k = min(int(math.floor(s)), n - 1)
+        c = prefix[k] + (s - k) * ds[k]
+        return (a + s * c) / (m + s) ** 2
+
+    best_s, best = 0.0, a / m**2
+    for k in range(int(math.ceil(s_max))):
+        lo, hi = float(k), min(float(k + 1), s_max)
+        dk = ds[k]
+        b = prefix[k] - k * dk
+        candidates = [lo, hi]
+        denom = 2 * dk * m - b
+        if denom != 0:
+            s_star = (2 * a - b * m) / denom
+            if lo < s_star < hi:
+                candidates.append(s_star)
+        for s in candidates:
+            v = value(s)
+            if v < best - 1e-15 * max(1.0, abs(best)):
+                best_s, best = s, v
+    k = int(math.floor(best_s + 1e-12))
+    w[order[:k]] = 1.0
+    if k < n and best_s - k > 1e-12:
+        w[order[k]] = best_s - k
+    return w
+
+
+def _project(y: np.ndarray, s: float) -> np.ndarray:
+    """Euclidean projection of y on {w in [0, 1]^n : 1'w = s} (bisection on the shift)."""
+    lo, hi = float(np.min(y)) - 1.0, float(np.max(y))
+    for _ in range(100):
+        tau = 0.5 * (lo + hi)
+        if np.clip(y - tau, 0.0, 1.0).sum() > s:
+            lo = tau
+        else:
+            hi = tau
+    return np.clip(y - 0.5 * (lo + hi), 0.0, 1.0)
+
+
+def _min_quadratic(gram: np.ndarray, s: float, start: np.ndarray | None = None, iters: int = 400) -> np.ndarray:
+    """argmin w' G w over {w in [0, 1]^n : 1'w = s}: accelerated projected gradient (a convex QP)."""
+    n = len(gram)
+    w = _project(np.full(n, s / n) if start is None else start, s)
+    lip = 2.0 * float(np.linalg.eigvalsh(gram)[-1]) if n else 0.0
+    if lip <= 0:
+        return w
+    z, t = w.copy(), 1.0
+    for _ in range(iters):
+        w_next = _project(z - (2.0 / lip) * (gram @ z), s)
+        t_next = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
+        z = w_next + ((t - 1) / t_next) * (w_next - w)
+        w, t = w_next, t_next
+    return w
+
+
+def solve_weights(gram: np.ndarray, a: float, m: int, budget: float, *, grid: int = 48) -> np.ndarray:
+    """Eq. 4 (Algorithm 1, line 14): w* = argmin (A + w' G w) / (M + 1'w)^2 over w in [0, 1]^n,
+    1'w <= K, for the externals whose updates arrived (G their Gram matrix around g_I).
+
+    For a fixed total s the numerator's minimum q(s) is a convex QP; q is convex in s, and
+    (A + q(s)) / (M + s)^2 is searched over s on a grid, then refined by golden section.
+    """
+    gram = np.asarray(gram, dtype=np.float64)
+    n = len(gram)
+    if m < 1:
+        raise ValueError("VaRSeL needs at least one internal device (M >= 1)")
+    if gram.shape != (n, n) or not np.all(np.isfinite(gram)):
+        raise ValueError(f"the Gram matrix must be a finite square matrix, got shape {gram.shape}")
+    gram = 0.5 * (gram + gram.T)
+    s_max = min(float(budget), float(n))
+    if n == 0 or s_max <= 0:
+        return np.zeros(n)
+    cache: dict[float, tuple[float, np.ndarray]] = {0.0: (a / m**2, np.zeros(n))}
+
+    def value(s: float) -> float:
+        if s not in cache:
+            w = _min_quadratic(gram, s)
+            cache[s] = (phi(w, gram, a, m), w)
+        return cache[s][0]
+
+    points = np.linspace(0.0, s_max, grid + 1)
+    values = [value(float(s)) for s in points]
+    i = int(np.argmin(values))
+    lo, hi = float(points[max(i - 1, 0)]), float(points[min(i + 1, grid)])
+    g = (math.sqrt(5) - 1) / 2
+    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+    for _ in range(40):
+        if value(x1) <= value(x2):
+            hi, x2 = x2, x1
+            x1 = hi - g * (hi - lo)
+        else:
+            lo, x1 = x1, x2
+            x2 = lo + g * (hi - lo)
+    best = min(cache, key=lambda s: cache[s][0])
+    return cache[best][1]
+
+
+# -- the strategy --------------------------------------------------------------------------------
+class VaRSeL(Strategy):
+    """Selfish FL: internal devices' objective; external devices weighted by variance reduction.
+
+    ``budget`` is K (the expected number of externals per round, 1'w <= K); without it,
+    ``budget_fraction`` C_b gives K = C_b N for the N externals of the round. ``exact`` solves eq. 4
+    on the received updates (holding them until the round closes); False folds them with w~ as
+    they arrive (O(model) memory). ``evaluate`` also asks every device for the loss and accuracy of
+    the received model, which the round reports for the internal and the external devices.
+    """
+
+    name = "varsel"
+
+    def __init__(self, budget: float | str | None = None, budget_fraction: float | str = 0.25, *,
+                 exact: bool | str = True, evaluate: bool | str = True, internal: str | Sequence[str] | None = None,
+                 internal_label: str = "internal", seed: int | str = 0) -> None:
+        self.budget = None if budget is None else _number("budget", budget)
+        self.budget_fraction = _number("budget_fraction", budget_fraction)
+        self.exact = _flag("exact", exact)
+        self.evaluate = _flag("evaluate", evaluate)
+        self.rule = PriorityRule(parse_ids(internal), internal_label)
+        self.seed = int(_number("seed", seed))
+        self._reset()
+
+    def _reset(self) -> None:
+        self._sums: WeightedSums | None = None
+        self._internal: list[str] = []
+        self._external: list[str] = []
+        self._selection: dict[str, Selection] = {}
+        self._names: tuple[str, ...] = ()  # entries compared (the common tail's float entries)
+        self._internal_in: set[str] = set()
+        self._internal_sq = 0.0  # sum_i ||g_i||^2 over the compared entries
+        self._internal_sum: dict[str, np.ndarray] = {}  # sum_i g_i over the compared entries (float64)
+        self._g_internal: dict[str, np.ndarray] | None = None
+        self._a = 0.0
+        self._k = 0.0
+        self._distances: dict[str, float] = {}
+        self._w_tilde: dict[str, float] = {}
+        self._sampled: list[str] = []
+        self._held: dict[str, DeviceReport] = {}
+        self._weights: dict[str, float] = {}
+        self._evaluated: dict[str, tuple[float, float, int]] = {}
+        self._decided = False
+        self._refused = 0
+
+    def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
+        self._reset()
+        self._sums = WeightedSums(ctx.global_state)
+        self._internal, others = self.rule.split(ctx.devices, ctx.devices)
+        self._external = sorted(ctx.sample(others)) if others and self._internal else []
+        for d in self._internal + self._external:
+            self._selection[d] = Selection.tail(ctx.devices[d].split)
+        self._k = self.budget if self.budget is not None else self.budget_fraction * len(self._external)
+        common = max((ctx.devices[d].split for d in self._selection), default=0)
+        keep = set(ctx.blocks[common:]) if ctx.blocks else None
+        self._names = tuple(n for n, v in ctx.global_state.items() if v.dtype.kind == "f"
+                            and (keep is None or n.split(".", 2)[1] in keep))
+        out: list[Instruction] = []
+        for d in self._internal:
+            if self.evaluate:
+                out.append(Instruction(d, "evaluate", self._selection[d]))
+            out.append(Instruction(d, "train", self._selection[d]))
+        if self.evaluate:
+            out.extend(Instruction(d, "evaluate", self._selection[d]) for d in self._external)
+        return out
+
+    # -- reports ----------------------------------------------------------------------------------
+    def on_report(self, report: DeviceReport, ctx: RoundContext) -> Sequence[Instruction]:
+        if self._sums is None:
+            raise RuntimeError("varsel: report before configure")
+        d = report.device_id
+        if report.phase == "evaluate":
+            self._evaluated[d] = (report.metric("loss"), report.metric("accuracy"), int(report.num_samples))
+            return ()
+        if report.phase == "train" and d in self._internal:
+            # Algorithm 1, line 3: the internal updates g_i, each with weight 1 (eq. 3).
+            self._sums.add_report(report, 1.0)
+            for n in self._names:
+                if n in report.tensors:
+                    g = _dense(report.tensors[n]).astype(np.float64)
+                    self._internal_sq += float(np.sum(g * g))
+                    acc = self._internal_sum.get(n)
+                    self._internal_sum[n] = g if acc is None else acc + g
+            self._internal_in.add(d)
+            return self._broadcast(ctx)
+        if report.phase == "compare" and d in self._external:
+            dist = report.metric("sq_distance")
+            if not math.isfinite(dist) or dist < 0:
+                self._refused += 1
+                raise Refused(f"sq_distance must be a finite non-negative number, got {dist}")
+            self._distances[d] = dist  # eq. 7's communicated term, lines 5-8
+            return self._choose(ctx)
+        if report.phase == "train" and d in self._sampled:
+            if self.exact:
+                self._held[d] = report  # lines 11-13: held until eq. 4 is solved (aggregate)
+            else:
+                w = self._w_tilde[d]
+                self._sums.add_report(report, w)
+                self._weights[d] = w
+            return ()
+        self._refused += 1
+        raise Refused(f"varsel did not ask {d} for a {report.phase!r} report")
+
+    def on_missing(self, device_id: str, phases: Sequence[str], ctx: RoundContext) -> Sequence[Instruction]:
+        if device_id in self._internal and "train" in phases:
+            return self._broadcast(ctx)
+        if device_id in self._external and "compare" in phases:
+            return self._choose(ctx)
+        return ()
+
+    def _broadcast(self, ctx: RoundContext) -> list[Instruction]:
+        """Line 4: once every internal update is in (or its device gone), send g_I to the externals."""
+        assert self._sums is not None
+        if self._g_internal is not None or any(d not in self._internal_in and ctx.state.expects(d, "train")
+                                               for d in self._internal):
+            return []
+        m = len(self._internal_in)
+        if m == 0:
+            self._g_internal = {}
+            return []
+        # Eq. 6: g_I = (1/M) sum_i g_i, the unbiased estimate of the internal gradient (update).
+        self._g_internal = {n: v / m for n, v in self._internal_sum.items()}
+        g_sq = sum(float(np.sum(v * v)) for v in self._g_internal.values())
+        # A = sum_i ||g_i - g_I||^2 = sum_i ||g_i||^2 - M ||g_I||^2 (eq. 4's first term).
+        self._a = max(0.0, self._internal_sq - m * g_sq)
+        if not self._external:
+            return []
+        b = Broadcast({n: v.astype(np.float32) for n, v in self._g_internal.items()})
+        return [Instruction(d, "compare", self._selection[d], broadcast=b) for d in self._external]
+
+    def _choose(self, ctx: RoundContext) -> list[Instruction]:
+        """Lines 9-10: w~ from eq. 8, then each external sampled with probability w~_j."""
+        if self._decided or any(d not in self._distances and ctx.state.expects(d, "compare") for d in self._external):
+            return []
+        self._decided = True
+        devices = sorted(self._distances)
+        m = len(self._internal_in)
+        if not devices or m == 0:
+            return []
+        w = approx_weights([self._distances[d] for d in devices], self._a, m, self._k)
+        self._w_tilde = {d: float(x) for d, x in zip(devices, w)}
+        rng = np.random.default_rng([self.seed, ctx.seed, ctx.round])
+        draws = rng.random(len(devices))
+        self._sampled = [d for d, x, u in zip(devices, w, draws) if u < x]
+        return [Instruction(d, "train", self._selection[d]) for d in self._sampled]
+
+    # -- closing ----------------------------------------------------------------------------------
+    def aggregate(self, ctx: RoundContext) -> RoundResult:
+        sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
+        if self._held:
+            devices = sorted(self._held)
+            weights = self._exact_weights(devices)
+            for d, w in zip(devices, weights):
+                if w > 0:  # line 15: (M g_I + sum_j w*_j g_j) / (M + 1'w*), per entry
+                    sums.add_report(self._held[d], float(w))
+                    self._weights[d] = float(w)
+        internal = self._mean(self._internal)
+        external = self._mean(self._external)
+        m = len(self._internal_in)
+        extra: dict[str, object] = {
+            "strategy": self.name,
+            "internal_devices": m,
+            "external_devices": len(self._external),
+            "budget": self._k,
+            "internal_loss": internal[0],
+            "internal_accuracy": internal[1],
+            "external_loss": external[0],
+            "external_accuracy": external[1],
+            "internal_spread": self._a,  # A of eq. 4
+            "w_tilde_sum": float(sum(self._w_tilde.values())),
+            "sampled": list(self._sampled),
+            # The externals folded and their weights w*_j (eq. 4); the fine-tune effect: this decays.
+            "included": {d: w for d, w in sorted(self._weights.items())},
+            "external_weight_sum": float(sum(self._weights.values())),
+        }
+        self._sums, self._held = None, {}
+        return sums.result(ctx.round, self._refused, extra={k: _json(v) for k, v in extra.items()})
+
+    def _exact_weights(self, devices: list[str]) -> np.ndarray:
+        """Eq. 4 on the received updates: G_jk = <g_j - g_I, g_k - g_I> over the compared entries."""
+        g = self._g_internal or {}
+        rows = []
+        for d in devices:
+            t = self._held[d].tensors
+            parts = [(_dense(t[n]).astype(np.float64) - g[n]).ravel() for n in self._names if n in t and n in g]
+            rows.append(np.concatenate(parts) if parts else np.zeros(0))
+        width = max((len(r) for r in rows), default=0)
+        if width == 0 or any(len(r) != width for r in rows):
+            return np.array([self._w_tilde[d] for d in devices])
+        diff = np.stack(rows)
+        return solve_weights(diff @ diff.T, self._a, max(len(self._internal_in), 1), self._k)
+
+    def _mean(self, devices: Sequence[str]) -> tuple[float | None, float | None]:
+        rows = [self._evaluated[d] for d in devices if d in self._evaluated]
+        n = sum(r[2] for r in rows if math.isfinite(r[0]))
+        loss = sum(r[0] * r[2] for r in rows if math.isfinite(r[0])) / n if n else None
+        n_acc = sum(r[2] for r in rows if math.isfinite(r[1]))
+        acc = sum(r[1] * r[2] for r in rows if math.isfinite(r[1])) / n_acc if n_acc else None
+        return loss, acc
+
+
+def _dense(v: np.ndarray | RowSparse) -> np.ndarray:
+    return v.dense() if isinstance(v, RowSparse) else np.asarray(v)
+
+
+def _flag(name: str, value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
