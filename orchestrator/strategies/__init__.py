@@ -25,7 +25,10 @@ from orchestrator.strategies.base import (
     WeightedSums,
 )
 from orchestrator.strategies.embracing import ROLES, EmbracingFL
+from orchestrator.strategies.fedalign import FedALIGN
 from orchestrator.strategies.fedavg import FedAvg
+from orchestrator.strategies.varsel import VaRSeL
+from orchestrator.strategies.fedsubavg import FedSubAvg
 
 _STRATEGIES = MappingProxyType(
     {
@@ -33,6 +36,9 @@ _STRATEGIES = MappingProxyType(
         for cls in (
             FedAvg,
             EmbracingFL,
+            FedSubAvg,
+            FedALIGN,
+            VaRSeL,
         )
     }
 )
@@ -76,12 +82,14 @@ __all__ = [
     "DeviceInfo",
     "DeviceReport",
     "EmbracingFL",
+    "FedALIGN",
     "FedAvg",
     "Instruction",
     "Refused",
     "RoundContext",
     "RoundResult",
     "Strategy",
+    "VaRSeL",
     "WeightedSums",
     "make_strategy",
     "strategy_class",

@@ -64,6 +64,9 @@ class DeviceInfo:
     tags: Mapping[str, str] = field(default_factory=dict)  # hello labels (priority, group, ...)
     runtimes: tuple[str, ...] = ()
     rows: Mapping[str, np.ndarray] = field(default_factory=dict)  # sparse table entry -> rows its data touches
+    # Private heat (FedSubAvg): table entry -> randomized-response bits (np.packbits order), at row_epsilon.
+    row_bits: Mapping[str, bytes] = field(default_factory=dict)
+    row_epsilon: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
