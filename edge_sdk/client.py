@@ -35,6 +35,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
 from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
+from edge_sdk.privacy import PrivateHeat, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
 
@@ -70,6 +71,9 @@ class DeviceConfig:
     max_backoff_s: float = 5.0
     frame_size: int = p.DEFAULT_FRAME_SIZE
     tls_ca: str | None = None  # for a wss:// server: trust only this PEM file (private CA, self-signed)
+    # Private row heat (FedSubAvg): send randomized-response bits and a decoy-padded download set
+    # instead of the true rows (edge_sdk.privacy). None: declare the rows themselves.
+    private_heat: PrivateHeat | None = None
 
 
 @dataclass
@@ -148,6 +152,11 @@ class DeviceClient:
         self.config = config
         self.x, self.y = x, y
         self.rows = declared_rows(x)
+        self.row_bits: dict[str, bytes] = {}
+        if config.private_heat is not None:
+            # Drawn once: every (re)connection repeats the same noisy report, so the server cannot
+            # average fresh draws to recover the true rows.
+            self.rows, self.row_bits = private_hello_fields(self.rows, config.private_heat, np.random.default_rng())
         self.on_event = on_event or (lambda kind, data: None)
         self._connect = connect or ws_connect
         # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
@@ -195,7 +204,8 @@ class DeviceClient:
         await send_msg(ch, p.Hello(
             device_id=c.device_id, token=c.token, budget_bytes=c.budget_bytes, cores=c.cores,
             runtimes=["onnxruntime", "torch"], num_samples=len(self.x), device_class=c.device_class,
-            labels=dict(c.labels), resume_round=resume, rows=self.rows,
+            labels=dict(c.labels), resume_round=resume, rows=self.rows, row_bits=self.row_bits,
+            row_epsilon=c.private_heat.epsilon if c.private_heat is not None else 0.0,
         ))
         welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome

@@ -292,10 +292,23 @@ class Orchestrator:
                 raise p.ProtocolError("malformed", f"hello.rows[{column}] names row {values[-1]} of a table with "
                                                    f"{table_rows} rows")
             rows[entry] = np.asarray(values, dtype=np.int64)
+        # Private heat: one randomized-response bit per table row (never the true rows; FedSubAvg).
+        bits: dict[str, bytes] = {}
+        columns = {str(c): e for e, c in getattr(self.model, "sparse_inputs", {}).items()}
+        for column, packed in hello.row_bits.items():
+            entry = columns.get(column)
+            if entry is None:
+                raise p.ProtocolError("malformed", f"hello.row_bits[{column}] names no sparse input of the model")
+            need = (self.global_state[entry].shape[0] + 7) // 8
+            if len(packed) != need:
+                raise p.ProtocolError("malformed", f"hello.row_bits[{column}] has {len(packed)} bytes; the table "
+                                                   f"has {self.global_state[entry].shape[0]} rows ({need} bytes)")
+            bits[entry] = bytes(packed)
         return DeviceInfo(
             device_id=hello.device_id, role=plan.role, split=plan.split, num_samples=hello.num_samples,
             device_class=hello.device_class, tags=MappingProxyType(dict(hello.labels)),
             runtimes=tuple(hello.runtimes), rows=MappingProxyType(rows),
+            row_bits=MappingProxyType(bits), row_epsilon=float(hello.row_epsilon),
         )
 
     def _plan(self, hello: p.Hello) -> Plan:

@@ -26,6 +26,7 @@ from .errors import ErrorCode, ProtocolError
 from .messages import (
     BOOL,
     BYTES,
+    DICT_BYTES,
     DICT_INTS,
     DICT_SCALAR,
     DICT_STR,
@@ -362,6 +363,13 @@ def _check_kind(where: str, name: str, kind: str, value: Any, limits: Limits) ->
                 out[key] = _check_str(where, f"{name}[{key[:40]!r}]", item, limits)
             else:
                 out[key] = _check_scalar(where, f"{name}[{key[:40]!r}]", item, limits)
+        return out
+    if kind == DICT_BYTES:
+        _check_items(where, name, value, limits, dict)
+        out = {}
+        for key, item in value.items():
+            _check_str(where, name, key, limits)
+            out[key] = bytes(_check_kind(where, f"{name}[{key[:40]!r}]", BYTES, item, limits))
         return out
     if kind == DICT_INTS:
         _check_items(where, name, value, limits, dict)

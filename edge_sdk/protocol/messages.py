@@ -11,6 +11,7 @@ with :func:`dataclasses.replace`. Constructors normalise harmless spellings (a `
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import re
 import typing
@@ -108,9 +109,18 @@ class Hello(Message):
     #: For integer inputs that index embedding tables: per input column (``"0"``, ``"1"``...), the
     #: sorted distinct values the local data holds (the rows of its submodel, FedSubAvg).
     rows: dict[str, list[int]] = field(default_factory=dict)
+    #: Private row heat (FedSubAvg, hot-and-cold appendix F): per input column, one randomized-response
+    #: bit per row of its table, packed (``numpy.packbits`` order), each true bit kept with probability
+    #: ``e^eps / (1 + e^eps)`` at ``eps = row_epsilon``. Then ``rows`` is the download set, padded with decoys.
+    row_bits: dict[str, bytes] = field(default_factory=dict)
+    row_epsilon: float = 0.0
 
     def check(self) -> None:
         _require(self.device_id != "", "hello.device_id is empty")
+        _require(math.isfinite(self.row_epsilon) and self.row_epsilon >= 0, "hello.row_epsilon is not a finite value >= 0")
+        _require(not self.row_bits or self.row_epsilon > 0, "hello.row_bits needs hello.row_epsilon > 0")
+        for column, bits in self.row_bits.items():
+            _require(len(bits) > 0, f"hello.row_bits[{column!r}] is empty")
         for column, values in self.rows.items():
             _require(all(b > a for a, b in zip(values, values[1:])), f"hello.rows[{column!r}] is not strictly increasing")
             _require(not values or values[0] >= 0, f"hello.rows[{column!r}] holds a negative row")
@@ -355,6 +365,7 @@ class Resume(Message):
 STR, INT, FLOAT, BOOL, BYTES = "str", "int", "float", "bool", "bytes"
 LIST_STR, PAIR, LIST_PAIR, DICT_STR, DICT_SCALAR = "list[str]", "pair", "list[pair]", "dict[str]", "dict[scalar]"
 DICT_INTS = "dict[list[int]]"
+DICT_BYTES = "dict[bytes]"
 
 _KINDS: dict[object, str] = {
     str: STR,
@@ -368,6 +379,7 @@ _KINDS: dict[object, str] = {
     dict[str, str]: DICT_STR,
     dict[str, Scalar]: DICT_SCALAR,
     dict[str, list[int]]: DICT_INTS,
+    dict[str, bytes]: DICT_BYTES,
 }
 
 
@@ -406,6 +418,9 @@ def _normalise(kind: str, value: object) -> object:
     elif kind in (DICT_STR, DICT_SCALAR):
         if isinstance(value, Mapping):
             return {_plain(k): _plain(v) for k, v in value.items()}
+    elif kind == DICT_BYTES:
+        if isinstance(value, Mapping):
+            return {_plain(k): bytes(v) if isinstance(v, (bytearray, memoryview)) else v for k, v in value.items()}
     elif kind == DICT_INTS:
         if isinstance(value, Mapping):
             return {_plain(k): [_plain(v) for v in vs] if isinstance(vs, (list, tuple, np.ndarray)) else vs
