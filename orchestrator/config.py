@@ -45,6 +45,9 @@ class ServerConfig:
     tls_key: str | None = None  # its private key, unless tls_cert holds it
     frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)
     planner_batch: int = 32
+    # Times a round whose result fails its checks (non-finite values, chunks that fail their
+    # export check) runs again from the last good state before it is journaled as failed.
+    round_retries: int = 2
     # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).
     allow_forced_split: bool = False
     keep_checkpoints: int = 3

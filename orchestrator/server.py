@@ -31,6 +31,7 @@ from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, recv_msg, recv_payload, send_error, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
+from exporters.onnx_export import ExportError
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
 from orchestrator.rounds import RoundState
@@ -618,11 +619,19 @@ class Orchestrator:
     async def _rounds(self) -> None:
         # The first round waits for min_devices to connect; later ones go ahead with whoever is
         # idle, so a fleet that loses a device keeps training.
-        for r in range(self.start_round, self.config.rounds + 1):
-            await self._wait_for_devices(self.config.min_devices if r == self.start_round else 1)
-            await self._run_round(r)
+        # A round whose result fails its checks is not committed and runs again from the last good
+        # state (with another sample of devices); after round_retries failures it is journaled as
+        # failed, the model unchanged, and training goes on.
+        r, attempt = self.start_round, 0
+        while r <= self.config.rounds:
+            await self._wait_for_devices(self.config.min_devices if r == self.start_round and not attempt else 1)
+            if await self._run_round(r, attempt=attempt, last_try=attempt >= self.config.round_retries):
+                r, attempt = r + 1, 0
+            else:
+                attempt += 1
 
-    async def _run_round(self, r: int) -> None:
+    async def _run_round(self, r: int, *, attempt: int = 0, last_try: bool = True) -> bool:
+        """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         self._load_global_into_model()
         self.version = state_version(self.global_state)
@@ -632,7 +641,8 @@ class Orchestrator:
         frozen = MappingProxyType(self.global_state)
         ctx = RoundContext(
             round=r, global_state=frozen, devices=MappingProxyType({d: self.sessions[d].info for d in self._idle()}),
-            state=rs, blocks=tuple(self.model.block_names), fraction=self.config.fraction, seed=self.config.seed,
+            state=rs, blocks=tuple(self.model.block_names), fraction=self.config.fraction,
+            seed=self.config.seed + 7919 * attempt,
         )
         self.round, self.ctx = rs, ctx
         instructions = list(self.strategy.configure(ctx))
@@ -644,7 +654,14 @@ class Orchestrator:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=0.25)
         result = self.strategy.aggregate(ctx)
-        self.global_state = {k: np.asarray(v) for k, v in result.state.items()}
+        candidate = {k: np.asarray(v) for k, v in result.state.items()}
+        failure = await asyncio.to_thread(self._check_state, candidate)
+        if failure is None:
+            self.global_state = candidate
+        else:
+            log.warning("round %d (attempt %d) not committed: %s", r, attempt + 1, failure)
+            self.on_event("round_failed", {"round": r, "attempt": attempt + 1, "reason": failure,
+                                           "devices": list(result.devices)})
         self.round = self.ctx = None
         self.payloads, self._broadcast_ids, self.work = {}, {}, {}
         self.partial_uploads.clear()
@@ -654,7 +671,10 @@ class Orchestrator:
             "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()), "roles": role_counts(self.sessions, rs.reported("train") or reported),
             "bytes_sent": self._bytes[0], "bytes_received": self._bytes[1],
             **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
+            "attempt": attempt + 1, **({"failed": failure} if failure else {}),
         }
+        if failure is not None and not last_try:
+            return False
         eval_s = eval_cpu = 0.0
         if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
             te, tc = time.monotonic(), time.process_time()
@@ -672,6 +692,28 @@ class Orchestrator:
         self.store.complete_round(r, self.global_state, metrics)
         self.history.append(metrics)
         self.on_event("round_end", metrics)
+        return True
+
+    def _check_state(self, state: dict[str, np.ndarray]) -> str | None:
+        """None if ``state`` may become the global model, else why not: every value finite, and
+        the frozen chunks the connected devices will need export and verify against torch (they
+        are then cached for the next round). Checked before the checkpoint is written, so a
+        resumed server never starts from a state that cannot be served."""
+        for name, value in state.items():
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                return f"non-finite values in {name}"
+        ranges = sorted({(int(a), int(b)) for s in list(self.sessions.values()) for a, b in s.plan.chunks})
+        if not ranges:
+            return None
+        self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+        self.model.eval()
+        version = state_version(state)
+        try:
+            for a, b in ranges:
+                self.cache.get_or_export(self.model, version, a, b)
+        except ExportError as exc:
+            return f"the frozen chunks of the new model fail their export check: {exc}"
+        return None
 
 
 def chunk_ranges(planned: Sequence[Sequence[int]], split: int) -> list[tuple[int, int]]:

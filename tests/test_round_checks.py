@@ -1,0 +1,97 @@
+"""The server survives its own rounds: a round whose result fails its checks (here a huge but finite
+update whose frozen chunk no longer exports and verifies) is not committed; it runs again from the
+last good state, training goes on, and a server resumed from the journal starts cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+from websockets.asyncio.client import connect
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+from orchestrator.store import Store
+
+
+async def _device(url: str, orch, device_id: str, labels: dict[str, str], delta_of) -> list[p.Ack]:
+    """A scripted device: answers every instruction with deltas ``delta_of(round, attempt, shape)``."""
+    acks: list[p.Ack] = []
+    async with connect(url, **ws_options()) as ws:
+        await send_msg(ws, p.Hello(device_id=device_id, token="", budget_bytes=8 << 30, cores=1, runtimes=["torch"],
+                                   num_samples=50, labels=labels))
+        welcome = await recv_msg(ws)
+        assert isinstance(welcome, p.Welcome)
+        n = 0
+        while True:
+            msg = await recv_msg(ws)
+            if isinstance(msg, p.Bye):
+                return acks
+            assert isinstance(msg, p.Instruction), msg
+            deltas = {name: delta_of(n, orch.global_state[name].shape) for name in orch.model.state_names(msg.split)}
+            payload = p.encode_tensors(deltas)
+            tid = f"{device_id}-{n}"
+            await send_msg(ws, p.Report(msg.round, "train", 50, (msg.split, welcome.num_blocks), tid,
+                                        {"loss_before": 1.0, "loss_after": 0.9}))
+            await send_payload(ws, payload, transfer_id=tid, kind="update", meta={})
+            ack = await recv_msg(ws)
+            assert isinstance(ack, p.Ack)
+            acks.append(ack)
+            n += 1
+
+
+def test_a_huge_update_is_not_committed_and_training_goes_on(tmp_path: Path) -> None:
+    events: list[tuple[str, dict]] = []
+    store_dir = tmp_path / "store"
+
+    rng = np.random.default_rng(0)
+
+    def hostile_once(n: int, shape) -> np.ndarray:
+        # Huge but finite: every value passes the NaN/Inf check of the decoder.
+        return (rng.standard_normal(shape) * 1e35).astype(np.float32) if n == 0 else np.full(shape, 0.01, np.float32)
+
+    def honest(n: int, shape) -> np.ndarray:
+        return np.full(shape, -0.03, np.float32)
+
+    async def main():
+        config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic", store_dir=store_dir,
+                              deadline_s=30, allow_forced_split=True, round_retries=2)
+        orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
+        initial = {k: v.copy() for k, v in orch.global_state.items()}
+        url = f"ws://127.0.0.1:{orch.port}"
+        # The weak device's plan freezes block 0, so the server must be able to export it every round.
+        results = await asyncio.gather(
+            _device(url, orch, "attacker", {}, hostile_once),
+            _device(url, orch, "weak", {"force_split": "1"}, honest),
+            server,
+        )
+        return initial, orch.global_state, results[2]
+
+    initial, final, history = asyncio.run(main())
+    failed = [d for k, d in events if k == "round_failed"]
+    assert len(failed) == 1 and failed[0]["round"] == 1 and "export check" in failed[0]["reason"]
+    assert [h["round"] for h in history] == [1, 2] and history[0]["attempt"] == 2 and "failed" not in history[0]
+    # Two committed rounds of small updates: the model moved, and nothing of the huge one is in it.
+    for name, value in final.items():
+        assert np.isfinite(value).all()
+        assert np.abs(value - initial[name]).max() < 0.1, name
+    assert not np.array_equal(final["blocks.head.weight"], initial["blocks.head.weight"])
+
+    # A server resumed from this journal starts from the last good checkpoint and serves at once.
+    store = Store(store_dir)
+    done, state = store.last_completed()
+    store.close()
+    assert done == 2 and all(np.isfinite(v).all() for v in state.values())
+
+    async def resumed():
+        config = ServerConfig(model="tiny", rounds=3, min_devices=1, eval_data="synthetic", store_dir=store_dir,
+                              deadline_s=30, resume=True)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        await asyncio.gather(_device(url, orch, "honest", {}, honest), server)
+        return orch.start_round
+
+    assert asyncio.run(resumed()) == 3
