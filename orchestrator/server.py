@@ -262,6 +262,7 @@ class Orchestrator:
             raise p.ProtocolError("unauthorized", "bad credentials")
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
+        check_hello_bounds(hello)
         try:
             plan = self._plan(hello)
         except PlanError as exc:
@@ -481,8 +482,10 @@ class Orchestrator:
                 missing.setdefault(ins.device_id, []).append(ins.phase)
                 continue
             if session is None or work is None or self.sessions.get(ins.device_id) is not session:
-                rs.on_gone(ins.device_id)
-                missing.setdefault(ins.device_id, []).append(ins.phase)
+                # Gone before or while its payloads were prepared. If its disconnect already told
+                # the strategy (Orchestrator._gone), on_gone finds nothing open and it is not told twice.
+                if ins.phase in rs.on_gone(ins.device_id):
+                    missing.setdefault(ins.device_id, []).append(ins.phase)
                 continue
             self.work.setdefault(ins.device_id, {})[ins.phase] = work
             with contextlib.suppress(ConnectionClosed):
@@ -714,6 +717,25 @@ class Orchestrator:
         except ExportError as exc:
             return f"the frozen chunks of the new model fail their export check: {exc}"
         return None
+
+
+#: What a hello may declare (its fields are journaled and planned against, so each is bounded).
+MAX_BUDGET_BYTES = 1 << 40  # 1 TiB: more is no device's app budget
+MAX_LABELS, MAX_LABEL_CHARS = 32, 256
+MAX_RUNTIMES = 8
+
+
+def check_hello_bounds(hello: p.Hello) -> None:
+    """Refuse a hello whose declarations no device makes (a budget of 0 or of petabytes, kilobytes
+    of labels), before it is planned or journaled."""
+    if not 0 < hello.budget_bytes <= MAX_BUDGET_BYTES:
+        raise p.ProtocolError("refused", f"budget of {hello.budget_bytes} bytes is outside (0, {MAX_BUDGET_BYTES}]")
+    if hello.num_samples < 1:
+        raise p.ProtocolError("refused", "a device without local samples has nothing to train on")
+    if len(hello.labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_CHARS for k, v in hello.labels.items()):
+        raise p.ProtocolError("malformed", f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters")
+    if len(hello.runtimes) > MAX_RUNTIMES or any(len(r) > 64 for r in hello.runtimes):
+        raise p.ProtocolError("malformed", f"at most {MAX_RUNTIMES} runtimes of at most 64 characters")
 
 
 def chunk_ranges(planned: Sequence[Sequence[int]], split: int) -> list[tuple[int, int]]:
