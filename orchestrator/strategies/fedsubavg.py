@@ -57,6 +57,7 @@ from orchestrator.strategies.base import (
 __all__ = ["FedSubAvg", "RowSums"]
 
 SPLITS: tuple[str, ...] = ("planned", "zero")
+_BLOCK_ROWS = 1 << 16  # rows updated per step of aggregate
 
 
 class RowSums:
@@ -94,7 +95,7 @@ class RowSums:
     def _reserve(self, n: int) -> None:
         if n <= len(self._rows):
             return
-        cap = max(n, 2 * len(self._rows), 1024)
+        cap = min(max(n, 2 * len(self._rows), 1024), self.num_rows)  # never more slots than the table has rows
         rows = np.empty(cap, dtype=np.int64)
         rows[: self.size] = self._rows[: self.size]
         acc = np.zeros((cap, *self.row_shape), dtype=np.float64)
@@ -241,9 +242,12 @@ class FedSubAvg(Strategy):
             else:
                 factor = np.ones(rows.size)
             step = (factor / k_folded).reshape(-1, *([1] * (old.ndim - 1)))
-            # Algorithm 1, line 9: X_m <- X_m + N / (n_m K) * sum_{i in C_r} dx_{i,m}, touched rows only.
-            new = state[name]
-            new[rows] = (old[rows].astype(np.float64) + step * acc.sums).astype(old.dtype)
+            # Algorithm 1, line 9: X_m <- X_m + N / (n_m K) * sum_{i in C_r} dx_{i,m}, touched rows only,
+            # in blocks of rows so that the float64 temporaries stay small beside the table.
+            new, sums_m = state[name], acc.sums
+            for lo in range(0, rows.size, _BLOCK_ROWS):
+                r, hi = rows[lo:lo + _BLOCK_ROWS], lo + _BLOCK_ROWS
+                new[r] = (old[r].astype(np.float64) + step[lo:hi] * sums_m[lo:hi]).astype(old.dtype)
             sums.counts[name] = self._carriers[name]
         self._sums, self._rows = None, {}
         extra: dict[str, object] = {"touched_rows": touched, "weighting": self.weighting,
