@@ -48,6 +48,12 @@ class ServerConfig:
     # Times a round whose result fails its checks (non-finite values, chunks that fail their
     # export check) runs again from the last good state before it is journaled as failed.
     round_retries: int = 2
+    # Bounded influence (docs/security.md): a report weighs at most the sample count its device
+    # registered, capped here; with norm_bound > 0, an update whose norm exceeds norm_bound times
+    # the median of recent accepted updates is clipped to it ("clip") or refused ("reject").
+    max_device_samples: int = 100_000
+    norm_bound: float = 0.0
+    norm_bound_action: str = "clip"
     # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).
     allow_forced_split: bool = False
     keep_checkpoints: int = 3

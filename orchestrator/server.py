@@ -16,7 +16,9 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -147,6 +149,7 @@ class Orchestrator:
         self.history: list[dict] = []
         self._changed = asyncio.Event()
         self._bytes = [0, 0]  # sent, received this round
+        self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
         self.port: int | None = None
         self._prepare_store()
 
@@ -564,18 +567,32 @@ class Orchestrator:
             await self._ack(session, p.Ack(msg.round, False, "late: the round is closed", msg.phase))
             self.on_event("late", {"device": session.device_id, "round": msg.round, "phase": msg.phase})
             return
-        self._check_report(session, msg, work, tensors)
+        try:
+            self._check_report(session, msg, work, tensors)
+        except p.ProtocolError as exc:
+            rs.on_report(session.device_id, msg.phase, False)
+            self.store.record_update(rs.round, session.device_id, {"accepted": False, "reason": exc.message,
+                                                                   "closed": True}, phase=msg.phase)
+            self.on_event("rejected", {"device": session.device_id, "round": rs.round, "reason": exc.message})
+            self._changed.set()
+            raise
+        # Bounded influence: the weight is at most the sample count registered for the device.
+        samples = min(msg.num_samples, self._registered_samples(session))
+        tensors, reason = self._bound_norm(tensors)
         report = DeviceReport(
             device_id=session.device_id, round=rs.round, phase=msg.phase, role=session.plan.role,
-            num_samples=msg.num_samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
+            num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
             tensors=MappingProxyType(tensors), selection=work.selection,
         )
         follow: Sequence[Instruction] = ()
         try:
+            if reason is not None:
+                raise Refused(reason)
             follow = self.strategy.on_report(report, ctx)
             accepted, reason = True, ""
         except Refused as exc:
             accepted, reason = False, exc.reason
+            log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, rs.round, reason)
         rs.on_report(session.device_id, msg.phase, accepted)
         for ins in follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
@@ -588,10 +605,41 @@ class Orchestrator:
         await self._dispatch(follow, issued=True)
         self._changed.set()
 
+    def _registered_samples(self, session: Session) -> int:
+        """The sample count a device's reports may weigh: what it declared when it registered,
+        capped by the operator's policy (``max_device_samples``), never what an update claims."""
+        return min(session.hello.num_samples, self.config.max_device_samples)
+
+    def _bound_norm(self, tensors: dict) -> tuple[dict, str | None]:
+        """Optional norm bound (``norm_bound`` > 0): an update whose L2 norm exceeds ``norm_bound``
+        times the median norm of recent accepted updates is clipped to that norm, or refused
+        (``norm_bound_action``). Returns the tensors to fold and a refusal reason, if any."""
+        if not tensors:
+            return tensors, None
+        norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(t.values if isinstance(t, p.RowSparse) else t,
+                                                                  dtype=np.float64))))
+                             for t in tensors.values()
+                             if (t.values if isinstance(t, p.RowSparse) else t).dtype.kind == "f"))
+        bound = self.config.norm_bound
+        recent = sorted(self._norms)
+        limit = bound * recent[len(recent) // 2] if bound > 0 and len(recent) >= 3 else math.inf
+        if norm <= limit:
+            self._norms.append(norm)
+            return tensors, None
+        if self.config.norm_bound_action == "reject":
+            return tensors, f"update norm {norm:.3g} exceeds {bound:g} x the median of recent updates ({limit:.3g})"
+        scale = limit / norm
+        clipped = {n: (p.RowSparse(t.indices, t.values * np.asarray(scale, t.values.dtype), t.num_rows)
+                       if isinstance(t, p.RowSparse) else (t * np.asarray(scale, t.dtype) if t.dtype.kind == "f" else t))
+                   for n, t in tensors.items()}
+        self._norms.append(limit)
+        return clipped, None
+
     def _check_report(self, session: Session, msg: p.Report, work: Work, tensors: dict) -> None:
         """What the server guarantees every strategy: the tensors are deltas of exactly what was sent
-        (finite: checked on decode), and the sample count is the device's own (at most 10x its hello)."""
-        if msg.num_samples <= 0 or msg.num_samples > max(session.hello.num_samples, 1) * 10:
+        (finite: checked on decode), with a positive sample count (whose weight is capped by
+        :meth:`_registered_samples`)."""
+        if msg.num_samples <= 0:
             raise p.ProtocolError("malformed", f"implausible sample count {msg.num_samples}")
         if msg.phase in TENSOR_PHASES or tensors:
             expected = (work.selection.split, len(self.model))

@@ -8,39 +8,11 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-from websockets.asyncio.client import connect
 
-from edge_sdk import protocol as p
-from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
 from orchestrator.config import ServerConfig
 from orchestrator.localfleet import start_orchestrator
 from orchestrator.store import Store
-
-
-async def _device(url: str, orch, device_id: str, labels: dict[str, str], delta_of) -> list[p.Ack]:
-    """A scripted device: answers every instruction with deltas ``delta_of(round, attempt, shape)``."""
-    acks: list[p.Ack] = []
-    async with connect(url, **ws_options()) as ws:
-        await send_msg(ws, p.Hello(device_id=device_id, token="", budget_bytes=8 << 30, cores=1, runtimes=["torch"],
-                                   num_samples=50, labels=labels))
-        welcome = await recv_msg(ws)
-        assert isinstance(welcome, p.Welcome)
-        n = 0
-        while True:
-            msg = await recv_msg(ws)
-            if isinstance(msg, p.Bye):
-                return acks
-            assert isinstance(msg, p.Instruction), msg
-            deltas = {name: delta_of(n, orch.global_state[name].shape) for name in orch.model.state_names(msg.split)}
-            payload = p.encode_tensors(deltas)
-            tid = f"{device_id}-{n}"
-            await send_msg(ws, p.Report(msg.round, "train", 50, (msg.split, welcome.num_blocks), tid,
-                                        {"loss_before": 1.0, "loss_after": 0.9}))
-            await send_payload(ws, payload, transfer_id=tid, kind="update", meta={})
-            ack = await recv_msg(ws)
-            assert isinstance(ack, p.Ack)
-            acks.append(ack)
-            n += 1
+from tests.scripted import scripted_device as _device
 
 
 def test_a_huge_update_is_not_committed_and_training_goes_on(tmp_path: Path) -> None:

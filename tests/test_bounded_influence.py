@@ -1,0 +1,63 @@
+"""Bounded influence: a device weighs at most the sample count the operator's policy allows, however
+many it claims, and with the norm bound on, an update far larger than the others is refused."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+from orchestrator.store import Store
+from tests.scripted import scripted_device
+
+HONEST = {"h1": 0.01, "h2": -0.02, "h3": 0.03}
+
+
+def _run(tmp_path: Path, config: ServerConfig, attacker_delta, attacker_samples: int, claimed: int | None = None):
+    async def main():
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        initial = {k: v.copy() for k, v in orch.global_state.items()}
+        url = f"ws://127.0.0.1:{orch.port}"
+        devices = [scripted_device(url, orch, d, {}, lambda n, shape, v=v: np.full(shape, v, np.float32), num_samples=100)
+                   for d, v in HONEST.items()]
+        devices.append(scripted_device(url, orch, "attacker", {}, attacker_delta, num_samples=attacker_samples,
+                                       report_samples=claimed))
+        *acks, history = await asyncio.gather(*devices, server)
+        return initial, orch.global_state, acks, history
+
+    return asyncio.run(main())
+
+
+def test_a_sample_claim_weighs_no_more_than_the_policy_allows(tmp_path: Path) -> None:
+    config = ServerConfig(model="tiny", rounds=1, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
+                          deadline_s=30, max_device_samples=100)
+    initial, final, _, history = _run(tmp_path, config, lambda n, shape: np.full(shape, 1.0, np.float32),
+                                      1_000_000, claimed=10**12)
+    # Every device weighs 100: the attacker's claims (10^6 at registration, 10^12 in its update)
+    # count as the policy's 100.
+    want = (sum(HONEST.values()) + 1.0) / 4
+    for name, value in final.items():
+        np.testing.assert_allclose(value - initial[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert history[0]["reported"] == 4
+
+
+def test_with_the_norm_bound_a_scaled_update_is_refused_and_journaled(tmp_path: Path) -> None:
+    config = ServerConfig(model="tiny", rounds=2, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
+                          deadline_s=30, norm_bound=3.0, norm_bound_action="reject")
+    # Honest in round 1 (the norms the bound is measured against), 10x the largest honest update in round 2.
+    initial, final, acks, history = _run(tmp_path, config,
+                                         lambda n, shape: np.full(shape, 0.02 if n == 0 else 0.3, np.float32), 100)
+    attacker_acks = acks[-1]
+    assert attacker_acks[0].accepted and not attacker_acks[1].accepted and "norm" in attacker_acks[1].reason
+    # Round 2 is the honest devices' mean alone.
+    want = (sum(HONEST.values()) + 0.02) / 4 + sum(HONEST.values()) / 3
+    for name, value in final.items():
+        np.testing.assert_allclose(value - initial[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    store = Store(tmp_path / "s")
+    refused = [u for u in store.updates(2) if not u["accepted"]]
+    store.close()
+    assert [u["device_id"] for u in refused] == ["attacker"] and "norm" in refused[0]["reason"]
+    assert history[1]["rejected"] == 1
