@@ -121,34 +121,40 @@ def approx_weights(d: Sequence[float] | np.ndarray, a: float, m: int, budget: fl
 
 
 def _project(y: np.ndarray, s: float) -> np.ndarray:
-    """Euclidean projection of y on {w in [0, 1]^n : 1'w = s} (bisection on the shift)."""
-    lo, hi = float(np.min(y)) - 1.0, float(np.max(y))
-    for _ in range(100):
-        tau = 0.5 * (lo + hi)
-        if np.clip(y - tau, 0.0, 1.0).sum() > s:
-            lo = tau
-        else:
-            hi = tau
-    return np.clip(y - 0.5 * (lo + hi), 0.0, 1.0)
+    """Euclidean projection of y on {w in [0, 1]^n : 1'w = s}: w = clip(y - tau, 0, 1), with tau
+    found exactly among the breakpoints of the piecewise-linear sum(clip(y - tau, 0, 1))."""
+    knots = np.sort(np.concatenate([y, y - 1.0]))
+    totals = np.clip(y[None, :] - knots[:, None], 0.0, 1.0).sum(1)  # decreasing in tau
+    i = int(np.searchsorted(-totals, -s, side="left"))
+    if i == 0:
+        tau = float(knots[0])
+    elif i >= len(knots):
+        tau = float(knots[-1])
+    else:
+        t0, t1, f0, f1 = knots[i - 1], knots[i], totals[i - 1], totals[i]
+        tau = float(t0 if f0 == f1 else t0 + (f0 - s) * (t1 - t0) / (f0 - f1))
+    return np.clip(y - tau, 0.0, 1.0)
 
 
-def _min_quadratic(gram: np.ndarray, s: float, start: np.ndarray | None = None, iters: int = 400) -> np.ndarray:
+def _min_quadratic(gram: np.ndarray, s: float, lip: float, start: np.ndarray | None = None,
+                   iters: int = 500) -> np.ndarray:
     """argmin w' G w over {w in [0, 1]^n : 1'w = s}: accelerated projected gradient (a convex QP)."""
     n = len(gram)
     w = _project(np.full(n, s / n) if start is None else start, s)
-    lip = 2.0 * float(np.linalg.eigvalsh(gram)[-1]) if n else 0.0
     if lip <= 0:
         return w
     z, t = w.copy(), 1.0
     for _ in range(iters):
         w_next = _project(z - (2.0 / lip) * (gram @ z), s)
+        if float(np.max(np.abs(w_next - w))) < 1e-10:
+            return w_next
         t_next = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
         z = w_next + ((t - 1) / t_next) * (w_next - w)
         w, t = w_next, t_next
     return w
 
 
-def solve_weights(gram: np.ndarray, a: float, m: int, budget: float, *, grid: int = 48) -> np.ndarray:
+def solve_weights(gram: np.ndarray, a: float, m: int, budget: float, *, grid: int = 24) -> np.ndarray:
     """Eq. 4 (Algorithm 1, line 14): w* = argmin (A + w' G w) / (M + 1'w)^2 over w in [0, 1]^n,
     1'w <= K, for the externals whose updates arrived (G their Gram matrix around g_I).
 
@@ -166,10 +172,12 @@ def solve_weights(gram: np.ndarray, a: float, m: int, budget: float, *, grid: in
     if n == 0 or s_max <= 0:
         return np.zeros(n)
     cache: dict[float, tuple[float, np.ndarray]] = {0.0: (a / m**2, np.zeros(n))}
+    lip = 2.0 * float(np.linalg.eigvalsh(gram)[-1])
 
     def value(s: float) -> float:
         if s not in cache:
-            w = _min_quadratic(gram, s)
+            near = min(cache, key=lambda k: abs(k - s))  # warm start from the nearest total solved
+            w = _min_quadratic(gram, s, lip, cache[near][1] + (s - near) / n)
             cache[s] = (phi(w, gram, a, m), w)
         return cache[s][0]
 
@@ -179,7 +187,7 @@ def solve_weights(gram: np.ndarray, a: float, m: int, budget: float, *, grid: in
     lo, hi = float(points[max(i - 1, 0)]), float(points[min(i + 1, grid)])
     g = (math.sqrt(5) - 1) / 2
     x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
-    for _ in range(40):
+    for _ in range(30):
         if value(x1) <= value(x2):
             hi, x2 = x2, x1
             x1 = hi - g * (hi - lo)

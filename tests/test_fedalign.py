@@ -1,0 +1,202 @@
+"""FedALIGN offline: the selection rule |F_k(w) - F(w)| <= epsilon (Section 3.1), eq. 15's
+data-weighted mean, warm-up rounds, the server's second check, and its two limits:
+epsilon = 0 is FedAvg on the priority devices, epsilon = infinity FedAvg on all."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edge_sdk.protocol import RowSparse
+from orchestrator.selection import Selection
+from orchestrator.strategies import DeviceInfo, DeviceReport, FedALIGN, FedAvg, Instruction, make_strategy
+from orchestrator.strategies.fedalign import PriorityRule
+from tests.strategy_driver import context, drive
+
+F32 = np.float32
+BLOCKS = ("fc1", "head")
+
+
+def state() -> dict[str, np.ndarray]:
+    return {
+        "blocks.fc1.weight": np.array([[1, -1], [0.5, 2]], F32),
+        "blocks.fc1.bn.num_batches_tracked": np.array(5, np.int64),
+        "blocks.head.weight": np.array([[0, 0]], F32),
+        "blocks.head.bias": np.array([1], F32),
+    }
+
+
+class Fleet:
+    """Devices with fixed updates and losses: ``loss`` is the received model's loss on their data."""
+
+    def __init__(self, spec: dict[str, dict]) -> None:
+        rng = np.random.default_rng(7)
+        self.spec = spec
+        self.deltas = {}
+        for d, s in spec.items():
+            split = s.get("split", 0)
+            names = [n for n in state() if n.split(".")[1] in BLOCKS[split:]]
+            self.deltas[d] = {n: (np.array(3, np.int64) if state()[n].dtype.kind != "f"
+                                  else rng.normal(size=state()[n].shape).astype(F32)) for n in names}
+
+    def infos(self) -> dict[str, DeviceInfo]:
+        return {d: DeviceInfo(d, "weak" if s.get("split", 0) else "strong", s.get("split", 0), s["n"],
+                              tags=s.get("tags", {})) for d, s in self.spec.items()}
+
+    def respond(self, ins: Instruction) -> DeviceReport:
+        s = self.spec[ins.device_id]
+        split = s.get("split", 0)
+        common = dict(device_id=ins.device_id, round=1, phase=ins.phase, role="strong" if split == 0 else "weak",
+                      num_samples=s["n"], selection=ins.selection or Selection.tail(split))
+        if ins.phase == "evaluate":
+            return DeviceReport(trained=(0, 0), metrics={"loss": s["loss"], "accuracy": s.get("acc", 0.5)},
+                                tensors={}, **common)
+        return DeviceReport(trained=(split, len(BLOCKS)),
+                            metrics={"loss_before": s.get("train_loss", s["loss"]), "loss_after": s["loss"] / 2},
+                            tensors=self.deltas[ins.device_id], **common)
+
+
+SPEC = {
+    "p0": {"n": 10, "loss": 1.0, "tags": {"priority": "1"}},
+    "p1": {"n": 30, "loss": 2.0, "tags": {"priority": "true"}},  # F(w) = (10 + 60) / 40 = 1.75
+    "a0": {"n": 20, "loss": 1.70, "acc": 0.8},  # |1.70 - 1.75| = 0.05
+    "a1": {"n": 40, "loss": 2.05, "acc": 0.6},  # 0.30
+    "b0": {"n": 50, "loss": 4.00, "acc": 0.1},  # 2.25
+}
+
+
+def run(strategy, spec=SPEC, round=1):
+    fleet = Fleet(spec)
+    ctx = context(state(), fleet.infos(), BLOCKS, round=round)
+    return drive(strategy, ctx, fleet.respond)
+
+
+def fedavg_on(devices):
+    spec = {d: SPEC[d] for d in devices}
+    return run(FedAvg(), spec)[0]
+
+
+def assert_same_state(got, want):
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), k
+
+
+def test_epsilon_zero_is_fedavg_on_the_priority_devices():
+    result, issued, refusals = run(FedALIGN(epsilon=0))
+    assert_same_state(result.state, fedavg_on(["p0", "p1"]).state)
+    assert set(result.devices) == {"p0", "p1"}
+    assert result.extra["included"] == {} and result.extra["excluded"] == ["a0", "a1", "b0"]
+    # Every non-priority device was asked for its loss, with F(w) and epsilon, and none trained.
+    asked = {i.device_id: i.config for i in issued if i.phase == "evaluate" and i.device_id[0] != "p"}
+    assert set(asked) == {"a0", "a1", "b0"}
+    assert all(c["global_loss"] == pytest.approx(1.75) and c["epsilon"] == 0 for c in asked.values())
+    assert not [i for i in issued if i.phase == "train" and i.device_id[0] != "p"]
+
+
+def test_epsilon_infinity_is_fedavg_on_all_devices():
+    result, _, _ = run(FedALIGN(epsilon=math.inf))
+    assert_same_state(result.state, fedavg_on(list(SPEC)).state)
+    assert result.extra["included"] == pytest.approx({"a0": 20 / 150, "a1": 40 / 150, "b0": 50 / 150})
+
+
+def test_only_devices_within_epsilon_are_folded_with_eq15_weights():
+    result, issued, _ = run(FedALIGN(epsilon=0.5))
+    assert set(result.devices) == {"p0", "p1", "a0", "a1"}
+    assert_same_state(result.state, fedavg_on(["p0", "p1", "a0", "a1"]).state)
+    assert result.extra["included"] == pytest.approx({"a0": 20 / 100, "a1": 40 / 100})
+    assert result.extra["excluded"] == ["b0"]
+    assert result.extra["priority_loss"] == pytest.approx(1.75)
+    assert result.extra["priority_accuracy"] == pytest.approx(0.5)
+    assert result.extra["nonpriority_accuracy"] == pytest.approx((20 * 0.8 + 40 * 0.6 + 50 * 0.1) / 110)
+    # The non-priority devices were asked only after F(w) was known.
+    order = [(i.device_id, i.phase) for i in issued]
+    assert order.index(("a0", "evaluate")) > order.index(("p1", "evaluate"))
+    assert order.index(("a0", "train")) > order.index(("a0", "evaluate"))
+
+
+def test_warmup_rounds_train_the_priority_devices_only():
+    strategy = FedALIGN(epsilon=math.inf, warmup=2)
+    result, issued, _ = run(strategy, round=2)
+    assert {i.device_id for i in issued} == {"p0", "p1"} and result.extra["warmup"] is True
+    result, issued, _ = run(strategy, round=3)
+    assert set(result.devices) == set(SPEC) and result.extra["warmup"] is False
+
+
+def test_the_server_checks_again_before_it_aggregates():
+    spec = dict(SPEC, a0={**SPEC["a0"], "train_loss": 3.0})  # evaluated within, trained on a worse loss
+    result, _, refusals = run(FedALIGN(epsilon=0.5), spec)
+    assert "a0" not in result.devices and "a1" in result.devices
+    assert len(refusals) == 1 and "not within epsilon" in refusals[0]
+    assert result.rejected == 1
+
+
+def test_epsilon_schedule_decays_after_warmup():
+    s = FedALIGN(epsilon=1.0, warmup=2, epsilon_decay=0.5, epsilon_min=0.2)
+    assert [s.epsilon_at(t) for t in (1, 3, 4, 5, 6)] == [1.0, 1.0, 0.5, 0.25, 0.2]
+    assert FedALIGN(epsilon=lambda t: 0.1 * t).epsilon_at(3) == pytest.approx(0.3)
+
+
+def test_fedprox_variant_sends_mu_to_every_trainer():
+    _, issued, _ = run(FedALIGN(epsilon=math.inf, prox_mu=0.01))
+    trains = [i for i in issued if i.phase == "train"]
+    assert len(trains) == 5 and all(i.config == {"prox_mu": 0.01} for i in trains)
+    _, issued, _ = run(FedALIGN(epsilon=math.inf))
+    assert all("prox_mu" not in i.config for i in issued)
+
+
+def test_a_weak_nonpriority_device_counts_only_where_it_trained():
+    spec = dict(SPEC, a0={**SPEC["a0"], "split": 1})
+    fleet = Fleet(spec)
+    result, _, _ = run(FedALIGN(epsilon=0.5), spec)
+    old = state()
+    head = "blocks.head.weight"
+    want_head = old[head] + sum(fleet.deltas[d][head] * spec[d]["n"] for d in ("p0", "p1", "a0", "a1")) / 100
+    np.testing.assert_allclose(result.state[head], want_head, rtol=1e-6)
+    fc1 = "blocks.fc1.weight"  # a0 did not train fc1: averaged over p0, p1, a1 only
+    want_fc1 = old[fc1] + sum(fleet.deltas[d][fc1] * spec[d]["n"] for d in ("p0", "p1", "a1")) / 80
+    np.testing.assert_allclose(result.state[fc1], want_fc1, rtol=1e-6)
+    assert result.contributors[fc1] == 3 and result.contributors[head] == 4
+
+
+def test_priority_by_id_glob_or_label_value():
+    info = lambda d, **tags: DeviceInfo(d, "strong", 0, 1, tags=tags)  # noqa: E731
+    assert PriorityRule(("hosp-*",), "").matches(info("hosp-3"))
+    assert not PriorityRule(("hosp-*",), "").matches(info("ext-3", priority="1"))
+    assert PriorityRule().matches(info("x", priority="yes")) and not PriorityRule().matches(info("x", priority="0"))
+    assert PriorityRule((), "group=clinic").matches(info("x", group="clinic"))
+    assert not PriorityRule((), "group=clinic").matches(info("x", group="home"))
+    strategy = make_strategy("fedalign", epsilon="inf", priority="a0,a1", priority_label="")
+    result, issued, _ = run(strategy)
+    assert {i.device_id for i in issued if i.phase == "train" and not i.config} >= {"a0", "a1"}
+    assert result.extra["priority_devices"] == 2
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"epsilon": "-1"}, "epsilon"), ({"epsilon": "abc"}, "epsilon must be a number"),
+    ({"warmup": "1.5"}, "whole number"), ({"epsilon_decay": "2"}, "epsilon_decay"),
+    ({"weighting": "odd"}, "unknown weighting"), ({"priority_label": "=x"}, "label name"),
+    ({"nonsense": 1}, "bad options"),
+])
+def test_bad_options_are_refused_with_a_clear_error(options, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make_strategy("fedalign", **options)
+
+
+def test_row_sparse_reports_fold_per_row():
+    # Not FedALIGN-specific, but the fold it uses: a RowSparse delta only moves its rows.
+    st = {"blocks.emb.weight": np.zeros((4, 2), F32)}
+    infos = {"p": DeviceInfo("p", "strong", 0, 2, tags={"priority": "1"})}
+    sel = Selection.tail(0)
+
+    def respond(ins):
+        if ins.phase == "evaluate":
+            return DeviceReport("p", 1, "evaluate", "strong", 2, (0, 0), {"loss": 1.0}, {}, sel)
+        return DeviceReport("p", 1, "train", "strong", 2, (0, 1), {"loss_before": 1.0},
+                            {"blocks.emb.weight": RowSparse(np.array([1]), np.ones((1, 2), F32), 4)}, sel)
+
+    result, _, _ = drive(FedALIGN(), context(st, infos, ("emb",)), respond)
+    assert result.state["blocks.emb.weight"][1].tolist() == [1.0, 1.0]
+    assert not result.state["blocks.emb.weight"][[0, 2, 3]].any()
