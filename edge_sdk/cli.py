@@ -54,7 +54,17 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
                     help="where cached activations live")
     ap.add_argument("--json-events", action="store_true", help="print events as JSON lines on stdout")
     ap.add_argument("--reconnect-retries", type=int, default=30, help="reconnect attempts after a lost connection")
+    ap.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="KEY=VALUE",
+                    help="a label sent in the hello, for the server's strategy (e.g. priority=1 for FedALIGN, "
+                         "internal=1 for VaRSeL); repeatable")
     return ap
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"a label is KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 def partition_indices(dataset, partition: str, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -106,7 +116,8 @@ def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, 
         budget = probe().budget_bytes
     return DeviceConfig(server=args.server, device_id=args.device_id, budget_bytes=budget, cores=args.threads,
                         device_class=device_class, token=args.token, storage=args.storage, threads=args.threads,
-                        max_retries=args.reconnect_retries, tls_ca=args.tls_ca)
+                        max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
+                        labels=dict(getattr(args, "labels", None) or []))
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_bytes: int | None = None,
