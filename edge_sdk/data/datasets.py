@@ -414,3 +414,30 @@ def _movielens(root: Path, split: str) -> Dataset:
         groups=user_index[keep],
         info={"num_users": int(len(users)), "num_items": int(len(catalogue))},
     )
+
+
+def movielens_genres(root: Path | str | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Per item index of the ``movielens`` dataset (the same catalogue order), its genre indices from
+    ``movies.csv``, padded with -1: shape ``(items, max genres)``; and the genre names.
+
+    latest-small has no user gender, age or occupation, so the features of the rating classifier
+    (FedSubAvg, bench/fedsubavg_movielens.py) are user id, movie id and these genres.
+    """
+    base = _require(data_root(root) / "movielens_latest_small", "MovieLens")
+    movies = _require(base / "movies.csv", "MovieLens movies.csv")
+    table = np.loadtxt(_require(base / "ratings.csv", "MovieLens ratings.csv"), delimiter=",", skiprows=1,
+                       dtype=np.float64, ndmin=2)
+    with open(movies, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[1:]
+    ids = np.array([int(r[0]) for r in rows], dtype=np.int64)
+    catalogue = np.union1d(np.unique(ids), table[:, 1].astype(np.int64))
+    names = sorted({g for r in rows for g in r[2].split("|") if g and g != "(no genres listed)"})
+    index = {g: i for i, g in enumerate(names)}
+    per_item: list[list[int]] = [[] for _ in range(len(catalogue))]
+    for movie_id, r in zip(ids, rows):
+        per_item[int(np.searchsorted(catalogue, movie_id))] = [index[g] for g in r[2].split("|") if g in index]
+    width = max(1, max(len(g) for g in per_item))
+    out = np.full((len(catalogue), width), -1, dtype=np.int64)
+    for i, g in enumerate(per_item):
+        out[i, : len(g)] = g
+    return out, tuple(names)

@@ -1,0 +1,264 @@
+"""FedAvg against FedSubAvg on MovieLens rating classification (hot-and-cold FedSubAvg, Section 5).
+
+The paper's setting (Section 5.1, appendix D.3/D.4) on MovieLens latest-small: ratings 4-5 are
+positive, the rest negative; each user's latest 20% of ratings are the test set
+(``load_dataset("movielens")``); one device per user (610 devices), K = 50 devices per round,
+batch 5, 10 local steps of plain SGD, sample-weighted aggregation (appendix D.4).
+
+Model: the paper's logistic regression over sparse one-hot features. latest-small has no user
+gender, age or occupation, so the features are what it has: user id, movie id and the movie's genres
+(multi-hot, ``movielens_genres``); each is a table of one weight per row, plus a dense bias:
+
+    p(y = 1 | u, m) = sigmoid(b + w_user[u] + w_item[m] + sum_{g in genres(m)} w_genre[g])
+
+A device's submodel is its own user row, the rows of the movies it rated and of their genres. The
+server side is the real strategy: every round runs ``FedSubAvg.configure`` (heat from the devices'
+declared rows, K sampled, row selections), ``on_report`` with each device's ``RowSparse`` deltas,
+and ``aggregate``. FedAvg is the same strategy with ``correction=False``: the row update is
+``sum_i w_i dx_{i,m} / sum_{i in C_r} w_i``, exactly FedAvg on full models, because plain SGD leaves
+the rows a device does not touch unchanged (zero delta). Devices train in this process with numpy
+(the update rule of Algorithm 1, lines 15-18), not over websockets: the run is about the
+optimisation, and a round costs milliseconds.
+
+Target: the minimum train loss centralised SGD reaches in the same number of rounds (batch K x 5 =
+250, 10 iterations per round, the same learning-rate grid), as in the paper. Rounds to the target
+are counted per algorithm at its best learning rate (median over seeds). Train loss is measured on
+all training ratings every round; test accuracy and loss on the held-out ratings.
+
+Writes ``bench/results/fedsubavg_movielens.json`` and ``.png``.
+
+Usage: ``python bench/fedsubavg_movielens.py [--rounds 300] [--lrs 0.1,0.3,1] [--seeds 0,1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk.data import load_dataset
+from edge_sdk.data.datasets import movielens_genres
+from edge_sdk.protocol import RowSparse
+from orchestrator.rounds import RoundState
+from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext
+from orchestrator.strategies.fedsubavg import FedSubAvg
+
+USER, ITEM, GENRE, BIAS = "blocks.lr.user", "blocks.lr.item", "blocks.lr.genre", "blocks.lr.bias"
+TABLES = (USER, ITEM, GENRE)
+
+
+@dataclass
+class Data:
+    """Samples as table rows: user, item, genres (padded with the extra row ``num_genres``), label."""
+
+    user: np.ndarray
+    item: np.ndarray
+    genres: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, idx: np.ndarray) -> Data:
+        return Data(self.user[idx], self.item[idx], self.genres[idx], self.y[idx])
+
+
+def load(num_genres_out: list[int]) -> tuple[Data, Data, dict[str, int]]:
+    genres, names = movielens_genres()
+    pad = len(names)
+    g = np.where(genres < 0, pad, genres)
+    out = []
+    for split in ("train", "test"):
+        d = load_dataset("movielens", split=split)
+        item = d.x[:, 1].astype(np.int64)
+        out.append(Data(d.x[:, 0].astype(np.int64), item, g[item], (d.y >= 4).astype(np.float64)))
+    num_genres_out.append(pad)
+    return out[0], out[1], {USER: 610, ITEM: genres.shape[0], GENRE: pad}
+
+
+def logits(state: dict[str, np.ndarray], d: Data) -> np.ndarray:
+    wg = np.concatenate([state[GENRE][:, 0].astype(np.float64), [0.0]])  # the pad row is 0
+    return (state[BIAS][0] + state[USER][d.user, 0] + state[ITEM][d.item, 0] + wg[d.genres].sum(axis=1))
+
+
+def bce(z: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def sgd_steps(w: dict[str, np.ndarray], d: Data, steps: int, batch: int, lr: float, rng: np.random.Generator,
+              pad: int) -> None:
+    """Plain SGD on the logistic loss, in place on ``w`` (float64 tables indexed by global row)."""
+    for _ in range(steps):
+        idx = rng.integers(0, len(d), size=batch)
+        b = d.subset(idx)
+        wg = np.concatenate([w[GENRE][:, 0], [0.0]])
+        z = w[BIAS][0] + w[USER][b.user, 0] + w[ITEM][b.item, 0] + wg[b.genres].sum(axis=1)
+        g = (1.0 / (1.0 + np.exp(-z)) - b.y) / batch
+        np.add.at(w[USER][:, 0], b.user, -lr * g)
+        np.add.at(w[ITEM][:, 0], b.item, -lr * g)
+        gg = np.zeros(pad + 1)
+        np.add.at(gg, b.genres.ravel(), np.repeat(g, b.genres.shape[1]))
+        w[GENRE][:, 0] -= lr * gg[:pad]
+        w[BIAS][0] -= lr * g.sum()
+
+
+def initial_state(sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    return {**{t: np.zeros((n, 1), np.float32) for t, n in sizes.items()}, BIAS: np.zeros(1, np.float32)}
+
+
+def run_federated(train: Data, test: Data, sizes: dict[str, int], *, correction: bool, lr: float, rounds: int,
+                  seed: int, k: int, batch: int, steps: int) -> dict[str, list[float]]:
+    pad = sizes[GENRE]
+    users = np.unique(train.user)
+    shards = {f"u{u:03d}": train.subset(np.flatnonzero(train.user == u)) for u in users}
+    infos = {}
+    for d, s in shards.items():
+        rows = {USER: np.unique(s.user), ITEM: np.unique(s.item), GENRE: np.unique(s.genres[s.genres < pad])}
+        infos[d] = DeviceInfo(d, "strong", 0, len(s), rows=rows)
+    strategy = FedSubAvg(k=k, weighting="samples", correction=correction)
+    state = initial_state(sizes)
+    hist: dict[str, list[float]] = {"train_loss": [], "test_loss": [], "test_acc": []}
+    for r in range(1, rounds + 1):
+        ctx = RoundContext(round=r, global_state=state, devices=infos, state=RoundState(r, deadline=1e18),
+                           blocks=("lr",), seed=seed)
+        for ins in strategy.configure(ctx):
+            d, sel = ins.device_id, ins.selection
+            # The device's submodel: only its rows (Algorithm 1, lines 13-14), trained locally (15-17).
+            local = {t: np.zeros((sizes[t], 1)) for t in TABLES}
+            for t in TABLES:
+                local[t][sel.rows[t]] = state[t][sel.rows[t]]
+            local[BIAS] = state[BIAS].astype(np.float64)
+            rng = np.random.default_rng([seed, r, int(d[1:])])
+            sgd_steps(local, shards[d], steps, batch, lr, rng, pad)
+            tensors: dict[str, object] = {t: RowSparse(sel.rows[t], (local[t][sel.rows[t]] - state[t][sel.rows[t]])
+                                                        .astype(np.float32), sizes[t]) for t in TABLES}
+            tensors[BIAS] = (local[BIAS] - state[BIAS]).astype(np.float32)  # line 18: the upload
+            rep = DeviceReport(d, r, "train", "strong", infos[d].num_samples, (0, 1), {}, tensors, sel)
+            ctx.state.issue(d, "train")
+            strategy.on_report(rep, ctx)
+        state = strategy.aggregate(ctx).state
+        record(hist, state, train, test)
+    return hist
+
+
+def run_central(train: Data, test: Data, sizes: dict[str, int], *, lr: float, rounds: int, seed: int,
+                batch: int, steps: int) -> dict[str, list[float]]:
+    """CentralSGD (Section 5.1): batch K x 5 over all training data, the same steps per round."""
+    w = {k: v.astype(np.float64) for k, v in initial_state(sizes).items()}
+    rng = np.random.default_rng([seed, 99])
+    hist: dict[str, list[float]] = {"train_loss": [], "test_loss": [], "test_acc": []}
+    for _ in range(rounds):
+        sgd_steps(w, train, steps, batch, lr, rng, sizes[GENRE])
+        record(hist, w, train, test)
+    return hist
+
+
+def record(hist: dict[str, list[float]], state: dict[str, np.ndarray], train: Data, test: Data) -> None:
+    hist["train_loss"].append(bce(logits(state, train), train.y))
+    zt = logits(state, test)
+    hist["test_loss"].append(bce(zt, test.y))
+    hist["test_acc"].append(float(np.mean((zt > 0) == (test.y > 0.5))))
+
+
+def rounds_to(curve: list[float], target: float) -> int | None:
+    hit = np.flatnonzero(np.asarray(curve) <= target)
+    return int(hit[0]) + 1 if hit.size else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[0.1, 0.3, 1.0])
+    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1])
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedsubavg_movielens.json")
+    args = ap.parse_args()
+    t_start = time.time()
+    pads: list[int] = []
+    train, test, sizes = load(pads)
+    print(f"MovieLens latest-small: {len(train):,} train / {len(test):,} test ratings, positives "
+          f"{train.y.mean():.2f}; tables {sizes}; {len(np.unique(train.user))} devices, K={args.k}")
+
+    runs: dict[str, dict[str, list[dict[str, list[float]]]]] = {"central": {}, "fedavg": {}, "fedsubavg": {}}
+    for lr in args.lrs:
+        for name in runs:
+            runs[name][str(lr)] = []
+            for seed in args.seeds:
+                t0 = time.time()
+                if name == "central":
+                    h = run_central(train, test, sizes, lr=lr, rounds=args.rounds, seed=seed,
+                                    batch=args.k * args.batch, steps=args.steps)
+                else:
+                    h = run_federated(train, test, sizes, correction=name == "fedsubavg", lr=lr, rounds=args.rounds,
+                                      seed=seed, k=args.k, batch=args.batch, steps=args.steps)
+                runs[name][str(lr)].append(h)
+                print(f"  {name:9s} lr={lr:<5g} seed={seed}: final train loss {h['train_loss'][-1]:.4f}, "
+                      f"min {min(h['train_loss']):.4f}, test acc {h['test_acc'][-1]:.4f} ({time.time() - t0:.0f} s)")
+
+    def mean_curve(name: str, lr: str, key: str) -> np.ndarray:
+        return np.mean([h[key] for h in runs[name][lr]], axis=0)
+
+    target = min(float(mean_curve("central", lr, "train_loss").min()) for lr in runs["central"])
+    summary: dict[str, dict[str, object]] = {}
+    for name in ("central", "fedavg", "fedsubavg"):
+        best = None
+        for lr in runs[name]:
+            per_seed = [rounds_to(h["train_loss"], target) for h in runs[name][lr]]
+            reached = [x for x in per_seed if x is not None]
+            med = float(np.median(reached)) if len(reached) == len(per_seed) else None
+            entry = {"lr": float(lr), "rounds_per_seed": per_seed, "median_rounds": med,
+                     "final_train_loss": float(mean_curve(name, lr, "train_loss")[-1]),
+                     "final_test_acc": float(mean_curve(name, lr, "test_acc")[-1]),
+                     "best_test_acc": float(mean_curve(name, lr, "test_acc").max())}
+            key = (med if med is not None else np.inf, entry["final_train_loss"])
+            if best is None or key < best[0]:
+                best = (key, entry)
+        assert best is not None
+        summary[name] = best[1]
+    fa, fs = summary["fedavg"]["median_rounds"], summary["fedsubavg"]["median_rounds"]
+    speedup = (fa / fs) if fa and fs else None
+    print(f"target train loss (min of CentralSGD): {target:.4f}")
+    for name, s in summary.items():
+        print(f"  {name:9s} best lr {s['lr']:g}: rounds to target {s['rounds_per_seed']} (median {s['median_rounds']}), "
+              f"final train loss {s['final_train_loss']:.4f}, test acc {s['final_test_acc']:.4f}")
+    print(f"FedAvg / FedSubAvg rounds to target: {speedup if speedup is None else round(speedup, 2)}")
+    out = {"target_train_loss": target, "summary": summary, "speedup": speedup, "rounds": args.rounds,
+           "lrs": args.lrs, "seeds": args.seeds, "k": args.k, "batch": args.batch, "steps": args.steps,
+           "seconds": time.time() - t_start,
+           "curves": {name: {lr: {key: mean_curve(name, lr, key).tolist() for key in ("train_loss", "test_acc")}
+                             for lr in runs[name]} for name in runs}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out) + "\n")
+    plot(out, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')} in {time.time() - t_start:.0f} s")
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, style in (("central", ":"), ("fedavg", "--"), ("fedsubavg", "-")):
+        lr = str(out["summary"][name]["lr"])
+        c = out["curves"][name][lr]
+        a.plot(range(1, len(c["train_loss"]) + 1), c["train_loss"], style, label=f"{name} (lr {lr})")
+        b.plot(range(1, len(c["test_acc"]) + 1), c["test_acc"], style, label=f"{name} (lr {lr})")
+    a.axhline(out["target_train_loss"], color="grey", lw=0.8)
+    a.set(xlabel="round", ylabel="train loss", title="MovieLens latest-small, LR, K=50")
+    b.set(xlabel="round", ylabel="test accuracy")
+    a.legend()
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
