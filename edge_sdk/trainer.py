@@ -11,39 +11,17 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol import RowSparse
+from edge_sdk.training import TrainConfig, TrainResult, sample_plan
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Local optimiser settings; defaults follow EmbracingFL appendix 6.1 (SGD, momentum 0.9, wd 1e-4, batch 32, tau 10)."""
-
-    local_steps: int = 10
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    eval_samples: int = 512
-    threads: int = 1
-    #: FedProx's proximal term (Li et al., 2020, eq. 2): the local objective adds (mu / 2) ||w - w_t||^2
-    #: around the received weights w_t. 0 is plain local SGD.
-    prox_mu: float = 0.0
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    deltas: dict[str, np.ndarray]
-    num_samples: int
-    loss_before: float
-    loss_after: float
-    steps: int
+__all__ = [
+    "MomentumSGD", "TrainConfig", "TrainResult", "build_tail", "evaluate_tail", "load_tail_state", "local_rows",
+    "tail_state", "train_tail", "warm_up",
+]
 
 
 class MomentumSGD:
@@ -228,7 +206,7 @@ def train_tail(
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need matching, non-empty inputs and labels (got {len(x)} and {len(y)})")
     torch.set_num_threads(max(1, config.threads))
-    rng = np.random.default_rng(config.seed)
+    eval_idx, batches = sample_plan(len(x), config)
     names = model.state_names(split)
     if initial is None:
         initial = {n: t.detach().numpy().copy() for n, t in model.state_dict().items() if n in set(names)}
@@ -241,16 +219,12 @@ def train_tail(
             anchors = [(p, torch.from_numpy(np.asarray(initial[n]))) for n, p in model.named_parameters()
                        if p.requires_grad and n in initial]
 
-    eval_idx = rng.permutation(len(x))[: config.eval_samples]
-    eval_idx.sort()
     # Evaluated at the training batch size: a larger one would need more memory than the plan gives.
     loss_before = _mean_loss(model, split, x, y, eval_idx, config.batch_size)
 
     optimiser = MomentumSGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     model.train()
-    batch = min(config.batch_size, len(x))
-    for _ in range(config.local_steps):
-        idx = np.sort(rng.choice(len(x), size=batch, replace=False))
+    for idx in batches:
         xb = torch.from_numpy(np.ascontiguousarray(x[idx]))
         yb = torch.from_numpy(np.ascontiguousarray(y[idx]))
         optimiser.zero_grad()

@@ -25,7 +25,7 @@ device held the whole table; a device that fetches only its submodel rows (FedSu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from profiles.devices import DeviceClass
     from profiles.runtime import RuntimeMemory
 
-__all__ = ["Plan", "PlanError", "ROLES", "RoleThresholds", "group_chunks", "plan_for_device", "plan_split"]
+__all__ = [
+    "Plan", "PlanError", "ROLES", "RoleThresholds", "group_chunks", "plan_for_device", "plan_split", "reachable_splits",
+]
 
 ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
 
@@ -86,6 +88,9 @@ class Plan:
     num_blocks: int
     trainable_params: int
     footprint: Footprint = field(repr=False)
+    #: The training backend the footprint was counted with: ``torch`` or ``onnxruntime`` (a training
+    #: graph run by ONNX Runtime, edge_sdk.ort_trainer).
+    backend: str = "torch"
 
     @property
     def trained_blocks(self) -> range:
@@ -104,20 +109,20 @@ class Plan:
             f"{self.model}: {self.role}, split {self.split}/{self.num_blocks} "
             f"(trains {self.num_blocks - self.split} blocks, capacity {self.capacity:.2f}), "
             f"chunks {chunks}, footprint {format_size(self.footprint_bytes)} of "
-            f"{format_size(self.budget_bytes)} at batch {self.batch_size}"
+            f"{format_size(self.budget_bytes)} at batch {self.batch_size}, trains with {self.backend}"
         )
 
 
-def _runtime_bytes(runtime: RuntimeMemory | int | None) -> int:
+def _runtime_bytes(runtime: RuntimeMemory | int | None, backend: str = "torch") -> int:
     if runtime is None:
         from profiles.runtime import runtime_memory
 
-        return runtime_memory().training
+        return runtime_memory().for_backend(backend)
     if isinstance(runtime, int):
         if runtime < 0:
             raise ValueError(f"runtime bytes must be >= 0, not {runtime}")
         return runtime
-    return runtime.training
+    return runtime.for_backend(backend)
 
 
 def _as_cost(model: LayeredModel | ModelCost) -> ModelCost:
@@ -154,22 +159,34 @@ def plan_split(
     runtime: RuntimeMemory | int | None = None,
     memory: TrainingMemory = TrainingMemory(),
     local_samples: int = 0,
+    backends: Sequence[str] = ("torch",),
+    graph_splits: Collection[int] = (),
 ) -> Plan:
     """The largest trainable suffix of ``model`` whose footprint fits ``budget_bytes``.
 
-    ``runtime`` is what the runtimes take (a :class:`RuntimeMemory`, whose ``training`` figure
-    is used, or bytes); by default it is measured on this machine (cached). ``local_samples``
-    is the size of the device's dataset (its hello says it), held in memory throughout. Raises
-    :class:`PlanError` when not even the last block fits, saying how much it would need.
+    ``runtime`` is what the runtimes take (a :class:`RuntimeMemory`, whose figure for the chosen
+    backend is used, or bytes for any backend); by default it is measured on this machine
+    (cached). ``local_samples`` is the size of the device's dataset (its hello says it), held in
+    memory throughout. ``backends`` are the training backends the device has (Hello.runtimes);
+    ``onnxruntime`` counts only at ``graph_splits``, the splits whose tail has a training graph.
+    At each split torch is tried first (faster steps), then ONNX Runtime (a smaller runtime), so
+    a device gets the largest suffix any of its backends fits. Raises :class:`PlanError` when
+    not even the last block fits, saying how much it would need.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, not {budget_bytes}")
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, not {batch_size}")
     cost = _as_cost(model)
-    runtime_bytes = _runtime_bytes(runtime)
+    unknown = set(backends) - {"torch", "onnxruntime"}
+    if unknown or not backends:
+        raise ValueError(f"backends must be among torch and onnxruntime, not {list(backends)}")
+    graph_splits = frozenset(graph_splits)
     smallest: Footprint | None = None
-    for k in range(len(cost)):
+    for k, backend in ((k, b) for k in range(len(cost)) for b in ("torch", "onnxruntime")):
+        if backend not in backends or (backend == "onnxruntime" and k not in graph_splits):
+            continue
+        runtime_bytes = _runtime_bytes(runtime, backend)
         # Each frozen block its own chunk: the smallest peak this split can reach.
         least = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, local_samples=local_samples)
         if smallest is None or least.total < smallest.total:
@@ -195,8 +212,12 @@ def plan_split(
             num_blocks=len(cost),
             trainable_params=cost.trainable_params(k),
             footprint=footprint,
+            backend=backend,
         )
-    assert smallest is not None
+    if smallest is None:
+        raise PlanError(f"{cost.model}: the device's backends {list(backends)} can train no split of it "
+                        "(no training graph exports and torch is not installed)",
+                        needed_bytes=0, budget_bytes=budget_bytes)
     k = smallest.split
     raise PlanError(
         f"{cost.model} does not fit a budget of {format_size(budget_bytes)} at batch {batch_size}: "
@@ -209,6 +230,34 @@ def plan_split(
     )
 
 
+def reachable_splits(
+    model: LayeredModel | ModelCost,
+    batch_size: int = 32,
+    *,
+    runtime_bytes: int = 0,
+    memory: TrainingMemory = TrainingMemory(),
+    local_samples: int = 0,
+    candidates: Collection[int] | None = None,
+) -> list[int]:
+    """The splits among ``candidates`` (default: all) that :func:`plan_split` picks for some budget.
+
+    The planner takes the smallest split that fits, so a split whose least footprint is no
+    smaller than that of an earlier candidate is never picked: any budget it fits, the earlier
+    one fits too. These are the tails that need a training graph.
+    """
+    cost = _as_cost(model)
+    allowed = range(len(cost)) if candidates is None else sorted(set(candidates))
+    out: list[int] = []
+    best: int | None = None
+    for k in allowed:
+        total = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes,
+                               local_samples=local_samples).total
+        if best is None or total < best:
+            out.append(k)
+            best = total
+    return out
+
+
 def plan_for_device(
     model: LayeredModel | ModelCost,
     device: DeviceClass | str,
@@ -217,6 +266,8 @@ def plan_for_device(
     thresholds: RoleThresholds = RoleThresholds(),
     runtime: RuntimeMemory | None = None,
     memory: TrainingMemory = TrainingMemory(),
+    backends: Sequence[str] = ("torch",),
+    graph_splits: Collection[int] = (),
 ) -> Plan:
     """:func:`plan_split` for a device class: its budget, and its runtime overrides if it has any."""
     from profiles.devices import load_device_class
@@ -226,5 +277,6 @@ def plan_for_device(
         device = load_device_class(device)
     figures = (runtime or runtime_memory()).with_overrides(device.runtime_overrides)
     return plan_split(
-        model, device.budget_bytes, batch_size, thresholds=thresholds, runtime=figures, memory=memory
+        model, device.budget_bytes, batch_size, thresholds=thresholds, runtime=figures, memory=memory,
+        backends=backends, graph_splits=graph_splits,
     )

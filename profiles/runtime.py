@@ -29,6 +29,7 @@ from pathlib import Path
 from edge_sdk.fileio import atomic_write
 
 __all__ = [
+    "BACKENDS",
     "FALLBACK",
     "RUNTIME_FIELDS",
     "RuntimeMemory",
@@ -51,8 +52,15 @@ _WARM_UP = (
     "from edge_sdk.trainer import warm_up\nwarm_up()\n"
 )
 
+# A device that trains from ONNX training graphs (edge_sdk.ort_trainer): the same modules and
+# ONNX Runtime session, and never torch.
+_ORT_WARM_UP = (
+    "import edge_sdk.client, edge_sdk.ort_trainer\n"
+    "from edge_sdk.ort_trainer import warm_up\nwarm_up()\n"
+)
+
 #: Bumped whenever what the figures run changes, so cached figures of an older recipe are re-measured.
-_RECIPE = 4
+_RECIPE = 5
 
 #: What each figure runs in a fresh interpreter before its RSS is read.
 _IMPORTS: dict[str, str] = {
@@ -61,7 +69,12 @@ _IMPORTS: dict[str, str] = {
     "torch": "import torch",
     "torch_onnxruntime": "import torch, onnxruntime",
     "torch_training": "import torch, onnxruntime\n" + _WARM_UP,
+    "onnxruntime_training": "import onnxruntime\n" + _ORT_WARM_UP,
 }
+
+#: Training backends a device may have (Hello.runtimes), in the order the planner prefers them
+#: when both fit: torch steps are faster; the ONNX Runtime backend needs far less memory.
+BACKENDS: tuple[str, ...] = ("torch", "onnxruntime")
 
 #: Names of the figures, as accepted in overrides (device classes' ``[runtime]`` tables).
 RUNTIME_FIELDS: tuple[str, ...] = tuple(_IMPORTS)
@@ -71,6 +84,8 @@ RUNTIME_FIELDS: tuple[str, ...] = tuple(_IMPORTS)
 class RuntimeMemory:
     """RSS in bytes of a fresh Python process after importing each runtime.
 
+    ``onnxruntime_training`` is a device that trains from ONNX training graphs: the device's
+    modules and an ONNX Runtime session, no torch.
     ``torch_training`` goes one step further than ``torch_onnxruntime``: the process has also
     taken one tiny training step with ``torch.optim.SGD``, which initialises torch's kernels and
     imports what the optimizer needs; that is what a training device holds before its model.
@@ -83,12 +98,22 @@ class RuntimeMemory:
     torch: int
     torch_onnxruntime: int
     torch_training: int
+    onnxruntime_training: int
     source: str = "measured"
 
     @property
     def training(self) -> int:
         """A device that trains its tail with torch and runs its frozen chunks in ONNX Runtime."""
         return max(self.torch_training, self.torch_onnxruntime)
+
+    def for_backend(self, backend: str) -> int:
+        """What a training device with this backend holds before its model: ``torch`` (tail in
+        torch, chunks in ONNX Runtime) or ``onnxruntime`` (everything in ONNX Runtime, no torch)."""
+        if backend == "torch":
+            return self.training
+        if backend == "onnxruntime":
+            return self.onnxruntime_training
+        raise ValueError(f"unknown training backend {backend!r}; known: {', '.join(BACKENDS)}")
 
     @property
     def inference(self) -> int:
@@ -120,6 +145,8 @@ FALLBACK = RuntimeMemory(
     torch=round(218.8 * _MiB),
     torch_onnxruntime=round(237.0 * _MiB),
     torch_training=round((237.0 + 30.0) * _MiB),
+    # FACTS.md ("Training without torch"): 44 MiB after import, 56 MiB with the session.
+    onnxruntime_training=round(56.0 * _MiB),
     source="fallback",
 )
 

@@ -1,0 +1,483 @@
+"""A tail's training step as plain ONNX: a device trains without torch (edge_sdk.ort_trainer).
+
+For a layered model and a split k, :func:`export_train_graph` exports two graphs of blocks [k, L),
+packed as one payload (edge_sdk.ort_trainer reads it):
+
+- the training step (train mode): inputs ``input`` (a batch, dynamic size), ``target`` (its
+  labels), then one input per trainable parameter and per floating buffer; outputs ``loss``, one
+  ``grad:<name>`` per trainable parameter, one ``new:<name>`` per floating buffer (BatchNorm's
+  running statistics after the step). The optimizer update is left to the device (numpy).
+- the evaluation forward (eval mode): ``input`` and the same parameters and buffers in, the
+  tail's ``output`` out; the device's loss before and after training.
+
+The recipe (FACTS.md, "Training without torch"): ``torch.export`` of a module returning the
+loss, ``_export_forward_backward`` for the joint graph, a wrapper that calls the joint graph with
+parameters and buffers as ordinary inputs (the joint graph itself exports with no outputs),
+export again with a dynamic batch, decompose what has no faithful ONNX lowering
+(``convolution_backward`` into convolutions; train-mode BatchNorm, which onnxscript would
+otherwise lower silently as inference BatchNorm), then ``torch.onnx.export``.
+
+Every graph is verified before it is used (:func:`verify_train_graph`): loss, gradients and new
+buffers against torch autograd on a sample batch, and the evaluation output against torch eval;
+a graph that disagrees raises :class:`ExportError` naming the worst tensor.
+
+Tails refused up front (:func:`train_graph_refusal`), which devices train with torch instead:
+embedding tables fetched by rows (FedSubAvg submodels: the graph would return the whole table's
+gradient every step, and a row-sparse update needs its own gather/scatter), recurrent layers
+(unrolled to a fixed sequence length: over 1,000 nodes and ~1 MB per direction at length 20, far
+more at the IMDB model's 256) and dropout (random masks drawn inside the graph cannot be checked
+against torch, and would differ from the torch trainer's).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch._decomp
+import torch.export.experimental
+from torch import nn
+
+from edge_sdk.fileio import atomic_write
+from edge_sdk.models.layered import LayeredModel
+from edge_sdk.ort_trainer import GRAPH_FORMAT, OrtTail, TrainGraph
+from exporters.onnx_export import ExportError
+
+__all__ = [
+    "TrainExportSettings",
+    "TrainGraphCache",
+    "export_train_graph",
+    "train_graph_id",
+    "train_graph_refusal",
+    "verify_train_graph",
+]
+
+_ID_FORMAT = 1  # bump when the key encoding below or the graph recipe changes
+
+
+@dataclass(frozen=True)
+class TrainExportSettings:
+    """How training graphs are exported and checked; part of a graph's content address.
+
+    ``tolerance`` bounds the max absolute difference, relative to the tensor's largest magnitude
+    (at least 1), between ONNX Runtime and torch autograd for the loss, every gradient and every
+    new buffer, on a sample batch of ``verify_batch`` samples and on one of ``verify_batch + 1``
+    (which catches a batch axis fixed by the exporter).
+    """
+
+    opset: int = 18
+    tolerance: float = 1e-4
+    verify_batch: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.opset, int) or not 18 <= self.opset <= 23:
+            raise ValueError(f"opset must be an integer in [18, 23], got {self.opset!r}")
+        if not (isinstance(self.tolerance, (int, float)) and math.isfinite(self.tolerance) and self.tolerance > 0):
+            raise ValueError(f"tolerance must be a positive number, got {self.tolerance!r}")
+        if not isinstance(self.verify_batch, int) or self.verify_batch < 2:
+            raise ValueError(f"verify_batch must be an integer >= 2, got {self.verify_batch!r}")
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def train_graph_refusal(model: LayeredModel, split: int) -> str | None:
+    """Why blocks [split, L) cannot be trained from an ONNX graph (None: they can).
+
+    A static check on the modules, so the planner can ask it for every split at no cost.
+    """
+    if not 0 <= split < len(model):
+        raise ValueError(f"split {split} outside [0, {len(model)})")
+    names = model.block_names[split:]
+    sparse = sorted(set(names) & model.sparse_blocks)
+    if sparse:
+        return f"row-sparse embedding tables ({', '.join(sparse)}): submodels train their rows with torch"
+    for name in names:
+        for module in model.blocks[name].modules():
+            if isinstance(module, nn.RNNBase):
+                return f"recurrent layer in {name}: the unrolled graph is too large"
+            if isinstance(module, nn.Dropout) and module.p > 0:
+                return f"dropout in {name}: random masks cannot be verified against torch"
+            if isinstance(module, nn.Embedding) and module.sparse:
+                return f"sparse embedding in {name}: no ONNX lowering for sparse gradients"
+    return None
+
+
+def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings) -> str:
+    """sha256 (hex) of what determines a training graph's bytes. The weights are inputs of the
+    graph, not part of it, so one graph serves every round."""
+    key = {"format": _ID_FORMAT, "graph": GRAPH_FORMAT, "model": model_name, "split": split, "loss": task,
+           "settings": settings.as_dict(), "torch": torch.__version__}
+    canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "train-" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+# -- decompositions ---------------------------------------------------------------------------
+def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                          output_padding, groups, output_mask):
+    """aten.convolution_backward as forward convolutions (it has no ONNX lowering)."""
+    if transposed or groups != 1:
+        raise NotImplementedError("only plain convolutions (groups 1, not transposed) are decomposed")
+    aten = torch.ops.aten
+    nd = weight.dim() - 2
+    kernel = list(weight.shape[2:])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        extra = []
+        for d in range(nd):
+            full = (grad_output.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (kernel[d] - 1) + 1
+            extra.append(input.shape[2 + d] - full)
+        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation, True, extra, 1)
+    if output_mask[1]:
+        # Batch and channels swap roles; stride and dilation swap too.
+        gw = aten.convolution(input.transpose(0, 1), grad_output.transpose(0, 1), None, dilation, padding, stride,
+                              False, [0] * nd, 1).transpose(0, 1)
+        for d in range(nd):
+            gw = gw.narrow(2 + d, 0, kernel[d])
+        grad_weight = gw
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, 2 + nd)])
+    return grad_input, grad_weight, grad_bias
+
+
+def _decompositions(faithful_batch_norm: bool = True) -> dict:
+    table = torch.export.default_decompositions()
+    table[torch.ops.aten.convolution_backward.default] = _convolution_backward
+    if faithful_batch_norm:
+        bn = torch.ops.aten._native_batch_norm_legit_functional.default
+        table[bn] = torch._decomp.decomposition_table[bn]
+    return table
+
+
+# -- export -----------------------------------------------------------------------------------
+class _LossOf(nn.Module):
+    def __init__(self, tail: nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.tail, self.loss_fn = tail, loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.loss_fn(self.tail(x), y),)
+
+
+class _Step(nn.Module):
+    """Calls the joint graph with parameters and buffers as inputs; returns loss, grads, new buffers."""
+
+    def __init__(self, joint: torch.export.ExportedProgram, params: list[str], buffers: list[str]) -> None:
+        super().__init__()
+        self.gm = joint.graph_module
+        sig = joint.graph_signature
+        self.order: list[tuple[str, str]] = []  # (kind, name) per joint input before the user inputs
+        self.constants: dict[str, torch.Tensor] = {}
+        state = {**joint.state_dict, **joint.constants}
+        for spec in sig.input_specs:
+            if spec.kind.name == "USER_INPUT":
+                continue
+            target = spec.target
+            if spec.kind.name == "PARAMETER":
+                self.order.append(("param", target))
+            elif spec.kind.name == "BUFFER" and target in buffers:
+                self.order.append(("buffer", target))
+            else:  # integer buffers (num_batches_tracked) and lifted constants stay in the graph
+                key = f"c{len(self.constants)}"
+                self.register_buffer(key, state[target].detach().clone(), persistent=False)
+                self.order.append(("const", key))
+        outputs = sig.output_specs
+        self.loss_at = next(i for i, o in enumerate(outputs) if o.kind.name == "LOSS_OUTPUT")
+        grad_at = {o.target: i for i, o in enumerate(outputs) if o.kind.name == "GRADIENT_TO_PARAMETER"}
+        new_at = {o.target: i for i, o in enumerate(outputs) if o.kind.name == "BUFFER_MUTATION"}
+        self.grad_at = [grad_at[n] for n in params]
+        self.new_at = [new_at[n] for n in buffers]
+        self.param_names, self.buffer_names = params, buffers
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        by_name = dict(zip(self.param_names + self.buffer_names, tensors))
+        args = [getattr(self, n) if kind == "const" else by_name[n] for kind, n in self.order]
+        out = self.gm(*args, x, y)
+        return (out[self.loss_at], *(out[i] for i in self.grad_at), *(out[i] for i in self.new_at))
+
+
+class _Eval(nn.Module):
+    """The tail in eval mode with its parameters and buffers as inputs."""
+
+    def __init__(self, tail: nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.tail, self.names = tail, names
+
+    def forward(self, x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.tail, dict(zip(self.names, tensors)), (x,), strict=False)
+
+
+def _tail_names(tail: nn.Module) -> tuple[list[str], list[str]]:
+    """Trainable parameters and floating buffers of the tail (names inside the tail module)."""
+    params = [n for n, p in tail.named_parameters() if p.requires_grad]
+    buffers = [n for n, b in tail.named_buffers() if b.is_floating_point()]
+    return params, buffers
+
+
+def _state_name(model: LayeredModel, split: int, tail_name: str) -> str:
+    """The model's state-dict name of a tail entry (``"0.conv1.weight"`` -> ``"blocks.<block>.conv1.weight"``)."""
+    index, _, rest = tail_name.partition(".")
+    return f"blocks.{model.block_names[split + int(index)]}.{rest}"
+
+
+def _sample(model: LayeredModel, split: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample batch for the tail (the prefix run on random input, in eval mode) and labels."""
+    g = torch.Generator().manual_seed(seed)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            x = model.sample_input(batch, generator=g)
+            x = model(x, 0, split) if split > 0 else x
+    finally:
+        for m, training in modes:
+            m.training = training
+    if model.task == "classification":
+        y = torch.randint(0, model.num_outputs, (batch,), generator=g)
+    elif model.task == "binary":
+        y = torch.randint(0, 2, (batch,), generator=g).float()
+    else:
+        y = torch.rand(batch, generator=g) * 5
+    return x.contiguous(), y
+
+
+def _onnx(module: nn.Module, args: tuple, names_in: list[str], names_out: list[str], opset: int,
+          decompositions: dict, batch_args: int) -> bytes:
+    batch = torch.export.Dim("batch", min=1)
+    # The parameters arrive as *tensors: their shapes are one nested tuple.
+    shapes = (*({0: batch} for _ in range(batch_args)), tuple(None for _ in args[batch_args:]))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning)
+        ep = torch.export.export(module, args, dynamic_shapes=shapes)
+        ep = ep.run_decompositions(decompositions)
+        program = torch.onnx.export(ep, args, None, dynamo=True, opset_version=opset, input_names=names_in,
+                                    output_names=names_out, verbose=False, optimize=False)
+    return program.model_proto.SerializeToString()
+
+
+def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExportSettings = TrainExportSettings(),
+                       faithful_batch_norm: bool = True, verify: bool = True) -> bytes:
+    """The training-graph payload of blocks [split, L) of ``model``, verified against torch.
+
+    Raises :class:`ExportError` for a refused tail (see :func:`train_graph_refusal`), an export
+    that fails, or a graph that disagrees with torch. ``faithful_batch_norm=False`` reproduces
+    the silent inference-mode BatchNorm lowering (only to show that verification catches it).
+    The model's weights and modes are left as they were.
+    """
+    reason = train_graph_refusal(model, split)
+    if reason is not None:
+        raise ExportError(f"{model.name} tail [{split}, {len(model)}) is not exported: {reason}")
+    tail = model.chunk(split, len(model))
+    params, buffers = _tail_names(tail)
+    saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
+    modes = [(m, m.training) for m in model.modules()]
+    table = _decompositions(faithful_batch_norm)
+    x, y = _sample(model, split, settings.verify_batch, seed=0)
+    try:
+        state = dict(tail.named_parameters()) | dict(tail.named_buffers())
+        values = tuple(state[n].detach() for n in params + buffers)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            tail.train()
+            batch = torch.export.Dim("batch", min=1)
+            ep = torch.export.export(_LossOf(tail, model.loss).train(), (x, y),
+                                     dynamic_shapes=({0: batch}, {0: batch}))
+            joint = torch.export.experimental._export_forward_backward(ep)
+        step = _Step(joint, [f"tail.{n}" for n in params], [f"tail.{n}" for n in buffers])
+        sp = [_state_name(model, split, n) for n in params]
+        sb = [_state_name(model, split, n) for n in buffers]
+        train_bytes = _onnx(step, (x, y, *values), ["input", "target", *sp, *sb],
+                            ["loss", *(f"grad:{n}" for n in sp), *(f"new:{n}" for n in sb)],
+                            settings.opset, table, batch_args=2)
+        tail.eval()
+        eval_bytes = _onnx(_Eval(tail, params + buffers), (x, *values), ["input", *sp, *sb], ["output"],
+                           settings.opset, table, batch_args=1)
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"export of the training graph of {model.name} tail [{split}, {len(model)}) failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for k, v in tail.state_dict().items():
+                v.copy_(saved[k])
+    graph = TrainGraph(model=model.name, split=split, task=model.task, params=tuple(sp), buffers=tuple(sb),
+                       train_onnx=train_bytes, eval_onnx=eval_bytes)
+    data = graph.to_bytes()
+    if verify:
+        verify_train_graph(model, split, data, tolerance=settings.tolerance, batch_size=settings.verify_batch)
+    return data
+
+
+def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """LayeredModel.loss in the output's dtype (the model's own casts the target to float32)."""
+    if task == "classification":
+        return nn.functional.cross_entropy(out, y.long())
+    if task == "binary":
+        return nn.functional.binary_cross_entropy_with_logits(out.squeeze(-1), y.to(out.dtype))
+    return nn.functional.mse_loss(out.squeeze(-1), y.to(out.dtype))
+
+
+def _torch_step(tail: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, params: list[str], buffers: list[str]
+                ) -> dict[str, np.ndarray]:
+    """One train-mode step of ``tail`` (changed: gradients set, buffers moved): loss, grads, new buffers, eval output."""
+    tail.train()
+    for p in tail.parameters():
+        p.grad = None
+    loss = loss_fn(tail(x), y)
+    loss.backward()
+    named = dict(tail.named_parameters()) | dict(tail.named_buffers())
+    out = {"loss": loss.detach().numpy().astype(np.float64)}
+    out |= {f"grad:{n}": named[n].grad.numpy().astype(np.float64) for n in params}
+    out |= {f"new:{n}": named[n].detach().numpy().astype(np.float64) for n in buffers}
+    return out
+
+
+def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, tolerance: float | None = None,
+                       batch_size: int = 4) -> float:
+    """Worst error of the graph in ONNX Runtime against torch autograd, in units of the tolerance.
+
+    Compares the loss, every gradient and every new buffer of one training step, and the
+    evaluation output, at two batch sizes, with torch run in float64 as the reference. A tensor's
+    error is its max absolute difference relative to its largest magnitude (at least 1); it may
+    be ``tolerance`` or, where torch's own float32 run is further from float64 than that (deep
+    tails with small-batch BatchNorm amplify rounding), four times torch's own error. With a
+    ``tolerance``, a larger error raises :class:`ExportError` naming the tensor. Returns the worst
+    error divided by what was allowed for it (below 1: passed).
+    """
+    tol = 1e-4 if tolerance is None else tolerance
+    tail = model.chunk(split, len(model))
+    graph = TrainGraph.from_bytes(data)
+    params, buffers = _tail_names(tail)
+    if list(graph.params) != [_state_name(model, split, n) for n in params] or \
+            list(graph.buffers) != [_state_name(model, split, n) for n in buffers]:
+        raise ExportError(f"{model.name} tail [{split}, {len(model)}): the graph's tensors do not match the model's")
+    try:
+        runner = OrtTail(graph)
+    except Exception as exc:
+        raise ExportError(f"{model.name} tail [{split}, {len(model)}): ONNX Runtime cannot load the graph: {exc}") from exc
+    rename = {n: _state_name(model, split, n) for n in params + buffers}
+    modes = [(m, m.training) for m in model.modules()]
+    saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
+    worst = (0.0, "")
+    try:
+        for batch, seed in ((batch_size, 1), (batch_size + 1, 2)):
+            x, y = _sample(model, split, batch, seed)
+            named = dict(tail.named_parameters()) | dict(tail.named_buffers())
+            state = {rename[n]: named[n].detach().numpy().copy() for n in params + buffers}
+            loss_g, grads_g, new_g = runner.step(x.numpy(), y.numpy(), state)
+            got = {"loss": np.asarray(loss_g), "output (eval)": runner.forward(x.numpy(), state)}
+            got |= {f"grad:{n}": grads_g[rename[n]] for n in params}
+            got |= {f"new:{n}": new_g[rename[n]] for n in buffers}
+            ref32 = _torch_step(tail, lambda o, t: _loss64(model.task, o, t), x, y, params, buffers)
+            wide = copy.deepcopy(tail).double()
+            with torch.no_grad():
+                for k, v in wide.state_dict().items():
+                    v.copy_(saved[k])
+            ref64 = _torch_step(wide, lambda o, t: _loss64(model.task, o, t), x.double() if x.is_floating_point()
+                                else x, y.double() if y.is_floating_point() else y, params, buffers)
+            with torch.no_grad():
+                for k, v in tail.state_dict().items():
+                    v.copy_(saved[k])
+                tail.eval()
+                wide.eval()
+                ref32["output (eval)"] = tail(x).numpy().astype(np.float64)
+                ref64["output (eval)"] = wide(x.double() if x.is_floating_point() else x).numpy()
+            for p in tail.parameters():
+                p.grad = None
+            for key, expected in ref64.items():
+                value = got[key]
+                if value.shape != expected.shape:
+                    raise ExportError(f"{model.name} tail [{split}, {len(model)}): {key} has shape {value.shape} "
+                                      f"in ONNX Runtime, {expected.shape} in torch")
+                scale = max(1.0, float(np.abs(expected).max()) if expected.size else 0.0)
+                err = float(np.nan_to_num(np.abs(value.astype(np.float64) - expected), nan=np.inf).max()) / scale \
+                    if expected.size else 0.0
+                own = float(np.abs(ref32[key] - expected).max()) / scale if expected.size else 0.0
+                allowed = max(tol, 4 * own)
+                name = key.split(":", 1)[0] + ":" + rename[key.split(":", 1)[1]] if ":" in key else key
+                worst = max(worst, (err / allowed, name))
+                if tolerance is not None and not err <= allowed:
+                    raise ExportError(
+                        f"{model.name} tail [{split}, {len(model)}): the training graph differs from torch autograd; "
+                        f"worst tensor {name!r} off by {err:.3g} (relative; allowed {allowed:.3g}, torch float32 "
+                        f"itself {own:.3g}) at batch {batch}")
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for k, v in tail.state_dict().items():
+                v.copy_(saved[k])
+    return worst[0]
+
+
+class TrainGraphCache:
+    """Training graphs by content id, in memory and optionally in ``directory`` (``<id>.graph``).
+
+    A graph depends on the model's architecture and split, not its weights, so each is exported
+    once per (model, split, loss, settings) and served every round. Refusals are remembered too.
+    Thread-safe; exports run one at a time.
+    """
+
+    def __init__(self, directory: Path | str | None = None, *,
+                 settings: TrainExportSettings = TrainExportSettings()) -> None:
+        self.settings = settings
+        self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._graphs: dict[str, bytes] = {}
+        self._refused: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.exports = 0
+
+    def graph_id(self, model: LayeredModel, split: int) -> str:
+        return train_graph_id(model.name, split, model.task, self.settings)
+
+    def get_or_export(self, model: LayeredModel, split: int) -> tuple[str, bytes]:
+        """The id and payload of the training graph of [split, L); raises ExportError if refused."""
+        gid = self.graph_id(model, split)
+        with self._lock:
+            if gid in self._graphs:
+                return gid, self._graphs[gid]
+            if gid in self._refused:
+                raise ExportError(self._refused[gid])
+            data = self._load(gid)
+            if data is None:
+                try:
+                    data = export_train_graph(model, split, settings=self.settings)
+                except ExportError as exc:
+                    self._refused[gid] = str(exc)
+                    raise
+                self.exports += 1
+                if self.directory is not None:
+                    atomic_write(self.directory / f"{gid}.graph", data)
+                    atomic_write(self.directory / f"{gid}.sha256", hashlib.sha256(data).hexdigest().encode())
+            self._graphs[gid] = data
+            return gid, data
+
+    def get(self, gid: str) -> bytes | None:
+        with self._lock:
+            return self._graphs.get(gid) or self._load(gid)
+
+    def _load(self, gid: str) -> bytes | None:
+        if self.directory is None:
+            return None
+        try:
+            data = (self.directory / f"{gid}.graph").read_bytes()
+            digest = (self.directory / f"{gid}.sha256").read_text().strip()
+        except OSError:
+            return None
+        return data if hashlib.sha256(data).hexdigest() == digest else None
+

@@ -1,0 +1,130 @@
+"""Training graphs: every tail the planner can give an ONNX Runtime device exports and matches torch
+autograd, a wrong lowering is refused, and the ONNX Runtime trainer gives the torch trainer's deltas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edge_sdk.models import MODEL_NAMES, build_model
+from edge_sdk.ort_trainer import OrtTail, TrainGraph, evaluate_tail_ort, train_tail_ort
+from edge_sdk.trainer import TrainConfig, build_tail, evaluate_tail, load_tail_state, tail_state, train_tail
+from exporters.onnx_export import ExportError
+from exporters.train_export import TrainGraphCache, export_train_graph, train_graph_refusal
+from profiles.accounting import measure_model
+from profiles.planner import reachable_splits
+from profiles.runtime import FALLBACK
+
+#: Local dataset sizes the reachable splits are computed for (the tests' and the demo's devices).
+_SAMPLES = (0, 2_000)
+
+
+def _graph_splits(name: str) -> list[int]:
+    """The splits an ONNX Runtime device of any budget may be planned at (their tails have graphs)."""
+    model = build_model(name, seed=None)
+    cost = measure_model(model)
+    exportable = [k for k in range(len(model)) if train_graph_refusal(model, k) is None]
+    splits: set[int] = set()
+    for samples in _SAMPLES:
+        splits.update(reachable_splits(cost, 32, runtime_bytes=FALLBACK.onnxruntime_training, local_samples=samples,
+                                       candidates=exportable))
+    return sorted(splits)
+
+
+CASES = [(name, k) for name in MODEL_NAMES for k in _graph_splits(name)]
+
+
+@pytest.fixture(scope="session")
+def graphs(request: pytest.FixtureRequest) -> TrainGraphCache:
+    """One cache for the session, on disk under pytest's cache (exports take seconds each; both
+    test workers and later runs reuse them: the id includes torch's version and the recipe)."""
+    return TrainGraphCache(request.config.cache.mkdir("edgetrain-train-graphs"))
+
+
+@pytest.fixture(scope="session")
+def models() -> dict[str, torch.nn.Module]:
+    return {name: build_model(name, seed=0) for name in MODEL_NAMES}
+
+
+def test_refusals_say_why() -> None:
+    """Tails that devices train with torch are refused up front, each with its reason."""
+    reasons = {(name, k): train_graph_refusal(build_model(name, seed=None), k)
+               for name in MODEL_NAMES for k in range(len(build_model(name, seed=None)))}
+    refused = {key: r for key, r in reasons.items() if r is not None}
+    assert set(refused) == {("recommender", 0), ("bilstm", 0), ("bilstm", 1)}
+    assert "row-sparse" in refused[("recommender", 0)]
+    assert "recurrent" in refused[("bilstm", 1)]
+    with pytest.raises(ExportError, match="row-sparse"):
+        export_train_graph(build_model("recommender", seed=0), 0)
+
+
+@pytest.mark.parametrize(("name", "split"), CASES)
+def test_every_reachable_tail_exports_and_matches_torch(name: str, split: int, graphs: TrainGraphCache, models) -> None:
+    """Exported (or loaded from the cache) and verified against torch autograd at two batch sizes."""
+    from exporters.train_export import verify_train_graph
+
+    model = models[name]
+    gid, data = graphs.get_or_export(model, split)
+    assert gid == graphs.graph_id(model, split)
+    graph = TrainGraph.from_bytes(data)
+    assert graph.split == split and set(graph.params) == set(model.state_names(split, trainable_only=True))
+    # A graph from the disk cache is checked again here: loss, gradients, buffers within tolerance.
+    assert verify_train_graph(model, split, data, tolerance=1e-4) <= 1.0
+
+
+def test_inference_mode_batch_norm_is_caught(models) -> None:
+    """The silent lowering of train-mode BatchNorm as inference BatchNorm never ships."""
+    with pytest.raises(ExportError, match=r"differs from torch autograd; worst tensor '(loss|grad:|new:)"):
+        export_train_graph(models["resnet20"], 10 - 1, faithful_batch_norm=False)
+
+
+def _data(model, split: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.eval()
+        x = model.sample_input(n, generator=g)
+        x = model(x, 0, split) if split > 0 else x
+    if model.task == "classification":
+        y = torch.randint(0, model.num_outputs, (n,), generator=g).numpy()
+    elif model.task == "binary":
+        y = torch.randint(0, 2, (n,), generator=g).float().numpy()
+    else:
+        y = (torch.rand(n, generator=g) * 5).numpy()
+    return x.numpy(), y
+
+
+#: Deltas after tau steps agree to this, relative to the largest delta of the entry (at least 1e-3):
+#: float32 rounding in two different kernels, compounded over the steps.
+PARITY_TOLERANCE = 2e-3
+
+
+@pytest.mark.parametrize(("name", "split"), CASES)
+def test_ort_trainer_gives_the_torch_trainers_deltas(name: str, split: int, graphs: TrainGraphCache, models) -> None:
+    model = models[name]
+    _, data = graphs.get_or_export(model, split)
+    state = tail_state(model, split)
+    x, y = _data(model, split, 48, seed=3)
+    config = TrainConfig(local_steps=4, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3, seed=7, prox_mu=0.1)
+
+    tail = build_tail(name, split)
+    load_tail_state(tail, split, state)
+    expected_eval = evaluate_tail(tail, split, x, y, config)
+    expected = train_tail(tail, split, x, y, config, state)
+
+    runner = OrtTail(TrainGraph.from_bytes(data))
+    got_eval = evaluate_tail_ort(runner, state, x, y, config)
+    got = train_tail_ort(runner, state, x, y, config)
+
+    assert got_eval["loss"] == pytest.approx(expected_eval["loss"], rel=1e-4, abs=1e-5)
+    if "accuracy" in expected_eval:
+        assert got_eval["accuracy"] == pytest.approx(expected_eval["accuracy"], abs=1 / 48 + 1e-9)
+    assert got.loss_before == pytest.approx(expected.loss_before, rel=1e-4, abs=1e-5)
+    assert got.loss_after == pytest.approx(expected.loss_after, rel=1e-3, abs=1e-4)
+    assert set(got.deltas) == set(expected.deltas)
+    moved = 0
+    for n, d in expected.deltas.items():
+        scale = max(1e-3, float(np.abs(d).max()))
+        assert float(np.abs(got.deltas[n] - d).max()) <= PARITY_TOLERANCE * scale, n
+        moved += bool(np.abs(d).max() > 0)
+    assert moved > 0
