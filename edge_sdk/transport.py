@@ -19,6 +19,7 @@ import asyncio
 import ssl
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from .protocol import (
 )
 from .protocol.codec import BytesLike, encode_parts
 
-__all__ = ["Channel", "ws_options", "server_tls", "client_tls", "send_msg", "recv_msg", "send_payload",
+__all__ = ["Channel", "Pace", "ws_options", "server_tls", "client_tls", "send_msg", "recv_msg", "send_payload",
            "recv_payload", "send_error", "close_code"]
 
 #: Unhashed bytes worth handing to a worker thread (below that, the thread hop costs more).
@@ -196,8 +197,19 @@ async def send_payload(ws: Connection | Channel, payload: BytesLike, *, transfer
         await send_msg(ws, msg)
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How slow a transfer may be before the receiver gives up on it: no frame for ``stall_s``
+    seconds, or fewer than ``min_rate`` bytes per second on average once ``grace_s`` have passed
+    (a peer that trickles a byte every few seconds must not hold a server's round or memory)."""
+
+    stall_s: float = 30.0
+    min_rate: float = 16 << 10
+    grace_s: float = 10.0
+
+
 async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
-                       incoming: IncomingTransfer | None = None) -> memoryview:
+                       incoming: IncomingTransfer | None = None, pace: Pace | None = None) -> memoryview:
     """Receive the frames announced by ``begin`` (and its ``TransferEnd`` if the digest was not in
     ``begin``) and return the verified payload.
 
@@ -207,7 +219,8 @@ async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: L
     To survive a dropped connection, create the ``IncomingTransfer`` yourself and pass it as
     ``incoming``: after a reconnect, call again with the new ``begin`` and the same ``incoming``,
     which then continues from ``incoming.offset``. An ``Error`` from the peer is raised as a
-    ``ProtocolError`` with ``remote=True``; any other message is ``unexpected``.
+    ``ProtocolError`` with ``remote=True``; any other message is ``unexpected``. With ``pace``, a
+    transfer slower than it allows raises ``timeout``.
     """
     if incoming is None:
         incoming = IncomingTransfer(begin, limits, hash_in_feed=False)
@@ -216,9 +229,22 @@ async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: L
     loop = asyncio.get_running_loop()
     hashing: asyncio.Future[int] | None = None  # the worker's job, if one was started
     caught_up = threading.Event()  # set by that job when it has hashed all it saw: it is done
+    started, first = loop.time(), incoming.offset
     try:
         while not incoming.finished:
-            msg = await recv_msg(ws, limits)
+            if pace is None:
+                msg = await recv_msg(ws, limits)
+            else:
+                try:
+                    msg = await asyncio.wait_for(recv_msg(ws, limits), timeout=pace.stall_s)
+                except asyncio.TimeoutError:
+                    raise ProtocolError(ErrorCode.TIMEOUT, f"transfer {begin.transfer_id[:64]!r} made no progress "
+                                                           f"for {pace.stall_s:g} s") from None
+                elapsed = loop.time() - started
+                if elapsed > pace.grace_s and (incoming.offset - first) / elapsed < pace.min_rate:
+                    raise ProtocolError(ErrorCode.TIMEOUT, f"transfer {begin.transfer_id[:64]!r} moves at "
+                                                           f"{(incoming.offset - first) / elapsed:.0f} B/s, below "
+                                                           f"{pace.min_rate:.0f}")
             if type(msg) is TransferFrame:
                 incoming.feed(msg)
             elif type(msg) is TransferEnd:

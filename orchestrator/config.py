@@ -52,6 +52,11 @@ class ServerConfig:
     # registered, capped here; with norm_bound > 0, an update whose norm exceeds norm_bound times
     # the median of recent accepted updates is clipped to it ("clip") or refused ("reject").
     max_device_samples: int = 100_000
+    # A transfer that makes no progress for transfer_stall_s, or averages less than transfer_min_rate
+    # bytes/s after transfer_grace_s, is dropped and its device disconnected (a straggler).
+    transfer_stall_s: float = 30.0
+    transfer_min_rate: float = 16 << 10
+    transfer_grace_s: float = 10.0
     norm_bound: float = 0.0
     norm_bound_action: str = "clip"
     # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).

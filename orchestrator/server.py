@@ -31,7 +31,16 @@ from websockets.exceptions import ConnectionClosed
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
-from edge_sdk.transport import Channel, recv_msg, recv_payload, send_error, send_msg, send_payload, server_tls, ws_options
+from edge_sdk.transport import (
+    Channel,
+    Pace,
+    recv_msg,
+    recv_payload,
+    send_msg,
+    send_payload,
+    server_tls,
+    ws_options,
+)
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
 from orchestrator.config import ServerConfig
@@ -149,7 +158,8 @@ class Orchestrator:
         self.history: list[dict] = []
         self._changed = asyncio.Event()
         self._bytes = [0, 0]  # sent, received this round
-        self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
+        self._norms: deque[float] = deque(maxlen=100)
+        self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)  # L2 norms of recent accepted updates (norm bound)
         self.port: int | None = None
         self._prepare_store()
 
@@ -388,10 +398,18 @@ class Orchestrator:
         if not 0 <= msg.offset <= len(payload.data):
             raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
+        # A device that stops reading cannot hold this connection's sender (and the round) for longer
+        # than its payload takes at the slowest pace allowed.
+        allowed = self.pace.stall_s + (len(payload.data) - msg.offset) / self.pace.min_rate
         async with session.channel.send_lock:
-            await send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
-                               meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
-                               offset=msg.offset, sha256=payload.sha256)
+            try:
+                await asyncio.wait_for(
+                    send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
+                                 meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
+                                 offset=msg.offset, sha256=payload.sha256),
+                    timeout=allowed)
+            except asyncio.TimeoutError:
+                raise p.ProtocolError("timeout", f"{msg.payload_id[:64]!r} not taken within {allowed:.0f} s") from None
         sent = len(payload.data) - msg.offset
         self._bytes[0] += sent
         self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
@@ -547,7 +565,7 @@ class Orchestrator:
                               incoming: p.IncomingTransfer) -> None:
         """Receive a report's tensors (``begin`` starts or resumes ``incoming``), then take the report."""
         try:
-            payload = await recv_payload(session.channel, begin, self.limits, incoming=incoming)
+            payload = await recv_payload(session.channel, begin, self.limits, incoming=incoming, pace=self.pace)
         except ConnectionClosed:
             rs = self.round
             if rs is not None and msg.round == rs.round and rs.expects(session.device_id, msg.phase):

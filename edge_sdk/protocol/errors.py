@@ -42,6 +42,8 @@ class ErrorCode(str, enum.Enum):
     UNAUTHORIZED = "unauthorized"
     #: The server will not serve this device now (full, draining, incompatible).
     REFUSED = "refused"
+    #: A transfer stopped moving, or moved slower than the receiver's minimum rate.
+    TIMEOUT = "timeout"
 
     def __str__(self) -> str:
         return self.value

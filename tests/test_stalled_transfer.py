@@ -1,0 +1,57 @@
+"""A transfer that stalls or trickles is dropped with a timeout frame: the round closes without the
+device long before its deadline, and the other devices are served."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+from websockets.asyncio.client import connect
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import recv_msg, send_msg, ws_options
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+from tests.scripted import scripted_device
+
+
+async def _trickler(url: str, orch) -> p.Message:
+    """Announces its update, then sends one byte every 0.2 s."""
+    async with connect(url, **ws_options()) as ws:
+        await send_msg(ws, p.Hello(device_id="slow", token="", budget_bytes=8 << 30, cores=1, runtimes=["torch"],
+                                   num_samples=50))
+        welcome, task = await recv_msg(ws), await recv_msg(ws)
+        assert isinstance(task, p.Instruction)
+        payload = p.encode_tensors({n: np.zeros(orch.global_state[n].shape, np.float32)
+                                    for n in orch.model.state_names(task.split)})
+        await send_msg(ws, p.Report(task.round, "train", 50, (task.split, welcome.num_blocks), "t", {}))
+        await send_msg(ws, p.TransferBegin("t", "update", len(payload), "", 1, 0, {}))
+        for offset in range(len(payload)):
+            await send_msg(ws, p.TransferFrame("t", offset, payload[offset:offset + 1]))
+            try:
+                return await asyncio.wait_for(recv_msg(ws), timeout=0.2)
+            except asyncio.TimeoutError:
+                continue
+        raise AssertionError("the trickle was never cut")
+
+
+def test_a_trickled_update_times_out_and_the_round_goes_on(tmp_path: Path) -> None:
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=tmp_path / "s",
+                              deadline_s=120, transfer_stall_s=5, transfer_min_rate=1024, transfer_grace_s=1)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        t0 = time.monotonic()
+        error, acks, history = await asyncio.gather(
+            _trickler(url, orch),
+            scripted_device(url, orch, "honest", {}, lambda n, shape: np.full(shape, 0.01, np.float32)),
+            server)
+        return error, acks, history, time.monotonic() - t0
+
+    error, acks, history, wall = asyncio.run(main())
+    assert isinstance(error, p.Error) and error.code == "timeout" and "B/s" in error.message
+    assert [a.accepted for a in acks] == [True]
+    assert history[0]["reported"] == 1 and history[0]["stragglers"] == ["slow"]
+    assert wall < 30  # closed by the pace, not by the 120 s deadline
