@@ -158,8 +158,8 @@ class Orchestrator:
         self.history: list[dict] = []
         self._changed = asyncio.Event()
         self._bytes = [0, 0]  # sent, received this round
-        self._norms: deque[float] = deque(maxlen=100)
-        self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)  # L2 norms of recent accepted updates (norm bound)
+        self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
+        self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self.port: int | None = None
         self._prepare_store()
 
