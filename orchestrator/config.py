@@ -62,6 +62,8 @@ class ServerConfig:
     # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).
     allow_forced_split: bool = False
     keep_checkpoints: int = 3
+    # Exported chunks kept on disk (store_dir/chunks), oldest removed first after every round.
+    chunk_disk_bytes: int = 1 << 30
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)

@@ -43,6 +43,7 @@ from edge_sdk.transport import (
 )
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
+from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
 from orchestrator.rounds import RoundState
@@ -111,10 +112,16 @@ class PartialUpload:
 class Payload:
     """One encoded payload of the round: sent to every device that fetches its id, hashed once."""
 
-    kind: str  # chunk | model | broadcast
+    kind: str  # chunk | model | broadcast | train_graph
     data: bytes
     sha256: str
     meta: dict[str, p.Scalar] = field(default_factory=dict)
+
+
+def device_backends(hello: p.Hello) -> tuple[str, ...]:
+    """The training backend a device's hello asks for: torch if it lists torch, else ONNX Runtime
+    (training graphs; edge_sdk.client.hello_runtimes)."""
+    return ("torch",) if "torch" in hello.runtimes else ("onnxruntime",)
 
 
 def state_version(state: dict[str, np.ndarray]) -> str:
@@ -145,6 +152,10 @@ class Orchestrator:
         self.cache = ChunkCache(max_bytes=256 << 20, directory=config.store_dir / "chunks")
         self.evaluator = Evaluator(config)
         self.cost = measure_model(self.model)  # measured once; every hello is planned against it
+        # Training graphs for devices planned on the ONNX Runtime backend: exported once per split
+        # (the weights are inputs), verified against torch, kept under the store.
+        self.train_graphs = TrainGraphCache(config.store_dir / "train_graphs")
+        self.graph_splits = frozenset(k for k in range(len(self.model)) if train_graph_refusal(self.model, k) is None)
         self.sessions: dict[str, Session] = {}
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
@@ -336,7 +347,8 @@ class Orchestrator:
         batch = self.config.planner_batch
         forced = hello.labels.get("force_split")
         if forced is None or not self.config.allow_forced_split:
-            return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples)
+            return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples,
+                              backends=device_backends(hello), graph_splits=self.graph_splits)
         try:
             k = int(forced)
         except ValueError:
@@ -344,13 +356,18 @@ class Orchestrator:
         if not 0 <= k < len(self.model):
             raise p.ProtocolError("malformed", f"force_split {k} outside [0, {len(self.model)})")
         chunks = [(0, k)] if k > 0 else []
-        footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().training, chunks=chunks,
+        backend = device_backends(hello)[0]
+        if backend == "onnxruntime" and k not in self.graph_splits:
+            raise p.ProtocolError("refused", f"split {k} of {self.cost.model} has no training graph and the device "
+                                             "has no torch")
+        footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().for_backend(backend), chunks=chunks,
                                         local_samples=hello.num_samples)
         capacity = self.cost.capacity(k, batch)
         return Plan(
             model=self.cost.model, split=k, role=RoleThresholds().role(k, capacity), chunks=chunks,
             footprint_bytes=footprint.total, capacity=capacity, budget_bytes=hello.budget_bytes, batch_size=batch,
             num_blocks=len(self.cost), trainable_params=self.cost.trainable_params(k), footprint=footprint,
+            backend=backend,
         )
 
     async def _serve_session(self, session: Session) -> None:
@@ -460,12 +477,15 @@ class Orchestrator:
                     self._broadcast_ids[id(ins.broadcast)] = (ins.broadcast, broadcast_id)
                 else:
                     broadcast_id = kept[1]
+            extra: dict[str, p.Scalar] = {}
+            if session.plan.backend == "onnxruntime":
+                extra[p.TRAIN_GRAPH_KEY] = self._train_graph(selection)
             wire = p.Instruction(
                 round=rs.round, phase=ins.phase, model_version=rs.round - 1, split=selection.split,
                 chunk_ids=chunk_ids, model_id=model_id, selection=selection.kind, broadcast_id=broadcast_id,
                 local_steps=self.config.local_steps if ins.local_steps is None else int(ins.local_steps),
                 lr=self.config.lr if ins.lr is None else float(ins.lr), deadline_s=0.0,
-                config={"seed": self.config.seed * 100_003 + rs.round, **dict(ins.config)},
+                config={"seed": self.config.seed * 100_003 + rs.round, **dict(ins.config), **extra},
             )
             out.append((session, ins, Work(ins, selection, wire, names)))
         return out
@@ -481,6 +501,16 @@ class Orchestrator:
         self.on_event("over_budget", {"device": session.device_id, "split": split, "planned_split": session.plan.split,
                                       "footprint_bytes": footprint.total, "budget_bytes": session.hello.budget_bytes})
         return False
+
+    def _train_graph(self, selection: Selection) -> str:
+        """The payload id of the training graph for ``selection`` (exported and verified on first use)."""
+        if selection.kind != "tail" or selection.split not in self.graph_splits:
+            raise ValueError(f"strategy {self.strategy.name}: a {selection.kind} selection at split {selection.split} "
+                             "has no training graph for a device on the ONNX Runtime backend")
+        gid, data = self.train_graphs.get_or_export(self.model, selection.split)
+        if gid not in self.payloads:
+            self.payloads[gid] = Payload("train_graph", data, p.sha256_hex(data), {"split": selection.split})
+        return gid
 
     async def _dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
         """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing.
@@ -759,6 +789,8 @@ class Orchestrator:
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
         self.store.complete_round(r, self.global_state, metrics)
+        # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
+        await asyncio.to_thread(self.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
         self.on_event("round_end", metrics)
         return True
@@ -819,7 +851,7 @@ def chunk_ranges(planned: Sequence[Sequence[int]], split: int) -> list[tuple[int
 
 def plan_summary(plan: Plan) -> dict[str, object]:
     return {"role": plan.role, "split": plan.split, "chunks": [list(c) for c in plan.chunks],
-            "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity}
+            "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity, "backend": plan.backend}
 
 
 def report_info(r: DeviceReport) -> dict[str, object]:
