@@ -57,6 +57,11 @@ class ServerConfig:
     transfer_stall_s: float = 30.0
     transfer_min_rate: float = 16 << 10
     transfer_grace_s: float = 10.0
+    # Connections held at once, of which at most max_pending_hellos not yet past their hello
+    # (each has hello_timeout_s to say it); more are refused with an error frame.
+    max_connections: int = 20_000
+    max_pending_hellos: int = 1_000
+    hello_timeout_s: float = 30.0
     norm_bound: float = 0.0
     norm_bound_action: str = "clip"
     # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).

@@ -171,6 +171,7 @@ class Orchestrator:
         self._bytes = [0, 0]  # sent, received this round
         self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
+        self._open = [0, 0]  # connections open, of which still to say hello
         self.port: int | None = None
         self._prepare_store()
 
@@ -234,8 +235,18 @@ class Orchestrator:
     async def _handler(self, ws: ServerConnection) -> None:
         channel = Channel(ws, ServerSession(), self.limits)
         session: Session | None = None
+        self._open[0] += 1
+        self._open[1] += 1
         try:
-            hello = await asyncio.wait_for(recv_msg(channel), timeout=30)
+            if self._open[0] > self.config.max_connections:
+                raise p.ProtocolError("refused", f"the server holds its maximum of {self.config.max_connections} "
+                                                 "connections; retry later")
+            if self._open[1] > self.config.max_pending_hellos:
+                raise p.ProtocolError("refused", "too many connections are still to say hello; retry later")
+            try:
+                hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
+            finally:
+                self._open[1] -= 1
             if not isinstance(hello, p.Hello):
                 raise p.ProtocolError("unexpected", f"first message must be hello, got {hello.TYPE}")
             session = self._register(channel, hello)
@@ -248,6 +259,7 @@ class Orchestrator:
         except (ConnectionClosed, asyncio.TimeoutError):
             pass
         finally:
+            self._open[0] -= 1
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 await self._on_disconnect(session.device_id)

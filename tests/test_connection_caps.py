@@ -1,0 +1,51 @@
+"""Connections are capped: beyond max_connections, or with too many still to say hello, a new one is
+refused with an error frame, and a silent connection is closed after hello_timeout_s."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from websockets.asyncio.client import connect
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import recv_msg, send_msg, ws_options
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+
+
+def _hello(device_id: str) -> p.Hello:
+    return p.Hello(device_id=device_id, token="", budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)
+
+
+def test_connections_beyond_the_caps_are_refused(tmp_path: Path) -> None:
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=9, eval_data="synthetic", store_dir=tmp_path / "s",
+                              max_connections=3, max_pending_hellos=2, hello_timeout_s=1.0, wait_devices_s=30)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        opts = ws_options()
+        silent1, silent2 = await connect(url, **opts), await connect(url, **opts)
+        await asyncio.sleep(0.2)
+        async with connect(url, **opts) as third:  # a third connection still to say hello: over 2 pending
+            pending_refusal = await recv_msg(third)
+        # The silent ones are closed after hello_timeout_s, making room.
+        await asyncio.sleep(1.5)
+        assert silent1.close_code is not None and silent2.close_code is not None
+        devices = []
+        for i in range(3):
+            ws = await connect(url, **opts)
+            await send_msg(ws, _hello(f"d{i}"))
+            assert isinstance(await recv_msg(ws), p.Welcome)
+            devices.append(ws)
+        async with connect(url, **opts) as fourth:  # over max_connections
+            full_refusal = await recv_msg(fourth)
+        for ws in (*devices, silent1, silent2):
+            await ws.close()
+        server.cancel()
+        return pending_refusal, full_refusal
+
+    pending_refusal, full_refusal = asyncio.run(main())
+    assert isinstance(pending_refusal, p.Error) and pending_refusal.code == "refused"
+    assert "hello" in pending_refusal.message
+    assert isinstance(full_refusal, p.Error) and "maximum of 3 connections" in full_refusal.message
