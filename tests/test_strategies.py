@@ -362,3 +362,29 @@ def test_fold_order_does_not_change_the_result(case, weighting):
             want = old[key] + np.tensordot(w, d, axes=1) / w.sum()
         np.testing.assert_allclose(first.state[key], want, rtol=1e-5, atol=1e-5)
         assert first.contributors[key] == len(contrib)
+
+
+# -- robust aggregation ----------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [FedAvg, EmbracingFL])
+def test_median_and_trimmed_mean_ignore_an_outlier(cls):
+    values = [0.1, 0.2, 0.3, 0.4, 1000.0]  # one hostile device
+    reports = [strong(f"s{i}", 10 * (i + 1), [[v, v], [v, v]], [v, v], 1, [[v, v]], [v]) for i, v in enumerate(values)]
+    old = global_state()
+    median = run(cls(aggregation="median"), reports)
+    trimmed = run(cls(aggregation="trimmed_mean", trim=0.2), reports)
+    for key in ("blocks.fc1.weight", "blocks.fc1.bias", "blocks.head.weight", "blocks.head.bias"):
+        np.testing.assert_allclose(median.state[key], old[key] + 0.3, rtol=1e-6)
+        np.testing.assert_allclose(trimmed.state[key], old[key] + (0.2 + 0.3 + 0.4) / 3, rtol=1e-6)
+    assert median.state["blocks.fc1.bn.num_batches_tracked"] == 5 + 1  # counters: the largest, as for the mean
+
+
+def test_robust_aggregation_is_per_entry_over_its_contributors():
+    # The head has three contributors (s1, s2, w1); fc1 only the two strong ones.
+    result = run(EmbracingFL(aggregation="median"), [S1, S2, W1])
+    old = global_state()
+    np.testing.assert_allclose(result.state["blocks.head.bias"], old["blocks.head.bias"] + 0.5)  # median(.5,.5,2)
+    np.testing.assert_allclose(result.state["blocks.fc1.bias"], old["blocks.fc1.bias"] + 0.5)  # median(1, 0)
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        EmbracingFL(aggregation="mode")
+    with pytest.raises(ValueError, match="trim"):
+        FedAvg(aggregation="trimmed_mean", trim=0.5)

@@ -38,7 +38,7 @@ from orchestrator.selection import Selection
 WEIGHTINGS: tuple[str, ...] = ("samples", "uniform")
 
 __all__ = [
-    "WEIGHTINGS", "AveragingStrategy", "Broadcast", "DeviceInfo", "DeviceReport", "Instruction", "Refused",
+    "AGGREGATIONS", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport", "Instruction", "Refused",
     "RoundContext", "RoundResult", "Strategy", "WeightedSums",
 ]
 
@@ -334,22 +334,74 @@ class WeightedSums:
         )
 
 
+class RobustStack(WeightedSums):
+    """Per-entry coordinate-wise median or trimmed mean of the contributors' deltas, for deployments
+    that expect hostile devices (Yin et al., 2018, "Byzantine-robust distributed learning": the
+    coordinate-wise median and the beta-trimmed mean). Unlike the running sums these keep every
+    contributor's delta until the round closes: O(devices x model) memory. Weights are not used
+    (a robust statistic must not let one device's claimed weight decide). Whole-entry deltas only:
+    rows and channel slices have contributors per element, which these statistics do not handle.
+    """
+
+    def __init__(self, global_state: Mapping[str, np.ndarray], method: str, trim: float) -> None:
+        super().__init__(global_state)
+        self.method, self.trim = method, trim
+        self._stacks: dict[str, list[np.ndarray]] = {}
+
+    def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
+            region: tuple[slice, ...] | np.ndarray | None = None) -> None:
+        if self._global[name].dtype.kind != "f":
+            super().add(name, delta, weight, region)  # counters: the largest, as for the mean
+            return
+        if region is not None or isinstance(delta, RowSparse):
+            raise ValueError(f"{self.method} aggregation takes whole-entry deltas; {name!r} came as a slice or rows")
+        self._stacks.setdefault(name, []).append(np.array(delta, copy=True))
+        self.counts[name] += 1
+
+    def new_state(self, scale: Mapping[str, np.ndarray | float] | None = None) -> dict[str, np.ndarray]:
+        state = super().new_state(scale)
+        for name, deltas in self._stacks.items():
+            stack = np.stack(deltas).astype(np.float64)
+            n = len(deltas)
+            k = int(self.trim * n)
+            if self.method == "median" or n - 2 * k < 1:
+                agg = np.median(stack, axis=0)
+            else:  # drop the k largest and k smallest values of every coordinate, average the rest
+                agg = np.sort(stack, axis=0)[k:n - k].mean(axis=0)
+            old = self._global[name]
+            s = 1.0 if scale is None else scale.get(name, 1.0)
+            state[name] = np.asarray(old.astype(np.float64) + s * agg, dtype=old.dtype)
+        return state
+
+
+#: How AveragingStrategy combines the deltas of an entry's contributors.
+AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed_mean")
+
+
 class AveragingStrategy(Strategy):
     """One train phase; the new state is the per-element weighted mean of the folded deltas.
 
     w_i is the device's sample count (``weighting="samples"``) or 1 (``weighting="uniform"``).
+    ``aggregation="median"`` or ``"trimmed_mean"`` (dropping ``trim`` of the values at each end)
+    replace the mean by a robust statistic per coordinate (:class:`RobustStack`).
     Subclasses add admission rules (:meth:`admit`) or override :meth:`weight`.
     """
 
-    def __init__(self, weighting: str = "samples") -> None:
+    def __init__(self, weighting: str = "samples", aggregation: str = "mean", trim: float = 0.1) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
+        if not 0 <= trim < 0.5:
+            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
         self.weighting = weighting
+        self.aggregation, self.trim = aggregation, float(trim)
         self._sums: WeightedSums | None = None
         self._refused = 0
 
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
-        self._sums = WeightedSums(ctx.global_state)
+        self._sums = (WeightedSums(ctx.global_state) if self.aggregation == "mean"
+                      else RobustStack(ctx.global_state, self.aggregation, self.trim))
         self._refused = 0
         return super().configure(ctx)
 
