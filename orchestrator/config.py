@@ -40,7 +40,10 @@ class ServerConfig:
     resume: bool = False
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (local fleets); `edgetrain serve` defaults to 8765
-    token: str = ""
+    token: str = ""  # shared by every device: a lab setting (docs/security.md)
+    # Every device proves its own enrolled credential (edgetrain device enroll); the token is unused.
+    require_credentials: bool = False
+    credential_skew_s: float = 120.0
     tls_cert: str | None = None  # PEM certificate chain: serve wss:// (devices verify it)
     tls_key: str | None = None  # its private key, unless tls_cert holds it
     frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)

@@ -29,6 +29,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
+from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import (
@@ -78,6 +79,7 @@ class Session:
     hello: p.Hello
     plan: Plan
     info: DeviceInfo
+    enrolled_samples: int | None = None  # fixed at enrollment, when the device has a credential
 
     @property
     def ws(self) -> ServerConnection:
@@ -172,6 +174,7 @@ class Orchestrator:
         self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self._open = [0, 0]  # connections open, of which still to say hello
+        self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
         self.port: int | None = None
         self._prepare_store()
 
@@ -293,9 +296,30 @@ class Orchestrator:
             asyncio.ensure_future(self._gone(device_id))
             self._changed.set()
 
-    def _register(self, channel: Channel, hello: p.Hello) -> Session:
+    def _authenticate(self, hello: p.Hello) -> int | None:
+        """Check the hello's credential before anything else; return the enrolled sample count, if any.
+
+        With ``require_credentials`` every device proves its own enrolled credential
+        (:mod:`edge_sdk.credentials`): unknown, revoked, stale, forged or replayed proofs are
+        refused before any model data is sent, and a device id can be taken only by its own
+        credential. Otherwise the shared ``token`` (a lab setting) is compared in constant time.
+        """
+        if self.config.require_credentials:
+            cred = self.store.credential(hello.device_id)
+            if cred is None or cred["revoked"] is not None:
+                raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
+            try:
+                verify_proof(hello.device_id, hello.token, cred["key"], self._replay,
+                             max_skew_s=self.config.credential_skew_s)
+            except CredentialError as exc:
+                raise p.ProtocolError("unauthorized", str(exc)) from None
+            return cred["samples"]
         if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
+        return None
+
+    def _register(self, channel: Channel, hello: p.Hello) -> Session:
+        enrolled_samples = self._authenticate(hello)
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
         check_hello_bounds(hello)
@@ -307,7 +331,7 @@ class Orchestrator:
         if old is not None:
             # A reconnect replaces the stale connection of the same device.
             asyncio.ensure_future(old.ws.close(1000, "replaced"))
-        session = Session(hello.device_id, channel, hello, plan, self._device_info(hello, plan))
+        session = Session(hello.device_id, channel, hello, plan, self._device_info(hello, plan), enrolled_samples)
         self.sessions[hello.device_id] = session
         profile = {
             "budget_bytes": hello.budget_bytes, "cores": hello.cores, "runtimes": list(hello.runtimes),
@@ -667,8 +691,12 @@ class Orchestrator:
 
     def _registered_samples(self, session: Session) -> int:
         """The sample count a device's reports may weigh: what it declared when it registered,
-        capped by the operator's policy (``max_device_samples``), never what an update claims."""
-        return min(session.hello.num_samples, self.config.max_device_samples)
+        capped by the operator's policy (``max_device_samples``, and the count fixed at its
+        enrollment), never what an update claims."""
+        limit = self.config.max_device_samples
+        if session.enrolled_samples is not None:
+            limit = min(limit, session.enrolled_samples)
+        return min(session.hello.num_samples, limit)
 
     def _bound_norm(self, tensors: dict) -> tuple[dict, str | None]:
         """Optional norm bound (``norm_bound`` > 0): an update whose L2 norm exceeds ``norm_bound``

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_sdk.credentials import derive_key, new_secret
 from edge_sdk.fileio import atomic_write, remove_leftovers
 
 JOURNAL = "journal.sqlite3"
@@ -57,6 +58,13 @@ CREATE TABLE IF NOT EXISTS rounds (
     metrics TEXT,
     checkpoint TEXT,
     sha256 TEXT
+);
+CREATE TABLE IF NOT EXISTS credentials (
+    device_id TEXT PRIMARY KEY,
+    key BLOB NOT NULL,
+    samples INTEGER,
+    enrolled REAL NOT NULL,
+    revoked REAL
 );
 CREATE TABLE IF NOT EXISTS reports (
     round INTEGER NOT NULL,
@@ -136,6 +144,45 @@ class Store:
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row["value"])
+
+    # -- credentials -------------------------------------------------------------------------
+    def enroll(self, device_id: str, *, samples: int | None = None) -> str:
+        """Issue a credential for ``device_id`` and return its secret (shown once, stored only as
+        ``derive_key(secret)``). ``samples`` fixes the sample count its reports may weigh.
+        Enrolling an enrolled device replaces its credential (the old secret stops working)."""
+        if not device_id or len(device_id) > 128:
+            raise ValueError("device_id must be 1-128 characters")
+        if samples is not None and samples < 1:
+            raise ValueError(f"samples must be positive, got {samples}")
+        secret = new_secret()
+        with self._lock, self._transaction():
+            self._db.execute(
+                """INSERT INTO credentials(device_id, key, samples, enrolled, revoked) VALUES (?, ?, ?, ?, NULL)
+                   ON CONFLICT(device_id) DO UPDATE SET key = excluded.key, samples = excluded.samples,
+                       enrolled = excluded.enrolled, revoked = NULL""",
+                (device_id, derive_key(secret), samples, time.time()),
+            )
+        return secret
+
+    def revoke(self, device_id: str) -> bool:
+        """Revoke a device's credential; False if it had none (or it was revoked already)."""
+        with self._lock, self._transaction():
+            cur = self._db.execute("UPDATE credentials SET revoked = ? WHERE device_id = ? AND revoked IS NULL",
+                                   (time.time(), device_id))
+        return cur.rowcount > 0
+
+    def credential(self, device_id: str) -> dict | None:
+        """A device's credential (key, samples, enrolled, revoked), or None if never enrolled."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM credentials WHERE device_id = ?", (device_id,)).fetchone()
+        return None if row is None else {k: row[k] for k in row.keys()}
+
+    def credentials(self) -> list[dict]:
+        """Every enrolled device, without its key."""
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, samples, enrolled, revoked FROM credentials "
+                                    "ORDER BY device_id").fetchall()
+        return [{k: r[k] for k in r.keys()} for r in rows]
 
     # -- devices -----------------------------------------------------------------------------
     def record_device(self, device_id: str, profile: Mapping[str, object], plan: Mapping[str, object]) -> None:

@@ -1,0 +1,85 @@
+"""Per-device credentials: a device proves its enrolled secret without sending it; nobody else can take
+its id, and unknown, revoked, stale, forged or replayed proofs are refused before any model data."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect
+
+from edge_sdk import protocol as p
+from edge_sdk.credentials import CredentialError, ReplayWindow, derive_key, make_proof, verify_proof
+from edge_sdk.transport import recv_msg, send_msg, ws_options
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+from orchestrator.store import Store
+
+
+def test_a_proof_holds_only_for_its_device_key_time_and_once():
+    key = derive_key("s3cret")
+    replay = ReplayWindow()
+    token = make_proof("dev", "s3cret", now=1000.0, nonce="ab" * 8)
+    assert "s3cret" not in token
+    verify_proof("dev", token, key, replay, now=1010.0)
+    with pytest.raises(CredentialError, match="replayed"):
+        verify_proof("dev", token, key, replay, now=1011.0)
+    with pytest.raises(CredentialError, match="does not match"):
+        verify_proof("other", make_proof("dev", "s3cret", now=1000.0), key, replay, now=1000.0)
+    with pytest.raises(CredentialError, match="does not match"):
+        verify_proof("dev", make_proof("dev", "wrong", now=1000.0), key, replay, now=1000.0)
+    with pytest.raises(CredentialError, match="server's clock"):
+        verify_proof("dev", make_proof("dev", "s3cret", now=1000.0), key, replay, now=2000.0)
+    with pytest.raises(CredentialError, match="form"):
+        verify_proof("dev", "s3cret", key, replay, now=1000.0)
+
+
+def _hello(device_id: str, token: str) -> p.Hello:
+    return p.Hello(device_id=device_id, token=token, budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)
+
+
+def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> None:
+    store_dir = tmp_path / "s"
+    with Store(store_dir) as store:
+        secret_a = store.enroll("dev-a", samples=30)
+        secret_b = store.enroll("dev-b")
+        assert store.credential("dev-a")["key"] == derive_key(secret_a)  # the secret itself is never stored
+        assert [c["device_id"] for c in store.credentials()] == ["dev-a", "dev-b"]
+
+    async def answer(url: str, hello: p.Hello):
+        async with connect(url, **ws_options()) as ws:
+            await send_msg(ws, hello)
+            return await recv_msg(ws)
+
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic", store_dir=store_dir,
+                              require_credentials=True, wait_devices_s=30)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        out = {}
+        token_a = make_proof("dev-a", secret_a)
+        async with connect(url, **ws_options()) as ws_a:
+            await send_msg(ws_a, _hello("dev-a", token_a))
+            out["a"] = await recv_msg(ws_a)
+            first = orch.sessions["dev-a"]
+            out["impostor"] = await answer(url, _hello("dev-a", make_proof("dev-a", secret_b)))
+            out["replay"] = await answer(url, _hello("dev-a", token_a))
+            out["stale"] = await answer(url, _hello("dev-a", make_proof("dev-a", secret_a, now=time.time() - 3600)))
+            out["unknown"] = await answer(url, _hello("dev-z", make_proof("dev-z", secret_a)))
+            out["a_kept"] = orch.sessions["dev-a"] is first and ws_a.close_code is None
+            with Store(store_dir) as store:
+                assert store.revoke("dev-b") and not store.revoke("dev-b")
+            out["revoked"] = await answer(url, _hello("dev-b", make_proof("dev-b", secret_b)))
+            out["again"] = await answer(url, _hello("dev-a", make_proof("dev-a", secret_a)))  # replaces, by proof
+            out["a_replaced"] = orch.sessions.get("dev-a") is not first
+        server.cancel()
+        return out
+
+    out = asyncio.run(main())
+    assert isinstance(out["a"], p.Welcome) and isinstance(out["again"], p.Welcome)
+    for case in ("impostor", "replay", "stale", "unknown", "revoked"):
+        assert isinstance(out[case], p.Error) and out[case].code == "unauthorized", case
+    assert "replayed" in out["replay"].message and "does not match" in out["impostor"].message
+    assert out["a_kept"] and out["a_replaced"]
