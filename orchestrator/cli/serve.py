@@ -21,7 +21,8 @@ from orchestrator.cli import app
 @app.command()
 def serve(
     model: str = typer.Option("digits_mlp", help="Model from the zoo."),
-    strategy: str = typer.Option("embracingfl", help="Strategy: fedavg, embracingfl, or package.module:Class for one of your own (docs/architecture.md, \"Strategies\")."),
+    strategy: str = typer.Option("embracingfl", help="Strategy: fedavg, embracingfl, fedsubavg, fedalign, varsel, or package.module:Class for one of your own (docs/architecture.md, \"Strategies\")."),
+    strategy_option: list[str] = typer.Option([], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable (e.g. -O epsilon=0.3 -O warmup=5 for fedalign, -O budget=4 for varsel)."),
     rounds: int = typer.Option(20, help="Rounds to run."),
     fraction: float = typer.Option(1.0, help="Share of idle connected devices sampled per round."),
     min_devices: int = typer.Option(2, help="Connected devices to wait for before a round starts."),
@@ -47,8 +48,15 @@ def serve(
     from orchestrator.server import Orchestrator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    try:
+        options = parse_strategy_options(strategy_option)
+        from orchestrator.strategies import make_strategy
+
+        make_strategy(strategy, **options)  # a bad name or option fails here, before anything listens
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--strategy / --strategy-option") from None
     config = ServerConfig(
-        model=model, strategy=strategy, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
+        model=model, strategy=strategy, strategy_options=options, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
         deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
         data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
         token=token, seed=seed, tls_cert=None if tls_cert is None else str(tls_cert),
@@ -64,6 +72,18 @@ def serve(
     if history:
         last = history[-1]
         typer.echo(f"finished round {last['round']}: accuracy {last.get('accuracy', float('nan')):.4f}", err=True)
+
+
+def parse_strategy_options(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` pairs as keyword options; values stay strings (each strategy converts and checks them)."""
+    options: dict[str, object] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key.isidentifier():
+            raise ValueError(f"a strategy option is KEY=VALUE, got {item!r}")
+        options[key] = value.strip()
+    return options
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
