@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import ssl
+import sys
 import tempfile
 import time
 import uuid
@@ -71,6 +72,9 @@ class DeviceConfig:
     max_backoff_s: float = 5.0
     frame_size: int = p.DEFAULT_FRAME_SIZE
     tls_ca: str | None = None  # for a wss:// server: trust only this PEM file (private CA, self-signed)
+    #: Training backend: "torch", "onnxruntime" (training graphs, never imports torch), or "auto"
+    #: (torch if it is installed, else onnxruntime). The hello's runtimes say which (Hello.runtimes).
+    backend: str = "auto"
     # Private row heat (FedSubAvg): send randomized-response bits and a decoy-padded download set
     # instead of the true rows (edge_sdk.privacy). None: declare the rows themselves.
     private_heat: PrivateHeat | None = None
@@ -124,6 +128,19 @@ class _RoundProgress:
 def device_seed(round_seed: int, device_id: str) -> int:
     """The local sampling seed: differs per device and round, the same on every run (no salted hash())."""
     return (round_seed * 1_000_003 + zlib.crc32(device_id.encode())) % (1 << 31)
+
+
+def hello_runtimes(backend: str) -> list[str]:
+    """Hello.runtimes for a training backend: ``["onnxruntime", "torch"]`` for a device that trains
+    with torch, ``["onnxruntime"]`` for one that trains from ONNX training graphs (the server then
+    plans it with ONNX Runtime's much smaller runtime). "auto" looks for torch without importing it."""
+    if backend == "auto":
+        import importlib.util
+
+        backend = "torch" if importlib.util.find_spec("torch") is not None else "onnxruntime"
+    if backend not in ("torch", "onnxruntime"):
+        raise ValueError(f"backend must be auto, torch or onnxruntime, not {backend!r}")
+    return ["onnxruntime", "torch"] if backend == "torch" else ["onnxruntime"]
 
 
 def declared_rows(x: np.ndarray) -> dict[str, list[int]]:
@@ -203,7 +220,7 @@ class DeviceClient:
         resume = self._progress.round if self._progress else -1
         await send_msg(ch, p.Hello(
             device_id=c.device_id, token=c.token, budget_bytes=c.budget_bytes, cores=c.cores,
-            runtimes=["onnxruntime", "torch"], num_samples=len(self.x), device_class=c.device_class,
+            runtimes=hello_runtimes(c.backend), num_samples=len(self.x), device_class=c.device_class,
             labels=dict(c.labels), resume_round=resume, rows=self.rows, row_bits=self.row_bits,
             row_epsilon=c.private_heat.epsilon if c.private_heat is not None else 0.0,
         ))
@@ -313,7 +330,10 @@ class DeviceClient:
         self.on_event("round_done", {"device": self.config.device_id, "round": report.round, "phase": report.phase,
                                      "accepted": ack.accepted, "reason": ack.reason, "role": welcome.role,
                                      "trained": list(report.trained), **prog.timings,
-                                     "peak_rss_bytes": peak_rss_bytes()})
+                                     "peak_rss_bytes": peak_rss_bytes(),
+                                     "backend": report.metrics.get("backend", ""),
+                                     # An ONNX Runtime device never loads torch: said from inside the process.
+                                     "torch_loaded": "torch" in sys.modules})
 
     # -- phases ---------------------------------------------------------------------------
     async def _forward(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> np.ndarray:
@@ -360,8 +380,21 @@ class DeviceClient:
             x = local_rows(model, np.asarray(x), rows)
         return x, state, rows, model
 
+    async def _graph_tail(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress):
+        """The input of the tail, the received state and the tail's training graph in ONNX Runtime
+        (the instruction names a graph: the plan chose the ONNX Runtime backend; torch never loads)."""
+        from edge_sdk.ort_trainer import OrtTail, TrainGraph
+
+        x = await self._forward(ch, ins, prog)
+        graph = TrainGraph.from_bytes(await self._fetch(ch, ins.round, str(ins.config[p.TRAIN_GRAPH_KEY]), prog))
+        if graph.model != self.welcome.model or graph.split != ins.split:
+            raise p.ProtocolError("malformed", f"training graph of {graph.model} split {graph.split}, instruction "
+                                               f"for {self.welcome.model} split {ins.split}")
+        state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
+        return x, state, OrtTail(graph, threads=self.config.threads)
+
     def _train_config(self, ins: p.Instruction):
-        from edge_sdk.trainer import TrainConfig
+        from edge_sdk.training import TrainConfig
 
         welcome = self.welcome
         assert welcome is not None
@@ -377,27 +410,45 @@ class DeviceClient:
         done = prog.trained.get(ins.model_id)
         if done is not None:
             return done
-        from edge_sdk.trainer import train_tail
+        rows: dict[str, np.ndarray] = {}
+        if ins.config.get(p.TRAIN_GRAPH_KEY):
+            from edge_sdk.ort_trainer import train_tail_ort
 
-        x, state, rows, model = await self._model(ch, ins, prog)
-        t = time.monotonic()
-        result = await asyncio.to_thread(train_tail, model, ins.split, x, self.y, self._train_config(ins), state)
+            x, state, tail = await self._graph_tail(ch, ins, prog)
+            t = time.monotonic()
+            result = await asyncio.to_thread(train_tail_ort, tail, state, x, self.y, self._train_config(ins))
+            backend = "onnxruntime"
+        else:
+            from edge_sdk.trainer import train_tail
+
+            x, state, rows, model = await self._model(ch, ins, prog)
+            t = time.monotonic()
+            result = await asyncio.to_thread(train_tail, model, ins.split, x, self.y, self._train_config(ins), state)
+            backend = "torch"
         prog.timings["train_s"] += time.monotonic() - t
         deltas: dict[str, np.ndarray | p.RowSparse] = dict(result.deltas)
         for name, idx in rows.items():
             deltas[name] = p.RowSparse(idx, deltas[name], state[name].num_rows)
         done = _Trained(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
-                        {"loss_before": result.loss_before, "loss_after": result.loss_after, "steps": result.steps})
+                        {"loss_before": result.loss_before, "loss_after": result.loss_after, "steps": result.steps,
+                         "backend": backend})
         prog.trained[ins.model_id] = done
         return done
 
     async def _evaluate(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> dict[str, p.Scalar]:
         """Loss (and accuracy) of the received model on the local data, without training."""
-        from edge_sdk.trainer import evaluate_tail
+        if ins.config.get(p.TRAIN_GRAPH_KEY):
+            from edge_sdk.ort_trainer import evaluate_tail_ort
 
-        x, _, _, model = await self._model(ch, ins, prog)
-        t = time.monotonic()
-        metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y, self._train_config(ins))
+            x, state, tail = await self._graph_tail(ch, ins, prog)
+            t = time.monotonic()
+            metrics = await asyncio.to_thread(evaluate_tail_ort, tail, state, x, self.y, self._train_config(ins))
+        else:
+            from edge_sdk.trainer import evaluate_tail
+
+            x, _, _, model = await self._model(ch, ins, prog)
+            t = time.monotonic()
+            metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y, self._train_config(ins))
         prog.timings["eval_s"] = prog.timings.get("eval_s", 0.0) + time.monotonic() - t
         return dict(metrics)
 

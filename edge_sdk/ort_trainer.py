@@ -186,18 +186,24 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
     lr, mu, wd, prox = np.float32(config.lr), np.float32(config.momentum), np.float32(config.weight_decay), \
         np.float32(config.prox_mu)
     momentum: dict[str, np.ndarray] = {}
+    # One scratch buffer the size of the largest parameter: the update makes no other temporaries.
+    scratch = np.empty(max((weights[n].size for n in tail.graph.params), default=0), np.float32)
     for idx in batches:
         loss, grads, new = tail.step(x[idx], y[idx], weights)
         if not math.isfinite(loss):
             raise FloatingPointError(f"local loss became {loss}; lower the learning rate")
         for n in tail.graph.params:
             w, g = weights[n], grads[n]
-            if prox > 0:
-                g += prox * (w - initial[n])
+            tmp = scratch[: w.size].reshape(w.shape)
+            if prox > 0:  # g += prox (w - w_received)
+                np.subtract(w, initial[n], out=tmp)
+                tmp *= prox
+                g += tmp
             if not mu:
                 if wd:
                     w *= 1 - lr * wd
-                w -= lr * g
+                np.multiply(g, lr, out=tmp)
+                w -= tmp
                 continue
             buf = momentum.get(n)
             if buf is None:
@@ -206,8 +212,11 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
                 buf *= mu
                 buf += g
             if wd:
-                buf += wd * w
-            w -= lr * buf
+                np.multiply(w, wd, out=tmp)
+                buf += tmp
+            np.multiply(buf, lr, out=tmp)
+            w -= tmp
+        del grads
         for n in tail.graph.buffers:
             weights[n] = new[n]
     momentum.clear()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +87,12 @@ async def run_local_fleet(
     on_event: Callable[[str, dict], None] | None = None,
     data_root: str | None = None,
     stderr_dir: Path | None = None,
+    python: Callable[[DeviceLaunch], str] | None = None,
 ) -> FleetRun:
     """Start the orchestrator, start every device, wait for the last round, stop the devices.
 
-    A device launched with ``force_split`` gets that split: the server is told to honour it."""
+    A device launched with ``force_split`` gets that split: the server is told to honour it.
+    ``python`` picks each device's interpreter (default: this one), e.g. one without torch."""
     emit = on_event or (lambda kind, data: None)
     if any(d.faults.force_split is not None for d in devices):
         config = dataclasses.replace(config, allow_forced_split=True)
@@ -105,7 +108,7 @@ async def run_local_fleet(
         for d in devices:
             err = open(stderr_dir / f"{d.device_id}.log", "wb") if stderr_dir else asyncio.subprocess.DEVNULL
             proc = await asyncio.create_subprocess_exec(
-                *device_argv(d, url, data_root=data_root), stdout=asyncio.subprocess.PIPE, stderr=err,
+                *device_argv(d, url, data_root=data_root, python=python(d) if python else sys.executable), stdout=asyncio.subprocess.PIPE, stderr=err,
                 env=device_env(),
             )
             procs[d.device_id] = proc
@@ -127,22 +130,25 @@ async def run_local_fleet(
     return FleetRun(history, events, {k: p.returncode for k, p in procs.items()})
 
 
-def min_budget_for_split(model, split: int, batch: int = 32, local_samples: int = 0) -> int:
-    """The smallest budget for which the planner lets a device train blocks [split, L)."""
+def min_budget_for_split(model, split: int, batch: int = 32, local_samples: int = 0, *, backend: str = "torch",
+                         graph_splits: Sequence[int] = ()) -> int:
+    """The smallest budget for which the planner lets a device on ``backend`` train blocks [split, L)."""
     from profiles.planner import PlanError, plan_split
 
     lo, hi = 1 << 20, 1 << 40
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
-            fits = plan_split(model, mid, batch, local_samples=local_samples).split <= split
+            fits = plan_split(model, mid, batch, local_samples=local_samples, backends=(backend,),
+                              graph_splits=graph_splits).split <= split
         except PlanError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid, hi)
     return hi
 
 
-def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000) -> dict[str, int]:
+def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *, backend: str = "torch"
+                 ) -> dict[str, int]:
     """Budgets that make the planner give each role on this model (for demos and tests).
 
     Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
@@ -155,10 +161,16 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000) -
 
     from profiles.accounting import measure_model
 
+    from exporters.train_export import train_graph_refusal
+
     model = build_model(model_name, seed=None)
     cost = measure_model(model)
-    budgets = {k: min_budget_for_split(cost, k, batch, local_samples) for k in range(len(model))}
-    roles = {k: plan_split(cost, b, batch, local_samples=local_samples).role for k, b in budgets.items()}
+    graphs = [k for k in range(len(model)) if train_graph_refusal(model, k) is None] if backend == "onnxruntime" else []
+    splits = graphs or range(len(model))
+    budgets = {k: min_budget_for_split(cost, k, batch, local_samples, backend=backend, graph_splits=graphs)
+               for k in splits}
+    roles = {k: plan_split(cost, b, batch, local_samples=local_samples, backends=(backend,),
+                           graph_splits=graphs).role for k, b in budgets.items()}
     moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]
     k_mod = moderate[-1] if moderate else len(model) // 2
-    return {"strong": budgets[0], "moderate": budgets[k_mod], "weak": budgets[len(model) - 1]}
+    return {"strong": budgets[min(budgets)], "moderate": budgets[k_mod], "weak": budgets[max(budgets)]}

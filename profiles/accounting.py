@@ -106,6 +106,9 @@ class TrainingMemory:
     process_bytes: int = 24 * _MiB
     sequential_phases: bool = True
     margin: float = 0.10
+    #: Extra copies of the trainable parameters a device on the ONNX Runtime backend holds: the
+    #: gradients come out of the session's buffers into new numpy arrays each step.
+    graph_copies: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_SIZES:

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
 
 __all__ = [
-    "Plan", "PlanError", "ROLES", "RoleThresholds", "group_chunks", "plan_for_device", "plan_split", "reachable_splits",
+    "Plan", "PlanError", "ROLES", "RoleThresholds", "backend_memory", "group_chunks", "plan_for_device", "plan_split",
+    "reachable_splits",
 ]
 
 ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
@@ -125,6 +126,14 @@ def _runtime_bytes(runtime: RuntimeMemory | int | None, backend: str = "torch") 
     return runtime.for_backend(backend)
 
 
+def backend_memory(memory: TrainingMemory, backend: str) -> TrainingMemory:
+    """``memory`` as a device on ``backend`` trains: the ONNX Runtime backend holds its gradients
+    once more (``TrainingMemory.graph_copies``)."""
+    if backend == "onnxruntime":
+        return dataclasses.replace(memory, optimizer_copies=memory.optimizer_copies + memory.graph_copies)
+    return memory
+
+
 def _as_cost(model: LayeredModel | ModelCost) -> ModelCost:
     return model if isinstance(model, ModelCost) else measure_model(model)
 
@@ -187,8 +196,9 @@ def plan_split(
         if backend not in backends or (backend == "onnxruntime" and k not in graph_splits):
             continue
         runtime_bytes = _runtime_bytes(runtime, backend)
+        mem = backend_memory(memory, backend)
         # Each frozen block its own chunk: the smallest peak this split can reach.
-        least = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, local_samples=local_samples)
+        least = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, local_samples=local_samples)
         if smallest is None or least.total < smallest.total:
             smallest = least
         if least.total > budget_bytes:
@@ -196,8 +206,8 @@ def plan_split(
         def fits(chunk_bytes: int, least: Footprint = least) -> bool:
             return dataclasses.replace(least, frozen_chunk=chunk_bytes).total <= budget_bytes
 
-        chunks = group_chunks(cost, k, batch_size, fits, memory)
-        footprint = cost.footprint(k, batch_size, memory=memory, runtime_bytes=runtime_bytes, chunks=chunks,
+        chunks = group_chunks(cost, k, batch_size, fits, mem)
+        footprint = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, chunks=chunks,
                                    local_samples=local_samples)
         capacity = cost.capacity(k, batch_size)
         return Plan(

@@ -13,6 +13,7 @@ from .errors import ErrorCode, ProtocolError
 from .messages import (
     MESSAGE_TYPES,
     PAYLOAD_KINDS,
+    TRAIN_GRAPH_KEY,
     PHASES,
     PROTOCOL_VERSION,
     Ack,
@@ -61,6 +62,7 @@ __all__ = [
     "PHASES",
     "SELECTIONS",
     "PAYLOAD_KINDS",
+    "TRAIN_GRAPH_KEY",
     "RowSparse",
     "TENSOR_EXT",
     "DTYPES",

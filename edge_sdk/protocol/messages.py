@@ -44,6 +44,7 @@ __all__ = [
     "PHASES",
     "SELECTIONS",
     "PAYLOAD_KINDS",
+    "TRAIN_GRAPH_KEY",
 ]
 
 #: Version of the wire format; every message carries it in ``"v"``. Bump it on any incompatible change.
@@ -62,7 +63,12 @@ PHASES = frozenset({"train", "evaluate", "compare"})
 SELECTIONS = frozenset({"tail", "rows", "channels"})
 
 #: ``TransferBegin.kind`` values: payloads the server streams, and the device's update.
-PAYLOAD_KINDS = frozenset({"chunk", "model", "broadcast", "update"})
+#: ``train_graph``: a tail's training step as ONNX (edge_sdk.ort_trainer), named by an
+#: instruction's ``config["train_graph_id"]``.
+PAYLOAD_KINDS = frozenset({"chunk", "model", "broadcast", "train_graph", "update"})
+
+#: The instruction ``config`` key that names a training-graph payload (docs/protocol.md, "Phases").
+TRAIN_GRAPH_KEY = "train_graph_id"
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1

@@ -41,6 +41,7 @@ from .messages import (
     Message,
     Report,
     Resume,
+    TRAIN_GRAPH_KEY,
     TransferBegin,
     TransferEnd,
     TransferFrame,
@@ -81,13 +82,17 @@ _AFTER_WELCOME = frozenset({SessionState.IDLE, SessionState.WORKING, SessionStat
 def payload_kinds(instruction: Instruction) -> dict[str, frozenset[str]]:
     """The payload ids a device may fetch for ``instruction``, each with the ``TransferBegin.kind``
     values that may answer it: ``chunk`` for ``chunk_ids``, ``model`` for ``model_id``,
-    ``broadcast`` for ``broadcast_id`` (when not empty)."""
+    ``broadcast`` for ``broadcast_id`` (when not empty), ``train_graph`` for the training graph
+    named by ``config["train_graph_id"]`` (when present)."""
     kinds: dict[str, set[str]] = {}
     for chunk_id in instruction.chunk_ids:
         kinds.setdefault(chunk_id, set()).add("chunk")
     kinds.setdefault(instruction.model_id, set()).add("model")
     if instruction.broadcast_id:
         kinds.setdefault(instruction.broadcast_id, set()).add("broadcast")
+    graph = instruction.config.get(TRAIN_GRAPH_KEY)
+    if isinstance(graph, str) and graph:
+        kinds.setdefault(graph, set()).add("train_graph")
     return {payload_id: frozenset(k) for payload_id, k in kinds.items()}
 
 

@@ -62,14 +62,14 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
     labels = {} if f.force_split is None else {"force_split": str(f.force_split)}
     config = DeviceConfig(server=server, device_id=launch.device_id, budget_bytes=launch.budget_bytes,
                           cores=launch.threads, device_class=launch.device_class, threads=launch.threads,
-                          labels=labels)
+                          labels=labels, backend=launch.backend)
     if not f.on_connection:  # nothing to inject: the production connection, untouched
         return DeviceClient(config, x, y, on_event=on_event)
     injector = FaultInjector(f, launch.device_id, seed=launch.seed, on_event=on_event, in_process=in_process)
     return DeviceClient(config, x, y, on_event=on_event, connect=injector.connect)
 
 
-def warm_up_runtimes() -> None:
+def warm_up_runtimes(backend: str = "torch") -> None:
     """Load and warm up what a device loads lazily (its first ONNX session, its first training
     step, as the device takes them), so that RLIMIT_AS is set above it (FACTS.md).
 
@@ -77,9 +77,9 @@ def warm_up_runtimes() -> None:
     malloc arena that thread takes (glibc reserves 64 MiB of address space for it) then exists
     before the limit is set, instead of consuming the allowance of a device whose RSS is well under
     its budget."""
+    from edge_sdk.client import hello_runtimes
     from edge_sdk.forward import warm_up as onnxruntime_warm_up
     from edge_sdk.memory import tune_allocator
-    from edge_sdk.trainer import warm_up as torch_warm_up
 
     tune_allocator()  # the device's own allocator settings, before any thread takes an arena
     failed: list[BaseException] = []
@@ -87,7 +87,10 @@ def warm_up_runtimes() -> None:
     def warm() -> None:
         try:
             onnxruntime_warm_up()
-            torch_warm_up()
+            if "torch" in hello_runtimes(backend):  # an ONNX Runtime device never loads torch
+                from edge_sdk.trainer import warm_up as torch_warm_up
+
+                torch_warm_up()
         except BaseException as exc:  # re-raised in the main thread
             failed.append(exc)
 
@@ -112,7 +115,7 @@ def _run(launch: DeviceLaunch, server: str, *, json_events: bool, data_root: str
     from edge_sdk.cli import event_printer, load_shard
 
     if os.environ.get(MECHANISM_ENV) == "rlimit-as+watchdog":
-        warm_up_runtimes()
+        warm_up_runtimes(launch.backend)
         apply_self_limit()
     x, y = load_shard(launch.data, client=launch.client, num_clients=launch.num_clients, partition=launch.partition,
                       seed=launch.seed, data_root=data_root, data_limit=launch.data_limit)

@@ -36,6 +36,7 @@ class DeviceLaunch:
     data_limit: int | None = None  # only the dataset's first N training samples
     threads: int = 1  # threads of ONNX Runtime and torch
     faults: Faults = field(default_factory=Faults)
+    backend: str = "auto"  # training backend: auto, torch or onnxruntime (edge_sdk.client.DeviceConfig)
 
     def __post_init__(self) -> None:
         if not self.device_id:
@@ -46,6 +47,8 @@ class DeviceLaunch:
             raise ValueError(f"{self.device_id}: client {self.client} outside [0, {self.num_clients})")
         if self.threads < 1:
             raise ValueError(f"{self.device_id}: threads must be at least 1, got {self.threads}")
+        if self.backend not in ("auto", "torch", "onnxruntime"):
+            raise ValueError(f"{self.device_id}: backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if isinstance(self.faults, Mapping):  # from JSON
             object.__setattr__(self, "faults", Faults.from_dict(self.faults))
 
