@@ -5,6 +5,7 @@ epsilon = 0 is FedAvg on the priority devices, epsilon = infinity FedAvg on all.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,21 @@ def test_row_sparse_reports_fold_per_row():
     result, _, _ = drive(FedALIGN(), context(st, infos, ("emb",)), respond)
     assert result.state["blocks.emb.weight"][1].tolist() == [1.0, 1.0]
     assert not result.state["blocks.emb.weight"][[0, 2, 3]].any()
+
+
+def test_a_fleet_selects_fedalign_with_options_and_tags_priority_groups():
+    from orchestrator.emulation.fleet import FleetError, device_labels, load_fleet, parse_fleet
+    from orchestrator.emulation.schedule import server_config
+
+    fleet = load_fleet("prioritized-femnist")
+    config = server_config(fleet, store_dir=Path("unused"))
+    assert config.strategy == "fedalign" and config.strategy_options == {"epsilon": 0.3, "warmup": 2}
+    strategy = make_strategy(config.strategy, **config.strategy_options)
+    labels = {d.id: device_labels(d) for d in fleet.devices(runtime=1)}
+    infos = {d: DeviceInfo(d, "strong", 0, 1, tags=lab) for d, lab in labels.items()}
+    assert sum(strategy.rule.matches(i) for i in infos.values()) == 4
+    assert labels["priority-000"] == {"priority": "1", "internal": "1"} and labels["other-000"] == {}
+    raw = {"fleet": {"model": "tiny"}, "training": {"strategy": "fedalign"}, "strategy": {"epsilon": "x"},
+           "groups": [{"class": "pi-4-2gb", "count": 1}]}
+    with pytest.raises(FleetError, match="strategy: epsilon must be a number"):
+        parse_fleet(raw)

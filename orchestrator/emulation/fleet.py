@@ -19,6 +19,9 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     momentum = 0.9
     weight_decay = 1e-4
 
+    [strategy]                           # the strategy's options (ServerConfig.strategy_options)
+    epsilon = 0.3                        # e.g. fedalign's; varsel takes budget, internal_label, ...
+
     [partition]
     scheme = "dirichlet"                 # iid | dirichlet | natural
     alpha = 0.1                          # dirichlet only
@@ -45,8 +48,9 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     budget = "256MiB"                    # override of the class's budget, or "runtime+30MiB": the
                                          # training runtime's memory on this machine plus that much
     force_split = 0                      # train blocks [k, L) whatever the planner says (0: full model)
-    priority = false                     # FedALIGN's priority devices
-    tags = ["external"]                  # free labels, e.g. VaRSeL's internal/external
+    priority = false                     # FedALIGN's priority devices (hello label priority=1)
+    tags = ["internal"]                  # free labels, each sent as the hello label <tag>=1 (VaRSeL's
+                                         # internal=1), or key:value as the label key=value
     dropout = 0.1                        # any [behaviour] key, for this group only
 
 :func:`load_fleet` validates every key and value and names the file and key in its errors;
@@ -82,6 +86,7 @@ __all__ = [
     "FleetError",
     "Partition",
     "TrainingSettings",
+    "device_labels",
     "fleet_names",
     "fleet_path",
     "load_fleet",
@@ -208,6 +213,7 @@ class Fleet:
     emulation: EmulationSettings
     groups: tuple[DeviceGroup, ...]
     path: Path | None = None
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)  # the [strategy] table
 
     @property
     def num_devices(self) -> int:
@@ -304,7 +310,7 @@ def parse_fleet(
 ) -> Fleet:
     """Validate a fleet already parsed from TOML (or built in code)."""
     r = _Reader(source)
-    r.keys(data, "", {"fleet", "training", "partition", "emulation", "behaviour", "groups"})
+    r.keys(data, "", {"fleet", "training", "strategy", "partition", "emulation", "behaviour", "groups"})
     head = r.table(data, "fleet", required=True)
     r.keys(head, "fleet", {"name", "description", "model", "dataset", "seed"})
     name = r.string(head, "fleet.name", default_name)
@@ -315,6 +321,7 @@ def parse_fleet(
     seed = r.integer(head, "fleet.seed", 0, minimum=0)
 
     training = _training(r, r.table(data, "training"))
+    strategy_options = _strategy_options(r, training.strategy, r.table(data, "strategy"))
     partition = _partition(r, r.table(data, "partition"), dataset, seed)
     emulation = _emulation(r, r.table(data, "emulation"))
     defaults = _behaviour(r, r.table(data, "behaviour"), "behaviour", Behaviour())
@@ -342,7 +349,33 @@ def parse_fleet(
         emulation=emulation,
         groups=groups,
         path=path,
+        strategy_options=strategy_options,
     )
+
+
+def _strategy_options(r: _Reader, strategy: str, t: Mapping[str, Any]) -> dict[str, Any]:
+    """The [strategy] table, checked by building the strategy (its constructor validates each value)."""
+    from orchestrator.strategies import make_strategy
+
+    options = dict(t)
+    for k, v in options.items():
+        if not isinstance(v, (str, int, float, bool, list)):
+            r.fail(f"strategy.{k}", f"must be a string, number, boolean or list, got {v!r}")
+    try:
+        make_strategy(strategy, **options)
+    except ValueError as e:
+        r.fail("strategy" if options else "training.strategy", str(e))
+    return options
+
+
+def device_labels(spec: DeviceSpec) -> dict[str, str]:
+    """The hello labels a fleet gives a device: ``priority=1`` for a priority group, ``<tag>=1`` per
+    tag, ``key=value`` for a tag written ``key:value``."""
+    labels = {"priority": "1"} if spec.priority else {}
+    for tag in spec.tags:
+        key, sep, value = tag.partition(":")
+        labels[key] = value if sep else "1"
+    return labels
 
 
 def _check_model(r: _Reader, model: str, dataset: Any) -> str:

@@ -42,7 +42,8 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
     honouring the forced splits of its groups."""
     t = fleet.training
     return ServerConfig(
-        model=fleet.model, strategy=t.strategy, rounds=rounds or t.rounds, fraction=t.fraction,
+        model=fleet.model, strategy=t.strategy, strategy_options=dict(fleet.strategy_options),
+        rounds=rounds or t.rounds, fraction=t.fraction,
         min_devices=fleet.num_devices, local_steps=t.local_steps, batch_size=t.batch_size, lr=t.lr,
         momentum=t.momentum, weight_decay=t.weight_decay, seed=fleet.seed, eval_data=fleet.dataset,
         data_root=data_root, store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
