@@ -129,22 +129,28 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
             f"capacity = (2p + 2a) / (2P + 2A) at batch {batch}; footprint: peak bytes of split k at "
             f"batch {batch}, {memory.dtype}, runtime {format_size(runtime.training)} "
             f"(torch + ONNX Runtime after one warm-up step, {runtime.source}), the process's own "
-            f"{format_size(memory.process_bytes)} and {samples} local samples (--samples) included"
+            f"{format_size(memory.process_bytes)} and {samples} local samples (--samples) included; "
+            f"ORT footprint: the same split trained from an ONNX training graph, runtime "
+            f"{format_size(runtime.onnxruntime_training)} (ONNX Runtime alone, no torch)"
         ),
         caption_justify="left",
     )
     table.box = box.SIMPLE_HEAD
     table.add_column("k", justify="right", no_wrap=True, min_width=2)
     table.add_column("block", no_wrap=True)
-    for col in ("params", "act/sample", "suffix params", "capacity", "footprint"):
+    for col in ("params", "act/sample", "suffix params", "capacity", "footprint", "ORT footprint"):
         table.add_column(col, justify="right", no_wrap=True)
+    from profiles.planner import backend_memory
+
     for b in cost.blocks:
         k = b.index
         footprint = cost.footprint(k, batch, memory=memory, runtime_bytes=runtime.training, local_samples=samples)
+        ort = cost.footprint(k, batch, memory=backend_memory(memory, "onnxruntime"),
+                             runtime_bytes=runtime.onnxruntime_training, local_samples=samples)
         name = b.name + (" (sparse)" if b.sparse else "")
         table.add_row(
             str(k), name, f"{b.params:,}", f"{b.activations:,}", f"{cost.trainable_params(k):,}",
-            f"{cost.capacity(k, batch):.3f}", format_size(footprint.total),
+            f"{cost.capacity(k, batch):.3f}", format_size(footprint.total), format_size(ort.total),
         )
     console.print(table)
 
@@ -222,17 +228,30 @@ def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: Training
     table = Table(
         title=f"Plans for every device class ({cost.model}, batch {batch})", title_justify="left", box=box.SIMPLE_HEAD
     )
-    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint"):
-        table.add_column(col, justify="left" if col in ("class", "role", "chunks") else "right", no_wrap=col != "chunks")
+    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint", "ORT role", "ORT split",
+                "ORT footprint"):
+        table.add_column(col, justify="left" if col in ("class", "role", "chunks", "ORT role") else "right",
+                         no_wrap=col != "chunks")
+    from profiles.planner import plan_split
+
     for d in device_classes():
-        plan = _plan(cost, d.budget_bytes, batch, memory, runtime.with_overrides(d.runtime_overrides), samples)
+        figures = runtime.with_overrides(d.runtime_overrides)
+        plan = _plan(cost, d.budget_bytes, batch, memory, figures, samples)
+        # The same device trained from ONNX training graphs (no torch): every split is offered here;
+        # the server offers only those whose tail exports (exporters.train_export.train_graph_refusal).
+        try:
+            ort = plan_split(cost, d.budget_bytes, batch, runtime=figures, memory=memory, local_samples=samples,
+                             backends=("onnxruntime",), graph_splits=range(len(cost)))
+            ort_cells = (ort.role, str(ort.split), format_size(ort.footprint_bytes))
+        except PlanError as exc:
+            ort_cells = ("[red]refused[/red]", "-", f"needs {format_size(exc.needed_bytes)}")
         if isinstance(plan, PlanError):
             table.add_row(d.name, format_size(d.budget_bytes), "[red]refused[/red]", "-", "-", "-",
-                          f"needs {format_size(plan.needed_bytes)}")
+                          f"needs {format_size(plan.needed_bytes)}", *ort_cells)
             continue
         chunks = " ".join(f"[{s},{e})" for s, e in plan.chunks) or "-"
         table.add_row(
             d.name, format_size(d.budget_bytes), plan.role, str(plan.split), chunks, f"{plan.capacity:.2f}",
-            format_size(plan.footprint_bytes),
+            format_size(plan.footprint_bytes), *ort_cells,
         )
     console.print(table)
