@@ -1,0 +1,104 @@
+"""Devices without torch: a virtual environment with the core dependencies only trains its tails
+from ONNX training graphs, in a mixed fleet with a torch device, to today's accuracy bar."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import gzip
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ServerConfig
+from orchestrator.emulation.launch import DeviceLaunch
+from orchestrator.localfleet import role_budgets, run_local_fleet
+from orchestrator.store import Store
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What `pip install .` installs (pyproject.toml's core dependencies), pinned like everything else.
+CORE = ["numpy", "msgpack", "websockets", "onnxruntime", "psutil", "typer", "rich"]
+
+
+def _digits_csv() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+
+
+@pytest.fixture(scope="session")
+def no_torch_python(request: pytest.FixtureRequest) -> str:
+    """A venv with the core dependencies and the project (--no-deps), built once and kept in
+    pytest's cache; a lock keeps parallel test workers from building it twice."""
+    base = request.config.cache.mkdir("edgetrain-venv-no-torch")
+    venv, stamp = base / "venv", base / "ready"
+    python = venv / "bin" / "python"
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), *CORE], check=True)
+            subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
+            # The digits CSV that ships inside scikit-learn, where the loader looks for it (a
+            # namespace folder named sklearn holding only the data file, none of its code).
+            purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                     check=True, capture_output=True, text=True).stdout.strip()
+            target = Path(purelib) / "sklearn" / "datasets" / "data"
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_digits_csv(), target / "digits.csv.gz")
+            stamp.write_text("ok\n")
+    probe = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
+                           check=True, capture_output=True, text=True, cwd="/")
+    assert probe.stdout.strip() == "True", "the venv has torch"
+    return str(python)
+
+
+def test_digits_csv_is_readable() -> None:
+    with gzip.open(_digits_csv(), "rt") as f:
+        assert f.readline().count(",") == 64
+
+
+def test_mixed_fleet_with_onnxruntime_devices_without_torch(tmp_path: Path, no_torch_python: str) -> None:
+    config = ServerConfig(model="digits_mlp", rounds=6, min_devices=4, local_steps=10, lr=0.1,
+                          store_dir=tmp_path / "store", deadline_s=120)
+    torch_budgets = role_budgets("digits_mlp")
+    ort_budgets = role_budgets("digits_mlp", backend="onnxruntime")
+    launches = [
+        DeviceLaunch("strong-0", torch_budgets["strong"], client=0, num_clients=4, backend="torch"),
+        DeviceLaunch("moderate-1", ort_budgets["moderate"], client=1, num_clients=4, backend="auto"),
+        DeviceLaunch("weak-2", ort_budgets["weak"], client=2, num_clients=4, backend="auto"),
+        DeviceLaunch("weak-3", ort_budgets["weak"], client=3, num_clients=4, backend="auto"),
+    ]
+    run = asyncio.run(run_local_fleet(
+        config, launches, stderr_dir=tmp_path / "stderr",
+        python=lambda d: sys.executable if d.backend == "torch" else no_torch_python,
+    ))
+    assert [r["round"] for r in run.history] == list(range(1, 7))
+    assert run.history[-1]["accuracy"] > 0.6, run.history[-1]
+
+    store = Store(tmp_path / "store")
+    devices = {d["device_id"]: d for d in store.devices()}
+    updates = store.updates()
+    for launch in launches:
+        plan = devices[launch.device_id]["plan"]
+        role = launch.device_id.split("-")[0]
+        assert plan["role"] == role, (launch.device_id, plan)
+        assert plan["backend"] == ("torch" if launch.backend == "torch" else "onnxruntime")
+        assert sum(u["device_id"] == launch.device_id and u["accepted"] for u in updates) == 6
+        done = [e for e in run.device_events[launch.device_id] if e["event"] == "round_done"]
+        assert len(done) == 6
+        # Said by each device process about itself: the torch device loaded torch, the others never did.
+        assert all(e["torch_loaded"] == (launch.backend == "torch") for e in done), done[-1]
+        assert all(e["backend"] == plan["backend"] for e in done)
+    # The same weak budget under torch would train only the head: ONNX Runtime buys a larger tail.
+    assert devices["weak-2"]["plan"]["split"] <= 3
+    store.close()
