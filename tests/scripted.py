@@ -10,13 +10,13 @@ from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
 
 
 async def scripted_device(url: str, orch, device_id: str, labels: dict[str, str], delta_of, *,
-                          num_samples: int = 50, report_samples: int | None = None) -> list[p.Ack]:
+                          num_samples: int = 50, report_samples: int | None = None, token: str = "") -> list[p.Ack]:
     """Answer every instruction with deltas ``delta_of(n, shape)`` (n counts the instructions answered),
     claiming ``num_samples`` in the hello and ``report_samples`` (default the same) in every report.
     Returns the acks it received."""
     acks: list[p.Ack] = []
     async with connect(url, **ws_options()) as ws:
-        await send_msg(ws, p.Hello(device_id=device_id, token="", budget_bytes=8 << 30, cores=1, runtimes=["torch"],
+        await send_msg(ws, p.Hello(device_id=device_id, token=token, budget_bytes=8 << 30, cores=1, runtimes=["torch"],
                                    num_samples=num_samples, labels=labels))
         welcome = await recv_msg(ws)
         assert isinstance(welcome, p.Welcome)
