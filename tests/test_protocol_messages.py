@@ -166,7 +166,7 @@ def test_version_3_message_set():
     assert PROTOCOL_VERSION == 3
     assert {"instruction", "report"} <= set(MESSAGE_TYPES) and not {"task", "update"} & set(MESSAGE_TYPES)
     assert PHASES == {"train", "evaluate", "compare"} and SELECTIONS == {"tail", "rows", "channels"}
-    assert PAYLOAD_KINDS == {"chunk", "model", "broadcast", "update"}
+    assert PAYLOAD_KINDS == {"chunk", "model", "broadcast", "train_graph", "update"}
     # Every field is on the wire, defaults included, in declaration order.
     assert list(_wire(Fetch(1, "c0")))[2:] == ["round", "payload_id", "offset"]
     assert list(_wire(Ack(1, True)))[2:] == ["round", "accepted", "reason", "phase"]

@@ -831,3 +831,15 @@ def test_mutated_conversations_raise_nothing_but_protocol_errors(sc, data):
         except ProtocolError as exc:
             assert exc.code in _CODES
             assert snapshot(session) == before
+
+
+def test_a_training_graph_named_in_the_config_may_be_fetched() -> None:
+    """A device planned on the ONNX Runtime backend fetches the graph its instruction's config names."""
+    from edge_sdk.protocol import TRAIN_GRAPH_KEY, Instruction
+    from edge_sdk.protocol.session import payload_kinds
+
+    base = dict(round=1, phase="train", model_version=0, split=2, chunk_ids=["c1"], model_id="m", selection="tail",
+                broadcast_id="", local_steps=1, lr=0.1, deadline_s=0.0)
+    assert "train-g" not in payload_kinds(Instruction(**base, config={"seed": 1}))
+    kinds = payload_kinds(Instruction(**base, config={"seed": 1, TRAIN_GRAPH_KEY: "train-g"}))
+    assert kinds["train-g"] == frozenset({"train_graph"}) and kinds["m"] == frozenset({"model"})
