@@ -46,7 +46,10 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
     ap.add_argument("--client", type=int, default=0, help="this device's index in the partition")
     ap.add_argument("--num-clients", type=int, default=1, help="how many devices the dataset is split across")
     ap.add_argument("--seed", type=int, default=0, help="partition seed (the same on every device)")
-    ap.add_argument("--token", default="", help="shared credential the server expects")
+    ap.add_argument("--token", default="", help="shared token the server expects (a lab setting)")
+    ap.add_argument("--secret-file", default=None,
+                    help="file holding this device's enrolled credential (edgetrain device enroll); each hello "
+                         "proves it without sending it")
     ap.add_argument("--tls-ca", default=None, help="for wss://: trust only this PEM file (a private CA or the "
                                                    "server's self-signed certificate); default: the system's")
     ap.add_argument("--threads", type=int, default=1, help="threads for ONNX Runtime and torch")
@@ -58,6 +61,16 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
                     help="a label sent in the hello, for the server's strategy (e.g. priority=1 for FedALIGN, "
                          "internal=1 for VaRSeL); repeatable")
     return ap
+
+
+def _read_secret(path: str | None) -> str:
+    """The credential in ``path`` (surrounding whitespace dropped), or "" without one."""
+    if path is None:
+        return ""
+    secret = Path(path).read_text().strip()
+    if not secret:
+        raise SystemExit(f"{path} holds no credential")
+    return secret
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -115,7 +128,8 @@ def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, 
 
         budget = probe().budget_bytes
     return DeviceConfig(server=args.server, device_id=args.device_id, budget_bytes=budget, cores=args.threads,
-                        device_class=device_class, token=args.token, storage=args.storage, threads=args.threads,
+                        device_class=device_class, token=args.token, secret=_read_secret(args.secret_file),
+                        storage=args.storage, threads=args.threads,
                         max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
                         labels=dict(getattr(args, "labels", None) or []))
 

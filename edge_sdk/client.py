@@ -35,6 +35,7 @@ from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
+from edge_sdk.credentials import make_proof
 from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
 from edge_sdk.privacy import PrivateHeat, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
@@ -61,7 +62,8 @@ class DeviceConfig:
     budget_bytes: int
     cores: int = 1
     device_class: str = ""
-    token: str = ""
+    token: str = ""  # the server's shared token (a lab setting), or:
+    secret: str = ""  # this device's enrolled credential: each hello carries a fresh proof of it, not the secret
     labels: dict[str, str] = field(default_factory=dict)
     storage: str = "auto"  # where cached activations live: memory, disk, or auto (disk for weak devices)
     work_dir: Path | None = None
@@ -219,7 +221,8 @@ class DeviceClient:
         c = self.config
         resume = self._progress.round if self._progress else -1
         await send_msg(ch, p.Hello(
-            device_id=c.device_id, token=c.token, budget_bytes=c.budget_bytes, cores=c.cores,
+            device_id=c.device_id, token=make_proof(c.device_id, c.secret) if c.secret else c.token,
+            budget_bytes=c.budget_bytes, cores=c.cores,
             runtimes=hello_runtimes(c.backend), num_samples=len(self.x), device_class=c.device_class,
             labels=dict(c.labels), resume_round=resume, rows=self.rows, row_bits=self.row_bits,
             row_epsilon=c.private_heat.epsilon if c.private_heat is not None else 0.0,

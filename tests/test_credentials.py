@@ -83,3 +83,43 @@ def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> No
         assert isinstance(out[case], p.Error) and out[case].code == "unauthorized", case
     assert "replayed" in out["replay"].message and "does not match" in out["impostor"].message
     assert out["a_kept"] and out["a_replaced"]
+
+
+def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    store_dir = tmp_path / "s"
+    cli = [sys.executable, "-m", "orchestrator.cli", "device"]
+    for d in ("dev-0", "dev-1"):
+        subprocess.run([*cli, "enroll", "--store", str(store_dir), "--id", d, "--out", str(tmp_path / f"{d}.secret")],
+                       check=True, cwd=root, capture_output=True)
+    listed = subprocess.run([*cli, "list", "--store", str(store_dir)], check=True, cwd=root, capture_output=True,
+                            text=True).stdout
+    assert "dev-0\tactive" in listed and "dev-1\tactive" in listed
+    (tmp_path / "forged.secret").write_text("not-the-secret\n")
+
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=store_dir,
+                              require_credentials=True, local_steps=2)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+
+        async def device(device_id: str, secret: str, client: int):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "edge_sdk", "--server", url, "--id", device_id, "--budget", "2GiB",
+                "--data", "synthetic", "--client", str(client), "--num-clients", "2", "--secret-file",
+                str(tmp_path / secret), "--reconnect-retries", "0", cwd=root,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = await proc.communicate()
+            return proc.returncode, err.decode()
+
+        forged = await device("dev-1", "forged.secret", 1)  # before the real ones: refused, nothing learned
+        results = await asyncio.gather(device("dev-0", "dev-0.secret", 0), device("dev-1", "dev-1.secret", 1), server)
+        return forged, results
+
+    forged, (dev0, dev1, history) = asyncio.run(main())
+    assert forged[0] != 0 and "unauthorized" in forged[1]
+    assert dev0[0] == 0 and dev1[0] == 0, (dev0[1][-1000:], dev1[1][-1000:])
+    assert history[0]["reported"] == 2

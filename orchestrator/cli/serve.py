@@ -38,7 +38,14 @@ def serve(
     resume: bool = typer.Option(False, help="Continue from the last completed round in --store."),
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8765),
-    token: str = typer.Option("", help="Shared credential devices must present (empty: none)."),
+    token: str = typer.Option("", help="Shared token every device must present (empty: none); a lab setting, "
+                                       "see docs/security.md."),
+    require_credentials: bool = typer.Option(False, help="Every device proves its own credential (edgetrain "
+                                                          "device enroll --store ...); --token is then unused."),
+    max_device_samples: int = typer.Option(100_000, help="Most samples one device's report may weigh."),
+    norm_bound: float = typer.Option(0.0, help="Clip (or refuse, --norm-bound-action reject) an update whose norm "
+                                              "exceeds this multiple of recent updates' median; 0: off."),
+    norm_bound_action: str = typer.Option("clip", help="clip or reject, for --norm-bound."),
     tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve wss:// (TLS) instead of ws://."),
     tls_key: Optional[Path] = typer.Option(None, help="Private key of --tls-cert (if not in the same file)."),
     seed: int = typer.Option(0),
@@ -59,11 +66,15 @@ def serve(
         model=model, strategy=strategy, strategy_options=options, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
         deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
         data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
-        token=token, seed=seed, tls_cert=None if tls_cert is None else str(tls_cert),
+        token=token, require_credentials=require_credentials, max_device_samples=max_device_samples,
+        norm_bound=norm_bound, norm_bound_action=norm_bound_action, seed=seed,
+        tls_cert=None if tls_cert is None else str(tls_cert),
         tls_key=None if tls_key is None else str(tls_key),
     )
     if tls_key is not None and tls_cert is None:
         raise typer.BadParameter("--tls-key needs --tls-cert")
+    if norm_bound_action not in ("clip", "reject"):
+        raise typer.BadParameter("--norm-bound-action is clip or reject")
 
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
@@ -88,9 +99,13 @@ def parse_strategy_options(items: list[str]) -> dict[str, object]:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def device(ctx: typer.Context) -> None:
-    """Run one device: say hello, follow the plan, train its share each round (edgetrain device --help)."""
+    """Run one device (edgetrain device --help), or manage credentials: edgetrain device enroll|revoke|list."""
     from edge_sdk import cli as device_cli
     from profiles.devices import DeviceClassError, load_device_class
+
+    if ctx.args and ctx.args[0] in CREDENTIAL_COMMANDS:
+        credentials(ctx.args[0], ctx.args[1:])
+        return
 
     # The device's own entry point (python -m edge_sdk), plus what only the planning side knows:
     # the budgets of device classes.
@@ -105,3 +120,46 @@ def device(ctx: typer.Context) -> None:
         except DeviceClassError as e:
             parser.error(f"--device-class: {e}")
     device_cli.run(args, parser, budget_bytes=budget, device_class=args.device_class or "")
+
+
+CREDENTIAL_COMMANDS = ("enroll", "revoke", "list")
+
+
+def credentials(command: str, argv: list[str]) -> None:
+    """``edgetrain device enroll --store DIR --id ID [--samples N] [--out FILE]``: issue a device's
+    credential (its secret is printed, or written to --out, once: the store keeps only its key);
+    ``revoke --store DIR --id ID``; ``list --store DIR``. The store is the server's --store folder."""
+    import argparse
+
+    from orchestrator.store import Store
+
+    parser = argparse.ArgumentParser(prog=f"edgetrain device {command}", description=credentials.__doc__)
+    parser.add_argument("--store", type=Path, required=True, help="the server's --store folder")
+    if command != "list":
+        parser.add_argument("--id", dest="device_id", required=True, help="the device's id")
+    if command == "enroll":
+        parser.add_argument("--samples", type=int, default=None,
+                            help="the sample count this device's reports may weigh (default: what it declares)")
+        parser.add_argument("--out", type=Path, default=None, help="write the secret to this file (mode 0600)")
+    args = parser.parse_args(argv)
+    with Store(args.store) as store:
+        if command == "enroll":
+            try:
+                secret = store.enroll(args.device_id, samples=args.samples)
+            except ValueError as e:
+                parser.error(str(e))
+            if args.out is None:
+                typer.echo(secret)
+            else:
+                args.out.touch(mode=0o600)
+                args.out.write_text(secret + "\n")
+                typer.echo(f"enrolled {args.device_id}; its secret is in {args.out} (python -m edge_sdk --secret-file)",
+                           err=True)
+        elif command == "revoke":
+            if not store.revoke(args.device_id):
+                parser.error(f"{args.device_id} has no credential to revoke")
+            typer.echo(f"revoked {args.device_id}", err=True)
+        else:
+            for c in store.credentials():
+                state = "revoked" if c["revoked"] is not None else "active"
+                typer.echo(f"{c['device_id']}\t{state}\tsamples={c['samples'] if c['samples'] else '-'}")

@@ -392,6 +392,7 @@ class AveragingStrategy(Strategy):
             raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
+        trim = float(trim)  # options from the command line arrive as text
         if not 0 <= trim < 0.5:
             raise ValueError(f"trim must be in [0, 0.5), got {trim}")
         self.weighting = weighting
