@@ -42,3 +42,25 @@ def test_an_oversized_update_is_refused_before_it_is_received(tmp_path: Path) ->
     assert history[0]["reported"] == 0
     for name, value in before.items():
         assert (after[name] == value).all()
+
+
+def test_an_upload_from_an_unselected_device_is_refused_at_its_first_message(tmp_path: Path) -> None:
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic",
+                              store_dir=tmp_path / "store", deadline_s=20, wait_devices_s=20)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        rss_before = psutil.Process().memory_info().rss
+        async with connect(f"ws://127.0.0.1:{orch.port}", **ws_options()) as ws:
+            await send_msg(ws, p.Hello(device_id="idle", token="", budget_bytes=512 << 20, cores=1,
+                                       runtimes=["torch"], num_samples=100))
+            assert isinstance(await recv_msg(ws), p.Welcome)  # no round runs: nobody asked it for anything
+            await send_msg(ws, p.Report(1, "train", 100, (0, 2), "u-1", {}))
+            await send_msg(ws, p.TransferBegin("u-1", "update", 1 << 30, "", 1 << 20, 0, {}))
+            error = await recv_msg(ws)
+        grown = psutil.Process().memory_info().rss - rss_before
+        server.cancel()
+        return error, grown, orch.store.updates()
+
+    error, grown, journaled = asyncio.run(main())
+    assert isinstance(error, p.Error) and error.code == "unexpected" and "report" in error.message
+    assert grown < 50 << 20 and journaled == []

@@ -46,6 +46,13 @@ def serve(
     norm_bound: float = typer.Option(0.0, help="Clip (or refuse, --norm-bound-action reject) an update whose norm "
                                               "exceeds this multiple of recent updates' median; 0: off."),
     norm_bound_action: str = typer.Option("clip", help="clip or reject, for --norm-bound."),
+    round_retries: int = typer.Option(2, help="Times a round whose result fails its checks runs again from the "
+                                              "last good state before it is journaled as failed."),
+    max_connections: int = typer.Option(20_000, help="Connections held at once; more are refused."),
+    transfer_stall: float = typer.Option(30.0, help="Seconds a transfer may make no progress before it is dropped."),
+    transfer_min_rate: float = typer.Option(16 << 10, help="Bytes/s a transfer must average (after a grace "
+                                                           "period) not to be dropped."),
+    chunk_disk: str = typer.Option("1GiB", help="Disk kept for exported chunks in --store (oldest removed first)."),
     tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve wss:// (TLS) instead of ws://."),
     tls_key: Optional[Path] = typer.Option(None, help="Private key of --tls-cert (if not in the same file)."),
     seed: int = typer.Option(0),
@@ -53,6 +60,7 @@ def serve(
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
     from orchestrator.config import ServerConfig
     from orchestrator.server import Orchestrator
+    from profiles.units import parse_size
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     try:
@@ -67,7 +75,9 @@ def serve(
         deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
         data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
         token=token, require_credentials=require_credentials, max_device_samples=max_device_samples,
-        norm_bound=norm_bound, norm_bound_action=norm_bound_action, seed=seed,
+        norm_bound=norm_bound, norm_bound_action=norm_bound_action, round_retries=round_retries,
+        max_connections=max_connections, transfer_stall_s=transfer_stall, transfer_min_rate=transfer_min_rate,
+        chunk_disk_bytes=parse_size(chunk_disk), seed=seed,
         tls_cert=None if tls_cert is None else str(tls_cert),
         tls_key=None if tls_key is None else str(tls_key),
     )
