@@ -13,7 +13,7 @@ import pytest
 from edge_sdk.protocol import RowSparse
 from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, FedALIGN, FedAvg, Instruction, make_strategy
-from orchestrator.strategies.fedalign import PriorityRule
+from orchestrator.strategies.groups import PriorityRule
 from tests.strategy_driver import context, drive
 
 F32 = np.float32

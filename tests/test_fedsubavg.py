@@ -22,7 +22,6 @@ from edge_sdk.privacy import PrivateHeat, private_hello_fields, randomized_respo
 from edge_sdk.protocol import RowSparse
 from orchestrator.heat import RowHeat, TableHeat, rr_probabilities
 from orchestrator.rounds import RoundState
-from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, Instruction, RoundContext, make_strategy
 from orchestrator.strategies.fedsubavg import FedSubAvg, RowSums
 

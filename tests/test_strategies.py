@@ -20,7 +20,6 @@ from orchestrator.strategies import (
     DeviceReport,
     EmbracingFL,
     FedAvg,
-    Instruction,
     Refused,
     RoundContext,
     WeightedSums,

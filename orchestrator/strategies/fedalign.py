@@ -35,15 +35,12 @@ hello label (``priority=1``, ``edgetrain device --label priority=1``), or ``key=
 
 from __future__ import annotations
 
-import fnmatch
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     WEIGHTINGS,
-    DeviceInfo,
     DeviceReport,
     Instruction,
     Refused,
@@ -52,64 +49,9 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
+from orchestrator.strategies.groups import PriorityRule, json_ready, number_option, parse_ids, weighted_metrics
 
-__all__ = ["FedALIGN", "PriorityRule", "parse_ids"]
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-
-
-def parse_ids(ids: str | Iterable[str] | None) -> tuple[str, ...]:
-    """Device ids or globs from a comma-separated string (command line, fleet file) or a sequence."""
-    if ids is None:
-        return ()
-    items = ids.split(",") if isinstance(ids, str) else list(ids)
-    out = tuple(str(i).strip() for i in items if str(i).strip())
-    return out
-
-
-@dataclass(frozen=True)
-class PriorityRule:
-    """Which devices belong to the group whose objective is trained (FedALIGN's priority devices,
-    VaRSeL's internal ones): a device id matching one of ``ids`` (globs such as ``prio-*``), or the
-    hello label ``label`` set to a true value (1, true, yes, on), or ``label`` written ``key=value``
-    and that label equal to the value."""
-
-    ids: tuple[str, ...] = ()
-    label: str = "priority"
-
-    def __post_init__(self) -> None:
-        key = self.label.partition("=")[0]
-        if self.label and not key:
-            raise ValueError(f"label rule {self.label!r} needs a label name before '='")
-
-    def matches(self, device: DeviceInfo) -> bool:
-        if any(fnmatch.fnmatchcase(device.device_id, pattern) for pattern in self.ids):
-            return True
-        if not self.label:
-            return False
-        key, eq, value = self.label.partition("=")
-        got = device.tags.get(key)
-        if got is None:
-            return False
-        return got == value if eq else got.strip().lower() in _TRUE
-
-    def split(self, devices: Iterable[str], infos: Mapping[str, DeviceInfo]) -> tuple[list[str], list[str]]:
-        """(members, others), each sorted."""
-        members, others = [], []
-        for d in sorted(devices):
-            (members if self.matches(infos[d]) else others).append(d)
-        return members, others
-
-
-def _number(name: str, value: object, *, minimum: float = 0.0, allow_inf: bool = False) -> float:
-    """A float option (command-line options arrive as strings) with a clear error."""
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if math.isnan(x) or (math.isinf(x) and not allow_inf) or x < minimum:
-        raise ValueError(f"{name} must be {'a' if allow_inf else 'a finite'} number >= {minimum}, got {value!r}")
-    return x
+__all__ = ["FedALIGN"]
 
 
 class FedALIGN(Strategy):
@@ -133,16 +75,16 @@ class FedALIGN(Strategy):
             self.epsilon = math.nan
         else:
             self._epsilon_fn = None
-            self.epsilon = _number("epsilon", epsilon, allow_inf=True)
-        warm = _number("warmup", warmup)
+            self.epsilon = number_option("epsilon", epsilon, allow_inf=True)
+        warm = number_option("warmup", warmup)
         if warm != int(warm):
             raise ValueError(f"warmup must be a whole number of rounds, got {warmup!r}")
         self.warmup = int(warm)
-        self.epsilon_decay = _number("epsilon_decay", epsilon_decay)
+        self.epsilon_decay = number_option("epsilon_decay", epsilon_decay)
         if self.epsilon_decay > 1.0:
             raise ValueError(f"epsilon_decay must be in [0, 1], got {epsilon_decay!r}")
-        self.epsilon_min = _number("epsilon_min", epsilon_min, allow_inf=True)
-        self.prox_mu = _number("prox_mu", prox_mu)
+        self.epsilon_min = number_option("epsilon_min", epsilon_min, allow_inf=True)
+        self.prox_mu = number_option("prox_mu", prox_mu)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
         self.weighting = weighting
@@ -166,7 +108,7 @@ class FedALIGN(Strategy):
     def epsilon_at(self, round: int) -> float:
         """The selection threshold of ``round`` (constant, decayed after the warm-up, or the callable's)."""
         if self._epsilon_fn is not None:
-            return _number("epsilon(round)", self._epsilon_fn(round), allow_inf=True)
+            return number_option("epsilon(round)", self._epsilon_fn(round), allow_inf=True)
         if self.epsilon_decay == 1.0 or math.isinf(self.epsilon):
             return self.epsilon
         return max(self.epsilon_min, self.epsilon * self.epsilon_decay ** max(0, round - self.warmup - 1))
@@ -268,8 +210,8 @@ class FedALIGN(Strategy):
         sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
         total = self._folded
         included = {d: w / total for d, w in sorted(self._included.items())} if total else {}
-        pri = self._mean(self._priority)
-        non = self._mean(self._candidates)
+        pri = weighted_metrics(self._evaluated, self._priority)
+        non = weighted_metrics(self._evaluated, self._candidates)
         extra: dict[str, object] = {
             "strategy": self.name,
             "warmup": ctx.round <= self.warmup,
@@ -285,20 +227,4 @@ class FedALIGN(Strategy):
             "excluded": sorted(set(self._candidates) - set(self._included)),
         }
         self._sums = None
-        return sums.result(ctx.round, self._refused, extra={k: _json(v) for k, v in extra.items()})
-
-    def _mean(self, devices: Iterable[str]) -> tuple[float | None, float | None]:
-        """Sample-weighted mean (loss, accuracy) of the received model over ``devices``' evaluate reports."""
-        rows = [self._evaluated[d] for d in devices if d in self._evaluated]
-        n = sum(r[2] for r in rows if math.isfinite(r[0]))
-        loss = sum(r[0] * r[2] for r in rows if math.isfinite(r[0])) / n if n else None
-        n_acc = sum(r[2] for r in rows if math.isfinite(r[1]))
-        acc = sum(r[1] * r[2] for r in rows if math.isfinite(r[1])) / n_acc if n_acc else None
-        return loss, acc
-
-
-def _json(value: object) -> object:
-    """Journal-ready: NaN and infinities become None (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+        return sums.result(ctx.round, self._refused, extra={k: json_ready(v) for k, v in extra.items()})

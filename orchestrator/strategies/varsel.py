@@ -50,7 +50,7 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
-from orchestrator.strategies.fedalign import PriorityRule, _json, _number, parse_ids
+from orchestrator.strategies.groups import PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
 
@@ -214,12 +214,12 @@ class VaRSeL(Strategy):
     def __init__(self, budget: float | str | None = None, budget_fraction: float | str = 0.25, *,
                  exact: bool | str = True, evaluate: bool | str = True, internal: str | Sequence[str] | None = None,
                  internal_label: str = "internal", seed: int | str = 0) -> None:
-        self.budget = None if budget is None else _number("budget", budget)
-        self.budget_fraction = _number("budget_fraction", budget_fraction)
-        self.exact = _flag("exact", exact)
-        self.evaluate = _flag("evaluate", evaluate)
+        self.budget = None if budget is None else number_option("budget", budget)
+        self.budget_fraction = number_option("budget_fraction", budget_fraction)
+        self.exact = flag_option("exact", exact)
+        self.evaluate = flag_option("evaluate", evaluate)
         self.rule = PriorityRule(parse_ids(internal), internal_label)
-        self.seed = int(_number("seed", seed))
+        self.seed = int(number_option("seed", seed))
         self._reset()
 
     def _reset(self) -> None:
@@ -354,8 +354,8 @@ class VaRSeL(Strategy):
                 if w > 0:  # line 15: (M g_I + sum_j w*_j g_j) / (M + 1'w*), per entry
                     sums.add_report(self._held[d], float(w))
                     self._weights[d] = float(w)
-        internal = self._mean(self._internal)
-        external = self._mean(self._external)
+        internal = weighted_metrics(self._evaluated, self._internal)
+        external = weighted_metrics(self._evaluated, self._external)
         m = len(self._internal_in)
         extra: dict[str, object] = {
             "strategy": self.name,
@@ -374,7 +374,7 @@ class VaRSeL(Strategy):
             "external_weight_sum": float(sum(self._weights.values())),
         }
         self._sums, self._held = None, {}
-        return sums.result(ctx.round, self._refused, extra={k: _json(v) for k, v in extra.items()})
+        return sums.result(ctx.round, self._refused, extra={k: json_ready(v) for k, v in extra.items()})
 
     def _exact_weights(self, devices: list[str]) -> np.ndarray:
         """Eq. 4 on the received updates: G_jk = <g_j - g_I, g_k - g_I> over the compared entries."""
@@ -390,25 +390,7 @@ class VaRSeL(Strategy):
         diff = np.stack(rows)
         return solve_weights(diff @ diff.T, self._a, max(len(self._internal_in), 1), self._k)
 
-    def _mean(self, devices: Sequence[str]) -> tuple[float | None, float | None]:
-        rows = [self._evaluated[d] for d in devices if d in self._evaluated]
-        n = sum(r[2] for r in rows if math.isfinite(r[0]))
-        loss = sum(r[0] * r[2] for r in rows if math.isfinite(r[0])) / n if n else None
-        n_acc = sum(r[2] for r in rows if math.isfinite(r[1]))
-        acc = sum(r[1] * r[2] for r in rows if math.isfinite(r[1])) / n_acc if n_acc else None
-        return loss, acc
-
 
 def _dense(v: np.ndarray | RowSparse) -> np.ndarray:
     return v.dense() if isinstance(v, RowSparse) else np.asarray(v)
 
-
-def _flag(name: str, value: bool | str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {value!r}")
