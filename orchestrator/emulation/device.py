@@ -59,7 +59,9 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
     from edge_sdk.client import DeviceClient, DeviceConfig
 
     f = launch.faults
-    labels = {} if f.force_split is None else {"force_split": str(f.force_split)}
+    labels = dict(launch.labels)
+    if f.force_split is not None:
+        labels["force_split"] = str(f.force_split)
     config = DeviceConfig(server=server, device_id=launch.device_id, budget_bytes=launch.budget_bytes,
                           cores=launch.threads, device_class=launch.device_class, threads=launch.threads,
                           labels=labels, backend=launch.backend)

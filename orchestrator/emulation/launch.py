@@ -37,6 +37,9 @@ class DeviceLaunch:
     threads: int = 1  # threads of ONNX Runtime and torch
     faults: Faults = field(default_factory=Faults)
     backend: str = "auto"  # training backend: auto, torch or onnxruntime (edge_sdk.client.DeviceConfig)
+    # Hello labels from the fleet (fleet.device_labels: priority=1, tags), which strategies such as
+    # FedALIGN and VaRSeL read to find their priority/internal devices.
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.device_id:
@@ -51,6 +54,10 @@ class DeviceLaunch:
             raise ValueError(f"{self.device_id}: backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if isinstance(self.faults, Mapping):  # from JSON
             object.__setattr__(self, "faults", Faults.from_dict(self.faults))
+        if not isinstance(self.labels, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
+            raise ValueError(f"{self.device_id}: labels must map strings to strings, got {self.labels!r}")
+        object.__setattr__(self, "labels", dict(self.labels))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

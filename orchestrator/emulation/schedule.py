@@ -14,7 +14,7 @@ import numpy as np
 
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.faults import Faults
-from orchestrator.emulation.fleet import DeviceSpec, Fleet
+from orchestrator.emulation.fleet import DeviceSpec, Fleet, device_labels
 from orchestrator.emulation.launch import DeviceLaunch
 
 __all__ = ["device_launch", "drop_schedule", "server_config"]
@@ -53,7 +53,8 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
 
 def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (), *,
                   data_limit: int | None = None) -> DeviceLaunch:
-    """How to start one device of the fleet: its budget, class, data shard and misbehaviour."""
+    """How to start one device of the fleet: its budget, class, data shard, hello labels (its group's
+    ``priority`` and ``tags``) and misbehaviour."""
     part = fleet.partition
     scheme = f"dirichlet:{part.alpha}" if part.scheme == "dirichlet" else part.scheme
     b = spec.behaviour
@@ -66,4 +67,5 @@ def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (
         device_id=spec.id, budget_bytes=spec.budget_bytes, client=spec.index, num_clients=fleet.num_devices,
         data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
         faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split),
+        labels=device_labels(spec),
     )
