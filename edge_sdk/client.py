@@ -5,9 +5,10 @@ Algorithms 1-2): fetch frozen chunk 1, run it over the local data, cache the act
 fetch chunk 2 ... then fetch the model payload (the trainable tail, or a submodel of its rows),
 train tau local steps on the cached activations and report the deltas. A strong device has no
 chunks and trains the whole model. A round may hold several instructions (docs/protocol.md,
-"Phases"): ``evaluate`` reports the received model's loss, ``compare`` reports the distance between
-this round's update and a broadcast one; the activations and the trained update are kept for the
-round, so no phase computes them twice, and a trained update is never trained again.
+"Phases"): ``evaluate`` reports the received model's loss (and, when the server sends FedALIGN's
+``global_loss`` and ``epsilon``, the device's own incentive check ``within_epsilon``,
+:func:`incentive_check`), ``compare`` reports the distance between this round's update and a
+broadcast one; the activations and the trained update are kept for the round, so no phase computes them twice, and a trained update is never trained again.
 
 The client carries no test hooks: emulation wraps its connection from outside (``connect``).
 """
@@ -123,8 +124,24 @@ class _RoundProgress:
     trained: dict[str, _Trained] = field(default_factory=dict)  # by model payload id
     reports: dict[str, tuple[p.Report, bytes | None]] = field(default_factory=dict)  # by phase, until acked
     acked: set[str] = field(default_factory=set)  # phases done this round
+    within_epsilon: bool | None = None  # this round's incentive check (incentive_check), if the server asked for one
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0,
                                                                "upload_s": 0.0})
+
+
+def incentive_check(metrics: dict[str, p.Scalar], config: dict[str, p.Scalar]) -> bool | None:
+    """FedALIGN Section 3.1, the device's own check: is |F_k(w) - F(w)| <= epsilon for the received
+    model w? ``metrics`` are this device's ``evaluate`` results (F_k(w) = ``loss``), ``config`` the
+    instruction's (``global_loss`` = F(w), ``epsilon``). None when the server asked for no check.
+
+    The device only reports its verdict (``within_epsilon``): the server decides, and checks again."""
+    if "global_loss" not in config or "epsilon" not in config:
+        return None
+    try:
+        loss, g, eps = float(metrics.get("loss", math.nan)), float(config["global_loss"]), float(config["epsilon"])
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(loss) and math.isfinite(g) and abs(loss - g) <= eps
 
 
 def device_seed(round_seed: int, device_id: str) -> int:
@@ -283,10 +300,21 @@ class DeviceClient:
                 payload = p.encode_tensors(trained.deltas)
                 metrics = {**trained.metrics, **{k: round(v, 6) for k, v in prog.timings.items()},
                            "peak_rss_bytes": peak_rss_bytes(), "storage": prog.storage}
+                if prog.within_epsilon is not None:
+                    # A train instruction after this round's check failed: the device declines by
+                    # saying so on its update (a train report always carries tensors); the
+                    # server's own re-check refuses it either way.
+                    metrics["within_epsilon"] = int(prog.within_epsilon)
                 report = p.Report(ins.round, ins.phase, trained.num_samples, trained.trained, uuid.uuid4().hex, metrics)
                 prog.reports[ins.phase] = (report, payload)
             elif ins.phase == "evaluate":
                 metrics = await self._evaluate(ch, ins, prog)
+                verdict = incentive_check(metrics, dict(ins.config))
+                if verdict is not None:
+                    prog.within_epsilon = verdict
+                    metrics["within_epsilon"] = int(verdict)
+                    self.on_event("incentive_check", {"device": self.config.device_id, "round": ins.round,
+                                                      "within_epsilon": verdict})
                 prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, len(self.x), (0, 0), "", metrics), None)
             elif ins.phase == "compare":
                 metrics = await self._compare(ch, ins, prog)

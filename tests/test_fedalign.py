@@ -134,6 +134,48 @@ def test_the_server_checks_again_before_it_aggregates():
     assert result.rejected == 1
 
 
+def _with_verdict(fleet: Fleet, verdicts: dict[str, dict[str, int]]):
+    """The fleet's reports, with ``within_epsilon`` set per device and phase as the device says it."""
+    def respond(ins: Instruction) -> DeviceReport:
+        report = fleet.respond(ins)
+        said = verdicts.get(ins.device_id, {}).get(ins.phase)
+        if said is not None:
+            report.metrics["within_epsilon"] = said
+        return report
+    return respond
+
+
+def test_a_device_whose_own_check_fails_declines_and_is_not_asked_to_train():
+    # a0 is within 0.5 by the server's numbers, but its own check says no (Section 3.1, the device's incentive).
+    fleet = Fleet(SPEC)
+    result, issued, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS),
+                                     _with_verdict(fleet, {"a0": {"evaluate": 0}, "a1": {"evaluate": 1}}))
+    assert ("a0", "train") not in [(i.device_id, i.phase) for i in issued]
+    assert set(result.devices) == {"p0", "p1", "a1"} and refusals == []
+    assert result.extra["declined"] == ["a0"] and result.extra["excluded"] == ["a0", "b0"]
+
+
+def test_a_train_report_that_says_outside_is_refused_and_the_server_check_still_decides():
+    fleet = Fleet(dict(SPEC, b0={**SPEC["b0"], "loss": 1.7, "train_loss": 3.0}))
+    # a0 trains but says it is outside; b0 says it is within, yet its loss before training is not.
+    verdicts = {"a0": {"evaluate": 1, "train": 0}, "b0": {"evaluate": 1, "train": 1}}
+    result, _, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS),
+                                _with_verdict(fleet, verdicts))
+    assert "a0" not in result.devices and "b0" not in result.devices and "a1" in result.devices
+    assert sorted(r.split(":")[0] for r in refusals) == ["loss 3 is not within epsilon 0.5 of the priority loss 1.75",
+                                                          "the device declined"]
+
+
+def test_the_devices_own_incentive_check():
+    from edge_sdk.client import incentive_check
+
+    assert incentive_check({"loss": 1.7}, {"global_loss": 1.75, "epsilon": 0.1}) is True
+    assert incentive_check({"loss": 2.0}, {"global_loss": 1.75, "epsilon": 0.1}) is False
+    assert incentive_check({"loss": float("nan")}, {"global_loss": 1.75, "epsilon": 0.1}) is False
+    assert incentive_check({"loss": 1.7}, {"global_loss": 1.75}) is None  # no check asked (epsilon infinite)
+    assert incentive_check({"loss": 1.7}, {}) is None
+
+
 def test_epsilon_schedule_decays_after_warmup():
     s = FedALIGN(epsilon=1.0, warmup=2, epsilon_decay=0.5, epsilon_min=0.2)
     assert [s.epsilon_at(t) for t in (1, 3, 4, 5, 6)] == [1.0, 1.0, 0.5, 0.25, 0.2]

@@ -23,8 +23,11 @@ One round, hook by hook:
    the sampled non-priority devices get ``evaluate`` with ``config`` ``global_loss`` = F(w) and
    ``epsilon`` (what a device needs for its own check).
 3. A non-priority ``evaluate`` report within epsilon gets a ``train`` follow-up on the same
-   selection (the device reuses its download); a ``train`` report is checked again with its own
-   ``loss_before`` (the loss of the same model on the same local samples) and refused if outside.
+   selection (the device reuses its download), unless the device declined: its own check
+   (``within_epsilon`` = 0, :func:`edge_sdk.client.incentive_check`) said it is outside. A ``train``
+   report is checked again with its own ``loss_before`` (the loss of the same model on the same
+   local samples) and refused if outside, or if it carries ``within_epsilon`` = 0; the server's
+   check decides: a device that claims to be within but is not is refused too.
 4. ``aggregate``: eq. 15 over the folded devices; ``RoundResult.extra`` names the included
    non-priority devices and their weights, and reports the priority loss and accuracy and the
    non-priority devices' own accuracy on the received model.
@@ -101,6 +104,7 @@ class FedALIGN(Strategy):
         self._global_loss: float | None = None
         self._eps = math.inf
         self._accepted: list[str] = []  # non-priority devices asked to train
+        self._declined: list[str] = []  # non-priority devices whose own check said outside
         self._included: dict[str, float] = {}  # non-priority device -> fold weight
         self._refused = 0
         self._folded = 0.0  # sum of the fold weights
@@ -172,6 +176,9 @@ class FedALIGN(Strategy):
             self._evaluated[d] = (report.metric("loss"), report.metric("accuracy"), int(report.num_samples))
             if d in self._priority:
                 return self._priority_loss_ready(ctx)
+            if d in self._candidates and report.metric("within_epsilon", 1.0) == 0.0:
+                self._declined.append(d)  # the device's own check said no (Section 3.1): it is not asked
+                return ()
             if d in self._candidates and self._within(report.metric("loss")):
                 self._accepted.append(d)  # the device's own check, made for it (step 3)
                 return [Instruction(d, "train", self._selection[d], config=self._train_config())]
@@ -183,6 +190,9 @@ class FedALIGN(Strategy):
             # The server's check before aggregating (Section 3.1), on the loss the device measured
             # on the received model before its local steps.
             loss = report.loss_before
+            if report.metric("within_epsilon", 1.0) == 0.0:
+                self._refused += 1
+                raise Refused("the device declined: its own check found its loss outside epsilon")
             if d not in self._accepted or not self._within(loss):
                 self._refused += 1
                 raise Refused(f"loss {loss:.6g} is not within epsilon {self._eps:.6g} of the priority loss "
@@ -225,6 +235,7 @@ class FedALIGN(Strategy):
             # Which non-priority devices went into the model, and their share of eq. 15's weights.
             "included": included,
             "excluded": sorted(set(self._candidates) - set(self._included)),
+            "declined": sorted(self._declined),
         }
         self._sums = None
         return sums.result(ctx.round, self._refused, extra={k: json_ready(v) for k, v in extra.items()})
