@@ -451,14 +451,18 @@ class TrainGraphCache:
         with self._lock:
             if gid in self._graphs:
                 return gid, self._graphs[gid]
-            if gid in self._refused:
-                raise ExportError(self._refused[gid])
+            reason = self._refused.get(gid) or self._load_refusal(gid)
+            if reason is not None:
+                self._refused[gid] = reason
+                raise ExportError(reason)
             data = self._load(gid)
             if data is None:
                 try:
                     data = export_train_graph(model, split, settings=self.settings)
                 except ExportError as exc:
                     self._refused[gid] = str(exc)
+                    if self.directory is not None:  # a refusal is as deterministic as a graph: kept too
+                        atomic_write(self.directory / f"{gid}.refused", str(exc).encode())
                     raise
                 self.exports += 1
                 if self.directory is not None:
@@ -466,6 +470,33 @@ class TrainGraphCache:
                     atomic_write(self.directory / f"{gid}.sha256", hashlib.sha256(data).hexdigest().encode())
             self._graphs[gid] = data
             return gid, data
+
+    def refusal(self, model: LayeredModel, split: int) -> str | None:
+        """Why [split, L) has no shippable graph (a static refusal, or its export check failed), or
+        None once its graph is exported and verified. Exports on first use (seconds), so planners
+        call it off the event loop; both outcomes are cached."""
+        reason = train_graph_refusal(model, split)
+        if reason is not None:
+            return reason
+        try:
+            self.get_or_export(model, split)
+        except ExportError as exc:
+            return str(exc)
+        return None
+
+    def known_refusal(self, model: LayeredModel, split: int) -> str | None:
+        """A refusal already recorded for [split, L) (never exports)."""
+        gid = self.graph_id(model, split)
+        with self._lock:
+            return self._refused.get(gid) or self._load_refusal(gid)
+
+    def _load_refusal(self, gid: str) -> str | None:
+        if self.directory is None:
+            return None
+        try:
+            return (self.directory / f"{gid}.refused").read_text() or "refused"
+        except OSError:
+            return None
 
     def get(self, gid: str) -> bytes | None:
         with self._lock:

@@ -72,8 +72,12 @@ class ServerConfig:
     keep_checkpoints: int = 3
     # Exported chunks kept on disk (store_dir/chunks), oldest removed first after every round.
     chunk_disk_bytes: int = 1 << 30
+    # Where verified training graphs (and the export check's refusals) are kept; None: store_dir/train_graphs.
+    # Graphs depend on the architecture only, so servers of one model may share a directory.
+    train_graph_dir: Path | None = None
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["store_dir"] = str(self.store_dir)
+        d["train_graph_dir"] = None if self.train_graph_dir is None else str(self.train_graph_dir)
         return d
