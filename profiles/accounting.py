@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # torch is imported only to measure a model
 __all__ = [
     "BlockCost",
     "DTYPE_SIZES",
+    "TableCost",
     "Footprint",
     "ModelCost",
     "TrainingMemory",
@@ -162,6 +163,20 @@ class BlockCost:
 
 
 @dataclass(frozen=True)
+class TableCost:
+    """A sparse table a device may hold only rows of (FedSubAvg submodels).
+
+    ``entry`` is its state-dict name, ``block`` the block that owns it, ``rows`` the table's rows
+    and ``row_elements`` the elements of one row.
+    """
+
+    entry: str
+    block: int
+    rows: int
+    row_elements: int
+
+
+@dataclass(frozen=True)
 class Footprint:
     """Bytes a device holds for one split, part by part, and its peak.
 
@@ -222,6 +237,9 @@ class ModelCost:
     input_elements: int  # per sample, the model's input
     input_itemsize: int  # bytes per element of the model's input (8 for int64 token ids)
     sparse_blocks: tuple[str, ...] = field(default=())
+    #: The sparse tables (``model.sparse_inputs``): counted in full unless a footprint is asked for
+    #: a row selection.
+    tables: tuple[TableCost, ...] = field(default=())
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -309,19 +327,22 @@ class ModelCost:
         runtime_bytes: int = 0,
         chunks: Sequence[tuple[int, int]] | None = None,
         local_samples: int = 0,
+        rows: Mapping[str, int] | None = None,
     ) -> Footprint:
         """What a device that freezes [0, k) and trains [k, L) with ``batch`` holds.
 
         ``chunks`` are the frozen block ranges streamed one at a time; without them each frozen
         block is its own chunk, the smallest peak any chunking reaches. ``local_samples`` is the
-        size of the device's own dataset, which it holds in memory as model input.
+        size of the device's own dataset, which it holds in memory as model input. ``rows`` is a
+        row selection (table entry -> rows the device receives): a trained table is then counted
+        for those rows only, since the device builds it with just them (edge_sdk.trainer.build_tail).
         """
         memory = memory or TrainingMemory()
         self._check_split(k)
         self._check_batch(batch)
         size = memory.itemsize
         tail = self.blocks[k:]
-        trainable = sum(b.trainable_params for b in tail)
+        trainable = sum(b.trainable_params for b in tail) - self.rows_saved(k, rows)
         held = sum(b.frozen_params + b.buffers for b in tail)
         # Backward holds the gradient flowing out of a layer and the one flowing into it, and
         # a convolution its unfolded patches: at most the largest layer's training peak.
@@ -347,6 +368,22 @@ class ModelCost:
             margin=memory.margin,
         )
 
+    def rows_saved(self, k: int, rows: Mapping[str, int] | None) -> int:
+        """Table elements of the trained tail [k, L) a row selection ``rows`` leaves out."""
+        if not rows:
+            return 0
+        unknown = set(rows) - {t.entry for t in self.tables}
+        if unknown:
+            raise ValueError(f"rows for {sorted(unknown)}, which are not sparse tables of {self.model}")
+        saved = 0
+        for t in self.tables:
+            if t.block >= k and t.entry in rows:
+                n = rows[t.entry]
+                if not 0 <= n <= t.rows:
+                    raise ValueError(f"{n} rows of {t.entry!r}, a table of {t.rows} rows")
+                saved += (t.rows - n) * t.row_elements
+        return saved
+
     def _check_chunks(self, k: int, chunks: Sequence[tuple[int, int]]) -> None:
         expected = 0
         for start, stop in chunks:
@@ -370,6 +407,7 @@ class ModelCost:
             input_elements=data["input_elements"],
             input_itemsize=data["input_itemsize"],
             sparse_blocks=tuple(data.get("sparse_blocks", ())),
+            tables=tuple(TableCost(**t) for t in data.get("tables", ())),
         )
 
 
@@ -533,10 +571,18 @@ def measure_model(model: LayeredModel) -> ModelCost:
             )
         )
     sample = model.sample_input(1, generator=torch.Generator().manual_seed(0))
+    state = model.state_dict()
+    owner = {f"blocks.{name}.": i for i, name in enumerate(model.block_names)}
+    tables = tuple(
+        TableCost(entry=entry, block=next(i for prefix, i in owner.items() if entry.startswith(prefix)),
+                  rows=int(state[entry].shape[0]), row_elements=int(state[entry][0].numel()))
+        for entry in sorted(getattr(model, "sparse_inputs", {}))
+    )
     return ModelCost(
         model=model.name,
         blocks=tuple(blocks),
         input_elements=sample.numel(),
         input_itemsize=sample.element_size(),
         sparse_blocks=tuple(sorted(model.sparse_blocks)),
+        tables=tables,
     )

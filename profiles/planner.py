@@ -19,13 +19,17 @@ times over in ONNX Runtime (see ``TrainingMemory.frozen_copies``), so freezing t
 fits, whatever the larger ones cost.
 
 Sparse models: an embedding block is counted in full (every row, trained or frozen), as if the
-device held the whole table; a device that fetches only its submodel rows (FedSubAvg) needs less.
+device held the whole table, unless the plan is for a row selection (``rows``: table entry -> the
+rows the device declared). A device that fetches only its submodel rows (FedSubAvg) builds its
+trained tables with just those rows, so they are counted for those rows only, and a recommender
+whose full tables would not fit a weak device still trains its submodel there. Frozen tables are
+streamed whole and counted whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +96,8 @@ class Plan:
     #: The training backend the footprint was counted with: ``torch`` or ``onnxruntime`` (a training
     #: graph run by ONNX Runtime, edge_sdk.ort_trainer).
     backend: str = "torch"
+    #: The row selection the footprint was counted for (table entry -> rows); empty: whole tables.
+    rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def trained_blocks(self) -> range:
@@ -170,6 +176,7 @@ def plan_split(
     local_samples: int = 0,
     backends: Sequence[str] = ("torch",),
     graph_splits: Collection[int] = (),
+    rows: Mapping[str, int] | None = None,
 ) -> Plan:
     """The largest trainable suffix of ``model`` whose footprint fits ``budget_bytes``.
 
@@ -179,8 +186,9 @@ def plan_split(
     memory throughout. ``backends`` are the training backends the device has (Hello.runtimes);
     ``onnxruntime`` counts only at ``graph_splits``, the splits whose tail has a training graph.
     At each split torch is tried first (faster steps), then ONNX Runtime (a smaller runtime), so
-    a device gets the largest suffix any of its backends fits. Raises :class:`PlanError` when
-    not even the last block fits, saying how much it would need.
+    a device gets the largest suffix any of its backends fits. ``rows`` plans for a row selection:
+    the trained tables count only those rows (see the module docstring). Raises :class:`PlanError`
+    when not even the last block fits, saying how much it would need.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, not {budget_bytes}")
@@ -191,6 +199,7 @@ def plan_split(
     if unknown or not backends:
         raise ValueError(f"backends must be among torch and onnxruntime, not {list(backends)}")
     graph_splits = frozenset(graph_splits)
+    rows = dict(rows or {})
     smallest: Footprint | None = None
     for k, backend in ((k, b) for k in range(len(cost)) for b in ("torch", "onnxruntime")):
         if backend not in backends or (backend == "onnxruntime" and k not in graph_splits):
@@ -198,7 +207,8 @@ def plan_split(
         runtime_bytes = _runtime_bytes(runtime, backend)
         mem = backend_memory(memory, backend)
         # Each frozen block its own chunk: the smallest peak this split can reach.
-        least = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, local_samples=local_samples)
+        least = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, local_samples=local_samples,
+                               rows=rows)
         if smallest is None or least.total < smallest.total:
             smallest = least
         if least.total > budget_bytes:
@@ -208,7 +218,7 @@ def plan_split(
 
         chunks = group_chunks(cost, k, batch_size, fits, mem)
         footprint = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, chunks=chunks,
-                                   local_samples=local_samples)
+                                   local_samples=local_samples, rows=rows)
         capacity = cost.capacity(k, batch_size)
         return Plan(
             model=cost.model,
@@ -223,6 +233,7 @@ def plan_split(
             trainable_params=cost.trainable_params(k),
             footprint=footprint,
             backend=backend,
+            rows={e: n for e, n in rows.items() if any(t.entry == e and t.block >= k for t in cost.tables)},
         )
     if smallest is None:
         raise PlanError(f"{cost.model}: the device's backends {list(backends)} can train no split of it "

@@ -118,13 +118,16 @@ class FedSubAvg(Strategy):
     ``"uniform"`` (line 9 as written) or ``"samples"`` (appendix D.4's weighted form).
     ``split``: ``"planned"`` trains each device's planned tail (EmbracingFL roles; tables outside it
     are frozen there and the device is not in their heat) or ``"zero"`` (every device trains every
-    block; its submodel is small, but the planner's budget is not checked again).
+    block; the server checks its budget for the submodel's rows and skips a device that cannot
+    hold them).
     ``correction``: False drops the factor (FedAvg over submodels: the row update is
     ``sum_i w_i dx_{i,m} / sum_{i in C_r} w_i``, what FedAvg does with full models, since a device
     that does not hold a row leaves it unchanged), for comparisons on the same code path.
     """
 
     name = "fedsubavg"
+    #: Devices receive row selections: the server plans them for their declared rows only.
+    selects_rows = True
 
     def __init__(self, k: int | None = None, weighting: str = "uniform", split: str = "planned",
                  correction: bool = True) -> None:
