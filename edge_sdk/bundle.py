@@ -1,7 +1,10 @@
 """Device bundles: what a device provisioned offline needs to take part in training.
 
 A bundle is an uncompressed tar archive holding ``manifest.json``, the frozen chunks of blocks
-[0, split) as ONNX files, and the trainable tail (blocks [split, L)) as ``tail.npz``. The manifest
+[0, split) as ONNX files, and the trainable tail (blocks [split, L)) as ``tail.npz``. A tail may
+carry only some rows of a sparse table (a FedSubAvg submodel: the rows the device's data touches),
+their values under the table's name and their indices under ``rows/<name>``; the manifest lists
+them (``TailEntry.rows``) and :meth:`Bundle.tail` returns them as ``RowSparse``. The manifest
 names every file with its sha256 and the shapes flowing between the chunks, and carries a digest
 of its own content, so that any damaged or edited byte is caught before the device runs anything.
 (The checksums detect accidents and tampering with a bundle in transit; they are not a signature.)
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_sdk.protocol.tensors import RowSparse
+
 if TYPE_CHECKING:
     from edge_sdk.forward import ChunkRunner
 
@@ -34,6 +39,8 @@ __all__ = [
     "BundleError",
     "ChunkEntry",
     "Manifest",
+    "ROWS_PREFIX",
+    "RowsEntry",
     "TailEntry",
     "TensorEntry",
     "load_bundle",
@@ -45,6 +52,8 @@ BUNDLE_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 _READ_BLOCK = 1 << 20
+#: Key prefix, in the tail's .npz, of a row-selected table's row indices.
+ROWS_PREFIX = "rows/"
 
 
 class BundleError(ValueError):
@@ -75,6 +84,15 @@ class ChunkEntry:
 
 
 @dataclass(frozen=True)
+class RowsEntry:
+    """A table of the tail carried as ``count`` of its ``num_rows`` rows (its tensor's first dimension)."""
+
+    name: str
+    num_rows: int
+    count: int
+
+
+@dataclass(frozen=True)
 class TailEntry:
     """The trainable blocks [start, stop) as named arrays in ``file`` (numpy .npz)."""
 
@@ -86,6 +104,7 @@ class TailEntry:
     input_shape: tuple[int, ...]
     input_dtype: str
     tensors: tuple[TensorEntry, ...]
+    rows: tuple[RowsEntry, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,6 +199,13 @@ class Manifest:
             parts = tensor.name.split(".")
             if len(parts) < 3 or parts[0] != "blocks" or parts[1] not in tail_blocks:
                 raise BundleError(f"tail tensor {tensor.name!r} is not in the trainable blocks")
+        shapes = {tensor.name: tensor.shape for tensor in t.tensors}
+        for r in t.rows:
+            shape = shapes.get(r.name)
+            if shape is None or not shape or shape[0] != r.count or not 0 <= r.count <= r.num_rows:
+                raise BundleError(f"tail rows of {r.name!r}: {r.count} of {r.num_rows} rows, but its tensor is {shape}")
+        if len({r.name for r in t.rows}) != len(t.rows):
+            raise BundleError("tail lists a table's rows twice")
         files = [c.file for c in self.chunks] + [t.file]
         if len(set(files)) != len(files) or MANIFEST_NAME in files:
             raise BundleError(f"manifest file names are not distinct: {files}")
@@ -268,6 +294,11 @@ def _tail(data: dict[str, Any]) -> TailEntry:
         if not isinstance(t, dict):
             raise TypeError(f"tail tensor {i} must be an object")
         tensors.append(TensorEntry(name=_str(t, "name"), shape=_shape(t, "shape"), dtype=_dtype(t, "dtype")))
+    rows = []
+    for i, r in enumerate(data.get("rows", [])):  # absent in bundles of whole tables
+        if not isinstance(r, dict):
+            raise TypeError(f"tail rows entry {i} must be an object")
+        rows.append(RowsEntry(name=_str(r, "name"), num_rows=_int(r, "num_rows"), count=_int(r, "count")))
     return TailEntry(
         file=_str(data, "file"),
         sha256=_str(data, "sha256"),
@@ -277,6 +308,7 @@ def _tail(data: dict[str, Any]) -> TailEntry:
         input_shape=_shape(data, "input_shape"),
         input_dtype=_dtype(data, "input_dtype"),
         tensors=tuple(tensors),
+        rows=tuple(rows),
     )
 
 
@@ -332,8 +364,9 @@ class Bundle:
                 raise BundleError(f"chunk {index} {what} is {got} in its ONNX but {want} in the manifest")
         return runner
 
-    def tail(self) -> dict[str, np.ndarray]:
-        """The trainable blocks' tensors by state name, as the server sent them."""
+    def tail(self) -> dict[str, np.ndarray | RowSparse]:
+        """The trainable blocks' tensors by state name, as the server sent them; a row-selected table
+        as :class:`RowSparse` (what a model payload of rows holds: edge_sdk.trainer loads either)."""
         entry = self.manifest.tail
         data = self._read(entry.file, entry.sha256)
         try:
@@ -342,17 +375,27 @@ class Bundle:
         except (OSError, ValueError) as exc:
             raise BundleError(f"{entry.file} is not a readable .npz: {exc}") from exc
         expected = {t.name: t for t in entry.tensors}
-        if set(arrays) != set(expected):
+        row_keys = {ROWS_PREFIX + r.name: r for r in entry.rows}
+        if set(arrays) != set(expected) | set(row_keys):
             raise BundleError(
-                f"{entry.file} holds {sorted(arrays)} but the manifest lists {sorted(expected)}"
+                f"{entry.file} holds {sorted(arrays)} but the manifest lists {sorted(expected)} "
+                f"and row indices {sorted(row_keys)}"
             )
-        for name, array in arrays.items():
-            t = expected[name]
+        out: dict[str, np.ndarray | RowSparse] = {}
+        for name, t in expected.items():
+            array = arrays[name]
             if array.shape != t.shape or str(array.dtype) != t.dtype:
                 raise BundleError(
                     f"tail tensor {name} is {array.dtype}{list(array.shape)}, manifest says {t.dtype}{list(t.shape)}"
                 )
-        return arrays
+            out[name] = array
+        for key, r in row_keys.items():
+            idx = arrays[key]
+            if (idx.dtype != np.int64 or idx.shape != (r.count,)
+                    or (idx.size and (idx[0] < 0 or idx[-1] >= r.num_rows or np.any(np.diff(idx) <= 0)))):
+                raise BundleError(f"{key} must be {r.count} increasing int64 rows in [0, {r.num_rows})")
+            out[r.name] = RowSparse(idx, out[r.name], r.num_rows)
+        return out
 
 
 def _fits(got: tuple[tuple[int | None, ...], str], want: tuple[tuple[int, ...], str]) -> bool:

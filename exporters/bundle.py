@@ -10,7 +10,7 @@ import hashlib
 import io
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,8 +19,10 @@ import numpy as np
 from edge_sdk.bundle import (
     BUNDLE_FORMAT_VERSION,
     MANIFEST_NAME,
+    ROWS_PREFIX,
     ChunkEntry,
     Manifest,
+    RowsEntry,
     TailEntry,
     TensorEntry,
 )
@@ -29,7 +31,7 @@ from edge_sdk.models.layered import LayeredModel
 from exporters.cache import ChunkCache, chunk_id
 from exporters.onnx_export import ExportSettings, chunk_io, export_chunk
 
-__all__ = ["TAIL_FILE", "check_chunks", "tail_arrays", "write_bundle"]
+__all__ = ["TAIL_FILE", "check_chunks", "cut_rows", "tail_arrays", "write_bundle"]
 
 TAIL_FILE = "tail.npz"
 
@@ -55,6 +57,29 @@ def tail_arrays(model: LayeredModel, split: int) -> dict[str, np.ndarray]:
     return {name: state[name].detach().cpu().numpy().copy() for name in model.state_names(split)}
 
 
+def cut_rows(model: LayeredModel, split: int, tail: dict[str, np.ndarray],
+             rows: Mapping[str, Sequence[int] | np.ndarray]) -> tuple[dict[str, np.ndarray], list[RowsEntry]]:
+    """``tail`` with each sparse table named in ``rows`` cut to those rows (a FedSubAvg submodel),
+    plus the row indices under ``rows/<table>``: a device with declared rows gets a bundle that
+    grows with its rows, never with the tables (issue 12)."""
+    tables = getattr(model, "sparse_inputs", {})
+    out = dict(tail)
+    entries: list[RowsEntry] = []
+    for name in sorted(rows):
+        if name not in tables:
+            raise ValueError(f"{name!r} is not a sparse table of {model.name} (tables: {sorted(tables)})")
+        if name not in tail:
+            raise ValueError(f"{name!r} is frozen at split {split}: only trained tables are cut to rows")
+        idx = np.unique(np.asarray(rows[name], dtype=np.int64))
+        table = tail[name]
+        if idx.size and (idx[0] < 0 or idx[-1] >= table.shape[0]):
+            raise ValueError(f"rows of {name!r} outside [0, {table.shape[0]})")
+        out[name] = np.ascontiguousarray(table[idx])
+        out[ROWS_PREFIX + name] = idx
+        entries.append(RowsEntry(name, int(table.shape[0]), int(idx.size)))
+    return out, entries
+
+
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
@@ -76,8 +101,12 @@ def write_bundle(
     role: str | None = None,
     settings: ExportSettings = ExportSettings(),
     cache: ChunkCache | None = None,
+    rows: Mapping[str, Sequence[int] | np.ndarray] | None = None,
 ) -> Manifest:
     """Export blocks [0, plan_split) as ``chunks`` and write them with the tail to the archive ``out``.
+
+    ``rows`` (sparse table entry -> the rows the device's data touches) cuts each such table of the
+    tail to those rows (:func:`cut_rows`), as the server's row selections do on the wire.
 
     With a ``cache`` (whose settings are then used), chunks already exported for this version are
     reused. The archive is written to a temporary file and moved into place, so ``out`` is either
@@ -113,7 +142,7 @@ def write_bundle(
             )
         )
 
-    tail = tail_arrays(model, plan_split)
+    tail, row_entries = cut_rows(model, plan_split, tail_arrays(model, plan_split), rows or {})
     tail_bytes = _npz_bytes(tail)
     tail_in = chunk_io(model, plan_split, len(model))
     files.append((TAIL_FILE, tail_bytes))
@@ -139,7 +168,9 @@ def write_bundle(
             stop=len(model),
             input_shape=tail_in.input_shape,
             input_dtype=tail_in.input_dtype,
-            tensors=tuple(TensorEntry(n, tuple(a.shape), str(a.dtype)) for n, a in tail.items()),
+            tensors=tuple(TensorEntry(n, tuple(a.shape), str(a.dtype)) for n, a in tail.items()
+                          if not n.startswith(ROWS_PREFIX)),
+            rows=tuple(row_entries),
         ),
     )
     manifest._check_consistent()

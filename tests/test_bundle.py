@@ -252,3 +252,37 @@ def test_cli_rejects_bad_arguments(tmp_path, monkeypatch, args, message):
     assert result.exit_code == 2
     assert re.search(message, result.output)
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_a_bundle_with_declared_rows_carries_only_those_rows(tmp_path):
+    from edge_sdk.protocol import RowSparse
+    from edge_sdk.trainer import build_tail, load_tail_state
+
+    rec = build_model("recommender")
+    state = {k: v.numpy() for k, v in rec.state_dict().items()}
+    user, item = "blocks.embeddings.user.weight", "blocks.embeddings.item.weight"
+    row_bytes = state[item].shape[1] * 4
+    sizes = {}
+    for n in (10, 100, 1000):
+        rows = {user: [3], item: np.arange(0, 9 * n, 9)}
+        m = write_bundle(rec, 0, [], tmp_path / f"rows-{n}.tar", version=1, rows=rows)
+        sizes[n] = m.tail.size
+        assert {(r.name, r.num_rows, r.count) for r in m.tail.rows} == {(user, 611, 1), (item, 9_742, n)}
+        tail = load_bundle(tmp_path / f"rows-{n}.tar").tail()
+        got = tail[item]
+        assert isinstance(got, RowSparse) and got.num_rows == 9_742
+        np.testing.assert_array_equal(got.indices, rows[item])
+        np.testing.assert_array_equal(got.values, state[item][rows[item]])
+        # The device builds its tables with just these rows and loads the bundle into them.
+        tail_model = build_tail("recommender", 0, {user: 1, item: n})
+        load_tail_state(tail_model, 0, tail)
+        assert tail_model.state_dict()[item].shape == (n, 32)
+    whole = write_bundle(rec, 0, [], tmp_path / "whole.tar", version=1).tail.size
+    # Size grows with the rows (values and an int64 index per row), never with the 10,353-row tables.
+    assert sizes[1000] - sizes[100] == pytest.approx(900 * (row_bytes + 8), abs=512)
+    assert sizes[100] - sizes[10] == pytest.approx(90 * (row_bytes + 8), abs=512)
+    assert whole - sizes[10] > 0.99 * (611 + 9_742) * row_bytes
+    with pytest.raises(ValueError, match="not a sparse table"):
+        write_bundle(rec, 0, [], tmp_path / "bad.tar", version=1, rows={"blocks.head.weight": [0]})
+    with pytest.raises(ValueError, match="outside"):
+        write_bundle(rec, 0, [], tmp_path / "bad.tar", version=1, rows={item: [9_742]})
