@@ -53,13 +53,18 @@ class FleetView:
             p.update(self.rounds_task, completed=int(data["round"]), info=acc)
 
     def print_summary(self, summary: dict, *, wall_s: float, run_dir: Path, plot: Path | None) -> None:
-        table = Table(title="devices", caption="k: split; chunks: frozen chunks streamed; MiB: peak RSS / budget")
-        for col in ("device", "role", "k", "trains", "chunks", "rounds", "MiB"):
-            table.add_column(col, justify="right" if col not in ("device", "role", "trains") else "left", no_wrap=True)
+        table = Table(title="devices", caption="k: split; backend: how it trained (torch, or ort: the tail's training "
+                                               "graph in ONNX Runtime); torch: whether the process loaded torch; "
+                                               "chunks: frozen chunks streamed; MiB: peak RSS / budget")
+        for col in ("device", "role", "k", "trains", "backend", "torch", "chunks", "rounds", "MiB"):
+            table.add_column(col, justify="left" if col in ("device", "role", "trains", "backend") else "right",
+                             no_wrap=True, min_width=_MIN_WIDTH.get(col))
         for d in summary["devices"]:
+            loaded = d.get("torch_loaded")
             table.add_row(
-                d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), str(d["chunks_streamed"]),
-                str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f} / {d['budget_bytes'] / 2**20:.0f}",
+                d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), _BACKENDS.get(d.get("backend") or "", "-"),
+                "-" if loaded is None else ("yes" if loaded else "no"), str(d["chunks_streamed"]),
+                str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f}/{d['budget_bytes'] / 2**20:.0f}",
             )
         self.console.print(table)
         final = summary["final"]
@@ -93,12 +98,22 @@ def summarise_run(run, launches: Sequence, config: ServerConfig) -> dict:
             "accepted": sum(1 for e in done if e.get("accepted")),
             "peak_bytes": max((int(e.get("peak_rss_bytes", 0)) for e in done), default=None),
             "budget_bytes": launch.budget_bytes,
+            # What the device reported training with, and whether its process ever loaded torch.
+            "backend": next((str(e["backend"]) for e in reversed(done) if e.get("backend")), None),
+            "torch_loaded": any(bool(e.get("torch_loaded")) for e in done) if done else None,
             "mean_forward_s": _mean(e.get("forward_s") for e in done),
             "mean_train_s": _mean(e.get("train_s") for e in done),
             "returncode": run.returncodes.get(launch.device_id),
         })
     rounds = list(run.history)
     return {"rounds": rounds, "devices": devices, "final": rounds[-1] if rounds else {}}
+
+
+#: Columns a narrow terminal must not squeeze (rich shrinks the others first).
+_MIN_WIDTH = {"k": 2, "backend": 7, "torch": 5, "MiB": 9}
+
+#: Short names of the training backends in the summary table.
+_BACKENDS = {"torch": "torch", "onnxruntime": "ort"}
 
 
 def _span(blocks: Sequence[str]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.launch import DeviceLaunch
+from orchestrator.fleetview import summarise_run
 from orchestrator.localfleet import role_budgets, run_local_fleet
 from orchestrator.store import Store
 
@@ -102,3 +103,8 @@ def test_mixed_fleet_with_onnxruntime_devices_without_torch(tmp_path: Path, no_t
     # The same weak budget under torch would train only the head: ONNX Runtime buys a larger tail.
     assert devices["weak-2"]["plan"]["split"] <= 3
     store.close()
+    # The run summary (the demo's table and metrics.json) says how each device trained.
+    summary = {d["device"]: d for d in summarise_run(run, launches, config)["devices"]}
+    assert {k: (d["backend"], d["torch_loaded"]) for k, d in summary.items()} == {
+        "strong-0": ("torch", True), "moderate-1": ("onnxruntime", False), "weak-2": ("onnxruntime", False),
+        "weak-3": ("onnxruntime", False)}

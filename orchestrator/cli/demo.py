@@ -25,6 +25,8 @@ def demo(
     strong: int = typer.Option(2, help="Strong devices (train the whole model)."),
     moderate: int = typer.Option(2, help="Moderate devices."),
     weak: int = typer.Option(4, help="Weak devices (stream frozen chunks, train the last blocks)."),
+    weak_backend: str = typer.Option("onnxruntime", help="Weak devices' training backend: onnxruntime (the tail's "
+                                                         "training graph; torch never loads) or torch."),
     rounds: int = typer.Option(15, help="Rounds."),
     local_steps: int = typer.Option(10, help="Local steps per round (tau)."),
     lr: float = typer.Option(0.1, help="Local learning rate."),
@@ -43,14 +45,21 @@ def demo(
 
     console = Console()
     run_dir = new_run_dir(out)
+    if weak_backend not in ("onnxruntime", "torch"):
+        raise typer.BadParameter("--weak-backend must be onnxruntime or torch")
     budgets = role_budgets(model)
+    # A weak device on ONNX Runtime is budgeted for its backend's runtime (no torch: a far smaller
+    # process), so the planner still gives it the last block only.
+    if weak_backend == "onnxruntime":
+        budgets["weak"] = role_budgets(model, backend="onnxruntime")["weak"]
     roles = ["strong"] * strong + ["moderate"] * moderate + ["weak"] * weak
     n = len(roles)
     if n < 1:
         raise typer.BadParameter("the fleet needs at least one device")
     launches = [
         DeviceLaunch(device_id=f"{role}-{i:02d}", budget_bytes=budgets[role], client=i, num_clients=n,
-                     data=data, partition=partition, seed=seed)
+                     data=data, partition=partition, seed=seed,
+                     backend=weak_backend if role == "weak" else "torch")
         for i, role in enumerate(roles)
     ]
     config = ServerConfig(
@@ -58,7 +67,7 @@ def demo(
         eval_data=data, data_root=data_root, store_dir=run_dir / "store", seed=seed, deadline_s=120,
     )
     console.print(f"[bold]edgetrain demo[/]: {model} on {data}, {strong} strong + {moderate} moderate + {weak} weak "
-                  f"devices, {rounds} rounds, strategy {strategy}; writing {run_dir}")
+                  f"devices (weak on {weak_backend}), {rounds} rounds, strategy {strategy}; writing {run_dir}")
     t0 = time.monotonic()
     with FleetView(console, rounds=rounds, devices=n) as view:
         run = asyncio.run(run_local_fleet(config, launches, on_event=view.on_event, data_root=data_root,
