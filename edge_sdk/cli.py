@@ -57,10 +57,49 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
                     help="where cached activations live")
     ap.add_argument("--json-events", action="store_true", help="print events as JSON lines on stdout")
     ap.add_argument("--reconnect-retries", type=int, default=30, help="reconnect attempts after a lost connection")
+    ap.add_argument("--private-heat", type=float, default=None, metavar="EPSILON",
+                    help="report which table rows the data touches as randomized-response bits with this epsilon "
+                         "(FedSubAvg's private heat) and download them padded with decoys, never the true rows")
+    ap.add_argument("--table-rows", action="append", type=_table_rows, default=[], metavar="COLUMN=ROWS",
+                    help="for --private-heat: rows of the sparse table input column COLUMN indexes; repeatable "
+                         "(default for MovieLens-indexed data: the zoo recommender's, 0=611 and 1=9742)")
     ap.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="KEY=VALUE",
                     help="a label sent in the hello, for the server's strategy (e.g. priority=1 for FedALIGN, "
                          "internal=1 for VaRSeL); repeatable")
     return ap
+
+
+#: Sparse tables by input column for data indexed like MovieLens latest-small (user, movie): the
+#: zoo recommender's tables, so --private-heat needs no --table-rows there.
+MOVIELENS_TABLES: dict[str, int] = {"0": 611, "1": 9_742}
+_DATASET_TABLES: dict[str, dict[str, int]] = {"movielens": MOVIELENS_TABLES, "synthetic_ratings": MOVIELENS_TABLES}
+
+
+def _table_rows(text: str) -> tuple[str, int]:
+    column, sep, rows = text.partition("=")
+    if not sep or not column.strip().isdigit() or not rows.strip().isdigit() or int(rows) < 1:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=ROWS with a column number and a row count, not {text!r}")
+    return str(int(column)), int(rows)
+
+
+def private_heat(args: argparse.Namespace):
+    """The device's private-heat settings from ``--private-heat`` and ``--table-rows`` (None without them).
+
+    The bit vector of a table has one bit per row, so the device must know each table's size: given,
+    or the recommender's for MovieLens-indexed data. Raises ValueError naming what is missing."""
+    from edge_sdk.privacy import PrivateHeat
+
+    epsilon = getattr(args, "private_heat", None)
+    given = dict(getattr(args, "table_rows", None) or [])
+    if epsilon is None:
+        if given:
+            raise ValueError("--table-rows is for --private-heat")
+        return None
+    tables = given or _DATASET_TABLES.get(args.data)
+    if not tables:
+        raise ValueError(f"--private-heat needs --table-rows COLUMN=ROWS for {args.data!r} data "
+                         "(the sizes of the model's sparse tables)")
+    return PrivateHeat(float(epsilon), tables)
 
 
 def _read_secret(path: str | None) -> str:
@@ -131,7 +170,7 @@ def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, 
                         device_class=device_class, token=args.token, secret=_read_secret(args.secret_file),
                         storage=args.storage, threads=args.threads,
                         max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
-                        labels=dict(getattr(args, "labels", None) or []))
+                        labels=dict(getattr(args, "labels", None) or []), private_heat=private_heat(args))
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_bytes: int | None = None,
@@ -144,9 +183,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_byt
     try:
         x, y = load_shard(args.data, client=args.client, num_clients=args.num_clients, partition=args.partition,
                           seed=args.seed, data_root=args.data_root, data_limit=args.data_limit)
+        config = device_config(args, budget_bytes=budget_bytes, device_class=device_class)
     except ValueError as e:
         parser.error(str(e))
-    config = device_config(args, budget_bytes=budget_bytes, device_class=device_class)
     asyncio.run(DeviceClient(config, x, y, on_event=event_printer(args.json_events)).run())
 
 

@@ -99,3 +99,55 @@ def test_a_round_with_private_heat_never_holds_the_true_rows(tmp_path):
         heat = strategy.heat[entry].heat()
         assert heat.min() >= 1 and heat.max() <= DEVICES
         assert np.any(orch.global_state[entry] != initial[entry])
+
+
+async def _run_cli_device(tmp_path, *extra: str) -> tuple[Recording, int, str]:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = ServerConfig(model="recommender", rounds=1, min_devices=1, local_steps=2, batch_size=8,
+                          store_dir=tmp_path / "store", eval_data="synthetic_ratings", deadline_s=120)
+    strategy = Recording()
+    orch = Orchestrator(config, strategy=strategy)
+    ready = asyncio.Event()
+    server = asyncio.create_task(orch.run(ready=ready))
+    await ready.wait()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{orch.port}", "--id", "cli-0",
+        "--budget", "4GiB", "--data", "synthetic_ratings", "--partition", "natural", "--num-clients", "40",
+        "--private-heat", "1.5", *extra, cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    await asyncio.wait_for(server, timeout=120)
+    _, err = await proc.communicate()
+    return strategy, proc.returncode, err.decode()
+
+
+def test_the_device_command_line_reports_private_heat(tmp_path):
+    strategy, code, err = asyncio.run(_run_cli_device(tmp_path))
+    assert code == 0, err[-2000:]
+    data = load_dataset("synthetic_ratings", split="train")
+    truth = declared_rows(data.x[partition(data.groups, 40, "natural", seed=0)[0]])
+    info = strategy.seen["cli-0"]
+    assert info.row_epsilon == 1.5
+    for column, entry in TABLES.items():
+        contribution = strategy.heat[entry]._devices["cli-0"]
+        assert contribution.rows is None and contribution.bits is not None  # bits, never the true rows
+        assert len(info.row_bits[entry]) == (strategy.heat[entry].num_rows + 7) // 8
+        assert set(truth[column]) <= set(info.rows[entry].tolist())  # downloads cover its data
+
+
+def test_private_heat_options_are_checked():
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "edge_sdk", "--id", "d", "--budget", "1GiB", *argv],
+                              capture_output=True, text=True, timeout=60)
+
+    bad = run("--data", "digits", "--private-heat", "1")
+    assert bad.returncode == 2 and "--table-rows" in bad.stderr
+    bad = run("--data", "synthetic_ratings", "--private-heat", "0")
+    assert bad.returncode == 2 and "epsilon" in bad.stderr
+    bad = run("--data", "synthetic_ratings", "--private-heat", "1", "--table-rows", "x=3")
+    assert bad.returncode == 2 and "COLUMN=ROWS" in bad.stderr
