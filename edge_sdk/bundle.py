@@ -9,8 +9,13 @@ names every file with its sha256 and the shapes flowing between the chunks, and 
 of its own content, so that any damaged or edited byte is caught before the device runs anything.
 (The checksums detect accidents and tampering with a bundle in transit; they are not a signature.)
 
+A bundle for a device without torch also carries the tail's training graph (``train_graph.bin``:
+the payload an ONNX Runtime device receives, exported and verified against torch autograd), listed
+in the manifest as ``train_graph``; :meth:`Bundle.train_graph` returns it for
+:class:`edge_sdk.ort_trainer.OrtTail`. Bundles without one omit the field.
+
 Chunks are read one at a time, straight from the archive, so a weak device never holds all of
-them (EmbracingFL, Algorithm 1). This module needs numpy only.
+them (EmbracingFL, Algorithm 1). This module needs numpy only (ONNX Runtime to run what it reads).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from edge_sdk.protocol.tensors import RowSparse
 
 if TYPE_CHECKING:
     from edge_sdk.forward import ChunkRunner
+    from edge_sdk.ort_trainer import TrainGraph
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -38,6 +44,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "ChunkEntry",
+    "GraphEntry",
     "Manifest",
     "ROWS_PREFIX",
     "RowsEntry",
@@ -108,6 +115,17 @@ class TailEntry:
 
 
 @dataclass(frozen=True)
+class GraphEntry:
+    """The training graph of blocks [split, L) (``edge_sdk.ort_trainer.TrainGraph`` bytes) in ``file``."""
+
+    id: str  # the content id the server would ship it under (exporters.train_export.train_graph_id)
+    file: str
+    sha256: str
+    size: int
+    split: int
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     model: str
@@ -122,10 +140,13 @@ class Manifest:
     export: dict[str, Any]
     chunks: tuple[ChunkEntry, ...]
     tail: TailEntry
+    train_graph: GraphEntry | None = None  # for a device that trains without torch
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as JSON-ready data, with its ``format`` tag and ``digest``."""
         body = {"format": BUNDLE_FORMAT, **asdict(self)}
+        if self.train_graph is None:
+            del body["train_graph"]  # bundles without a graph read as they always have
         body = json.loads(json.dumps(body))  # tuples -> lists, as they come back from JSON
         body["digest"] = manifest_digest(body)
         return body
@@ -166,6 +187,7 @@ class Manifest:
                 export=_dict(data, "export"),
                 chunks=tuple(_chunk(c, i) for i, c in enumerate(_list(data, "chunks"))),
                 tail=_tail(_dict(data, "tail")),
+                train_graph=_graph(_dict(data, "train_graph")) if "train_graph" in data else None,
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"malformed manifest: {exc}") from None
@@ -207,6 +229,10 @@ class Manifest:
         if len({r.name for r in t.rows}) != len(t.rows):
             raise BundleError("tail lists a table's rows twice")
         files = [c.file for c in self.chunks] + [t.file]
+        if self.train_graph is not None:
+            if self.train_graph.split != self.split:
+                raise BundleError(f"training graph of split {self.train_graph.split} in a bundle of split {self.split}")
+            files.append(self.train_graph.file)
         if len(set(files)) != len(files) or MANIFEST_NAME in files:
             raise BundleError(f"manifest file names are not distinct: {files}")
 
@@ -312,6 +338,11 @@ def _tail(data: dict[str, Any]) -> TailEntry:
     )
 
 
+def _graph(data: dict[str, Any]) -> GraphEntry:
+    return GraphEntry(id=_str(data, "id"), file=_str(data, "file"), sha256=_str(data, "sha256"),
+                      size=_int(data, "size"), split=_int(data, "split"))
+
+
 # -- reading a bundle ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Member:
@@ -363,6 +394,28 @@ class Bundle:
                 runner.close()
                 raise BundleError(f"chunk {index} {what} is {got} in its ONNX but {want} in the manifest")
         return runner
+
+    def train_graph(self) -> TrainGraph | None:
+        """The tail's training graph (None in a bundle without one), checked against the manifest:
+        an :class:`edge_sdk.ort_trainer.OrtTail` trains :meth:`tail` with it, without torch."""
+        entry = self.manifest.train_graph
+        if entry is None:
+            return None
+        from edge_sdk.ort_trainer import TrainGraph
+
+        try:
+            graph = TrainGraph.from_bytes(self._read(entry.file, entry.sha256))
+        except ValueError as exc:
+            raise BundleError(f"{entry.file}: {exc}") from exc
+        m = self.manifest
+        if (graph.model, graph.split) != (m.model, m.split):
+            raise BundleError(f"{entry.file} trains {graph.model} from split {graph.split}, the bundle holds "
+                              f"{m.model} from split {m.split}")
+        names = {t.name for t in m.tail.tensors}
+        if not set(graph.params) | set(graph.buffers) <= names:
+            raise BundleError(f"{entry.file} names tensors the tail does not hold: "
+                              f"{sorted(set(graph.params) | set(graph.buffers) - names)}")
+        return graph
 
     def tail(self) -> dict[str, np.ndarray | RowSparse]:
         """The trainable blocks' tensors by state name, as the server sent them; a row-selected table
@@ -457,6 +510,8 @@ def load_bundle(path: str | os.PathLike[str]) -> Bundle:
 
         files = {c.file: (c.sha256, c.size) for c in manifest.chunks}
         files[manifest.tail.file] = (manifest.tail.sha256, manifest.tail.size)
+        if manifest.train_graph is not None:
+            files[manifest.train_graph.file] = (manifest.train_graph.sha256, manifest.train_graph.size)
         missing = sorted(set(files) - set(members))
         if missing:
             raise BundleError(f"{path}: files listed in the manifest are missing: {missing}")

@@ -1,7 +1,8 @@
 """Write device bundles: a model's frozen chunks and trainable tail for a device provisioned offline.
 
 The format (manifest, checksums, reading) is defined device-side in :mod:`edge_sdk.bundle`;
-this module produces it from a layered model.
+this module produces it from a layered model. A bundle for a device without torch also carries
+the tail's training graph (``train_graph=True``), exported and verified like the server's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from edge_sdk.bundle import (
     MANIFEST_NAME,
     ROWS_PREFIX,
     ChunkEntry,
+    GraphEntry,
     Manifest,
     RowsEntry,
     TailEntry,
@@ -30,10 +32,12 @@ from edge_sdk.fileio import atomic_write
 from edge_sdk.models.layered import LayeredModel
 from exporters.cache import ChunkCache, chunk_id
 from exporters.onnx_export import ExportSettings, chunk_io, export_chunk
+from exporters.train_export import TrainGraphCache
 
-__all__ = ["TAIL_FILE", "check_chunks", "cut_rows", "tail_arrays", "write_bundle"]
+__all__ = ["TAIL_FILE", "TRAIN_GRAPH_FILE", "check_chunks", "cut_rows", "tail_arrays", "write_bundle"]
 
 TAIL_FILE = "tail.npz"
+TRAIN_GRAPH_FILE = "train_graph.bin"
 
 
 def check_chunks(chunks: Sequence[tuple[int, int]], split: int, num_blocks: int) -> list[tuple[int, int]]:
@@ -102,6 +106,8 @@ def write_bundle(
     settings: ExportSettings = ExportSettings(),
     cache: ChunkCache | None = None,
     rows: Mapping[str, Sequence[int] | np.ndarray] | None = None,
+    train_graph: bool = False,
+    graph_cache: TrainGraphCache | None = None,
 ) -> Manifest:
     """Export blocks [0, plan_split) as ``chunks`` and write them with the tail to the archive ``out``.
 
@@ -111,7 +117,14 @@ def write_bundle(
     With a ``cache`` (whose settings are then used), chunks already exported for this version are
     reused. The archive is written to a temporary file and moved into place, so ``out`` is either
     the old file or a complete bundle.
+
+    ``train_graph`` adds the tail's training graph, for a device class that trains with ONNX Runtime
+    (no torch): from ``graph_cache`` when given, else exported and verified here. A tail the export
+    check refuses raises :class:`~exporters.onnx_export.ExportError` (plan that device at another
+    split, or give it torch). Not with ``rows``: a row-selected table has no training graph.
     """
+    if train_graph and rows:
+        raise ValueError("a bundle with row-selected tables has no training graph (those tables train with torch)")
     ranges = check_chunks(chunks, plan_split, len(model))
     if cache is not None:
         settings = cache.settings
@@ -141,6 +154,13 @@ def write_bundle(
                 output_dtype=io_.output_dtype,
             )
         )
+
+    graph_entry = None
+    if train_graph:
+        gid, graph_bytes = (graph_cache or TrainGraphCache()).get_or_export(model, plan_split)
+        files.append((TRAIN_GRAPH_FILE, graph_bytes))
+        graph_entry = GraphEntry(id=gid, file=TRAIN_GRAPH_FILE, sha256=_sha256(graph_bytes), size=len(graph_bytes),
+                                 split=plan_split)
 
     tail, row_entries = cut_rows(model, plan_split, tail_arrays(model, plan_split), rows or {})
     tail_bytes = _npz_bytes(tail)
@@ -172,6 +192,7 @@ def write_bundle(
                           if not n.startswith(ROWS_PREFIX)),
             rows=tuple(row_entries),
         ),
+        train_graph=graph_entry,
     )
     manifest._check_consistent()
     _write_tar(Path(out), [(MANIFEST_NAME, manifest.to_json()), *files])

@@ -29,6 +29,12 @@ def bundle(
     version: str = typer.Option("0", help="Model version recorded in the bundle and its chunk ids."),
     seed: int = typer.Option(0, help="Seed of the model's initial weights."),
     exporter: str = typer.Option("legacy", help="ONNX exporter: legacy (fast) or dynamo."),
+    backend: str = typer.Option("torch", help="The device's training backend: torch, or onnxruntime (no torch: "
+                                              "the bundle carries the tail's training graph, and the plan "
+                                              "counts ONNX Runtime's smaller runtime)."),
+    graph_dir: Optional[Path] = typer.Option(
+        None, help="Where verified training graphs are kept between runs (default: ~/.cache/edgetrain/train-graphs)."
+    ),
 ) -> None:
     """Plan a split for a device (or take one), export the frozen chunks, and write a bundle."""
     given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
@@ -38,6 +44,8 @@ def bundle(
         raise _fail("--runtime sets the plan for --device or --budget; --split takes no plan")
     if batch < 1:
         raise _fail(f"--batch must be at least 1, got {batch}")
+    if backend not in ("torch", "onnxruntime"):
+        raise _fail(f"--backend must be torch or onnxruntime, got {backend!r}")
 
     from edge_sdk.models.zoo import build_model
     from exporters.bundle import write_bundle
@@ -60,22 +68,33 @@ def bundle(
         from profiles.planner import plan_for_device, plan_split
         from profiles.units import parse_size
 
+        from exporters.train_export import train_graph_refusal
+
+        graphs = [k for k in range(len(layered)) if train_graph_refusal(layered, k) is None]
         try:
             runtime_bytes = parse_size(runtime) if runtime is not None else None
             if device is not None and runtime_bytes is None:
                 # the device class's budget, and its own runtime figures where it has them
-                plan = plan_for_device(layered, device, batch_size=batch)
+                plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs)
             else:
                 budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
-                plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes)
+                plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes, backends=(backend,),
+                                  graph_splits=graphs)
         except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
             raise _fail(str(exc)) from None
         device_class = device
         split, chunks, role = plan.split, [tuple(c) for c in plan.chunks], plan.role
 
+    graph_cache = None
+    if backend == "onnxruntime":
+        from exporters.train_export import TrainGraphCache
+
+        # Exporting and verifying a training graph takes seconds; it depends on the architecture only.
+        graph_cache = TrainGraphCache(graph_dir or Path.home() / ".cache" / "edgetrain" / "train-graphs")
     try:
         manifest = write_bundle(
-            layered, split, chunks, out, version=version, device_class=device_class, role=role, settings=settings
+            layered, split, chunks, out, version=version, device_class=device_class, role=role, settings=settings,
+            train_graph=backend == "onnxruntime", graph_cache=graph_cache,
         )
     except (ValueError, ExportError) as exc:
         raise _fail(str(exc)) from None
@@ -87,3 +106,5 @@ def bundle(
     for c in manifest.chunks:
         typer.echo(f"  chunk [{c.start}, {c.stop}) {c.size:>10,} bytes  {c.id[:12]}")
     typer.echo(f"  tail  [{manifest.tail.start}, {manifest.tail.stop}) {manifest.tail.size:>10,} bytes")
+    if manifest.train_graph is not None:
+        typer.echo(f"  training graph    {manifest.train_graph.size:>10,} bytes  {manifest.train_graph.id[:18]}")
