@@ -196,6 +196,25 @@ def test_femnist_counts_match_the_readme():
     assert_exact_cover(parts, len(train))
 
 
+def test_mnist_test_split_matches_the_readme(tmp_path):
+    root = need("mnist")
+    test = load_dataset("mnist", root=root, split="test")
+    # README: 10,000 test images; the first labels of MNIST's t10k file are 7 2 1 0 4.
+    assert test.x.shape == (10_000, 784) and test.x.dtype == np.float32 and test.y.dtype == np.int64
+    assert test.y[:5].tolist() == [7, 2, 1, 0, 4] and np.bincount(test.y).tolist()[:2] == [980, 1135]
+    assert 0.0 == test.x.min() and test.x.max() == 1.0
+    # A file that is not idx is refused with its name.
+    bad = tmp_path / "mnist"
+    bad.mkdir()
+    import gzip
+
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        with gzip.open(bad / name, "wb") as f:
+            f.write(b"not an idx file")
+    with pytest.raises(ValueError, match="not an idx file"):
+        load_dataset("mnist", root=tmp_path, split="test")
+
+
 def test_movielens_counts_match_the_readme():
     root = need("movielens_latest_small")
     train = load_dataset("movielens", root=root)

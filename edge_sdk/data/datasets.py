@@ -1,5 +1,5 @@
 """Datasets as numpy arrays: scikit-learn's digits (always there) and the papers' datasets read
-from a local folder (FEMNIST, CIFAR-10, MovieLens).
+from a local folder (FEMNIST, MNIST, CIFAR-10, MovieLens).
 
 numpy only at import time: scikit-learn and Pillow are imported inside the loaders that need them,
 so a device that trains on its own data never pays for them.
@@ -26,7 +26,8 @@ import numpy as np
 
 from edge_sdk.fileio import atomic_write
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "cifar10", "movielens", "synthetic", "synthetic_ratings")
+DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "mnist", "cifar10", "movielens", "synthetic",
+                                  "synthetic_ratings")
 SPLITS: tuple[str, ...] = ("train", "test")
 DATA_ENV = "EDGETRAIN_DATA"
 CACHE_ENV = "EDGETRAIN_CACHE"
@@ -136,6 +137,8 @@ def load_dataset(
         data = _digits(split)
     elif name == "femnist":
         data = _femnist(data_root(root), split)
+    elif name == "mnist":
+        data = _mnist(data_root(root), split)
     elif name == "cifar10":
         return _cifar10(data_root(root), split, limit, cache_root(cache_dir))
     elif name == "movielens":
@@ -154,6 +157,7 @@ def _source_key(name: str, root: Path | str | None) -> str:
     if name in ("synthetic", "synthetic_ratings"):
         return "builtin"
     base = {"digits": _digits_csv().parent, "femnist": data_root(root) / "femnist_leaf_flic",
+            "mnist": data_root(root) / "mnist",
             "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small"}.get(name)
     if base is None:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
@@ -283,6 +287,38 @@ def _femnist(root: Path, split: str) -> Dataset:
         groups=np.concatenate(gs),
         info={"writers": tuple(writers)},
     )
+
+
+# MNIST's idx files; the staged training images are rebuilt from PNG copies (datasets README).
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.approx-from-png.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+def _mnist(root: Path, split: str) -> Dataset:
+    """MNIST (``mnist/*.gz``, idx format): x is (N, 784) float32 in [0, 1], flattened row by row as
+    the FedALIGN and VaRSeL papers' logistic and 2NN models take it; y the digit (0..9)."""
+    base = _require(root / "mnist", "MNIST")
+    images, labels = (_read_idx(_require(base / f, "MNIST")) for f in _MNIST_FILES[split])
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise ValueError(f"MNIST {split}: images {images.shape} and labels {labels.shape} do not match")
+    x = images.reshape(len(images), -1).astype(np.float32) / 255.0
+    return Dataset(x=x, y=labels.astype(np.int64), num_classes=10, name="mnist")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """One gzipped idx file (unsigned bytes): magic 0x0000 08 <ndim>, big-endian sizes, the data."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    ndim = raw[3]
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: {data.size} bytes of data for dimensions {dims}")
+    return data.reshape(dims)
 
 
 def _read_leaf_shard(path: Path) -> dict:
