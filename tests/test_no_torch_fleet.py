@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gzip
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.launch import DeviceLaunch
@@ -23,7 +29,21 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What `pip install .` installs (pyproject.toml's core dependencies), pinned like everything else.
-CORE = ["numpy", "msgpack", "websockets", "onnxruntime", "psutil", "typer", "rich"]
+CORE: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+
+
+def test_pip_install_gives_a_device_without_torch_and_train_adds_it() -> None:
+    """`pip install .` is the device without torch (nor onnx, which only exporters need);
+    `pip install '.[train]'` adds torch."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = _names(project["dependencies"])
+    assert not core & {"torch", "onnx", "onnxscript"}, core
+    assert {"onnxruntime", "numpy", "msgpack", "websockets"} <= core
+    assert "torch" in _names(project["optional-dependencies"]["train"])
 
 
 def _digits_csv() -> Path:
