@@ -15,7 +15,15 @@ peak resident set, the budget, and the ratios role/strong of
   is taken both ways),
 
 next to the paper's capacity C = (2p + 2a) / (2P + 2A) (EmbracingFL section 4, "Client Capacity
-Settings") and this project's accounting of the same split. Not a test: run it on a quiet machine,
+Settings") and this project's accounting of the same split.
+
+With ``--backends torch,onnxruntime`` (the default) each model runs twice: all devices on torch,
+then the moderate and weak devices on the ONNX Runtime backend (the tail's training graph; the
+process never loads torch) beside the same strong torch device, their budgets the fleet's margin over
+the ONNX Runtime runtime instead of torch's, and the server's planner choosing their splits. Per
+role and backend it reports the peak RSS, its ratio to the strong torch device, and the time per
+local step. A planner table gives each device class in ``profiles/devices`` its split per backend.
+Not a test: run it on a quiet machine,
 ``python bench/memory_ratio.py [--rounds 2] [--cifar-limit 256] [--data-root ../shared/datasets]``.
 Writes ``bench/results/memory_ratio.json``.
 """
@@ -89,6 +97,9 @@ class RolePeak:
     accounting_bytes: int  # profiles.accounting's footprint of the split (runtime included)
     accounting_capacity: float  # profiles.accounting's (2p + 2a) / (2P + 2A) of the split
     rss_by_round: list[int]  # the role's largest resident high-water mark after each round it reported
+    backend: str = "torch"  # the training backend the role's devices reported
+    torch_loaded: bool | None = None  # whether any of its device processes loaded torch
+    step_s: float | None = None  # mean wall time per local step (train phase time / local steps)
 
 
 def idle_baseline(mechanism: str) -> Baseline:
@@ -145,7 +156,7 @@ def shard_sizes(fleet: Fleet, specs: list[DeviceSpec], data_root: str | None, li
 
 
 def role_peaks(model: str, fleet: Fleet, run: EmulationRun, samples: dict[str, int], batch: int,
-               runtime: int) -> dict[str, RolePeak]:
+               runtime: int, runtime_ort: int | None = None) -> dict[str, RolePeak]:
     """Per role: the largest peaks of its devices, and the accounting's footprint of its split."""
     from edge_sdk.models.zoo import build_model
     from profiles.accounting import measure_model
@@ -160,15 +171,21 @@ def role_peaks(model: str, fleet: Fleet, run: EmulationRun, samples: dict[str, i
         peaks = [d.peak_bytes for d in devs if d.peak_bytes is not None]
         rss = [d.peak_rss_bytes for d in devs if d.peak_rss_bytes is not None]
         bad = sorted({d.status for d in devs} - {"finished", "stopped"})
+        done = [e for d in devs for e in d.events if e.get("event") == "round_done" and e.get("phase", "train") == "train"]
+        backend = next((str(r["backend"]) for r in done if r.get("backend")), "torch")
+        steps = [float(r["train_s"]) / fleet.training.local_steps for r in done if r.get("train_s")]
+        role_runtime = runtime_ort if backend == "onnxruntime" and runtime_ort is not None else runtime
         out[role] = RolePeak(
             role=role, split=split, devices=len(devs), budget_bytes=min(d.budget_bytes for d in devs),
             peak_bytes=max(peaks) if peaks else None, peak_rss_bytes=max(rss) if rss else None,
             samples=max(samples[d.device] for d in devs), rounds_reported=min(len(d.rounds) for d in devs),
             status=", ".join(bad) if bad else "finished",
-            accounting_bytes=cost.footprint(max(split, 0), batch, runtime_bytes=runtime,
+            accounting_bytes=cost.footprint(max(split, 0), batch, runtime_bytes=role_runtime,
                                             local_samples=max(samples[d.device] for d in devs)).total,
             accounting_capacity=cost.capacity(max(split, 0), batch),
-            rss_by_round=_by_round(devs),
+            rss_by_round=_by_round(devs), backend=backend,
+            torch_loaded=any(bool(r.get("torch_loaded")) for r in done) if done else None,
+            step_s=sum(steps) / len(steps) if steps else None,
         )
     return out
 
@@ -207,17 +224,42 @@ def ratios(roles: dict[str, RolePeak], baseline: Baseline, runtime_bytes: int) -
     return out
 
 
+#: Verified training graphs, kept between runs (they depend on the architecture only).
+GRAPH_DIR = Path.home() / ".cache" / "edgetrain" / "train-graphs"
+
+
+def on_backend(specs: list[DeviceSpec], backend: str) -> tuple[list[DeviceSpec], dict[str, str]]:
+    """Moderate and weak devices moved to `backend`: each budget keeps its margin over the training
+    runtime but over that backend's runtime, and the planner picks the split (no forced splits).
+    The strong device stays on torch: it is the reference of every ratio."""
+    if backend == "torch":
+        return specs, {s.id: "torch" for s in specs}
+    from profiles.runtime import runtime_memory
+
+    figures = runtime_memory()
+    out, backends = [], {}
+    for s in specs:
+        if s.expect_role in ("moderate", "weak"):
+            s = dataclasses.replace(s, budget_bytes=s.budget_bytes - figures.training + figures.for_backend(backend),
+                                    force_split=None)
+            backends[s.id] = backend
+        else:
+            backends[s.id] = "torch"
+        out.append(s)
+    return out, backends
+
+
 async def measure(model: str, *, rounds: int, data_root: str | None, limit_per_device: int | None, per_role: int,
-                  extra_bytes: int, eval_limit: int, console: Console) -> dict:
+                  extra_bytes: int, eval_limit: int, console: Console, backend: str = "torch") -> dict:
     fleet = load_fleet(CASES[model])
-    specs = pick(fleet, per_role, extra_bytes)
+    specs, backends = on_backend(pick(fleet, per_role, extra_bytes), backend)
     limit = None if limit_per_device is None else limit_per_device * fleet.num_devices
     samples = shard_sizes(fleet, specs, data_root, limit)
     before = idle_baseline(fleet.emulation.memory_cap)
     with tempfile.TemporaryDirectory() as tmp:
         config = server_config(fleet, rounds=rounds, store_dir=Path(tmp) / "store", data_root=data_root, deadline_s=600)
         config = dataclasses.replace(config, min_devices=len(specs), fraction=1.0, wait_devices_s=600,
-                                     eval_limit=eval_limit)
+                                     eval_limit=eval_limit, train_graph_dir=GRAPH_DIR)
 
         def on_event(kind: str, data: dict) -> None:
             if kind == "round_end":
@@ -226,7 +268,7 @@ async def measure(model: str, *, rounds: int, data_root: str | None, limit_per_d
                 console.print(f"  [yellow]{data['device']}: {data['ended']} by {data.get('killed_by')}[/]")
 
         run = await run_fleet(fleet, config, specs=specs, data_root=data_root, data_limit=limit, on_event=on_event,
-                              stderr_dir=Path(tmp) / "logs")
+                              stderr_dir=Path(tmp) / "logs", backends=backends)
     after = idle_baseline(fleet.emulation.memory_cap)
     # The two idle processes bracket the run; the smaller is the runtime's own charge.
     cgroup = [b.peak_bytes for b in (before, after) if b.peak_bytes is not None]
@@ -234,11 +276,12 @@ async def measure(model: str, *, rounds: int, data_root: str | None, limit_per_d
     from profiles.runtime import runtime_memory
 
     runtime = runtime_memory().training
-    roles = role_peaks(model, fleet, run, samples, fleet.training.batch_size, runtime)
+    roles = role_peaks(model, fleet, run, samples, fleet.training.batch_size, runtime,
+                       runtime_memory().for_backend("onnxruntime"))
     chunks = {d.expect_role: next((e.get("chunks") for e in d.events if e.get("event") == "welcome"), None)
               for d in run.devices}
     return {
-        "fleet": fleet.name, "dataset": fleet.dataset, "rounds": rounds, "devices": len(specs),
+        "fleet": fleet.name, "backend": backend, "dataset": fleet.dataset, "rounds": rounds, "devices": len(specs),
         "shard_of": fleet.num_devices, "samples_limit": limit, "extra_budget_bytes": extra_bytes,
         "baseline": dataclasses.asdict(baseline),
         "baseline_runs": [dataclasses.asdict(before), dataclasses.asdict(after)],
@@ -259,21 +302,72 @@ def _r(v: float | None) -> str:
 
 
 def print_results(console: Console, results: dict[str, dict]) -> None:
-    table = Table(title="peak memory per role under hard caps (ratios: role / strong)")
-    for col in ("model", "role", "split", "samples", "budget MiB", "cgroup peak MiB", "RSS peak MiB",
-                "total (cg / RSS)", "above baseline (cg / RSS)", "accounting", "paper C", "status"):
-        table.add_column(col, justify="left" if col in ("model", "role", "status") else "right")
-    for model, res in results.items():
+    table = Table(title="peak memory per role under hard caps (ratios: role / strong torch device)")
+    for col in ("model", "role", "backend", "torch loaded", "split", "samples", "budget MiB", "cgroup peak MiB",
+                "RSS peak MiB", "total (cg / RSS)", "above baseline (cg / RSS)", "ms/step", "accounting", "paper C",
+                "status"):
+        table.add_column(col, justify="left" if col in ("model", "role", "backend", "status") else "right")
+    for key, res in results.items():
+        model = res.get("model", key)
         b = res["baseline"]
         for role, r in res["roles"].items():
             q = res["ratios"].get(role, {})
-            table.add_row(model, role, str(r["split"]), str(r["samples"]), _mib(r["budget_bytes"]),
+            table.add_row(model, role, r.get("backend", "torch"), {None: "-", True: "yes", False: "no"}[r.get("torch_loaded")],
+                          str(r["split"]), str(r["samples"]), _mib(r["budget_bytes"]),
                           _mib(r["peak_bytes"]), _mib(r["peak_rss_bytes"]),
                           f"{_r(q.get('cgroup_total'))} / {_r(q.get('rss_total'))}",
                           f"{_r(q.get('cgroup_above_baseline'))} / {_r(q.get('rss_above_baseline'))}",
+                          "-" if r.get("step_s") is None else f"{1000 * r['step_s']:.0f}",
                           f"{r['accounting_capacity']:.2f}", f"{res['paper_capacity'][role]:.2f}", r["status"])
-        table.add_row(model, "idle process", "", "", "", _mib(b["peak_bytes"]), _mib(b["rss_bytes"]), "", "", "", "",
-                      b["mechanism"])
+        table.add_row(model, "idle process (torch)", "", "", "", "", "", _mib(b["peak_bytes"]), _mib(b["rss_bytes"]),
+                      "", "", "", "", "", b["mechanism"])
+    console.print(table)
+
+
+def device_class_splits(models: list[str]) -> list[dict]:
+    """Per device class in profiles/devices and model: the planner's split on each backend (None:
+    nothing fits). ONNX Runtime splits exclude graphs the export check refuses (exported and verified
+    into GRAPH_DIR on first use)."""
+    from edge_sdk.models.zoo import build_model
+    from exporters.train_export import TrainGraphCache, train_graph_refusal
+    from profiles.accounting import measure_model
+    from profiles.devices import device_classes
+    from profiles.planner import PlanError, plan_for_device
+
+    cache = TrainGraphCache(GRAPH_DIR)
+    rows = []
+    for model in models:
+        # The server's weights (seed 0): the export check compares with torch on the model's own
+        # weights, and ResNet20's stem passes it with some initialisations and fails with others.
+        net = build_model(model, seed=0)
+        cost = measure_model(net)
+        graphs = [k for k in range(len(net)) if train_graph_refusal(net, k) is None and cache.known_refusal(net, k) is None]
+        for device in device_classes():
+            row: dict = {"model": model, "device_class": device.name, "budget_bytes": device.budget_bytes}
+            for backend in ("torch", "onnxruntime"):
+                row[backend] = None
+                while True:  # as the server plans: a split whose graph fails the export check is dropped
+                    try:
+                        plan = plan_for_device(cost, device, backends=(backend,), graph_splits=graphs)
+                    except PlanError:
+                        break
+                    if backend == "onnxruntime" and cache.refusal(net, plan.split) is not None:
+                        graphs.remove(plan.split)
+                        continue
+                    row[backend] = {"split": plan.split, "role": plan.role, "footprint_bytes": plan.footprint_bytes}
+                    break
+            rows.append(row)
+    return rows
+
+
+def print_splits(console: Console, rows: list[dict]) -> None:
+    table = Table(title="the planner's split per device class and backend (batch 32)")
+    for col in ("model", "device class", "budget MiB", "torch split", "onnxruntime split"):
+        table.add_column(col, justify="left" if col in ("model", "device class") else "right")
+    for r in rows:
+        def cell(p: dict | None) -> str:
+            return "does not fit" if p is None else f"{p['split']} ({p['role']})"
+        table.add_row(r["model"], r["device_class"], _mib(r["budget_bytes"]), cell(r["torch"]), cell(r["onnxruntime"]))
     console.print(table)
 
 
@@ -286,6 +380,9 @@ def main() -> None:
     ap.add_argument("--eval-limit", type=int, default=500, help="test samples the server evaluates per round")
     ap.add_argument("--extra-budget", type=float, default=0.0,
                     help="MiB added to every budget, to measure roles whose fleet budget is too tight")
+    ap.add_argument("--backends", default="torch,onnxruntime",
+                    help="comma-separated: the moderate and weak devices' backends, one run each")
+    ap.add_argument("--splits-only", action="store_true", help="only the device-class table, into --out")
     ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: ../shared/datasets)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_ratio.json")
     args = ap.parse_args()
@@ -298,24 +395,40 @@ def main() -> None:
     console = Console()
     root = str(data_root(args.data_root))
     results = {}
+    if args.splits_only:  # recompute the device-class table into an existing results file
+        saved = json.loads(args.out.read_text())
+        saved["device_class_splits"] = device_class_splits(models)
+        print_splits(Console(), saved["device_class_splits"])
+        args.out.write_text(json.dumps(saved, indent=2))
+        return
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if set(backends) - {"torch", "onnxruntime"} or not backends:
+        ap.error("--backends: torch and/or onnxruntime")
     for model in models:
-        console.print(f"[bold]{model}[/]: fleet {CASES[model]}, {args.rounds} rounds, {args.per_role} device(s) per role")
-        try:
-            results[model] = asyncio.run(measure(
-                model, rounds=args.rounds, data_root=root,
-                limit_per_device=args.cifar_limit if model == "resnet20" else None, per_role=args.per_role,
-                extra_bytes=int(args.extra_budget * MiB), eval_limit=args.eval_limit, console=console))
-        except DatasetUnavailable as e:
-            console.print(f"[yellow]{model} skipped: {e}[/]")
+        for backend in backends:
+            console.print(f"[bold]{model}[/] ({backend}): fleet {CASES[model]}, {args.rounds} rounds, "
+                          f"{args.per_role} device(s) per role")
+            try:
+                res = asyncio.run(measure(
+                    model, rounds=args.rounds, data_root=root,
+                    limit_per_device=args.cifar_limit if model == "resnet20" else None, per_role=args.per_role,
+                    extra_bytes=int(args.extra_budget * MiB) if backend == "torch" else 0,
+                    eval_limit=args.eval_limit, console=console, backend=backend))
+            except DatasetUnavailable as e:
+                console.print(f"[yellow]{model} skipped: {e}[/]")
+                break
+            results[model if backend == "torch" else f"{model}/{backend}"] = {"model": model, **res}
     if not results:
         sys.exit("no dataset available: nothing measured")
     print_results(console, results)
-    for model, res in results.items():
+    for key, res in results.items():
         w = res["ratios"].get("weak", {})
-        console.print(f"{model}: weak/strong total RSS {_r(w.get('rss_total'))}, above the idle process "
+        console.print(f"{key}: weak/strong total RSS {_r(w.get('rss_total'))}, above the idle process "
                       f"{_r(w.get('rss_above_baseline'))}; paper capacity {res['paper_capacity']['weak']:.2f}")
+    splits = device_class_splits(models)
+    print_splits(console, splits)
     args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({"models": results}, indent=2))
+    args.out.write_text(json.dumps({"models": results, "device_class_splits": splits}, indent=2))
     console.print(f"wrote {args.out}")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -201,6 +202,7 @@ async def run_fleet(
     timeout_s: float | None = None,
     rss_guard: bool = True,
     data_limit: int | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> EmulationRun:
     """Run every device of `fleet` against an orchestrator in this process until the last round.
 
@@ -211,13 +213,16 @@ async def run_fleet(
     which round). `rss_guard` also kills a device whose resident set passes its budget (see the
     module docstring). Devices read the training split from one memory-mapped copy written before
     they start (:func:`orchestrator.localfleet.prepare_device_data`), cut to its first `data_limit`
-    samples if given (CIFAR-10: a class-balanced subset).
+    samples if given (CIFAR-10: a class-balanced subset). `backends` (device id -> torch, onnxruntime
+    or auto) sets devices' training backends (default: auto).
     """
     from orchestrator.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
 
     specs = fleet.devices() if specs is None else specs
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
     launches = {s.id: device_launch(fleet, s, schedule.get(s.id, ()), data_limit=data_limit) for s in specs}
+    for device_id, backend in (backends or {}).items():
+        launches[device_id] = dataclasses.replace(launches[device_id], backend=backend)
     if stderr_dir is not None:
         stderr_dir.mkdir(parents=True, exist_ok=True)
     recorder = Recorder(on_event)
