@@ -1,0 +1,254 @@
+"""Prioritized / selfish FL on MNIST: FedALIGN and VaRSeL against FedAvg on the priority devices
+only and FedAvg on all devices (FedALIGN Section 4, VaRSeL Section 5.1), at small scale.
+
+Setting (one seed; the class choices and shards are drawn from it):
+
+- 3 priority (internal) devices, hello labels ``priority=1`` and ``internal=1``, each holding
+  ``--priority-samples`` training images of 2-3 classes out of the 5 priority classes (skewed, as
+  the papers' shard split; ``--priority-iid``: all 5 each, VaRSeL's identically distributed
+  internals): their objective, and the test set everything is scored on, is those 5 classes
+  (MNIST's test images of them).
+- ``--aligned`` non-priority devices with clean images of the priority classes (helpful data: the
+  priority devices' distribution, as FedALIGN's synthetic experiment hands its global data to the
+  non-priority devices; ``--nonpriority-classes 3``: 3 of the 5 each, skewed helpers);
+  every non-priority device holds ``--samples`` images (equal shards, as the papers);
+- ``--noisy`` non-priority devices with images of the priority classes (as many as the aligned
+  ones) whose labels are replaced by a random class with probability ``--noise`` (label noise,
+  FedALIGN's synthetic experiment (1));
+- ``--irrelevant`` non-priority devices with images of the other 5 classes (irrelevant data points
+  from another distribution, FedALIGN's synthetic experiment (2)).
+
+Algorithms, all through the real orchestrator (``Orchestrator``, the strategies chosen by name with
+options as ``edgetrain serve -O`` gives them) and the real device client (``DeviceClient``), every
+device with its own websocket on 127.0.0.1, all in this one process (in-process clients, not the
+emulator): ``fedavg-priority`` (FedAvg, only the priority devices connect), ``fedavg-all`` (FedAvg,
+every device), ``fedalign`` (epsilon, warm-up rounds), ``varsel`` (budget K). Model: the zoo's
+``mnist_2nn`` (784-64-10). Every round's global model is scored on the priority test set.
+
+Writes ``bench/results/prioritized.json`` and ``bench/results/prioritized.png``.
+
+Usage: ``python bench/prioritized.py [--seeds 0,1,2] [--rounds 30]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+
+from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.data import load_dataset
+from orchestrator.config import ServerConfig
+from orchestrator.server import Orchestrator
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ALGORITHMS = ("fedavg-priority", "fedavg-all", "fedalign", "varsel")
+MODEL = "mnist_2nn"
+
+
+def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[str, str, np.ndarray, np.ndarray]],
+                                                                     list[int]]:
+    """The devices' data: (device id, kind, x, y) per device, and the priority classes."""
+    rng = np.random.default_rng(seed)
+    classes = rng.permutation(10)
+    prio, other = sorted(classes[:5].tolist()), sorted(classes[5:].tolist())
+    by_class = {c: rng.permutation(np.flatnonzero(train.y == c)) for c in range(10)}
+    used = {c: 0 for c in range(10)}
+
+    def take(cs: list[int], n: int) -> np.ndarray:
+        per = np.array_split(np.arange(n), len(cs))
+        out = []
+        for c, part in zip(cs, per):
+            out.append(by_class[c][used[c]: used[c] + len(part)])
+            used[c] += len(part)
+        return rng.permutation(np.concatenate(out))
+
+    shards: list[tuple[str, str, np.ndarray, np.ndarray]] = []
+    # Skewed priority devices: 2-3 classes each, together all 5 priority classes.
+    prio_sets = [prio] * 3 if args.priority_iid else [prio[0:2], prio[2:4], [prio[4], prio[0], prio[2]]]
+    for i, cs in enumerate(prio_sets):
+        idx = take(cs, args.priority_samples)
+        shards.append((f"prio-{i}", "priority", train.x[idx], train.y[idx]))
+    for i in range(args.aligned):
+        cs = sorted(rng.choice(prio, size=args.nonpriority_classes, replace=False).tolist())
+        idx = take(cs, args.samples)
+        shards.append((f"aligned-{i}", "aligned", train.x[idx], train.y[idx]))
+    for i in range(args.noisy):
+        cs = sorted(rng.choice(prio, size=args.nonpriority_classes, replace=False).tolist())
+        idx = take(cs, args.samples)
+        y = train.y[idx].copy()
+        flip = rng.random(len(y)) < args.noise
+        y[flip] = rng.integers(0, 10, int(flip.sum()))
+        shards.append((f"noisy-{i}", "noisy", train.x[idx], y))
+    for i in range(args.irrelevant):
+        cs = sorted(rng.choice(other, size=3, replace=False).tolist())
+        idx = take(cs, args.samples)
+        shards.append((f"irrelevant-{i}", "irrelevant", train.x[idx], train.y[idx]))
+    return shards, prio
+
+
+def accuracy(state: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy of the 2-block MLP with ``state`` (numpy, as the model computes it)."""
+    h = np.maximum(x @ state["blocks.fc1.0.weight"].T + state["blocks.fc1.0.bias"], 0)
+    logits = h @ state["blocks.head.weight"].T + state["blocks.head.bias"]
+    return float(np.mean(np.argmax(logits, axis=1) == y))
+
+
+async def run_one(algorithm: str, shards, args: argparse.Namespace, seed: int, tmp: Path,
+                  test_x: np.ndarray, test_y: np.ndarray) -> dict:
+    devices = [s for s in shards if s[1] == "priority"] if algorithm == "fedavg-priority" else shards
+    strategy, options = {
+        "fedavg-priority": ("fedavg", {}),
+        "fedavg-all": ("fedavg", {}),
+        "fedalign": ("fedalign", {"epsilon": str(args.epsilon), "warmup": str(args.warmup)}),
+        "varsel": ("varsel", {"budget": str(args.budget), "seed": str(seed)}),
+    }[algorithm]
+    config = ServerConfig(model=MODEL, strategy=strategy, strategy_options=options, rounds=args.rounds,
+                          min_devices=len(devices), local_steps=args.local_steps, batch_size=args.batch_size,
+                          lr=args.lr, momentum=0.0, weight_decay=0.0, seed=seed, store_dir=tmp / algorithm,
+                          eval_data="mnist", eval_every=args.rounds, eval_limit=2000, deadline_s=300)
+    curve: list[float] = []
+    extras: list[dict] = []
+    orch: Orchestrator | None = None
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "round_end" and orch is not None:
+            curve.append(accuracy(orch.global_state, test_x, test_y))
+
+    orch = Orchestrator(config, on_event=on_event)
+    ready = asyncio.Event()
+    started = time.monotonic()
+    server = asyncio.create_task(orch.run(ready=ready))
+    await ready.wait()
+    url = f"ws://127.0.0.1:{orch.port}"
+    clients = []
+    for device_id, kind, x, y in devices:
+        labels = {"priority": "1", "internal": "1"} if kind == "priority" else {}
+        cfg = DeviceConfig(server=url, device_id=device_id, budget_bytes=4 << 30, labels=labels, backend="torch")
+        clients.append(DeviceClient(cfg, x, y).run())
+    history = (await asyncio.gather(server, *clients))[0]
+    for h in history:
+        extras.append({k: h.get(k) for k in ("round", "included", "excluded", "declined", "external_weight_sum",
+                                               "sampled", "priority_loss", "internal_loss", "epsilon") if k in h})
+    return {"algorithm": algorithm, "seed": seed, "devices": len(devices), "priority_accuracy": curve,
+            "final_priority_accuracy": curve[-1] if curve else None, "seconds": time.monotonic() - started,
+            "rounds": extras}
+
+
+def included_kinds(run: dict, shards) -> dict[str, float]:
+    """Mean number of non-priority devices of each kind folded per round (FedALIGN ``included``)."""
+    kind = {s[0]: s[1] for s in shards}
+    counts: dict[str, float] = {}
+    for r in run["rounds"]:
+        for d in (r.get("included") or {}):
+            counts[kind[d]] = counts.get(kind[d], 0.0) + 1
+    return {k: v / max(1, len(run["rounds"])) for k, v in sorted(counts.items())}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for algorithm in ALGORITHMS:
+        curves = np.array([r["priority_accuracy"] for r in results["runs"] if r["algorithm"] == algorithm])
+        if not len(curves):
+            continue
+        mean = curves.mean(axis=0)
+        rounds = np.arange(1, len(mean) + 1)
+        ax.plot(rounds, mean, label=algorithm)
+        ax.fill_between(rounds, curves.min(axis=0), curves.max(axis=0), alpha=0.15)
+    s = results["setting"]
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy on the priority classes' test set")
+    ax.set_title(f"MNIST, {s['priority']} priority + {s['aligned']} aligned + {s['noisy']} noisy + "
+                 f"{s['irrelevant']} irrelevant devices ({len(results['seeds'])} seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    train = load_dataset("mnist", split="train")
+    test = load_dataset("mnist", split="test")
+    runs = []
+    kinds: dict[str, dict] = {}
+    with TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            shards, prio = make_shards(args, seed, train)
+            mask = np.isin(test.y, prio)
+            test_x, test_y = test.x[mask], test.y[mask]
+            for algorithm in args.algorithms:
+                run = await run_one(algorithm, shards, args, seed, Path(tmp) / f"s{seed}", test_x, test_y)
+                run["priority_classes"] = prio
+                if algorithm in ("fedalign", "varsel"):
+                    kinds[f"{algorithm}/{seed}"] = included_kinds(run, shards)
+                runs.append(run)
+                print(f"seed {seed} {algorithm:16s} final priority accuracy {run['final_priority_accuracy']:.4f} "
+                      f"({run['seconds']:.0f} s)", flush=True)
+    summary = {}
+    for algorithm in args.algorithms:
+        finals = [r["final_priority_accuracy"] for r in runs if r["algorithm"] == algorithm]
+        summary[algorithm] = {"mean": float(np.mean(finals)), "std": float(np.std(finals)),
+                              "per_seed": finals}
+    return {"setting": {"priority": 3, "priority_samples": args.priority_samples, "priority_iid": args.priority_iid,
+                        "nonpriority_classes": args.nonpriority_classes, "aligned": args.aligned,
+                        "noisy": args.noisy, "irrelevant": args.irrelevant, "samples": args.samples,
+                        "noise": args.noise, "rounds": args.rounds, "local_steps": args.local_steps,
+                        "batch_size": args.batch_size, "lr": args.lr, "epsilon": args.epsilon,
+                        "warmup": args.warmup, "budget": args.budget, "model": MODEL},
+            "seeds": args.seeds, "summary": summary, "included_per_round": kinds, "runs": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--priority-samples", type=int, default=60, help="training images per priority device")
+    ap.add_argument("--samples", type=int, default=60, help="training images per non-priority device (equal shards, as the papers)")
+    ap.add_argument("--aligned", type=int, default=6)
+    ap.add_argument("--noisy", type=int, default=6)
+    ap.add_argument("--irrelevant", type=int, default=6)
+    ap.add_argument("--noise", type=float, default=0.8, help="probability that a noisy device's label is random")
+    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--epsilon", type=float, default=0.5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=6, help="VaRSeL's K (expected externals per round)")
+    ap.add_argument("--nonpriority-classes", type=int, default=5, choices=range(1, 6),
+                    help="priority classes each aligned or noisy device holds (5: the priority devices' whole "
+                         "distribution, as FedALIGN's synthetic experiment)")
+    ap.add_argument("--priority-iid", action="store_true",
+                    help="priority devices hold all 5 priority classes (VaRSeL's identically distributed internals)")
+    ap.add_argument("--out", default=str(RESULTS / "prioritized.json"))
+    args = ap.parse_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.algorithms = [a for a in args.algorithms.split(",") if a]
+    logging.basicConfig(level=logging.WARNING)
+    started = time.monotonic()
+    results = asyncio.run(main_async(args))
+    results["wall_seconds"] = time.monotonic() - started
+    results["machine"] = {"cores": __import__("os").cpu_count(), "python": platform.python_version(),
+                          "date": time.strftime("%Y-%m-%d")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
+    print(json.dumps(results["summary"], indent=1))
+    print(f"wall {results['wall_seconds']:.0f} s; wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
