@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from edge_sdk.client import DeviceClient
 
-__all__ = ["build_client", "load_launch", "main"]
+__all__ = ["build_client", "load_launch", "main", "shape_data"]
 
 
 def load_launch(text_or_path: str) -> DeviceLaunch:
@@ -48,6 +48,31 @@ def load_launch(text_or_path: str) -> DeviceLaunch:
         return DeviceLaunch.from_json(Path(text_or_path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"neither a launch's JSON nor a readable file: {e}") from None
+
+
+def shape_data(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The device's shard as its fleet group shapes it: only ``classes``, at most ``max_samples``
+    (a seeded random subset), each label replaced with probability ``label_noise`` by a random class
+    of the shard (the misaligned devices of FedALIGN's synthetic experiment, Section 4). Seeded by
+    the partition seed and the device id, so a restarted device holds the same data."""
+    import zlib
+
+    import numpy as np
+
+    if not launch.classes and launch.max_samples is None and launch.label_noise == 0:
+        return x, y
+    rng = np.random.default_rng([launch.seed, zlib.crc32(launch.device_id.encode())])
+    present = np.unique(np.asarray(y))
+    idx = np.arange(len(y))
+    if launch.classes:
+        idx = idx[np.isin(np.asarray(y), launch.classes)]
+    if launch.max_samples is not None and len(idx) > launch.max_samples:
+        idx = np.sort(rng.choice(idx, size=launch.max_samples, replace=False))
+    x, y = np.asarray(x[idx]), np.array(y[idx])
+    if launch.label_noise > 0 and len(y):
+        flip = rng.random(len(y)) < launch.label_noise
+        y[flip] = rng.choice(present, size=int(flip.sum())).astype(y.dtype)
+    return x, y
 
 
 def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: str,
@@ -121,6 +146,7 @@ def _run(launch: DeviceLaunch, server: str, *, json_events: bool, data_root: str
         apply_self_limit()
     x, y = load_shard(launch.data, client=launch.client, num_clients=launch.num_clients, partition=launch.partition,
                       seed=launch.seed, data_root=data_root, data_limit=launch.data_limit)
+    x, y = shape_data(launch, x, y)
     client = build_client(launch, x, y, server=server, on_event=event_printer(json_events), in_process=False)
     del x, y
     asyncio.run(client.run())

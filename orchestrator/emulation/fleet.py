@@ -51,6 +51,9 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     priority = false                     # FedALIGN's priority devices (hello label priority=1)
     tags = ["internal"]                  # free labels, each sent as the hello label <tag>=1 (VaRSeL's
                                          # internal=1), or key:value as the label key=value
+    classes = [0, 1, 2]                  # keep only these classes of each device's shard
+    samples = 60                         # at most this many samples per device (a seeded subset)
+    label_noise = 0.8                    # replace each label with a random class with this probability
     dropout = 0.1                        # any [behaviour] key, for this group only
 
 :func:`load_fleet` validates every key and value and names the file and key in its errors;
@@ -177,6 +180,9 @@ class DeviceGroup:
     priority: bool = False
     tags: tuple[str, ...] = ()
     behaviour: Behaviour = field(default_factory=Behaviour)
+    classes: tuple[int, ...] = ()  # the shard's classes kept (empty: all)
+    samples: int | None = None  # at most this many samples per device
+    label_noise: float = 0.0  # probability of a random label
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,9 @@ class DeviceSpec:
     tags: tuple[str, ...]
     behaviour: Behaviour
     seed: int
+    classes: tuple[int, ...] = ()
+    samples: int | None = None
+    label_noise: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +274,9 @@ class Fleet:
                         tags=g.tags,
                         behaviour=g.behaviour,
                         seed=device_seed(self.seed, device_id),
+                        classes=g.classes,
+                        samples=g.samples,
+                        label_noise=g.label_noise,
                     )
                 )
         return out
@@ -481,7 +493,8 @@ def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
     r.keys(
         g,
         where,
-        {"name", "class", "count", "budget", "expect_role", "force_split", "priority", "tags"} | _BEHAVIOUR_KEYS,
+        {"name", "class", "count", "budget", "expect_role", "force_split", "priority", "tags", "classes", "samples",
+         "label_noise"} | _BEHAVIOUR_KEYS,
     )
     class_name = r.string(g, f"{where}.class", None)
     device_class = _device_class(r, class_name, f"{where}.class")
@@ -512,6 +525,14 @@ def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
         r.fail(f"{where}.tags", f"must be a list of short labels (letters, digits, '_.:-'), got {tags!r}")
     if len(set(tags)) != len(tags):
         r.fail(f"{where}.tags", f"has duplicates: {tags!r}")
+    classes = g.get("classes", [])
+    if (not isinstance(classes, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                                                   for c in classes) or len(set(classes)) != len(classes)):
+        r.fail(f"{where}.classes", f"must be a list of distinct class indices >= 0, got {classes!r}")
+    samples = r.integer(g, f"{where}.samples", None, minimum=1) if "samples" in g else None
+    noise = g.get("label_noise", 0.0)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= float(noise) <= 1.0:
+        r.fail(f"{where}.label_noise", f"must be a probability in [0, 1], got {noise!r}")
     return DeviceGroup(
         name=name,
         device_class=device_class.name,
@@ -527,6 +548,9 @@ def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
         priority=r.boolean(g, f"{where}.priority", False),
         tags=tuple(tags),
         behaviour=_behaviour(r, g, where, defaults),
+        classes=tuple(classes),
+        samples=samples,
+        label_noise=float(noise),
     )
 
 

@@ -40,6 +40,11 @@ class DeviceLaunch:
     # Hello labels from the fleet (fleet.device_labels: priority=1, tags), which strategies such as
     # FedALIGN and VaRSeL read to find their priority/internal devices.
     labels: dict[str, str] = field(default_factory=dict)
+    # What the fleet group does to the device's shard (shape_data in orchestrator.emulation.device):
+    # keep only these classes, at most max_samples of them, labels replaced with probability label_noise.
+    classes: tuple[int, ...] = ()
+    max_samples: int | None = None
+    label_noise: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.device_id:
@@ -58,6 +63,13 @@ class DeviceLaunch:
                 isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
             raise ValueError(f"{self.device_id}: labels must map strings to strings, got {self.labels!r}")
         object.__setattr__(self, "labels", dict(self.labels))
+        object.__setattr__(self, "classes", tuple(self.classes))  # a list, from JSON
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in self.classes):
+            raise ValueError(f"{self.device_id}: classes must be class indices >= 0, got {self.classes!r}")
+        if self.max_samples is not None and (isinstance(self.max_samples, bool) or int(self.max_samples) < 1):
+            raise ValueError(f"{self.device_id}: max_samples must be at least 1, got {self.max_samples!r}")
+        if not 0.0 <= float(self.label_noise) <= 1.0:
+            raise ValueError(f"{self.device_id}: label_noise must be in [0, 1], got {self.label_noise!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

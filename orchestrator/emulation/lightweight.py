@@ -156,6 +156,7 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each device's shard, as ``python -m edge_sdk`` loads it (each dataset loaded and split once)."""
     from edge_sdk.cli import partition_indices
     from edge_sdk.data import load_dataset
+    from orchestrator.emulation.device import shape_data
 
     datasets: dict[tuple[str, int | None], Any] = {}
     parts: dict[tuple[str, int | None, str, int, int], list] = {}
@@ -171,7 +172,7 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
-        out[d.device_id] = (ds.x[idx], ds.y[idx])
+        out[d.device_id] = shape_data(d, ds.x[idx], ds.y[idx])
     return out
 
 

@@ -67,5 +67,5 @@ def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (
         device_id=spec.id, budget_bytes=spec.budget_bytes, client=spec.index, num_clients=fleet.num_devices,
         data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
         faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split),
-        labels=device_labels(spec),
+        labels=device_labels(spec), classes=spec.classes, max_samples=spec.samples, label_noise=spec.label_noise,
     )
