@@ -156,8 +156,11 @@ class Orchestrator:
         self.cost = measure_model(self.model)  # measured once; every hello is planned against it
         # Training graphs for devices planned on the ONNX Runtime backend: exported once per split
         # (the weights are inputs), verified against torch, kept under the store.
-        self.train_graphs = TrainGraphCache(config.store_dir / "train_graphs")
-        self.graph_splits = frozenset(k for k in range(len(self.model)) if train_graph_refusal(self.model, k) is None)
+        self.train_graphs = TrainGraphCache(config.train_graph_dir or config.store_dir / "train_graphs")
+        # Splits with no static refusal, less those whose graph the export check refused (found on
+        # first use and remembered on disk): a plan never names a graph that cannot be shipped.
+        self.graph_splits = frozenset(k for k in range(len(self.model)) if train_graph_refusal(self.model, k) is None
+                                      and self.train_graphs.known_refusal(self.model, k) is None)
         self.sessions: dict[str, Session] = {}
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
@@ -252,7 +255,7 @@ class Orchestrator:
                 self._open[1] -= 1
             if not isinstance(hello, p.Hello):
                 raise p.ProtocolError("unexpected", f"first message must be hello, got {hello.TYPE}")
-            session = self._register(channel, hello)
+            session = await self._register(channel, hello)
             await self._serve_session(session)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
@@ -318,15 +321,12 @@ class Orchestrator:
             raise p.ProtocolError("unauthorized", "bad credentials")
         return None
 
-    def _register(self, channel: Channel, hello: p.Hello) -> Session:
+    async def _register(self, channel: Channel, hello: p.Hello) -> Session:
         enrolled_samples = self._authenticate(hello)
         if not hello.device_id or len(hello.device_id) > 128:
             raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
         check_hello_bounds(hello)
-        try:
-            plan = self._plan(hello)
-        except PlanError as exc:
-            raise p.ProtocolError("refused", str(exc)) from None
+        plan = await self.shippable_plan(hello)
         old = self.sessions.get(hello.device_id)
         if old is not None:
             # A reconnect replaces the stale connection of the same device.
@@ -372,6 +372,36 @@ class Orchestrator:
             runtimes=tuple(hello.runtimes), rows=MappingProxyType(rows),
             row_bits=MappingProxyType(bits), row_epsilon=float(hello.row_epsilon),
         )
+
+    async def shippable_plan(self, hello: p.Hello) -> Plan:
+        """The device's plan, whose training graph (ONNX Runtime backend) exports and verifies.
+
+        A split whose graph the export check refuses (ResNet20's stem: a weight gradient 1e-3 off)
+        is dropped from :attr:`graph_splits` and the device planned again, so it gets the largest
+        split with a shippable graph; when none fits its budget it is refused with the reasons.
+        Exports run in a worker thread (seconds, once per split; cached on disk). Authenticated
+        hellos only: planning may export.
+        """
+        refused: list[str] = []
+        while True:
+            try:
+                plan = self._plan(hello)
+            except PlanError as exc:
+                raise p.ProtocolError("refused", "; ".join([str(exc), *refused])) from None
+            if plan.backend != "onnxruntime":
+                return plan
+            reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split)
+            if reason is None:
+                return plan
+            self._refuse_graph(plan.split, reason)
+            refused.append(f"split {plan.split}: {reason}")
+
+    def _refuse_graph(self, split: int, reason: str) -> None:
+        """Never plan an ONNX Runtime device at ``split`` again (its graph failed the export check)."""
+        if split in self.graph_splits:
+            self.graph_splits = self.graph_splits - {split}
+            log.warning("training graph of split %d refused: %s", split, reason)
+            self.on_event("train_graph_refused", {"split": split, "reason": reason[:512]})
 
     def _plan(self, hello: p.Hello) -> Plan:
         """The planner's choice for this budget, or a split the device asked for where allowed.
@@ -515,7 +545,11 @@ class Orchestrator:
                     broadcast_id = kept[1]
             extra: dict[str, p.Scalar] = {}
             if session.plan.backend == "onnxruntime":
-                extra[p.TRAIN_GRAPH_KEY] = self._train_graph(selection)
+                graph_id = self._train_graph(selection)
+                if graph_id is None:  # a strategy's longer tail whose graph is refused: not asked
+                    out.append((session, ins, None))
+                    continue
+                extra[p.TRAIN_GRAPH_KEY] = graph_id
             wire = p.Instruction(
                 round=rs.round, phase=ins.phase, model_version=rs.round - 1, split=selection.split,
                 chunk_ids=chunk_ids, model_id=model_id, selection=selection.kind, broadcast_id=broadcast_id,
@@ -538,12 +572,19 @@ class Orchestrator:
                                       "footprint_bytes": footprint.total, "budget_bytes": session.hello.budget_bytes})
         return False
 
-    def _train_graph(self, selection: Selection) -> str:
-        """The payload id of the training graph for ``selection`` (exported and verified on first use)."""
-        if selection.kind != "tail" or selection.split not in self.graph_splits:
+    def _train_graph(self, selection: Selection) -> str | None:
+        """The payload id of the training graph for ``selection`` (exported and verified on first use),
+        or None when the export check refuses it (the round goes on without that device)."""
+        if selection.kind != "tail":
             raise ValueError(f"strategy {self.strategy.name}: a {selection.kind} selection at split {selection.split} "
                              "has no training graph for a device on the ONNX Runtime backend")
-        gid, data = self.train_graphs.get_or_export(self.model, selection.split)
+        if selection.split not in self.graph_splits:
+            return None
+        try:
+            gid, data = self.train_graphs.get_or_export(self.model, selection.split)
+        except ExportError as exc:
+            self._refuse_graph(selection.split, str(exc))
+            return None
         if gid not in self.payloads:
             self.payloads[gid] = Payload("train_graph", data, p.sha256_hex(data), {"split": selection.split})
         return gid

@@ -1,0 +1,83 @@
+"""A device without torch is never planned at a split whose training graph the export check refuses:
+the server plans it at the largest split whose graph exports and verifies, and ships that graph."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from edge_sdk import protocol as p
+from edge_sdk.ort_trainer import OrtTail, TrainGraph
+from exporters.onnx_export import ExportError
+from exporters.train_export import TrainGraphCache
+from orchestrator.config import ServerConfig
+from orchestrator.selection import Selection
+from orchestrator.server import Orchestrator
+from profiles.planner import plan_split
+
+STRONG = 8 << 30  # room for the whole model on either backend
+
+
+@pytest.fixture(scope="module")
+def graph_dir(request: pytest.FixtureRequest) -> Path:
+    """The training graphs tests/test_train_export.py exports (same cache: exported once per machine)."""
+    return Path(request.config.cache.mkdir("edgetrain-train-graphs"))
+
+
+def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:
+    config = ServerConfig(model="resnet20", eval_data="synthetic", store_dir=tmp_path / "store",
+                          train_graph_dir=graph_dir)
+    return Orchestrator(config)
+
+
+def _hello(runtimes: list[str], budget: int = STRONG) -> p.Hello:
+    return p.Hello(device_id="d1", token="", budget_bytes=budget, cores=2, runtimes=runtimes, num_samples=2_000)
+
+
+def test_torchless_resnet20_gets_the_largest_split_with_a_shippable_graph(tmp_path: Path, graph_dir: Path) -> None:
+    server = _server(tmp_path, graph_dir)
+    events: list[tuple[str, dict]] = []
+    server.on_event = lambda kind, data: events.append((kind, data))
+    hello = _hello(["onnxruntime"])
+    # What the planner alone picks for this budget: the stem, whose graph the export check refuses.
+    assert plan_split(server.cost, STRONG, 32, local_samples=2_000, backends=("onnxruntime",),
+                      graph_splits=frozenset(range(len(server.model)))).split == 0
+    with pytest.raises(ExportError, match="stem"):
+        TrainGraphCache(graph_dir).get_or_export(server.model, 0)
+
+    plan = asyncio.run(server.shippable_plan(hello))
+    assert plan.backend == "onnxruntime"
+    assert plan.split == 1  # the largest suffix after the refused stem
+    assert 0 not in server.graph_splits
+    # The graph it names is the one the round ships (the cache holds only graphs that passed the
+    # export check against torch autograd), and ONNX Runtime opens it.
+    gid = server._train_graph(Selection.tail(plan.split))
+    assert gid == server.train_graphs.graph_id(server.model, 1) and server.payloads[gid].kind == "train_graph"
+    data = server.payloads[gid].data
+    graph = TrainGraph.from_bytes(data)
+    assert (graph.model, graph.split) == ("resnet20", 1)
+    OrtTail(graph)  # ONNX Runtime opens both graphs
+
+    # A device that also has torch still trains the whole model, with torch.
+    both = asyncio.run(server.shippable_plan(_hello(["torch", "onnxruntime"])))
+    assert (both.split, both.backend) == (0, "torch")
+    # A later server starts from the remembered refusal (no export at all).
+    again = _server(tmp_path / "again", graph_dir)
+    assert 0 not in again.graph_splits
+    assert asyncio.run(again.shippable_plan(hello)).split == 1
+    assert again.train_graphs.exports == 0
+
+
+def test_a_forced_split_with_a_refused_graph_is_a_clean_refusal(tmp_path: Path, graph_dir: Path) -> None:
+    server = _server(tmp_path, graph_dir)
+    server.config.allow_forced_split = True
+    hello = _hello(["onnxruntime"])
+    hello.labels["force_split"] = "0"
+    with pytest.raises(p.ProtocolError) as caught:
+        asyncio.run(server.shippable_plan(hello))
+    assert caught.value.code == "refused" and "no training graph" in caught.value.message
+    # A strategy asking a planned device for the refused stem skips that device, never crashes the round.
+    assert server._train_graph(Selection.tail(0)) is None
+
