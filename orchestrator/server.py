@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -60,7 +60,7 @@ from orchestrator.strategies import (
     Strategy,
     make_strategy,
 )
-from profiles.accounting import measure_model
+from profiles.accounting import ModelCost, measure_model
 from profiles.planner import Plan, PlanError, RoleThresholds, plan_split
 from profiles.runtime import runtime_memory
 
@@ -411,10 +411,11 @@ class Orchestrator:
         to show that it cannot); otherwise the planner decides.
         """
         batch = self.config.planner_batch
+        rows = self._planned_rows(hello)
         forced = hello.labels.get("force_split")
         if forced is None or not self.config.allow_forced_split:
             return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples,
-                              backends=device_backends(hello), graph_splits=self.graph_splits)
+                              backends=device_backends(hello), graph_splits=self.graph_splits, rows=rows)
         try:
             k = int(forced)
         except ValueError:
@@ -427,14 +428,28 @@ class Orchestrator:
             raise p.ProtocolError("refused", f"split {k} of {self.cost.model} has no training graph and the device "
                                              "has no torch")
         footprint = self.cost.footprint(k, batch, runtime_bytes=runtime_memory().for_backend(backend), chunks=chunks,
-                                        local_samples=hello.num_samples)
+                                        local_samples=hello.num_samples, rows=rows)
         capacity = self.cost.capacity(k, batch)
         return Plan(
             model=self.cost.model, split=k, role=RoleThresholds().role(k, capacity), chunks=chunks,
             footprint_bytes=footprint.total, capacity=capacity, budget_bytes=hello.budget_bytes, batch_size=batch,
             num_blocks=len(self.cost), trainable_params=self.cost.trainable_params(k), footprint=footprint,
-            backend=backend,
+            backend=backend, rows={e: n for e, n in rows.items() if any(t.entry == e and t.block >= k
+                                                                         for t in self.cost.tables)},
         )
+
+    def _planned_rows(self, hello: p.Hello) -> dict[str, int]:
+        """Rows per sparse table the device will hold, for a strategy that sends row selections
+        (``selects_rows``, FedSubAvg): the rows it declared. Empty (whole tables) otherwise, since
+        a strategy that sends tails sends every row."""
+        if not getattr(self.strategy, "selects_rows", False):
+            return {}
+        out: dict[str, int] = {}
+        for entry, column in getattr(self.model, "sparse_inputs", {}).items():
+            values = hello.rows.get(str(column))
+            if values is not None:
+                out[entry] = min(len(values), int(self.global_state[entry].shape[0]))
+        return out
 
     async def _serve_session(self, session: Session) -> None:
         plan = session.plan
@@ -515,7 +530,9 @@ class Orchestrator:
             if not 0 <= selection.split < len(self.model):
                 raise ValueError(f"strategy {self.strategy.name}: split {selection.split} outside [0, {len(self.model)})")
             ranges = chunk_ranges(session.plan.chunks, selection.split)
-            if selection.split < session.plan.split and not self._fits(session, selection.split, ranges):
+            rows = selection_rows(selection)
+            if ((selection.split < session.plan.split or exceeds_rows(session.plan, rows, self.cost, selection.split))
+                    and not self._fits(session, selection.split, ranges, rows)):
                 out.append((session, ins, None))  # never asked: the device could not hold that much
                 continue
             chunk_ids = []
@@ -560,12 +577,14 @@ class Orchestrator:
             out.append((session, ins, Work(ins, selection, wire, names)))
         return out
 
-    def _fits(self, session: Session, split: int, chunks: Sequence[tuple[int, int]]) -> bool:
-        """Whether a longer tail than the plan's fits the device's budget (the server enforces budgets:
-        a strategy may ask for more, e.g. FedAvg for the whole model, but a device is never sent
-        more than it can hold)."""
+    def _fits(self, session: Session, split: int, chunks: Sequence[tuple[int, int]],
+              rows: Mapping[str, int] | None = None) -> bool:
+        """Whether a longer tail than the plan's, or more table rows, fits the device's budget (the
+        server enforces budgets: a strategy may ask for more, e.g. FedAvg for the whole model, but a
+        device is never sent more than it can hold). ``rows``: a row selection's tables count only
+        its rows (:func:`selection_rows`)."""
         footprint = self.cost.footprint(split, self.config.planner_batch, runtime_bytes=runtime_memory().training,
-                                        chunks=chunks, local_samples=session.hello.num_samples)
+                                        chunks=chunks, local_samples=session.hello.num_samples, rows=rows)
         if footprint.total <= session.hello.budget_bytes:
             return True
         self.on_event("over_budget", {"device": session.device_id, "split": split, "planned_split": session.plan.split,
@@ -616,8 +635,13 @@ class Orchestrator:
                     missing.setdefault(ins.device_id, []).append(ins.phase)
                 continue
             self.work.setdefault(ins.device_id, {})[ins.phase] = work
-            with contextlib.suppress(ConnectionClosed):
+            try:
                 await self._send_instruction(session, work)
+            except (ConnectionClosed, p.ProtocolError):
+                # The connection closed (or is closing: the device said bye or erred) since it was
+                # looked up; its handler's cleanup tells the strategy, unless it already has.
+                if ins.phase in rs.on_gone(ins.device_id):
+                    missing.setdefault(ins.device_id, []).append(ins.phase)
         self._changed.set()
         for device_id, phases in missing.items():
             await self._dispatch(self.strategy.on_missing(device_id, phases, ctx))
@@ -915,6 +939,22 @@ def check_hello_bounds(hello: p.Hello) -> None:
         raise p.ProtocolError("malformed", f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters")
     if len(hello.runtimes) > MAX_RUNTIMES or any(len(r) > 64 for r in hello.runtimes):
         raise p.ProtocolError("malformed", f"at most {MAX_RUNTIMES} runtimes of at most 64 characters")
+
+
+def selection_rows(selection: Selection) -> dict[str, int]:
+    """Rows per table a selection sends (empty for whole tables), for the budget check."""
+    return {name: len(idx) for name, idx in selection.rows.items()} if selection.kind == "rows" else {}
+
+
+def exceeds_rows(plan: Plan, rows: Mapping[str, int], cost: ModelCost, split: int) -> bool:
+    """Whether a selection sends more of a trained table than the plan counted (plans count a
+    row-selecting strategy's devices for their declared rows only)."""
+    if not plan.rows:
+        return False
+    for t in cost.tables:
+        if t.block >= split and rows.get(t.entry, t.rows) > plan.rows.get(t.entry, t.rows):
+            return True
+    return False
 
 
 def chunk_ranges(planned: Sequence[Sequence[int]], split: int) -> list[tuple[int, int]]:
