@@ -53,7 +53,7 @@ class ServerConfig:
     round_retries: int = 2
     # Bounded influence (docs/security.md): a report weighs at most the sample count its device
     # registered, capped here; with norm_bound > 0, an update whose norm exceeds norm_bound times
-    # the median of recent accepted updates is clipped to it ("clip") or refused ("reject").
+    # the median of recent accepted updates of the same selection is clipped to it ("clip") or refused ("reject").
     max_device_samples: int = 100_000
     # A transfer that makes no progress for transfer_stall_s, or averages less than transfer_min_rate
     # bytes/s after transfer_grace_s, is dropped and its device disconnected (a straggler).

@@ -174,7 +174,9 @@ class Orchestrator:
         self.history: list[dict] = []
         self._changed = asyncio.Event()
         self._bytes = [0, 0]  # sent, received this round
-        self._norms: deque[float] = deque(maxlen=100)  # L2 norms of recent accepted updates (norm bound)
+        # L2 norms of recent accepted updates, per selection (a weak device's head-only update is
+        # far smaller than a strong device's whole-model one: each is bounded against its peers).
+        self._norms: dict[str, deque[float]] = {}
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self._open = [0, 0]  # connections open, of which still to say hello
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
@@ -727,7 +729,7 @@ class Orchestrator:
             raise
         # Bounded influence: the weight is at most the sample count registered for the device.
         samples = min(msg.num_samples, self._registered_samples(session))
-        tensors, reason = self._bound_norm(tensors)
+        tensors, reason = self._bound_norm(tensors, f"{work.selection.kind}-{work.selection.split}")
         report = DeviceReport(
             device_id=session.device_id, round=rs.round, phase=msg.phase, role=session.plan.role,
             num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
@@ -763,10 +765,11 @@ class Orchestrator:
             limit = min(limit, session.enrolled_samples)
         return min(session.hello.num_samples, limit)
 
-    def _bound_norm(self, tensors: dict) -> tuple[dict, str | None]:
+    def _bound_norm(self, tensors: dict, peers: str) -> tuple[dict, str | None]:
         """Optional norm bound (``norm_bound`` > 0): an update whose L2 norm exceeds ``norm_bound``
-        times the median norm of recent accepted updates is clipped to that norm, or refused
-        (``norm_bound_action``). Returns the tensors to fold and a refusal reason, if any."""
+        times the median norm of recent accepted updates of the same selection (``peers``) is
+        clipped to that norm, or refused (``norm_bound_action``). Returns the tensors to fold and a
+        refusal reason, if any."""
         if not tensors:
             return tensors, None
         norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(t.values if isinstance(t, p.RowSparse) else t,
@@ -774,10 +777,11 @@ class Orchestrator:
                              for t in tensors.values()
                              if (t.values if isinstance(t, p.RowSparse) else t).dtype.kind == "f"))
         bound = self.config.norm_bound
-        recent = sorted(self._norms)
+        norms = self._norms.setdefault(peers, deque(maxlen=100))
+        recent = sorted(norms)
         limit = bound * recent[len(recent) // 2] if bound > 0 and len(recent) >= 3 else math.inf
         if norm <= limit:
-            self._norms.append(norm)
+            norms.append(norm)
             return tensors, None
         if self.config.norm_bound_action == "reject":
             return tensors, f"update norm {norm:.3g} exceeds {bound:g} x the median of recent updates ({limit:.3g})"
@@ -785,7 +789,7 @@ class Orchestrator:
         clipped = {n: (p.RowSparse(t.indices, t.values * np.asarray(scale, t.values.dtype), t.num_rows)
                        if isinstance(t, p.RowSparse) else (t * np.asarray(scale, t.dtype) if t.dtype.kind == "f" else t))
                    for n, t in tensors.items()}
-        self._norms.append(limit)
+        norms.append(limit)
         return clipped, None
 
     def _check_report(self, session: Session, msg: p.Report, work: Work, tensors: dict) -> None:

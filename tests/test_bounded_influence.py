@@ -61,3 +61,23 @@ def test_with_the_norm_bound_a_scaled_update_is_refused_and_journaled(tmp_path: 
     store.close()
     assert [u["device_id"] for u in refused] == ["attacker"] and "norm" in refused[0]["reason"]
     assert history[1]["rejected"] == 1
+
+
+def test_the_norm_bound_compares_an_update_with_updates_of_the_same_selection(tmp_path: Path) -> None:
+    # Weak devices return the head only; the strong one the whole model, with 10x larger values.
+    # Bounded against the weak updates, every honest strong update would be refused.
+    config = ServerConfig(model="tiny", rounds=3, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
+                          deadline_s=30, norm_bound=3.0, norm_bound_action="reject", allow_forced_split=True)
+
+    async def main():
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        weak = [scripted_device(url, orch, f"weak-{i}", {"force_split": "1"},
+                                lambda n, shape: np.full(shape, 0.001, np.float32)) for i in range(3)]
+        strong = scripted_device(url, orch, "strong", {}, lambda n, shape: np.full(shape, 0.01, np.float32))
+        *acks, history = await asyncio.gather(*weak, strong, server)
+        return acks, history
+
+    acks, history = asyncio.run(main())
+    assert all(a.accepted for device_acks in acks for a in device_acks)
+    assert [h["rejected"] for h in history] == [0, 0, 0]
