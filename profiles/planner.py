@@ -289,6 +289,7 @@ def plan_for_device(
     memory: TrainingMemory = TrainingMemory(),
     backends: Sequence[str] = ("torch",),
     graph_splits: Collection[int] = (),
+    rows: Mapping[str, int] | None = None,
 ) -> Plan:
     """:func:`plan_split` for a device class: its budget, and its runtime overrides if it has any."""
     from profiles.devices import load_device_class
@@ -299,5 +300,5 @@ def plan_for_device(
     figures = (runtime or runtime_memory()).with_overrides(device.runtime_overrides)
     return plan_split(
         model, device.budget_bytes, batch_size, thresholds=thresholds, runtime=figures, memory=memory,
-        backends=backends, graph_splits=graph_splits,
+        backends=backends, graph_splits=graph_splits, rows=rows,
     )
