@@ -286,3 +286,31 @@ def test_a_bundle_with_declared_rows_carries_only_those_rows(tmp_path):
         write_bundle(rec, 0, [], tmp_path / "bad.tar", version=1, rows={"blocks.head.weight": [0]})
     with pytest.raises(ValueError, match="outside"):
         write_bundle(rec, 0, [], tmp_path / "bad.tar", version=1, rows={item: [9_742]})
+
+
+def test_cli_rows_plans_and_writes_the_declared_submodel(tmp_path):
+    """``edgetrain bundle --rows``: the plan counts the declared rows only and the bundle carries only them."""
+    import json
+
+    user, item = "blocks.embeddings.user.weight", "blocks.embeddings.item.weight"
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({user: [3], item: [1, 2, 5, 8, 13]}))
+    out = tmp_path / "rec.tar"
+    result = _cli("--model", "recommender", "--budget", "400MiB", "--runtime", "250MiB", "--rows", str(rows),
+                  "--out", str(out))
+    assert result.exit_code == 0, result.output
+    m = load_bundle(out).manifest
+    assert {(r.name, r.count, r.num_rows) for r in m.tail.rows} == {(user, 1, 611), (item, 5, 9_742)}
+    assert "5 of 9,742 rows" in result.output
+    whole = _cli("--model", "recommender", "--budget", "400MiB", "--runtime", "250MiB", "--out", str(tmp_path / "w.tar"))
+    assert whole.exit_code == 0, whole.output
+    assert load_bundle(tmp_path / "w.tar").manifest.tail.size > 50 * m.tail.size  # the dense layers stay
+
+    # Bad row files get a clear error and write nothing.
+    for text, message in (("[1, 2]", "JSON object"), (json.dumps({item: [-1]}), "non-negative"),
+                          ("{", "--rows"), (json.dumps({"blocks.head.weight": [0]}), "not sparse tables")):
+        rows.write_text(text)
+        bad = _cli("--model", "recommender", "--budget", "400MiB", "--runtime", "250MiB", "--rows", str(rows),
+                   "--out", str(tmp_path / "bad.tar"))
+        assert bad.exit_code == 2 and message in bad.output, (text, bad.output)
+        assert not (tmp_path / "bad.tar").exists()

@@ -35,6 +35,9 @@ def bundle(
     graph_dir: Optional[Path] = typer.Option(
         None, help="Where verified training graphs are kept between runs (default: ~/.cache/edgetrain/train-graphs)."
     ),
+    rows: Optional[Path] = typer.Option(
+        None, help="A FedSubAvg submodel: a JSON file mapping each sparse table entry to the rows the device's data "
+                   "touches. The plan counts only those rows and the bundle carries only them."),
 ) -> None:
     """Plan a split for a device (or take one), export the frozen chunks, and write a bundle."""
     given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
@@ -46,6 +49,7 @@ def bundle(
         raise _fail(f"--batch must be at least 1, got {batch}")
     if backend not in ("torch", "onnxruntime"):
         raise _fail(f"--backend must be torch or onnxruntime, got {backend!r}")
+    declared = _read_rows(rows) if rows is not None else {}
 
     from edge_sdk.models.zoo import build_model
     from exporters.bundle import write_bundle
@@ -71,15 +75,17 @@ def bundle(
         from exporters.train_export import train_graph_refusal
 
         graphs = [k for k in range(len(layered)) if train_graph_refusal(layered, k) is None]
+        counts = {name: len(r) for name, r in declared.items()}
         try:
             runtime_bytes = parse_size(runtime) if runtime is not None else None
             if device is not None and runtime_bytes is None:
                 # the device class's budget, and its own runtime figures where it has them
-                plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs)
+                plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs,
+                                       rows=counts)
             else:
                 budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
                 plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes, backends=(backend,),
-                                  graph_splits=graphs)
+                                  graph_splits=graphs, rows=counts)
         except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
             raise _fail(str(exc)) from None
         device_class = device
@@ -94,7 +100,7 @@ def bundle(
     try:
         manifest = write_bundle(
             layered, split, chunks, out, version=version, device_class=device_class, role=role, settings=settings,
-            train_graph=backend == "onnxruntime", graph_cache=graph_cache,
+            train_graph=backend == "onnxruntime", graph_cache=graph_cache, rows=declared or None,
         )
     except (ValueError, ExportError) as exc:
         raise _fail(str(exc)) from None
@@ -106,5 +112,25 @@ def bundle(
     for c in manifest.chunks:
         typer.echo(f"  chunk [{c.start}, {c.stop}) {c.size:>10,} bytes  {c.id[:12]}")
     typer.echo(f"  tail  [{manifest.tail.start}, {manifest.tail.stop}) {manifest.tail.size:>10,} bytes")
+    for r in manifest.tail.rows:
+        typer.echo(f"    {r.name}: {r.count:,} of {r.num_rows:,} rows")
     if manifest.train_graph is not None:
         typer.echo(f"  training graph    {manifest.train_graph.size:>10,} bytes  {manifest.train_graph.id[:18]}")
+
+
+def _read_rows(path: Path) -> dict[str, list[int]]:
+    """``{"table entry": [row, ...]}`` from a JSON file, checked: non-empty lists of non-negative integers."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise _fail(f"--rows {path}: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise _fail(f"--rows {path}: expected a JSON object mapping table entries to lists of rows")
+    out: dict[str, list[int]] = {}
+    for name, rows in data.items():
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, int) and r >= 0 for r in rows):
+            raise _fail(f"--rows {path}: {name!r} must be a non-empty list of non-negative integers")
+        out[str(name)] = rows
+    return out
