@@ -20,6 +20,7 @@ from exporters.onnx_export import ChunkIO, ExportError, ExportSettings, chunk_io
 CHAINS: dict[str, list[list[tuple[int, int]]]] = {
     "tiny": [[(0, 1), (1, 2)]],
     "mnist_2nn": [[(0, 1), (1, 2)]],
+    "mnist_cnn": [[(0, 2), (2, 3)]],
     "digits_mlp": [[(0, 1), (1, 2), (2, 3), (3, 4)], [(0, 2), (2, 4)]],
     "recommender": [[(0, 1), (1, 2), (2, 3)]],
     "bilstm": [[(0, 1), (1, 2)]],
