@@ -6,11 +6,17 @@ many uncapped devices share a few worker processes (see ``orchestrator.emulation
 fleets of hundreds of devices. The run writes ``metrics.json`` (the mode, per round, and per device:
 cap mechanism, peak memory against budget, how each process ended, time per phase per round; in the
 lightweight mode also each worker's memory and CPU), ``accuracy.png`` and ``memory.png``.
+
+``--resume RUN_DIR`` continues an interrupted run in its folder: the orchestrator reloads the checkpoint
+of the last round its store completed and runs the rounds after it (same fleet, strategy and seed;
+the store refuses another), then writes the report over every round. ``--strategy`` overrides the
+fleet's ``[training] strategy`` (its ``[strategy]`` options then apply only if the name is the same).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Optional
@@ -30,6 +36,10 @@ def emulate(
     rss_guard: bool = typer.Option(True, help="Also kill a device whose resident set passes its budget."),
     workers: Optional[int] = typer.Option(
         None, help="Lightweight mode: worker processes the devices share (default: one per core, 2-4)."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Continue the interrupted run in this folder (runs/<timestamp>) after the last round its "
+                               "store completed; give the same --fleet, --strategy and --rounds."),
+    strategy: Optional[str] = typer.Option(None, help="Override the fleet's [training] strategy (e.g. width)."),
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from rich.console import Console
@@ -54,8 +64,24 @@ def emulate(
                                  "--workers applies to mode \"lightweight\"", param_hint="--workers")
     if workers is not None and not 1 <= workers <= spec.num_devices:
         raise typer.BadParameter(f"must be between 1 and the fleet's {spec.num_devices} devices", param_hint="--workers")
-    run_dir = new_run_dir(out)
+    if resume is not None and not (resume / "store").is_dir():
+        raise typer.BadParameter(f"{resume} holds no run (no store/ folder)", param_hint="--resume")
+    run_dir = resume if resume is not None else new_run_dir(out)
     config = server_config(spec, rounds=rounds, store_dir=run_dir / "store", data_root=data_root, deadline_s=deadline)
+    if strategy is not None and strategy != config.strategy:
+        from orchestrator.strategies import make_strategy
+
+        try:
+            make_strategy(strategy)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--strategy") from None
+        config = dataclasses.replace(config, strategy=strategy, strategy_options={})
+    done = 0
+    if resume is not None:
+        from orchestrator.emulation.runner import completed_rounds
+
+        done = completed_rounds(config.store_dir)
+        config = dataclasses.replace(config, resume=True)
     devices = spec.devices()
     if mode == "lightweight":
         n_workers = workers or default_workers(len(devices))
@@ -63,7 +89,8 @@ def emulate(
     else:
         how = f"mode processes: memory cap {spec.emulation.memory_cap}"
     console.print(f"[bold]edgetrain emulate[/]: fleet {spec.name} ({spec.model} on {spec.dataset}), "
-                  f"{len(devices)} devices, {config.rounds} rounds, {how}; writing {run_dir}")
+                  f"{len(devices)} devices, {config.rounds} rounds, {how}; writing {run_dir}"
+                  + (f"; resuming after round {done}" if resume is not None else ""))
     t0 = time.monotonic()
     with FleetView(console, rounds=config.rounds, devices=len(devices)) as view:
 

@@ -6,6 +6,10 @@
 
 Both take the same fleet and orchestrator settings (:mod:`orchestrator.emulation.schedule`) and give
 the same :class:`~orchestrator.emulation.recorder.EmulationRun`.
+
+A run interrupted part-way continues in its own store (``ServerConfig.resume``; ``edgetrain emulate
+--resume RUN_DIR``): the orchestrator restarts from the checkpoint of the last completed round
+(:func:`completed_rounds`) and runs the rounds after it, with fresh device processes or workers.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from orchestrator.emulation.lightweight import run_lightweight
 from orchestrator.emulation.recorder import EmulationRun
 from orchestrator.emulation.supervisor import run_fleet
 
-__all__ = ["run_emulation"]
+__all__ = ["completed_rounds", "run_emulation"]
 
 
 async def run_emulation(
@@ -45,3 +49,24 @@ async def run_emulation(
         raise ValueError(f"{fleet.name}: workers apply to emulation.mode \"lightweight\", not {mode!r}")
     return await run_fleet(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
                            stderr_dir=stderr_dir, rss_guard=rss_guard, data_limit=data_limit)
+
+
+def completed_rounds(store_dir: Path) -> int:
+    """The last round the store in `store_dir` completed, 0 if none (or no store there): a run resumed
+    from it starts at the round after. Reads the journal only (read-only, no checkpoint is touched),
+    so it may watch a store whose run is still going."""
+    import sqlite3
+
+    from orchestrator.store import JOURNAL
+
+    journal = Path(store_dir) / JOURNAL
+    if not journal.is_file():
+        return 0
+    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+    try:
+        row = db.execute("SELECT MAX(round) FROM rounds WHERE finished IS NOT NULL").fetchone()
+    except sqlite3.OperationalError:  # created, its tables not yet
+        return 0
+    finally:
+        db.close()
+    return int(row[0] or 0)
