@@ -47,6 +47,10 @@ log = logging.getLogger("edgetrain.device")
 #: Integer inputs with at most this many columns are declared per column in the hello (their rows).
 MAX_ROW_COLUMNS = 16
 
+#: Instruction config key of a channel selection's width ratio (width reduction: the device builds
+#: the model at that width and trains the slice it is sent; orchestrator/strategies/width.py).
+WIDTH_KEY = "width"
+
 
 class DeviceRefused(RuntimeError):
     """The server turned the device away (bad credentials, budget too small): retrying will not help."""
@@ -142,6 +146,18 @@ def incentive_check(metrics: dict[str, p.Scalar], config: dict[str, p.Scalar]) -
     except (TypeError, ValueError):
         return False
     return math.isfinite(loss) and math.isfinite(g) and abs(loss - g) <= eps
+
+
+def instruction_width(ins: p.Instruction) -> float:
+    """The width ratio a ``channels`` instruction asks the device to build its model at (1.0 for
+    other selections). A channel selection must carry it in ``config["width"]``, in (0, 1]."""
+    if ins.selection != "channels":
+        return 1.0
+    value = ins.config.get(WIDTH_KEY)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise p.ProtocolError("malformed", f"a channels instruction needs config[{WIDTH_KEY!r}] in (0, 1], "
+                                           f"got {value!r}")
+    return float(value)
 
 
 def device_seed(round_seed: int, device_id: str) -> int:
@@ -402,10 +418,13 @@ class DeviceClient:
         """The input of the tail, the received state and a tail model loaded with it (torch)."""
         from edge_sdk.trainer import build_tail, load_tail_state, local_rows  # torch loads here
 
+        width = instruction_width(ins)  # before any download: a bad instruction costs nothing
         x = await self._forward(ch, ins, prog)
         state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
         rows = {n: v.indices for n, v in state.items() if isinstance(v, p.RowSparse)}
-        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()})
+        # A channel slice (width reduction): the model is built at the slice's width, never at full
+        # width, and load_tail_state refuses a slice whose shapes are not that model's.
+        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()}, width=width)
         load_tail_state(model, ins.split, state)
         if rows:
             x = local_rows(model, np.asarray(x), rows)
@@ -442,6 +461,12 @@ class DeviceClient:
         if done is not None:
             return done
         rows: dict[str, np.ndarray] = {}
+        if ins.selection == "channels" and (ins.config.get(p.TRAIN_GRAPH_KEY)
+                                            or "torch" not in hello_runtimes(self.config.backend)):
+            # Training graphs are exported for full-width tails only: a width slice trains with torch.
+            # The server never sends one to a device without torch (it skips the device instead).
+            raise p.ProtocolError("unexpected", "a channel selection (width reduction) trains with torch, "
+                                                "which this device does not use")
         if ins.config.get(p.TRAIN_GRAPH_KEY):
             from edge_sdk.ort_trainer import train_tail_ort
 

@@ -4,6 +4,11 @@ A device trains blocks [split, L) on the activations its multi-step forward pass
 (Algorithm 1); a strong device has split 0 and trains the whole model on its raw data. The
 frozen prefix is never materialised: the model is built on torch's ``meta`` device and only the
 trained blocks get real storage, so a weak device never holds the full model.
+
+Width reduction (static HeteroFL, FjORD's ordered dropout; EmbracingFL Section 4.1): a device
+sent a channel slice builds the whole model at its width ratio (``build_tail(..., width=r)``), so
+only the narrow model ever gets storage; it loads the slice, trains it as any tail, and its
+deltas have the slice's shapes.
 """
 
 from __future__ import annotations
@@ -78,14 +83,17 @@ def warm_up() -> None:
     optimiser.step()
 
 
-def build_tail(model_name: str, split: int, table_rows: Mapping[str, int] | None = None) -> LayeredModel:
+def build_tail(model_name: str, split: int, table_rows: Mapping[str, int] | None = None,
+               width: float = 1.0) -> LayeredModel:
     """The zoo model with real storage only for blocks [split, L); the prefix stays on ``meta``.
 
     ``table_rows`` cuts embedding tables to a submodel (FedSubAvg): entry -> number of rows the
-    device received. The full table is never allocated, only its rows.
+    device received. The full table is never allocated, only its rows. ``width`` < 1 builds the
+    model reduced to that width ratio (a channel selection, width reduction): the full-width model
+    is never allocated, only the slice.
     """
     with torch.device("meta"):
-        model = build_model(model_name, seed=None)
+        model = build_model(model_name, seed=None, width=width)
         for entry, rows in (table_rows or {}).items():
             _shrink_table(model, entry, rows)
     if not 0 <= split < len(model):

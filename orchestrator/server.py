@@ -61,7 +61,7 @@ from orchestrator.strategies import (
     make_strategy,
 )
 from profiles.accounting import ModelCost, measure_model
-from profiles.planner import Plan, PlanError, RoleThresholds, plan_split
+from profiles.planner import Plan, PlanError, RoleThresholds, plan_split, width_cost
 from profiles.runtime import runtime_memory
 
 log = logging.getLogger("edgetrain.server")
@@ -533,7 +533,15 @@ class Orchestrator:
                 raise ValueError(f"strategy {self.strategy.name}: split {selection.split} outside [0, {len(self.model)})")
             ranges = chunk_ranges(session.plan.chunks, selection.split)
             rows = selection_rows(selection)
-            if ((selection.split < session.plan.split or exceeds_rows(session.plan, rows, self.cost, selection.split))
+            width = selection_width(selection, ins.config)
+            if width is not None:
+                # A channel slice (width reduction): the model built at that width, trained with torch.
+                check_width_shapes(self.config.model, selection, width)
+                if "torch" not in session.hello.runtimes or not self._fits(session, selection.split, ranges, rows,
+                                                                             width=width):
+                    out.append((session, ins, None))
+                    continue
+            elif ((selection.split < session.plan.split or exceeds_rows(session.plan, rows, self.cost, selection.split))
                     and not self._fits(session, selection.split, ranges, rows)):
                 out.append((session, ins, None))  # never asked: the device could not hold that much
                 continue
@@ -563,7 +571,7 @@ class Orchestrator:
                 else:
                     broadcast_id = kept[1]
             extra: dict[str, p.Scalar] = {}
-            if session.plan.backend == "onnxruntime":
+            if session.plan.backend == "onnxruntime" and width is None:
                 graph_id = self._train_graph(selection)
                 if graph_id is None:  # a strategy's longer tail whose graph is refused: not asked
                     out.append((session, ins, None))
@@ -580,12 +588,14 @@ class Orchestrator:
         return out
 
     def _fits(self, session: Session, split: int, chunks: Sequence[tuple[int, int]],
-              rows: Mapping[str, int] | None = None) -> bool:
+              rows: Mapping[str, int] | None = None, width: float = 1.0) -> bool:
         """Whether a longer tail than the plan's, or more table rows, fits the device's budget (the
         server enforces budgets: a strategy may ask for more, e.g. FedAvg for the whole model, but a
         device is never sent more than it can hold). ``rows``: a row selection's tables count only
-        its rows (:func:`selection_rows`)."""
-        footprint = self.cost.footprint(split, self.config.planner_batch, runtime_bytes=runtime_memory().training,
+        its rows (:func:`selection_rows`). ``width``: a channel selection's model is counted as built
+        at that width (profiles.planner.width_cost)."""
+        cost = self.cost if width == 1.0 else width_cost(self.config.model, width)
+        footprint = cost.footprint(split, self.config.planner_batch, runtime_bytes=runtime_memory().training,
                                         chunks=chunks, local_samples=session.hello.num_samples, rows=rows)
         if footprint.total <= session.hello.budget_bytes:
             return True
@@ -948,6 +958,30 @@ def check_hello_bounds(hello: p.Hello) -> None:
 def selection_rows(selection: Selection) -> dict[str, int]:
     """Rows per table a selection sends (empty for whole tables), for the budget check."""
     return {name: len(idx) for name, idx in selection.rows.items()} if selection.kind == "rows" else {}
+
+
+def selection_width(selection: Selection, config: Mapping[str, object]) -> float | None:
+    """A channel selection's width ratio (``config["width"]``, width reduction), None for other
+    selections; a channel selection without a valid one is counted at full width."""
+    if selection.kind != "channels":
+        return None
+    w = config.get("width", 1.0)
+    ok = isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 < float(w) <= 1.0
+    return float(w) if ok else 1.0
+
+
+def check_width_shapes(model: str, selection: Selection, width: float) -> None:
+    """A strategy's channel selection at ``width`` < 1 must cut the shapes of the model built at that
+    width (what the device builds, and what the budget check counted)."""
+    if width == 1.0:
+        return
+    from edge_sdk.models.zoo import width_shapes
+
+    shapes = width_shapes(model, width)
+    wrong = sorted(n for n, s in selection.channels.items() if shapes.get(n) != tuple(s))
+    if wrong or set(shapes) - set(selection.channels):
+        raise ValueError(f"a channel selection at width {width} must cut {model} to its shapes at that width; "
+                         f"{(wrong or sorted(set(shapes) - set(selection.channels)))[:3]} differ")
 
 
 def exceeds_rows(plan: Plan, rows: Mapping[str, int], cost: ModelCost, split: int) -> bool:

@@ -24,11 +24,21 @@ rows the device declared). A device that fetches only its submodel rows (FedSubA
 trained tables with just those rows, so they are counted for those rows only, and a recommender
 whose full tables would not fit a weak device still trains its submodel there. Frozen tables are
 streamed whole and counted whole.
+
+Width reduction (static HeteroFL, FjORD's ordered dropout; EmbracingFL Section 4.1, appendix 6.4)
+is planned by width instead of by split: a device trains the whole depth of the model built at a
+width ratio r (``edge_sdk.models.zoo``: the first ceil(r c) channels of every hidden layer), so its
+footprint is that of the narrow model at split 0 (:func:`width_cost`, :func:`width_footprint`), and
+its capacity the narrow model's (2p + 2a) over the full model's (Table 10: 1.00, 0.43, 0.18 at
+r = 1, 0.45, 0.2). :func:`plan_width` gives a budget the widest of the roles' ratios
+(:data:`WIDTH_RATIOS`) that fits; the server checks every width slice it sends against the device's
+budget the same way (``Orchestrator._fits``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,11 +52,15 @@ if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
 
 __all__ = [
-    "Plan", "PlanError", "ROLES", "RoleThresholds", "backend_memory", "group_chunks", "plan_for_device", "plan_split",
-    "reachable_splits",
+    "Plan", "PlanError", "ROLES", "RoleThresholds", "WIDTH_RATIOS", "backend_memory", "group_chunks", "plan_for_device",
+    "plan_split", "plan_width", "reachable_splits", "width_capacity", "width_cost", "width_footprint",
 ]
 
 ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
+
+#: Width ratio per role under width reduction (EmbracingFL appendix 6.4: moderate clients drop 55%
+#: and weak clients 80% of the channels at every layer).
+WIDTH_RATIOS: Mapping[str, float] = {"strong": 1.0, "moderate": 0.45, "weak": 0.2}
 
 
 class PlanError(ValueError):
@@ -98,6 +112,8 @@ class Plan:
     backend: str = "torch"
     #: The row selection the footprint was counted for (table entry -> rows); empty: whole tables.
     rows: dict[str, int] = field(default_factory=dict)
+    #: The width ratio the model is built at (1.0: full width; < 1 only from :func:`plan_width`).
+    width: float = 1.0
 
     @property
     def trained_blocks(self) -> range:
@@ -248,6 +264,80 @@ def plan_split(
         "or a smaller batch",
         needed_bytes=smallest.total,
         budget_bytes=budget_bytes,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def width_cost(model_name: str, width: float) -> ModelCost:
+    """The measured cost of zoo model ``model_name`` built at width ratio ``width`` (cached: about a
+    second for ResNet20). Imports torch."""
+    from edge_sdk.models.zoo import build_model
+
+    return measure_model(build_model(model_name, seed=0, width=float(width)))
+
+
+def width_footprint(
+    model_name: str,
+    width: float,
+    batch_size: int = 32,
+    *,
+    memory: TrainingMemory = TrainingMemory(),
+    runtime_bytes: int = 0,
+    local_samples: int = 0,
+) -> Footprint:
+    """What a device holds that trains the whole depth of ``model_name`` at ``width``: the narrow
+    model's footprint at split 0 (no frozen chunks, no cached activations; local data held)."""
+    return width_cost(model_name, float(width)).footprint(0, batch_size, memory=memory, runtime_bytes=runtime_bytes,
+                                                          local_samples=local_samples)
+
+
+def width_capacity(model_name: str, width: float, batch_size: int = 32) -> float:
+    """EmbracingFL's capacity C = (2p + 2a) / (2P + 2A) of the model at ``width`` against the full
+    model (appendix 6.4, Table 10; the paper counts weight parameters only, this counts all trainable
+    parameters, as :meth:`ModelCost.capacity` does)."""
+    narrow, full = width_cost(model_name, float(width)), width_cost(model_name, 1.0)
+    p, a = narrow.trainable_params(0), narrow.activations(0, batch_size)
+    whole_p, whole_a = full.trainable_params(0), full.activations(0, batch_size)
+    return (2 * p + 2 * a) / (2 * whole_p + 2 * whole_a)
+
+
+def plan_width(
+    model_name: str,
+    budget_bytes: int,
+    batch_size: int = 32,
+    *,
+    ratios: Mapping[str, float] = WIDTH_RATIOS,
+    runtime: RuntimeMemory | int | None = None,
+    memory: TrainingMemory = TrainingMemory(),
+    local_samples: int = 0,
+) -> Plan:
+    """Width reduction's plan for a budget: the role with the widest of ``ratios`` whose
+    :func:`width_footprint` fits (the whole depth, trained with torch). Raises :class:`PlanError`
+    when not even the narrowest fits."""
+    if budget_bytes <= 0:
+        raise ValueError(f"budget must be positive, not {budget_bytes}")
+    if not ratios:
+        raise ValueError("no width ratios to plan with")
+    runtime_bytes = _runtime_bytes(runtime, "torch")
+    smallest: Footprint | None = None
+    for role, width in sorted(ratios.items(), key=lambda item: -item[1]):
+        footprint = width_footprint(model_name, width, batch_size, memory=memory, runtime_bytes=runtime_bytes,
+                                    local_samples=local_samples)
+        smallest = footprint
+        if footprint.total > budget_bytes:
+            continue
+        cost = width_cost(model_name, float(width))
+        return Plan(
+            model=model_name, split=0, role=role, chunks=[], footprint_bytes=footprint.total,
+            capacity=width_capacity(model_name, width, batch_size), budget_bytes=budget_bytes, batch_size=batch_size,
+            num_blocks=len(cost), trainable_params=cost.trainable_params(0), footprint=footprint, backend="torch",
+            width=float(width),
+        )
+    assert smallest is not None
+    raise PlanError(
+        f"{model_name} at width {min(ratios.values()):g} does not fit a budget of {format_size(budget_bytes)} at "
+        f"batch {batch_size}: it needs {format_size(smallest.total)}",
+        needed_bytes=smallest.total, budget_bytes=budget_bytes,
     )
 
 

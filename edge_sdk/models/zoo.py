@@ -10,11 +10,21 @@
   dense layers that predict a MovieLens rating.
 - ``digits_mlp``: a wide four-block MLP for scikit-learn's 8x8 digits (the demo's default).
 - ``tiny``: two linear blocks, small enough to check aggregation by hand.
+
+Width (static HeteroFL, FjORD's ordered dropout; EmbracingFL Section 4.1 and appendix 6.4): the
+models that take a ``width`` ratio r in (0, 1] (``ModelSpec.widths``; ``build_model(name, width=r)``)
+keep the first ``scaled(c, r) = max(1, ceil(r c))`` channels or units of every hidden layer; the
+model's input channels and its class outputs keep their size. The narrow model's state is a
+leading slice of the full model's, entry by entry: ``full[name][:c_out, :c_in, ...]`` has exactly
+the shape of ``narrow[name]`` (:func:`width_shapes`), and flattened features are channel-major, so
+a dense layer after a flatten keeps the first ``scaled(c, r) x H x W`` inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,18 +33,30 @@ from torch import nn
 from edge_sdk.models.layered import LayeredModel
 
 
+def scaled(channels: int, width: float) -> int:
+    """Channels a layer of ``channels`` keeps at width ratio ``width``: ceil(width x channels), at least 1.
+
+    The ceiling is taken with a small tolerance, so that 10 x 0.3 (3.0000000000000004 in floating
+    point) keeps 3, not 4."""
+    if not 0.0 < width <= 1.0:
+        raise ValueError(f"width must be in (0, 1], not {width}")
+    return max(1, min(channels, math.ceil(channels * width - 1e-9)))
+
+
 # -- ResNet20 --------------------------------------------------------------------------------
 class BasicBlock(nn.Module):
-    """Two 3x3 conv + BN; identity shortcut, or 1x1 conv + BN where stride or width changes."""
+    """Two 3x3 conv + BN; identity shortcut, or 1x1 conv + BN where stride or width changes.
 
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    ``projection`` forces the 1x1 shortcut on or off (a narrow ResNet keeps the full one's shortcuts)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, projection: bool | None = None) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
+        if projection if projection is not None else (stride != 1 or cin != cout):
             self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,29 +84,34 @@ class PoolHead(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def resnet20(num_classes: int = 10) -> LayeredModel:
-    """11 blocks: stem, 9 residual blocks (3 stages of 3), head."""
-    blocks: list[tuple[str, nn.Module]] = [("stem", Stem(3, 16))]
+def resnet20(num_classes: int = 10, width: float = 1.0) -> LayeredModel:
+    """11 blocks: stem, 9 residual blocks (3 stages of 3), head. ``width``: see the module docstring
+    (appendix 6.4, Table 10: r = 0.45 for moderate and 0.2 for weak clients)."""
+    w = lambda c: scaled(c, width)  # noqa: E731
+    blocks: list[tuple[str, nn.Module]] = [("stem", Stem(3, w(16)))]
     cin = 16
     for stage, cout in enumerate((16, 32, 64), start=1):
         for b in range(1, 4):
             stride = 2 if (b == 1 and stage > 1) else 1
-            blocks.append((f"stage{stage}_block{b}", BasicBlock(cin, cout, stride)))
+            blocks.append((f"stage{stage}_block{b}", BasicBlock(w(cin), w(cout), stride, stride != 1 or cin != cout)))
             cin = cout
-    blocks.append(("head", PoolHead(64, num_classes)))
-    return LayeredModel("resnet20", blocks, input_shape=(3, 32, 32), num_outputs=num_classes)
+    blocks.append(("head", PoolHead(w(64), num_classes)))
+    return _with_width(LayeredModel("resnet20", blocks, input_shape=(3, 32, 32), num_outputs=num_classes), width)
 
 
 # -- LEAF CNN --------------------------------------------------------------------------------
-def leaf_cnn(num_classes: int = 62) -> LayeredModel:
-    """4 blocks: conv1, conv2 (each conv 5x5 'same' + ReLU + 2x2 max-pool), dense1 2048, dense2."""
+def leaf_cnn(num_classes: int = 62, width: float = 1.0) -> LayeredModel:
+    """4 blocks: conv1, conv2 (each conv 5x5 'same' + ReLU + 2x2 max-pool), dense1 2048, dense2.
+    ``width``: see the module docstring (conv2's flattened output is channel-major, so dense1 keeps
+    its first 7 x 7 x scaled(64) inputs)."""
+    c1, c2, d1 = scaled(32, width), scaled(64, width), scaled(2048, width)
     blocks: list[tuple[str, nn.Module]] = [
-        ("conv1", nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2))),
-        ("conv2", nn.Sequential(nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())),
-        ("dense1", nn.Sequential(nn.Linear(7 * 7 * 64, 2048), nn.ReLU())),
-        ("dense2", nn.Linear(2048, num_classes)),
+        ("conv1", nn.Sequential(nn.Conv2d(1, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())),
+        ("dense1", nn.Sequential(nn.Linear(7 * 7 * c2, d1), nn.ReLU())),
+        ("dense2", nn.Linear(d1, num_classes)),
     ]
-    return LayeredModel("leaf_cnn", blocks, input_shape=(1, 28, 28), num_outputs=num_classes)
+    return _with_width(LayeredModel("leaf_cnn", blocks, input_shape=(1, 28, 28), num_outputs=num_classes), width)
 
 
 # -- IMDB BiLSTM -----------------------------------------------------------------------------
@@ -171,16 +198,17 @@ def digits_mlp(num_classes: int = 10, width: int = 2048) -> LayeredModel:
     return LayeredModel("digits_mlp", blocks, input_shape=(64,), num_outputs=num_classes)
 
 
-def mnist_2nn(num_classes: int = 10, hidden: int = 64) -> LayeredModel:
+def mnist_2nn(num_classes: int = 10, hidden: int = 64, width: float = 1.0) -> LayeredModel:
     """2 blocks for flattened 28x28 MNIST (784 features): 784-64 (ReLU), 64-10; 51k parameters.
 
     A small version of the 2NN of the FedALIGN and VaRSeL experiments (Section 4; VaRSeL Section
     5.1), so that a benchmark of many devices, strategies and seeds runs in minutes on 2 cores."""
+    h = scaled(hidden, width)
     blocks: list[tuple[str, nn.Module]] = [
-        ("fc1", nn.Sequential(nn.Linear(784, hidden), nn.ReLU())),
-        ("head", nn.Linear(hidden, num_classes)),
+        ("fc1", nn.Sequential(nn.Linear(784, h), nn.ReLU())),
+        ("head", nn.Linear(h, num_classes)),
     ]
-    return LayeredModel("mnist_2nn", blocks, input_shape=(784,), num_outputs=num_classes)
+    return _with_width(LayeredModel("mnist_2nn", blocks, input_shape=(784,), num_outputs=num_classes), width)
 
 
 def mnist_cnn(num_classes: int = 10) -> LayeredModel:
@@ -199,36 +227,45 @@ def mnist_cnn(num_classes: int = 10) -> LayeredModel:
     return LayeredModel("mnist_cnn", blocks, input_shape=(784,), num_outputs=num_classes)
 
 
-def tiny(features: int = 4, hidden: int = 3, num_classes: int = 2) -> LayeredModel:
+def tiny(features: int = 4, hidden: int = 3, num_classes: int = 2, width: float = 1.0) -> LayeredModel:
     """2 linear blocks; small enough that an aggregation can be checked by hand."""
+    h = scaled(hidden, width)
     blocks: list[tuple[str, nn.Module]] = [
-        ("fc1", nn.Linear(features, hidden)),
-        ("head", nn.Linear(hidden, num_classes)),
+        ("fc1", nn.Linear(features, h)),
+        ("head", nn.Linear(h, num_classes)),
     ]
-    return LayeredModel("tiny", blocks, input_shape=(features,), num_outputs=num_classes)
+    return _with_width(LayeredModel("tiny", blocks, input_shape=(features,), num_outputs=num_classes), width)
+
+
+def _with_width(model: LayeredModel, width: float) -> LayeredModel:
+    model.width = float(width)  # the ratio it was built at (1.0: the full model)
+    return model
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A zoo entry: how to build the model and what data it expects."""
+    """A zoo entry: how to build the model and what data it expects.
+
+    ``widths``: the factory takes a ``width`` ratio (width reduction; see the module docstring)."""
 
     name: str
-    factory: Callable[[], LayeredModel]
+    factory: Callable[..., LayeredModel]
     dataset: str
     description: str
+    widths: bool = False
 
 
 _SPECS = {
     s.name: s
     for s in (
-        ModelSpec("resnet20", resnet20, "cifar10", "ResNet20, CIFAR-10 (EmbracingFL)"),
-        ModelSpec("leaf_cnn", leaf_cnn, "femnist", "LEAF CNN, FEMNIST (EmbracingFL)"),
+        ModelSpec("resnet20", resnet20, "cifar10", "ResNet20, CIFAR-10 (EmbracingFL)", widths=True),
+        ModelSpec("leaf_cnn", leaf_cnn, "femnist", "LEAF CNN, FEMNIST (EmbracingFL)", widths=True),
         ModelSpec("bilstm", bilstm, "imdb", "bidirectional LSTM, IMDB (EmbracingFL)"),
         ModelSpec("recommender", recommender, "movielens", "embedding recommender, MovieLens (FedSubAvg)"),
         ModelSpec("digits_mlp", digits_mlp, "digits", "4-block wide MLP, scikit-learn digits (demo)"),
-        ModelSpec("mnist_2nn", mnist_2nn, "mnist", "2-block MLP, MNIST (FedALIGN / VaRSeL benchmark)"),
+        ModelSpec("mnist_2nn", mnist_2nn, "mnist", "2-block MLP, MNIST (FedALIGN / VaRSeL benchmark)", widths=True),
         ModelSpec("mnist_cnn", mnist_cnn, "mnist", "4-block CNN, MNIST (benchmark against Flower)"),
-        ModelSpec("tiny", tiny, "synthetic", "2 linear blocks (exact tests)"),
+        ModelSpec("tiny", tiny, "synthetic", "2 linear blocks (exact tests)", widths=True),
     )
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)
@@ -241,14 +278,45 @@ def model_spec(name: str) -> ModelSpec:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}") from None
 
 
-def build_model(name: str, seed: int | None = 0) -> LayeredModel:
-    """Build a zoo model; with a seed, its initial weights are the same on every machine."""
+def build_model(name: str, seed: int | None = 0, width: float = 1.0) -> LayeredModel:
+    """Build a zoo model; with a seed, its initial weights are the same on every machine.
+
+    ``width`` < 1 builds the model reduced to that width ratio (only for ``ModelSpec.widths``)."""
     spec = model_spec(name)
+    width = float(width)
+    if width != 1.0 and not spec.widths:
+        raise ValueError(f"model {name!r} cannot be built at a reduced width; models that can: "
+                         f"{', '.join(n for n, s in _SPECS.items() if s.widths)}")
+    scaled(1, width)  # checks 0 < width <= 1
+    make = (lambda: spec.factory(width=width)) if width != 1.0 else spec.factory
     if seed is None:
-        return spec.factory()
+        return make()
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return spec.factory()
+        return make()
     finally:
         torch.random.set_rng_state(state)
+
+
+def width_shapes(name: str, width: float) -> dict[str, tuple[int, ...]]:
+    """The state shapes of zoo model ``name`` built at ``width``: the leading slice of every entry of
+    the full model that a device at that width holds (built on torch's ``meta`` device: no storage)."""
+    return dict(_width_shapes(name, float(width)))
+
+
+@functools.lru_cache(maxsize=128)
+def _width_shapes(name: str, width: float) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    with torch.device("meta"):
+        model = build_model(name, seed=None, width=width)
+    return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
+
+
+def model_for_state(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The zoo model (at its default arguments) that takes a width and whose state has exactly these
+    entry names and shapes, or None."""
+    want = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
+    for name, spec in _SPECS.items():
+        if spec.widths and width_shapes(name, 1.0) == want:
+            return name
+    return None

@@ -29,6 +29,7 @@ from orchestrator.strategies.fedalign import FedALIGN
 from orchestrator.strategies.fedavg import FedAvg
 from orchestrator.strategies.varsel import VaRSeL
 from orchestrator.strategies.fedsubavg import FedSubAvg
+from orchestrator.strategies.width import WidthReduction
 
 _STRATEGIES = MappingProxyType(
     {
@@ -39,6 +40,7 @@ _STRATEGIES = MappingProxyType(
             FedSubAvg,
             FedALIGN,
             VaRSeL,
+            WidthReduction,
         )
     }
 )
@@ -91,6 +93,7 @@ __all__ = [
     "Strategy",
     "VaRSeL",
     "WeightedSums",
+    "WidthReduction",
     "make_strategy",
     "strategy_class",
 ]
