@@ -202,8 +202,13 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
     from orchestrator.emulation.device import build_client
 
     device_id = d.device_id
+    t0, welcomed = time.monotonic(), False
 
     def on_event(kind: str, data: dict) -> None:
+        nonlocal welcomed
+        if kind == "welcome" and not welcomed:  # a life's first welcome: how long connecting took
+            welcomed = True
+            data = {**data, "connect_to_welcome_s": round(time.monotonic() - t0, 4)}
         emit(kind, data)
         if kind == "welcome":
             reconnecting.discard(device_id)
@@ -216,7 +221,7 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
     while True:
         life += 1
         emit("life_start", {"device": device_id, "life": life})
-        t0, error = time.monotonic(), ""
+        t0, error, welcomed = time.monotonic(), "", False
         try:
             await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True).run()
             ended = "finished"
