@@ -401,7 +401,7 @@ class DeviceClient:
             t = time.monotonic()
             runner = ChunkRunner(data, threads=self.config.threads)
             del data
-            prog.storage = self._storage(runner)
+            prog.storage = self._storage(runner, graph=bool(ins.config.get(p.TRAIN_GRAPH_KEY)))
             previous = prog.activations
             prog.activations = await asyncio.to_thread(
                 previous.apply, runner, batch_size=self.config.forward_batch or welcome.batch_size,
@@ -578,15 +578,17 @@ class DeviceClient:
                 raise p.ProtocolError("unexpected", f"expected transfer_end, got {end.TYPE}")
 
     # -- resources ------------------------------------------------------------------------
-    def _storage(self, runner) -> str:
+    def _storage(self, runner, *, graph: bool = False) -> str:
         """Keep a chunk's activations in memory only if they fit beside the plan's footprint.
 
         The planner counts one batch of cached activations (the rest on disk); the budget left
-        over the planned footprint decides whether the whole cache may stay in memory.
+        over the planned footprint decides whether the whole cache may stay in memory. A tail
+        trained from a training graph (``graph``) reads a disk cache a batch at a time without
+        keeping its pages resident (edge_sdk.forward.take_rows), so there the cache goes to disk.
         """
         if self.config.storage != "auto":
             return self.config.storage
-        if any(d is None for d in runner.output_shape):
+        if graph or any(d is None for d in runner.output_shape):
             return "disk"
         need = len(self.x) * math.prod(runner.output_shape) * np.dtype(runner.output_dtype).itemsize
         footprint = int(self.welcome.config.get("footprint_bytes", self.config.budget_bytes)) if self.welcome else self.config.budget_bytes

@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["ActivationCache", "ChunkRunner", "Storage", "multi_step_forward"]
+__all__ = ["ActivationCache", "ChunkRunner", "Storage", "multi_step_forward", "take_rows"]
 
 Storage = Literal["memory", "disk"]
 
@@ -228,6 +228,58 @@ class ActivationCache:
             self.close()
 
 
+def _file_mapping(source: object) -> mmap.mmap | None:
+    """The mmap behind ``source`` if it is a read-only mapping of a whole file (a disk cache), else None.
+
+    Only such mappings have their pages dropped: a private or writable mapping could lose data,
+    and a view would not start at the mapping's first byte.
+    """
+    if getattr(mmap, "MADV_DONTNEED", None) is None:
+        return None
+    if not (isinstance(source, np.memmap) and source.mode == "r" and not source.offset):
+        return None
+    return getattr(source, "_mmap", None)
+
+
+def take_rows(source: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``source[rows]`` (``rows``: integer indices) as an array of its own; from a disk-backed
+    cache, without mapping any of its pages into the resident set.
+
+    Training reads a disk cache one batch at a time, in random order. Through the mapping, every
+    page a batch touches would stay resident (and the kernel's read-ahead brings in most of the
+    file at the first fault), so after a few steps the whole cache would be resident, as if it were
+    kept in memory. The rows are read from the file instead (``pread``, consecutive rows in one
+    call), so a batch costs its own bytes and nothing more.
+    """
+    rows = np.asarray(rows)
+    if _file_mapping(source) is None or rows.ndim != 1 or rows.dtype.kind not in "iu" or not source.flags.c_contiguous:
+        return np.array(source[rows], copy=True)
+    n = source.shape[0]
+    if rows.size and (rows.min() < -n or rows.max() >= n):
+        raise IndexError(f"row index out of range for {n} rows")
+    rows = np.where(rows < 0, rows + n, rows)
+    out = np.empty((len(rows), *source.shape[1:]), dtype=source.dtype)
+    if not len(rows):
+        return out
+    row_bytes = source.strides[0]
+    flat = out.reshape(len(rows), -1).view(np.uint8)
+    fd = os.open(source.filename, os.O_RDONLY)
+    try:
+        begin = 0
+        for end in range(1, len(rows) + 1):  # runs of consecutive rows, one read each
+            if end < len(rows) and rows[end] == rows[end - 1] + 1:
+                continue
+            want = (end - begin) * row_bytes
+            view = memoryview(flat[begin:end]).cast("B")
+            got = os.preadv(fd, [view], int(rows[begin]) * row_bytes)
+            if got != want:
+                raise OSError(f"short read from {source.filename}: {got} of {want} bytes")
+            begin = end
+    finally:
+        os.close(fd)
+    return out
+
+
 class _PageReleaser:
     """Drops the pages of a disk-backed source from the resident set once they have been read.
 
@@ -237,12 +289,8 @@ class _PageReleaser:
     """
 
     def __init__(self, source: np.ndarray | None) -> None:
-        # Only for the read-only, whole-file mappings a disk cache makes (a private or writable
-        # mapping could lose data, a view would not start at the mapping's first byte).
-        advice = getattr(mmap, "MADV_DONTNEED", None)
-        ok = isinstance(source, np.memmap) and source.mode == "r" and not source.offset
-        self._mmap = getattr(source, "_mmap", None) if ok and advice is not None else None
-        self._advice = advice
+        self._mmap = _file_mapping(source)
+        self._advice = getattr(mmap, "MADV_DONTNEED", None)
         self._row_bytes = source.strides[0] if self._mmap is not None else 0  # type: ignore[union-attr]
         self._released = 0
 

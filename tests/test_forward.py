@@ -121,6 +121,49 @@ def test_disk_cache_reads_back_after_its_pages_are_released(tiny_chunk, tmp_path
     cache.close()
 
 
+def test_take_rows_reads_a_disk_cache_without_keeping_its_pages(tmp_path):
+    """Random batches from a disk cache: the rows it holds, and the mapping stays out of the resident set."""
+    from edge_sdk.forward import _DiskWriter, take_rows
+
+    rng = np.random.default_rng(5)
+    x = rng.random((2048, 8, 16, 16), dtype=np.float32)  # 16 MiB of 8 KiB rows
+    writer = _DiskWriter(tmp_path)
+    for begin in range(0, len(x), 256):
+        writer.write(x[begin : begin + 256], len(x))
+    cache = writer.finish()
+    source = cache.array
+    for rows in (np.sort(rng.choice(len(x), 32, replace=False)), np.array([0, 1, 2, 2047, 5, 4, -1]),
+                 np.arange(100, 164), np.array([], np.int64)):
+        got = take_rows(source, rows)
+        np.testing.assert_array_equal(got, x[rows])
+        assert got.flags.owndata and not isinstance(got, np.memmap)
+    with pytest.raises(IndexError):
+        take_rows(source, np.array([len(x)]))
+    # mincore is not in Python: the resident pages of the mapping are read from /proc/self/smaps.
+    start = source.ctypes.data
+
+    def resident_kib() -> int:
+        inside = False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(v, 16) for v in head[0].split("-"))
+                inside = lo <= start < hi
+            elif inside and head[0] == "Rss:":
+                return int(head[1])
+        return 0
+
+    for _ in range(20):
+        take_rows(source, np.sort(rng.choice(len(x), 32, replace=False)))
+    assert resident_kib() <= 64
+    for _ in range(20):  # the same batches read through the mapping page most of it in
+        np.array(source[np.sort(rng.choice(len(x), 32, replace=False))])
+    assert resident_kib() > 4096
+    assert isinstance(take_rows(x, np.array([3, 1])), np.ndarray)  # plain arrays: ordinary indexing
+    np.testing.assert_array_equal(take_rows(x, np.array([3, 1])), x[[3, 1]])
+    cache.close()
+
+
 def test_apply_failure_keeps_the_previous_cache_and_leaves_no_file(tiny_chunk, tmp_path):
     _, data = tiny_chunk
     cache = ActivationCache.from_array(np.zeros((6, 5), np.float32))  # wrong width for the chunk
