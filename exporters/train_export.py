@@ -112,11 +112,14 @@ def train_graph_refusal(model: LayeredModel, split: int) -> str | None:
     return None
 
 
-def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings) -> str:
+def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings, width: float = 1.0) -> str:
     """sha256 (hex) of what determines a training graph's bytes. The weights are inputs of the
-    graph, not part of it, so one graph serves every round."""
+    graph, not part of it, so one graph serves every round. ``width``: the ratio the model was
+    built at (width reduction); a narrow model's graph has other shapes than the full one's."""
     key = {"format": _ID_FORMAT, "graph": GRAPH_FORMAT, "model": model_name, "split": split, "loss": task,
            "settings": settings.as_dict(), "torch": torch.__version__}
+    if float(width) != 1.0:  # the full model's ids stay what they were
+        key["width"] = float(width)
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "train-" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
@@ -443,7 +446,7 @@ class TrainGraphCache:
         self.exports = 0
 
     def graph_id(self, model: LayeredModel, split: int) -> str:
-        return train_graph_id(model.name, split, model.task, self.settings)
+        return train_graph_id(model.name, split, model.task, self.settings, getattr(model, "width", 1.0))
 
     def get_or_export(self, model: LayeredModel, split: int) -> tuple[str, bytes]:
         """The id and payload of the training graph of [split, L); raises ExportError if refused."""

@@ -144,3 +144,12 @@ def test_ort_trainer_gives_the_torch_trainers_deltas(name: str, split: int, grap
         assert float(np.abs(got.deltas[n] - d).max()) <= PARITY_TOLERANCE * scale, n
         moved += bool(np.abs(d).max() > 0)
     assert moved > 0
+
+
+def test_graph_ids_tell_widths_apart() -> None:
+    """A narrow model's graph has other shapes: it never shares an id (nor a cache entry) with the full one's."""
+    cache = TrainGraphCache()
+    full, narrow = build_model("resnet20", seed=None), build_model("resnet20", seed=None, width=0.2)
+    assert cache.graph_id(full, 7) != cache.graph_id(narrow, 7)
+    assert cache.graph_id(narrow, 7) == cache.graph_id(build_model("resnet20", seed=None, width=0.2), 7)
+    assert cache.graph_id(narrow, 7) != cache.graph_id(build_model("resnet20", seed=None, width=0.45), 7)
