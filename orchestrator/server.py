@@ -47,6 +47,8 @@ from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
+from orchestrator.limits import raise_fd_limit
+from orchestrator.plancache import PlanCache
 from orchestrator.rounds import RoundState
 from orchestrator.selection import Selection
 from orchestrator.store import Store
@@ -162,6 +164,7 @@ class Orchestrator:
         self.graph_splits = frozenset(k for k in range(len(self.model)) if train_graph_refusal(self.model, k) is None
                                       and self.train_graphs.known_refusal(self.model, k) is None)
         self.sessions: dict[str, Session] = {}
+        self.plans = PlanCache()  # hello profile -> plan: each distinct profile is planned once
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
         self.version = ""
@@ -181,6 +184,7 @@ class Orchestrator:
         self._open = [0, 0]  # connections open, of which still to say hello
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
         self.port: int | None = None
+        self._start: asyncio.Event | None = None  # run(start=...): the first round waits for it
         self._prepare_store()
 
     # -- persistence ----------------------------------------------------------------------
@@ -214,12 +218,19 @@ class Orchestrator:
         self.model.eval()
 
     # -- serving --------------------------------------------------------------------------
-    async def run(self, *, ready: asyncio.Event | None = None) -> list[dict]:
-        """Serve until every round is done; return the per-round metrics."""
+    async def run(self, *, ready: asyncio.Event | None = None, start: asyncio.Event | None = None) -> list[dict]:
+        """Serve until every round is done; return the per-round metrics.
+
+        ``start``: the first round also waits for this event once ``min_devices`` are connected
+        (a benchmark measures the connected fleet at rest first)."""
+        self._start = start
+        raise_fd_limit()  # a socket per device: the soft limit (often 1,024) up to the hard one
         try:
             tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
+            # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept
+            # queue (asyncio's default is 100; the kernel caps it at net.core.somaxconn).
             async with serve(self._handler, self.config.host, self.config.port, ssl=tls,
-                             **ws_options(self.limits)) as server:
+                             backlog=max(100, self.config.max_pending_hellos), **ws_options(self.limits)) as server:
                 self.port = server.sockets[0].getsockname()[1]
                 self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
                 if ready is not None:
@@ -234,11 +245,15 @@ class Orchestrator:
         return self.history
 
     async def _say_bye(self, reason: str) -> None:
-        for session in list(self.sessions.values()):
+        """Goodbye to every device at once: a closing handshake waits for the device's answer, and
+        ten thousand of them one after another would take minutes."""
+        async def bye(session: Session) -> None:
             with contextlib.suppress(Exception):
                 async with session.channel.send_lock:
                     await send_msg(session.channel, p.Bye(reason))
                 await session.ws.close()
+
+        await asyncio.gather(*(bye(s) for s in list(self.sessions.values())))
 
     async def _handler(self, ws: ServerConnection) -> None:
         channel = Channel(ws, ServerSession(), self.limits)
@@ -255,10 +270,11 @@ class Orchestrator:
                 hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
             finally:
                 self._open[1] -= 1
+            hello_at = time.monotonic()
             if not isinstance(hello, p.Hello):
                 raise p.ProtocolError("unexpected", f"first message must be hello, got {hello.TYPE}")
             session = await self._register(channel, hello)
-            await self._serve_session(session)
+            await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
             with contextlib.suppress(Exception):
@@ -375,8 +391,17 @@ class Orchestrator:
             row_bits=MappingProxyType(bits), row_epsilon=float(hello.row_epsilon),
         )
 
+    def plan_key(self, hello: p.Hello) -> tuple:
+        """What a hello's plan depends on (:mod:`orchestrator.plancache`): equal keys, equal plans."""
+        forced = hello.labels.get("force_split") if self.config.allow_forced_split else None
+        return (self.config.model, self.config.planner_batch, hello.budget_bytes, hello.cores,
+                device_backends(hello), hello.num_samples, tuple(sorted(self._planned_rows(hello).items())), forced)
+
     async def shippable_plan(self, hello: p.Hello) -> Plan:
         """The device's plan, whose training graph (ONNX Runtime backend) exports and verifies.
+
+        Planned once per profile (:meth:`plan_key`): a hello whose profile was planned before
+        takes the cached plan (or refusal) without planning or checking a graph again.
 
         A split whose graph the export check refuses (ResNet20's stem: a weight gradient 1e-3 off)
         is dropped from :attr:`graph_splits` and the device planned again, so it gets the largest
@@ -384,24 +409,34 @@ class Orchestrator:
         Exports run in a worker thread (seconds, once per split; cached on disk). Authenticated
         hellos only: planning may export.
         """
+        key = self.plan_key(hello)
+        cached = self.plans.get(key)
+        if isinstance(cached, str):
+            raise p.ProtocolError("refused", cached)
+        if cached is not None:
+            return cached
         refused: list[str] = []
         while True:
             try:
                 plan = self._plan(hello)
             except PlanError as exc:
-                raise p.ProtocolError("refused", "; ".join([str(exc), *refused])) from None
-            if plan.backend != "onnxruntime":
-                return plan
-            reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split)
-            if reason is None:
-                return plan
-            self._refuse_graph(plan.split, reason)
-            refused.append(f"split {plan.split}: {reason}")
+                message = "; ".join([str(exc), *refused])
+                self.plans.put(key, message)
+                raise p.ProtocolError("refused", message) from None
+            if plan.backend == "onnxruntime":
+                reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split)
+                if reason is not None:
+                    self._refuse_graph(plan.split, reason)
+                    refused.append(f"split {plan.split}: {reason}")
+                    continue
+            self.plans.put(key, plan)
+            return plan
 
     def _refuse_graph(self, split: int, reason: str) -> None:
         """Never plan an ONNX Runtime device at ``split`` again (its graph failed the export check)."""
         if split in self.graph_splits:
             self.graph_splits = self.graph_splits - {split}
+            self.plans.clear()  # plans made with the split, and refusals made without it, are stale
             log.warning("training graph of split %d refused: %s", split, reason)
             self.on_event("train_graph_refused", {"split": split, "reason": reason[:512]})
 
@@ -453,7 +488,7 @@ class Orchestrator:
                 out[entry] = min(len(values), int(self.global_state[entry].shape[0]))
         return out
 
-    async def _serve_session(self, session: Session) -> None:
+    async def _serve_session(self, session: Session, hello_at: float | None = None) -> None:
         plan = session.plan
         welcome = p.Welcome(
             device_id=session.device_id, role=plan.role, split=plan.split, num_blocks=len(self.model),
@@ -464,6 +499,8 @@ class Orchestrator:
         )
         async with session.channel.send_lock:
             await send_msg(session.channel, welcome)
+        if hello_at is not None:  # hello read to welcome written: planning, journaling, queueing
+            self.on_event("welcomed", {"device": session.device_id, "latency_s": time.monotonic() - hello_at})
         # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept").
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
@@ -823,9 +860,9 @@ class Orchestrator:
     # -- rounds ---------------------------------------------------------------------------
     async def _wait_for_devices(self, needed: int) -> None:
         deadline = time.monotonic() + self.config.wait_devices_s
-        while len(self._idle()) < needed:
+        while self._idle_count() < needed:  # woken by every hello: O(1) between rounds
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self._idle())} of {needed} devices were ready in time")
+                raise TimeoutError(f"only {self._idle_count()} of {needed} devices were ready in time")
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=0.5)
@@ -833,6 +870,10 @@ class Orchestrator:
     def _idle(self) -> list[str]:
         rs = self.round
         return [d for d in self.sessions if rs is None or not rs.expects(d)]
+
+    def _idle_count(self) -> int:
+        """``len(self._idle())``, without a scan of the registry while no round is open."""
+        return len(self.sessions) if self.round is None else len(self._idle())
 
     async def _rounds(self) -> None:
         # The first round waits for min_devices to connect; later ones go ahead with whoever is
@@ -843,6 +884,8 @@ class Orchestrator:
         r, attempt = self.start_round, 0
         while r <= self.config.rounds:
             await self._wait_for_devices(self.config.min_devices if r == self.start_round and not attempt else 1)
+            if self._start is not None:
+                await self._start.wait()
             if await self._run_round(r, attempt=attempt, last_try=attempt >= self.config.round_retries):
                 r, attempt = r + 1, 0
             else:
@@ -979,9 +1022,10 @@ def check_width_shapes(model: str, selection: Selection, width: float) -> None:
 
     shapes = width_shapes(model, width)
     wrong = sorted(n for n, s in selection.channels.items() if shapes.get(n) != tuple(s))
-    if wrong or set(shapes) - set(selection.channels):
+    wrong += sorted(n for n, s in shapes.items() if s and n not in selection.channels)  # scalars go whole
+    if wrong:
         raise ValueError(f"a channel selection at width {width} must cut {model} to its shapes at that width; "
-                         f"{(wrong or sorted(set(shapes) - set(selection.channels)))[:3]} differ")
+                         f"{wrong[:3]} differ")
 
 
 def exceeds_rows(plan: Plan, rows: Mapping[str, int], cost: ModelCost, split: int) -> bool:
