@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -11,6 +11,12 @@ lightweight mode also each worker's memory and CPU), ``accuracy.png`` and ``memo
 of the last round its store completed and runs the rounds after it (same fleet, strategy and seed;
 the store refuses another), then writes the report over every round. ``--strategy`` overrides the
 fleet's ``[training] strategy`` (its ``[strategy]`` options then apply only if the name is the same).
+
+``--backend ray`` runs a lightweight fleet's workers as Ray actors (``pip install 'edgetrain[ray]'``):
+on a local Ray instance, or with ``--address ADDR`` on a running cluster, so a fleet can span machines
+(see ``orchestrator.emulation.ray_backend``). The orchestrator stays in this process and binds
+``--host`` (``0.0.0.0`` with ``--address``); the actors dial ``--advertise-host`` (by default this
+node's address as Ray knows it). ``metrics.json`` then says ``backend: ray`` and each worker's host.
 """
 
 from __future__ import annotations
@@ -40,13 +46,25 @@ def emulate(
         None, "--resume", help="Continue the interrupted run in this folder (runs/<timestamp>) after the last round its "
                                "store completed; give the same --fleet, --strategy and --rounds."),
     strategy: Optional[str] = typer.Option(None, help="Override the fleet's [training] strategy (e.g. width)."),
+    backend: str = typer.Option(
+        "local", help="Lightweight mode: where the workers run: 'local' (child processes) or 'ray' (Ray actors; "
+                      "needs the [ray] extra)."),
+    address: Optional[str] = typer.Option(
+        None, help="--backend ray: the running Ray cluster to use (e.g. 10.0.0.5:6379, or 'auto' on a cluster node); "
+                   "default: start a local Ray instance."),
+    host: Optional[str] = typer.Option(
+        None, help="--backend ray: the address the orchestrator binds (default 127.0.0.1; 0.0.0.0 with --address)."),
+    advertise_host: Optional[str] = typer.Option(
+        None, help="--backend ray: the host or IP the workers dial to reach the orchestrator (default: --host, or this "
+                   "node's address as Ray knows it when --host is 0.0.0.0)."),
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from rich.console import Console
 
     from orchestrator.emulation.fleet import FleetError, load_fleet
     from orchestrator.emulation.lightweight import WorkerFailed, default_workers
-    from orchestrator.emulation.runner import run_emulation
+    from orchestrator.emulation.ray_backend import RayUnavailable  # Ray itself is imported by a ray run only
+    from orchestrator.emulation.runner import BACKENDS, run_emulation
     from orchestrator.emulation.schedule import server_config
     from orchestrator.fleetview import FleetView
     from orchestrator.report import new_run_dir, plot_accuracy, plot_memory, write_metrics
@@ -64,6 +82,14 @@ def emulate(
                                  "--workers applies to mode \"lightweight\"", param_hint="--workers")
     if workers is not None and not 1 <= workers <= spec.num_devices:
         raise typer.BadParameter(f"must be between 1 and the fleet's {spec.num_devices} devices", param_hint="--workers")
+    if backend not in BACKENDS:
+        raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
+    if backend == "ray" and mode != "lightweight":
+        raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one capped process per device; "
+                                 "--backend ray runs the workers of mode \"lightweight\"", param_hint="--backend")
+    for value, name in ((address, "--address"), (host, "--host"), (advertise_host, "--advertise-host")):
+        if value is not None and backend != "ray":
+            raise typer.BadParameter("applies to --backend ray", param_hint=name)
     if resume is not None and not (resume / "store").is_dir():
         raise typer.BadParameter(f"{resume} holds no run (no store/ folder)", param_hint="--resume")
     run_dir = resume if resume is not None else new_run_dir(out)
@@ -82,8 +108,16 @@ def emulate(
 
         done = completed_rounds(config.store_dir)
         config = dataclasses.replace(config, resume=True)
+    if backend == "ray":
+        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host))
     devices = spec.devices()
-    if mode == "lightweight":
+    if backend == "ray":
+        n_workers_text = (str(workers or default_workers(len(devices))) if address is None
+                          else str(workers) if workers else "one per cluster CPU,")
+        where = f"the Ray cluster at {address}" if address is not None else "a local Ray instance"
+        how = (f"mode lightweight: {n_workers_text} worker processes as Ray actors on {where}, no memory caps; "
+               f"orchestrator bound to {config.host}")
+    elif mode == "lightweight":
         n_workers = workers or default_workers(len(devices))
         how = f"mode lightweight: {n_workers} worker processes, no memory caps"
     else:
@@ -107,8 +141,12 @@ def emulate(
 
         try:
             run = asyncio.run(run_emulation(spec, config, specs=devices, on_event=on_event, data_root=data_root,
-                                            stderr_dir=run_dir / "logs", rss_guard=rss_guard, workers=workers))
+                                            stderr_dir=run_dir / "logs", rss_guard=rss_guard, workers=workers,
+                                            backend=backend, address=address, advertise_host=advertise_host))
         except WorkerFailed as e:
+            console.print(str(e), style="red", markup=False)
+            raise typer.Exit(1) from None
+        except RayUnavailable as e:  # Ray missing, or its instance / cluster not reachable
             console.print(str(e), style="red", markup=False)
             raise typer.Exit(1) from None
     wall = time.monotonic() - t0
@@ -116,12 +154,14 @@ def emulate(
     per_device = results["devices"]
     final = run.history[-1] if run.history else {}
     write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), "config": config.to_dict(),
-                            "wall_s": wall, **results, "final": final})
+                            "wall_s": wall, "backend": backend, **({"ray_address": address} if backend == "ray" else {}),
+                            **results, "final": final})
     acc_plot = plot_accuracy(run_dir, run.history, title=f"{spec.name}: {spec.model} on {spec.dataset}")
     mem_plot = plot_memory(run_dir, per_device, title=f"{spec.name}: peak memory per device against its budget")
     plots = [p for p in (acc_plot, mem_plot) if p]
     if run.mode == "lightweight":
-        _print_lightweight_summary(console, per_device, run.workers, run.history, final, wall, run_dir, plots)
+        _print_lightweight_summary(console, per_device, run.workers, run.history, final, wall, run_dir, plots,
+                                   backend=backend)
     else:
         _print_summary(console, per_device, final, wall, run_dir, plots)
 
@@ -152,7 +192,7 @@ def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run
 
 
 def _print_lightweight_summary(console, devices: list[dict], workers: list[dict], history: list[dict], final: dict,
-                               wall_s: float, run_dir: Path, plots: list[Path]) -> None:
+                               wall_s: float, run_dir: Path, plots: list[Path], *, backend: str = "local") -> None:
     """Hundreds of devices: one row per group, then the worker processes and the rounds."""
     from rich.table import Table
 
@@ -175,12 +215,14 @@ def _print_lightweight_summary(console, devices: list[dict], workers: list[dict]
                       str(sum(life["ended"] == "failed" for life in lives)),
                       str(sum(d["rounds_reported"] for d in members)))
     console.print(table)
-    wt = Table(title="worker processes")
-    for col in ("worker", "pid", "devices", "RSS before devices MiB", "peak RSS MiB", "CPU s", "exit"):
+    ray = backend == "ray"
+    wt = Table(title="worker processes (Ray actors)" if ray else "worker processes")
+    for col in ("worker", *(("host",) if ray else ()), "pid", "devices", "RSS before devices MiB", "peak RSS MiB",
+                "CPU s", "exit"):
         wt.add_column(col, justify="right")
     for w in workers:
-        wt.add_row(str(w["index"]), str(w["pid"]), str(w["devices"]), f"{(w['rss_ready_bytes'] or 0) / mib:.0f}",
-                   f"{(w['peak_rss_bytes'] or 0) / mib:.0f}",
+        wt.add_row(str(w["index"]), *((str(w.get("host")),) if ray else ()), str(w["pid"]), str(w["devices"]),
+                   f"{(w['rss_ready_bytes'] or 0) / mib:.0f}", f"{(w['peak_rss_bytes'] or 0) / mib:.0f}",
                    f"{w['cpu_s']:.2f}" if w["cpu_s"] is not None else "?", str(w["returncode"]))
     console.print(wt)
     rt = Table(title="rounds")
@@ -190,7 +232,8 @@ def _print_lightweight_summary(console, devices: list[dict], workers: list[dict]
         rt.add_row(str(r["round"]), str(r["selected"]), str(r["reported"]), f"{r['round_wall_s']:.2f}",
                    f"{r['server_cpu_s']:.2f}", f"{r['workers_cpu_s']:.2f}" if "workers_cpu_s" in r else "?")
     console.print(rt)
-    console.print(f"mode: lightweight ({len(workers)} worker processes shared by {len(devices)} uncapped devices)")
+    console.print(f"mode: lightweight ({len(workers)} worker processes{' as Ray actors' if ray else ''} shared by "
+                  f"{len(devices)} uncapped devices)")
     _print_done(console, final, wall_s, run_dir, plots)
 
 

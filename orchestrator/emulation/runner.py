@@ -2,7 +2,9 @@
 
 - ``processes``: one capped OS process per device (:func:`orchestrator.emulation.supervisor.run_fleet`);
 - ``lightweight``: many uncapped devices per worker process
-  (:func:`orchestrator.emulation.lightweight.run_lightweight`).
+  (:func:`orchestrator.emulation.lightweight.run_lightweight`); with ``backend="ray"`` the workers
+  are Ray actors, on a local Ray instance or a cluster (:func:`orchestrator.emulation.ray_backend.run_ray`,
+  imported, with Ray, only then).
 
 Both take the same fleet and orchestrator settings (:mod:`orchestrator.emulation.schedule`) and give
 the same :class:`~orchestrator.emulation.recorder.EmulationRun`.
@@ -23,7 +25,10 @@ from orchestrator.emulation.lightweight import run_lightweight
 from orchestrator.emulation.recorder import EmulationRun
 from orchestrator.emulation.supervisor import run_fleet
 
-__all__ = ["completed_rounds", "run_emulation"]
+__all__ = ["BACKENDS", "completed_rounds", "run_emulation"]
+
+#: Where the lightweight mode's workers run: child processes of the emulator, or Ray actors.
+BACKENDS = ("local", "ray")
 
 
 async def run_emulation(
@@ -37,11 +42,28 @@ async def run_emulation(
     rss_guard: bool = True,
     workers: int | None = None,
     data_limit: int | None = None,
+    backend: str = "local",
+    address: str | None = None,
+    advertise_host: str | None = None,
 ) -> EmulationRun:
     """Run `fleet` in its ``emulation.mode``.
 
-    `rss_guard` applies to the process mode, `workers` (default: one per core, 2-4) to the lightweight one."""
+    `rss_guard` applies to the process mode, `workers` (default: one per core, 2-4) to the lightweight one.
+    `backend` "ray" runs the lightweight workers as Ray actors: at `address` (a running cluster) or on a
+    local instance; the actors dial the orchestrator at `advertise_host` (default: ``config.host``, or
+    this node's address when that is a wildcard)."""
     mode = fleet.emulation.mode
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend != "ray" and (address is not None or advertise_host is not None):
+        raise ValueError("address and advertise_host apply to backend \"ray\"")
+    if backend == "ray":
+        if mode != "lightweight":
+            raise ValueError(f"{fleet.name}: backend \"ray\" runs lightweight workers; emulation.mode is {mode!r}")
+        from orchestrator.emulation.ray_backend import run_ray
+
+        return await run_ray(fleet, config, address=address, advertise_host=advertise_host, specs=specs,
+                             on_event=on_event, data_root=data_root, stderr_dir=stderr_dir, workers=workers)
     if mode == "lightweight":
         return await run_lightweight(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
                                      stderr_dir=stderr_dir, workers=workers)
