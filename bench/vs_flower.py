@@ -1,0 +1,511 @@
+"""Side by side with Flower: one federated workload run four ways in one run, on 127.0.0.1.
+
+Lanes (``--lanes``, all by default, in this order):
+
+- ``plain``: no framework: one process trains the sampled devices one after another and averages
+  (FedAvg), torch one thread.
+- ``ours``: this project's orchestrator (in the lane's process) with one real device process per
+  device (``orchestrator.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
+  ``fedavg``, every device strong (the whole model trained).
+- ``flwr-sim``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray), one CPU per
+  ClientApp (``bench/flwr_app.py simulate``).
+- ``flwr-deploy``: Flower's deployment mode: ``flower-superlink --insecure`` and one
+  ``flower-supernode --insecure`` process per device, the app submitted with ``flwr run``
+  (``bench/flwr_app.py deploy``).
+
+Workload (the issue's): ``mnist_cnn`` (conv 1->16 3x3, conv 16->32 3x3, dense 1568->256, dense
+256->10, max-pool after each conv; 409,034 parameters), 20 devices with IID shards of MNIST's training
+split (3,000 images each, cut by the devices' own partition code), 10 sampled per round, 5 local
+batches of 32, SGD with momentum 0.9 and no weight decay, lr 0.1, 5 rounds, the same initial weights
+everywhere (zoo seed), the orchestrator's device sample per round in ``plain`` and ``ours`` (Flower
+samples with its own ``random.sample``, seeded).
+
+Per lane: the wall time of every round (round 1 from sending to aggregation, round r > 1 from the
+end of round r-1 to the end of round r, so whatever a framework does between rounds counts; the
+final test evaluation is left out), the mean over the warm rounds 2..R, the lane's total wall time
+(process start to exit: imports, start-up, connections, the rounds, the evaluation, shutdown), the
+overhead ratio warm round / plain loop's warm round, peak memory (psutil samples of the lane's
+process tree: the server's RSS and the sum over all processes of RSS and of PSS, which counts shared
+pages once), loopback bytes per round and the final test accuracy.
+
+Bytes: each lane runs in its own network namespace (``unshare --net``, root only; else the host's
+loopback, which other programs share: the JSON says which), so the loopback counters of that
+namespace (``/proc/self/net/dev``, read by the lane's server at every round's start and end) count
+only the lane's traffic, headers included. The orchestrator's own payload counts (model out,
+updates in) are reported beside them. Flower's simulation moves arrays through Ray's shared-memory
+object store, which no counter of bytes on a wire sees.
+
+Flower runs in its own virtual environment, ``bench/.venv-flwr`` (``--flwr-venv``), created on first
+use with ``flwr[simulation]`` installed under this project's ``constraints.txt`` (torch stays the
+2.13.0 CPU build) combined with ``bench/flwr-constraints.txt`` (which replaces the project's typer and
+rich pins there: see that file); ``FLWR_TELEMETRY_ENABLED=0``. Where it cannot be made, the Flower
+lanes are skipped with the reason.
+
+Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours,flwr-sim,flwr-deploy] [--rounds 5]
+[--clients 20] [--per-round 10] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
+[--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--out bench/results/vs_flower.json]``.
+Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+for _p in (ROOT, BENCH):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+LANES = ("plain", "ours", "flwr-sim", "flwr-deploy")
+LABELS = {"plain": "plain loop (no framework)", "ours": "edgetrain orchestrator + device processes",
+          "flwr-sim": "Flower simulation (Ray)", "flwr-deploy": "Flower deployment (SuperLink + SuperNodes)"}
+FLWR_REQUIREMENTS = ["flwr[simulation]", "torch", "numpy", "psutil"]
+
+
+# -- lanes that run in this project's environment ----------------------------------------------------
+def lane_plain(s: dict) -> dict:
+    import numpy as np
+    import torch
+
+    import fl_common as fc
+
+    torch.set_num_threads(1)
+    shards = [fc.load_shard(s["shard_dir"], c) for c in range(s["clients"])]
+    model = fc.build(s["seed"])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rounds = []
+    for r in range(1, s["rounds"] + 1):
+        row = {"round": r, "t_start": time.time(), "lo_start": fc.lo_bytes()}
+        picked = fc.sample_round(s["clients"], s["per_round"], r, s["seed"])
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}
+        weight = 0
+        for c in picked:
+            x, y = shards[c]
+            model.load_state_dict(state)
+            fc.train_local(model, x, y, steps=s["steps"], batch=s["batch"], lr=s["lr"], momentum=s["momentum"],
+                           seed=fc.local_seed(s["seed"], r, c))
+            for k, v in model.state_dict().items():
+                total[k] += v.double() * len(x)
+            weight += len(x)
+        state = {k: (v / weight).float() for k, v in total.items()}
+        row.update({"t_end": time.time(), "lo_end": fc.lo_bytes(), "selected": len(picked), "reported": len(picked),
+                    "devices": picked})
+        rounds.append(row)
+    t = time.time()
+    model.load_state_dict(state)
+    scores = fc.evaluate(model, *fc.load_test(s["shard_dir"]))
+    _ = np  # numpy is what the shards are
+    return {"rounds": rounds, **scores, "eval_s": time.time() - t}
+
+
+def lane_ours(s: dict) -> dict:
+    import asyncio
+
+    import fl_common as fc
+    from orchestrator.config import ServerConfig
+    from orchestrator.localfleet import DeviceLaunch, run_local_fleet
+
+    launches = [DeviceLaunch(f"dev-{i:02d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
+                             partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
+    rounds: dict[int, dict] = {}
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "round_start":
+            rounds[data["round"]] = {"round": data["round"], "t_start": time.time(), "lo_start": fc.lo_bytes(),
+                                     "selected": data.get("selected")}
+        elif kind == "round_end":
+            row = rounds[data["round"]]
+            row.update({"t_end": time.time() - float(data.get("eval_s", 0.0)), "lo_end": fc.lo_bytes(),
+                        "reported": data.get("reported"), "bytes_sent": data.get("bytes_sent"),
+                        "bytes_received": data.get("bytes_received"), "server_cpu_s": data.get("server_cpu_s"),
+                        "round_wall_s": data.get("round_wall_s"), "eval_s": data.get("eval_s", 0.0),
+                        "roles": data.get("roles")})
+            if "accuracy" in data:
+                row.update({"accuracy": data["accuracy"], "test_loss": data.get("test_loss")})
+
+    with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
+        config = ServerConfig(
+            model=fc.MODEL, strategy="fedavg", rounds=s["rounds"], fraction=s["per_round"] / s["clients"],
+            min_devices=s["clients"], local_steps=s["steps"], batch_size=s["batch"], lr=s["lr"],
+            momentum=s["momentum"], weight_decay=0.0, seed=s["seed"], eval_every=s["rounds"], eval_data="mnist",
+            data_root=s.get("data_root"), store_dir=Path(tmp) / "store", deadline_s=600, wait_devices_s=600)
+        run = asyncio.run(run_local_fleet(config, launches, on_event=on_event, data_root=s.get("data_root"),
+                                          stderr_dir=Path(s["log_dir"]) / "ours-devices" if s.get("log_dir") else None))
+    compute: dict[int, float] = {}
+    for events in run.device_events.values():
+        for e in events:
+            if e.get("event") == "round_done" and e.get("phase") == "train":
+                r = int(e["round"])
+                compute[r] = compute.get(r, 0.0) + float(e.get("forward_s", 0)) + float(e.get("train_s", 0))
+    rows = [rounds[r] for r in sorted(rounds)]
+    for row in rows:
+        row["device_compute_s"] = compute.get(row["round"])
+    last = rows[-1] if rows else {}
+    return {"rounds": rows, "accuracy": last.get("accuracy"), "test_loss": last.get("test_loss"),
+            "eval_s": last.get("eval_s"), "returncodes": run.returncodes}
+
+
+# -- running a lane as a process tree and watching it ------------------------------------------------
+class TreeWatch(threading.Thread):
+    """Samples a process tree's memory every ``interval`` s: peaks of the server's RSS and of the
+    sums of RSS and PSS over all its processes."""
+
+    def __init__(self, pid: int, server_match: str | None, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.server_match, self.interval = pid, server_match, interval
+        self.stop = threading.Event()
+        self.peak = {"server_rss": 0, "all_rss": 0, "all_pss": 0, "processes": 0}
+        self.samples = 0
+
+    def _server(self, root, procs):
+        import psutil
+
+        if self.server_match is None:
+            return [root]
+        for p in procs:
+            try:
+                if any(self.server_match in part for part in p.cmdline()):
+                    return [p, *p.children(recursive=True)]
+            except psutil.Error:
+                continue
+        return []
+
+    def run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self.stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                break
+            rss = pss = 0
+            mem = {}
+            for p in procs:
+                try:
+                    info = p.memory_full_info()
+                    mem[p.pid] = info.rss
+                    rss += info.rss
+                    pss += getattr(info, "pss", info.rss)
+                except psutil.Error:
+                    continue
+            server = sum(mem.get(p.pid, 0) for p in self._server(root, procs))
+            self.peak["server_rss"] = max(self.peak["server_rss"], server)
+            self.peak["all_rss"] = max(self.peak["all_rss"], rss)
+            self.peak["all_pss"] = max(self.peak["all_pss"], pss)
+            self.peak["processes"] = max(self.peak["processes"], len(mem))
+            self.samples += 1
+            self.stop.wait(self.interval)
+
+
+def netns_works() -> bool:
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up && cat /proc/net/dev"],
+                           capture_output=True, text=True)
+    return probe.returncode == 0 and "lo:" in probe.stdout
+
+
+def load_avg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def run_lane(lane: str, s: dict, argv: list[str], env: dict, log_path: Path, server_match: str | None,
+             netns: bool, timeout: float) -> dict:
+    if netns:
+        argv = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+    out = Path(s["out"])
+    out.unlink(missing_ok=True)
+    load_before = load_avg()
+    t0 = time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        watch = TreeWatch(proc.pid, server_match)
+        watch.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            rc = None
+        watch.stop.set()
+        watch.join(timeout=5)
+    wall = time.time() - t0
+    result = {"lane": lane, "label": LABELS[lane], "returncode": rc, "total_wall_s": wall, "t_launch": t0,
+              "load_avg_before": load_before, "load_avg_after": load_avg(), "memory_peak_bytes": watch.peak,
+              "memory_samples": watch.samples, "log": str(log_path)}
+    if rc != 0 or not out.exists():
+        tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+        result["error"] = f"lane exited with {rc}" + ("" if out.exists() else ", no results") + f"; log tail:\n{tail}"
+        return result
+    result.update(json.loads(out.read_text()))
+    return result
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+# -- Flower's environment ----------------------------------------------------------------------------
+def flwr_constraints(venv: Path) -> Path:
+    """The project's constraints, less the packages bench/flwr-constraints.txt pins, plus that file."""
+    ours = (BENCH / "flwr-constraints.txt").read_text().splitlines()
+
+    def name(line: str) -> str | None:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            return None
+        for sep in ("==", ">=", "<=", "~=", "!=", "<", ">", "["):
+            line = line.split(sep, 1)[0]
+        return line.strip().lower().replace("_", "-")
+
+    override = {n for n in map(name, ours) if n}
+    kept = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if name(ln) not in override]
+    path = venv / "edgetrain-constraints.txt"
+    path.write_text("# made by bench/vs_flower.py: constraints.txt with bench/flwr-constraints.txt's pins\n"
+                    + "\n".join(kept + [ln for ln in ours if name(ln)]) + "\n")
+    return path
+
+
+def ensure_flwr_venv(venv: Path, log: Path) -> tuple[Path | None, str]:
+    """Flower's virtual environment (made once); its python, or None and why not."""
+    py = venv / "bin" / "python"
+    want = hashlib.sha256(((ROOT / "constraints.txt").read_text() + (BENCH / "flwr-constraints.txt").read_text()
+                           + " ".join(FLWR_REQUIREMENTS)).encode()).hexdigest()
+    stamp = venv / ".edgetrain-stamp"
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        return py, "existing"
+    print(f"making Flower's environment in {venv} (once; pip log: {log}) ...", flush=True)
+    with open(log, "w") as f:
+        if not py.exists():
+            made = subprocess.run([sys.executable, "-m", "venv", str(venv)], stdout=f, stderr=subprocess.STDOUT)
+            if made.returncode != 0:
+                return None, f"python -m venv failed ({made.returncode}); see {log}"
+        cons = flwr_constraints(venv)
+        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+        try:
+            pip = subprocess.run([str(py), "-m", "pip", "install", "-c", str(cons), *FLWR_REQUIREMENTS],
+                                 stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800)
+        except subprocess.TimeoutExpired:
+            return None, f"pip install of flwr timed out; see {log}"
+    if pip.returncode != 0:
+        return None, f"pip install of {' '.join(FLWR_REQUIREMENTS)} failed ({pip.returncode}); see {log}"
+    check = subprocess.run([str(py), "-c", "import flwr, torch; print(flwr.__version__, torch.__version__)"],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        return None, f"flwr does not import in {venv}: {check.stderr[-500:]}"
+    stamp.write_text(want + "\n")
+    return py, "made: flwr " + check.stdout.strip()
+
+
+# -- the data, written once for every lane -----------------------------------------------------------
+def write_shards(s: dict, shard_dir: Path) -> None:
+    """Every device's IID shard and the test split as .npy files, cut by the devices' own code."""
+    import numpy as np
+
+    from edge_sdk.cli import partition_indices
+    from edge_sdk.data import load_dataset
+
+    root = s.get("data_root")
+    train = load_dataset("mnist", root=root, split="train", mmap=True)
+    parts = partition_indices(train, "iid", s["clients"], s["seed"])
+    for i, idx in enumerate(parts):
+        np.save(shard_dir / f"x{i:02d}.npy", np.asarray(train.x[idx]))
+        np.save(shard_dir / f"y{i:02d}.npy", np.asarray(train.y[idx]))
+    test = load_dataset("mnist", root=root, split="test")
+    np.save(shard_dir / "x_test.npy", test.x)
+    np.save(shard_dir / "y_test.npy", test.y)
+
+
+# -- summary -----------------------------------------------------------------------------------------
+def summarise(res: dict) -> dict:
+    rows = res.get("rounds") or []
+    if not rows or any("t_end" not in r for r in rows):
+        return {}
+    times, lo = [], []
+    for i, r in enumerate(rows):
+        prev_t = r["t_start"] if i == 0 else rows[i - 1]["t_end"]
+        prev_lo = r.get("lo_start") if i == 0 else rows[i - 1].get("lo_end")
+        times.append(r["t_end"] - prev_t)
+        lo.append(None if r.get("lo_end") is None or prev_lo is None else r["lo_end"] - prev_lo)
+    warm = times[1:] or times
+    warm_lo = [b for b in lo[1:] if b is not None]
+    out = {"round_s": times, "warm_round_s": statistics.mean(warm), "warm_round_median_s": statistics.median(warm),
+           "rounds_total_s": rows[-1]["t_end"] - rows[0]["t_start"], "lo_bytes_per_round": lo,
+           "warm_lo_bytes_per_round": statistics.mean(warm_lo) if warm_lo else None}
+    if rows[0].get("bytes_sent") is not None:
+        payload = [(r.get("bytes_sent") or 0) + (r.get("bytes_received") or 0) for r in rows]
+        out["payload_bytes_per_round"] = payload
+        out["warm_payload_bytes_per_round"] = statistics.mean(payload[1:] or payload)
+    return out
+
+
+def fmt_mib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f}"
+
+
+def print_table(results: dict[str, dict]) -> str:
+    plain = results.get("plain", {}).get("summary", {}).get("warm_round_s")
+    head = ("| lane | warm round s (mean, rounds 2-R) | / plain loop | round 1 s | rounds total s | lane total s "
+            "| server peak RSS MiB | all processes peak RSS / PSS MiB | loopback MiB per warm round | accuracy |")
+    lines = [head, "|" + "---|" * 10]
+    for lane, res in results.items():
+        sm = res.get("summary", {})
+        if not sm:
+            lines.append(f"| {LABELS[lane]} | {'skipped' if res.get('skipped') else 'failed'}: "
+                         f"{(res.get('skipped') or res.get('error', ''))[:120].splitlines()[0]} | | | | | | | | |")
+            continue
+        mem = res["memory_peak_bytes"]
+        ratio = f"{sm['warm_round_s'] / plain:.2f}" if plain else "-"
+        bytes_col = fmt_mib(sm.get("warm_lo_bytes_per_round"))
+        if sm.get("warm_payload_bytes_per_round") is not None:
+            bytes_col += f" (payloads {fmt_mib(sm['warm_payload_bytes_per_round'])})"
+        acc = "-" if res.get("accuracy") is None else f"{res['accuracy']:.4f}"
+        lines.append(f"| {LABELS[lane]} | {sm['warm_round_s']:.2f} | {ratio} | {sm['round_s'][0]:.2f} "
+                     f"| {sm['rounds_total_s']:.1f} | {res['total_wall_s']:.1f} | {fmt_mib(mem['server_rss'])} "
+                     f"| {fmt_mib(mem['all_rss'])} / {fmt_mib(mem['all_pss'])} | {bytes_col} | {acc} |")
+    table = "\n".join(lines)
+    print(table)
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lanes", default=",".join(LANES), help="comma-separated, from " + ", ".join(LANES))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--per-round", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=5, help="local batches per round")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-root", default=None, help="the datasets folder (default: $EDGETRAIN_DATA or ../shared/datasets)")
+    ap.add_argument("--flwr-venv", type=Path, default=BENCH / ".venv-flwr")
+    ap.add_argument("--flwr-port", type=int, default=19100, help="SuperLink port (SuperNodes take the next ones)")
+    ap.add_argument("--no-netns", action="store_true", help="do not run lanes in their own network namespace")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per lane")
+    ap.add_argument("--keep-logs", type=Path, default=None, help="keep every lane's logs in this folder")
+    ap.add_argument("--out", type=Path, default=BENCH / "results" / "vs_flower.json")
+    ap.add_argument("--lane", choices=("plain", "ours"), help=argparse.SUPPRESS)  # internal: run one lane here
+    args = ap.parse_args()
+
+    if args.lane:
+        s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
+        res = lane_plain(s) if args.lane == "plain" else lane_ours(s)
+        Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
+        return
+
+    lanes = [x.strip() for x in args.lanes.split(",") if x.strip()]
+    unknown = sorted(set(lanes) - set(LANES))
+    if unknown:
+        raise SystemExit(f"unknown lanes {unknown}; choose from {', '.join(LANES)}")
+    work = Path(tempfile.mkdtemp(prefix="vs-flower-"))
+    logs = args.keep_logs or work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    shard_dir = work / "shards"
+    shard_dir.mkdir()
+    settings = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round, "steps": args.steps,
+                "batch": args.batch, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+                "data_root": args.data_root, "shard_dir": str(shard_dir), "flwr_port": args.flwr_port,
+                "timeout": args.timeout}
+    try:
+        write_shards(settings, shard_dir)
+    except Exception as e:  # noqa: BLE001 (DatasetUnavailable and friends)
+        raise SystemExit(f"MNIST is needed: {e}") from None
+    netns = not args.no_netns and netns_works()
+    flwr_py, flwr_note = None, "not needed"
+    if any(lane.startswith("flwr") for lane in lanes):
+        args.flwr_venv.parent.mkdir(parents=True, exist_ok=True)
+        flwr_py, flwr_note = ensure_flwr_venv(args.flwr_venv.resolve(), logs / "pip-flwr.log")
+        if flwr_py is None:
+            print(f"Flower lanes skipped: {flwr_note}", flush=True)
+    base_env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", VS_FLOWER_REPO=str(ROOT), PYTHONUNBUFFERED="1",
+                    RAY_DEDUP_LOGS="0", RAY_USAGE_STATS_ENABLED="0")
+    results: dict[str, dict] = {}
+    for lane in lanes:
+        s = dict(settings, out=str(work / f"{lane}.json"), log_dir=str(logs / lane))
+        Path(s["log_dir"]).mkdir(parents=True, exist_ok=True)
+        env = dict(base_env, VS_FLOWER_SETTINGS=json.dumps(s))
+        if lane.startswith("flwr"):
+            if flwr_py is None:
+                results[lane] = {"lane": lane, "skipped": f"Flower's environment could not be made: {flwr_note}"}
+                continue
+            argv = [str(flwr_py), str(BENCH / "flwr_app.py"), "simulate" if lane == "flwr-sim" else "deploy"]
+            env["PATH"] = f"{Path(flwr_py).parent}{os.pathsep}{env.get('PATH', '')}"
+        else:
+            argv = [sys.executable, str(Path(__file__).resolve()), "--lane", lane]
+        server_match = "flower-superlink" if lane == "flwr-deploy" else None
+        print(f"lane {lane}: {LABELS[lane]} ...", flush=True)
+        res = run_lane(lane, s, argv, env, logs / f"{lane}.log", server_match, netns, args.timeout)
+        res["summary"] = summarise(res) if "error" not in res else {}
+        if "error" in res:
+            print(f"lane {lane} failed: {res['error'][:2000]}", flush=True)
+        else:
+            sm = res["summary"]
+            print(f"  warm round {sm['warm_round_s']:.2f} s, rounds {[round(t, 2) for t in sm['round_s']]}, "
+                  f"total {res['total_wall_s']:.1f} s, accuracy {res.get('accuracy')}", flush=True)
+        results[lane] = res
+
+    table = print_table(results)
+    plain = results.get("plain", {}).get("summary", {}).get("warm_round_s")
+    ours = results.get("ours", {}).get("summary", {}).get("warm_round_s")
+    sim = results.get("flwr-sim", {}).get("summary", {}).get("warm_round_s")
+    targets = {}
+    if plain and ours and sim:
+        targets["ours_overhead_below_flower_sim"] = {"ours_over_plain": ours / plain, "flwr_sim_over_plain": sim / plain,
+                                                     "holds": ours / plain < sim / plain}
+    if plain and ours:
+        targets["ours_round_within_1.5x_plain"] = {"ratio": ours / plain, "holds": ours / plain <= 1.5}
+    for name, t in targets.items():
+        print(f"target {name}: {'holds' if t['holds'] else 'MISSED'} ({json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()})})")
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "load_avg_at_end": load_avg(),
+                    "note": "shared machine: other jobs ran at the same time (see each lane's load averages)"},
+        "settings": {k: v for k, v in settings.items() if k not in ("shard_dir",)},
+        "workload": "mnist_cnn (409,034 parameters), IID MNIST shards, FedAvg, every device trains the whole model",
+        "bytes_counted_on": "loopback of each lane's own network namespace" if netns else
+                            "the host's loopback (shared with every other program: an upper bound)",
+        "flower": {"venv": str(args.flwr_venv), "status": flwr_note},
+        "lanes": results, "targets": targets, "table": table,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {args.out}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
