@@ -966,7 +966,7 @@ class Orchestrator:
             if value.dtype.kind == "f" and not np.isfinite(value).all():
                 return f"non-finite values in {name}"
         ranges = sorted({(int(a), int(b)) for s in list(self.sessions.values()) for a, b in s.plan.chunks})
-        if not ranges:
+        if not ranges or not getattr(self.strategy, "sends_chunks", True):  # width reduction sends none
             return None
         self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
         self.model.eval()

@@ -81,6 +81,9 @@ class WidthReduction(AveragingStrategy):
 
     name = "width"
     method = "width reduction (static HeteroFL / FjORD ordered dropout)"
+    #: Every device trains the whole depth: no frozen chunks are ever sent, so the server need not
+    #: export and check the planned splits' chunks of each new state.
+    sends_chunks = False
 
     def __init__(self, weighting: str = "samples", strong: float = 1.0, moderate: float = 0.45,
                  weak: float = 0.2, bn: str = "full", model: str = "") -> None:
@@ -133,7 +136,8 @@ class WidthReduction(AveragingStrategy):
                 if bad:
                     raise ValueError(f"width: {model} at width {width} is not a slice of the global state at "
                                      f"{bad[:3]}")
-                sel = Selection.of_channels(0, shapes)
+                # Scalars (BatchNorm's num_batches_tracked) have no channels: they are sent whole.
+                sel = Selection.of_channels(0, {n: s for n, s in shapes.items() if len(s)})
             self._selections[key] = sel
         return sel
 
