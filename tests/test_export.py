@@ -23,6 +23,7 @@ CHAINS: dict[str, list[list[tuple[int, int]]]] = {
     "mnist_cnn": [[(0, 2), (2, 3)]],
     "digits_mlp": [[(0, 1), (1, 2), (2, 3), (3, 4)], [(0, 2), (2, 4)]],
     "recommender": [[(0, 1), (1, 2), (2, 3)]],
+    "movielens_lr": [[(0, 1)]],  # one block: never frozen on a device, exported whole as a check
     "bilstm": [[(0, 1), (1, 2)]],
     "resnet20": [[(0, 4), (4, 7)]],
     "leaf_cnn": [[(0, 2), (2, 3)]],

@@ -26,8 +26,8 @@ import numpy as np
 
 from edge_sdk.fileio import atomic_write
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "mnist", "cifar10", "movielens", "synthetic",
-                                  "synthetic_ratings")
+DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "mnist", "cifar10", "movielens", "movielens_lr",
+                                  "synthetic", "synthetic_ratings")
 SPLITS: tuple[str, ...] = ("train", "test")
 DATA_ENV = "EDGETRAIN_DATA"
 CACHE_ENV = "EDGETRAIN_CACHE"
@@ -143,6 +143,8 @@ def load_dataset(
         return _cifar10(data_root(root), split, limit, cache_root(cache_dir))
     elif name == "movielens":
         data = _movielens(data_root(root), split)
+    elif name == "movielens_lr":
+        data = _movielens_lr(data_root(root), split)
     elif name == "synthetic":
         data = _synthetic(split)
     elif name == "synthetic_ratings":
@@ -158,7 +160,8 @@ def _source_key(name: str, root: Path | str | None) -> str:
         return "builtin"
     base = {"digits": _digits_csv().parent, "femnist": data_root(root) / "femnist_leaf_flic",
             "mnist": data_root(root) / "mnist",
-            "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small"}.get(name)
+            "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small",
+            "movielens_lr": data_root(root) / "movielens_latest_small"}.get(name)
     if base is None:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
     _require(base, name)
@@ -450,6 +453,48 @@ def _movielens(root: Path, split: str) -> Dataset:
         groups=user_index[keep],
         info={"num_users": int(len(users)), "num_items": int(len(catalogue))},
     )
+
+
+MOVIELENS_ACTIVITY_GROUPS = 7  # in place of the paper's 7 age groups
+MOVIELENS_TASTE_GROUPS = 2  # in place of its 2 genders
+MOVIELENS_LR_COLUMNS: tuple[str, ...] = ("activity", "taste", "item", "activity_item", "taste_item")
+
+
+def _quantile_groups(values: np.ndarray, groups: int) -> np.ndarray:
+    edges = np.quantile(values, np.linspace(0, 1, groups + 1)[1:-1])
+    return np.searchsorted(edges, values, side="right")
+
+
+def _movielens_lr(root: Path, split: str) -> Dataset:
+    """MovieLens rating classification with the hot-and-cold FedSubAvg paper's feature structure.
+
+    The paper (Section 5.1) one-hot encodes gender, age, movie, gender x movie and age x movie into a
+    logistic regression, and labels ratings 4-5 positive. latest-small has no gender or age, so two
+    per-user features of the same cardinality stand in for them, each computed from the user's own
+    training ratings only (what the user's device knows): ``activity``, the user's number of
+    training ratings in 7 quantile groups, and ``taste``, whether the user's share of positive
+    training ratings is above the median. x = one row index per column of
+    ``MOVIELENS_LR_COLUMNS`` (each column indexes its own table; the crosses are
+    ``group * num_items + item``); y = 1 for a rating >= 4; groups = user. The group features are
+    hot (hundreds of devices involve each row), movies cold, the crosses colder.
+    """
+    train = _movielens(root, "train")
+    users = int(train.info["num_users"])
+    items = int(train.info["num_items"])
+    counts = np.bincount(train.groups, minlength=users)
+    positives = np.bincount(train.groups, weights=(train.y >= 4), minlength=users)
+    active = counts > 0
+    activity = np.zeros(users, np.int64)
+    activity[active] = _quantile_groups(counts[active].astype(np.float64), MOVIELENS_ACTIVITY_GROUPS)
+    share = np.where(active, positives / np.maximum(counts, 1), 0.0)
+    taste = (share > np.median(share[active])).astype(np.int64)
+    d = train if split == "train" else _movielens(root, split)
+    u, m = d.x[:, 0].astype(np.int64), d.x[:, 1].astype(np.int64)
+    x = np.stack([activity[u], taste[u], m, activity[u] * items + m, taste[u] * items + m], axis=1)
+    return Dataset(x=x, y=(d.y >= 4).astype(np.float32), num_classes=2, name="movielens_lr", groups=d.groups,
+                   info={**d.info, "columns": MOVIELENS_LR_COLUMNS,
+                         "rows": (MOVIELENS_ACTIVITY_GROUPS, MOVIELENS_TASTE_GROUPS, items,
+                                  MOVIELENS_ACTIVITY_GROUPS * items, MOVIELENS_TASTE_GROUPS * items)})
 
 
 def movielens_genres(root: Path | str | None = None) -> tuple[np.ndarray, tuple[str, ...]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +181,33 @@ def recommender(users: int = 611, items: int = 9_742, dim: int = 32, hidden: int
     return model
 
 
+class OneHotLR(nn.Module):
+    """A logistic regression over one-hot features: one weight table per input column (row = the
+    column's value), summed with a bias into one logit. Every table is sparse: a device trains only
+    the rows its data holds."""
+
+    def __init__(self, rows: Sequence[int], names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = tuple(names)
+        self.tables = nn.ModuleDict({n: nn.Embedding(r, 1) for n, r in zip(names, rows)})
+        for t in self.tables.values():
+            nn.init.zeros_(t.weight)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bias + sum(self.tables[n](x[:, i]) for i, n in enumerate(self.names))
+
+
+def movielens_lr(rows: Sequence[int] = (7, 2, 9_742, 68_194, 19_484),
+                 names: Sequence[str] = ("activity", "taste", "item", "activity_item", "taste_item")) -> LayeredModel:
+    """The hot-and-cold FedSubAvg paper's LR (Section 5.1) on the ``movielens_lr`` features: 1 block."""
+    model = LayeredModel("movielens_lr", [("lr", OneHotLR(rows, names))], input_shape=(len(names),),
+                         input_dtype=torch.int64, task="binary", num_outputs=1, sparse_blocks=["lr"])
+    model.input_high = min(rows)
+    model.sparse_inputs = {f"blocks.lr.tables.{n}.weight": i for i, n in enumerate(names)}
+    return model
+
+
 # -- small models ----------------------------------------------------------------------------
 def digits_mlp(num_classes: int = 10, width: int = 2048) -> LayeredModel:
     """4 blocks for 8x8 digits (64 features): 64-2048, 2048-2048, 2048-2048 (ReLU each), 2048-10.
@@ -262,6 +289,7 @@ _SPECS = {
         ModelSpec("leaf_cnn", leaf_cnn, "femnist", "LEAF CNN, FEMNIST (EmbracingFL)", widths=True),
         ModelSpec("bilstm", bilstm, "imdb", "bidirectional LSTM, IMDB (EmbracingFL)"),
         ModelSpec("recommender", recommender, "movielens", "embedding recommender, MovieLens (FedSubAvg)"),
+        ModelSpec("movielens_lr", movielens_lr, "movielens_lr", "one-hot logistic regression, MovieLens (FedSubAvg)"),
         ModelSpec("digits_mlp", digits_mlp, "digits", "4-block wide MLP, scikit-learn digits (demo)"),
         ModelSpec("mnist_2nn", mnist_2nn, "mnist", "2-block MLP, MNIST (FedALIGN / VaRSeL benchmark)", widths=True),
         ModelSpec("mnist_cnn", mnist_cnn, "mnist", "4-block CNN, MNIST (benchmark against Flower)"),

@@ -99,7 +99,7 @@ __all__ = [
 FLEETS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "fleets"
 PARTITION_SCHEMES = ("iid", "dirichlet", "natural")
 # Datasets whose samples carry a natural client (FEMNIST writer, MovieLens user): see edge_sdk.data.
-NATURAL_DATASETS = frozenset({"femnist", "movielens"})
+NATURAL_DATASETS = frozenset({"femnist", "movielens", "movielens_lr"})
 ROLES = ("strong", "moderate", "weak")
 EMULATION_MODES = ("processes", "lightweight")
 MEMORY_CAPS = ("auto", "cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
