@@ -1,0 +1,656 @@
+"""EmbracingFL against width reduction on real non-IID data: the paper's client-mix cases, side by side.
+
+Reproduces the shape of EmbracingFL (Lee et al.) Tables 3/4 and 6 (accuracy per client mix, both
+methods on the same devices, data and budgets, mean and std over seeds, the paper's figure beside
+ours) and Table 7 (rounds to a target accuracy), at a scale one shared machine can run:
+
+- ``--dataset femnist``: FEMNIST writers (``femnist_leaf_flic``: 110 writers, natural split, every
+  device whole writers), the LEAF CNN; strong devices train the whole model, moderate ones blocks
+  [2, 4) (the two convolutions frozen, Table 1: capacity 0.99), weak ones the last dense layer
+  (split 3, capacity 0.02). Paper: 128 clients, 25% per round, 200 rounds, lr 0.04.
+- ``--dataset cifar10``: CIFAR-10 (``cifar10_jpg``), Dirichlet(0.1) label skew, ResNet20; the
+  planner gives moderate devices split 4 and weak ones split 7 from their budgets (Table 1:
+  capacities 0.42 and 0.16). Paper: 128 clients, 25% per round, 1,000 rounds, lr 0.4 (decayed at
+  800 and 900).
+
+Methods (one fleet, two strategies): ``embracingfl`` (partial training: frozen input-side layers
+streamed, the output-side layers trained) and ``width`` (static HeteroFL / FjORD ordered dropout:
+moderate devices keep 45% and weak ones 20% of every layer's channels, appendix 6.4). The all-strong
+case is the same FedAvg run under both, so it runs once. A device's role comes from its budget (and
+the fleet's forced splits), so both methods give every device the same role.
+
+Every run goes through the real orchestrator (``orchestrator.server.Orchestrator``) and real device
+clients (``edge_sdk.client.DeviceClient``) over websockets on 127.0.0.1, in the emulator's lightweight
+mode (``orchestrator.emulation.lightweight``: devices as asyncio tasks in a few worker processes, no
+memory caps; budgets steer the planner only). It is the run ``edgetrain emulate --fleet
+embracing-<dataset>-<case> [--strategy width] --rounds R`` makes with the shipped fleets
+(``--write-fleets`` renders them from the case table below); the bench adds seeds and evaluates the
+global model every ``--eval-every`` rounds.
+
+Resumable: each (dataset, case, method, seed) run lives in its own folder under ``--workdir``
+(default ``bench/results/embracing-runs/``, not committed): its orchestrator store checkpoints every
+completed round, and a finished run leaves ``result.json``. Running the bench again skips finished
+runs, resumes an interrupted one from its last completed round, and extends a finished one whose
+``--rounds`` grew.
+
+Writes ``bench/results/embracing.json`` (every dataset run so far), ``bench/results/embracing.md``
+(the tables), and ``bench/results/embracing-<dataset>-<case>.png`` (learning curves per case).
+
+Usage: ``python bench/embracing.py --dataset femnist --cases 1,6 --seeds 0,1,2 --rounds 60``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "bench" / "results"
+WORKDIR = RESULTS / "embracing-runs"
+FLEETS = ROOT / "profiles" / "fleets"
+METHODS = ("embracingfl", "width")
+COLUMNS = ("width", "embracingfl")  # the paper's column order
+METHOD_NAMES = {"embracingfl": "EmbracingFL", "width": "width reduction"}
+
+
+# -- the paper's cases and figures ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    number: int
+    slug: str
+    strong: int  # of the paper's 128 clients
+    moderate: int
+    weak: int
+
+    def counts(self, devices: int) -> tuple[int, int, int]:
+        """The mix scaled to `devices` (every role the paper has keeps at least one device)."""
+        raw = [self.strong * devices / 128, self.moderate * devices / 128, self.weak * devices / 128]
+        out = [max(1, round(x)) if x > 0 else 0 for x in raw]
+        out[2 if self.weak else 1 if self.moderate else 0] += devices - sum(out)
+        return out[0], out[1], out[2]
+
+    def label(self, devices: int) -> str:
+        s, m, w = self.counts(devices)
+        return f"{s} strong / {m} moderate / {w} weak"
+
+
+CASES = {c.number: c for c in (
+    Case(1, "allstrong", 128, 0, 0),
+    Case(2, "50moderate", 64, 64, 0),
+    Case(3, "75moderate", 32, 96, 0),
+    Case(4, "87moderate", 16, 112, 0),
+    Case(5, "50weak", 64, 0, 64),
+    Case(6, "75weak", 32, 0, 96),
+    Case(7, "87weak", 16, 0, 112),
+    Case(8, "25s25m50w", 32, 32, 64),
+    Case(9, "12s25m62w", 16, 32, 80),
+    Case(10, "12s12m75w", 16, 16, 96),
+)}
+
+# Average capacity per case (Tables 3 and 4).
+PAPER_CAPACITY = {
+    "cifar10": {1: 1.00, 2: 0.71, 3: 0.57, 4: 0.49, 5: 0.58, 6: 0.37, 7: 0.27, 8: 0.44, 9: 0.33, 10: 0.30},
+    "femnist": {1: 1.00, 2: 0.99, 3: 0.99, 4: 0.99, 5: 0.51, 6: 0.27, 7: 0.14, 8: 0.51, 9: 0.39, 10: 0.26},
+}
+# Validation accuracy in %, (mean, std): FEMNIST Table 4 (EmbracingFL only: the paper runs width
+# reduction on CIFAR-10 only), CIFAR-10 Table 6 (both; case 1 is one number for both).
+PAPER_ACCURACY = {
+    "femnist": {"embracingfl": {1: (81.27, 0.6), 2: (81.80, 0.5), 3: (81.55, 0.5), 4: (80.44, 0.7), 5: (80.80, 0.7),
+                                6: (80.78, 0.5), 7: (79.63, 0.3), 8: (81.29, 0.4), 9: (81.18, 0.3), 10: (81.17, 0.4)},
+                "width": {}},
+    "cifar10": {"embracingfl": {1: (80.45, 0.2), 2: (80.20, 0.2), 3: (79.78, 0.4), 4: (79.72, 0.6), 5: (80.08, 0.4),
+                                6: (78.91, 0.5), 7: (76.98, 1.6), 8: (80.33, 0.6), 9: (79.63, 0.1), 10: (77.63, 0.2)},
+                "width": {1: (80.45, 0.2), 2: (76.77, 1.3), 3: (67.92, 2.1), 4: (59.03, 0.8), 5: (72.97, 2.5),
+                          6: (69.70, 2.1), 7: (54.53, 2.9), 8: (67.93, 1.5), 9: (59.59, 0.8), 10: (58.17, 2.2)}},
+}
+# Table 7 (CIFAR-10): target accuracy %, rounds of width reduction, rounds of EmbracingFL (of 1,000).
+PAPER_ROUNDS = {1: (80, 890, 890), 2: (76, 867, 817), 3: (67, 982, 801), 4: (59, 836, 483), 5: (72, 813, 811),
+                6: (69, 806, 629), 7: (54, 939, 572)}
+PAPER_ROUNDS_TOTAL = {"femnist": 200, "cifar10": 1000}
+
+
+# -- the datasets' settings and fleets --------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    dataset: str
+    model: str
+    devices: int
+    fraction: float
+    rounds: int
+    lr: float
+    eval_every: int
+    eval_limit: int | None
+    partition: str  # TOML lines of [partition]
+    samples: int | None  # per device at most (None: the whole shard)
+    groups: dict  # role -> TOML lines of its group (class, budget, force_split)
+    note: str
+
+
+SETUPS = {
+    "femnist": Setup(
+        dataset="femnist", model="leaf_cnn", devices=32, fraction=0.125, rounds=60, lr=0.04, eval_every=2,
+        eval_limit=None, partition='scheme = "natural"', samples=None,
+        groups={
+            "strong": 'class = "pi-4-2gb"',
+            # Table 1: the moderate client drops the two convolutions (capacity 0.99): no budget makes
+            # the planner choose that split, so it is forced, as the weak client's (section 4).
+            "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+300MiB"\nforce_split = 2',
+            "weak": 'class = "pi-3b"\nbudget = "runtime+154MiB"\nforce_split = 3',
+        },
+        note="128 clients scaled to 32 (the staged FEMNIST sample has 110 writers: 3-4 whole writers per "
+             "device, the paper gives each client 2); 4 devices per round (paper: 32)."),
+    "cifar10": Setup(
+        dataset="cifar10", model="resnet20", devices=32, fraction=0.25, rounds=40, lr=0.1, eval_every=2,
+        eval_limit=2000, partition='scheme = "dirichlet"\nalpha = 0.1', samples=400,
+        groups={
+            "strong": 'class = "mid-phone"',
+            # Budgets over the runtime measured on the emulating machine: the planner picks split 4
+            # (capacity ~0.45) and split 7 (~0.17), the paper's moderate and weak clients.
+            "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+84MiB"',
+            "weak": 'class = "entry-phone"\nbudget = "runtime+56MiB"',
+        },
+        note="128 clients scaled to 32, at most 400 images each (Dirichlet 0.1 shards, seeded subset); "
+             "8 devices per round (paper: 32); lr 0.1 without decay (paper: 0.4, decayed at rounds 800 "
+             "and 900 of 1,000); the bench evaluates on 2,000 test images."),
+}
+
+
+def fleet_name(dataset: str, case: Case) -> str:
+    return f"embracing-{dataset}-{case.slug}"
+
+
+def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fraction: float | None = None,
+                 rounds: int | None = None, lr: float | None = None, samples: int | None = -1) -> str:
+    """The fleet file of one case (TOML text), as shipped in profiles/fleets/."""
+    devices = devices or setup.devices
+    fraction = fraction or setup.fraction
+    rounds = rounds or setup.rounds
+    lr = lr or setup.lr
+    samples = setup.samples if samples == -1 else samples
+    s, m, w = case.counts(devices)
+    paper = PAPER_ACCURACY[setup.dataset]
+    pe = paper["embracingfl"].get(case.number)
+    pw = paper["width"].get(case.number)
+    head = (f"EmbracingFL case {case.number} ({case.strong} strong / {case.moderate} moderate / {case.weak} weak "
+            f"of 128 clients; Tables 3/4 and 6), {setup.model} on {setup.dataset}, scaled to {devices} devices: "
+            f"{s} strong, {m} moderate, {w} weak. {setup.note} The paper: EmbracingFL {pe[0]:.2f}% after "
+            f"{PAPER_ROUNDS_TOTAL[setup.dataset]} rounds"
+            + (f", width reduction {pw[0]:.2f}%" if pw and case.number > 1 else "") + ".")
+    lines = [
+        *("# " + line for line in textwrap.wrap(head, 98)),
+        "# Both methods on these devices, data and budgets:",
+        f"#   edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --data-root ../shared/datasets",
+        f"#   edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --strategy width --data-root ../shared/datasets",
+        "# (add --resume runs/<timestamp> to continue an interrupted run). bench/embracing.py runs every case",
+        "# with seeds and writes the tables (BENCHMARKS.md, \"EmbracingFL against width reduction\").",
+        "# Generated by `python bench/embracing.py --write-fleets`.",
+        "[fleet]",
+        f'description = "EmbracingFL case {case.number}: {setup.model} / {setup.dataset}, {s} strong + {m} moderate '
+        f'+ {w} weak"',
+        f'model = "{setup.model}"',
+        f'dataset = "{setup.dataset}"',
+        "seed = 0",
+        "",
+        "# Appendix 6.1: SGD momentum 0.9, weight decay 1e-4, batch 32, tau = 10 local steps.",
+        "[training]",
+        'strategy = "embracingfl"',
+        f"rounds = {rounds}",
+        f"fraction = {fraction}",
+        "local_steps = 10",
+        "batch_size = 32",
+        f"lr = {lr}",
+        "momentum = 0.9",
+        "weight_decay = 1e-4",
+        "",
+        "[partition]",
+        setup.partition,
+        "",
+        "[emulation]",
+        'mode = "lightweight"',
+        'memory_cap = "none"',
+        "timeout_s = 900",
+        "throttle_cpu = false",
+    ]
+    for role, count in (("strong", s), ("moderate", m), ("weak", w)):
+        if not count:
+            continue
+        lines += ["", "[[groups]]", f'name = "{role}"', setup.groups[role], f"count = {count}",
+                  f'expect_role = "{role}"']
+        if samples is not None:
+            lines.append(f"samples = {samples}")
+    return "\n".join(lines) + "\n"
+
+
+def write_fleets(datasets: list[str]) -> list[Path]:
+    from orchestrator.emulation.fleet import load_fleet
+
+    out = []
+    for dataset in datasets:
+        for case in CASES.values():
+            path = FLEETS / f"{fleet_name(dataset, case)}.toml"
+            path.write_text(render_fleet(SETUPS[dataset], case))
+            load_fleet(path)  # validates
+            out.append(path)
+    return out
+
+
+# -- one run ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    dataset: str
+    case: int
+    method: str
+    seed: int
+    rounds: int
+    devices: int
+    fraction: float
+    lr: float
+    eval_every: int
+    samples: int | None
+    workers: int
+    data_root: str | None
+    workdir: str
+
+    @property
+    def setting(self) -> str:
+        return f"{self.dataset}-d{self.devices}-f{self.fraction:g}-lr{self.lr:g}" + (
+            f"-n{self.samples}" if self.samples else "")
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.workdir) / self.setting / f"c{self.case}-{CASES[self.case].slug}" / self.method / f"s{self.seed}"
+
+    def key(self) -> str:
+        return f"{self.dataset}/c{self.case}/{self.method}/s{self.seed}"
+
+
+def load_result(spec: RunSpec) -> dict | None:
+    path = spec.folder / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_one(spec: RunSpec) -> dict:
+    """Run (or resume, or extend) one run in this process; write its result.json."""
+    import tomllib
+
+    from orchestrator.emulation.fleet import parse_fleet
+    from orchestrator.emulation.runner import completed_rounds, run_emulation
+    from orchestrator.emulation.schedule import server_config
+
+    setup = SETUPS[spec.dataset]
+    case = CASES[spec.case]
+    text = render_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
+                        samples=spec.samples)
+    fleet = parse_fleet(tomllib.loads(text), source=fleet_name(spec.dataset, case),
+                        default_name=fleet_name(spec.dataset, case))
+    fleet = dataclasses.replace(fleet, seed=spec.seed, partition=dataclasses.replace(fleet.partition, seed=spec.seed))
+    folder = spec.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    store = folder / "store"
+    done = completed_rounds(store)
+    config = server_config(fleet, rounds=spec.rounds, store_dir=store, data_root=spec.data_root, deadline_s=600)
+    config = dataclasses.replace(config, strategy=spec.method, strategy_options={}, eval_every=spec.eval_every,
+                                 eval_limit=setup.eval_limit, resume=done > 0, keep_checkpoints=1)
+    sessions_file = folder / "sessions.json"
+    sessions = json.loads(sessions_file.read_text()) if sessions_file.is_file() else []
+    print(f"[{spec.key()}] {'resuming after round ' + str(done) if done else 'starting'}: {fleet.description}, "
+          f"{spec.rounds} rounds, mode lightweight", flush=True)
+    t0 = time.monotonic()
+    last = [t0]
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "round_end":
+            acc = data.get("accuracy")
+            now = time.monotonic()
+            print(f"[{spec.key()}] round {data['round']}/{spec.rounds}: "
+                  + (f"accuracy {acc:.4f}, " if acc is not None else "") + f"{now - last[0]:.1f} s", flush=True)
+            last[0] = now
+
+    run = asyncio.run(run_emulation(fleet, config, on_event=on_event, data_root=spec.data_root,
+                                    stderr_dir=folder / "logs", workers=spec.workers))
+    wall = time.monotonic() - t0
+    sessions.append({"resumed_after": done, "rounds_run": spec.rounds - done, "wall_s": round(wall, 1),
+                     "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    sessions_file.write_text(json.dumps(sessions, indent=1))
+    history = []
+    for m in run.history:
+        history.append({k: m[k] for k in ("round", "accuracy", "test_loss", "round_wall_s", "roles", "selected",
+                                          "reported", "over_budget", "devices_per_width", "skipped_no_torch")
+                        if k in m})
+    roles: dict[str, dict] = {}
+    for d in run.to_dict()["devices"]:
+        r = roles.setdefault(d.get("role") or "?", {"devices": 0, "splits": set()})
+        r["devices"] += 1
+        r["splits"].add(d.get("split"))
+    result = {
+        "key": spec.key(), "spec": dataclasses.asdict(spec), "fleet": fleet.name, "mode": run.mode,
+        "strategy": spec.method, "rounds": spec.rounds, "history": history,
+        "roles": {k: {"devices": v["devices"], "splits": sorted(x for x in v["splits"] if x is not None)}
+                  for k, v in roles.items()},
+        "wall_s": round(sum(s["wall_s"] for s in sessions), 1), "sessions": sessions,
+    }
+    tmp = folder / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, folder / "result.json")
+    # What a later --rounds needs to extend the run is its last checkpoint and journal; exported chunks
+    # and training graphs are made again on demand.
+    for sub in ("chunks", "train_graphs"):
+        shutil.rmtree(store / sub, ignore_errors=True)
+    return result
+
+
+def launch(spec: RunSpec) -> dict | None:
+    """Run one spec in a child process (isolated, so several can run at once); its result."""
+    folder = spec.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--run-one", json.dumps(dataclasses.asdict(spec))]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with open(folder / "bench.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            text = line.decode(errors="replace").rstrip()
+            m = re.search(r"\] round (\d+)/", text)
+            if m is None or int(m.group(1)) % 10 == 0:  # every 10th round on the console, all in bench.log
+                print(text, flush=True)
+        proc.wait()
+    if proc.returncode != 0:
+        print(f"[{spec.key()}] failed with exit code {proc.returncode}; see {folder / 'bench.log'}", flush=True)
+        return None
+    return load_result(spec)
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def curve(result: dict) -> tuple[list[int], list[float]]:
+    pts = [(h["round"], h["accuracy"]) for h in result["history"] if h.get("accuracy") is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per run: best and final accuracy; per group: mean and std over seeds."""
+    import numpy as np
+
+    best = [max(curve(r)[1]) for r in results]
+    final = [curve(r)[1][-1] for r in results]
+    return {"seeds": [r["spec"]["seed"] for r in results], "best": best, "final": final,
+            "best_mean": float(np.mean(best)), "best_std": float(np.std(best)),
+            "final_mean": float(np.mean(final)), "final_std": float(np.std(final)),
+            "wall_s": float(sum(r["wall_s"] for r in results))}
+
+
+def rounds_to(result: dict, target: float) -> int | None:
+    for rnd, acc in zip(*curve(result)):
+        if acc >= target:
+            return rnd
+    return None
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def build_report(dataset: str, setting: dict, runs: dict[tuple[int, str], list[dict]]) -> dict:
+    """Tables 3/4/6 and 7 of one dataset from the finished runs {(case, method): [result per seed]}."""
+    import numpy as np
+
+    cases = {}
+    for number in sorted({c for c, _ in runs}):
+        case = CASES[number]
+        entry: dict = {"case": number, "slug": case.slug, "mix": case.label(setting["devices"]),
+                       "paper_mix": f"{case.strong}/{case.moderate}/{case.weak}",
+                       "paper_capacity": PAPER_CAPACITY[dataset][number], "methods": {}}
+        for method in METHODS:
+            rs = runs.get((number, method)) or (runs.get((number, "embracingfl")) if number == 1 else None)
+            if not rs:
+                continue
+            s = summarize(rs)
+            s["paper"] = PAPER_ACCURACY[dataset][method].get(number)
+            s["same_run_as"] = "embracingfl" if number == 1 and method == "width" else None
+            entry["methods"][method] = s
+        # Table 7: rounds to reach a target: the lower of the two methods' mean best accuracy, floored to a
+        # whole percent (the paper's targets sit at its width reduction's accuracy).
+        bests = [v["best_mean"] for v in entry["methods"].values()]
+        if bests:
+            target = math.floor(100 * min(bests)) / 100
+            entry["target"] = target
+            for method, s in entry["methods"].items():
+                rs = runs.get((number, method)) or runs.get((number, "embracingfl"))
+                per_seed = [rounds_to(r, target) for r in rs]
+                s["rounds_to_target"] = per_seed
+                reached = [x for x in per_seed if x is not None]
+                s["rounds_to_target_mean"] = float(np.mean(reached)) if len(reached) == len(per_seed) else None
+        if number in PAPER_ROUNDS and dataset == "cifar10":
+            entry["paper_rounds"] = dict(zip(("target", "width", "embracingfl"), PAPER_ROUNDS[number]))
+        entry["wall_s"] = sum(r["wall_s"] for (c, _), rs in runs.items() if c == number for r in rs)
+        cases[number] = entry
+    return {"setting": setting, "cases": cases}
+
+
+def markdown(dataset: str, report: dict) -> str:
+    st = report["setting"]
+    paper_table = "Table 4 (EmbracingFL only) and Table 6's CIFAR-10 width reduction is not run on FEMNIST" \
+        if dataset == "femnist" else "Table 6"
+    lines = [
+        f"### {dataset}: {st['model']}, {st['devices']} devices ({st['per_round']} per round), {st['rounds']} rounds "
+        f"(paper: 128 clients, 32 per round, {PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}, "
+        f"mode lightweight",
+        "",
+        f"Accuracy in %: best over the evaluated rounds (the paper's measure), mean ± std over seeds; final-round "
+        f"mean in brackets. Paper: {paper_table}.",
+        "",
+        "| case | strong / moderate / weak | paper avg capacity | width reduction (ours) | EmbracingFL (ours) "
+        "| paper: width reduction | paper: EmbracingFL | seeds | wall time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for number, e in sorted(report["cases"].items()):
+        cells = []
+        for method in COLUMNS:
+            s = e["methods"].get(method)
+            if s is None:
+                cells.append("-")
+            elif s.get("same_run_as"):
+                cells.append("(same run as EmbracingFL: all full width)")
+            else:
+                cells.append(f"{pct(s['best_mean'])} ± {pct(s['best_std'])} ({pct(s['final_mean'])})")
+        papers = []
+        for method in COLUMNS:
+            p = PAPER_ACCURACY[dataset][method].get(number)
+            papers.append(f"{p[0]:.2f} ± {p[1]:.1f}" if p else "-")
+        seeds = max((len(s["seeds"]) for s in e["methods"].values()), default=0)
+        lines.append(f"| {number} ({e['slug']}) | {e['mix']} | {e['paper_capacity']:.2f} | {cells[0]} | {cells[1]} "
+                     f"| {papers[0]} | {papers[1]} | {seeds} | {e['wall_s'] / 60:.0f} min |")
+    lines += ["", f"Rounds to the target accuracy (Table 7 shape; mean over seeds, evaluated every "
+                  f"{st['eval_every']} rounds; '-' if a seed never reached it):", "",
+              "| case | target | width reduction (ours) | EmbracingFL (ours) | paper: target | paper: width reduction "
+              "| paper: EmbracingFL |", "|---|---|---|---|---|---|---|"]
+    for number, e in sorted(report["cases"].items()):
+        if "target" not in e:
+            continue
+        cells = []
+        for method in COLUMNS:
+            s = e["methods"].get(method)
+            if s is None:
+                cells.append("-")
+            else:
+                per = ", ".join("-" if x is None else str(x) for x in s["rounds_to_target"])
+                mean = s.get("rounds_to_target_mean")
+                cells.append(f"{mean:.0f} ({per})" if mean is not None else f"- ({per})")
+        pr = e.get("paper_rounds")
+        paper = [f"{pr['target']}%", str(pr["width"]), str(pr["embracingfl"])] if pr else ["-", "-", "-"]
+        lines.append(f"| {number} | {pct(e['target'])}% | {cells[0]} | {cells[1]} | {' | '.join(paper)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_case(dataset: str, report: dict, number: int, runs: dict[tuple[int, str], list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    e = report["cases"][number]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    lanes = [("embracingfl", "EmbracingFL", "C0"), ("width", "width reduction", "C3")]
+    if number != 1 and (1, "embracingfl") in runs:
+        lanes.append(("allstrong", "all strong (case 1)", "0.4"))
+    for method, label, color in lanes:
+        rs = runs.get((1, "embracingfl")) if method == "allstrong" else runs.get((number, method))
+        if not rs or (number == 1 and method == "width"):
+            continue
+        xs = curve(rs[0])[0]
+        ys = np.array([curve(r)[1][: len(xs)] for r in rs if len(curve(r)[1]) >= len(xs)])
+        mean = ys.mean(axis=0)
+        style = "--" if method == "allstrong" else "-"
+        ax.plot(xs, 100 * mean, style, color=color, label=f"{label} ({len(ys)} seeds)")
+        if method != "allstrong":
+            ax.fill_between(xs, 100 * ys.min(axis=0), 100 * ys.max(axis=0), color=color, alpha=0.15)
+    st = report["setting"]
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{dataset}, case {number}: {e['mix']} ({st['model']}, {st['per_round']} devices/round, "
+                 f"lightweight mode)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> dict:
+    setup = SETUPS[args.dataset]
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for spec in specs:
+        r = load_result(spec)
+        if r is not None and r["rounds"] == spec.rounds:
+            runs.setdefault((spec.case, spec.method), []).append(r)
+    setting = {"dataset": args.dataset, "model": setup.model, "devices": args.devices, "fraction": args.fraction,
+               "per_round": max(1, round(args.devices * args.fraction)), "rounds": args.rounds,
+               "paper_rounds": PAPER_ROUNDS_TOTAL[args.dataset], "lr": args.lr, "eval_every": args.eval_every,
+               "eval_limit": setup.eval_limit, "samples_per_device": args.samples, "seeds": args.seeds,
+               "local_steps": 10, "batch_size": 32, "momentum": 0.9, "weight_decay": 1e-4,
+               "mode": "lightweight (devices as asyncio tasks in worker processes; real orchestrator, real "
+                       "DeviceClient, websockets on 127.0.0.1; no memory caps)", "note": setup.note}
+    report = build_report(args.dataset, setting, runs)
+    report["runs"] = {f"c{c}/{m}": [{"seed": r["spec"]["seed"], "wall_s": r["wall_s"], "roles": r["roles"],
+                                     "sessions": r["sessions"],
+                                     "curve": [[h["round"], h.get("accuracy")] for h in r["history"]
+                                               if h.get("accuracy") is not None],
+                                     "round_wall_s": [round(h.get("round_wall_s", 0), 2) for h in r["history"]],
+                                     "over_budget": sum(len(h.get("over_budget") or []) for h in r["history"])}
+                                    for r in rs]
+                      for (c, m), rs in sorted(runs.items())}
+    md = markdown(args.dataset, report)
+    report["markdown"] = md
+    whole = json.loads(out.read_text()) if out.is_file() else {}
+    whole.setdefault("datasets", {})[args.dataset] = report
+    whole["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+    whole["paper"] = "Lee et al., Embracing Federated Learning: Enabling Weak Client Participation via Partial " \
+                     "Model Training (Tables 3, 4, 6, 7)"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(whole, indent=1, default=str))
+    os.replace(tmp, out)
+    md_path = out.with_suffix(".md")
+    md_path.write_text("\n".join(d["markdown"] for _, d in sorted(whole["datasets"].items())))
+    for number in report["cases"]:
+        plot_case(args.dataset, report, number, runs,
+                  out.parent / f"{out.stem}-{args.dataset}-{CASES[number].slug}.png")
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", choices=sorted(SETUPS), default="femnist")
+    ap.add_argument("--cases", default="1,6", help="paper case numbers, e.g. 1,5,6,7 or all")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--rounds", type=int, default=None, help="default: the dataset's (femnist 60, cifar10 40)")
+    ap.add_argument("--devices", type=int, default=None, help="devices in the fleet (default 32; paper 128)")
+    ap.add_argument("--fraction", type=float, default=None, help="share sampled per round")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--samples", type=int, default=None, help="at most this many samples per device")
+    ap.add_argument("--eval-every", type=int, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each its own orchestrator and workers)")
+    ap.add_argument("--workers", type=int, default=1, help="lightweight worker processes per run")
+    ap.add_argument("--quick", action="store_true", help="smoke run: cases 1 and 6, one seed, 6 rounds, 16 devices, "
+                                                         "written to embracing-quick.json")
+    ap.add_argument("--data-root", default=None, help="folder of the datasets (default ../shared/datasets)")
+    ap.add_argument("--workdir", default=str(WORKDIR))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report-only", action="store_true", help="only render the tables and plots from finished runs")
+    ap.add_argument("--write-fleets", action="store_true", help="write profiles/fleets/embracing-*.toml and exit")
+    ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.run_one:
+        run_one(RunSpec(**json.loads(args.run_one)))
+        return
+    if args.write_fleets:
+        for p in write_fleets(sorted(SETUPS)):
+            print(p.relative_to(ROOT))
+        return
+    setup = SETUPS[args.dataset]
+    if args.quick:
+        args.cases, args.seeds = "1,6", "0"
+        args.rounds, args.devices = args.rounds or 6, args.devices or 16
+        args.fraction = args.fraction or 0.25
+        args.out = args.out or str(RESULTS / "embracing-quick.json")
+    args.cases = sorted(CASES) if args.cases == "all" else [int(c) for c in args.cases.split(",")]
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.rounds = args.rounds or setup.rounds
+    args.devices = args.devices or setup.devices
+    args.fraction = args.fraction or setup.fraction
+    args.lr = args.lr or setup.lr
+    args.samples = args.samples if args.samples is not None else setup.samples
+    args.eval_every = args.eval_every or setup.eval_every
+    if args.data_root is None:
+        shared = ROOT.parent / "shared" / "datasets"
+        args.data_root = os.environ.get("EDGETRAIN_DATA") or (str(shared) if shared.is_dir() else None)
+    out = Path(args.out or RESULTS / "embracing.json")
+    specs = [RunSpec(args.dataset, c, m, s, args.rounds, args.devices, args.fraction, args.lr, args.eval_every,
+                     args.samples, args.workers, args.data_root, args.workdir)
+             for s in args.seeds for c in args.cases for m in args.methods if not (c == 1 and m != "embracingfl")]
+    todo = [s for s in specs if (r := load_result(s)) is None or r["rounds"] != s.rounds]
+    print(f"bench/embracing.py: {args.dataset}, cases {args.cases}, seeds {args.seeds}, {args.rounds} rounds, "
+          f"{args.devices} devices ({args.fraction:g} per round), mode lightweight; {len(specs) - len(todo)} of "
+          f"{len(specs)} runs already finished, {len(todo)} to run ({args.jobs} at a time)", flush=True)
+    started = time.monotonic()
+    if not args.report_only and todo:
+        # Most informative first: every case's first seed, then the next seed, ...
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for spec, result in zip(todo, pool.map(launch, todo)):
+                if result is not None:
+                    print(f"[{spec.key()}] done: best {max(curve(result)[1]):.4f}, final {curve(result)[1][-1]:.4f}, "
+                          f"{result['wall_s'] / 60:.1f} min", flush=True)
+                    write_outputs(args, specs, out)
+    report = write_outputs(args, specs, out)
+    print(report["markdown"])
+    print(f"wall {time.monotonic() - started:.0f} s; wrote {out}, {out.with_suffix('.md')} and the plots")
+
+
+if __name__ == "__main__":
+    main()
