@@ -229,6 +229,36 @@ def test_movielens_counts_match_the_readme():
     assert 0.19 < len(test) / 100_836 < 0.21
 
 
+def test_movielens_lr_features_come_from_the_users_own_training_ratings():
+    """The FedSubAvg paper's feature structure: per-user group features (from training ratings only),
+    the movie, and their crosses; hot group rows, cold movie rows."""
+    root = need("movielens_latest_small")
+    ratings = load_dataset("movielens", root=root)
+    train = load_dataset("movielens_lr", root=root)
+    test = load_dataset("movielens_lr", root=root, split="test")
+    items = ratings.info["num_items"]
+    assert train.x.shape == (len(ratings), 5) and train.info["rows"] == (7, 2, items, 7 * items, 2 * items)
+    np.testing.assert_array_equal(train.y, (ratings.y >= 4).astype(np.float32))
+    np.testing.assert_array_equal(train.x[:, 2], ratings.x[:, 1])
+    np.testing.assert_array_equal(train.x[:, 3], train.x[:, 0] * items + train.x[:, 2])
+    np.testing.assert_array_equal(train.x[:, 4], train.x[:, 1] * items + train.x[:, 2])
+    for d in (train, test):
+        for column in (0, 1):  # one group per user, the same in both splits
+            per_user = {(int(u), int(g)) for u, g in zip(d.groups, d.x[:, column])}
+            assert len(per_user) == len({u for u, _ in per_user})
+    by_user = dict(zip(train.groups.tolist(), train.x[:, 0].tolist()))
+    assert all(by_user[int(u)] == int(g) for u, g in zip(test.groups, test.x[:, 0]))
+    # activity follows the number of training ratings: more ratings, never a lower group
+    counts = np.bincount(train.groups)
+    order = np.argsort(counts, kind="stable")
+    groups = np.array([by_user[int(u)] for u in order])
+    assert np.all(np.diff(groups) >= 0) and set(groups.tolist()) == set(range(7))
+    # heat: every group row is involved by dozens of users, most movies by few
+    users_per_item = np.bincount(np.unique(np.stack([train.groups, train.x[:, 2]], 1), axis=0)[:, 1], minlength=items)
+    users_per_group = np.bincount(np.unique(np.stack([train.groups, train.x[:, 0]], 1), axis=0)[:, 1])
+    assert users_per_group.min() > 50 and np.median(users_per_item[users_per_item > 0]) < 5
+
+
 def test_cifar10_decodes_a_balanced_subset_and_caches_it(tmp_path):
     root = need("cifar10_jpg")
     first = load_dataset("cifar10", root=root, split="test", limit=200, cache_dir=tmp_path)
