@@ -1,0 +1,139 @@
+"""What lets one orchestrator hold ten thousand devices (bench/scale.py), each checked fast with real parts:
+hellos of one profile are planned once, the descriptor limit is raised, and a few hundred lightweight
+devices (the real client, run by the lightweight worker) connect, are sampled and are said goodbye to."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import recv_msg, send_msg, ws_options
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+from orchestrator.plancache import PlanCache
+
+resource = pytest.importorskip("resource")
+
+
+def _hello(device_id: str, budget: int = 2 << 30, **changes) -> p.Hello:
+    return p.Hello(**{"device_id": device_id, "token": "", "budget_bytes": budget, "cores": 1,
+                      "runtimes": ["onnxruntime", "torch"], "num_samples": 10, **changes})
+
+
+def test_hellos_of_one_profile_are_planned_once(tmp_path: Path) -> None:
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=99, eval_data="synthetic", store_dir=tmp_path / "s",
+                              wait_devices_s=30)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        conns, replies = [], []
+        hellos = [_hello(f"d{i}") for i in range(30)] + [_hello("other", 3 << 30), _hello("cores", cores=4)]
+        hellos += [_hello("small-1", 1 << 10), _hello("small-2", 1 << 10)]  # too small: refused, once planned
+        for hello in hellos:
+            ws = await connect(url, **ws_options())
+            await send_msg(ws, hello)
+            replies.append(await recv_msg(ws))
+            conns.append(ws)
+        plans = {d: s.plan for d, s in orch.sessions.items()}
+        stats = orch.plans.stats()
+        for ws in conns:
+            await ws.close()
+        server.cancel()
+        return replies, plans, stats
+
+    replies, plans, stats = asyncio.run(main())
+    assert all(isinstance(r, p.Welcome) for r in replies[:32])
+    assert [type(r) for r in replies[32:]] == [p.Error, p.Error]
+    assert replies[32].code == replies[33].code == "refused" and replies[32].message == replies[33].message
+    # 30 equal profiles: one planning, one plan object shared by every session; the other budget,
+    # the other core count and the refused budget are one planning each.
+    assert stats == {"entries": 4, "hits": 30, "misses": 4}
+    assert len({id(plans[f"d{i}"]) for i in range(30)}) == 1
+    assert plans["other"] is not plans["d0"] and plans["cores"] is not plans["d0"]
+
+
+def test_plan_cache_is_bounded_and_least_recently_used_goes_first() -> None:
+    cache = PlanCache(max_entries=2)
+    cache.put("a", "refused a")
+    cache.put("b", "refused b")
+    assert cache.get("a") == "refused a"  # a is now the most recent
+    cache.put("c", "refused c")
+    assert cache.get("b") is None and cache.get("a") == "refused a" and len(cache) == 2
+
+
+def _lowered_soft_limit() -> int:
+    """A soft limit below the hard one that still leaves room for what this process has open."""
+    import os
+
+    return max(256, len(os.listdir("/proc/self/fd")) + 64) if Path("/proc/self/fd").is_dir() else 256
+
+
+@pytest.mark.parametrize("where", ["function", "orchestrator"])
+def test_the_descriptor_limit_is_raised_to_the_hard_limit(tmp_path: Path, where: str) -> None:
+    from orchestrator.limits import raise_fd_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = _lowered_soft_limit()
+    if hard != resource.RLIM_INFINITY and hard <= low:
+        pytest.skip(f"the hard descriptor limit here is {hard}: nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        if where == "function":
+            assert raise_fd_limit() == (low, hard)
+        else:  # a real orchestrator raises it when it starts serving
+            async def main():
+                config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic",
+                                      store_dir=tmp_path / "s", wait_devices_s=30)
+                _, server = await start_orchestrator(config, lambda kind, data: None)
+                server.cancel()
+
+            asyncio.run(main())
+        after = resource.getrlimit(resource.RLIMIT_NOFILE)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert after[1] == hard
+    assert after[0] > low and (hard == resource.RLIM_INFINITY or after[0] == hard)
+
+
+def test_hundreds_of_lightweight_devices_are_held_sampled_and_sent_off(tmp_path: Path) -> None:
+    """300 real clients in one lightweight worker: every hello gets a welcome from one planning, a
+    round samples 10 of them, and the goodbye (said to everyone at once) ends every client."""
+    from orchestrator.emulation.launch import DeviceLaunch
+    from orchestrator.emulation.lightweight import WorkerDevice, WorkerSpec, run_worker
+
+    n = 300
+    events: dict[str, int] = {}
+    latencies: list[float] = []
+
+    def on_server(kind: str, data: dict) -> None:
+        events[kind] = events.get(kind, 0) + 1
+        if kind == "welcomed":
+            latencies.append(data["latency_s"])
+
+    lives: dict[str, int] = {}
+
+    def on_device(kind: str, data: dict) -> None:
+        if kind == "life_end":
+            lives[data["ended"]] = lives.get(data["ended"], 0) + 1
+
+    async def main():
+        config = ServerConfig(model="tiny", strategy="fedavg", rounds=1, fraction=10 / n, min_devices=n,
+                              eval_every=0, eval_data="synthetic", store_dir=tmp_path / "s", local_steps=1,
+                              batch_size=4, wait_devices_s=120, deadline_s=60)
+        orch, server = await start_orchestrator(config, on_server)
+        spec = WorkerSpec(0, tuple(WorkerDevice(DeviceLaunch(f"d{i:03d}", 512 << 20, client=i % 100, num_clients=100,
+                                                             data="synthetic", backend="torch"))
+                                   for i in range(n)), threads=1, stop_grace_s=5)
+        await asyncio.wait_for(run_worker(spec, f"ws://127.0.0.1:{orch.port}", emit=on_device,
+                                          stop=lambda: asyncio.sleep(3600)), timeout=240)
+        return await server, orch.plans.stats()
+
+    history, stats = asyncio.run(main())
+    assert history[0]["selected"] == history[0]["reported"] == 10
+    assert events["welcomed"] == n and len(latencies) == n
+    assert stats["misses"] == 1 and stats["hits"] == n - 1
+    assert lives == {"finished": n}  # every client heard the goodbye
