@@ -167,6 +167,8 @@ def test_ray_options_are_checked() -> None:
     assert result.exit_code != 0 and "applies to --backend ray" in result.output
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--advertise-host", "10.0.0.2"])
     assert result.exit_code != 0 and "applies to --backend ray" in result.output
+    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--port", "9000"])
+    assert result.exit_code != 0 and "applies to --backend ray" in result.output
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--backend", "spark"])
     assert result.exit_code != 0 and "must be one of local, ray" in result.output
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-capped", "--backend", "ray"])

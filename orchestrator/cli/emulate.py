@@ -16,7 +16,8 @@ fleet's ``[training] strategy`` (its ``[strategy]`` options then apply only if t
 on a local Ray instance, or with ``--address ADDR`` on a running cluster, so a fleet can span machines
 (see ``orchestrator.emulation.ray_backend``). The orchestrator stays in this process and binds
 ``--host`` (``0.0.0.0`` with ``--address``); the actors dial ``--advertise-host`` (by default this
-node's address as Ray knows it). ``metrics.json`` then says ``backend: ray`` and each worker's host.
+node's address as Ray knows it) on ``--port`` (default: any free port). ``metrics.json`` then says
+``backend: ray`` and each worker's host.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def emulate(
     advertise_host: Optional[str] = typer.Option(
         None, help="--backend ray: the host or IP the workers dial to reach the orchestrator (default: --host, or this "
                    "node's address as Ray knows it when --host is 0.0.0.0)."),
+    port: Optional[int] = typer.Option(
+        None, help="--backend ray: the orchestrator's port, e.g. one a firewall lets through (default: any free "
+                   "port)."),
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from rich.console import Console
@@ -87,7 +91,8 @@ def emulate(
     if backend == "ray" and mode != "lightweight":
         raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one capped process per device; "
                                  "--backend ray runs the workers of mode \"lightweight\"", param_hint="--backend")
-    for value, name in ((address, "--address"), (host, "--host"), (advertise_host, "--advertise-host")):
+    for value, name in ((address, "--address"), (host, "--host"), (advertise_host, "--advertise-host"),
+                        (port, "--port")):
         if value is not None and backend != "ray":
             raise typer.BadParameter("applies to --backend ray", param_hint=name)
     if resume is not None and not (resume / "store").is_dir():
@@ -109,7 +114,8 @@ def emulate(
         done = completed_rounds(config.store_dir)
         config = dataclasses.replace(config, resume=True)
     if backend == "ray":
-        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host))
+        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host),
+                                     port=config.port if port is None else port)
     devices = spec.devices()
     if backend == "ray":
         n_workers_text = (str(workers or default_workers(len(devices))) if address is None
@@ -154,7 +160,8 @@ def emulate(
     per_device = results["devices"]
     final = run.history[-1] if run.history else {}
     write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), "config": config.to_dict(),
-                            "wall_s": wall, "backend": backend, **({"ray_address": address} if backend == "ray" else {}),
+                            "wall_s": wall, "backend": backend,
+                            **({"ray_address": address} if backend == "ray" else {}),
                             **results, "final": final})
     acc_plot = plot_accuracy(run_dir, run.history, title=f"{spec.name}: {spec.model} on {spec.dataset}")
     mem_plot = plot_memory(run_dir, per_device, title=f"{spec.name}: peak memory per device against its budget")

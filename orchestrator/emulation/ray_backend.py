@@ -10,8 +10,8 @@ the orchestrator, its own state and its own shard of the data, exactly as in the
 
 Events go back to the emulator in batches: the emulator keeps one call to the actor's
 :meth:`WorkerActor.next_events` outstanding per worker; it returns as soon as the worker has emitted
-anything (or after ``poll_s``), with every event so far as the JSON lines a local worker prints, plus
-the actor process's CPU and memory. The emulator feeds them to the same
+anything (or after ``poll_s``, the length of an idle call), with every event so far as the JSON
+lines a local worker prints, plus the actor process's CPU and memory. The emulator feeds them to the same
 :class:`~orchestrator.emulation.lightweight._LightweightEmulator` and
 :class:`~orchestrator.emulation.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
 the same (``backend: ray`` added by the command). Stopping is a call to :meth:`WorkerActor.stop` (a
@@ -317,7 +317,7 @@ async def run_ray(
     threads: int = 2,
     stop_grace_s: float = 10.0,
     cpus_per_worker: float = 1.0,
-    poll_s: float = 0.1,
+    poll_s: float = 1.0,
     ray_options: Mapping[str, Any] | None = None,
 ) -> EmulationRun:
     """Run every device of `fleet` in `workers` Ray actors against an orchestrator in this process.
@@ -363,7 +363,9 @@ async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet:
                recorder: Recorder, specs: list[DeviceSpec], start_orchestrator, *, advertise_host: str | None,
                data_root: str | None, stderr_dir: Path | None, threads: int, stop_grace_s: float,
                cpus_per_worker: float, poll_s: float) -> EmulationRun:
-    here = ray.get_runtime_context().get_node_id()
+    here = None  # this process's Ray node (none for a Ray Client connection, ray://...)
+    with contextlib.suppress(Exception):
+        here = ray.get_runtime_context().get_node_id()
     actor_class = ray.remote(WorkerActor).options(
         num_cpus=cpus_per_worker, max_concurrency=4, scheduling_strategy="SPREAD",
         runtime_env={"env_vars": dict(ACTOR_ENV)},
@@ -378,12 +380,17 @@ async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet:
     try:
         orch, server_task = await start_orchestrator(config, emu.on_server_event)
         url = f"ws://{worker_host(config.host, advertise_host)}:{orch.port}"
-        for w, info in zip(handles, await prepared):
-            w.stats.pid, w.host, w.node = int(info["pid"]), str(info["host"]), str(info["node"])
-            w.local = w.node == here
-            pumps.append(asyncio.create_task(_pump(emu, w, poll_s)))  # before any device starts
-        spec_json = [WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s).to_json() for w in handles]
-        await asyncio.gather(*(w.actor.start.remote(s, url) for w, s in zip(handles, spec_json)))
+        try:
+            for w, info in zip(handles, await prepared):
+                w.stats.pid, w.host, w.node = int(info["pid"]), str(info["host"]), str(info["node"])
+                w.local = here is not None and w.node == here
+                pumps.append(asyncio.create_task(_pump(emu, w, poll_s)))  # before any device starts
+            spec_json = [WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s).to_json()
+                         for w in handles]
+            await asyncio.gather(*(w.actor.start.remote(s, url) for w, s in zip(handles, spec_json)))
+        except ray.exceptions.RayError as e:  # an actor that cannot start: edgetrain or its runtimes missing on a node
+            raise WorkerFailed(f"{fleet.name}: a Ray actor could not start its worker: "
+                               f"{type(e).__name__}: {e}") from None
         for w in handles:
             recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.stats.pid, "host": w.host,
                                                        "devices": len(w.devices), "backend": "ray"})
