@@ -51,14 +51,36 @@ class RoundState:
     status: dict[tuple[str, str], str] = field(default_factory=dict)
     #: The same statuses by device (phase -> status): a device's questions cost O(its phases), not O(round).
     _by_device: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    #: Kept as statuses change, so that what the server asks after every report (settled? quorum?
+    #: how many reported?) costs O(1), not O(instructions): a round may sample thousands of devices.
+    _open: set[tuple[str, str]] = field(default_factory=set, repr=False)  # outstanding (device, phase)
+    _counts: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # (phase, status) -> n
+    _reported_phases: dict[str, int] = field(default_factory=dict, repr=False)  # device -> phases reported
 
     def __post_init__(self) -> None:
         if not 0 < self.quorum <= 1:
             raise ValueError(f"quorum must be in (0, 1], got {self.quorum}")
 
     def _set(self, device_id: str, phase: str, status: str) -> None:
-        self.status[(device_id, phase)] = status
+        key = (device_id, phase)
+        old = self.status.get(key)
+        if old is not None:
+            self._counts[(phase, old)] -= 1
+            if old == OUTSTANDING:
+                self._open.discard(key)
+            elif old == REPORTED:
+                left = self._reported_phases[device_id] - 1
+                if left:
+                    self._reported_phases[device_id] = left
+                else:
+                    del self._reported_phases[device_id]
+        self.status[key] = status
         self._by_device.setdefault(device_id, {})[phase] = status
+        self._counts[(phase, status)] = self._counts.get((phase, status), 0) + 1
+        if status == OUTSTANDING:
+            self._open.add(key)
+        elif status == REPORTED:
+            self._reported_phases[device_id] = self._reported_phases.get(device_id, 0) + 1
 
     # -- changes ---------------------------------------------------------------------------------
     def issue(self, device_id: str, phase: str) -> None:
@@ -107,12 +129,21 @@ class RoundState:
     @property
     def selected(self) -> set[str]:
         """Devices that got any instruction this round."""
-        return self.devices()
+        return set(self._by_device)
+
+    @property
+    def num_selected(self) -> int:
+        """``len(self.selected)``, in O(1)."""
+        return len(self._by_device)
+
+    def num_reported(self) -> int:
+        """``len(self.reported())``: devices with an accepted report of any phase, in O(1)."""
+        return len(self._reported_phases)
 
     @property
     def outstanding(self) -> set[tuple[str, str]]:
         """Instructions still awaited from connected devices."""
-        return {k for k, s in self.status.items() if s == OUTSTANDING}
+        return set(self._open)
 
     def reported(self, phase: str | None = None) -> set[str]:
         return self.devices(phase, REPORTED)
@@ -125,14 +156,14 @@ class RoundState:
 
     def quorum_reached(self, phase: str = "train") -> bool:
         """At least ``ceil(quorum * n)`` of the ``n`` instructions of ``phase`` sent were reported and accepted."""
-        issued = sum(1 for (_, ph), s in self.status.items() if ph == phase and s != SKIPPED)
+        issued = sum(n for (ph, s), n in self._counts.items() if ph == phase and s != SKIPPED)
         if issued == 0:
             return False
-        return len(self.reported(phase)) >= max(1, math.ceil(self.quorum * issued))
+        return self._counts.get((phase, REPORTED), 0) >= max(1, math.ceil(self.quorum * issued))
 
     def settled(self) -> bool:
         """Nobody connected is left to wait for."""
-        return not self.outstanding
+        return not self._open
 
     def stragglers(self) -> set[str]:
         """Devices with an instruction that was never answered."""

@@ -165,6 +165,7 @@ class Orchestrator:
                                       and self.train_graphs.known_refusal(self.model, k) is None)
         self.sessions: dict[str, Session] = {}
         self.plans = PlanCache()  # hello profile -> plan: each distinct profile is planned once
+        self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
         self.version = ""
@@ -241,6 +242,7 @@ class Orchestrator:
                     await self._say_bye("training finished")
         finally:
             # Closed only after the server stopped accepting: a late hello must not meet a closed journal.
+            self._flush_devices()
             self.store.close()
         return self.history
 
@@ -356,9 +358,22 @@ class Orchestrator:
             "num_samples": hello.num_samples, "device_class": hello.device_class, "labels": dict(hello.labels),
             "rows": {k: len(v) for k, v in hello.rows.items()},
         }
-        self.store.record_device(hello.device_id, profile, plan_summary(plan))
+        self._journal_device(hello.device_id, profile, plan)
         self.on_event("registered", {"device": hello.device_id, "role": plan.role, "split": plan.split})
         return session
+
+    def _journal_device(self, device_id: str, profile: dict[str, object], plan: Plan) -> None:
+        """Journal a registered device. The hellos taken in one turn of the event loop share one
+        commit (:meth:`Store.record_devices`), written as soon as that turn's callbacks are done:
+        a commit per hello was most of the server's own work per hello."""
+        if not self._device_rows:
+            asyncio.get_running_loop().call_soon(self._flush_devices)
+        self._device_rows.append((device_id, profile, plan_summary(plan)))
+
+    def _flush_devices(self) -> None:
+        rows, self._device_rows = self._device_rows, []
+        if rows:
+            self.store.record_devices(rows)
 
     def _device_info(self, hello: p.Hello, plan: Plan) -> DeviceInfo:
         """What strategies see of a device. Declared rows are mapped from input columns to table entries."""
@@ -799,7 +814,7 @@ class Orchestrator:
         await self._ack(session, p.Ack(rs.round, accepted, reason, msg.phase))
         self.on_event("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                                  "phase": msg.phase, "accepted": accepted, "reason": reason,
-                                 "reported": len(rs.reported()), "selected": len(rs.selected)})
+                                 "reported": rs.num_reported(), "selected": rs.num_selected})
         await self._dispatch(follow, issued=True)
         self._changed.set()
 

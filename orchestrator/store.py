@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -187,14 +187,27 @@ class Store:
     # -- devices -----------------------------------------------------------------------------
     def record_device(self, device_id: str, profile: Mapping[str, object], plan: Mapping[str, object]) -> None:
         """Insert or refresh a device: its latest profile and plan, and when it was last seen."""
+        self.record_devices([(device_id, profile, plan)])
+
+    def record_devices(self, devices: Iterable[tuple[str, Mapping[str, object] | str, Mapping[str, object] | str]]
+                       ) -> int:
+        """:meth:`record_device` for many devices in one transaction (a fleet's hellos arrive in
+        bursts: one commit per hello would be most of the server's work per hello). A profile or
+        plan may be given as its JSON text already (plans are shared by many devices). Returns the
+        number of devices written."""
         now = time.time()
+        rows = [(device_id, profile if isinstance(profile, str) else _dumps(profile),
+                 plan if isinstance(plan, str) else _dumps(plan), now, now) for device_id, profile, plan in devices]
+        if not rows:
+            return 0
         with self._lock, self._transaction():
-            self._db.execute(
+            self._db.executemany(
                 """INSERT INTO devices(device_id, profile, plan, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
                    ON CONFLICT(device_id) DO UPDATE SET
                        profile = excluded.profile, plan = excluded.plan, last_seen = excluded.last_seen""",
-                (device_id, _dumps(profile), _dumps(plan), now, now),
+                rows,
             )
+        return len(rows)
 
     def devices(self) -> list[dict]:
         with self._lock:
