@@ -303,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{args.spec_file}: {e}")
     if not args.url.startswith(("ws://", "wss://")):
         parser.error(f"--url must be a ws:// or wss:// URL, got {args.url!r}")
+    from orchestrator.limits import raise_fd_limit
+
+    raise_fd_limit()  # a socket per device: thousands per worker need more than a 1,024 soft limit
     _load_runtimes()
 
     def emit(kind: str, data: dict) -> None:
