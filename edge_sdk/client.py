@@ -453,6 +453,9 @@ class DeviceClient:
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
             seed=device_seed(int(ins.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
             prox_mu=float(ins.config.get("prox_mu", 0.0)),
+            # Samples of the loss reported before and after training (default 512): a strategy whose
+            # local work is a few batches asks for fewer, since those two passes can outweigh it.
+            eval_samples=max(1, int(ins.config.get("eval_samples", 512))),
         )
 
     async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> _Trained:
