@@ -27,16 +27,17 @@ all training ratings every round; test accuracy and loss on the held-out ratings
 
 Writes ``bench/results/fedsubavg_movielens.json`` and ``.png``.
 
-``--emulate``: the same comparison through the real orchestrator instead: the shipped fleet
-``profiles/fleets/movielens-fedsubavg.toml`` (610 user devices, natural partition, K = 50, batch 5,
-10 local steps) run by ``edgetrain emulate``'s lightweight machinery
-(:func:`orchestrator.emulation.lightweight.run_lightweight`: real ``DeviceClient`` devices over
-websockets in a few worker processes, row selections and row-sparse uploads on the wire). The model
-there is the zoo's embedding recommender (rating regression, not the LR above, which is not a zoo
-model), so the metric is the server's test MSE per round; FedAvg is FedSubAvg with
-``correction=False`` as above. Writes ``bench/results/fedsubavg_movielens_emulated.json``.
+``--emulate``: the same comparison through the real orchestrator instead: a shipped fleet of 610
+user devices (natural partition, K = 50, batch 5, 10 local steps) run by ``edgetrain emulate``'s
+lightweight machinery (:func:`orchestrator.emulation.lightweight.run_lightweight`: real
+``DeviceClient`` devices over websockets in a few worker processes, row selections and row-sparse
+uploads on the wire). ``--fleet movielens-lr-fedsubavg``: the LR above as the zoo model
+``movielens_lr`` on the ``movielens_lr`` dataset (the ``paper`` features); the default
+``movielens-fedsubavg``: the zoo's embedding recommender (rating regression). The server measures
+test loss (BCE, or MSE) per round, not train loss; FedAvg is FedSubAvg with ``correction=False`` as
+above. Writes ``bench/results/fedsubavg_movielens_emulated[_<fleet>].json``.
 
-Usage: ``python bench/fedsubavg_movielens.py [--rounds 300] [--lrs 0.1,0.3,1] [--seeds 0,1]``
+Usage: ``python bench/fedsubavg_movielens.py [--rounds 300] [--lrs 0.1,0.3,1] [--seeds 0,1] [--features paper|ids]``
        ``python bench/fedsubavg_movielens.py --emulate [--rounds 30] [--lrs 0.003,0.01]``
 """
 
@@ -57,62 +58,81 @@ from orchestrator.rounds import RoundState
 from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext
 from orchestrator.strategies.fedsubavg import FedSubAvg
 
-USER, ITEM, GENRE, BIAS = "blocks.lr.user", "blocks.lr.item", "blocks.lr.genre", "blocks.lr.bias"
-TABLES = (USER, ITEM, GENRE)
+BIAS = "blocks.lr.bias"
+FEATURE_SETS = ("paper", "ids")
 
 
 @dataclass
 class Data:
-    """Samples as table rows: user, item, genres (padded with the extra row ``num_genres``), label."""
+    """Samples as table rows: for each table an index matrix ``(n, c)`` (padded with the table's size,
+    a row of weight 0), and the labels."""
 
-    user: np.ndarray
-    item: np.ndarray
-    genres: np.ndarray
+    idx: dict[str, np.ndarray]
     y: np.ndarray
+    user: np.ndarray  # whose rating: the device that holds the sample
 
     def __len__(self) -> int:
         return len(self.y)
 
-    def subset(self, idx: np.ndarray) -> Data:
-        return Data(self.user[idx], self.item[idx], self.genres[idx], self.y[idx])
+    def subset(self, rows: np.ndarray) -> Data:
+        return Data({t: v[rows] for t, v in self.idx.items()}, self.y[rows], self.user[rows])
 
 
-def load(num_genres_out: list[int]) -> tuple[Data, Data, dict[str, int]]:
+def load(features: str = "paper") -> tuple[Data, Data, dict[str, int]]:
+    """MovieLens latest-small as one-hot feature tables (rating >= 4 is positive).
+
+    ``paper``: the paper's structure (Section 5.1: gender, age, movie, gender x movie, age x movie,
+    one-hot, into a logistic regression), as the ``movielens_lr`` dataset builds it: two per-user
+    group features stand in for gender and age (latest-small has neither; see
+    ``edge_sdk.data.datasets._movielens_lr``), the movie, and their crosses. The tables are the zoo
+    model ``movielens_lr``'s. ``ids``: user id, movie id and the movie's genres (multi-hot): the user
+    row is involved by exactly one device, the most extreme heat (N / K = 12 times the step under
+    FedSubAvg's correction).
+    """
+    if features not in FEATURE_SETS:
+        raise ValueError(f"features must be one of {FEATURE_SETS}")
+    out = []
+    if features == "paper":
+        for split in ("train", "test"):
+            d = load_dataset("movielens_lr", split=split)
+            names = [f"blocks.lr.tables.{c}.weight" for c in d.info["columns"]]
+            sizes = dict(zip(names, (int(r) for r in d.info["rows"])))
+            out.append(Data({t: d.x[:, i : i + 1].astype(np.int64) for i, t in enumerate(names)},
+                            d.y.astype(np.float64), d.groups.astype(np.int64)))
+        return out[0], out[1], sizes
     genres, names = movielens_genres()
     pad = len(names)
     g = np.where(genres < 0, pad, genres)
-    out = []
     for split in ("train", "test"):
         d = load_dataset("movielens", split=split)
-        item = d.x[:, 1].astype(np.int64)
-        out.append(Data(d.x[:, 0].astype(np.int64), item, g[item], (d.y >= 4).astype(np.float64)))
-    num_genres_out.append(pad)
-    return out[0], out[1], {USER: 610, ITEM: genres.shape[0], GENRE: pad}
+        u, m = d.x[:, 0].astype(np.int64), d.x[:, 1].astype(np.int64)
+        out.append(Data({"blocks.lr.user": u[:, None], "blocks.lr.item": m[:, None], "blocks.lr.genre": g[m]},
+                        (d.y >= 4).astype(np.float64), u))
+    return out[0], out[1], {"blocks.lr.user": int(d.info["num_users"]), "blocks.lr.item": genres.shape[0],
+                            "blocks.lr.genre": pad}
 
 
 def logits(state: dict[str, np.ndarray], d: Data) -> np.ndarray:
-    wg = np.concatenate([state[GENRE][:, 0].astype(np.float64), [0.0]])  # the pad row is 0
-    return (state[BIAS][0] + state[USER][d.user, 0] + state[ITEM][d.item, 0] + wg[d.genres].sum(axis=1))
+    z = np.full(len(d), float(state[BIAS][0]))
+    for t, ix in d.idx.items():
+        w = np.concatenate([state[t][:, 0].astype(np.float64), [0.0]])  # the pad row is 0
+        z += w[ix].sum(axis=1)
+    return z
 
 
 def bce(z: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0.0, z) - y * z))
 
 
-def sgd_steps(w: dict[str, np.ndarray], d: Data, steps: int, batch: int, lr: float, rng: np.random.Generator,
-              pad: int) -> None:
+def sgd_steps(w: dict[str, np.ndarray], d: Data, steps: int, batch: int, lr: float, rng: np.random.Generator) -> None:
     """Plain SGD on the logistic loss, in place on ``w`` (float64 tables indexed by global row)."""
     for _ in range(steps):
-        idx = rng.integers(0, len(d), size=batch)
-        b = d.subset(idx)
-        wg = np.concatenate([w[GENRE][:, 0], [0.0]])
-        z = w[BIAS][0] + w[USER][b.user, 0] + w[ITEM][b.item, 0] + wg[b.genres].sum(axis=1)
-        g = (1.0 / (1.0 + np.exp(-z)) - b.y) / batch
-        np.add.at(w[USER][:, 0], b.user, -lr * g)
-        np.add.at(w[ITEM][:, 0], b.item, -lr * g)
-        gg = np.zeros(pad + 1)
-        np.add.at(gg, b.genres.ravel(), np.repeat(g, b.genres.shape[1]))
-        w[GENRE][:, 0] -= lr * gg[:pad]
+        b = d.subset(rng.integers(0, len(d), size=batch))
+        g = (1.0 / (1.0 + np.exp(-logits(w, b))) - b.y) / batch
+        for t, ix in b.idx.items():
+            gt = np.zeros(len(w[t]) + 1)
+            np.add.at(gt, ix.ravel(), np.repeat(g, ix.shape[1]))
+            w[t][:, 0] -= lr * gt[:-1]
         w[BIAS][0] -= lr * g.sum()
 
 
@@ -120,15 +140,15 @@ def initial_state(sizes: dict[str, int]) -> dict[str, np.ndarray]:
     return {**{t: np.zeros((n, 1), np.float32) for t, n in sizes.items()}, BIAS: np.zeros(1, np.float32)}
 
 
-def run_federated(train: Data, test: Data, sizes: dict[str, int], *, correction: bool, lr: float, rounds: int,
-                  seed: int, k: int, batch: int, steps: int) -> dict[str, list[float]]:
-    pad = sizes[GENRE]
-    users = np.unique(train.user)
-    shards = {f"u{u:03d}": train.subset(np.flatnonzero(train.user == u)) for u in users}
-    infos = {}
-    for d, s in shards.items():
-        rows = {USER: np.unique(s.user), ITEM: np.unique(s.item), GENRE: np.unique(s.genres[s.genres < pad])}
-        infos[d] = DeviceInfo(d, "strong", 0, len(s), rows=rows)
+def device_rows(d: Data, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """A device's index set (Algorithm 1, line 5): the rows of each table its samples touch."""
+    return {t: np.unique(ix[ix < sizes[t]]) for t, ix in d.idx.items()}
+
+
+def run_federated(train: Data, test: Data, sizes: dict[str, int], *, correction: bool, lr: float,
+                  rounds: int, seed: int, k: int, batch: int, steps: int) -> dict[str, list[float]]:
+    shards = {f"u{u:03d}": train.subset(np.flatnonzero(train.user == u)) for u in np.unique(train.user)}
+    infos = {d: DeviceInfo(d, "strong", 0, len(s), rows=device_rows(s, sizes)) for d, s in shards.items()}
     strategy = FedSubAvg(k=k, weighting="samples", correction=correction)
     state = initial_state(sizes)
     hist: dict[str, list[float]] = {"train_loss": [], "test_loss": [], "test_acc": []}
@@ -138,14 +158,14 @@ def run_federated(train: Data, test: Data, sizes: dict[str, int], *, correction:
         for ins in strategy.configure(ctx):
             d, sel = ins.device_id, ins.selection
             # The device's submodel: only its rows (Algorithm 1, lines 13-14), trained locally (15-17).
-            local = {t: np.zeros((sizes[t], 1)) for t in TABLES}
-            for t in TABLES:
+            local = {t: np.zeros((n, 1)) for t, n in sizes.items()}
+            for t in sizes:
                 local[t][sel.rows[t]] = state[t][sel.rows[t]]
             local[BIAS] = state[BIAS].astype(np.float64)
             rng = np.random.default_rng([seed, r, int(d[1:])])
-            sgd_steps(local, shards[d], steps, batch, lr, rng, pad)
+            sgd_steps(local, shards[d], steps, batch, lr, rng)
             tensors: dict[str, object] = {t: RowSparse(sel.rows[t], (local[t][sel.rows[t]] - state[t][sel.rows[t]])
-                                                        .astype(np.float32), sizes[t]) for t in TABLES}
+                                                        .astype(np.float32), n) for t, n in sizes.items()}
             tensors[BIAS] = (local[BIAS] - state[BIAS]).astype(np.float32)  # line 18: the upload
             rep = DeviceReport(d, r, "train", "strong", infos[d].num_samples, (0, 1), {}, tensors, sel)
             ctx.state.issue(d, "train")
@@ -162,7 +182,7 @@ def run_central(train: Data, test: Data, sizes: dict[str, int], *, lr: float, ro
     rng = np.random.default_rng([seed, 99])
     hist: dict[str, list[float]] = {"train_loss": [], "test_loss": [], "test_acc": []}
     for _ in range(rounds):
-        sgd_steps(w, train, steps, batch, lr, rng, sizes[GENRE])
+        sgd_steps(w, train, steps, batch, lr, rng)
         record(hist, w, train, test)
     return hist
 
@@ -179,7 +199,8 @@ def rounds_to(curve: list[float], target: float) -> int | None:
     return int(hit[0]) + 1 if hit.size else None
 
 
-def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path) -> None:
+def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path,
+                 fleet_name: str = "movielens-fedsubavg") -> None:
     """FedAvg and FedSubAvg through the orchestrator and the lightweight emulator (see the module docstring)."""
     import asyncio
     import dataclasses
@@ -189,7 +210,7 @@ def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path) 
     from orchestrator.emulation.lightweight import run_lightweight
     from orchestrator.emulation.schedule import server_config
 
-    fleet = load_fleet("movielens-fedsubavg")
+    fleet = load_fleet(fleet_name)
     t_start = time.time()
     runs: dict[str, dict[str, list[dict[str, object]]]] = {"fedavg": {}, "fedsubavg": {}}
     for lr in lrs:
@@ -204,12 +225,13 @@ def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path) 
                     run = asyncio.run(run_lightweight(fleet, config, stderr_dir=Path(tmp) / "logs"))
                 hist = run.history
                 entry = {"test_loss": [float(h.get("test_loss", np.nan)) for h in hist],
+                         "accuracy": [float(h.get("accuracy", np.nan)) for h in hist],
                          "reported": [int(h["reported"]) for h in hist],
                          "round_wall_s": [float(h.get("round_wall_s", np.nan)) for h in hist],
                          "bytes_sent": int(sum(h.get("bytes_sent", 0) for h in hist)),
                          "seconds": time.time() - t0}
                 runs[name][str(lr)].append(entry)
-                print(f"  emulated {name:9s} lr={lr:<6g} seed={seed}: test MSE {entry['test_loss'][-1]:.4f} "
+                print(f"  emulated {name:9s} lr={lr:<6g} seed={seed}: test loss {entry['test_loss'][-1]:.4f} "
                       f"(min {np.nanmin(entry['test_loss']):.4f}), reported/round "
                       f"{np.mean(entry['reported']):.1f} of 50 ({entry['seconds']:.0f} s)", flush=True)
 
@@ -217,15 +239,16 @@ def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path) 
         return np.mean([h["test_loss"] for h in runs[name][lr]], axis=0)
 
     best = {name: min(runs[name], key=lambda lr: float(np.nanmin(mean_curve(name, lr)))) for name in runs}
-    # Target: the best test MSE FedAvg reaches at its best learning rate in these rounds.
+    # Target: the best test loss (MSE for the recommender, BCE for the LR) FedAvg reaches at its best
+    # learning rate in these rounds (the server measures no train loss).
     target = float(np.nanmin(mean_curve("fedavg", best["fedavg"])))
     summary = {name: {"lr": float(best[name]), "rounds_to_target": rounds_to(mean_curve(name, best[name]).tolist(), target),
                       "final_test_mse": float(mean_curve(name, best[name])[-1]),
                       "min_test_mse": float(np.nanmin(mean_curve(name, best[name])))} for name in runs}
-    print(f"target test MSE (FedAvg's best): {target:.4f}")
+    print(f"target test loss (FedAvg's best): {target:.4f}")
     for name, s_ in summary.items():
         print(f"  {name:9s} best lr {s_['lr']:g}: rounds to target {s_['rounds_to_target']}, "
-              f"final test MSE {s_['final_test_mse']:.4f}")
+              f"final test loss {s_['final_test_mse']:.4f}")
     result = {"mode": "emulated", "fleet": fleet.name, "devices": fleet.num_devices, "rounds": rounds, "lrs": lrs,
               "seeds": seeds, "target_test_mse": target, "summary": summary, "seconds": time.time() - t_start,
               "runs": runs}
@@ -237,22 +260,27 @@ def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--emulate", action="store_true",
-                    help="run through the orchestrator and the lightweight emulator (the zoo recommender)")
+                    help="run through the orchestrator and the lightweight emulator")
+    ap.add_argument("--fleet", default="movielens-fedsubavg",
+                    help="--emulate: the fleet (movielens-fedsubavg: the embedding recommender; "
+                         "movielens-lr-fedsubavg: the paper's LR)")
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[0.1, 0.3, 1.0])
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1])
+    ap.add_argument("--features", choices=FEATURE_SETS, default="paper",
+                    help="paper: the paper's hot user groups, movie and their crosses; ids: user id, movie, genres")
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--batch", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedsubavg_movielens.json")
     args = ap.parse_args()
     if args.emulate:
-        run_emulated(rounds=args.rounds, lrs=args.lrs, seeds=args.seeds,
-                     out=args.out.with_name("fedsubavg_movielens_emulated.json"))
+        suffix = "" if args.fleet == "movielens-fedsubavg" else "_" + args.fleet.replace("-", "_")
+        run_emulated(rounds=args.rounds, lrs=args.lrs, seeds=args.seeds, fleet_name=args.fleet,
+                     out=args.out.with_name(f"fedsubavg_movielens_emulated{suffix}.json"))
         return
     t_start = time.time()
-    pads: list[int] = []
-    train, test, sizes = load(pads)
+    train, test, sizes = load(args.features)
     print(f"MovieLens latest-small: {len(train):,} train / {len(test):,} test ratings, positives "
           f"{train.y.mean():.2f}; tables {sizes}; {len(np.unique(train.user))} devices, K={args.k}")
 
