@@ -7,7 +7,8 @@ per round) runs twice in one invocation against one orchestrator per run, in thi
 - ``ray``: the same workers as Ray actors on a local Ray instance (``edgetrain emulate --backend ray``),
   the instance started and shut down inside the run, so its start-up counts in the wall time.
 
-Each run is a fresh process (``--one MODE``), so peaks do not carry over. For both it reports: wall
+Each run is a fresh process (``--one MODE``), so peaks do not carry over; the modes alternate,
+``--repeat`` runs each (default 2), and the table shows each figure's median. For both it reports: wall
 time to every device welcomed, hello-to-welcome latency p50/p99 (the server's: hello read to welcome
 written; the devices': connection opened to welcome received), round wall time and the server's and
 workers' CPU per round, the server process's RSS (orchestrator and emulator, and in the Ray run the
@@ -16,7 +17,7 @@ with every device connected, peak), the Ray instance's own processes' RSS (GCS, 
 the total wall time; then the ratio ray / local of each. Writes ``bench/results/ray_fleet.json``.
 
 Not a test: the numbers depend on how busy the machine is. Run
-``python bench/ray_fleet.py [--devices 1000] [--rounds 5] [--workers 2] [--data-root ../shared/datasets]``
+``python bench/ray_fleet.py [--devices 1000] [--rounds 10] [--repeat 2] [--workers 2] [--data-root DIR]``
 (needs the ``[ray]`` extra and MNIST in the data root).
 """
 
@@ -180,8 +181,10 @@ def run_one(mode: str, args: argparse.Namespace) -> dict:
         "workers_rss_ready_mib": _mib(sum(w["rss_ready_bytes"] or 0 for w in run.workers)),
         "workers_rss_connected_mib": _mib(sum(w["rss_after_connect_bytes"] or 0 for w in run.workers)),
         "workers_peak_rss_mib": _mib(sum(w["peak_rss_bytes"] or 0 for w in run.workers)),
-        "workers_rss_per_device_kib": (round(sum((w["rss_after_connect_bytes"] or 0) - (w["rss_ready_bytes"] or 0)
-                                                 for w in run.workers) / n / 1024, 1)),
+        "workers_rss_per_device_kib": (round(sum(w["rss_after_connect_bytes"] - w["rss_ready_bytes"]
+                                                 for w in run.workers) / n / 1024, 1)
+                                       if all(w["rss_after_connect_bytes"] and w["rss_ready_bytes"]
+                                              for w in run.workers) else None),
         "workers_cpu_s_total": round(sum(w["cpu_s"] or 0 for w in run.workers), 2),
         "ray_system_rss_mib": _mib(sum(rss for _, rss in ray_system.values())) if mode == "ray" else None,
         "ray_system_processes": sorted({name for name, _ in ray_system.values()}) if mode == "ray" else None,
@@ -240,34 +243,55 @@ def _f(x, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """One run's shape, each number the median over `runs` (nested dicts too); other values from the first."""
+    out = {}
+    for key, first in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(first, dict):
+            out[key] = _median_run([v for v in values if isinstance(v, dict)])
+        elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
+                isinstance(v, (int, float)) for v in values):
+            m = statistics.median(values)
+            out[key] = round(m, 3) if isinstance(m, float) else m
+        else:
+            out[key] = first
+    return out
+
+
 def compare(args: argparse.Namespace) -> dict:
-    runs = {}
-    for mode in MODES:
-        print(f"-- {mode}: {args.devices} devices, {args.rounds} rounds ...", flush=True)
-        out = Path(tempfile.mkstemp(prefix=f"ray-fleet-{mode}-", suffix=".json")[1])
-        argv = [sys.executable, str(HERE), "--one", mode, "--devices", str(args.devices), "--rounds", str(args.rounds),
-                "--per-round", str(args.per_round), "--json-out", str(out)]
-        if args.workers:
-            argv += ["--workers", str(args.workers)]
-        if args.data_root:
-            argv += ["--data-root", args.data_root]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
-        proc = subprocess.run(argv, env=env, timeout=args.timeout)
-        if proc.returncode != 0:
-            raise SystemExit(f"the {mode} run failed (exit {proc.returncode})")
-        runs[mode] = json.loads(out.read_text())
-        out.unlink()
+    """Run local, ray, local, ray, ... (`args.repeat` times each, alternating so that a change in the
+    machine's load falls on both); each figure of the summary is the median over a mode's runs."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for rep in range(args.repeat):
+        for mode in MODES:
+            print(f"-- {mode} ({rep + 1}/{args.repeat}): {args.devices} devices, {args.rounds} rounds ...", flush=True)
+            out = Path(tempfile.mkstemp(prefix=f"ray-fleet-{mode}-", suffix=".json")[1])
+            argv = [sys.executable, str(HERE), "--one", mode, "--devices", str(args.devices), "--rounds",
+                    str(args.rounds), "--per-round", str(args.per_round), "--json-out", str(out)]
+            if args.workers:
+                argv += ["--workers", str(args.workers)]
+            if args.data_root:
+                argv += ["--data-root", args.data_root]
+            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+            proc = subprocess.run(argv, env=env, timeout=args.timeout)
+            if proc.returncode != 0:
+                raise SystemExit(f"the {mode} run failed (exit {proc.returncode})")
+            runs[mode].append(json.loads(out.read_text()))
+            out.unlink()
+    summary = {mode: _median_run(rs) for mode, rs in runs.items()}
     ratios = {}
     for key in RATIOS:
-        a, b = runs["local"].get(key), runs["ray"].get(key)
+        a, b = summary["local"].get(key), summary["ray"].get(key)
         ratios[key] = round(b / a, 2) if a and b is not None else None
-    return {"runs": runs, "ray_over_local": ratios}
+    return {"summary": summary, "ray_over_local": ratios, "runs": runs}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each mode, alternating (the table: medians)")
     ap.add_argument("--per-round", type=int, default=100, help="devices sampled per round")
     ap.add_argument("--workers", type=int, default=None, help="worker processes / actors (default: one per core, 2-4)")
     ap.add_argument("--data-root", default=str(HERE.parents[2] / "shared" / "datasets"),
@@ -286,15 +310,16 @@ def main() -> None:
         import ray  # noqa: F401
     except ImportError:
         raise SystemExit("the ray run needs the [ray] extra: pip install -c constraints.txt -e '.[ray]'") from None
-    t0 = time.monotonic()
+    t0, load0 = time.monotonic(), os.getloadavg()
     result = compare(args)
     import psutil
 
     result.update(
-        benchmark="ray_fleet", devices=args.devices, rounds=args.rounds, per_round=args.per_round,
+        benchmark="ray_fleet", devices=args.devices, rounds=args.rounds, per_round=args.per_round, repeat=args.repeat,
         model="mnist_2nn", dataset="mnist", when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         machine={"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-                 "python": platform.python_version(), "load_avg_at_end": os.getloadavg()},
+                 "python": platform.python_version(), "load_avg_at_start": load0,
+                 "load_avg_at_end": os.getloadavg()},
         bench_wall_s=round(time.monotonic() - t0, 1),
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -302,11 +327,12 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{args.devices} emulated devices: local lightweight workers vs Ray actors")
+    table = Table(title=f"{args.devices} emulated devices: local lightweight workers vs Ray actors "
+                        f"(median of {args.repeat} runs each)")
     for col in ("", "local", "ray"):
         table.add_column(col, justify="left" if not col else "right")
     for label, show in ROWS:
-        table.add_row(label, show(result["runs"]["local"]), show(result["runs"]["ray"]))
+        table.add_row(label, show(result["summary"]["local"]), show(result["summary"]["ray"]))
     Console().print(table)
     print("ray / local:", ", ".join(f"{k} {v}" for k, v in result["ray_over_local"].items()))
     print(f"wrote {RESULTS}")

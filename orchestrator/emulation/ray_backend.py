@@ -264,6 +264,42 @@ class _RayWorker(_Worker):
         return self.last.get("rss_bytes")
 
 
+class _RayEmulator(_LightweightEmulator):
+    """The local mode's emulator state, with one difference: a worker's events arrive one call later
+    than through a pipe, so a device's ``life_start`` may come after the server registered it. The
+    workers' resident set "with every device connected" is therefore sampled when every device has
+    registered once, counted here, not from the recorder's current lives; and a device that vanished
+    mid-round is recorded in the round its ``dropped`` event names, even when the round ended before
+    its ``life_end`` arrived."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: set[str] = set()
+        self.dropped_in: dict[str, int | None] = {}  # device -> the round its last "dropped" event named
+
+    def on_worker_event(self, worker: _Worker, event: dict) -> None:
+        kind, device = event.get("event"), str(event.get("device"))
+        if kind == "dropped":
+            self.dropped_in[device] = event.get("round")
+        elif kind == "life_end" and event.get("ended") == "dropped" and device in self.dropped_in:
+            now = self.recorder.current_round
+            self.recorder.current_round = self.dropped_in.pop(device)  # the life ends in the round it vanished in
+            try:
+                super().on_worker_event(worker, event)
+            finally:
+                self.recorder.current_round = now
+            return
+        super().on_worker_event(worker, event)
+
+    def on_server_event(self, kind: str, data: dict) -> None:
+        if kind == "registered" and len(self.seen) < len(self.recorder.results):
+            self.seen.add(str(data["device"]))
+            if len(self.seen) == len(self.recorder.results):
+                for w in self.workers:
+                    w.stats.rss_after_connect_bytes = w.sample_rss()
+        super().on_server_event(kind, data)
+
+
 async def _pump(emu: _LightweightEmulator, worker: _RayWorker, poll_s: float) -> None:
     """Take a worker's events until its last batch, then record how it ended."""
     returncode: int | None = None
@@ -349,7 +385,7 @@ async def run_ray(
         handles = [_RayWorker(i, [devices[s.id] for s in share])
                    for i, share in enumerate(split_devices(specs, n_workers))]
         recorder = Recorder(on_event)
-        emu = _LightweightEmulator(specs, handles, recorder)
+        emu = _RayEmulator(specs, handles, recorder)
         return await _run(ray, emu, handles, fleet, config, recorder, specs, start_orchestrator,
                           advertise_host=advertise_host, data_root=data_root, stderr_dir=stderr_dir,
                           threads=threads, stop_grace_s=stop_grace_s, cpus_per_worker=cpus_per_worker,
