@@ -20,7 +20,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -351,7 +351,10 @@ class Orchestrator:
         if old is not None:
             # A reconnect replaces the stale connection of the same device.
             asyncio.ensure_future(old.ws.close(1000, "replaced"))
-        session = Session(hello.device_id, channel, hello, plan, self._device_info(hello, plan), enrolled_samples)
+        info = self._device_info(hello, plan)
+        # Held while the device is connected: its declared rows live on in info (as arrays), not twice.
+        kept = replace(hello, rows={}, row_bits={}) if hello.rows or hello.row_bits else hello
+        session = Session(hello.device_id, channel, kept, plan, info, enrolled_samples)
         self.sessions[hello.device_id] = session
         profile = {
             "budget_bytes": hello.budget_bytes, "cores": hello.cores, "runtimes": list(hello.runtimes),
