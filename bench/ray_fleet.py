@@ -194,7 +194,7 @@ def run_one(mode: str, args: argparse.Namespace) -> dict:
 
 
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+    return None if seconds is None else round(seconds * 1000, 3)
 
 
 def _mib(n: int | None) -> float | None:
@@ -215,9 +215,9 @@ ROWS = [  # (label, key in a run's result, how to print)
     ("every device welcomed (s from start)", lambda r: _f(r.get("all_welcomed_s"))),
     ("connect: first device started -> all welcomed (s)", lambda r: _f(r.get("connect_s"))),
     ("hello-to-welcome p50 / p99 ms (server)",
-     lambda r: f"{_f(r['hello_to_welcome_ms']['p50'], 1)} / {_f(r['hello_to_welcome_ms']['p99'], 1)}"),
+     lambda r: f"{_f(r['hello_to_welcome_ms']['p50'], 2)} / {_f(r['hello_to_welcome_ms']['p99'], 2)}"),
     ("connect-to-welcome p50 / p99 ms (devices)",
-     lambda r: f"{_f(r['connect_to_welcome_ms']['p50'], 1)} / {_f(r['connect_to_welcome_ms']['p99'], 1)}"),
+     lambda r: f"{_f(r['connect_to_welcome_ms']['p50'], 0)} / {_f(r['connect_to_welcome_ms']['p99'], 0)}"),
     ("round wall s (first; median warm)",
      lambda r: f"{_f(r['round_wall_s_first'])}; {_f(r['round_wall_s_median_warm'])}"),
     ("server CPU s per warm round (median)", lambda r: _f(r["server_cpu_s_median_warm"])),
@@ -253,6 +253,8 @@ def _median_run(runs: list[dict]) -> dict:
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 isinstance(v, (int, float)) for v in values):
             m = statistics.median(values)
+            if all(isinstance(v, int) for v in values) and float(m).is_integer():
+                m = int(m)  # counts stay counts
             out[key] = round(m, 3) if isinstance(m, float) else m
         else:
             out[key] = first
