@@ -332,7 +332,8 @@ def run_one(spec: RunSpec) -> dict:
                                     stderr_dir=folder / "logs", workers=spec.workers))
     wall = time.monotonic() - t0
     sessions.append({"resumed_after": done, "rounds_run": spec.rounds - done, "wall_s": round(wall, 1),
-                     "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                     "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "load_average_15min": round(os.getloadavg()[2], 1)})
     sessions_file.write_text(json.dumps(sessions, indent=1))
     history = []
     for m in run.history:
@@ -452,8 +453,8 @@ def build_report(dataset: str, setting: dict, runs: dict[tuple[int, str], list[d
 
 def markdown(dataset: str, report: dict) -> str:
     st = report["setting"]
-    paper_table = "Table 4 (EmbracingFL only) and Table 6's CIFAR-10 width reduction is not run on FEMNIST" \
-        if dataset == "femnist" else "Table 6"
+    paper_table = "Table 4 (EmbracingFL only: the paper runs width reduction on CIFAR-10 only)" \
+        if dataset == "femnist" else "Table 6 (Table 3 has the same EmbracingFL figures)"
     lines = [
         f"### {dataset}: {st['model']}, {st['devices']} devices ({st['per_round']} per round), {st['rounds']} rounds "
         f"(paper: 128 clients, 32 per round, {PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}, "
@@ -531,8 +532,8 @@ def plot_case(dataset: str, report: dict, number: int, runs: dict[tuple[int, str
     st = report["setting"]
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{dataset}, case {number}: {e['mix']} ({st['model']}, {st['per_round']} devices/round, "
-                 f"lightweight mode)", fontsize=9)
+    ax.set_title(f"{dataset}, case {number}: {e['mix']}\n{st['model']}, {st['devices']} devices, {st['per_round']} "
+                 f"per round, {st['rounds']} rounds, lightweight mode", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
