@@ -35,11 +35,24 @@ for _p in (_REPO, _REPO / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import fl_common as fc  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
+
+
+class _Lazy:
+    """``fl_common`` (and so torch) imported on first use, not when Flower loads this module: a
+    deployment ClientApp process must reach its SuperNode within 30 s of being started
+    (HEARTBEAT_DEFAULT_INTERVAL), which importing torch first can miss on a loaded machine."""
+
+    def __getattr__(self, name: str):
+        import fl_common
+
+        return getattr(fl_common, name)
+
+
+fc = _Lazy()
 
 # -- ClientApp ---------------------------------------------------------------------------------
 app = ClientApp()
@@ -166,7 +179,7 @@ def deploy() -> None:
 
     try:
         start("superlink", [str(bindir / "flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
-                            "--port", str(port), "--database", str(work / "state.db")])
+                            "--port", str(port)])
         _wait_port(port, 120)
         for i in range(s["clients"]):
             start(f"supernode-{i:02d}", [

@@ -1,0 +1,65 @@
+"""The side-by-side benchmark's workload and bookkeeping (seconds; the benchmark itself is not run here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import fl_common as fc  # noqa: E402
+import vs_flower  # noqa: E402
+from edge_sdk.models import build_model  # noqa: E402
+from orchestrator.rounds import sample_devices  # noqa: E402
+
+
+def test_mnist_cnn_is_the_issue_workload_and_splits_at_every_block():
+    model = build_model("mnist_cnn", seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 409_034
+    assert model.block_names == ["conv1", "conv2", "dense1", "head"]
+    x = torch.rand(3, 784)
+    whole = model(x)
+    assert whole.shape == (3, 10)
+    for k in range(1, len(model)):
+        assert torch.allclose(model(model(x, stop=k), start=k), whole, atol=1e-6)
+    assert model(x, stop=2).shape == (3, 32 * 7 * 7)
+
+
+def test_plain_lanes_sample_as_the_orchestrator_does():
+    ids = [f"dev-{i:02d}" for i in range(20)]
+    for rnd in range(1, 6):
+        expected = [int(d[4:]) for d in sample_devices(ids, 0.5, rnd, 0)]
+        assert fc.sample_round(20, 10, rnd, 0) == expected
+
+
+def test_train_local_learns_on_a_separable_toy_set():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 256)
+    x = (rng.random((256, 784)) * 0.1 + y[:, None] * 0.5).astype(np.float32)
+    model = build_model("mnist_cnn", seed=0)
+    before = fc.evaluate(model, x, y)["test_loss"]
+    fc.train_local(model, x, y, steps=20, batch=32, lr=0.05, momentum=0.9, seed=1)
+    assert fc.evaluate(model, x, y)["test_loss"] < before
+
+
+def test_flower_constraints_replace_the_project_pins_they_name(tmp_path):
+    path = vs_flower.flwr_constraints(tmp_path)
+    pins = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    names = [ln.split("==")[0].lower() for ln in pins]
+    assert len(names) == len(set(names))
+    assert "torch==2.13.0" in pins and "typer==0.20.1" in pins and "typer==0.29.2" not in pins
+
+
+def test_summary_counts_warm_rounds_from_the_previous_end():
+    rounds = [{"round": r, "t_start": 10.0 * r, "t_end": 10.0 * r + r, "lo_start": 0, "lo_end": 100 * r}
+              for r in range(1, 4)]
+    res = {"rounds": rounds, "cpu_series": [(0.0, 0.0), (100.0, 50.0)]}
+    sm = vs_flower.summarise(res)
+    assert sm["round_s"] == [1.0, 22.0 - 11.0, 33.0 - 22.0]  # round 1 from its start, later ones from the last end
+    assert sm["warm_round_s"] == 11.0
+    assert sm["lo_bytes_per_round"] == [100, 100, 100]
+    assert abs(sm["round_cpu_s"][1] - 5.5) < 1e-9
