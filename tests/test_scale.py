@@ -216,3 +216,26 @@ def test_round_queries_after_each_report_cost_no_scan_of_the_round() -> None:
         big.settled(), big.quorum_reached("train"), big.num_reported(), big.num_selected
     assert big.settled() and big.num_reported() == n
     assert time.process_time() - t0 < 10.0  # about 0.1 s; a scan per report would take minutes
+
+
+def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
+    """The listening socket's backlog follows max_pending_hellos (asyncio's default of 100 drops the
+    connections of a fleet reconnecting at once); read back from the kernel with ``ss``."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed")
+
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic", store_dir=tmp_path / "s",
+                              max_pending_hellos=700, wait_devices_s=30)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{orch.port}"], capture_output=True, text=True, timeout=30)
+        server.cancel()
+        return out.stdout
+
+    line = asyncio.run(main()).split()
+    cap = Path("/proc/sys/net/core/somaxconn")
+    somaxconn = int(cap.read_text()) if cap.exists() else 700
+    assert line[0] == "LISTEN" and int(line[2]) == min(700, somaxconn)  # Send-Q of a listener: its backlog
