@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,14 @@ def _ray_env() -> dict[str, str]:
     return env
 
 
-def _gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists()
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    """The process has ended (Ray reaps a killed actor's process shortly after the call returns)."""
+    deadline = time.monotonic() + within_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @pytest.mark.slow
