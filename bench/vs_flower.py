@@ -7,6 +7,12 @@ Lanes (``--lanes``, all by default, in this order):
 - ``ours``: this project's orchestrator (in the lane's process) with one real device process per
   device (``orchestrator.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
   ``fedavg``, every device strong (the whole model trained).
+- ``ours-lean``: the same, with a FedAvg whose instructions ask devices to report their loss before
+  and after training on one batch (``eval_samples``) instead of the SDK's default 512 samples.
+- ``ours-lean-warm``: ``ours-lean`` with device processes that load torch and take one training step
+  before they connect (a ``sitecustomize`` on their PYTHONPATH), as long-running devices have: by
+  default a device does that in the first round it is sampled for, and with 10 of 20 devices sampled
+  per round about half of round 2's devices (and some of rounds 3-5's) train for the first time.
 - ``flwr-sim``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray), one CPU per
   ClientApp (``bench/flwr_app.py simulate``).
 - ``flwr-deploy``: Flower's deployment mode: ``flower-superlink --insecure`` and one
@@ -41,7 +47,10 @@ use with ``flwr[simulation]`` installed under this project's ``constraints.txt``
 rich pins there: see that file); ``FLWR_TELEMETRY_ENABLED=0``. Where it cannot be made, the Flower
 lanes are skipped with the reason.
 
-Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours,flwr-sim,flwr-deploy] [--rounds 5]
+The plain lane also reruns its rounds with four other local batch draws (untimed) and reports their
+accuracies: the spread that chance alone gives, against which the lanes' accuracies are compared.
+
+Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy] [--rounds 5]
 [--clients 20] [--per-round 10] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
 [--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--out bench/results/vs_flower.json]``.
 Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
@@ -70,22 +79,32 @@ for _p in (ROOT, BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-LANES = ("plain", "ours", "ours-lean", "flwr-sim", "flwr-deploy")
+LANES = ("plain", "ours", "ours-lean", "ours-lean-warm", "flwr-sim", "flwr-deploy")
 LABELS = {"plain": "plain loop (no framework)", "ours": "edgetrain orchestrator + device processes",
           "ours-lean": "edgetrain, loss reported on one batch",
+          "ours-lean-warm": "edgetrain, one-batch loss, devices warmed up",
           "flwr-sim": "Flower simulation (Ray)", "flwr-deploy": "Flower deployment (SuperLink + SuperNodes)"}
 FLWR_REQUIREMENTS = ["flwr[simulation]", "torch", "numpy", "psutil"]
 
 
 # -- lanes that run in this project's environment ----------------------------------------------------
 def lane_plain(s: dict) -> dict:
-    import numpy as np
+    import fl_common as fc
+
+    shards = [fc.load_shard(s["shard_dir"], c) for c in range(s["clients"])]
+    res = plain_fedavg(s, shards, s["seed"])
+    # The same rounds with other local batch draws (untimed): how far accuracy moves by chance alone.
+    res["accuracy_other_batch_draws"] = [plain_fedavg(s, shards, s["seed"] + 1000 * k)["accuracy"]
+                                         for k in range(1, s.get("noise_runs", 4) + 1)]
+    return res
+
+
+def plain_fedavg(s: dict, shards: list, batch_seed: int) -> dict:
     import torch
 
     import fl_common as fc
 
     torch.set_num_threads(1)
-    shards = [fc.load_shard(s["shard_dir"], c) for c in range(s["clients"])]
     model = fc.build(s["seed"])
     state = {k: v.clone() for k, v in model.state_dict().items()}
     rounds = []
@@ -98,7 +117,7 @@ def lane_plain(s: dict) -> dict:
             x, y = shards[c]
             model.load_state_dict(state)
             fc.train_local(model, x, y, steps=s["steps"], batch=s["batch"], lr=s["lr"], momentum=s["momentum"],
-                           seed=fc.local_seed(s["seed"], r, c))
+                           seed=fc.local_seed(batch_seed, r, c))
             for k, v in model.state_dict().items():
                 total[k] += v.double() * len(x)
             weight += len(x)
@@ -109,7 +128,6 @@ def lane_plain(s: dict) -> dict:
     t = time.time()
     model.load_state_dict(state)
     scores = fc.evaluate(model, *fc.load_test(s["shard_dir"]))
-    _ = np  # numpy is what the shards are
     return {"rounds": rounds, **scores, "eval_s": time.time() - t}
 
 
@@ -140,7 +158,19 @@ def __getattr__(name: str):  # ``vs_flower:LeanFedAvg`` for the orchestrator's s
     raise AttributeError(name)
 
 
-def lane_ours(s: dict, lean: bool = False) -> dict:
+_WARM_SITECUSTOMIZE = """# Written by bench/vs_flower.py: every Python process started with this folder on PYTHONPATH (the
+# lane's device processes) loads torch and takes one training step before it connects, as a device
+# that has been running for a while has; the orchestrator's devices otherwise do it in the first
+# round they are sampled for.
+import os, sys
+if os.environ.get("VS_FLOWER_WARM_DEVICES") == "1":
+    sys.path.insert(0, os.environ["VS_FLOWER_REPO"])
+    from edge_sdk.trainer import warm_up
+    warm_up()
+"""
+
+
+def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
     import asyncio
 
     import fl_common as fc
@@ -166,6 +196,12 @@ def lane_ours(s: dict, lean: bool = False) -> dict:
                 row.update({"accuracy": data["accuracy"], "test_loss": data.get("test_loss")})
 
     with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
+        if warm:  # device processes inherit this environment (orchestrator.localfleet.device_env)
+            site = Path(tmp) / "warm"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(_WARM_SITECUSTOMIZE)
+            os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(site), os.environ.get("PYTHONPATH")) if x)
+            os.environ["VS_FLOWER_WARM_DEVICES"] = "1"
         config = ServerConfig(
             model=fc.MODEL, strategy="vs_flower:LeanFedAvg" if lean else "fedavg",
             strategy_options={"eval_samples": s["batch"]} if lean else {}, rounds=s["rounds"], fraction=s["per_round"] / s["clients"],
@@ -181,8 +217,12 @@ def lane_ours(s: dict, lean: bool = False) -> dict:
                 r = int(e["round"])
                 compute[r] = compute.get(r, 0.0) + float(e.get("forward_s", 0)) + float(e.get("train_s", 0))
     rows = [rounds[r] for r in sorted(rounds)]
+    seen: set[int] = set()
     for row in rows:
         row["device_compute_s"] = compute.get(row["round"])
+        picked = fc.sample_round(s["clients"], s["per_round"], row["round"], s["seed"])  # the server's sample
+        row["devices"], row["first_training_in_process"] = picked, len(set(picked) - seen)
+        seen |= set(picked)
     last = rows[-1] if rows else {}
     return {"rounds": rows, "accuracy": last.get("accuracy"), "test_loss": last.get("test_loss"),
             "eval_s": last.get("eval_s"), "returncodes": run.returncodes}
@@ -511,12 +551,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per lane")
     ap.add_argument("--keep-logs", type=Path, default=None, help="keep every lane's logs in this folder")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "vs_flower.json")
-    ap.add_argument("--lane", choices=("plain", "ours", "ours-lean"), help=argparse.SUPPRESS)  # internal
+    ap.add_argument("--lane", choices=("plain", "ours", "ours-lean", "ours-lean-warm"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.lane:
         s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
-        res = lane_plain(s) if args.lane == "plain" else lane_ours(s, lean=args.lane == "ours-lean")
+        res = lane_plain(s) if args.lane == "plain" else lane_ours(s, lean=args.lane.startswith("ours-lean"),
+                                                                   warm=args.lane.endswith("warm"))
         Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
         return
 
@@ -576,7 +617,7 @@ def main() -> None:
     wall = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_s") for lane in LANES}
     cpu = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_cpu_s") for lane in LANES}
     targets = {}
-    for ours in ("ours", "ours-lean"):
+    for ours in ("ours", "ours-lean", "ours-lean-warm"):
         if wall["plain"] and wall[ours] and wall["flwr-sim"]:
             targets[f"{ours}: overhead per warm round below Flower simulation's (wall)"] = {
                 "ours_over_plain": wall[ours] / wall["plain"], "flwr_sim_over_plain": wall["flwr-sim"] / wall["plain"],
