@@ -31,7 +31,7 @@ Resumable: each (dataset, case, method, seed) run lives in its own folder under 
 (default ``bench/results/embracing-runs/``, not committed): its orchestrator store checkpoints every
 completed round, and a finished run leaves ``result.json``. Running the bench again skips finished
 runs, resumes an interrupted one from its last completed round, and extends a finished one whose
-``--rounds`` grew.
+``--rounds`` grew; a report for fewer rounds than a run went reads that run's first ``--rounds``.
 
 Writes ``bench/results/embracing.json`` (every dataset run so far), ``bench/results/embracing.md``
 (the tables), and ``bench/results/embracing-<dataset>-<case>.png`` (learning curves per case).
@@ -403,6 +403,17 @@ def summarize(results: list[dict]) -> dict:
             "wall_s": float(sum(r["wall_s"] for r in results))}
 
 
+def truncate(result: dict, rounds: int) -> dict:
+    """A run's result as if it had stopped after `rounds` (a run extended past the report's rounds);
+    its wall time keeps the start-up share and the kept rounds' wall time."""
+    if result["rounds"] == rounds:
+        return result
+    kept = [h for h in result["history"] if h["round"] <= rounds]
+    startup = result["wall_s"] - sum(h.get("round_wall_s", 0) for h in result["history"])
+    return {**result, "rounds": rounds, "history": kept, "extended_to": result["rounds"],
+            "wall_s": round(max(0.0, startup) + sum(h.get("round_wall_s", 0) for h in kept), 1)}
+
+
 def rounds_to(result: dict, target: float) -> int | None:
     for rnd, acc in zip(*curve(result)):
         if acc >= target:
@@ -448,6 +459,20 @@ def build_report(dataset: str, setting: dict, runs: dict[tuple[int, str], list[d
             entry["paper_rounds"] = dict(zip(("target", "width", "embracingfl"), PAPER_ROUNDS[number]))
         entry["wall_s"] = sum(r["wall_s"] for (c, _), rs in runs.items() if c == number for r in rs)
         cases[number] = entry
+    # The issue's check, per case: EmbracingFL against all strong (case 1) and against width reduction,
+    # in accuracy points of the means over seeds.
+    base = cases.get(1, {}).get("methods", {}).get("embracingfl")
+    for number, entry in cases.items():
+        emb, wid = entry["methods"].get("embracingfl"), entry["methods"].get("width")
+        if number == 1 or emb is None:
+            continue
+        gaps = {}
+        for measure in ("best_mean", "final_mean"):
+            if base is not None:
+                gaps[f"embracingfl_minus_allstrong_{measure}"] = round(100 * (emb[measure] - base[measure]), 2)
+            if wid is not None:
+                gaps[f"embracingfl_minus_width_{measure}"] = round(100 * (emb[measure] - wid[measure]), 2)
+        entry["gaps_points"] = gaps
     return {"setting": setting, "cases": cases}
 
 
@@ -484,6 +509,20 @@ def markdown(dataset: str, report: dict) -> str:
         seeds = max((len(s["seeds"]) for s in e["methods"].values()), default=0)
         lines.append(f"| {number} ({e['slug']}) | {e['mix']} | {e['paper_capacity']:.2f} | {cells[0]} | {cells[1]} "
                      f"| {papers[0]} | {papers[1]} | {seeds} | {e['wall_s'] / 60:.0f} min |")
+    gap_lines = []
+    for number, e in sorted(report["cases"].items()):
+        g = e.get("gaps_points") or {}
+        parts = []
+        if "embracingfl_minus_allstrong_best_mean" in g:
+            parts.append(f"EmbracingFL - all strong {g['embracingfl_minus_allstrong_best_mean']:+.2f} points (best), "
+                         f"{g['embracingfl_minus_allstrong_final_mean']:+.2f} (final)")
+        if "embracingfl_minus_width_best_mean" in g:
+            parts.append(f"EmbracingFL - width reduction {g['embracingfl_minus_width_best_mean']:+.2f} (best), "
+                         f"{g['embracingfl_minus_width_final_mean']:+.2f} (final)")
+        if parts:
+            gap_lines.append(f"- case {number}: " + "; ".join(parts))
+    if gap_lines:
+        lines += ["", "Differences of the means over seeds:", "", *gap_lines]
     lines += ["", f"Rounds to the target accuracy (Table 7 shape; mean over seeds, evaluated every "
                   f"{st['eval_every']} rounds; '-' if a seed never reached it):", "",
               "| case | target | width reduction (ours) | EmbracingFL (ours) | paper: target | paper: width reduction "
@@ -546,8 +585,8 @@ def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> 
     runs: dict[tuple[int, str], list[dict]] = {}
     for spec in specs:
         r = load_result(spec)
-        if r is not None and r["rounds"] == spec.rounds:
-            runs.setdefault((spec.case, spec.method), []).append(r)
+        if r is not None and r["rounds"] >= spec.rounds:
+            runs.setdefault((spec.case, spec.method), []).append(truncate(r, spec.rounds))
     setting = {"dataset": args.dataset, "model": setup.model, "devices": args.devices, "fraction": args.fraction,
                "per_round": max(1, round(args.devices * args.fraction)), "rounds": args.rounds,
                "paper_rounds": PAPER_ROUNDS_TOTAL[args.dataset], "lr": args.lr, "eval_every": args.eval_every,
@@ -635,7 +674,7 @@ def main() -> None:
     specs = [RunSpec(args.dataset, c, m, s, args.rounds, args.devices, args.fraction, args.lr, args.eval_every,
                      args.samples, args.workers, args.data_root, args.workdir)
              for s in args.seeds for c in args.cases for m in args.methods if not (c == 1 and m != "embracingfl")]
-    todo = [s for s in specs if (r := load_result(s)) is None or r["rounds"] != s.rounds]
+    todo = [s for s in specs if (r := load_result(s)) is None or r["rounds"] < s.rounds]
     print(f"bench/embracing.py: {args.dataset}, cases {args.cases}, seeds {args.seeds}, {args.rounds} rounds, "
           f"{args.devices} devices ({args.fraction:g} per round), mode lightweight; {len(specs) - len(todo)} of "
           f"{len(specs)} runs already finished, {len(todo)} to run ({args.jobs} at a time)", flush=True)
