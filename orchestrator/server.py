@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections import deque
+from http import HTTPStatus
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -183,6 +184,7 @@ class Orchestrator:
         self._norms: dict[str, deque[float]] = {}
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self._open = [0, 0]  # connections open, of which still to say hello
+        self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
         self.port: int | None = None
         self._start: asyncio.Event | None = None  # run(start=...): the first round waits for it
@@ -230,7 +232,7 @@ class Orchestrator:
             tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
             # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept
             # queue (asyncio's default is 100; the kernel caps it at net.core.somaxconn).
-            async with serve(self._handler, self.config.host, self.config.port, ssl=tls,
+            async with serve(self._handler, self.config.host, self.config.port, ssl=tls, process_request=self._admit,
                              backlog=max(100, self.config.max_pending_hellos), **ws_options(self.limits)) as server:
                 self.port = server.sockets[0].getsockname()[1]
                 self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
@@ -257,21 +259,50 @@ class Orchestrator:
 
         await asyncio.gather(*(bye(s) for s in list(self.sessions.values())))
 
+    def _over_capacity(self) -> str | None:
+        """Why a new connection cannot be taken now (connections held, or still to say hello), if so."""
+        if self._open[0] >= self.config.max_connections:
+            return f"the server holds its maximum of {self.config.max_connections} connections; retry later"
+        if self._open[1] >= self.config.max_pending_hellos:
+            return "too many connections are still to say hello; retry later"
+        return None
+
+    def _admit(self, connection: ServerConnection, request: object) -> object:
+        """Before the websocket upgrade: over capacity, answer HTTP 503 and keep nothing. A device
+        retries a failed opening handshake with backoff, whereas an ``Error`` frame after the
+        upgrade is a refusal it takes as final: a fleet reconnecting at once must not lose every
+        device beyond the caps. Cheap, too: no websocket, no session, no error frame."""
+        reason = self._over_capacity()
+        if reason is None:
+            return None
+        self._note_refusal(reason)
+        return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, reason + "\n")
+
+    def _note_refusal(self, reason: str) -> None:
+        """Count a connection turned away for capacity; logged at most every 10 s, not per connection."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusals_logged >= 10.0:
+            log.warning("turned away %d connections since the last report: %s", self._refusals, reason)
+            self._refusals, self._refusals_logged = 0, now
+
     async def _handler(self, ws: ServerConnection) -> None:
         channel = Channel(ws, ServerSession(), self.limits)
         session: Session | None = None
-        self._open[0] += 1
-        self._open[1] += 1
+        pending = True
         try:
-            if self._open[0] > self.config.max_connections:
-                raise p.ProtocolError("refused", f"the server holds its maximum of {self.config.max_connections} "
-                                                 "connections; retry later")
-            if self._open[1] > self.config.max_pending_hellos:
-                raise p.ProtocolError("refused", "too many connections are still to say hello; retry later")
+            reason = self._over_capacity()  # a burst admitted together may overshoot: try again later
+            self._open[0] += 1
+            self._open[1] += 1
+            if reason is not None:
+                self._note_refusal(reason)
+                await ws.close(1013, reason[:120])  # 1013: try again later (a device reconnects)
+                return
             try:
                 hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
             finally:
                 self._open[1] -= 1
+                pending = False
             hello_at = time.monotonic()
             if not isinstance(hello, p.Hello):
                 raise p.ProtocolError("unexpected", f"first message must be hello, got {hello.TYPE}")
@@ -286,6 +317,8 @@ class Orchestrator:
             pass
         finally:
             self._open[0] -= 1
+            if pending:
+                self._open[1] -= 1
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 await self._on_disconnect(session.device_id)

@@ -239,3 +239,38 @@ def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
     cap = Path("/proc/sys/net/core/somaxconn")
     somaxconn = int(cap.read_text()) if cap.exists() else 700
     assert line[0] == "LISTEN" and int(line[2]) == min(700, somaxconn)  # Send-Q of a listener: its backlog
+
+
+def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -> None:
+    """Over max_pending_hellos the server answers HTTP 503 before the upgrade: the real client retries
+    with backoff (an error frame would have been final) and is welcomed once there is room."""
+    import numpy as np
+
+    from edge_sdk.client import DeviceClient, DeviceConfig
+
+    async def main():
+        config = ServerConfig(model="tiny", rounds=1, min_devices=9, eval_data="synthetic", store_dir=tmp_path / "s",
+                              max_pending_hellos=2, hello_timeout_s=1.5, wait_devices_s=30)
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        silent = [await connect(url, **ws_options()) for _ in range(2)]  # room for no one until they time out
+        events: list[str] = []
+        welcomed = asyncio.Event()
+
+        def on_event(kind: str, data: dict) -> None:
+            events.append(kind)
+            if kind == "welcome":
+                welcomed.set()
+
+        client = DeviceClient(DeviceConfig(server=url, device_id="late", budget_bytes=2 << 30, backend="torch"),
+                              np.zeros((4, 4), np.float32), np.zeros(4, np.int64), on_event=on_event)
+        task = asyncio.create_task(client.run())
+        await asyncio.wait_for(welcomed.wait(), timeout=30)
+        task.cancel()
+        for ws in silent:
+            await ws.close()
+        server.cancel()
+        return events
+
+    events = asyncio.run(main())
+    assert events.count("reconnect") >= 1 and events[-1] == "welcome"
