@@ -231,7 +231,9 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
                 continue
             buf = momentum.get(n)
             if buf is None:
-                buf = momentum[n] = g  # the graph's output is ours to keep
+                # Our own copy: an output array of ONNX Runtime keeps its session's whole memory
+                # arena alive (even after the session is dropped) for as long as it lives.
+                buf = momentum[n] = g.copy()
             else:
                 buf *= mu
                 buf += g
@@ -242,7 +244,8 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
             w -= tmp
         del grads
         for n in tail.graph.buffers:
-            weights[n] = new[n]
+            np.copyto(weights[n], new[n])  # into our arrays: holding ONNX Runtime's keeps its arena
+        del new
     momentum.clear()
     tail.release("train")
     release_memory()

@@ -40,9 +40,15 @@ CASES = [(name, k) for name in MODEL_NAMES for k in _graph_splits(name)]
 REFUSED = {("resnet20", 0): "grad:blocks.stem.conv.weight"}
 
 #: Parity of the two trainers is checked on the tails a device with 2,000 local samples can be
-#: planned at. Deeper ResNet20 tails (splits 1-6, planned only for tiny local datasets) drift
-#: apart by up to 30% of a delta after 4 steps with train-mode BatchNorm at batch 16; whether that
-#: is float32 sensitivity or a lowering error is not settled, so they are not claimed here.
+#: planned at. Deeper ResNet20 tails (splits 1-6, planned only for tiny local datasets) drift apart
+#: by up to 30% of a delta after 4 steps with train-mode BatchNorm at batch 16, and it is float32
+#: rounding at a ReLU, not a lowering error. At split 4 (seed-3 data, step 0) one input of
+#: stage2_block3's first ReLU is 6.5e-7 in float64; ONNX Runtime's float32 BatchNorm puts it on the
+#: other side of zero (torch's float32 does not), which moves that block's conv1 weight gradient by
+#: 1.8% of its largest element, and momentum carries it to 12% of a delta after 4 steps. Perturbing
+#: the float64 input by 1e-7 (relative) flips the same ReLU in 1 of 6 draws and moves the same
+#: gradient by the same 1.8%; at the next steps ONNX Runtime's gradients agree with float64 torch to
+#: 3e-6. The graphs' single steps pass the export check (test above) at these splits.
 PARITY = [(name, k) for name, k in CASES if (name, k) not in REFUSED
           and (name != "resnet20" or k >= 7)]
 
@@ -153,3 +159,21 @@ def test_graph_ids_tell_widths_apart() -> None:
     assert cache.graph_id(full, 7) != cache.graph_id(narrow, 7)
     assert cache.graph_id(narrow, 7) == cache.graph_id(build_model("resnet20", seed=None, width=0.2), 7)
     assert cache.graph_id(narrow, 7) != cache.graph_id(build_model("resnet20", seed=None, width=0.45), 7)
+
+
+def test_ort_trainer_keeps_no_onnx_runtime_memory(graphs: TrainGraphCache, models) -> None:
+    """The update and its momentum live in arrays of their own: an output array of ONNX Runtime keeps
+    its session's whole memory arena alive (a ResNet20 tail's: ~12 MiB) after the session is dropped,
+    into the upload and the next round. The trainer holds one session at a time and none afterwards."""
+    model = models["resnet20"]
+    _, data = graphs.get_or_export(model, 9)
+    state = tail_state(model, 9)
+    x, y = _data(model, 9, 40, seed=4)
+    runner = OrtTail(TrainGraph.from_bytes(data))
+    result = train_tail_ort(runner, state, x, y, TrainConfig(local_steps=3, batch_size=16, seed=1))
+    assert result.deltas and all(d.flags.owndata and d.base is None for d in result.deltas.values())
+    assert runner._train is None  # dropped once trained; opened again on the next step
+    runner.release()
+    assert runner._eval is None and runner._train is None
+    assert np.isfinite(runner.step(x[:16], y[:16], state)[0])
+
