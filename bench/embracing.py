@@ -291,6 +291,37 @@ def load_result(spec: RunSpec) -> dict | None:
         return None
 
 
+HISTORY_KEYS = ("round", "accuracy", "test_loss", "round_wall_s", "roles", "selected", "reported", "over_budget",
+                "devices_per_width", "skipped_no_torch")
+
+
+def result_from_store(spec: RunSpec) -> dict | None:
+    """A run's result read from its store's journal (read-only, so the run may still be going): what a
+    report for fewer rounds than an unfinished run has done uses. Its wall time is the kept rounds' wall
+    time (start-ups not counted)."""
+    import sqlite3
+
+    journal = spec.folder / "store" / "journal.sqlite3"
+    if not journal.is_file():
+        return None
+    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+    try:
+        rows = db.execute("SELECT round, metrics FROM rounds WHERE finished IS NOT NULL ORDER BY round").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        db.close()
+    history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in (json.loads(r[1]) for r in rows if r[1])]
+    if not history:
+        return None
+    sessions_file = spec.folder / "sessions.json"
+    sessions = json.loads(sessions_file.read_text()) if sessions_file.is_file() else []
+    return {"key": spec.key(), "spec": dataclasses.asdict(spec), "fleet": fleet_name(spec.dataset, CASES[spec.case]),
+            "mode": "lightweight", "strategy": spec.method, "rounds": history[-1]["round"], "history": history,
+            "roles": {}, "wall_s": round(sum(h.get("round_wall_s", 0) for h in history), 1), "sessions": sessions,
+            "from_journal": True}
+
+
 def run_one(spec: RunSpec) -> dict:
     """Run (or resume, or extend) one run in this process; write its result.json."""
     import tomllib
@@ -337,9 +368,7 @@ def run_one(spec: RunSpec) -> dict:
     sessions_file.write_text(json.dumps(sessions, indent=1))
     history = []
     for m in run.history:
-        history.append({k: m[k] for k in ("round", "accuracy", "test_loss", "round_wall_s", "roles", "selected",
-                                          "reported", "over_budget", "devices_per_width", "skipped_no_torch")
-                        if k in m})
+        history.append({k: m[k] for k in HISTORY_KEYS if k in m})
     roles: dict[str, dict] = {}
     for d in run.to_dict()["devices"]:
         r = roles.setdefault(d.get("role") or "?", {"devices": 0, "splits": set()})
@@ -535,6 +564,8 @@ def markdown(dataset: str, report: dict) -> str:
             s = e["methods"].get(method)
             if s is None:
                 cells.append("-")
+            elif s.get("same_run_as"):
+                cells.append("(same run)")
             else:
                 per = ", ".join("-" if x is None else str(x) for x in s["rounds_to_target"])
                 mean = s.get("rounds_to_target_mean")
@@ -585,6 +616,8 @@ def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> 
     runs: dict[tuple[int, str], list[dict]] = {}
     for spec in specs:
         r = load_result(spec)
+        if (r is None or r["rounds"] < spec.rounds) and args.report_only:
+            r = result_from_store(spec)  # an unfinished (or extended) run's journal
         if r is not None and r["rounds"] >= spec.rounds:
             runs.setdefault((spec.case, spec.method), []).append(truncate(r, spec.rounds))
     setting = {"dataset": args.dataset, "model": setup.model, "devices": args.devices, "fraction": args.fraction,
@@ -641,7 +674,9 @@ def main() -> None:
     ap.add_argument("--data-root", default=None, help="folder of the datasets (default ../shared/datasets)")
     ap.add_argument("--workdir", default=str(WORKDIR))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--report-only", action="store_true", help="only render the tables and plots from finished runs")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only render the tables and plots: from finished runs, or the journals of runs that have "
+                         "completed at least --rounds rounds")
     ap.add_argument("--write-fleets", action="store_true", help="write profiles/fleets/embracing-*.toml and exit")
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
