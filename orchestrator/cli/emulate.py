@@ -49,7 +49,7 @@ def emulate(
     strategy: Optional[str] = typer.Option(None, help="Override the fleet's [training] strategy (e.g. width)."),
     backend: str = typer.Option(
         "local", help="Lightweight mode: where the workers run: 'local' (child processes) or 'ray' (Ray actors; "
-                      "needs the [ray] extra)."),
+                      "needs Ray, the optional 'ray' extra)."),
     address: Optional[str] = typer.Option(
         None, help="--backend ray: the running Ray cluster to use (e.g. 10.0.0.5:6379, or 'auto' on a cluster node); "
                    "default: start a local Ray instance."),
