@@ -105,6 +105,9 @@ class WorkerActor:
 
     def prepare(self) -> dict:
         """Load the runtimes (torch, ONNX Runtime); say where the actor runs: its process, host, Ray node."""
+        from orchestrator.limits import raise_fd_limit
+
+        raise_fd_limit()  # a socket per device, as a local worker (main) does
         _load_runtimes()
         node = ""
         with contextlib.suppress(Exception):
