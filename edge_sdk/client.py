@@ -443,19 +443,22 @@ class DeviceClient:
         state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
         return x, state, OrtTail(graph, threads=self.config.threads)
 
-    def _train_config(self, ins: p.Instruction):
+    def _train_config(self, ins: p.Instruction, *, evaluating: bool = False):
         from edge_sdk.training import TrainConfig
 
         welcome = self.welcome
         assert welcome is not None
+        # Samples of the loss reported before and after training: at most the samples the local
+        # steps touch (and 512), so the two passes never outweigh the training itself (a few
+        # batches of local work would otherwise cost several times more to report than to do).
+        # An evaluate phase scores 512. A strategy may ask for another count (eval_samples).
+        default = 512 if evaluating else min(512, max(1, ins.local_steps) * welcome.batch_size)
         return TrainConfig(
             local_steps=ins.local_steps, batch_size=welcome.batch_size, lr=ins.lr if ins.lr > 0 else 1e-3,
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
             seed=device_seed(int(ins.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
             prox_mu=float(ins.config.get("prox_mu", 0.0)),
-            # Samples of the loss reported before and after training (default 512): a strategy whose
-            # local work is a few batches asks for fewer, since those two passes can outweigh it.
-            eval_samples=max(1, int(ins.config.get("eval_samples", 512))),
+            eval_samples=max(1, int(ins.config.get("eval_samples", default))),
         )
 
     async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> _Trained:
@@ -501,13 +504,15 @@ class DeviceClient:
 
             x, state, tail = await self._graph_tail(ch, ins, prog)
             t = time.monotonic()
-            metrics = await asyncio.to_thread(evaluate_tail_ort, tail, state, x, self.y, self._train_config(ins))
+            metrics = await asyncio.to_thread(evaluate_tail_ort, tail, state, x, self.y,
+                                            self._train_config(ins, evaluating=True))
         else:
             from edge_sdk.trainer import evaluate_tail
 
             x, _, _, model = await self._model(ch, ins, prog)
             t = time.monotonic()
-            metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y, self._train_config(ins))
+            metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y,
+                                            self._train_config(ins, evaluating=True))
         prog.timings["eval_s"] = prog.timings.get("eval_s", 0.0) + time.monotonic() - t
         return dict(metrics)
 

@@ -98,7 +98,8 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
 
 def warm_up_runtimes(backend: str = "torch") -> None:
     """Load and warm up what a device loads lazily (its first ONNX session, its first training
-    step, as the device takes them), so that RLIMIT_AS is set above it (FACTS.md).
+    step, as the device takes them), before it connects; under the RLIMIT_AS fallback the limit is
+    then set above it (FACTS.md).
 
     The device runs both in a worker thread (``asyncio.to_thread``), so the warm-up does too: the
     malloc arena that thread takes (glibc reserves 64 MiB of address space for it) then exists
@@ -141,8 +142,10 @@ def _parser() -> argparse.ArgumentParser:
 def _run(launch: DeviceLaunch, server: str, *, json_events: bool, data_root: str | None) -> None:
     from edge_sdk.cli import event_printer, load_shard
 
+    # A device loads its runtimes before it connects, as an app would at start: the first round it
+    # is sampled for then costs what every later one does, not an import of torch on top.
+    warm_up_runtimes(launch.backend)
     if os.environ.get(MECHANISM_ENV) == "rlimit-as+watchdog":
-        warm_up_runtimes(launch.backend)
         apply_self_limit()
     x, y = load_shard(launch.data, client=launch.client, num_clients=launch.num_clients, partition=launch.partition,
                       seed=launch.seed, data_root=data_root, data_limit=launch.data_limit)
