@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.profile:
         import cProfile
 
-        prof = cProfile.Profile(time.process_time)  # CPU time: the machine may be busy
+        prof = cProfile.Profile()
         prof.enable()
         try:
             asyncio.run(main())
@@ -157,10 +158,43 @@ def work(args: argparse.Namespace) -> None:
             lost[data["ended"]] = lost.get(data["ended"], 0) + 1
             if data.get("error") and lost[data["ended"]] <= 3:
                 say("device_failed", device=data["device"], error=data["error"])
-        elif kind in ("worker_ready", "worker_exit"):
-            say(kind, **data, lost=lost)
+        elif kind == "worker_exit":
+            parts_left[0] -= 1
+            if parts_left[0] == 0:
+                say(kind, **data, lost=lost)
 
-    asyncio.run(run_worker(spec, args.url, emit=emit))
+    # The fleet arrives at --rate devices per second (this worker's share of it), in groups of
+    # 0.2 s, each group run by run_worker; 0: every device at once.
+    rate = args.rate / args.workers_total
+    size = len(spec.devices) if rate <= 0 else max(1, round(rate * 0.2))
+    parts = [spec.devices[i:i + size] for i in range(0, len(spec.devices), size)]
+    parts_left = [len(parts)]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        say("loaded", devices=len(spec.devices))
+        await reader.readline()  # "go": every worker starts together
+        stopped = asyncio.Event()
+
+        async def stdin_closed() -> None:
+            while await reader.readline():
+                pass
+            stopped.set()
+
+        watcher = asyncio.create_task(stdin_closed())
+        t0 = time.monotonic()
+        runs = []
+        for i, part in enumerate(parts):
+            await asyncio.sleep(max(0.0, t0 + i * 0.2 - time.monotonic()) if rate > 0 else 0)
+            runs.append(asyncio.create_task(run_worker(replace(spec, devices=tuple(part)), args.url, emit=emit,
+                                                       stop=stopped.wait)))
+        await asyncio.gather(*runs)
+        watcher.cancel()
+        transport.close()
+
+    asyncio.run(main())
 
 
 # -- the driver ----------------------------------------------------------------------------------------
@@ -229,11 +263,16 @@ async def run_size(n: int, args: argparse.Namespace, tmp: Path) -> dict:
     for w, share in enumerate(split_devices(launches, workers)):
         spec = tmp / f"worker-{n}-{w}.json"
         spec.write_text(WorkerSpec(w, tuple(share), threads=1, stop_grace_s=30.0).to_json())
-        procs.append(await spawn([sys.executable, str(HERE), "--work", "--url", url, "--spec-file", str(spec)],
+        procs.append(await spawn([sys.executable, str(HERE), "--work", "--url", url, "--spec-file", str(spec),
+                                  "--rate", str(args.rate), "--workers-total", str(workers)],
                                  f"worker{w}({n})", log / f"worker-{w}.log"))
-    for p in procs:  # runtimes imported and data loaded: devices start connecting now
-        await p.expect("worker_ready", 300)
+    for p in procs:  # runtimes imported: devices start connecting together, at --rate
+        await p.expect("loaded", 300)
     t0, cpu0 = time.monotonic(), cpu_seconds(pid)
+    for p in procs:
+        assert p.proc.stdin is not None
+        p.proc.stdin.write(b"go\n")
+        await p.proc.stdin.drain()
     peak = rss_empty
 
     async def sample_peak() -> None:
@@ -264,9 +303,11 @@ async def run_size(n: int, args: argparse.Namespace, tmp: Path) -> dict:
     await server.proc.stdin.drain()
     rounds = []
     for _ in range(args.rounds):
-        rounds.append((await server.expect("round_end", 600))["metrics"])
+        last = await server.expect("round_end", 600)
+        rounds.append(last["metrics"])
     t_bye = time.monotonic()
     done = await server.expect("done", 600)
+    bye_server_s = done["t"] - last["t"]  # the server's goodbye to everyone, until it stopped serving
     exits = []
     for p in procs:
         ev = await p.expect("worker_exit", 600)
@@ -300,18 +341,21 @@ async def run_size(n: int, args: argparse.Namespace, tmp: Path) -> dict:
                                   "max": 1e3 * max(device_lat)},
         "rss_empty_mib": rss_empty / 2**20, "rss_connected_mib": rss_connected / 2**20,
         "rss_idle_mib": rss_idle / 2**20, "rss_peak_mib": server_peak / 2**20,
-        "rss_per_device_kib": (rss_idle - rss_empty) / 1024 / n,
+        "rss_per_device_kib": (rss_idle - rss_empty) / 1024 / n, "rss_added_mib": (rss_idle - rss_empty) / 2**20,
         "idle_s": round(idle_wall, 2), "idle_cpu_share": idle_cpu / idle_wall,
         "workers_idle_cpu_share": workers_idle_cpu / idle_wall,
         "round_wall_s": statistics.median(r["round_wall_s"] for r in warm),
         "round_server_cpu_s": statistics.median(r["server_cpu_s"] for r in warm),
         "first_round_wall_s": rounds[0]["round_wall_s"], "first_round_server_cpu_s": rounds[0]["server_cpu_s"],
         "reported_per_round": [r["reported"] for r in rounds],
-        "bye_s": round(bye_s, 3),
+        "bye_s": round(bye_s, 3), "bye_server_s": round(bye_server_s, 3),
+        "connect_server_cpu_ms_per_device": 1e3 * connect_cpu / n,
+        "idle_cpu_ms_per_device_s": 1e3 * idle_cpu / idle_wall / n,
     }
 
 
-GROWTH = ("round_wall_s", "round_server_cpu_s", "rss_idle_mib", "idle_cpu_share", "connect_s")
+GROWTH = ("round_wall_s", "round_server_cpu_s", "rss_idle_mib", "rss_added_mib", "idle_cpu_share",
+          "connect_server_cpu_s", "bye_server_s")
 
 
 def growth(results: list[dict]) -> dict[str, dict[str, float]]:
@@ -335,14 +379,16 @@ def table(results: list[dict], ratios: dict) -> None:
             "server CPU s / round", "bye s"]
     for c in cols:
         t.add_column(c, justify="right")
+    t.caption = ("connect s: until every device had its welcome (arrivals at --rate); bye s: the server's goodbye "
+                 "to every device until it stopped serving")
     for r in results:
         h, d = r["hello_to_welcome_ms"], r["connect_to_welcome_ms"]
         t.add_row(f"{r['devices']:,}", f"{r['connect_s']:.1f}", f"{h['p50']:.1f} / {h['p99']:.1f}",
                   f"{d['p50']:.0f} / {d['p99']:.0f}",
                   f"{r['rss_empty_mib']:.0f} / {r['rss_idle_mib']:.0f} / {r['rss_peak_mib']:.0f}",
                   f"{r['rss_per_device_kib']:.1f}", f"{r['idle_cpu_share']:.3f}", f"{r['round_wall_s']:.2f}",
-                  f"{r['round_server_cpu_s']:.3f}", f"{r['bye_s']:.1f}")
-    Console().print(t)
+                  f"{r['round_server_cpu_s']:.3f}", f"{r['bye_server_s']:.1f}")
+    Console(width=220).print(t)
     if ratios:
         g = Table(title="growth (ratio of the larger fleet's figure to the smaller's)")
         g.add_column("figure")
@@ -350,7 +396,7 @@ def table(results: list[dict], ratios: dict) -> None:
             g.add_column(k, justify="right")
         for fig in [*GROWTH, "hello_to_welcome_p50", "hello_to_welcome_p99"]:
             g.add_row(fig, *(f"{ratios[k][fig]:.2f}" if ratios[k][fig] is not None else "-" for k in ratios))
-        Console().print(g)
+        Console(width=220).print(g)
 
 
 async def drive(args: argparse.Namespace) -> None:
@@ -372,7 +418,7 @@ async def drive(args: argparse.Namespace) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_at_end": load},
-        "settings": {"per_round": args.per_round, "rounds": args.rounds, "workers": args.workers,
+        "settings": {"rate": args.rate, "per_round": args.per_round, "rounds": args.rounds, "workers": args.workers,
                      "idle_s": args.idle_s, "model": "tiny", "strategy": "fedavg", "heartbeat": "websockets ping 20 s"},
         "results": results, "growth": ratios,
     }
@@ -390,6 +436,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="worker processes holding the devices")
     ap.add_argument("--idle-s", type=float, default=30.0, help="the at-rest window (covers a heartbeat period)")
     ap.add_argument("--settle-s", type=float, default=3.0)
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="devices connecting per second, over the whole fleet (0: all at once)")
     ap.add_argument("--connect-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--profile", help="directory for a cProfile of each server process")
@@ -401,6 +449,7 @@ def main() -> None:
     ap.add_argument("--profile-file", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
+    ap.add_argument("--workers-total", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         args.profile = args.profile_file
