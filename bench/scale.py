@@ -4,7 +4,9 @@ Lightweight devices (the real :class:`edge_sdk.client.DeviceClient`, many per wo
 :func:`orchestrator.emulation.lightweight.run_worker`) connect to one orchestrator process on
 127.0.0.1, say hello, keep their connections alive with the websockets heartbeat (a ping every 20 s
 each way, the production setting) and are sampled 100 per round (FedAvg, the ``tiny`` model,
-synthetic data). Per fleet size it reports:
+synthetic data). Devices arrive at ``--rate`` per second over the whole fleet (100 by default: 10,000
+devices in 100 s; ``--rate 0`` starts every device at once, a fleet reconnecting after a restart).
+Per fleet size it reports:
 
 - connect: wall time until every device has its welcome, the server's CPU meanwhile;
 - hello-to-welcome latency, p50/p99: measured by the server (hello read to welcome written) and by the
@@ -12,12 +14,12 @@ synthetic data). Per fleet size it reports:
 - server RSS before any device, with every device connected (and per device), and its peak;
 - server CPU at rest (every device connected, heartbeats only), as a share of one core;
 - per round: wall time and the server's CPU (round metrics ``round_wall_s``, ``server_cpu_s``);
-- shutdown: wall time for the server's goodbye to reach every device;
+- shutdown: the server's goodbye to every device at once, until it stopped serving;
 
 and how each grows from one size to the next (ratios 1k/100, 10k/1k). Writes
 ``bench/results/scale.json``. The server and the worker processes raise their descriptor limit to
 the hard limit (:func:`orchestrator.limits.raise_fd_limit`). Not a test: the numbers depend on how
-busy the machine is; run ``python bench/scale.py [--sizes 100,1000,10000] [--rounds 3]``.
+busy the machine is; run ``python bench/scale.py [--sizes 100,1000,10000] [--rounds 3] [--rate 100]``.
 
 ``--profile DIR`` writes a cProfile of each server process to DIR/server-N.prof.
 """
@@ -436,7 +438,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="worker processes holding the devices")
     ap.add_argument("--idle-s", type=float, default=30.0, help="the at-rest window (covers a heartbeat period)")
     ap.add_argument("--settle-s", type=float, default=3.0)
-    ap.add_argument("--rate", type=float, default=0.0,
+    ap.add_argument("--rate", type=float, default=100.0,
                     help="devices connecting per second, over the whole fleet (0: all at once)")
     ap.add_argument("--connect-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(RESULTS))
