@@ -448,11 +448,12 @@ class DeviceClient:
 
         welcome = self.welcome
         assert welcome is not None
-        # Samples of the loss reported before and after training: at most the samples the local
-        # steps touch (and 512), so the two passes never outweigh the training itself (a few
-        # batches of local work would otherwise cost several times more to report than to do).
-        # An evaluate phase scores 512. A strategy may ask for another count (eval_samples).
-        default = 512 if evaluating else min(512, max(1, ins.local_steps) * welcome.batch_size)
+        # Samples of the loss a train report carries, before and after training: one batch, two
+        # forward passes, a fraction of the training step's cost (a pass over 512 samples cost more
+        # than 5 local steps of 32 train: a device's round time nearly doubled). The server averages
+        # the reports, so its round loss still covers many batches. An evaluate phase scores 512.
+        # A strategy may ask for another count (config "eval_samples").
+        default = 512 if evaluating else welcome.batch_size
         return TrainConfig(
             local_steps=ins.local_steps, batch_size=welcome.batch_size, lr=ins.lr if ins.lr > 0 else 1e-3,
             momentum=float(welcome.config.get("momentum", 0.9)), weight_decay=float(welcome.config.get("weight_decay", 1e-4)),
