@@ -518,7 +518,7 @@ def markdown(dataset: str, report: dict) -> str:
         f"mean in brackets. Paper: {paper_table}.",
         "",
         "| case | strong / moderate / weak | paper avg capacity | width reduction (ours) | EmbracingFL (ours) "
-        "| paper: width reduction | paper: EmbracingFL | seeds | wall time |",
+        "| paper: width reduction | paper: EmbracingFL | seeds | wall time (its runs summed) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for number, e in sorted(report["cases"].items()):
