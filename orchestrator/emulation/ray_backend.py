@@ -48,6 +48,7 @@ from orchestrator.emulation.lightweight import (
     _cpu_and_memory,
     _LightweightEmulator,
     _load_runtimes,
+    _sample_rss,
     _Worker,
     default_workers,
     run_worker,
@@ -333,14 +334,6 @@ async def _pump(emu: _LightweightEmulator, worker: _RayWorker, poll_s: float) ->
         emu.worker_failed.set()
 
 
-async def _sample(workers: list[_RayWorker], interval_s: float = 0.5) -> None:
-    while True:
-        for w in workers:
-            if not w.exited:
-                w.sample_rss()
-        await asyncio.sleep(interval_s)
-
-
 async def run_ray(
     fleet: Fleet,
     config: ServerConfig,
@@ -413,7 +406,7 @@ async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet:
         w.actor = actor_class.remote()
     prepared = asyncio.ensure_future(asyncio.gather(*(w.actor.prepare.remote() for w in handles)))
     pumps: list[asyncio.Task] = []
-    sampler = asyncio.create_task(_sample(handles))
+    sampler = asyncio.create_task(_sample_rss(handles))
     server_task: asyncio.Task | None = None
     history: list[dict] = []
     try:
