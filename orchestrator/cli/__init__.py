@@ -16,6 +16,15 @@ app = typer.Typer(
 )
 
 
+def console():
+    """A rich console for command output; piped or captured, 132 columns wide, so that summary
+    tables (device names, splits, memory against budget) print whole instead of folding at 80."""
+    from rich.console import Console
+
+    out = Console()
+    return out if out.is_terminal else Console(width=132)
+
+
 def _register() -> None:
     # Each module adds its commands to `app` when imported.
     from orchestrator.cli import commands  # noqa: F401

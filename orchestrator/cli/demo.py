@@ -36,14 +36,14 @@ def demo(
     seed: int = typer.Option(0),
 ) -> None:
     """Train a mixed fleet end to end and write metrics.json and accuracy.png under runs/<timestamp>/."""
-    from rich.console import Console
+    from orchestrator.cli import console as wide_console
 
     from orchestrator.config import ServerConfig
     from orchestrator.fleetview import FleetView, summarise_run
     from orchestrator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
     from orchestrator.report import new_run_dir, plot_accuracy, write_metrics
 
-    console = Console()
+    console = wide_console()
     run_dir = new_run_dir(out)
     if weak_backend not in ("onnxruntime", "torch"):
         raise typer.BadParameter("--weak-backend must be onnxruntime or torch")

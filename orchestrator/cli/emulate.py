@@ -63,7 +63,7 @@ def emulate(
                    "port)."),
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
-    from rich.console import Console
+    from orchestrator.cli import console as wide_console
 
     from orchestrator.emulation.fleet import FleetError, load_fleet
     from orchestrator.emulation.lightweight import WorkerFailed, default_workers
@@ -73,7 +73,7 @@ def emulate(
     from orchestrator.fleetview import FleetView
     from orchestrator.report import new_run_dir, plot_accuracy, plot_memory, write_metrics
 
-    console = Console()
+    console = wide_console()
     try:
         spec = load_fleet(fleet)
     except FleetError as e:

@@ -37,11 +37,9 @@ def profile(
 
     Without --device or --budget, plans for every device class.
     """
-    from rich.console import Console
+    from orchestrator.cli import console as wide_console
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)  # piped or captured: wide enough that no column folds
+    console = wide_console()
     if list_devices:
         _print_devices(console)
         return
