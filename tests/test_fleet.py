@@ -111,7 +111,9 @@ def test_the_planner_gives_each_group_its_expected_role(name, runtime):
         figures = runtime.with_overrides(g.runtime_overrides)
         if g.budget_over_runtime is not None:
             assert budget == figures.training + g.budget_over_runtime
-        plan = planner.plan_split(cost, budget, batch, runtime=figures)
+        # The server plans with the dataset size the device's hello declares: a group's samples.
+        samples = g.samples or 0
+        plan = planner.plan_split(cost, budget, batch, runtime=figures, local_samples=samples)
         if g.force_split is None:
             role, split = plan.role, plan.split
         else:
@@ -119,7 +121,7 @@ def test_the_planner_gives_each_group_its_expected_role(name, runtime):
             # frozen chunks it streams cost ONNX Runtime sessions and their weights).
             split = g.force_split
             assert 0 <= split < len(cost), f"{name}: {g.name}.force_split past the last block"
-            footprint = cost.footprint(split, batch, runtime_bytes=figures.training)
+            footprint = cost.footprint(split, batch, runtime_bytes=figures.training, local_samples=samples)
             assert footprint.total <= budget, f"{name}: {g.name} split {split} needs {footprint.total} > {budget}"
             role = planner.RoleThresholds().role(split, cost.capacity(split, batch))
         if g.expect_role is not None:
