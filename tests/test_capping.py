@@ -254,7 +254,10 @@ def test_an_interrupted_parent_kills_its_devices_and_removes_their_cgroups():
     if CGROUP is None:
         pytest.skip(f"no writable memory cgroup here: {STATUS}")
     parent_code = (
-        "import sys, time\n"
+        "import signal, sys, time\n"
+        # A shell starts background jobs with SIGINT ignored, and Python keeps an inherited SIG_IGN:
+        # restore the KeyboardInterrupt handler so the test does not depend on how it was launched.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from orchestrator.emulation.capping import CappedProcess\n"
         f"p = CappedProcess.start([sys.executable, '-c', 'import time; time.sleep(60)'], {64 * MiB}, "
         f"mechanism={CGROUP!r}, timeout_s=60)\n"
