@@ -29,6 +29,10 @@ class ServerConfig:
     local_steps: int = 10
     batch_size: int = 32
     lr: float = 0.05
+    # Step decay of the local learning rate: rounds after each of these get lr_decay times the rate
+    # before (EmbracingFL appendix 6.2: CIFAR-10 decays by 10 after rounds 800 and 900 of 1,000).
+    lr_decay_at: tuple[int, ...] = ()
+    lr_decay: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
     seed: int = 0
@@ -75,6 +79,11 @@ class ServerConfig:
     # Where verified training graphs (and the export check's refusals) are kept; None: store_dir/train_graphs.
     # Graphs depend on the architecture only, so servers of one model may share a directory.
     train_graph_dir: Path | None = None
+
+    def lr_at(self, round_number: int) -> float:
+        """The local learning rate devices train round ``round_number`` with (1-based): the step schedule
+        is the server's, so a resumed run continues it and devices need no schedule of their own."""
+        return self.lr * self.lr_decay ** sum(round_number > m for m in self.lr_decay_at)
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)

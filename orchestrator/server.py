@@ -545,7 +545,7 @@ class Orchestrator:
             device_id=session.device_id, role=plan.role, split=plan.split, num_blocks=len(self.model),
             chunks=[tuple(c) for c in plan.chunks], model=self.config.model, model_version=self.start_round - 1,
             batch_size=self.config.batch_size, local_steps=self.config.local_steps,
-            config={"lr": self.config.lr, "momentum": self.config.momentum, "weight_decay": self.config.weight_decay,
+            config={"lr": self.config.lr_at(self.start_round), "momentum": self.config.momentum, "weight_decay": self.config.weight_decay,
                     "footprint_bytes": plan.footprint_bytes},
         )
         async with session.channel.send_lock:
@@ -669,7 +669,7 @@ class Orchestrator:
                 round=rs.round, phase=ins.phase, model_version=rs.round - 1, split=selection.split,
                 chunk_ids=chunk_ids, model_id=model_id, selection=selection.kind, broadcast_id=broadcast_id,
                 local_steps=self.config.local_steps if ins.local_steps is None else int(ins.local_steps),
-                lr=self.config.lr if ins.lr is None else float(ins.lr), deadline_s=0.0,
+                lr=self.config.lr_at(rs.round) if ins.lr is None else float(ins.lr), deadline_s=0.0,
                 config={"seed": self.config.seed * 100_003 + rs.round, **dict(ins.config), **extra},
             )
             out.append((session, ins, Work(ins, selection, wire, names)))

@@ -10,10 +10,11 @@ from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
 
 
 async def scripted_device(url: str, orch, device_id: str, labels: dict[str, str], delta_of, *,
-                          num_samples: int = 50, report_samples: int | None = None, token: str = "") -> list[p.Ack]:
+                          num_samples: int = 50, report_samples: int | None = None, token: str = "",
+                          instructions: list[p.Instruction] | None = None) -> list[p.Ack]:
     """Answer every instruction with deltas ``delta_of(n, shape)`` (n counts the instructions answered),
     claiming ``num_samples`` in the hello and ``report_samples`` (default the same) in every report.
-    Returns the acks it received."""
+    Returns the acks it received; the instructions go to ``instructions`` if given."""
     acks: list[p.Ack] = []
     async with connect(url, **ws_options()) as ws:
         await send_msg(ws, p.Hello(device_id=device_id, token=token, budget_bytes=8 << 30, cores=1, runtimes=["torch"],
@@ -26,6 +27,8 @@ async def scripted_device(url: str, orch, device_id: str, labels: dict[str, str]
             if isinstance(msg, p.Bye):
                 return acks
             assert isinstance(msg, p.Instruction), msg
+            if instructions is not None:
+                instructions.append(msg)
             deltas = {name: delta_of(n, orch.global_state[name].shape) for name in orch.model.state_names(msg.split)}
             payload = p.encode_tensors(deltas)
             tid = f"{device_id}-{n}"

@@ -18,6 +18,7 @@ from orchestrator.emulation.fleet import (
     load_fleet,
     parse_fleet,
 )
+from orchestrator.emulation.schedule import server_config
 
 MiB = 1 << 20
 RUNTIME = 400 * MiB  # a training runtime's memory, for budgets written as "runtime+..."
@@ -257,6 +258,10 @@ count = 2
         (("[[groups]]", "[[groupz]]"), "groupz", "unknown key"),
         (("count = 2", 'count = 2\n[[groups]]\nname = "a"\nclass = "{cls}"\ncount = 1'), "groups[1].name", "distinct"),
         (("[training]", "[training"), "", "not valid TOML"),
+        (("rounds = 3", "rounds = 3\nlr_decay_at = 800"), "training.lr_decay_at", "list of integers"),
+        (("rounds = 3", "rounds = 3\nlr_decay_at = [0]"), "training.lr_decay_at", ">= 1"),
+        (("rounds = 3", 'rounds = 3\nlr_decay_at = ["800"]'), "training.lr_decay_at", "list of integers"),
+        (("rounds = 3", "rounds = 3\nlr_decay = 2.0"), "training.lr_decay", "(0, 1]"),
     ],
 )
 def test_bad_files_get_errors_naming_the_file_and_key(tmp_path: Path, classes, edit, key, message):
@@ -280,6 +285,18 @@ def test_the_good_file_loads(tmp_path: Path, classes):
     assert (fleet.name, fleet.dataset) == ("good", "synthetic")
     assert (fleet.training.rounds, fleet.partition.alpha) == (3, 0.5)
     assert [d.id for d in fleet.devices()] == ["a-000", "a-001"]
+    assert fleet.training.lr_decay_at == ()  # no schedule unless the file gives one
+
+
+def test_a_fleet_sets_the_learning_rate_schedule(tmp_path: Path, classes):
+    path = tmp_path / "decay.toml"
+    path.write_text(GOOD.replace("{cls}", classes[1]).replace("rounds = 3", "rounds = 3\nlr = 0.4\n"
+                                                               "lr_decay_at = [900, 800]\nlr_decay = 0.1"))
+    fleet = load_fleet(path)
+    assert fleet.training.lr_decay_at == (800, 900)
+    config = server_config(fleet, store_dir=tmp_path)
+    assert (config.lr_decay_at, config.lr_decay) == ((800, 900), 0.1)
+    assert config.lr_at(800) == 0.4 and config.lr_at(901) == pytest.approx(0.004)
 
 
 def test_missing_fleet_and_groups(tmp_path: Path):

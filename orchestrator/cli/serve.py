@@ -31,6 +31,9 @@ def serve(
     local_steps: int = typer.Option(10, help="Local steps per round (tau)."),
     batch_size: int = typer.Option(32, help="Local mini-batch size."),
     lr: float = typer.Option(0.05, help="Local learning rate."),
+    lr_decay_at: str = typer.Option("", help="Rounds after which the learning rate is multiplied by --lr-decay, "
+                                             "comma-separated (e.g. 800,900)."),
+    lr_decay: float = typer.Option(0.1, help="Factor of each --lr-decay-at step."),
     data: str = typer.Option("digits", help="Held-out dataset for evaluation."),
     data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets)."),
     eval_every: int = typer.Option(1, help="Evaluate every n rounds (0: never)."),
@@ -70,9 +73,17 @@ def serve(
         make_strategy(strategy, **options)  # a bad name or option fails here, before anything listens
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--strategy / --strategy-option") from None
+    try:
+        decay_at = tuple(int(r) for r in lr_decay_at.split(",") if r.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated round numbers, got {lr_decay_at!r}",
+                                 param_hint="--lr-decay-at") from None
+    if any(r < 1 for r in decay_at) or not 0.0 < lr_decay <= 1.0:
+        raise typer.BadParameter("rounds must be >= 1 and the factor in (0, 1]", param_hint="--lr-decay-at / --lr-decay")
     config = ServerConfig(
         model=model, strategy=strategy, strategy_options=options, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
-        deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, eval_data=data,
+        deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, lr_decay_at=decay_at, lr_decay=lr_decay,
+        eval_data=data,
         data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
         token=token, require_credentials=require_credentials, max_device_samples=max_device_samples,
         norm_bound=norm_bound, norm_bound_action=norm_bound_action, round_retries=round_retries,

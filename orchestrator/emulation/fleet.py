@@ -16,6 +16,8 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     local_steps = 10
     batch_size = 32
     lr = 0.05
+    lr_decay_at = [800, 900]             # lr times lr_decay after each of these rounds (default: none)
+    lr_decay = 0.1
     momentum = 0.9
     weight_decay = 1e-4
 
@@ -138,6 +140,8 @@ class TrainingSettings:
     local_steps: int = 10
     batch_size: int = 32
     lr: float = 0.05
+    lr_decay_at: tuple[int, ...] = ()  # rounds after which lr is multiplied by lr_decay
+    lr_decay: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
 
@@ -418,6 +422,10 @@ def _training(r: _Reader, t: Mapping[str, Any]) -> TrainingSettings:
     lr = r.number(t, "training.lr", d.lr, minimum=0.0)
     if lr == 0.0:
         r.fail("training.lr", "must be positive")
+    decay_at = r.integers(t, "training.lr_decay_at", [], minimum=1)
+    lr_decay = r.number(t, "training.lr_decay", d.lr_decay, minimum=0.0)
+    if not 0.0 < lr_decay <= 1.0:
+        r.fail("training.lr_decay", f"must be in (0, 1], got {lr_decay}")
     return TrainingSettings(
         strategy=r.string(t, "training.strategy", d.strategy),
         rounds=r.integer(t, "training.rounds", d.rounds, minimum=1),
@@ -425,6 +433,8 @@ def _training(r: _Reader, t: Mapping[str, Any]) -> TrainingSettings:
         local_steps=r.integer(t, "training.local_steps", d.local_steps, minimum=1),
         batch_size=r.integer(t, "training.batch_size", d.batch_size, minimum=1),
         lr=lr,
+        lr_decay_at=tuple(sorted(decay_at)),
+        lr_decay=lr_decay,
         momentum=momentum,
         weight_decay=r.number(t, "training.weight_decay", d.weight_decay, minimum=0.0),
     )
@@ -622,6 +632,12 @@ class _Reader:
             self.fail(key, f"must be an integer, got {v!r}")
         if v < minimum:
             self.fail(key, f"must be >= {minimum}, got {v}")
+        return v
+
+    def integers(self, t: Mapping[str, Any], key: str, default: list[int] | None, *, minimum: int) -> list[int]:
+        v = self._get(t, key, default)
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v):
+            self.fail(key, f"must be a list of integers >= {minimum}, got {v!r}")
         return v
 
     def number(self, t: Mapping[str, Any], key: str, default: float | None, *, minimum: float) -> float:

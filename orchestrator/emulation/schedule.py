@@ -45,6 +45,7 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
         model=fleet.model, strategy=t.strategy, strategy_options=dict(fleet.strategy_options),
         rounds=rounds or t.rounds, fraction=t.fraction,
         min_devices=fleet.num_devices, local_steps=t.local_steps, batch_size=t.batch_size, lr=t.lr,
+        lr_decay_at=t.lr_decay_at, lr_decay=t.lr_decay,
         momentum=t.momentum, weight_decay=t.weight_decay, seed=fleet.seed, eval_data=fleet.dataset,
         data_root=data_root, store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
         allow_forced_split=True,  # fleet groups may force a split (force_split)

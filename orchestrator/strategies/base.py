@@ -85,7 +85,8 @@ class Instruction:
     """What the strategy asks of one device (the server sends it as a protocol ``Instruction``).
 
     ``selection`` None means the device's planned tail. ``local_steps`` and ``lr`` None mean the
-    server's configuration. ``config`` values reach the device's phase (a broadcast loss, mu, ...).
+    server's configuration (for ``lr``, the round's rate after any step decay). ``config`` values
+    reach the device's phase (a broadcast loss, mu, ...).
     """
 
     device_id: str
