@@ -32,6 +32,9 @@ Resumable: each (dataset, case, method, seed) run lives in its own folder under 
 completed round, and a finished run leaves ``result.json``. Running the bench again skips finished
 runs, resumes an interrupted one from its last completed round, and extends a finished one whose
 ``--rounds`` grew; a report for fewer rounds than a run went reads that run's first ``--rounds``.
+``--lr-decay-at 240,260`` drops the learning rate tenfold after those rounds (appendix 6.2's schedule);
+such runs live in their own setting folder (``...-decay240_260``), which a copy of constant-rate runs
+stopped at or before the first milestone can seed, as their first rounds are the same.
 
 Writes ``bench/results/embracing.json`` (every dataset run so far), ``bench/results/embracing.md``
 (the tables), and ``bench/results/embracing-<dataset>-<case>.png`` (learning curves per case).
@@ -142,6 +145,7 @@ class Setup:
     samples: int | None  # per device at most (None: the whole shard)
     groups: dict  # role -> TOML lines of its group (class, budget, force_split)
     note: str
+    lr_decay_at: tuple[int, ...] = ()  # rounds after which lr drops tenfold (appendix 6.2)
 
 
 SETUPS = {
@@ -182,13 +186,15 @@ def fleet_name(dataset: str, case: Case) -> str:
 
 
 def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fraction: float | None = None,
-                 rounds: int | None = None, lr: float | None = None, samples: int | None = -1) -> str:
+                 rounds: int | None = None, lr: float | None = None, samples: int | None = -1,
+                 lr_decay_at: tuple[int, ...] | None = None) -> str:
     """The fleet file of one case (TOML text), as shipped in profiles/fleets/."""
     devices = devices or setup.devices
     fraction = fraction or setup.fraction
     rounds = rounds or setup.rounds
     lr = lr or setup.lr
     samples = setup.samples if samples == -1 else samples
+    lr_decay_at = setup.lr_decay_at if lr_decay_at is None else tuple(lr_decay_at)
     s, m, w = case.counts(devices)
     paper = PAPER_ACCURACY[setup.dataset]
     pe = paper["embracingfl"].get(case.number)
@@ -221,6 +227,7 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
         "local_steps = 10",
         "batch_size = 32",
         f"lr = {lr}",
+        *([f"lr_decay_at = {list(lr_decay_at)}", "lr_decay = 0.1"] if lr_decay_at else []),
         "momentum = 0.9",
         "weight_decay = 1e-4",
         "",
@@ -272,11 +279,13 @@ class RunSpec:
     workers: int
     data_root: str | None
     workdir: str
+    lr_decay_at: tuple[int, ...] = ()
 
     @property
     def setting(self) -> str:
         return f"{self.dataset}-d{self.devices}-f{self.fraction:g}-lr{self.lr:g}" + (
-            f"-n{self.samples}" if self.samples else "")
+            f"-n{self.samples}" if self.samples else "") + (
+            "-decay" + "_".join(map(str, self.lr_decay_at)) if self.lr_decay_at else "")
 
     @property
     def folder(self) -> Path:
@@ -338,7 +347,7 @@ def run_one(spec: RunSpec) -> dict:
     setup = SETUPS[spec.dataset]
     case = CASES[spec.case]
     text = render_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
-                        samples=spec.samples)
+                        samples=spec.samples, lr_decay_at=tuple(spec.lr_decay_at))
     fleet = parse_fleet(tomllib.loads(text), source=fleet_name(spec.dataset, case),
                         default_name=fleet_name(spec.dataset, case))
     fleet = dataclasses.replace(fleet, seed=spec.seed, partition=dataclasses.replace(fleet.partition, seed=spec.seed))
@@ -537,8 +546,9 @@ def markdown(dataset: str, report: dict) -> str:
     tenth = max(1, st["rounds"] // 10)
     lines = [
         f"### {dataset}: {st['model']}, {st['devices']} devices ({st['per_round']} per round), {st['rounds']} rounds "
-        f"(paper: 128 clients, 32 per round, {PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}, "
-        f"mode lightweight",
+        f"(paper: 128 clients, 32 per round, {PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}"
+        + (f" (tenfold less after rounds {', '.join(map(str, st['lr_decay_at']))})" if st.get("lr_decay_at") else "")
+        + ", mode lightweight",
         "",
         f"Accuracy in %: best over the evaluated rounds (the paper's measure), mean ± std over seeds; in brackets "
         f"the end accuracy, the mean over the evaluations of the last {tenth} rounds. Paper: {paper_table}.",
@@ -636,7 +646,8 @@ def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> 
             runs.setdefault((spec.case, spec.method), []).append(truncate(r, spec.rounds))
     setting = {"dataset": args.dataset, "model": setup.model, "devices": args.devices, "fraction": args.fraction,
                "per_round": max(1, round(args.devices * args.fraction)), "rounds": args.rounds,
-               "paper_rounds": PAPER_ROUNDS_TOTAL[args.dataset], "lr": args.lr, "eval_every": args.eval_every,
+               "paper_rounds": PAPER_ROUNDS_TOTAL[args.dataset], "lr": args.lr,
+               "lr_decay_at": list(args.lr_decay_at), "eval_every": args.eval_every,
                "eval_limit": setup.eval_limit, "samples_per_device": args.samples, "seeds": args.seeds,
                "local_steps": 10, "batch_size": 32, "momentum": 0.9, "weight_decay": 1e-4,
                "mode": "lightweight (devices as asyncio tasks in worker processes; real orchestrator, real "
@@ -679,6 +690,8 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=None, help="devices in the fleet (default: femnist 32, cifar10 8; paper 128)")
     ap.add_argument("--fraction", type=float, default=None, help="share sampled per round")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--lr-decay-at", default=None,
+                    help="rounds after which lr drops tenfold, comma-separated (default: the dataset's; '' none)")
     ap.add_argument("--samples", type=int, default=None, help="at most this many samples per device")
     ap.add_argument("--eval-every", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each its own orchestrator and workers)")
@@ -695,7 +708,8 @@ def main() -> None:
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run_one:
-        run_one(RunSpec(**json.loads(args.run_one)))
+        fields = json.loads(args.run_one)
+        run_one(RunSpec(**{**fields, "lr_decay_at": tuple(fields.get("lr_decay_at", ()))}))
         return
     if args.write_fleets:
         for p in write_fleets(sorted(SETUPS)):
@@ -714,6 +728,8 @@ def main() -> None:
     args.devices = args.devices or setup.devices
     args.fraction = args.fraction or setup.fraction
     args.lr = args.lr or setup.lr
+    args.lr_decay_at = setup.lr_decay_at if args.lr_decay_at is None else tuple(
+        int(r) for r in args.lr_decay_at.split(",") if r.strip())
     args.samples = args.samples if args.samples is not None else setup.samples
     args.eval_every = args.eval_every or setup.eval_every
     if args.data_root is None:
@@ -721,7 +737,7 @@ def main() -> None:
         args.data_root = os.environ.get("EDGETRAIN_DATA") or (str(shared) if shared.is_dir() else None)
     out = Path(args.out or RESULTS / "embracing.json")
     specs = [RunSpec(args.dataset, c, m, s, args.rounds, args.devices, args.fraction, args.lr, args.eval_every,
-                     args.samples, args.workers, args.data_root, args.workdir)
+                     args.samples, args.workers, args.data_root, args.workdir, args.lr_decay_at)
              for s in args.seeds for c in args.cases for m in args.methods if not (c == 1 and m != "embracingfl")]
     todo = [s for s in specs if (r := load_result(s)) is None or r["rounds"] < s.rounds]
     per_round = max(1, round(args.devices * args.fraction))

@@ -77,3 +77,16 @@ def test_the_shipped_case_fleets_are_what_the_bench_renders(dataset):
         counts = {g.name: g.count for g in fleet.groups}
         s, m, w = case.counts(eb.SETUPS[dataset].devices)
         assert counts == {k: v for k, v in (("strong", s), ("moderate", m), ("weak", w)) if v}
+
+
+def test_a_decay_schedule_reaches_the_fleet_and_keeps_its_runs_apart(tmp_path: Path):
+    import tomllib
+
+    from orchestrator.emulation.fleet import parse_fleet
+
+    setup, case = eb.SETUPS["cifar10"], eb.CASES[6]
+    fleet = parse_fleet(tomllib.loads(eb.render_fleet(setup, case, lr_decay_at=(240, 260))), source="x")
+    assert (fleet.training.lr_decay_at, fleet.training.lr_decay) == ((240, 260), 0.1)
+    spec = eb.RunSpec("cifar10", 6, "width", 0, 280, 8, 1.0, 0.01, 2, 1000, 1, None, str(tmp_path))
+    decayed = eb.RunSpec(**{**spec.__dict__, "lr_decay_at": (240, 260)})
+    assert decayed.folder != spec.folder and decayed.setting.endswith("-decay240_260")
