@@ -197,7 +197,7 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
     rounds = rounds or setup.rounds
     lr = lr or setup.lr
     samples = setup.samples if samples == -1 else samples
-    lr_decay_at = setup.lr_decay_at if lr_decay_at is None else tuple(lr_decay_at)
+    lr_decay_at = setup.lr_decay_at if lr_decay_at is None else lr_decay_at
     s, m, w = case.counts(devices)
     paper = PAPER_ACCURACY[setup.dataset]
     pe = paper["embracingfl"].get(case.number)
@@ -350,7 +350,7 @@ def run_one(spec: RunSpec) -> dict:
     setup = SETUPS[spec.dataset]
     case = CASES[spec.case]
     text = render_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
-                        samples=spec.samples, lr_decay_at=tuple(spec.lr_decay_at))
+                        samples=spec.samples, lr_decay_at=spec.lr_decay_at)
     fleet = parse_fleet(tomllib.loads(text), source=fleet_name(spec.dataset, case),
                         default_name=fleet_name(spec.dataset, case))
     fleet = dataclasses.replace(fleet, seed=spec.seed, partition=dataclasses.replace(fleet.partition, seed=spec.seed))

@@ -54,5 +54,7 @@ def test_devices_are_sent_the_decayed_rate_and_a_resumed_run_continues_the_sched
 def test_serve_refuses_a_bad_schedule_before_it_listens(tmp_path: Path):
     result = CliRunner().invoke(app, ["serve", "--lr-decay-at", "800,nine", "--store", str(tmp_path)])
     assert result.exit_code == 2 and "lr-decay-at" in result.output
+    result = CliRunner().invoke(app, ["serve", "--lr-decay-at", "0,800", "--store", str(tmp_path)])
+    assert result.exit_code == 2 and ">= 1" in result.output
     result = CliRunner().invoke(app, ["serve", "--lr-decay-at", "800", "--lr-decay", "3", "--store", str(tmp_path)])
-    assert result.exit_code == 2 and "lr-decay" in result.output
+    assert result.exit_code == 2 and "(0, 1]" in result.output

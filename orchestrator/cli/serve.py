@@ -78,8 +78,10 @@ def serve(
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated round numbers, got {lr_decay_at!r}",
                                  param_hint="--lr-decay-at") from None
-    if any(r < 1 for r in decay_at) or not 0.0 < lr_decay <= 1.0:
-        raise typer.BadParameter("rounds must be >= 1 and the factor in (0, 1]", param_hint="--lr-decay-at / --lr-decay")
+    if any(r < 1 for r in decay_at):
+        raise typer.BadParameter(f"round numbers must be >= 1, got {lr_decay_at!r}", param_hint="--lr-decay-at")
+    if not 0.0 < lr_decay <= 1.0:
+        raise typer.BadParameter(f"must be in (0, 1], got {lr_decay}", param_hint="--lr-decay")
     config = ServerConfig(
         model=model, strategy=strategy, strategy_options=options, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
         deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, lr_decay_at=decay_at, lr_decay=lr_decay,
