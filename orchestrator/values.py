@@ -87,7 +87,10 @@ def convert(value: object, hint: Any, *, text: bool = True) -> Any:
         except ValueError as exc:
             raise ValueError(f"must be {accepted(hint)}, got {value!r} ({exc})") from None
     else:
-        out = _convert(value, base, text)
+        try:
+            out = _convert(value, base, text)
+        except ValueError:
+            raise _refused(value, hint) from None
     for extra in extras:
         if isinstance(extra, Range):
             extra.check(out)
