@@ -11,13 +11,13 @@ a :class:`SettingError` naming the field; each front end renders the name in its
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_type_hints
 
 from orchestrator.values import ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, convert
 
-__all__ = ["SETTING_DOCS", "TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
+__all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
 
 Round = Annotated[int, Range(1)]
 Port = Annotated[int, Range(0, 65535)]
@@ -146,8 +146,6 @@ class ServerConfig:
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
                                       "lr_decay_at", "lr_decay", "momentum", "weight_decay")
-#: Field name -> help text.
-SETTING_DOCS: dict[str, str] = {f.name: f.metadata["help"] for f in fields(ServerConfig)}
 
 
 @functools.cache
