@@ -104,7 +104,7 @@ class RolePeak:
 
 def idle_baseline(mechanism: str) -> Baseline:
     """Start an idle device process under `mechanism` with a roomy budget; read its peaks."""
-    from orchestrator.localfleet import device_env
+    from orchestrator.emulation.localfleet import device_env
 
     with tempfile.TemporaryFile() as out:
         proc = CappedProcess.start([sys.executable, "-c", _IDLE], 2 << 30, mechanism=mechanism, timeout_s=300,

@@ -23,7 +23,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
+from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 
 
 def main() -> None:

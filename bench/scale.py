@@ -231,7 +231,7 @@ class Proc:
 
 
 async def spawn(argv: list[str], name: str, log: Path) -> Proc:
-    from orchestrator.localfleet import device_env
+    from orchestrator.emulation.localfleet import device_env
 
     with open(log, "ab") as err:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,

@@ -5,7 +5,7 @@ Lanes (``--lanes``, all by default, in this order):
 - ``plain``: no framework: one process trains the sampled devices one after another and averages
   (FedAvg), torch one thread.
 - ``ours``: this project's orchestrator (in the lane's process) with one real device process per
-  device (``orchestrator.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
+  device (``orchestrator.emulation.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
   ``fedavg``, every device strong (the whole model trained).
 - ``ours-lean``: the same, with a FedAvg whose instructions ask devices to report their loss before
   and after training on one batch (``eval_samples``) instead of the SDK's default 512 samples.
@@ -175,7 +175,7 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
 
     import fl_common as fc
     from orchestrator.config import ServerConfig
-    from orchestrator.localfleet import DeviceLaunch, run_local_fleet
+    from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
 
     launches = [DeviceLaunch(f"dev-{i:02d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
                              partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
@@ -196,7 +196,7 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
                 row.update({"accuracy": data["accuracy"], "test_loss": data.get("test_loss")})
 
     with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
-        if warm:  # device processes inherit this environment (orchestrator.localfleet.device_env)
+        if warm:  # device processes inherit this environment (orchestrator.emulation.localfleet.device_env)
             site = Path(tmp) / "warm"
             site.mkdir()
             (site / "sitecustomize.py").write_text(_WARM_SITECUSTOMIZE)

@@ -1,9 +1,46 @@
-"""Settings of a training run, as one dataclass the CLI, the demo and the tests fill in."""
+"""Settings of a training run: one dataclass, each field declared once with its type, default, help and
+constraint, from which ``edgetrain serve``'s options and a fleet file's ``[training]`` table follow.
+
+A setting is added here only: ``name: Type = setting(default, "help")``. Its type carries its constraint
+(``Count``, ``Fraction``, ``Literal[...]``, ``Annotated[float, Range(...)]``, see :mod:`orchestrator.values`);
+``cli=`` names (or hides) its ``edgetrain serve`` option; :data:`TRAINING_SETTINGS` lists the ones a fleet
+file's ``[training]`` table may set. Every ``ServerConfig`` is checked when it is made, and a bad value is
+a :class:`SettingError` naming the field; each front end renders the name in its own spelling.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal, get_type_hints
+
+from orchestrator.values import ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, convert
+
+__all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
+
+Round = Annotated[int, Range(1)]
+Port = Annotated[int, Range(0, 65535)]
+STRATEGY_HELP = ("Strategy: fedavg, embracingfl, fedsubavg, fedalign, varsel, width, or package.module:Class for one of "
+                 "your own (docs/architecture.md, \"Strategies\").")
+
+
+class SettingError(ValueError):
+    """A setting that cannot be used: ``name`` is the ServerConfig field, ``problem`` what is wrong."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name, self.problem = name, problem
+        super().__init__(f"{name}: {problem}")
+
+
+def setting(default: Any = None, help: str = "", *, cli: str | bool = True, cli_default: Any = None,
+            factory: Any = None) -> Any:
+    """A ServerConfig field: its default, its help text, and its ``edgetrain serve`` option (``cli``: the
+    option's name, True: ``--field-name``, False: none; ``cli_default``: the option's own default)."""
+    meta = {"help": help, "cli": cli, "cli_default": cli_default}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -14,71 +51,85 @@ class ServerConfig:
     SGD with momentum 0.9 and weight decay 1e-4).
     """
 
-    model: str = "digits_mlp"
-    strategy: str = "embracingfl"
-    strategy_options: dict[str, object] = field(default_factory=dict)
-    rounds: int = 20
-    fraction: float = 1.0
-    min_devices: int = 2
-    quorum: float = 1.0
-    deadline_s: float = 120.0
-    # How long a device whose update upload was cut by its connection stays awaited in the round
-    # (it usually reconnects within seconds and resumes the transfer); then it is a straggler.
-    upload_resume_s: float = 15.0
-    wait_devices_s: float = 120.0
-    local_steps: int = 10
-    batch_size: int = 32
-    lr: float = 0.05
-    # Step decay of the local learning rate: rounds after each of these get lr_decay times the rate
-    # before (EmbracingFL appendix 6.2: CIFAR-10 decays by 10 after rounds 800 and 900 of 1,000).
-    lr_decay_at: tuple[int, ...] = ()
-    lr_decay: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    eval_every: int = 1
-    eval_data: str = "digits"
-    data_root: str | None = None
-    eval_limit: int | None = None
-    store_dir: Path = Path("runs/serve")
-    resume: bool = False
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (local fleets); `edgetrain serve` defaults to 8765
-    token: str = ""  # shared by every device: a lab setting (docs/security.md)
-    # Every device proves its own enrolled credential (edgetrain device enroll); the token is unused.
-    require_credentials: bool = False
-    credential_skew_s: float = 120.0
-    tls_cert: str | None = None  # PEM certificate chain: serve wss:// (devices verify it)
-    tls_key: str | None = None  # its private key, unless tls_cert holds it
-    frame_size: int = 256 << 10  # sent frames: hashing starts sooner (bench/transport.py)
-    planner_batch: int = 32
-    # Times a round whose result fails its checks (non-finite values, chunks that fail their
-    # export check) runs again from the last good state before it is journaled as failed.
-    round_retries: int = 2
-    # Bounded influence (docs/security.md): a report weighs at most the sample count its device
-    # registered, capped here; with norm_bound > 0, an update whose norm exceeds norm_bound times
-    # the median of recent accepted updates of the same selection is clipped to it ("clip") or refused ("reject").
-    max_device_samples: int = 100_000
-    # A transfer that makes no progress for transfer_stall_s, or averages less than transfer_min_rate
-    # bytes/s after transfer_grace_s, is dropped and its device disconnected (a straggler).
-    transfer_stall_s: float = 30.0
-    transfer_min_rate: float = 16 << 10
-    transfer_grace_s: float = 10.0
-    # Connections held at once, of which at most max_pending_hellos not yet past their hello
-    # (each has hello_timeout_s to say it); more are refused with an error frame.
-    max_connections: int = 20_000
-    max_pending_hellos: int = 1_000
-    hello_timeout_s: float = 30.0
-    norm_bound: float = 0.0
-    norm_bound_action: str = "clip"
-    # Honour a hello's labels["force_split"] (emulation and tests only: it overrides the planner).
-    allow_forced_split: bool = False
-    keep_checkpoints: int = 3
-    # Exported chunks kept on disk (store_dir/chunks), oldest removed first after every round.
-    chunk_disk_bytes: int = 1 << 30
-    # Where verified training graphs (and the export check's refusals) are kept; None: store_dir/train_graphs.
-    # Graphs depend on the architecture only, so servers of one model may share a directory.
-    train_graph_dir: Path | None = None
+    model: str = setting("digits_mlp", "Model from the zoo.")
+    strategy: str = setting("embracingfl", STRATEGY_HELP)
+    strategy_options: dict[str, object] = setting(
+        factory=dict, cli=False, help="KEY=VALUE option of the strategy, typed by its constructor (-O, repeatable).")
+    rounds: Count = setting(20, "Rounds to run.")
+    fraction: Fraction = setting(1.0, "Share of idle connected devices sampled per round.")
+    min_devices: NonNegativeInt = setting(2, "Connected devices to wait for before a round starts.")
+    quorum: Fraction = setting(1.0, "Share of selected devices whose updates close a round early.")
+    deadline_s: Positive = setting(120.0, "Seconds after which a round closes without its stragglers.",
+                                   cli="--deadline")
+    upload_resume_s: NonNegative = setting(
+        15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
+              "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
+    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices before giving up.", cli=False)
+    local_steps: Count = setting(10, "Local steps per round (tau).")
+    batch_size: Count = setting(32, "Local mini-batch size.")
+    lr: Positive = setting(0.05, "Local learning rate.")
+    lr_decay_at: tuple[Round, ...] = setting(
+        (), "Rounds after which the learning rate is multiplied by --lr-decay, comma-separated (e.g. 800,900): "
+            "EmbracingFL appendix 6.2 decays CIFAR-10's by 10 after rounds 800 and 900 of 1,000.")
+    lr_decay: Annotated[float, Range(0, 1, low_open=True)] = setting(0.1, "Factor of each --lr-decay-at step.")
+    momentum: Annotated[float, Range(0, 1, high_open=True)] = setting(0.9, "SGD momentum of local training.",
+                                                                      cli=False)
+    weight_decay: NonNegative = setting(1e-4, "SGD weight decay of local training.", cli=False)
+    seed: NonNegativeInt = setting(0, "Seed of the model's initial weights and of device sampling.")
+    eval_every: NonNegativeInt = setting(1, "Evaluate every n rounds (0: never).")
+    eval_data: str = setting("digits", "Held-out dataset for evaluation.", cli="--data")
+    data_root: str | None = setting(
+        None, "Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets).")
+    eval_limit: Count | None = setting(None, "Evaluate on at most this many held-out samples.", cli=False)
+    store_dir: Path = setting(Path("runs/serve"), "Folder for the SQLite journal and checkpoints.", cli="--store")
+    resume: bool = setting(False, "Continue from the last completed round in --store.")
+    host: str = setting("127.0.0.1", "Address to listen on.")
+    port: Port = setting(0, "Port to listen on (0: any free port).", cli_default=8765)
+    token: str = setting("", "Shared token every device must present (empty: none); a lab setting, see "
+                             "docs/security.md.")
+    require_credentials: bool = setting(False, "Every device proves its own credential (edgetrain device enroll "
+                                               "--store ...); --token is then unused.")
+    credential_skew_s: NonNegative = setting(120.0, "Clock skew allowed on a credential's timestamp.", cli=False)
+    tls_cert: str | None = setting(None, "PEM certificate chain: serve wss:// (TLS) instead of ws://.")
+    tls_key: str | None = setting(None, "Private key of --tls-cert (if not in the same file).")
+    frame_size: Count = setting(256 << 10, "Bytes per sent frame (hashing starts sooner).", cli=False)
+    planner_batch: Count = setting(32, "Batch size the planner budgets activations for.", cli=False)
+    round_retries: NonNegativeInt = setting(
+        2, "Times a round whose result fails its checks (non-finite values, chunks that fail their export check) "
+           "runs again from the last good state before it is journaled as failed.")
+    # Bounded influence (docs/security.md).
+    max_device_samples: Count = setting(100_000, "Most samples one device's report may weigh.")
+    transfer_stall_s: NonNegative = setting(30.0, "Seconds a transfer may make no progress before it is dropped.",
+                                            cli="--transfer-stall")
+    transfer_min_rate: NonNegative = setting(16 << 10, "Bytes/s a transfer must average (after a grace period) "
+                                                       "not to be dropped.")
+    transfer_grace_s: NonNegative = setting(10.0, "Seconds before --transfer-min-rate applies.", cli=False)
+    max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
+    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
+    hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
+    norm_bound: NonNegative = setting(0.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm "
+                                           "exceeds this multiple of recent updates' median; 0: off.")
+    norm_bound_action: Literal["clip", "reject"] = setting("clip", "What --norm-bound does to an update over it.")
+    allow_forced_split: bool = setting(
+        False, "Honour a hello's labels[\"force_split\"] (emulation and tests only: it overrides the planner).",
+        cli=False)
+    keep_checkpoints: Count = setting(3, "Checkpoints kept in the store.", cli=False)
+    chunk_disk_bytes: Annotated[int, Range(0), ByteSize()] = setting(
+        1 << 30, "Disk kept for exported chunks in --store (oldest removed first).", cli="--chunk-disk",
+        cli_default="1GiB")
+    train_graph_dir: Path | None = setting(
+        None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
+              "may share it.", cli=False)
+
+    def __post_init__(self) -> None:
+        for name, hint in setting_hints().items():
+            try:
+                setattr(self, name, convert(getattr(self, name), hint, text=False))
+            except ValueError as exc:
+                raise SettingError(name, str(exc)) from None
+        self.lr_decay_at = tuple(sorted(self.lr_decay_at))
+        if self.tls_key is not None and self.tls_cert is None:
+            raise SettingError("tls_key", "a private key needs its certificate (tls_cert)")
 
     def lr_at(self, round_number: int) -> float:
         """The local learning rate devices train round ``round_number`` with (1-based): the step schedule
@@ -90,3 +141,14 @@ class ServerConfig:
         d["store_dir"] = str(self.store_dir)
         d["train_graph_dir"] = None if self.train_graph_dir is None else str(self.train_graph_dir)
         return d
+
+
+#: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
+TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
+                                      "lr_decay_at", "lr_decay", "momentum", "weight_decay")
+
+
+@functools.cache
+def setting_hints() -> dict[str, Any]:
+    """Field name -> its type (with its constraint), resolved once."""
+    return get_type_hints(ServerConfig, include_extras=True)

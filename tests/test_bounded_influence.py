@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.scripted import scripted_device
 

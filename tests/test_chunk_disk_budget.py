@@ -10,7 +10,7 @@ import numpy as np
 from edge_sdk.models import build_model
 from exporters.onnx_export import export_chunk
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from tests.scripted import scripted_device
 
 

@@ -13,7 +13,7 @@ from websockets.exceptions import InvalidStatus
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 
 
 def _hello(device_id: str) -> p.Hello:

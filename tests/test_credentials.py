@@ -14,7 +14,7 @@ from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, derive_key, make_proof, verify_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import device_env, start_orchestrator
+from orchestrator.emulation.localfleet import device_env, start_orchestrator
 from orchestrator.store import Store
 from profiles.devices import load_device_class
 

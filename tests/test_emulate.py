@@ -20,7 +20,7 @@ from orchestrator.emulation.capping import available_mechanisms
 from orchestrator.emulation.fleet import load_fleet
 from orchestrator.emulation.recorder import PHASES
 from orchestrator.emulation.schedule import drop_schedule
-from orchestrator.localfleet import device_env, role_budgets
+from orchestrator.emulation.localfleet import device_env, role_budgets
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,7 @@ from orchestrator.emulation.lightweight import (
 from orchestrator.emulation.launch import DeviceLaunch, Faults
 from orchestrator.emulation.runner import run_emulation
 from orchestrator.emulation.schedule import drop_schedule, server_config
-from orchestrator.localfleet import device_env
+from orchestrator.emulation.localfleet import device_env
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

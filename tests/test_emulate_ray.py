@@ -27,7 +27,7 @@ from orchestrator.emulation.fleet import load_fleet
 from orchestrator.emulation.lightweight import WorkerFailed
 from orchestrator.emulation.runner import run_emulation
 from orchestrator.emulation.schedule import server_config
-from orchestrator.localfleet import device_env
+from orchestrator.emulation.localfleet import device_env
 from orchestrator.store import Store
 
 ROUNDS = 2

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.emulation.runner import completed_rounds
-from orchestrator.localfleet import device_env
+from orchestrator.emulation.localfleet import device_env
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

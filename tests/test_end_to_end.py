@@ -23,7 +23,7 @@ from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tai
 from exporters.onnx_export import export_chunk
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
-from orchestrator.localfleet import device_env, role_budgets, run_local_fleet
+from orchestrator.emulation.localfleet import device_env, role_budgets, run_local_fleet
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

@@ -206,11 +206,11 @@ def test_embracingfl_roles_a_device_that_freezes_the_table_is_not_in_its_heat():
 
 
 def test_bad_options_and_reports_are_refused_clearly():
-    with pytest.raises(ValueError, match="unknown weighting"):
+    with pytest.raises(ValueError, match="weighting must be one of samples, uniform"):
         FedSubAvg(weighting="median")
-    with pytest.raises(ValueError, match="unknown split"):
+    with pytest.raises(ValueError, match="split must be one of planned, zero"):
         FedSubAvg(split="half")
-    with pytest.raises(ValueError, match="k must be at least 1"):
+    with pytest.raises(ValueError, match="k must be an integer .* >= 1"):
         FedSubAvg(k=0)
     assert isinstance(make_strategy("fedsubavg", k=3, weighting="samples"), FedSubAvg)
     with pytest.raises(ValueError, match="not a table of the model"):

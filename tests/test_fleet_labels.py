@@ -27,7 +27,7 @@ from orchestrator.emulation.device import build_client, shape_data
 from orchestrator.emulation.fleet import FleetError, parse_fleet
 from orchestrator.emulation.launch import DeviceLaunch
 from orchestrator.emulation.schedule import device_launch
-from orchestrator.localfleet import device_env
+from orchestrator.emulation.localfleet import device_env
 from orchestrator.server import Orchestrator
 
 MNIST = Path(os.environ.get("EDGETRAIN_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets")) / "mnist"

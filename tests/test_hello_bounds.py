@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 
 GOOD = dict(device_id="d", token="", budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)

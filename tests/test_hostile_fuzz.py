@@ -25,7 +25,7 @@ from websockets.sync.client import connect as sync_connect
 
 from edge_sdk import protocol as p
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from test_protocol_messages import any_message
 from tests.scripted import scripted_device
 

@@ -92,7 +92,7 @@ def test_an_emulated_device_process_loads_no_server_and_no_torch_at_import():
         import json, sys
         import orchestrator.emulation.device, orchestrator.emulation.lightweight
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx", "typer", "rich")
-                        or m in ("orchestrator.server", "orchestrator.cli", "orchestrator.localfleet"))
+                        or m in ("orchestrator.server", "orchestrator.cli", "orchestrator.emulation.localfleet"))
         print(json.dumps({"loaded": loaded}))
     """
     assert run_fresh(code)["loaded"] == []

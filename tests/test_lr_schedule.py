@@ -15,7 +15,7 @@ from edge_sdk import protocol as p
 from orchestrator.cli import app
 from orchestrator.cli import commands  # noqa: F401  (registers the commands)
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from tests.scripted import scripted_device
 
 

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.launch import DeviceLaunch
 from orchestrator.fleetview import summarise_run
-from orchestrator.localfleet import role_budgets, run_local_fleet
+from orchestrator.emulation.localfleet import role_budgets, run_local_fleet
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.plancache import PlanCache
 
 resource = pytest.importorskip("resource")

@@ -19,7 +19,7 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.transport import client_tls
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 
 DATA = Path(__file__).parent / "data"
 CERT, KEY = DATA / "localhost-cert.pem", DATA / "localhost-key.pem"

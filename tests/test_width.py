@@ -22,7 +22,7 @@ from edge_sdk.data import load_dataset
 from edge_sdk.models.zoo import build_model, model_for_state, scaled, width_shapes
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.rounds import RoundState
 from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, Refused, RoundContext, make_strategy

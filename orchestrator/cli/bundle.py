@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from orchestrator.cli import app
+
+if TYPE_CHECKING:
+    from edge_sdk.models.layered import LayeredModel
+    from edge_sdk.bundle import Manifest
 
 
 def _fail(message: str) -> typer.Exit:
@@ -61,36 +65,8 @@ def bundle(
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
-    role: str | None = None
-    device_class: str | None = None
-    if split is not None:
-        if not 0 <= split < len(layered):
-            raise _fail(f"--split must be in [0, {len(layered)}) for {model} ({len(layered)} blocks)")
-        chunks = [(i, i + 1) for i in range(split)]
-    else:
-        from profiles.devices import load_device_class
-        from profiles.planner import plan_for_device, plan_split
-        from profiles.units import parse_size
-
-        from exporters.train_export import train_graph_refusal
-
-        graphs = [k for k in range(len(layered)) if train_graph_refusal(layered, k) is None]
-        counts = {name: len(r) for name, r in declared.items()}
-        try:
-            runtime_bytes = parse_size(runtime) if runtime is not None else None
-            if device is not None and runtime_bytes is None:
-                # the device class's budget, and its own runtime figures where it has them
-                plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs,
-                                       rows=counts)
-            else:
-                budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
-                plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes, backends=(backend,),
-                                  graph_splits=graphs, rows=counts)
-        except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
-            raise _fail(str(exc)) from None
-        device_class = device
-        split, chunks, role = plan.split, [tuple(c) for c in plan.chunks], plan.role
-
+    split, chunks, role = _plan_chunks(layered, model, split, device=device, budget=budget, runtime=runtime,
+                                       batch=batch, backend=backend, rows={k: len(r) for k, r in declared.items()})
     graph_cache = None
     if backend == "onnxruntime":
         from exporters.train_export import TrainGraphCache
@@ -99,12 +75,47 @@ def bundle(
         graph_cache = TrainGraphCache(graph_dir or Path.home() / ".cache" / "edgetrain" / "train-graphs")
     try:
         manifest = write_bundle(
-            layered, split, chunks, out, version=version, device_class=device_class, role=role, settings=settings,
+            layered, split, chunks, out, version=version, device_class=device, role=role, settings=settings,
             train_graph=backend == "onnxruntime", graph_cache=graph_cache, rows=declared or None,
         )
     except (ValueError, ExportError) as exc:
         raise _fail(str(exc)) from None
 
+    _print_manifest(out, manifest)
+
+
+def _plan_chunks(layered: LayeredModel, model: str, split: int | None, *, device: str | None, budget: str | None,
+                 runtime: str | None, batch: int, backend: str, rows: dict[str, int]) -> tuple[int, list, str | None]:
+    """The split, its frozen chunks and the planned role: as given (``--split``, no role), or planned for
+    the device class's or the given budget."""
+    if split is not None:
+        if not 0 <= split < len(layered):
+            raise _fail(f"--split must be in [0, {len(layered)}) for {model} ({len(layered)} blocks)")
+        return split, [(i, i + 1) for i in range(split)], None
+    from profiles.devices import load_device_class
+    from profiles.planner import plan_for_device, plan_split
+    from profiles.units import parse_size
+
+    from exporters.train_export import train_graph_refusal
+
+    graphs = [k for k in range(len(layered)) if train_graph_refusal(layered, k) is None]
+    try:
+        runtime_bytes = parse_size(runtime) if runtime is not None else None
+        if device is not None and runtime_bytes is None:
+            # the device class's budget, and its own runtime figures where it has them
+            plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs,
+                                   rows=rows)
+        else:
+            budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
+            plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes, backends=(backend,),
+                              graph_splits=graphs, rows=rows)
+    except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
+        raise _fail(str(exc)) from None
+    return plan.split, [tuple(c) for c in plan.chunks], plan.role
+
+
+def _print_manifest(out: Path, manifest: Manifest) -> None:
+    """What the bundle holds: its chunks, tail (and rows), and training graph."""
     typer.echo(
         f"{out}: {manifest.model} v{manifest.model_version}, split {manifest.split}/{manifest.num_blocks}"
         + (f", role {manifest.role}" if manifest.role else "")

@@ -40,7 +40,7 @@ def demo(
 
     from orchestrator.config import ServerConfig
     from orchestrator.fleetview import FleetView, summarise_run
-    from orchestrator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
+    from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
     from orchestrator.report import new_run_dir, plot_accuracy, write_metrics
 
     console = wide_console()

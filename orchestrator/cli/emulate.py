@@ -25,12 +25,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from orchestrator.cli import app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.config import ServerConfig
+    from orchestrator.emulation.fleet import Fleet
+    from orchestrator.emulation.recorder import EmulationRun
+    from orchestrator.fleetview import FleetView
 
 
 @app.command()
@@ -64,20 +73,50 @@ def emulate(
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from orchestrator.cli import console as wide_console
-
     from orchestrator.emulation.fleet import FleetError, load_fleet
-    from orchestrator.emulation.lightweight import WorkerFailed, default_workers
+    from orchestrator.emulation.lightweight import WorkerFailed
     from orchestrator.emulation.ray_backend import RayUnavailable  # Ray itself is imported by a ray run only
-    from orchestrator.emulation.runner import BACKENDS, run_emulation
-    from orchestrator.emulation.schedule import server_config
+    from orchestrator.emulation.runner import run_emulation
     from orchestrator.fleetview import FleetView
-    from orchestrator.report import new_run_dir, plot_accuracy, plot_memory, write_metrics
+    from orchestrator.report import new_run_dir
 
     console = wide_console()
     try:
         spec = load_fleet(fleet)
     except FleetError as e:
         raise typer.BadParameter(str(e), param_hint="--fleet") from None
+    _check_flags(spec, rounds=rounds, workers=workers, backend=backend, resume=resume,
+                 ray_only={"--address": address, "--host": host, "--advertise-host": advertise_host, "--port": port})
+    run_dir = resume if resume is not None else new_run_dir(out)
+    config, done = _server_config(spec, run_dir, rounds=rounds, data_root=data_root, deadline=deadline,
+                                  strategy=strategy, resume=resume is not None)
+    if backend == "ray":
+        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host),
+                                     port=config.port if port is None else port)
+    devices = spec.devices()
+    console.print(f"[bold]edgetrain emulate[/]: fleet {spec.name} ({spec.model} on {spec.dataset}), "
+                  f"{len(devices)} devices, {config.rounds} rounds, "
+                  f"{_how(spec, config, len(devices), workers, backend, address)}; writing {run_dir}"
+                  + (f"; resuming after round {done}" if resume is not None else ""))
+    t0 = time.monotonic()
+    with FleetView(console, rounds=config.rounds, devices=len(devices)) as view:
+        try:
+            run = asyncio.run(run_emulation(spec, config, specs=devices, on_event=_printer(console, view, spec),
+                                            data_root=data_root, stderr_dir=run_dir / "logs", rss_guard=rss_guard,
+                                            workers=workers, backend=backend, address=address,
+                                            advertise_host=advertise_host))
+        except (WorkerFailed, RayUnavailable) as e:  # a worker died; Ray missing, or its instance not reachable
+            console.print(str(e), style="red", markup=False)
+            raise typer.Exit(1) from None
+    _report(console, spec, config, run, run_dir, wall=time.monotonic() - t0, fleet_file=str(spec.path or fleet),
+            backend=backend, address=address)
+
+
+def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backend: str, resume: Path | None,
+                 ray_only: dict[str, object]) -> None:
+    """Refuse flags that do not apply to the fleet's mode or the backend, before anything starts."""
+    from orchestrator.emulation.runner import BACKENDS
+
     mode = spec.emulation.mode
     if rounds is not None and rounds < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--rounds")
@@ -91,75 +130,75 @@ def emulate(
     if backend == "ray" and mode != "lightweight":
         raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one capped process per device; "
                                  "--backend ray runs the workers of mode \"lightweight\"", param_hint="--backend")
-    for value, name in ((address, "--address"), (host, "--host"), (advertise_host, "--advertise-host"),
-                        (port, "--port")):
+    for name, value in ray_only.items():
         if value is not None and backend != "ray":
             raise typer.BadParameter("applies to --backend ray", param_hint=name)
     if resume is not None and not (resume / "store").is_dir():
         raise typer.BadParameter(f"{resume} holds no run (no store/ folder)", param_hint="--resume")
-    run_dir = resume if resume is not None else new_run_dir(out)
+
+
+def _server_config(spec: Fleet, run_dir: Path, *, rounds: int | None, data_root: str | None, deadline: float,
+                   strategy: str | None, resume: bool) -> tuple[ServerConfig, int]:
+    """The orchestrator's settings for the fleet (``--strategy`` replacing its strategy and options), and
+    the rounds its store already completed (resuming)."""
+    from orchestrator.emulation.runner import completed_rounds
+    from orchestrator.emulation.schedule import server_config
+    from orchestrator.strategies import strategy_class
+
     config = server_config(spec, rounds=rounds, store_dir=run_dir / "store", data_root=data_root, deadline_s=deadline)
     if strategy is not None and strategy != config.strategy:
-        from orchestrator.strategies import make_strategy
-
         try:
-            make_strategy(strategy)
+            strategy_class(strategy)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--strategy") from None
         config = dataclasses.replace(config, strategy=strategy, strategy_options={})
-    done = 0
-    if resume is not None:
-        from orchestrator.emulation.runner import completed_rounds
+    if not resume:
+        return config, 0
+    return dataclasses.replace(config, resume=True), completed_rounds(config.store_dir)
 
-        done = completed_rounds(config.store_dir)
-        config = dataclasses.replace(config, resume=True)
+
+def _how(spec: Fleet, config: ServerConfig, n_devices: int, workers: int | None, backend: str,
+         address: str | None) -> str:
+    """How the devices run, in words."""
+    from orchestrator.emulation.lightweight import default_workers
+
     if backend == "ray":
-        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host),
-                                     port=config.port if port is None else port)
-    devices = spec.devices()
-    if backend == "ray":
-        n_workers_text = (str(workers or default_workers(len(devices))) if address is None
+        n_workers_text = (str(workers or default_workers(n_devices)) if address is None
                           else str(workers) if workers else "one per cluster CPU,")
         where = f"the Ray cluster at {address}" if address is not None else "a local Ray instance"
-        how = (f"mode lightweight: {n_workers_text} worker processes as Ray actors on {where}, no memory caps; "
-               f"orchestrator bound to {config.host}")
-    elif mode == "lightweight":
-        n_workers = workers or default_workers(len(devices))
-        how = f"mode lightweight: {n_workers} worker processes, no memory caps"
-    else:
-        how = f"mode processes: memory cap {spec.emulation.memory_cap}"
-    console.print(f"[bold]edgetrain emulate[/]: fleet {spec.name} ({spec.model} on {spec.dataset}), "
-                  f"{len(devices)} devices, {config.rounds} rounds, {how}; writing {run_dir}"
-                  + (f"; resuming after round {done}" if resume is not None else ""))
-    t0 = time.monotonic()
-    with FleetView(console, rounds=config.rounds, devices=len(devices)) as view:
+        return (f"mode lightweight: {n_workers_text} worker processes as Ray actors on {where}, no memory caps; "
+                f"orchestrator bound to {config.host}")
+    if spec.emulation.mode == "lightweight":
+        return f"mode lightweight: {workers or default_workers(n_devices)} worker processes, no memory caps"
+    return f"mode processes: memory cap {spec.emulation.memory_cap}"
 
-        def on_event(kind: str, data: dict) -> None:
-            view.on_event(kind, data)
-            # Planned vanishings of hundreds of lightweight devices are counted in the summary instead.
-            quiet = ("finished", "stopped", "dropped") if mode == "lightweight" else ("finished", "stopped")
-            if kind == "emulator:exit" and data.get("ended") not in quiet:
-                where = f" in round {data['round']}" if data.get("round") else ""
-                by = f" by {data['killed_by']}" if data.get("killed_by") else ""
-                how = f"rc {data['returncode']}" if data.get("returncode") is not None else f"worker {data.get('worker')}"
-                error = f": {data['error']}" if data.get("error") else ""
-                console.print(f"[yellow]{data['device']}[/]: {data['ended']}{by}{where} ({how}){error}")
 
-        try:
-            run = asyncio.run(run_emulation(spec, config, specs=devices, on_event=on_event, data_root=data_root,
-                                            stderr_dir=run_dir / "logs", rss_guard=rss_guard, workers=workers,
-                                            backend=backend, address=address, advertise_host=advertise_host))
-        except WorkerFailed as e:
-            console.print(str(e), style="red", markup=False)
-            raise typer.Exit(1) from None
-        except RayUnavailable as e:  # Ray missing, or its instance / cluster not reachable
-            console.print(str(e), style="red", markup=False)
-            raise typer.Exit(1) from None
-    wall = time.monotonic() - t0
+def _printer(console: Console, view: FleetView, spec: Fleet) -> Callable[[str, dict], None]:
+    """The run's event handler: the live view, plus a line for each device that ended unexpectedly."""
+    # Planned vanishings of hundreds of lightweight devices are counted in the summary instead.
+    quiet = ("finished", "stopped", "dropped") if spec.emulation.mode == "lightweight" else ("finished", "stopped")
+
+    def on_event(kind: str, data: dict) -> None:
+        view.on_event(kind, data)
+        if kind == "emulator:exit" and data.get("ended") not in quiet:
+            where = f" in round {data['round']}" if data.get("round") else ""
+            by = f" by {data['killed_by']}" if data.get("killed_by") else ""
+            how = f"rc {data['returncode']}" if data.get("returncode") is not None else f"worker {data.get('worker')}"
+            error = f": {data['error']}" if data.get("error") else ""
+            console.print(f"[yellow]{data['device']}[/]: {data['ended']}{by}{where} ({how}){error}")
+
+    return on_event
+
+
+def _report(console: Console, spec: Fleet, config: ServerConfig, run: EmulationRun, run_dir: Path, *, wall: float,
+            fleet_file: str, backend: str, address: str | None) -> None:
+    """metrics.json, the plots, and the summary tables."""
+    from orchestrator.report import plot_accuracy, plot_memory, write_metrics
+
     results = run.to_dict()
     per_device = results["devices"]
     final = run.history[-1] if run.history else {}
-    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": str(spec.path or fleet), "config": config.to_dict(),
+    write_metrics(run_dir, {"fleet": spec.name, "fleet_file": fleet_file, "config": config.to_dict(),
                             "wall_s": wall, "backend": backend,
                             **({"ray_address": address} if backend == "ray" else {}),
                             **results, "final": final})

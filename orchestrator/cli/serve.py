@@ -7,115 +7,79 @@ with ``--device-class`` added: the budgets of device classes live on the plannin
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli import app
+from orchestrator.cli.settings import config_from_options, config_parameters
 
-
-@app.command()
-def serve(
-    model: str = typer.Option("digits_mlp", help="Model from the zoo."),
-    strategy: str = typer.Option("embracingfl", help="Strategy: fedavg, embracingfl, fedsubavg, fedalign, varsel, or package.module:Class for one of your own (docs/architecture.md, \"Strategies\")."),
-    strategy_option: list[str] = typer.Option([], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable (e.g. -O epsilon=0.3 -O warmup=5 for fedalign, -O budget=4 for varsel)."),
-    rounds: int = typer.Option(20, help="Rounds to run."),
-    fraction: float = typer.Option(1.0, help="Share of idle connected devices sampled per round."),
-    min_devices: int = typer.Option(2, help="Connected devices to wait for before a round starts."),
-    quorum: float = typer.Option(1.0, help="Share of selected devices whose updates close a round early."),
-    deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
-    local_steps: int = typer.Option(10, help="Local steps per round (tau)."),
-    batch_size: int = typer.Option(32, help="Local mini-batch size."),
-    lr: float = typer.Option(0.05, help="Local learning rate."),
-    lr_decay_at: str = typer.Option("", help="Rounds after which the learning rate is multiplied by --lr-decay, "
-                                             "comma-separated (e.g. 800,900)."),
-    lr_decay: float = typer.Option(0.1, help="Factor of each --lr-decay-at step."),
-    data: str = typer.Option("digits", help="Held-out dataset for evaluation."),
-    data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets)."),
-    eval_every: int = typer.Option(1, help="Evaluate every n rounds (0: never)."),
-    store: Path = typer.Option(Path("runs/serve"), help="Folder for the SQLite journal and checkpoints."),
-    resume: bool = typer.Option(False, help="Continue from the last completed round in --store."),
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8765),
-    token: str = typer.Option("", help="Shared token every device must present (empty: none); a lab setting, "
-                                       "see docs/security.md."),
-    require_credentials: bool = typer.Option(False, help="Every device proves its own credential (edgetrain "
-                                                          "device enroll --store ...); --token is then unused."),
-    max_device_samples: int = typer.Option(100_000, help="Most samples one device's report may weigh."),
-    norm_bound: float = typer.Option(0.0, help="Clip (or refuse, --norm-bound-action reject) an update whose norm "
-                                              "exceeds this multiple of recent updates' median; 0: off."),
-    norm_bound_action: str = typer.Option("clip", help="clip or reject, for --norm-bound."),
-    round_retries: int = typer.Option(2, help="Times a round whose result fails its checks runs again from the "
-                                              "last good state before it is journaled as failed."),
-    max_connections: int = typer.Option(20_000, help="Connections held at once; more are refused."),
-    transfer_stall: float = typer.Option(30.0, help="Seconds a transfer may make no progress before it is dropped."),
-    transfer_min_rate: float = typer.Option(16 << 10, help="Bytes/s a transfer must average (after a grace "
-                                                           "period) not to be dropped."),
-    chunk_disk: str = typer.Option("1GiB", help="Disk kept for exported chunks in --store (oldest removed first)."),
-    tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve wss:// (TLS) instead of ws://."),
-    tls_key: Optional[Path] = typer.Option(None, help="Private key of --tls-cert (if not in the same file)."),
-    seed: int = typer.Option(0),
-) -> None:
-    """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
+if TYPE_CHECKING:
     from orchestrator.config import ServerConfig
+    from orchestrator.strategies import Strategy
+
+
+def serve(**options: Any) -> None:
+    """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
+    check = options.pop("check")
+    config, strategy = _configure(options, options.pop("strategy_option"))
+    if check:
+        typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
+                               "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
+        return
     from orchestrator.server import Orchestrator
-    from profiles.units import parse_size
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    try:
-        options = parse_strategy_options(strategy_option)
-        from orchestrator.strategies import make_strategy
-
-        make_strategy(strategy, **options)  # a bad name or option fails here, before anything listens
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--strategy / --strategy-option") from None
-    try:
-        decay_at = tuple(int(r) for r in lr_decay_at.split(",") if r.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated round numbers, got {lr_decay_at!r}",
-                                 param_hint="--lr-decay-at") from None
-    if any(r < 1 for r in decay_at):
-        raise typer.BadParameter(f"round numbers must be >= 1, got {lr_decay_at!r}", param_hint="--lr-decay-at")
-    if not 0.0 < lr_decay <= 1.0:
-        raise typer.BadParameter(f"must be in (0, 1], got {lr_decay}", param_hint="--lr-decay")
-    config = ServerConfig(
-        model=model, strategy=strategy, strategy_options=options, rounds=rounds, fraction=fraction, min_devices=min_devices, quorum=quorum,
-        deadline_s=deadline, local_steps=local_steps, batch_size=batch_size, lr=lr, lr_decay_at=decay_at, lr_decay=lr_decay,
-        eval_data=data,
-        data_root=data_root, eval_every=eval_every, store_dir=store, resume=resume, host=host, port=port,
-        token=token, require_credentials=require_credentials, max_device_samples=max_device_samples,
-        norm_bound=norm_bound, norm_bound_action=norm_bound_action, round_retries=round_retries,
-        max_connections=max_connections, transfer_stall_s=transfer_stall, transfer_min_rate=transfer_min_rate,
-        chunk_disk_bytes=parse_size(chunk_disk), seed=seed,
-        tls_cert=None if tls_cert is None else str(tls_cert),
-        tls_key=None if tls_key is None else str(tls_key),
-    )
-    if tls_key is not None and tls_cert is None:
-        raise typer.BadParameter("--tls-key needs --tls-cert")
-    if norm_bound_action not in ("clip", "reject"):
-        raise typer.BadParameter("--norm-bound-action is clip or reject")
 
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
 
-    history = asyncio.run(Orchestrator(config, on_event=on_event).run())
+    history = asyncio.run(Orchestrator(config, on_event=on_event, strategy=strategy).run())
     if history:
         last = history[-1]
         typer.echo(f"finished round {last['round']}: accuracy {last.get('accuracy', float('nan')):.4f}", err=True)
 
 
+def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
+    """The settings and the strategy the options give, built once; a bad value ends the command with
+    one line naming the option, exit status 2, before anything listens."""
+    from orchestrator.strategies import make_strategy, strategy_options
+
+    try:
+        config = config_from_options(options, strategy_options=parse_strategy_options(strategy_option))
+        config.strategy_options = strategy_options(config.strategy, config.strategy_options)
+        return config, make_strategy(config.strategy, **config.strategy_options)
+    except ValueError as e:
+        typer.echo(f"edgetrain serve: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    *config_parameters(),
+    inspect.Parameter("strategy_option", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=typer.Option(
+        [], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable, typed by its constructor "
+                                            "(e.g. -O epsilon=0.3 -O warmup=5 for fedalign, -O correction=false for "
+                                            "fedsubavg; docs/architecture.md, \"Strategies\").")),
+    inspect.Parameter("check", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
+                               "without listening.")),
+])
+app.command()(serve)
+
+
 def parse_strategy_options(items: list[str]) -> dict[str, object]:
-    """``KEY=VALUE`` pairs as keyword options; values stay strings (each strategy converts and checks them)."""
+    """``KEY=VALUE`` pairs as keyword options; values stay text (typed by the strategy's constructor)."""
     options: dict[str, object] = {}
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or not key.isidentifier():
-            raise ValueError(f"a strategy option is KEY=VALUE, got {item!r}")
+            raise ValueError(f"--strategy-option: a strategy option is KEY=VALUE, got {item!r}")
         options[key] = value.strip()
     return options
 

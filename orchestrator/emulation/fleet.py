@@ -9,7 +9,7 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     dataset = "digits"                   # default: the model's dataset
     seed = 0
 
-    [training]                           # the names of orchestrator.config.ServerConfig
+    [training]                           # settings of orchestrator.config.ServerConfig (TRAINING_SETTINGS)
     strategy = "embracingfl"
     rounds = 5
     fraction = 1.0                       # share of the devices sampled per round
@@ -73,6 +73,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
+
 if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
 
@@ -90,7 +92,6 @@ __all__ = [
     "Fleet",
     "FleetError",
     "Partition",
-    "TrainingSettings",
     "device_labels",
     "fleet_names",
     "fleet_path",
@@ -127,23 +128,6 @@ class Behaviour:
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     rejoin_after_s: float | None = None
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    """Round settings, named as in ``orchestrator.config.ServerConfig``; defaults from EmbracingFL
-    appendix 6.1 (tau = 10 local steps, batch 32, SGD momentum 0.9, weight decay 1e-4)."""
-
-    strategy: str = "embracingfl"
-    rounds: int = 20
-    fraction: float = 1.0
-    local_steps: int = 10
-    batch_size: int = 32
-    lr: float = 0.05
-    lr_decay_at: tuple[int, ...] = ()  # rounds after which lr is multiplied by lr_decay
-    lr_decay: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
 
 
 @dataclass(frozen=True)
@@ -221,7 +205,7 @@ class Fleet:
     model: str
     dataset: str
     seed: int
-    training: TrainingSettings
+    training: ServerConfig  # the [training] table: settings named in orchestrator.config.TRAINING_SETTINGS
     partition: Partition
     emulation: EmulationSettings
     groups: tuple[DeviceGroup, ...]
@@ -370,18 +354,16 @@ def parse_fleet(
 
 
 def _strategy_options(r: _Reader, strategy: str, t: Mapping[str, Any]) -> dict[str, Any]:
-    """The [strategy] table, checked by building the strategy (its constructor validates each value)."""
-    from orchestrator.strategies import make_strategy
+    """The [strategy] table typed and checked against the strategy's constructor signature (not built)."""
+    from orchestrator.strategies import strategy_options
+    from orchestrator.strategies.options import StrategyOptionError
 
-    options = dict(t)
-    for k, v in options.items():
-        if not isinstance(v, (str, int, float, bool, list)):
-            r.fail(f"strategy.{k}", f"must be a string, number, boolean or list, got {v!r}")
     try:
-        make_strategy(strategy, **options)
+        return strategy_options(strategy, t)
+    except StrategyOptionError as e:
+        r.fail(f"strategy.{e.option}", e.problem)
     except ValueError as e:
-        r.fail("strategy" if options else "training.strategy", str(e))
-    return options
+        r.fail("training.strategy", str(e))
 
 
 def device_labels(spec: DeviceSpec) -> dict[str, str]:
@@ -410,34 +392,13 @@ def _check_model(r: _Reader, model: str, dataset: Any) -> str:
     return dataset
 
 
-def _training(r: _Reader, t: Mapping[str, Any]) -> TrainingSettings:
-    d = TrainingSettings()
-    r.keys(t, "training", set(TrainingSettings.__dataclass_fields__))
-    fraction = r.number(t, "training.fraction", d.fraction, minimum=0.0)
-    if not 0.0 < fraction <= 1.0:
-        r.fail("training.fraction", f"must be in (0, 1], got {fraction}")
-    momentum = r.number(t, "training.momentum", d.momentum, minimum=0.0)
-    if momentum >= 1.0:
-        r.fail("training.momentum", f"must be in [0, 1), got {momentum}")
-    lr = r.number(t, "training.lr", d.lr, minimum=0.0)
-    if lr == 0.0:
-        r.fail("training.lr", "must be positive")
-    decay_at = r.integers(t, "training.lr_decay_at", [], minimum=1)
-    lr_decay = r.number(t, "training.lr_decay", d.lr_decay, minimum=0.0)
-    if not 0.0 < lr_decay <= 1.0:
-        r.fail("training.lr_decay", f"must be in (0, 1], got {lr_decay}")
-    return TrainingSettings(
-        strategy=r.string(t, "training.strategy", d.strategy),
-        rounds=r.integer(t, "training.rounds", d.rounds, minimum=1),
-        fraction=fraction,
-        local_steps=r.integer(t, "training.local_steps", d.local_steps, minimum=1),
-        batch_size=r.integer(t, "training.batch_size", d.batch_size, minimum=1),
-        lr=lr,
-        lr_decay_at=tuple(sorted(decay_at)),
-        lr_decay=lr_decay,
-        momentum=momentum,
-        weight_decay=r.number(t, "training.weight_decay", d.weight_decay, minimum=0.0),
-    )
+def _training(r: _Reader, t: Mapping[str, Any]) -> ServerConfig:
+    """The [training] table as the ServerConfig it sets (its values typed as TOML gives them: no text parsing)."""
+    r.keys(t, "training", set(TRAINING_SETTINGS))
+    try:
+        return ServerConfig(**t)
+    except SettingError as e:
+        r.fail(f"training.{e.name}", e.problem)
 
 
 def _partition(r: _Reader, t: Mapping[str, Any], dataset: str, fleet_seed: int) -> Partition:
@@ -632,12 +593,6 @@ class _Reader:
             self.fail(key, f"must be an integer, got {v!r}")
         if v < minimum:
             self.fail(key, f"must be >= {minimum}, got {v}")
-        return v
-
-    def integers(self, t: Mapping[str, Any], key: str, default: list[int] | None, *, minimum: int) -> list[int]:
-        v = self._get(t, key, default)
-        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v):
-            self.fail(key, f"must be a list of integers >= {minimum}, got {v!r}")
         return v
 
     def number(self, t: Mapping[str, Any], key: str, default: float | None, *, minimum: float) -> float:

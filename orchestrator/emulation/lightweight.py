@@ -497,7 +497,7 @@ async def run_lightweight(
     caps: ``mechanism`` is "none" for every device, ``peak_bytes`` is unknown, and the result's
     ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
     :func:`default_workers`; `threads` is each worker's training thread pool."""
-    from orchestrator.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
+    from orchestrator.emulation.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     if not specs:

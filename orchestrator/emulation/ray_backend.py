@@ -361,7 +361,7 @@ async def run_ray(
     :func:`worker_host`. `workers` defaults to :func:`ray_default_workers`; each actor asks Ray for
     `cpus_per_worker` CPUs. `ray_options` go to ``ray.init``. `stderr_dir` receives a failed
     worker's traceback (``worker-<i>.log``); the actors' own output stays in Ray's session logs."""
-    from orchestrator.localfleet import start_orchestrator  # loads torch: only when a run starts
+    from orchestrator.emulation.localfleet import start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     if not specs:

@@ -6,6 +6,7 @@ Shared by both emulation modes, so that a fleet runs the same devices whichever 
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,13 +42,10 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
     """The orchestrator's settings for a fleet: its training section, waiting for every device first,
     honouring the forced splits of its groups."""
     t = fleet.training
-    return ServerConfig(
-        model=fleet.model, strategy=t.strategy, strategy_options=dict(fleet.strategy_options),
-        rounds=rounds or t.rounds, fraction=t.fraction,
-        min_devices=fleet.num_devices, local_steps=t.local_steps, batch_size=t.batch_size, lr=t.lr,
-        lr_decay_at=t.lr_decay_at, lr_decay=t.lr_decay,
-        momentum=t.momentum, weight_decay=t.weight_decay, seed=fleet.seed, eval_data=fleet.dataset,
-        data_root=data_root, store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
+    return dataclasses.replace(
+        t, model=fleet.model, strategy_options=dict(fleet.strategy_options), rounds=rounds or t.rounds,
+        min_devices=fleet.num_devices, seed=fleet.seed, eval_data=fleet.dataset, data_root=data_root,
+        store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
         allow_forced_split=True,  # fleet groups may force a split (force_split)
     )
 

@@ -212,11 +212,11 @@ async def run_fleet(
     ``rejoin_after_s``; devices killed for memory or time are not (the report says which, and in
     which round). `rss_guard` also kills a device whose resident set passes its budget (see the
     module docstring). Devices read the training split from one memory-mapped copy written before
-    they start (:func:`orchestrator.localfleet.prepare_device_data`), cut to its first `data_limit`
+    they start (:func:`orchestrator.emulation.localfleet.prepare_device_data`), cut to its first `data_limit`
     samples if given (CIFAR-10: a class-balanced subset). `backends` (device id -> torch, onnxruntime
     or auto) sets devices' training backends (default: auto).
     """
-    from orchestrator.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
+    from orchestrator.emulation.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
 
     specs = fleet.devices() if specs is None else specs
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}

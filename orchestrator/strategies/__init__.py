@@ -8,7 +8,7 @@ a worked example are in docs/architecture.md, "Strategies".
 from __future__ import annotations
 
 import importlib
-import inspect
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from orchestrator.strategies.base import (
@@ -29,6 +29,7 @@ from orchestrator.strategies.fedalign import FedALIGN
 from orchestrator.strategies.fedavg import FedAvg
 from orchestrator.strategies.varsel import VaRSeL
 from orchestrator.strategies.fedsubavg import FedSubAvg
+from orchestrator.strategies.options import StrategyOptionError, convert_options
 from orchestrator.strategies.width import WidthReduction
 
 _STRATEGIES = MappingProxyType(
@@ -66,13 +67,23 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def make_strategy(name: str, **options: object) -> Strategy:
-    """Build the strategy registered as ``name`` (or ``package.module:Class``) with its keyword options."""
+    """Build the strategy registered as ``name`` (or ``package.module:Class``) with its keyword options,
+    each converted to its constructor annotation (text from the command line included; see
+    :mod:`orchestrator.strategies.options`)."""
     cls = strategy_class(name)
+    typed = convert_options(name, cls, options)
     try:
-        inspect.signature(cls).bind(**options)
-    except TypeError as exc:
-        raise ValueError(f"strategy {name!r}: bad options {sorted(options)}: {exc}") from None
-    return cls(**options)
+        return cls(**typed)
+    except StrategyOptionError:
+        raise
+    except ValueError as exc:  # a check of the constructor's own (one option against another)
+        raise ValueError(f"strategy {name!r}: {exc}") from None
+
+
+def strategy_options(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """``options`` of strategy ``name`` typed and checked from its constructor's signature, without
+    building it (a fleet file's [strategy] table); the constructor's own checks run when it is built."""
+    return convert_options(name, strategy_class(name), options)
 
 
 __all__ = [
@@ -96,4 +107,5 @@ __all__ = [
     "WidthReduction",
     "make_strategy",
     "strategy_class",
+    "strategy_options",
 ]

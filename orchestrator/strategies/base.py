@@ -27,15 +27,18 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, get_args
 
 import numpy as np
 
 from edge_sdk.protocol import RowSparse, Scalar
 from orchestrator.rounds import RoundState, sample_devices
 from orchestrator.selection import Selection
+from orchestrator.strategies.options import typed_init
+from orchestrator.values import Range
 
-WEIGHTINGS: tuple[str, ...] = ("samples", "uniform")
+Weighting = Literal["samples", "uniform"]
+WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
     "AGGREGATIONS", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport", "Instruction", "Refused",
@@ -186,9 +189,18 @@ class RoundResult:
 class Strategy(ABC):
     """One federated algorithm. Subclasses set ``name`` and implement :meth:`on_report` and
     :meth:`aggregate`; the defaults of the other hooks run a one-phase round of training on each
-    sampled device's planned tail."""
+    sampled device's planned tail.
+
+    A subclass's constructor receives its options converted to, and checked against, its parameters'
+    annotations (``trim: Annotated[float, Range(0, 0.5)]``, ``weighting: Literal[...]``): text from the
+    command line and TOML values alike (:mod:`orchestrator.strategies.options`)."""
 
     name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = typed_init(cls.__dict__["__init__"])  # type: ignore[method-assign]
 
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
         """Round start: the instructions to send. Default: train ``fraction`` of the devices on their tails."""
@@ -376,7 +388,8 @@ class RobustStack(WeightedSums):
 
 
 #: How AveragingStrategy combines the deltas of an entry's contributors.
-AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed_mean")
+Aggregation = Literal["mean", "median", "trimmed_mean"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 class AveragingStrategy(Strategy):
@@ -388,16 +401,10 @@ class AveragingStrategy(Strategy):
     Subclasses add admission rules (:meth:`admit`) or override :meth:`weight`.
     """
 
-    def __init__(self, weighting: str = "samples", aggregation: str = "mean", trim: float = 0.1) -> None:
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
-        trim = float(trim)  # options from the command line arrive as text
-        if not 0 <= trim < 0.5:
-            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    def __init__(self, weighting: Weighting = "samples", aggregation: Aggregation = "mean",
+                 trim: Annotated[float, Range(0, 0.5, high_open=True)] = 0.1) -> None:
         self.weighting = weighting
-        self.aggregation, self.trim = aggregation, float(trim)
+        self.aggregation, self.trim = aggregation, trim
         self._sums: WeightedSums | None = None
         self._refused = 0
 

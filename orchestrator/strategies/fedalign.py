@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     WEIGHTINGS,
+    Weighting,
     DeviceReport,
     Instruction,
     Refused,
@@ -53,6 +54,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
 )
 from orchestrator.strategies.groups import PriorityRule, json_ready, number_option, parse_ids, weighted_metrics
+from orchestrator.values import NonNegative, NonNegativeInt, Unit
 
 __all__ = ["FedALIGN"]
 
@@ -69,10 +71,10 @@ class FedALIGN(Strategy):
 
     name = "fedalign"
 
-    def __init__(self, epsilon: float | str | Callable[[int], float] = math.inf, warmup: int | str = 0, *,
-                 epsilon_decay: float | str = 1.0, epsilon_min: float | str = 0.0, prox_mu: float | str = 0.0,
-                 priority: str | Sequence[str] | None = None, priority_label: str = "priority",
-                 weighting: str = "samples") -> None:
+    def __init__(self, epsilon: NonNegative | Callable[[int], float] = math.inf, warmup: NonNegativeInt = 0, *,
+                 epsilon_decay: Unit = 1.0, epsilon_min: NonNegative = 0.0, prox_mu: NonNegative = 0.0,
+                 priority: tuple[str, ...] | None = None, priority_label: str = "priority",
+                 weighting: Weighting = "samples") -> None:
         if callable(epsilon):
             self._epsilon_fn: Callable[[int], float] | None = epsilon
             self.epsilon = math.nan

@@ -36,6 +36,7 @@ randomized response, hot-and-cold appendix F, estimated without bias and clipped
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from edge_sdk.protocol import RowSparse
 from orchestrator.heat import RowHeat
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
-    WEIGHTINGS,
+    Weighting,
     DeviceInfo,
     DeviceReport,
     Instruction,
@@ -53,10 +54,12 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
+from orchestrator.values import Count
 
 __all__ = ["FedSubAvg", "RowSums"]
 
-SPLITS: tuple[str, ...] = ("planned", "zero")
+Split = Literal["planned", "zero"]
+SPLITS: tuple[str, ...] = get_args(Split)
 _BLOCK_ROWS = 1 << 16  # rows updated per step of aggregate
 
 
@@ -129,15 +132,9 @@ class FedSubAvg(Strategy):
     #: Devices receive row selections: the server plans them for their declared rows only.
     selects_rows = True
 
-    def __init__(self, k: int | None = None, weighting: str = "uniform", split: str = "planned",
+    def __init__(self, k: Count | None = None, weighting: Weighting = "uniform", split: Split = "planned",
                  correction: bool = True) -> None:
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-        if k is not None and k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
-        self.k, self.weighting, self.split, self.correction = k, weighting, split, bool(correction)
+        self.k, self.weighting, self.split, self.correction = k, weighting, split, correction
         self.heat: RowHeat | None = None
         self._tables: dict[str, int] = {}  # table entry -> its block index
         self._sums: WeightedSums | None = None

@@ -51,6 +51,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
 )
 from orchestrator.strategies.groups import PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics
+from orchestrator.values import NonNegative, NonNegativeInt
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
 
@@ -211,9 +212,9 @@ class VaRSeL(Strategy):
 
     name = "varsel"
 
-    def __init__(self, budget: float | str | None = None, budget_fraction: float | str = 0.25, *,
-                 exact: bool | str = True, evaluate: bool | str = True, internal: str | Sequence[str] | None = None,
-                 internal_label: str = "internal", seed: int | str = 0) -> None:
+    def __init__(self, budget: NonNegative | None = None, budget_fraction: NonNegative = 0.25, *,
+                 exact: bool = True, evaluate: bool = True, internal: tuple[str, ...] | None = None,
+                 internal_label: str = "internal", seed: NonNegativeInt = 0) -> None:
         self.budget = None if budget is None else number_option("budget", budget)
         self.budget_fraction = number_option("budget_fraction", budget_fraction)
         self.exact = flag_option("exact", exact)

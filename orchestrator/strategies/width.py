@@ -42,8 +42,8 @@ out of the round and listed in ``extra["skipped_no_torch"]``. Full-width devices
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -57,12 +57,15 @@ from orchestrator.strategies.base import (
     RoundContext,
     RoundResult,
     WeightedSums,
+    Weighting,
 )
+from orchestrator.values import Fraction
 
 __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
 
 #: How the global BatchNorm running statistics are formed (see the module docstring).
-BN_MODES: tuple[str, ...] = ("full", "static", "global")
+BnMode = Literal["full", "static", "global"]
+BN_MODES: tuple[str, ...] = get_args(BnMode)
 
 #: The instruction config key carrying the width ratio (edge_sdk.client.WIDTH_KEY).
 WIDTH_KEY = "width"
@@ -85,18 +88,12 @@ class WidthReduction(AveragingStrategy):
     #: export and check the planned splits' chunks of each new state.
     sends_chunks = False
 
-    def __init__(self, weighting: str = "samples", strong: float = 1.0, moderate: float = 0.45,
-                 weak: float = 0.2, bn: str = "full", model: str = "") -> None:
+    def __init__(self, weighting: Weighting = "samples", strong: Fraction = 1.0, moderate: Fraction = 0.45,
+                 weak: Fraction = 0.2, bn: BnMode = "full", model: str = "") -> None:
         super().__init__(weighting=weighting)
-        ratios = {"strong": float(strong), "moderate": float(moderate), "weak": float(weak)}  # text from -O
-        for role, r in ratios.items():
-            if not (math.isfinite(r) and 0.0 < r <= 1.0):
-                raise ValueError(f"width ratio of {role} devices must be in (0, 1], not {r}")
-        if bn not in BN_MODES:
-            raise ValueError(f"unknown bn {bn!r}; choose one of {', '.join(BN_MODES)}")
-        self.ratios: dict[str, float] = ratios
+        self.ratios: dict[str, float] = {"strong": strong, "moderate": moderate, "weak": weak}
         self.bn = bn
-        self.model = str(model)
+        self.model = model
         self._selections: dict[tuple[str, float], Selection] = {}
         self._skipped: list[str] = []
         self._widths: dict[str, float] = {}
