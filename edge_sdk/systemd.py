@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Optional
 
 __all__ = ["service_unit", "install_service"]
 
@@ -26,8 +27,8 @@ def service_unit(config: str | Path, *, user: str = "edgetrain", python: str | P
     interpreter = Path(python or sys.executable).absolute()
     conf = Path(config).absolute()
     return f"""[Unit]
+# Written by python -m edge_sdk install-service; see docs/device-guide.md of edgetrain.
 Description={description}
-Documentation=https://github.com/edgetrain/edgetrain/blob/main/docs/device-guide.md
 Wants=network-online.target
 After=network-online.target
 
@@ -55,8 +56,6 @@ WantedBy=multi-user.target
 
 def install_service(argv: Sequence[str], *, prog: str = "python -m edge_sdk install-service") -> int:
     """Write the unit (to ``--output``, else standard output); 2 with one line for a bad option."""
-    from typing import Optional
-
     import typer
 
     status = [0]
