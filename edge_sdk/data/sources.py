@@ -72,6 +72,11 @@ class DataSource(Protocol):
     def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]: ...
 
 
+def _array(a: object) -> np.ndarray:
+    """``a`` as an array, a numpy array (a memory map too) as it is."""
+    return a if isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def _label_count(y: np.ndarray) -> int | None:
     """Classes of integer labels 0..K-1 (K = largest + 1); None for float (regression) targets."""
     if y.dtype.kind not in "iu" or len(y) == 0:
@@ -91,7 +96,7 @@ class ArraySource:
     """Samples and labels already in memory (or memory-mapped): used as they are, never copied."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, *, num_classes: int | None = None) -> None:
-        self.x, self.y = _checked(np.asarray(x), np.asarray(y), "the arrays")
+        self.x, self.y = _checked(_array(x), _array(y), "the arrays")
         self._num_classes = num_classes if num_classes is not None else _label_count(self.y)
 
     @property
@@ -373,7 +378,7 @@ def as_source(data: object, y: np.ndarray | None = None) -> DataSource:
     """Whatever an app hands a device, as a :class:`DataSource`: a source as it is, arrays ``x, y``
     (or an ``(x, y)`` tuple), an iterable of batches or a callable returning one."""
     if y is not None:
-        return ArraySource(np.asarray(data), np.asarray(y))
+        return ArraySource(data, y)  # type: ignore[arg-type]
     if isinstance(data, DataSource):
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(a, np.ndarray) for a in data):
@@ -395,4 +400,4 @@ def source_arrays(source: DataSource, batch_size: int = 256) -> tuple[np.ndarray
         if not pairs:
             raise DataSourceError("the data source yielded no batches")
         x, y = np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
-    return _checked(np.asarray(x) if not isinstance(x, np.memmap) else x, np.asarray(y), "the data source")
+    return _checked(_array(x), _array(y), "the data source")
