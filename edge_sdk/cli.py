@@ -294,7 +294,10 @@ def _device(argv: list[str], prog: str, device_class_budget: Callable[[str], int
         raise UsageProblem(str(e)) from None
     from edge_sdk.logs import configure_logging, event_logger
 
-    configure_logging(s.log_format, s.log_file, s.log_level)
+    try:
+        configure_logging(s.log_format, s.log_file, s.log_level)
+    except OSError as e:
+        raise UsageProblem(f"--log-file: cannot write {s.log_file}: {e.strerror or e}") from None
     budget = None
     if s.device_class and s.budget is None and device_class_budget is not None:
         try:
