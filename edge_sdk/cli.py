@@ -33,11 +33,11 @@ EXIT_REFUSED = 3
 
 EXAMPLES = """Examples:
 
-  python -m edge_sdk --server ws://10.0.0.2:8765 --id board-7 --budget 300MiB --data ./samples.csv
+  {prog} --server ws://10.0.0.2:8765 --id board-7 --budget 300MiB --data ./samples.csv
 
-  python -m edge_sdk --config /etc/edgetrain/device.toml
+  {prog} --config /etc/edgetrain/device.toml
 
-  python -m edge_sdk install-service --config /etc/edgetrain/device.toml --user edgetrain
+  {prog} install-service --config /etc/edgetrain/device.toml --user edgetrain
 """
 
 #: Sparse tables by input column for data indexed like MovieLens latest-small (user, movie): the
@@ -234,7 +234,7 @@ def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any
     device.__doc__ = ("Run a device: say hello to the server, train its share each round, reconnect when the "
                       "connection drops, and wait for the next run when one ends.")
     app = typer.Typer(add_completion=False)
-    app.command(epilog=EXAMPLES)(device)
+    app.command(epilog=EXAMPLES.format(prog=prog))(device)
     try:
         typer.main.get_command(app).main(args=list(argv), prog_name=prog, standalone_mode=False)
     except typer.TyperException as e:
