@@ -1,73 +1,44 @@
-"""``python -m edge_sdk``: run one device against an orchestrator until training is over.
+"""``python -m edge_sdk``: a device, from a one-off run to a service on a board.
 
-The device's own entry point, so it ships with the device SDK and imports nothing outside it
-(argparse, not the orchestrator's typer app): a board needs only ``edge_sdk`` and its
-dependencies. ``edgetrain device`` (the orchestrator's command line) wraps it and adds
-``--device-class``; emulated devices (``orchestrator.emulation.device``) reuse its data loading.
+The device's own entry point ships with the device SDK and imports nothing outside it (typer, the
+command-line library of every ``edgetrain`` command, loads only when a command line is parsed).
+``edgetrain device`` runs the same command with ``--device-class`` added (the budgets of device
+classes live on the planning side). Every option is also a key of the ``--config`` file
+(:mod:`edge_sdk.settings`); the device keeps running (reconnecting with backoff, waiting for the
+next run) unless ``--once``; ``python -m edge_sdk install-service`` writes its systemd unit.
 
-    python -m edge_sdk --server ws://host:8765 --id phone-1 --budget 300MiB --data digits --client 0 --num-clients 4
+Errors a user can fix print one line and exit non-zero: 2 for a bad option, config file or data
+source, 3 when the server refuses the device, 1 for the rest; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from edge_sdk.units import parse_size
+__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "MOVIELENS_TABLES", "device_config", "event_printer", "load_shard",
+           "local_data", "main", "partition_indices", "private_heat"]
 
-__all__ = ["build_parser", "device_config", "event_printer", "load_shard", "main", "partition_indices", "run"]
+#: Exit status of a wrong option, config file or data source (restarting will not help).
+EXIT_USAGE = 2
+#: Exit status when the server refuses the device (bad credential, budget too small): final too.
+EXIT_REFUSED = 3
 
+EXAMPLES = """Examples:
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+  {prog} --server ws://10.0.0.2:8765 --id board-7 --budget 300MiB --data ./samples.csv
 
+  {prog} --config /etc/edgetrain/device.toml
 
-def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
-    """The device's options; a wrapper may add its own before parsing."""
-    ap = argparse.ArgumentParser(prog=prog, description="Run one device: say hello, follow the plan, train its "
-                                                        "share each round until the server is done.")
-    ap.add_argument("--server", default="ws://127.0.0.1:8765", help="orchestrator URL (wss://... for TLS)")
-    ap.add_argument("--id", dest="device_id", required=True, help="this device's id")
-    ap.add_argument("--budget", type=_size, default=None,
-                    help="declared memory budget, e.g. 512MiB (default: probe this machine)")
-    ap.add_argument("--data", default="digits", help="local dataset")
-    ap.add_argument("--data-root", default=None, help="folder holding the datasets")
-    ap.add_argument("--data-limit", type=int, default=None, help="use only the dataset's first N training samples")
-    ap.add_argument("--partition", default="iid", help="iid, dirichlet:ALPHA or natural")
-    ap.add_argument("--client", type=int, default=0, help="this device's index in the partition")
-    ap.add_argument("--num-clients", type=int, default=1, help="how many devices the dataset is split across")
-    ap.add_argument("--seed", type=int, default=0, help="partition seed (the same on every device)")
-    ap.add_argument("--token", default="", help="shared token the server expects (a lab setting)")
-    ap.add_argument("--secret-file", default=None,
-                    help="file holding this device's enrolled credential (edgetrain device enroll); each hello "
-                         "proves it without sending it")
-    ap.add_argument("--tls-ca", default=None, help="for wss://: trust only this PEM file (a private CA or the "
-                                                   "server's self-signed certificate); default: the system's")
-    ap.add_argument("--threads", type=int, default=1, help="threads for ONNX Runtime and torch")
-    ap.add_argument("--storage", default="auto", choices=("auto", "memory", "disk"),
-                    help="where cached activations live")
-    ap.add_argument("--json-events", action="store_true", help="print events as JSON lines on stdout")
-    ap.add_argument("--reconnect-retries", type=int, default=30, help="reconnect attempts after a lost connection")
-    ap.add_argument("--private-heat", type=float, default=None, metavar="EPSILON",
-                    help="report which table rows the data touches as randomized-response bits with this epsilon "
-                         "(FedSubAvg's private heat) and download them padded with decoys, never the true rows")
-    ap.add_argument("--table-rows", action="append", type=_table_rows, default=[], metavar="COLUMN=ROWS",
-                    help="for --private-heat: rows of the sparse table input column COLUMN indexes; repeatable "
-                         "(default for MovieLens-indexed data: the zoo recommender's, 0=611 and 1=9742)")
-    ap.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="KEY=VALUE",
-                    help="a label sent in the hello, for the server's strategy (e.g. priority=1 for FedALIGN, "
-                         "internal=1 for VaRSeL); repeatable")
-    return ap
-
+  {prog} install-service --config /etc/edgetrain/device.toml --user edgetrain
+"""
 
 #: Sparse tables by input column for data indexed like MovieLens latest-small (user, movie): the
 #: zoo recommender's tables, so --private-heat needs no --table-rows there.
@@ -75,48 +46,59 @@ MOVIELENS_TABLES: dict[str, int] = {"0": 611, "1": 9_742}
 _DATASET_TABLES: dict[str, dict[str, int]] = {"movielens": MOVIELENS_TABLES, "synthetic_ratings": MOVIELENS_TABLES}
 
 
-def _table_rows(text: str) -> tuple[str, int]:
-    column, sep, rows = text.partition("=")
-    if not sep or not column.strip().isdigit() or not rows.strip().isdigit() or int(rows) < 1:
-        raise argparse.ArgumentTypeError(f"expected COLUMN=ROWS with a column number and a row count, not {text!r}")
-    return str(int(column)), int(rows)
+class UsageProblem(ValueError):
+    """A setting that does not work, named as the user gave it (exit status 2)."""
 
 
-def private_heat(args: argparse.Namespace):
-    """The device's private-heat settings from ``--private-heat`` and ``--table-rows`` (None without them).
+def _pairs(items: Sequence[str], option: str, what: str) -> list[tuple[str, str]]:
+    out = []
+    for text in items:
+        key, eq, value = text.partition("=")
+        if not eq or not key.strip():
+            raise UsageProblem(f"{option}: expected {what}, got {text!r}")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def private_heat(args: Any):
+    """The device's private-heat settings from ``private_heat`` and ``table_rows`` (None without them).
 
     The bit vector of a table has one bit per row, so the device must know each table's size: given,
     or the recommender's for MovieLens-indexed data. Raises ValueError naming what is missing."""
     from edge_sdk.privacy import PrivateHeat
 
     epsilon = getattr(args, "private_heat", None)
-    given = dict(getattr(args, "table_rows", None) or [])
+    given: dict[str, int] = {}
+    for column, rows in _pairs(getattr(args, "table_rows", None) or [], "--table-rows", "COLUMN=ROWS"):
+        if not column.isdigit() or not rows.isdigit() or int(rows) < 1:
+            raise UsageProblem(f"--table-rows: expected COLUMN=ROWS with a column number and a row count, "
+                               f"not {column}={rows}")
+        given[str(int(column))] = int(rows)
     if epsilon is None:
         if given:
-            raise ValueError("--table-rows is for --private-heat")
+            raise UsageProblem("--table-rows is for --private-heat")
         return None
     tables = given or _DATASET_TABLES.get(args.data)
     if not tables:
-        raise ValueError(f"--private-heat needs --table-rows COLUMN=ROWS for {args.data!r} data "
-                         "(the sizes of the model's sparse tables)")
-    return PrivateHeat(float(epsilon), tables)
+        raise UsageProblem(f"--private-heat needs --table-rows COLUMN=ROWS for {args.data!r} data "
+                           "(the sizes of the model's sparse tables)")
+    try:
+        return PrivateHeat(float(epsilon), tables)
+    except ValueError as e:
+        raise UsageProblem(f"--private-heat: {e}") from None
 
 
-def _read_secret(path: str | None) -> str:
+def _read_secret(path: str) -> str:
     """The credential in ``path`` (surrounding whitespace dropped), or "" without one."""
-    if path is None:
+    if not path:
         return ""
-    secret = Path(path).read_text().strip()
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as e:
+        raise UsageProblem(f"--secret-file: cannot read {path}: {e.strerror or e}") from None
     if not secret:
-        raise SystemExit(f"{path} holds no credential")
+        raise UsageProblem(f"--secret-file: {path} holds no credential")
     return secret
-
-
-def _label(text: str) -> tuple[str, str]:
-    key, eq, value = text.partition("=")
-    if not eq or not key.strip():
-        raise argparse.ArgumentTypeError(f"a label is KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
 
 
 def partition_indices(dataset, partition: str, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -131,8 +113,8 @@ def partition_indices(dataset, partition: str, num_clients: int, seed: int) -> l
 
 def load_shard(data: str, *, client: int, num_clients: int, partition: str = "iid", seed: int = 0,
                data_root: str | None = None, data_limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """This device's share of the training split, copied out of a memory-mapped dataset (the
-    device never holds the whole dataset). ValueError for a client outside the partition."""
+    """This device's share of a research dataset's training split, copied out of a memory-mapped
+    copy (the device never holds the whole dataset). ValueError for a client outside the partition."""
     from edge_sdk.data import load_dataset
 
     dataset = load_dataset(data, root=Path(data_root) if data_root else None, split="train", limit=data_limit,
@@ -144,51 +126,194 @@ def load_shard(data: str, *, client: int, num_clients: int, partition: str = "ii
     return np.asarray(dataset.x[idx]), np.asarray(dataset.y[idx])
 
 
+def _from_function(spec: str):
+    """``package.module:function``: the function's return value (a source, arrays, or batches)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise UsageProblem(f"--data: cannot load {spec}: {e}") from None
+    return fn() if callable(fn) else fn
+
+
+def local_data(s: Any):
+    """The device's data source as the settings name it (``--data``): a research dataset's share,
+    an image folder, a table, or what ``package.module:function`` returns. Called again for each
+    run, so data that arrived since is trained in the next one."""
+    from edge_sdk.data import DATASET_NAMES, DatasetUnavailable
+    from edge_sdk.data.sources import (TABLE_SUFFIXES, ArraySource, DataSourceError, ImageFolderSource,
+                                       TabularSource, as_source)
+
+    data = s.data
+    try:
+        if data in DATASET_NAMES:
+            try:
+                x, y = load_shard(data, client=s.client, num_clients=s.num_clients, partition=s.partition,
+                                  seed=s.seed, data_root=s.data_root or None, data_limit=s.data_limit)
+            except DatasetUnavailable as e:
+                raise UsageProblem(f"--data {data}: {e}") from None
+            except ValueError as e:
+                raise UsageProblem(f"--data {data}: {e} (see --client, --num-clients, --partition)") from None
+            return ArraySource(x, y)
+        path = Path(data)
+        if path.is_dir():
+            size = tuple(int(v) for v in s.image_size.split("x")) if s.image_size else None
+            return ImageFolderSource(path, size=size, mode=s.image_mode, flatten=s.flatten)  # type: ignore[arg-type]
+        if path.suffix.lower() in TABLE_SUFFIXES:
+            return TabularSource(path, label_column=s.label_column)
+        if ":" in data and not path.exists():
+            return as_source(_from_function(data))
+    except DataSourceError as e:
+        raise UsageProblem(f"--data: {e}") from None
+    raise UsageProblem(f"--data: {data!r} is neither a folder of images, a {'/'.join(TABLE_SUFFIXES)} file, "
+                       f"package.module:function nor a dataset ({', '.join(DATASET_NAMES)})")
+
+
 def event_printer(json_events: bool) -> Callable[[str, dict], None]:
     """Events as JSON lines on stdout (for a supervisor), or readable lines on stderr."""
+    from edge_sdk.logs import describe
 
     def on_event(kind: str, payload: dict) -> None:
         if json_events:
             print(json.dumps({"event": kind, **payload}, default=str), flush=True)
         else:
-            print(f"{kind}: {payload}", file=sys.stderr, flush=True)
+            print(describe(kind, payload), file=sys.stderr, flush=True)
 
     return on_event
 
 
-def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, device_class: str = ""):
-    """The client's settings from parsed options; the budget is ``--budget``, else ``budget_bytes``,
+def device_config(s: Any, *, budget_bytes: int | None = None):
+    """The client's settings; the budget is ``--budget``, else ``budget_bytes`` (a device class's),
     else what this machine offers (:func:`edge_sdk.probe.probe`)."""
     from edge_sdk.client import DeviceConfig
+    from edge_sdk.settings import FOREVER
 
-    budget = args.budget if args.budget is not None else budget_bytes
+    budget = s.budget if s.budget is not None else budget_bytes
     if budget is None:
         from edge_sdk.probe import probe
 
         budget = probe().budget_bytes
-    return DeviceConfig(server=args.server, device_id=args.device_id, budget_bytes=budget, cores=args.threads,
-                        device_class=device_class, token=args.token, secret=_read_secret(args.secret_file),
-                        storage=args.storage, threads=args.threads,
-                        max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
-                        labels=dict(getattr(args, "labels", None) or []), private_heat=private_heat(args))
+    return DeviceConfig(server=s.server, device_id=s.device_id, budget_bytes=budget, cores=s.threads,
+                        device_class=s.device_class, token=s.token, secret=_read_secret(s.secret_file),
+                        storage=s.storage, threads=s.threads, backend=s.backend,
+                        work_dir=Path(s.work_dir) if s.work_dir else None,
+                        max_retries=None if s.reconnect_retries == FOREVER else s.reconnect_retries,
+                        max_backoff_s=s.reconnect_max_delay, tls_ca=s.tls_ca or None,
+                        labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s))
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_bytes: int | None = None,
-        device_class: str = "") -> None:
-    """Run the device the options parsed by ``parser`` describe (see :func:`device_config` for the
-    budget); a data option that does not work (unknown dataset or partition, client outside the
-    partition) is reported by ``parser`` as a usage error."""
-    from edge_sdk.client import DeviceClient
+def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """The command line's values by setting name (None: not given) and ``--config``; (None, None)
+    after ``--help``. A usage error raises :class:`UsageProblem`."""
+    import inspect
+    from typing import List, Optional
+
+    import typer
+
+    from edge_sdk.settings import option_flag, settings_fields
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("config", kw, annotation=Optional[str], default=typer.Option(
+        None, "--config", metavar="FILE", help="TOML file of settings: every option below without its dashes "
+                                               "(data-root = \"/data\"); options given here win"))]
+    for f in settings_fields(wrapper=wrapper):
+        kind, choices = f.metadata["kind"], f.metadata["choices"]
+        annotation = Optional[bool] if kind is bool else Optional[List[str]] if kind is list else Optional[str]
+        default = f" (default: {f.default})" if f.default not in (None, "", False) and kind is not list else ""
+        metavar = f.metadata["metavar"] or "|".join(choices) or ("" if kind is bool else kind.__name__.upper())
+        params.append(inspect.Parameter(f.name, kw, annotation=annotation, default=typer.Option(
+            None, option_flag(f), help=f.metadata["help"] + default, metavar=metavar)))
+    seen: dict[str, Any] = {}
+
+    def device(**values: Any) -> None:
+        seen.update(values)
+
+    device.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    device.__doc__ = ("Run a device: say hello to the server, train its share each round, reconnect when the "
+                      "connection drops, and wait for the next run when one ends.")
+    app = typer.Typer(add_completion=False)
+    app.command(epilog=EXAMPLES.format(prog=prog))(device)
+    try:
+        typer.main.get_command(app).main(args=list(argv), prog_name=prog, standalone_mode=False)
+    except typer.TyperException as e:
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        raise UsageProblem(f"{message} (see {prog} --help)") from None
+    if not seen:
+        return None, None
+    config = seen.pop("config")
+    return seen, config
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m edge_sdk",
+         device_class_budget: Callable[[str], int] | None = None) -> None:
+    """Run the device command (or ``install-service``) and exit with its status.
+
+    ``device_class_budget`` (given by ``edgetrain device``) adds ``--device-class``: the budget of a
+    named device class, raising ValueError for an unknown one."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install-service"]:
+        from edge_sdk.systemd import install_service
+
+        raise SystemExit(install_service(argv[1:], prog=f"{prog} install-service"))
+    debug = "--debug" in argv
+    try:
+        status = _device(argv, prog, device_class_budget)
+    except KeyboardInterrupt:
+        status = 130
+    except Exception as e:
+        if debug:
+            raise
+        from edge_sdk.client import DeviceRefused
+
+        if isinstance(e, DeviceRefused):
+            status = _fail(f"the server refused this device: {e}", EXIT_REFUSED)
+        elif isinstance(e, UsageProblem):
+            status = _fail(str(e), EXIT_USAGE)
+        else:
+            status = _fail(f"{str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                           "(--debug shows the traceback)", 1)
+    raise SystemExit(status)
+
+
+def _device(argv: list[str], prog: str, device_class_budget: Callable[[str], int] | None) -> int:
+    from edge_sdk.settings import SettingError, load_settings
+
+    given, config = _parse(argv, prog, wrapper=device_class_budget is not None)
+    if given is None:
+        return 0
+    try:
+        s = load_settings(given, config, wrapper=device_class_budget is not None)
+    except SettingError as e:
+        raise UsageProblem(str(e)) from None
+    from edge_sdk.logs import configure_logging, event_logger
 
     try:
-        x, y = load_shard(args.data, client=args.client, num_clients=args.num_clients, partition=args.partition,
-                          seed=args.seed, data_root=args.data_root, data_limit=args.data_limit)
-        config = device_config(args, budget_bytes=budget_bytes, device_class=device_class)
-    except ValueError as e:
-        parser.error(str(e))
-    asyncio.run(DeviceClient(config, x, y, on_event=event_printer(args.json_events)).run())
+        configure_logging(s.log_format, s.log_file, s.log_level)
+    except OSError as e:
+        raise UsageProblem(f"--log-file: cannot write {s.log_file}: {e.strerror or e}") from None
+    budget = None
+    if s.device_class and s.budget is None and device_class_budget is not None:
+        try:
+            budget = device_class_budget(s.device_class)
+        except ValueError as e:
+            raise UsageProblem(f"--device-class: {e}") from None
+    on_event = event_printer(True) if s.json_events else event_logger()
+    config_ = device_config(s, budget_bytes=budget)
+    first = [local_data(s)]  # a data source that does not work fails here, before any connection
 
+    from edge_sdk.client import DeviceClient
+    from edge_sdk.service import run_service
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser()
-    run(parser.parse_args(argv), parser)
+    def client() -> DeviceClient:
+        return DeviceClient(config_, first.pop() if first else local_data(s), on_event=on_event)
+
+    asyncio.run(run_service(client, once=s.once, max_delay_s=s.reconnect_max_delay, on_event=on_event))
+    logging.getLogger("edgetrain.device").info("stopped")
+    return 0

@@ -37,6 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
+from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
 from edge_sdk.privacy import PrivateHeat, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
@@ -75,8 +76,8 @@ class DeviceConfig:
     threads: int = 1
     forward_batch: int = 0  # batch of the multi-step forward pass; 0: the planned batch size
     reconnect: bool = True
-    max_retries: int = 30
-    max_backoff_s: float = 5.0
+    max_retries: int | None = 30  # reconnect attempts in a row; None: forever (a service)
+    max_backoff_s: float = 5.0  # the longest wait between two attempts
     frame_size: int = p.DEFAULT_FRAME_SIZE
     tls_ca: str | None = None  # for a wss:// server: trust only this PEM file (private CA, self-signed)
     #: Training backend: "torch", "onnxruntime" (training graphs, never imports torch), or "auto"
@@ -160,6 +161,19 @@ def instruction_width(ins: p.Instruction) -> float:
     return float(value)
 
 
+def backoff_delay(attempt: int, max_delay_s: float, *, first_s: float = 0.2) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): doubling from ``first_s``, capped at
+    ``max_delay_s``, with jitter (a random 50-100%) so a fleet that lost its server at once does not
+    come back at once."""
+    return min(max_delay_s, first_s * 2 ** min(attempt, 32)) * (0.5 + random.random() / 2)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line on why a connection failed ("Connection refused", "server closed: 1012 ...")."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
 def device_seed(round_seed: int, device_id: str) -> int:
     """The local sampling seed: differs per device and round, the same on every run (no salted hash())."""
     return (round_seed * 1_000_003 + zlib.crc32(device_id.encode())) % (1 << 31)
@@ -189,20 +203,27 @@ def declared_rows(x: np.ndarray) -> dict[str, list[int]]:
 class DeviceClient:
     """Runs a device against an orchestrator until the server says goodbye.
 
+    ``data`` is the device's local data: a :class:`~edge_sdk.data.sources.DataSource` (an image
+    folder, a table, batches from the app), or arrays ``x`` and ``y`` (``DeviceClient(config, x, y)``).
     ``connect`` opens the connection (``websockets.asyncio.client.connect`` by default); emulation
     passes a wrapper that injects faults.
     """
 
     def __init__(
-        self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, *,
+        self, config: DeviceConfig, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
         on_event: Callable[[str, dict], None] | None = None,
         connect: Callable[..., Any] | None = None,
     ) -> None:
+        source = as_source(data, y)
+        x, y = source_arrays(source)
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
         tune_allocator()
         self.config = config
         self.x, self.y = x, y
+        #: What the local data is, for the hello: one sample's shape and the label count (None: regression).
+        self.input_shape: tuple[int, ...] = tuple(source.input_shape)
+        self.num_classes: int | None = source.num_classes
         self.rows = declared_rows(x)
         self.row_bits: dict[str, bytes] = {}
         if config.private_heat is not None:
@@ -220,7 +241,8 @@ class DeviceClient:
 
     # -- connection -----------------------------------------------------------------------
     async def run(self) -> list[RoundReport]:
-        """Connect (and reconnect with exponential backoff) until the server sends ``Bye``."""
+        """Connect (and reconnect with exponential backoff and jitter) until the server sends ``Bye``;
+        ``config.max_retries`` None retries forever (a service waiting for its server)."""
         attempt = 0
         try:
             while True:
@@ -230,11 +252,14 @@ class DeviceClient:
                         if await self._session(Channel(ws, DeviceSession(), self.limits)):
                             return self.reports
                 except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
-                    if not self.config.reconnect or attempt >= self.config.max_retries:
-                        raise ConnectionError(f"{self.config.device_id}: lost the server after {attempt} retries: {exc}") from exc
-                    delay = min(self.config.max_backoff_s, 0.2 * 2**attempt) * (0.5 + random.random() / 2)
+                    retries = self.config.max_retries
+                    if not self.config.reconnect or (retries is not None and attempt >= retries):
+                        raise ConnectionError(f"{self.config.device_id}: lost the server {self.config.server} after "
+                                              f"{attempt} retries: {_reason(exc)}") from exc
+                    delay = backoff_delay(attempt, self.config.max_backoff_s)
                     attempt += 1
-                    self.on_event("reconnect", {"device": self.config.device_id, "attempt": attempt, "delay_s": delay})
+                    self.on_event("reconnect", {"device": self.config.device_id, "server": self.config.server,
+                                                "attempt": attempt, "delay_s": round(delay, 2), "error": _reason(exc)})
                     await asyncio.sleep(delay)
         finally:
             self._drop_progress()

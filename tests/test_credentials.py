@@ -110,7 +110,7 @@ def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) 
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "edge_sdk", "--server", url, "--id", device_id, "--budget", "2GiB",
                 "--data", "synthetic", "--client", str(client), "--num-clients", "2", "--secret-file",
-                str(tmp_path / secret), "--reconnect-retries", "0", cwd=root,
+                str(tmp_path / secret), "--reconnect-retries", "0", "--once", cwd=root,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = await proc.communicate()
             return proc.returncode, err.decode()

@@ -66,9 +66,9 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
         url = f"ws://127.0.0.1:{orch.port}"
         argvs = [
             ["-m", "edge_sdk", "--server", url, "--id", "sdk-0", "--budget", "1GiB", "--client", "0",
-             "--num-clients", "2", "--json-events"],
+             "--num-clients", "2", "--json-events", "--once"],
             ["-m", "orchestrator.cli", "device", "--server", url, "--id", "cli-1", "--device-class", "pi-4-2gb",
-             "--client", "1", "--num-clients", "2", "--json-events"],
+             "--client", "1", "--num-clients", "2", "--json-events", "--once"],
         ]
         procs = [await asyncio.create_subprocess_exec(sys.executable, *argv, cwd=REPO, env=device_env(),
                                                       stdout=asyncio.subprocess.PIPE,

@@ -4,11 +4,8 @@ from ONNX training graphs, in a mixed fleet with a torch device, to today's accu
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import gzip
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from orchestrator.emulation.launch import DeviceLaunch
 from orchestrator.fleetview import summarise_run
 from orchestrator.emulation.localfleet import role_budgets, run_local_fleet
 from orchestrator.store import Store
+from tests.conftest import _digits_csv
 
 pytestmark = pytest.mark.slow
 
@@ -44,43 +42,6 @@ def test_pip_install_gives_a_device_without_torch_and_train_adds_it() -> None:
     assert not core & {"torch", "onnx", "onnxscript"}, core
     assert {"onnxruntime", "numpy", "msgpack", "websockets"} <= core
     assert "torch" in _names(project["optional-dependencies"]["train"])
-
-
-def _digits_csv() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("sklearn")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
-
-
-@pytest.fixture(scope="session")
-def no_torch_python(request: pytest.FixtureRequest) -> str:
-    """A venv with the core dependencies and the project (--no-deps), built once and kept in
-    pytest's cache; a lock keeps parallel test workers from building it twice."""
-    base = request.config.cache.mkdir("edgetrain-venv-no-torch")
-    venv, stamp = base / "venv", base / "ready"
-    python = venv / "bin" / "python"
-    with open(base / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), *CORE], check=True)
-            subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
-            # The digits CSV that ships inside scikit-learn, where the loader looks for it (a
-            # namespace folder named sklearn holding only the data file, none of its code).
-            purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                     check=True, capture_output=True, text=True).stdout.strip()
-            target = Path(purelib) / "sklearn" / "datasets" / "data"
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(_digits_csv(), target / "digits.csv.gz")
-            stamp.write_text("ok\n")
-    probe = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
-                           check=True, capture_output=True, text=True, cwd="/")
-    assert probe.stdout.strip() == "True", "the venv has torch"
-    return str(python)
 
 
 def test_digits_csv_is_readable() -> None:

@@ -41,7 +41,7 @@ async def _run(tmp: Path, strategy: str, options: dict, devices: dict[int, list[
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{orch.port}", "--id", f"dev-{i}",
             "--budget", "4GiB", "--data", "synthetic", "--client", str(i), "--num-clients", str(NUM_CLIENTS),
-            "--partition", "dirichlet:0.3", *extra, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            "--partition", "dirichlet:0.3", "--once", *extra, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         ))
     history = await asyncio.wait_for(server, timeout=240)
     outs = await asyncio.gather(*(p.communicate() for p in procs))

@@ -116,7 +116,7 @@ async def _run_cli_device(tmp_path, *extra: str) -> tuple[Recording, int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{orch.port}", "--id", "cli-0",
         "--budget", "4GiB", "--data", "synthetic_ratings", "--partition", "natural", "--num-clients", "40",
-        "--private-heat", "1.5", *extra, cwd=Path(__file__).resolve().parents[1],
+        "--private-heat", "1.5", "--once", *extra, cwd=Path(__file__).resolve().parents[1],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     await asyncio.wait_for(server, timeout=120)
     _, err = await proc.communicate()

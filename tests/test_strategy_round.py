@@ -43,7 +43,7 @@ async def _run(tmp_path: Path) -> tuple[Orchestrator, TwoPhaseRows, list[tuple[s
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{orch.port}", "--id", f"dev-{i}",
             "--budget", "4GiB", "--data", "synthetic_ratings", "--client", str(i), "--num-clients", str(DEVICES),
-            "--json-events", cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            "--json-events", "--once", cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for i in range(DEVICES)
     ]

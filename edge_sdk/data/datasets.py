@@ -198,7 +198,7 @@ def _mapped(name: str, root: Path | str | None, split: str, limit: int | None, c
 def _require(path: Path, name: str) -> Path:
     if not path.exists():
         raise DatasetUnavailable(
-            f"{name} not found at {path}; point root= or ${DATA_ENV} at the datasets folder "
+            f"{name} not found at {path}; point --data-root (root= in Python) or ${DATA_ENV} at the datasets folder "
             f"(see its README); nothing is downloaded at run time"
         )
     return path

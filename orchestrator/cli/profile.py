@@ -32,14 +32,21 @@ def profile(
     optimizer_copies: int = typer.Option(1, help="Optimizer state per parameter: 0 SGD, 1 SGD+momentum, 2 Adam."),
     list_devices: bool = typer.Option(False, "--list-devices", help="List the device classes and exit."),
     refresh_runtime: bool = typer.Option(False, "--refresh-runtime", help="Measure the runtimes' memory again."),
+    measure: bool = typer.Option(False, "--measure", help="Measure this machine's runtimes (on the board itself; "
+                                                          "needs no torch) and print them as a device class's "
+                                                          "[runtime] table."),
 ) -> None:
     """Per-block memory of a model, and the role, split and footprint a device gets.
 
-    Without --device or --budget, plans for every device class.
+    Without --device or --budget, plans for every device class. Example: edgetrain profile --model
+    leaf_cnn --device pi-zero-2w; on a board: edgetrain profile --measure.
     """
     from orchestrator.cli import console as wide_console
 
     console = wide_console()
+    if measure:
+        _print_measured(console)
+        return
     if list_devices:
         _print_devices(console)
         return
@@ -82,6 +89,23 @@ def profile(
         _print_plan(console, cost, batch, memory, runtime, budget_bytes, None, samples)
     else:
         _print_fleet(console, cost, batch, memory, runtime, samples)
+
+
+def _print_measured(console: Console) -> None:
+    """The runtimes' memory measured here, in fresh processes, as TOML for a device class file:
+    only the figures of runtimes installed here (a board without torch gives the ONNX Runtime ones)."""
+    import importlib.util
+
+    from profiles.runtime import RUNTIME_FIELDS, measure_runtime
+    from profiles.units import format_size
+
+    figures = measure_runtime()
+    has_torch = importlib.util.find_spec("torch") is not None
+    console.print(f"# runtime memory measured on this machine ({figures.source}); paste into its device class file")
+    console.print("[runtime]", markup=False)
+    for name in RUNTIME_FIELDS:
+        if has_torch or "torch" not in name:
+            console.print(f'{name} = "{format_size(getattr(figures, name))}"', markup=False)
 
 
 def _print_devices(console: Console) -> None:

@@ -95,18 +95,14 @@ def device(ctx: typer.Context) -> None:
         return
 
     # The device's own entry point (python -m edge_sdk), plus what only the planning side knows:
-    # the budgets of device classes.
-    parser = device_cli.build_parser(prog="edgetrain device")
-    parser.add_argument("--device-class", default=None,
-                        help="declare the budget of a device class (profiles/devices) unless --budget is given")
-    args = parser.parse_args(ctx.args)
-    budget = None
-    if args.device_class is not None and args.budget is None:
+    # the budgets of device classes (--device-class).
+    def class_budget(name: str) -> int:
         try:
-            budget = load_device_class(args.device_class).budget_bytes
+            return load_device_class(name).budget_bytes
         except DeviceClassError as e:
-            parser.error(f"--device-class: {e}")
-    device_cli.run(args, parser, budget_bytes=budget, device_class=args.device_class or "")
+            raise ValueError(str(e)) from None
+
+    device_cli.main(ctx.args, prog="edgetrain device", device_class_budget=class_budget)
 
 
 CREDENTIAL_COMMANDS = ("enroll", "revoke", "list")
