@@ -146,11 +146,19 @@ def centered_clip(rows: Sequence[Sequence[np.ndarray]], center: Sequence[np.ndar
 @dataclass
 class RobustHistory:
     """What centered clipping carries from round to round: every entry's last aggregate (the
-    center) and every group's last radius (so a group with too few contributors to read one off
-    them is still clipped). Held by the strategy, in memory: a restarted server starts afresh."""
+    center) and every entry's last radius, the median distance of its contributors to its center
+    when it had 3 or more (so a group with too few contributors to read a radius off them is still
+    clipped: at sqrt(sum of its entries' radii squared)). Held by the strategy, in memory: a
+    restarted server starts afresh."""
 
     centers: dict[str, np.ndarray] = field(default_factory=dict)
-    radii: dict[tuple[str, ...], float] = field(default_factory=dict)
+    radii: dict[str, float] = field(default_factory=dict)
+
+    def radius(self, entries: Sequence[str]) -> float | None:
+        """The radius history gives a group of ``entries``, if every one of them has one."""
+        if not all(e in self.radii for e in entries):
+            return None
+        return math.sqrt(sum(self.radii[e] ** 2 for e in entries))
 
 
 @dataclass(frozen=True)
@@ -253,13 +261,16 @@ class RobustRound:
         radius: float | None = self.clip_radius if self.clip_radius > 0 else None
         note = ""
         if radius is None and len(devices) < MIN_ADAPTIVE:
-            radius = self.history.radii.get(entries)
-            note = (f"{len(devices)} contributors: radius of an earlier round" if radius is not None
+            radius = self.history.radius(entries)
+            note = (f"{len(devices)} contributors: radius from earlier rounds" if radius is not None
                     else f"{len(devices)} contributors and no earlier radius: not clipped")
             radius = math.inf if radius is None else radius
+        elif len(devices) >= MIN_ADAPTIVE:
+            for i, e in enumerate(entries):  # per entry, for groups of other shapes in later rounds
+                c = np.asarray(center[i], np.float64)
+                self.history.radii[e] = float(np.median([np.linalg.norm(np.asarray(row[i], np.float64) - c)
+                                                         for row in rows]))
         out, tau, clipped = centered_clip(rows, center, radius)
-        if self.clip_radius <= 0 and len(devices) >= MIN_ADAPTIVE:
-            self.history.radii[entries] = tau
         return out, GroupOutcome(entries, devices, "centered_clip", clipped=tuple(devices[i] for i in clipped),
                                  radius=tau, note=note)
 
