@@ -35,7 +35,8 @@ from edge_sdk.protocol import RowSparse, Scalar
 from orchestrator.rounds import RoundState, sample_devices
 from orchestrator.selection import Selection
 from orchestrator.strategies.options import typed_init
-from orchestrator.values import Range
+from orchestrator.strategies.robust import AGGREGATIONS, Aggregation, RobustHistory, RobustRound, WeightCap
+from orchestrator.values import NonNegative, NonNegativeInt, Range
 
 Weighting = Literal["samples", "uniform"]
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
@@ -235,10 +236,15 @@ class WeightedSums:
     ``num_batches_tracked``) are counters, not parameters: they take the largest value any
     contributor reached (old + max delta), so averaging cannot make them fractional.
     Memory is O(model): one accumulator (and at most one weight array) per entry touched.
+
+    ``max_share`` < 1 caps every device's weight in each whole entry's average at that share of
+    the entry's total (:class:`~orchestrator.strategies.robust.WeightCap`; it keeps the deltas of
+    the few heaviest contributors per entry until the round closes).
     """
 
-    def __init__(self, global_state: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, global_state: Mapping[str, np.ndarray], max_share: float = 1.0) -> None:
         self._global = global_state
+        self._cap = WeightCap(max_share) if max_share < 1 else None
         self._sums: dict[str, np.ndarray] = {}
         self._dense_w: dict[str, float] = {}  # weight added to every element of the entry
         self._part_w: dict[str, np.ndarray] = {}  # weight of rows (shape [rows]) or slices (full shape)
@@ -249,8 +255,9 @@ class WeightedSums:
         self._loss = [0.0, 0.0, 0]
 
     def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
-            region: tuple[slice, ...] | np.ndarray | None = None) -> None:
-        """Add ``weight * delta`` to entry ``name``; ``region`` places a slice (slices) or rows (indices)."""
+            region: tuple[slice, ...] | np.ndarray | None = None, *, device: str = "") -> None:
+        """Add ``weight * delta`` to entry ``name``; ``region`` places a slice (slices) or rows (indices).
+        ``device`` names the contributor (the weight cap reports whom it capped)."""
         old = self._global[name]
         if old.dtype.kind != "f":
             if region is not None or isinstance(delta, RowSparse):
@@ -263,6 +270,8 @@ class WeightedSums:
         acc = self._sums.get(name)
         if acc is None:
             acc = self._sums[name] = np.zeros(old.shape, dtype=np.float64)
+        if self._cap is not None and (region is not None or isinstance(delta, RowSparse)):
+            raise ValueError(f"the weight cap takes whole-entry deltas; {name!r} came as a slice or rows")
         if isinstance(delta, RowSparse):
             rows = delta.indices
             # acc[rows] += w * values: rows are unique (checked on decode), so fancy assignment is exact.
@@ -274,6 +283,8 @@ class WeightedSums:
         elif region is None:
             np.add(acc, np.multiply(delta, weight, dtype=np.float64), out=acc)
             self._dense_w[name] = self._dense_w.get(name, 0.0) + weight
+            if self._cap is not None:
+                self._cap.track(name, weight, delta, device)
         else:
             view = acc[region]
             np.add(view, np.multiply(delta, weight, dtype=np.float64), out=view)
@@ -289,7 +300,7 @@ class WeightedSums:
             region = None if isinstance(delta, RowSparse) else report.selection.region(name)
             if isinstance(region, np.ndarray):
                 region = None  # a row entry always arrives as RowSparse
-            self.add(name, delta, weight, region)
+            self.add(name, delta, weight, region, device=report.device_id)
         self.note(report)
 
     def note(self, report: DeviceReport) -> None:
@@ -326,6 +337,10 @@ class WeightedSums:
                 state[name] = np.asarray(old + acc, dtype=old.dtype)
                 continue
             w = self.weights(name)
+            if self._cap is not None:
+                taken, removed = self._cap.correction(name)
+                if taken is not None:
+                    acc, w = acc - taken, w - removed
             s = 1.0 if scale is None else scale.get(name, 1.0)
             if isinstance(w, float):
                 state[name] = np.asarray(old.astype(np.float64) + s * (acc / w), dtype=old.dtype)
@@ -335,6 +350,12 @@ class WeightedSums:
                 new = np.asarray(old.astype(np.float64) + s * mean, dtype=old.dtype)
                 state[name] = np.where(w_full > 0, new, old)
         return state
+
+    def extra(self) -> dict[str, object]:
+        """What the round's summary says about how the sums were taken (after :meth:`new_state`):
+        the devices the weight cap reduced, each with the fraction of its weight it kept."""
+        capped = self._cap.summary() if self._cap is not None else {}
+        return {"weight_capped": capped} if capped else {}
 
     def result(self, round: int, rejected: int, state: dict[str, np.ndarray] | None = None,
                extra: dict[str, object] | None = None) -> RoundResult:
@@ -348,69 +369,77 @@ class WeightedSums:
 
 
 class RobustStack(WeightedSums):
-    """Per-entry coordinate-wise median or trimmed mean of the contributors' deltas, for deployments
-    that expect hostile devices (Yin et al., 2018, "Byzantine-robust distributed learning": the
-    coordinate-wise median and the beta-trimmed mean). Unlike the running sums these keep every
-    contributor's delta until the round closes: O(devices x model) memory. Weights are not used
-    (a robust statistic must not let one device's claimed weight decide). Whole-entry deltas only:
-    rows and channel slices have contributors per element, which these statistics do not handle.
+    """The running sums' interface over a robust statistic (:mod:`orchestrator.strategies.robust`):
+    float entries go to a :class:`~orchestrator.strategies.robust.RobustRound`, aggregated per layer
+    group when the round closes; counters take the largest, as for the mean. Whole-entry deltas
+    only: rows and channel slices have contributors per element, which these statistics do not handle.
     """
 
-    def __init__(self, global_state: Mapping[str, np.ndarray], method: str, trim: float) -> None:
+    def __init__(self, global_state: Mapping[str, np.ndarray], robust: RobustRound) -> None:
         super().__init__(global_state)
-        self.method, self.trim = method, trim
-        self._stacks: dict[str, list[np.ndarray]] = {}
+        self.robust = robust
 
     def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
-            region: tuple[slice, ...] | np.ndarray | None = None) -> None:
+            region: tuple[slice, ...] | np.ndarray | None = None, *, device: str = "") -> None:
         if self._global[name].dtype.kind != "f":
             super().add(name, delta, weight, region)  # counters: the largest, as for the mean
             return
         if region is not None or isinstance(delta, RowSparse):
-            raise ValueError(f"{self.method} aggregation takes whole-entry deltas; {name!r} came as a slice or rows")
-        self._stacks.setdefault(name, []).append(np.array(delta, copy=True))
+            raise ValueError(f"{self.robust.method} aggregation takes whole-entry deltas; "
+                             f"{name!r} came as a slice or rows")
+        self.robust.add(device or f"#{len(self.devices)}", name, delta)
         self.counts[name] += 1
 
     def new_state(self, scale: Mapping[str, np.ndarray | float] | None = None) -> dict[str, np.ndarray]:
         state = super().new_state(scale)
-        for name, deltas in self._stacks.items():
-            stack = np.stack(deltas).astype(np.float64)
-            n = len(deltas)
-            k = int(self.trim * n)
-            if self.method == "median" or n - 2 * k < 1:
-                agg = np.median(stack, axis=0)
-            else:  # drop the k largest and k smallest values of every coordinate, average the rest
-                agg = np.sort(stack, axis=0)[k:n - k].mean(axis=0)
+        for name, agg in self.robust.aggregate().items():
             old = self._global[name]
             s = 1.0 if scale is None else scale.get(name, 1.0)
             state[name] = np.asarray(old.astype(np.float64) + s * agg, dtype=old.dtype)
         return state
 
-
-#: How AveragingStrategy combines the deltas of an entry's contributors.
-Aggregation = Literal["mean", "median", "trimmed_mean"]
-AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+    def extra(self) -> dict[str, object]:
+        return {"aggregation": self.robust.method, "groups": self.robust.summary()}
 
 
 class AveragingStrategy(Strategy):
     """One train phase; the new state is the per-element weighted mean of the folded deltas.
 
     w_i is the device's sample count (``weighting="samples"``) or 1 (``weighting="uniform"``).
-    ``aggregation="median"`` or ``"trimmed_mean"`` (dropping ``trim`` of the values at each end)
-    replace the mean by a robust statistic per coordinate (:class:`RobustStack`).
     Subclasses add admission rules (:meth:`admit`) or override :meth:`weight`.
+
+    ``aggregation`` other than ``"mean"`` replaces the mean by a robust statistic, taken per layer
+    group (the entries the same devices trained) over that group's contributors, unweighted
+    (:mod:`orchestrator.strategies.robust`): ``"median"``, ``"trimmed_mean"`` (``trim`` of the
+    values dropped at each end, at least one once there are three), ``"krum"`` / ``"multi_krum"``
+    (tolerating ``byzantine`` hostile devices per group; below 2 x byzantine + 3 contributors the
+    group takes the median) or ``"centered_clip"`` (radius ``clip_radius`` around the group's
+    previous aggregate; 0: the median of the contributors' distances to it).
+
+    ``max_weight_share`` caps any one device's weight in every entry's mean at that share of the
+    entry's total weight, whatever sample count it claims (fewer than 1 / share contributors get
+    equal weights). The default 1.0 keeps the plain sample-weighted mean, which the papers' update
+    rules and the seeded end-to-end results use; 1/3 means no device outweighs two others together.
     """
 
     def __init__(self, weighting: Weighting = "samples", aggregation: Aggregation = "mean",
-                 trim: Annotated[float, Range(0, 0.5, high_open=True)] = 0.1) -> None:
+                 trim: Annotated[float, Range(0, 0.5, high_open=True)] = 0.1, byzantine: NonNegativeInt = 1,
+                 clip_radius: NonNegative = 0.0,
+                 max_weight_share: Annotated[float, Range(0, 1, low_open=True)] = 1.0) -> None:
         self.weighting = weighting
         self.aggregation, self.trim = aggregation, trim
+        self.byzantine, self.clip_radius, self.max_weight_share = byzantine, float(clip_radius), float(max_weight_share)
+        self._history = RobustHistory()  # centered clipping's centers and radii, round to round
         self._sums: WeightedSums | None = None
         self._refused = 0
 
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
-        self._sums = (WeightedSums(ctx.global_state) if self.aggregation == "mean"
-                      else RobustStack(ctx.global_state, self.aggregation, self.trim))
+        if self.aggregation == "mean":
+            self._sums = WeightedSums(ctx.global_state, self.max_weight_share)
+        else:
+            self._sums = RobustStack(ctx.global_state, RobustRound(
+                self.aggregation, trim=self.trim, byzantine=self.byzantine, clip_radius=self.clip_radius,
+                history=self._history))
         self._refused = 0
         return super().configure(ctx)
 
@@ -435,4 +464,5 @@ class AveragingStrategy(Strategy):
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
         self._sums = None
-        return sums.result(ctx.round, self._refused)
+        state = sums.new_state()
+        return sums.result(ctx.round, self._refused, state, extra=sums.extra())

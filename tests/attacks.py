@@ -1,0 +1,147 @@
+"""Attacker devices for tests: the production client trains honestly, then tampers with its update.
+
+:class:`AttackerClient` is :class:`edge_sdk.client.DeviceClient` with one method wrapped:
+``DeviceClient._trained(ch, ins, prog)``, which returns the round's trained update (deltas, sample
+count, metrics) and caches it per model payload. The wrapper takes the honest update from it,
+replaces the cached one with the tampered copy once, and so every later use of that update (the
+train report, a resent report after a reconnect, a compare phase) sees the tampered deltas. Nothing
+else of the client changes: hello, downloads, uploads and acks are the production code's.
+
+:func:`run_fleet` runs a live :class:`~orchestrator.server.Orchestrator` over websockets on
+127.0.0.1 with in-process devices (one event loop, training in worker threads) and returns the
+round history. An honest device of the fleet is the same client without the wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk import protocol as p
+from edge_sdk.cli import load_shard
+from edge_sdk.client import DeviceClient, DeviceConfig
+from orchestrator.config import ServerConfig
+from orchestrator.localfleet import start_orchestrator
+
+__all__ = ["ATTACKS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet"]
+
+
+@dataclass(frozen=True)
+class Attack:
+    """What an attacker does to its honestly trained update before sending it.
+
+    Every float delta becomes ``scale * delta + shift`` (counters are left alone); ``claim`` times
+    its samples are claimed (its data repeated ``claim`` times: the hello and every report say so,
+    as a device that lies about its data would); ``split`` asks for that split (a budget chosen to
+    land there; the server must allow forced splits)."""
+
+    name: str
+    scale: float = 1.0
+    shift: float = 0.0
+    claim: int = 1
+    split: int | None = None
+
+    def tamper(self, deltas: Mapping[str, np.ndarray | p.RowSparse]) -> dict[str, np.ndarray | p.RowSparse]:
+        out: dict[str, np.ndarray | p.RowSparse] = {}
+        for name, d in deltas.items():
+            if isinstance(d, p.RowSparse):
+                out[name] = p.RowSparse(d.indices, self._apply(d.values), d.num_rows)
+            else:
+                out[name] = self._apply(d)
+        return out
+
+    def _apply(self, d: np.ndarray) -> np.ndarray:
+        if d.dtype.kind != "f":
+            return d
+        return np.asarray(d * self.scale + self.shift, dtype=d.dtype)
+
+
+#: The attacks of the suite. ``inflated`` sends a sign-flipped update behind a 100-fold sample claim
+#: (an inflated claim behind an honest update only shifts weight to honest data). ``lone`` sits
+#: alone at split 1 (blocks fc2..head of digits_mlp) and boosts its update tenfold.
+ATTACKS: dict[str, Attack] = {a.name: a for a in (
+    Attack("boost10", scale=10.0),
+    Attack("boost100", scale=100.0),
+    Attack("sign_flip", scale=-1.0),
+    Attack("constant", shift=1.0),
+    Attack("inflated", scale=-1.0, claim=100),
+    Attack("lone", scale=10.0, split=1),
+)}
+
+
+class AttackerClient(DeviceClient):
+    """The production client, tampering with each round's update (see the module docstring)."""
+
+    def __init__(self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, attack: Attack, **kwargs) -> None:
+        if attack.claim > 1:
+            x, y = np.concatenate([x] * attack.claim), np.concatenate([y] * attack.claim)
+        if attack.split is not None:
+            config = dataclasses.replace(config, labels={**config.labels, "force_split": str(attack.split)})
+        super().__init__(config, x, y, **kwargs)
+        self.attack = attack
+        self._sent: dict[tuple[int, str], object] = {}  # (round, payload) -> the tampered update
+
+    async def _trained(self, ch, ins, prog):  # type: ignore[override]
+        done = await super()._trained(ch, ins, prog)
+        key = (ins.round, ins.model_id)
+        if self._sent.get(key) is done:
+            return done
+        bad = dataclasses.replace(done, deltas=self.attack.tamper(done.deltas))
+        prog.trained[ins.model_id] = bad
+        self._sent = {key: bad}  # only this round's: earlier ones are no longer asked for
+        return bad
+
+
+@dataclass(frozen=True)
+class FleetDevice:
+    """One device of a test fleet: its id, its shard of the digits training split, an optional
+    forced split, and an optional attack."""
+
+    device_id: str
+    shard: int
+    split: int | None = None
+    attack: Attack | None = None
+
+
+@dataclass
+class FleetResult:
+    history: list[dict]
+    errors: dict[str, str]  # device -> what ended it, if not the server's goodbye
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.history[-1]["accuracy"])
+
+
+async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: int, budget: int) -> FleetResult:
+    orch, server = await start_orchestrator(config, lambda kind, data: None)
+    url = f"ws://127.0.0.1:{orch.port}"
+    clients = []
+    for d in devices:
+        x, y = load_shard("digits", client=d.shard, num_clients=shards, partition="iid", seed=config.seed)
+        labels = {} if d.split is None else {"force_split": str(d.split)}
+        cfg = DeviceConfig(url, d.device_id, budget, labels=labels, reconnect=False)
+        clients.append(DeviceClient(cfg, x, y) if d.attack is None else AttackerClient(cfg, x, y, d.attack))
+    runs = await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
+    history = await server
+    errors = {d.device_id: repr(r) for d, r in zip(devices, runs) if isinstance(r, BaseException)}
+    return FleetResult(history, errors)
+
+
+def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: str = "mean", rounds: int = 8,
+              options: Mapping[str, object] | None = None, seed: int = 0, local_steps: int = 10,
+              shards: int = 5) -> FleetResult:
+    """Train digits_mlp with ``devices`` against a live orchestrator; every device must take part
+    in every round (min_devices is the fleet's size). The digits training split is cut into
+    ``shards`` iid shards whatever the fleet, so a fleet without its attacker keeps the same data."""
+    from orchestrator.localfleet import role_budgets
+
+    config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(devices), local_steps=local_steps,
+                          lr=0.1, seed=seed, store_dir=store_dir, deadline_s=120, allow_forced_split=True,
+                          strategy_options={"aggregation": aggregation, **(options or {})})
+    return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"]))
