@@ -23,10 +23,12 @@ from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 5
-#: (round, seconds after it starts, forced split) of each joining device: the four splits of
-#: digits_mlp, each graph exported on its first join, at the start, middle and end of rounds.
-JOINS = [(1, 0.0, 3), (1, 0.3, 2), (2, 0.0, 1), (2, 0.6, 0), (3, 0.1, 3), (3, 0.4, 1), (4, 0.2, 2)]
+ROUNDS = 6
+#: (event, round, seconds after it, forced split) of each joining device: when the round starts, or
+#: when its first report arrives (the round is about to close: aggregation, the state's checks and
+#: chunk exports, evaluation). The four splits of digits_mlp, each graph exported on its first join.
+JOINS = [("round_start", 1, 0.0, 3), ("update", 1, 0.0, 2), ("update", 2, 0.0, 1), ("round_start", 2, 0.3, 3),
+         ("update", 3, 0.05, 0), ("round_start", 4, 0.0, 1), ("update", 4, 0.0, 2), ("update", 5, 0.1, 0)]
 
 
 async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[str]]:
@@ -34,12 +36,12 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[
                           train_graph_dir=tmp_path / "graphs", deadline_s=120, wait_devices_s=60,
                           allow_forced_split=True, round_retries=2)
     events: list[tuple[str, dict]] = []
-    starts: dict[int, asyncio.Event] = {r: asyncio.Event() for r in range(1, ROUNDS + 1)}
+    moments = {(kind, r): asyncio.Event() for kind in ("round_start", "update") for r in range(1, ROUNDS + 1)}
 
     def on_event(kind: str, data: dict) -> None:
         events.append((kind, data))
-        if kind == "round_start" and data["round"] in starts:
-            starts[data["round"]].set()
+        if (kind, data.get("round")) in moments:
+            moments[kind, data["round"]].set()
 
     orch, server = await start_orchestrator(config, on_event)
     url = f"ws://127.0.0.1:{orch.port}"
@@ -50,8 +52,8 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[
         cfg = DeviceConfig(server=url, budget_bytes=4 << 30, **kw)  # type: ignore[arg-type]
         return DeviceClient(cfg, data.x[shards[i]], data.y[shards[i]])
 
-    async def join(i: int, round_no: int, delay: float, split: int) -> None:
-        await starts[round_no].wait()
+    async def join(i: int, event: str, round_no: int, delay: float, split: int) -> None:
+        await moments[event, round_no].wait()
         await asyncio.sleep(delay)
         await client(2 + i, device_id=f"ort-{i}", backend="onnxruntime", labels={"force_split": str(split)}).run()
 
@@ -70,8 +72,9 @@ def test_onnxruntime_devices_joining_mid_round_never_disturb_the_rounds(tmp_path
     assert all(h["attempt"] == 1 and "failed" not in h for h in history), [
         (h["round"], h["attempt"], h.get("failed")) for h in history]
     assert not [d for kind, d in events if kind in ("round_failed", "train_graph_refused")]
-    # Every device that joined was planned on ONNX Runtime and trained in a later round.
+    # Every device that joined was planned, and those that joined two rounds before the end trained
+    # (one that joins as a round closes may miss the next round's start).
     registered = {d["device"]: d for kind, d in events if kind == "registered"}
     assert {f"ort-{i}" for i in range(len(JOINS))} <= set(registered)
-    assert {f"ort-{i}" for i, (r, _, _) in enumerate(JOINS) if r < ROUNDS} <= trained
+    assert {f"ort-{i}" for i, (_, r, _, _) in enumerate(JOINS) if r < ROUNDS - 1} <= trained
     assert all(h["accuracy"] > 0.1 for h in history[-2:])
