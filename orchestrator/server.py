@@ -27,20 +27,20 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Admission, Session, check_hello_bounds, device_info, model_context, plan_summary
+from orchestrator.admission import Admission, Session, check_hello_bounds, device_info, model_context
 from orchestrator.config import ServerConfig
 from orchestrator.limits import raise_fd_limit
-from orchestrator.payloads import Payload, Payloads, Work, chunk_ranges, state_version
+from orchestrator.payloads import Payloads
+from orchestrator.plancache import PlanCache
 from orchestrator.planning import Planning
-from orchestrator.reports import TENSOR_PHASES, PartialUpload, Reports, report_info
-from orchestrator.roundloop import RoundLoop, role_counts
+from orchestrator.reports import PartialUpload, Reports
+from orchestrator.roundloop import RoundLoop
 from orchestrator.store import Store
 from orchestrator.strategies import Strategy, make_strategy
 from profiles.accounting import measure_model
 from profiles.planner import Plan
 
-__all__ = ["Orchestrator", "Payload", "PartialUpload", "Session", "TENSOR_PHASES", "Work", "check_hello_bounds",
-           "chunk_ranges", "plan_summary", "report_info", "role_counts", "state_version"]
+__all__ = ["Orchestrator", "Session"]
 
 log = logging.getLogger("edgetrain.server")
 
@@ -67,10 +67,10 @@ class Orchestrator:
         # inputs), verified against torch, kept under the store.
         self.train_graphs = TrainGraphCache(config.train_graph_dir or config.store_dir / "train_graphs")
         self.sessions: dict[str, Session] = {}
-        shapes = {k: v.shape for k, v in self.model.state_dict().items()}
-        self.hello_context = model_context(getattr(self.model, "sparse_inputs", {}), self.model.state_dict())
+        sparse = getattr(self.model, "sparse_inputs", {})  # table entry -> the input column indexing it
+        self.hello_context = model_context(sparse, self.model.state_dict())
         self.planning = Planning(config, self.model, self.cost, self.train_graphs,
-                                 {e: int(shapes[e][0]) for e in getattr(self.model, "sparse_inputs", {})},
+                                 {e: self.hello_context.shapes[e][0] for e in sparse},
                                  selects_rows=self.strategy.selects_rows, emit=emit)
         self.admission = Admission(config, self.store)
         self.payloads = Payloads(config, self.model, self.strategy, self.planning, self.cache, self.train_graphs)
@@ -97,7 +97,7 @@ class Orchestrator:
         return self.loop.history
 
     @property
-    def plans(self):  # noqa: ANN201 - the PlanCache
+    def plans(self) -> PlanCache:
         return self.planning.plans
 
     @property

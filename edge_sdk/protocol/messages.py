@@ -11,7 +11,6 @@ with :func:`dataclasses.replace`. Constructors normalise harmless spellings (a `
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import re
 import typing
