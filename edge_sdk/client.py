@@ -39,7 +39,7 @@ from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
-from edge_sdk.privacy import PrivateHeat, private_hello_fields
+from edge_sdk.privacy import PrivateHeat, private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
 
@@ -86,6 +86,9 @@ class DeviceConfig:
     # Private row heat (FedSubAvg): send randomized-response bits and a decoy-padded download set
     # instead of the true rows (edge_sdk.privacy). None: declare the rows themselves.
     private_heat: PrivateHeat | None = None
+    #: Extension fields sent in the hello as they are (``Hello.ext``: ``namespace.name`` -> value), for
+    #: a strategy that declares them (``Strategy.hello_fields``).
+    hello_ext: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -282,8 +285,8 @@ class DeviceClient:
             device_id=c.device_id, token=make_proof(c.device_id, c.secret) if c.secret else c.token,
             budget_bytes=c.budget_bytes, cores=c.cores,
             runtimes=hello_runtimes(c.backend), num_samples=len(self.x), device_class=c.device_class,
-            labels=dict(c.labels), resume_round=resume, rows=self.rows, row_bits=self.row_bits,
-            row_epsilon=c.private_heat.epsilon if c.private_heat is not None else 0.0,
+            labels=dict(c.labels), resume_round=resume, rows=self.rows,
+            ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)},
         ))
         welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome

@@ -86,3 +86,15 @@ def private_hello_fields(rows: Mapping[str, list[int]], settings: PrivateHeat,
         bits[column] = randomized_response(true, n, settings.epsilon, rng)
         out_rows[column] = download_rows(true, n, rate, rng).tolist()
     return out_rows, bits
+
+
+#: Hello.ext keys of private row heat: the hello fields FedSubAvg declares (its ``HELLO_FIELDS``).
+ROW_BITS_KEY, ROW_EPSILON_KEY = "fedsubavg.row_bits", "fedsubavg.row_epsilon"
+
+
+def private_hello_ext(bits: Mapping[str, bytes], settings: PrivateHeat | None) -> dict[str, object]:
+    """The hello's extension fields for private row heat (``bits`` from :func:`private_hello_fields`),
+    empty for a device that declares its rows themselves."""
+    if settings is None or not bits:
+        return {}
+    return {ROW_BITS_KEY: dict(bits), ROW_EPSILON_KEY: float(settings.epsilon)}

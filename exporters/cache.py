@@ -8,6 +8,7 @@ same id always means the same bytes, and a device or a bundle can name a chunk b
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import threading
@@ -70,7 +71,9 @@ class ChunkCache:
     Safe to call from several threads (an asyncio server calls it through ``asyncio.to_thread``):
     exports run one at a time, and a chunk that several callers ask for at once is exported once.
     A hit on disk counts as a memory miss and a disk hit.
-    The caller must not change the model's weights while a chunk of it is being exported.
+    An export runs on a copy of the model taken when it starts (exporting rewires and re-modes the
+    module it runs on), so the caller's model is never touched; the caller must not change the
+    model's weights while that copy is taken.
     """
 
     def __init__(
@@ -110,7 +113,7 @@ class ChunkCache:
                 return cid, data
             data = self._load_from_disk(cid)
             if data is None:
-                data = export_chunk(model, start, stop, settings=self.settings)
+                data = export_chunk(copy.deepcopy(model), start, stop, settings=self.settings)
                 with self._lock:
                     self._exports += 1
                 self._store_on_disk(cid, data, model.name, version, start, stop)

@@ -434,7 +434,9 @@ class TrainGraphCache:
 
     A graph depends on the model's architecture and split, not its weights, so each is exported
     once per (model, split, loss, settings) and served every round. Refusals are remembered too.
-    Thread-safe; exports run one at a time.
+    Thread-safe; exports run one at a time, each on a copy of the model taken when it starts
+    (exporting and verifying rewire and re-mode the module they run on): the caller's model,
+    which a server's round loop may be reading, is never touched.
     """
 
     def __init__(self, directory: Path | str | None = None, *,
@@ -464,7 +466,7 @@ class TrainGraphCache:
             data = self._load(gid)
             if data is None:
                 try:
-                    data = export_train_graph(model, split, settings=self.settings)
+                    data = export_train_graph(copy.deepcopy(model), split, settings=self.settings)
                 except ExportError as exc:
                     self._refused[gid] = str(exc)
                     if self.directory is not None:  # a refusal is as deterministic as a graph: kept too

@@ -5,7 +5,8 @@ FedSubAvg (Algorithm 1, line 9 of both FedSubAvg papers) scales row m's aggregat
 w_j``. Both come from one counter: a device adds its weight ``w`` (1, or its sample count) to every
 row it involves and to the table's total.
 
-Two modes, chosen per device by what its hello carried (``DeviceInfo.rows`` / ``row_bits``):
+Two modes, chosen per device by what its hello carried (``DeviceInfo.rows``, or the row bits of
+FedSubAvg's hello field ``fedsubavg.row_bits``):
 
 - **exact**: the device's index set S(i); the counter adds ``w`` to exactly those rows.
 - **private** (hot-and-cold appendix F, randomized response): the device sends one bit per row

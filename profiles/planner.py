@@ -32,7 +32,11 @@ footprint is that of the narrow model at split 0 (:func:`width_cost`, :func:`wid
 its capacity the narrow model's (2p + 2a) over the full model's (Table 10: 1.00, 0.43, 0.18 at
 r = 1, 0.45, 0.2). :func:`plan_width` gives a budget the widest of the roles' ratios
 (:data:`WIDTH_RATIOS`) that fits; the server checks every width slice it sends against the device's
-budget the same way (``Orchestrator._fits``).
+budget with the same arithmetic (:func:`tail_footprint` over the narrow model's cost).
+
+Runtimes. A device's runtime (``profiles.runtime.RUNTIMES``, named in its hello) decides the
+runtime memory counted and which splits it can train; :func:`tail_footprint` is the one place a
+footprint is counted for a runtime, and :func:`make_plan` the one place a :class:`Plan` is built.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from profiles.accounting import Footprint, ModelCost, TrainingMemory, measure_model
+from profiles.runtime import RUNTIMES
 from profiles.units import format_size
 
 if TYPE_CHECKING:
@@ -52,8 +57,9 @@ if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
 
 __all__ = [
-    "Plan", "PlanError", "ROLES", "RoleThresholds", "WIDTH_RATIOS", "backend_memory", "group_chunks", "plan_for_device",
-    "plan_split", "plan_width", "reachable_splits", "width_capacity", "width_cost", "width_footprint",
+    "Plan", "PlanError", "ROLES", "RoleThresholds", "WIDTH_RATIOS", "backend_memory", "group_chunks", "make_plan",
+    "plan_at", "plan_for_device", "plan_split", "plan_width", "reachable_splits", "tail_footprint", "width_capacity",
+    "width_cost", "width_footprint",
 ]
 
 ROLES: tuple[str, ...] = ("strong", "moderate", "weak")
@@ -107,8 +113,8 @@ class Plan:
     num_blocks: int
     trainable_params: int
     footprint: Footprint = field(repr=False)
-    #: The training backend the footprint was counted with: ``torch`` or ``onnxruntime`` (a training
-    #: graph run by ONNX Runtime, edge_sdk.ort_trainer).
+    #: The training runtime the footprint was counted with (a name in ``profiles.runtime.RUNTIMES``:
+    #: ``torch``, or ``onnxruntime``: a training graph run by ONNX Runtime, edge_sdk.ort_trainer).
     backend: str = "torch"
     #: The row selection the footprint was counted for (table entry -> rows); empty: whole tables.
     rows: dict[str, int] = field(default_factory=dict)
@@ -149,11 +155,42 @@ def _runtime_bytes(runtime: RuntimeMemory | int | None, backend: str = "torch") 
 
 
 def backend_memory(memory: TrainingMemory, backend: str) -> TrainingMemory:
-    """``memory`` as a device on ``backend`` trains: the ONNX Runtime backend holds its gradients
-    once more (``TrainingMemory.graph_copies``)."""
-    if backend == "onnxruntime":
+    """``memory`` as a device on runtime ``backend`` trains: a training-graph runtime holds its
+    gradients once more (``TrainingMemory.graph_copies``)."""
+    if RUNTIMES[backend].needs_graph:
         return dataclasses.replace(memory, optimizer_copies=memory.optimizer_copies + memory.graph_copies)
     return memory
+
+
+def tail_footprint(
+    cost: ModelCost, split: int, batch_size: int, *, backend: str, chunks: Sequence[tuple[int, int]] | None = None,
+    local_samples: int = 0, rows: Mapping[str, int] | None = None, runtime: RuntimeMemory | int | None = None,
+    memory: TrainingMemory = TrainingMemory(),
+) -> Footprint:
+    """What a device on runtime ``backend`` holds to train blocks [split, L) of ``cost`` with the
+    frozen ``chunks`` (None: each frozen block its own chunk): the one footprint count that plans
+    and the server's budget checks share."""
+    return cost.footprint(split, batch_size, memory=backend_memory(memory, backend),
+                          runtime_bytes=_runtime_bytes(runtime, backend), chunks=chunks,
+                          local_samples=local_samples, rows=rows)
+
+
+def make_plan(
+    cost: ModelCost, split: int, footprint: Footprint, *, budget_bytes: int, batch_size: int, backend: str,
+    chunks: Sequence[tuple[int, int]], thresholds: RoleThresholds = RoleThresholds(),
+    rows: Mapping[str, int] | None = None, capacity: float | None = None, role: str | None = None,
+    width: float = 1.0,
+) -> Plan:
+    """The :class:`Plan` for training [split, L) of ``cost``: role from capacity, and the rows of
+    only the tables it trains."""
+    capacity = cost.capacity(split, batch_size) if capacity is None else capacity
+    return Plan(
+        model=cost.model, split=split, role=role or thresholds.role(split, capacity), chunks=list(chunks),
+        footprint_bytes=footprint.total, capacity=capacity, budget_bytes=budget_bytes, batch_size=batch_size,
+        num_blocks=len(cost), trainable_params=cost.trainable_params(split), footprint=footprint, backend=backend,
+        rows={e: n for e, n in (rows or {}).items() if any(t.entry == e and t.block >= split for t in cost.tables)},
+        width=width,
+    )
 
 
 def _as_cost(model: LayeredModel | ModelCost) -> ModelCost:
@@ -211,20 +248,18 @@ def plan_split(
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, not {batch_size}")
     cost = _as_cost(model)
-    unknown = set(backends) - {"torch", "onnxruntime"}
+    unknown = set(backends) - set(RUNTIMES)
     if unknown or not backends:
-        raise ValueError(f"backends must be among torch and onnxruntime, not {list(backends)}")
+        raise ValueError(f"backends must be among {', '.join(RUNTIMES)}, not {list(backends)}")
     graph_splits = frozenset(graph_splits)
     rows = dict(rows or {})
     smallest: Footprint | None = None
-    for k, backend in ((k, b) for k in range(len(cost)) for b in ("torch", "onnxruntime")):
-        if backend not in backends or (backend == "onnxruntime" and k not in graph_splits):
+    for k, backend in ((k, b) for k in range(len(cost)) for b in RUNTIMES):
+        if backend not in backends or not RUNTIMES[backend].can_train(k, graph_splits):
             continue
-        runtime_bytes = _runtime_bytes(runtime, backend)
-        mem = backend_memory(memory, backend)
         # Each frozen block its own chunk: the smallest peak this split can reach.
-        least = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, local_samples=local_samples,
-                               rows=rows)
+        least = tail_footprint(cost, k, batch_size, backend=backend, runtime=runtime, memory=memory,
+                               local_samples=local_samples, rows=rows)
         if smallest is None or least.total < smallest.total:
             smallest = least
         if least.total > budget_bytes:
@@ -232,25 +267,11 @@ def plan_split(
         def fits(chunk_bytes: int, least: Footprint = least) -> bool:
             return dataclasses.replace(least, frozen_chunk=chunk_bytes).total <= budget_bytes
 
-        chunks = group_chunks(cost, k, batch_size, fits, mem)
-        footprint = cost.footprint(k, batch_size, memory=mem, runtime_bytes=runtime_bytes, chunks=chunks,
-                                   local_samples=local_samples, rows=rows)
-        capacity = cost.capacity(k, batch_size)
-        return Plan(
-            model=cost.model,
-            split=k,
-            role=thresholds.role(k, capacity),
-            chunks=chunks,
-            footprint_bytes=footprint.total,
-            capacity=capacity,
-            budget_bytes=budget_bytes,
-            batch_size=batch_size,
-            num_blocks=len(cost),
-            trainable_params=cost.trainable_params(k),
-            footprint=footprint,
-            backend=backend,
-            rows={e: n for e, n in rows.items() if any(t.entry == e and t.block >= k for t in cost.tables)},
-        )
+        chunks = group_chunks(cost, k, batch_size, fits, backend_memory(memory, backend))
+        footprint = tail_footprint(cost, k, batch_size, backend=backend, runtime=runtime, memory=memory,
+                                   chunks=chunks, local_samples=local_samples, rows=rows)
+        return make_plan(cost, k, footprint, budget_bytes=budget_bytes, batch_size=batch_size, backend=backend,
+                         chunks=chunks, thresholds=thresholds, rows=rows)
     if smallest is None:
         raise PlanError(f"{cost.model}: the device's backends {list(backends)} can train no split of it "
                         "(no training graph exports and torch is not installed)",
@@ -265,6 +286,21 @@ def plan_split(
         needed_bytes=smallest.total,
         budget_bytes=budget_bytes,
     )
+
+
+def plan_at(
+    model: LayeredModel | ModelCost, split: int, budget_bytes: int, batch_size: int = 32, *, backend: str = "torch",
+    thresholds: RoleThresholds = RoleThresholds(), runtime: RuntimeMemory | int | None = None,
+    memory: TrainingMemory = TrainingMemory(), local_samples: int = 0, rows: Mapping[str, int] | None = None,
+) -> Plan:
+    """A plan at a split chosen elsewhere (a forced split: emulation and tests), its frozen blocks
+    one chunk, counted as :func:`plan_split` counts, whether or not it fits ``budget_bytes``."""
+    cost = _as_cost(model)
+    chunks = [(0, split)] if split > 0 else []
+    footprint = tail_footprint(cost, split, batch_size, backend=backend, runtime=runtime, memory=memory,
+                               chunks=chunks, local_samples=local_samples, rows=rows)
+    return make_plan(cost, split, footprint, budget_bytes=budget_bytes, batch_size=batch_size, backend=backend,
+                     chunks=chunks, thresholds=thresholds, rows=rows)
 
 
 @functools.lru_cache(maxsize=64)
@@ -326,13 +362,9 @@ def plan_width(
         smallest = footprint
         if footprint.total > budget_bytes:
             continue
-        cost = width_cost(model_name, float(width))
-        return Plan(
-            model=model_name, split=0, role=role, chunks=[], footprint_bytes=footprint.total,
-            capacity=width_capacity(model_name, width, batch_size), budget_bytes=budget_bytes, batch_size=batch_size,
-            num_blocks=len(cost), trainable_params=cost.trainable_params(0), footprint=footprint, backend="torch",
-            width=float(width),
-        )
+        return make_plan(width_cost(model_name, float(width)), 0, footprint, budget_bytes=budget_bytes,
+                         batch_size=batch_size, backend="torch", chunks=[], role=role,
+                         capacity=width_capacity(model_name, width, batch_size), width=float(width))
     assert smallest is not None
     raise PlanError(
         f"{model_name} at width {min(ratios.values()):g} does not fit a budget of {format_size(budget_bytes)} at "

@@ -21,18 +21,23 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from types import MappingProxyType
 
 from edge_sdk.fileio import atomic_write
 
 __all__ = [
     "BACKENDS",
     "FALLBACK",
+    "RUNTIMES",
     "RUNTIME_FIELDS",
+    "Runtime",
     "RuntimeMemory",
+    "UnknownRuntime",
+    "device_runtime",
     "default_cache_file",
     "measure_runtime",
     "runtime_key",
@@ -72,12 +77,62 @@ _IMPORTS: dict[str, str] = {
     "onnxruntime_training": "import onnxruntime\n" + _ORT_WARM_UP,
 }
 
-#: Training backends a device may have (Hello.runtimes), in the order the planner prefers them
-#: when both fit: torch steps are faster; the ONNX Runtime backend needs far less memory.
-BACKENDS: tuple[str, ...] = ("torch", "onnxruntime")
-
 #: Names of the figures, as accepted in overrides (device classes' ``[runtime]`` tables).
 RUNTIME_FIELDS: tuple[str, ...] = tuple(_IMPORTS)
+
+
+class UnknownRuntime(ValueError):
+    """A device names no runtime of :data:`RUNTIMES`: nothing it has can be planned."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One training runtime a device may name in ``Hello.runtimes``.
+
+    ``memory``: what a training device with it holds before its model, either the name of a
+    :class:`RuntimeMemory` figure (measured on the planning machine, overridable per device class)
+    or a fixed byte count measured elsewhere (a runtime this machine cannot start, e.g. a browser's).
+    ``backend``: how the device trains: ``torch`` (the tail as a torch module: any split) or
+    ``graph`` (an exported ONNX training graph: only splits whose graph exports and verifies).
+    """
+
+    name: str
+    memory: str | int
+    backend: str
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("torch", "graph"):
+            raise ValueError(f"runtime {self.name}: backend must be torch or graph, not {self.backend!r}")
+
+    @property
+    def needs_graph(self) -> bool:
+        """Whether a device on this runtime trains from a training graph the server exports."""
+        return self.backend == "graph"
+
+    def can_train(self, split: int, graph_splits: frozenset[int] | set[int]) -> bool:
+        """Whether this runtime trains the tail from ``split`` (graph runtimes: only at ``graph_splits``)."""
+        return not self.needs_graph or split in graph_splits
+
+
+#: The training runtimes, in the order the planner prefers them (a device that names several is
+#: planned on the first of them here): torch steps are faster; ONNX Runtime needs far less memory.
+#: Adding a runtime is one entry.
+RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
+    Runtime("torch", memory="training", backend="torch"),
+    Runtime("onnxruntime", memory="onnxruntime_training", backend="graph"),
+)})
+
+#: Training backend names the planner accepts (the runtimes' names, in preference order).
+BACKENDS: tuple[str, ...] = tuple(RUNTIMES)
+
+
+def device_runtime(names: Sequence[str]) -> Runtime:
+    """The runtime a device that names ``names`` (its hello's runtimes) trains with: the first of
+    :data:`RUNTIMES` it names. Raises :class:`UnknownRuntime` naming the known ones."""
+    for runtime in RUNTIMES.values():
+        if runtime.name in names:
+            return runtime
+    raise UnknownRuntime(f"no known training runtime among {list(names)[:8]}; known: {', '.join(RUNTIMES)}")
 
 
 @dataclass(frozen=True)
@@ -106,14 +161,13 @@ class RuntimeMemory:
         """A device that trains its tail with torch and runs its frozen chunks in ONNX Runtime."""
         return max(self.torch_training, self.torch_onnxruntime)
 
-    def for_backend(self, backend: str) -> int:
-        """What a training device with this backend holds before its model: ``torch`` (tail in
-        torch, chunks in ONNX Runtime) or ``onnxruntime`` (everything in ONNX Runtime, no torch)."""
-        if backend == "torch":
-            return self.training
-        if backend == "onnxruntime":
-            return self.onnxruntime_training
-        raise ValueError(f"unknown training backend {backend!r}; known: {', '.join(BACKENDS)}")
+    def for_backend(self, runtime: str) -> int:
+        """What a training device on ``runtime`` (a name in :data:`RUNTIMES`) holds before its model:
+        e.g. ``torch`` (tail in torch, chunks in ONNX Runtime) or ``onnxruntime`` (no torch)."""
+        entry = RUNTIMES.get(runtime)
+        if entry is None:
+            raise ValueError(f"unknown training runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
+        return entry.memory if isinstance(entry.memory, int) else int(getattr(self, entry.memory))
 
     @property
     def inference(self) -> int:

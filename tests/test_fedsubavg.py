@@ -14,6 +14,7 @@ server drives a strategy (configure, on_report per report, aggregate), without s
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from edge_sdk.protocol import RowSparse
 from orchestrator.heat import RowHeat, TableHeat, rr_probabilities
 from orchestrator.rounds import RoundState
 from orchestrator.strategies import DeviceInfo, DeviceReport, Instruction, RoundContext, make_strategy
-from orchestrator.strategies.fedsubavg import FedSubAvg, RowSums
+from orchestrator.strategies.fedsubavg import ROW_BITS, ROW_EPSILON, FedSubAvg, RowSums
 
 TABLE = "blocks.emb.weight"
 BIAS = "blocks.head.bias"
@@ -265,7 +266,7 @@ def test_private_mode_never_holds_a_true_index_set():
                 break
         assert set(rows) < set(padded["0"])
         devices[d] = DeviceInfo(d, "strong", 0, 1, rows={TABLE: np.asarray(padded["0"], np.int64)},
-                                row_bits={TABLE: bits["0"]}, row_epsilon=eps)
+                                ext=MappingProxyType({ROW_BITS: {TABLE: bits["0"]}, ROW_EPSILON: eps}))
     strategy = FedSubAvg()
     instructions, result = run_round(strategy, hand_state(), devices, lambda d, ins: {
         TABLE: np.zeros((len(ins.selection.rows[TABLE]), 2), np.float32), BIAS: np.zeros(2, np.float32)})
@@ -274,7 +275,7 @@ def test_private_mode_never_holds_a_true_index_set():
     table = strategy.heat[TABLE]
     for d, rows in true_sets.items():
         held = table._devices[d]
-        assert held.rows is None and held.bits == devices[d].row_bits[TABLE]
+        assert held.rows is None and held.bits == devices[d].ext[ROW_BITS][TABLE]
         assert set(instructions[[i.device_id for i in instructions].index(d)].selection.rows[TABLE].tolist()) \
             != set(rows)
     heat = table.heat()

@@ -53,7 +53,7 @@ def test_torchless_resnet20_gets_the_largest_split_with_a_shippable_graph(tmp_pa
     assert 0 not in server.graph_splits
     # The graph it names is the one the round ships (the cache holds only graphs that passed the
     # export check against torch autograd), and ONNX Runtime opens it.
-    gid = server._train_graph(Selection.tail(plan.split))
+    gid = server.payloads.train_graph(Selection.tail(plan.split))
     assert gid == server.train_graphs.graph_id(server.model, 1) and server.payloads[gid].kind == "train_graph"
     data = server.payloads[gid].data
     graph = TrainGraph.from_bytes(data)
@@ -79,5 +79,5 @@ def test_a_forced_split_with_a_refused_graph_is_a_clean_refusal(tmp_path: Path, 
         asyncio.run(server.shippable_plan(hello))
     assert caught.value.code == "refused" and "no training graph" in caught.value.message
     # A strategy asking a planned device for the refused stem skips that device, never crashes the round.
-    assert server._train_graph(Selection.tail(0)) is None
+    assert server.payloads.train_graph(Selection.tail(0)) is None
 

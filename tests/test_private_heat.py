@@ -1,6 +1,7 @@
-"""Private row heat on the wire (FedSubAvg, hot-and-cold appendix F): Hello.row_bits and
-row_epsilon survive the codec, bad values are refused, and a real server with real devices over
-websockets on 127.0.0.1 trains FedSubAvg from randomized-response heat without ever holding a
+"""Private row heat on the wire (FedSubAvg, hot-and-cold appendix F): the hello's extension fields
+``fedsubavg.row_bits`` and ``fedsubavg.row_epsilon`` survive the codec, bad values are refused
+(by the codec, or at hello by FedSubAvg's declared parsers), and a real server with real devices
+over websockets on 127.0.0.1 trains FedSubAvg from randomized-response heat without ever holding a
 device's true rows.
 """
 
@@ -16,11 +17,14 @@ from edge_sdk.client import DeviceClient, DeviceConfig, declared_rows
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.privacy import PrivateHeat
 from edge_sdk.protocol import ErrorCode, Hello, Limits, ProtocolError, decode, encode
+from orchestrator.admission import parse_hello_ext
 from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
-from orchestrator.strategies.fedsubavg import FedSubAvg
+from orchestrator.strategies.base import HelloContext
+from orchestrator.strategies.fedsubavg import ROW_BITS, ROW_EPSILON, FedSubAvg
 
-HELLO = Hello("d", "", 0, 0, [], 5, rows={"0": [1, 2]}, row_bits={"0": b"\x0f\xf0", "1": b"\x01"}, row_epsilon=1.5)
+HELLO = Hello("d", "", 0, 0, [], 5, rows={"0": [1, 2]},
+              ext={ROW_BITS: {"0": b"\x0f\xf0", "1": b"\x01"}, ROW_EPSILON: 1.5})
 TABLES = {"0": "blocks.embeddings.user.weight", "1": "blocks.embeddings.item.weight"}
 DEVICES = 3
 
@@ -33,30 +37,57 @@ class Recording(FedSubAvg):
         return super().configure(ctx)
 
 
+def _ext(**changes):
+    return dataclasses.replace(HELLO, ext={**HELLO.ext, **changes})
+
+
 def test_row_bits_round_trip():
     assert decode(encode(HELLO)) == HELLO
-    assert decode(encode(dataclasses.replace(HELLO, row_bits={"0": bytearray(b"\x01")}))).row_bits == {"0": b"\x01"}
+    assert decode(encode(_ext(**{ROW_BITS: {"0": bytearray(b"\x01")}}))).ext[ROW_BITS] == {"0": b"\x01"}
     plain = Hello("d", "", 0, 0, [], 5)
-    assert decode(encode(plain)).row_bits == {} and decode(encode(plain)).row_epsilon == 0.0
+    assert decode(encode(plain)).ext == {}
 
 
 @pytest.mark.parametrize("bad", [
-    dataclasses.replace(HELLO, row_epsilon=0.0),  # bits without an epsilon cannot be debiased
-    dataclasses.replace(HELLO, row_epsilon=-1.0),
-    dataclasses.replace(HELLO, row_epsilon=float("inf")),
-    dataclasses.replace(HELLO, row_bits={"0": b""}),
-    dataclasses.replace(HELLO, row_bits={"0": "not bytes"}),
-    dataclasses.replace(HELLO, row_bits={"0": [1, 2]}),
+    {ROW_EPSILON: float("inf")},
+    {"row_bits": {"0": b"\x01"}},  # not namespace.name
+    {ROW_BITS: {"0": {1, 2}}},  # no msgpack value
 ])
-def test_bad_row_bits_are_refused(bad):
+def test_bad_row_bits_are_refused_by_the_codec(bad):
     with pytest.raises(ProtocolError):
-        encode(bad)
+        encode(_ext(**bad))
+
+
+CONTEXT = HelloContext(columns={"0": TABLES["0"]}, shapes={TABLES["0"]: (16, 4)})
+
+
+@pytest.mark.parametrize("bad", [
+    {ROW_BITS: {"0": b"\x01"}},  # 16 rows take 2 bytes
+    {ROW_BITS: {"0": b""}},
+    {ROW_BITS: {"0": "not bytes"}},
+    {ROW_BITS: {"0": [1, 2]}},
+    {ROW_BITS: {"7": b"\x01\x02"}},  # no such sparse input
+    {ROW_BITS: {"0": b"\x01\x02"}, ROW_EPSILON: 0.0},  # bits without an epsilon cannot be debiased
+    {ROW_BITS: {"0": b"\x01\x02"}, ROW_EPSILON: -1.0},
+    {ROW_BITS: {"0": b"\x01\x02"}, ROW_EPSILON: True},
+])
+def test_bad_row_bits_are_refused_at_hello(bad):
+    hello = dataclasses.replace(HELLO, ext={ROW_EPSILON: 1.5, **bad})
+    with pytest.raises(ProtocolError) as info:
+        parse_hello_ext(hello, FedSubAvg(), CONTEXT)
+    assert info.value.code == ErrorCode.MALFORMED
+    alone = dataclasses.replace(HELLO, ext={ROW_BITS: {"0": b"\x01\x02"}})  # the epsilon is required with the bits
+    with pytest.raises(ProtocolError, match=ROW_EPSILON):
+        parse_hello_ext(alone, FedSubAvg(), CONTEXT)
+    good = parse_hello_ext(dataclasses.replace(HELLO, ext={ROW_BITS: {"0": b"\x01\x02"}, ROW_EPSILON: 2}),
+                           FedSubAvg(), CONTEXT)
+    assert good == {ROW_BITS: {TABLES["0"]: b"\x01\x02"}, ROW_EPSILON: 2.0}
 
 
 def test_row_bits_are_bounded_by_the_limits():
     limits = Limits(max_frame_bytes=1024, max_items=4)
     with pytest.raises(ProtocolError) as info:
-        decode(encode(dataclasses.replace(HELLO, row_bits={"0": b"x" * 2000})), limits)
+        decode(encode(_ext(**{ROW_BITS: {"0": b"x" * 2000}})), limits)
     assert info.value.code == ErrorCode.TOO_LARGE
 
 
@@ -93,7 +124,7 @@ def test_a_round_with_private_heat_never_holds_the_true_rows(tmp_path):
             assert contribution.rows is None and contribution.bits is not None  # bits, not rows
             # The download set the server saw is the true rows padded with decoys: a strict superset.
             assert set(rows.tolist()) < set(held.rows[entry].tolist())
-            assert held.row_epsilon == 2.0 and len(held.row_bits[entry]) == (table.num_rows + 7) // 8
+            assert held.ext[ROW_EPSILON] == 2.0 and len(held.ext[ROW_BITS][entry]) == (table.num_rows + 7) // 8
     # The heat is the clipped randomized-response estimate, and training moved some rows.
     for entry in TABLES.values():
         heat = strategy.heat[entry].heat()
@@ -129,11 +160,11 @@ def test_the_device_command_line_reports_private_heat(tmp_path):
     data = load_dataset("synthetic_ratings", split="train")
     truth = declared_rows(data.x[partition(data.groups, 40, "natural", seed=0)[0]])
     info = strategy.seen["cli-0"]
-    assert info.row_epsilon == 1.5
+    assert info.ext[ROW_EPSILON] == 1.5
     for column, entry in TABLES.items():
         contribution = strategy.heat[entry]._devices["cli-0"]
         assert contribution.rows is None and contribution.bits is not None  # bits, never the true rows
-        assert len(info.row_bits[entry]) == (strategy.heat[entry].num_rows + 7) // 8
+        assert len(info.ext[ROW_BITS][entry]) == (strategy.heat[entry].num_rows + 7) // 8
         assert set(truth[column]) <= set(info.rows[entry].tolist())  # downloads cover its data
 
 

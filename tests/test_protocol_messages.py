@@ -82,7 +82,11 @@ MESSAGES = {
     "hello": st.builds(Hello, device_id=ID, token=TEXT, budget_bytes=NAT, cores=st.integers(0, 1024),
                        runtimes=st.lists(TEXT, max_size=4), num_samples=NAT, device_class=TEXT,
                        labels=st.dictionaries(TEXT, TEXT, max_size=4), resume_round=st.integers(-1, 1 << 40),
-                       rows=ROWS),
+                       rows=ROWS, ext=st.dictionaries(
+                           st.from_regex(r"[a-z0-9_-]{1,8}\.[a-z0-9_.-]{1,8}", fullmatch=True),
+                           st.one_of(SCALAR, st.binary(max_size=64), st.lists(SCALAR, max_size=3),
+                                     st.dictionaries(TEXT, st.one_of(SCALAR, st.binary(max_size=16)), max_size=3)),
+                           max_size=4)),
     "welcome": welcomes(),
     "instruction": st.builds(Instruction, round=NAT, phase=PHASE, model_version=NAT, split=NAT,
                              chunk_ids=st.lists(ID, max_size=5), model_id=ID,
@@ -162,8 +166,8 @@ INSTRUCTION = Instruction(3, "train", 2, 2, ["c0", "c1"], "model-2-tail-2", "tai
                           {"mu": 0.01, "name": "x", "n": 3, "flag": False})
 
 
-def test_version_3_message_set():
-    assert PROTOCOL_VERSION == 3
+def test_version_4_message_set():
+    assert PROTOCOL_VERSION == 4
     assert {"instruction", "report"} <= set(MESSAGE_TYPES) and not {"task", "update"} & set(MESSAGE_TYPES)
     assert PHASES == {"train", "evaluate", "compare"} and SELECTIONS == {"tail", "rows", "channels"}
     assert PAYLOAD_KINDS == {"chunk", "model", "broadcast", "train_graph", "update"}
@@ -172,6 +176,8 @@ def test_version_3_message_set():
     assert list(_wire(Ack(1, True)))[2:] == ["round", "accepted", "reason", "phase"]
     assert _wire(HELLO)["rows"] == {"0": [0, 3, 9], "1": []}
     assert _wire(Hello("d", "", 0, 0, [], 0))["rows"] == {}
+    # Version 4: a strategy's per-device values travel in the hello's extension fields, not named ones.
+    assert list(_wire(HELLO))[-2:] == ["rows", "ext"] and _wire(HELLO)["ext"] == {}
     assert list(_wire(INSTRUCTION))[2:] == ["round", "phase", "model_version", "split", "chunk_ids", "model_id",
                                             "selection", "broadcast_id", "local_steps", "lr", "deadline_s", "config"]
     assert list(_wire(Report(0, "evaluate", 5, (0, 0), "", {"loss": 0.5})))[2:] == [

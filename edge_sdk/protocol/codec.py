@@ -30,6 +30,12 @@ from .messages import (
     DICT_INTS,
     DICT_SCALAR,
     DICT_STR,
+    EXT,
+    EXT_KEY,
+    EXT_MAX_BYTES,
+    EXT_MAX_DEPTH,
+    EXT_MAX_KEY_CHARS,
+    EXT_MAX_KEYS,
     FLOAT,
     INT,
     LIST_PAIR,
@@ -379,7 +385,45 @@ def _check_kind(where: str, name: str, kind: str, value: Any, limits: Limits) ->
             _check_items(where, f"{name}[{key[:40]!r}]", items, limits, list)
             out[key] = [_check_int(where, f"{name}[{key[:40]!r}]", item) for item in items]
         return out
+    if kind == EXT:
+        return _check_ext(where, name, value, limits)
     raise AssertionError(f"unknown field kind {kind}")  # pragma: no cover - schemas are fixed
+
+
+def _check_ext(where: str, name: str, value: Any, limits: Limits) -> dict[str, Any]:
+    """Extension fields: at most ``EXT_MAX_KEYS`` keys ``namespace.name`` of at most
+    ``EXT_MAX_KEY_CHARS`` characters; values scalars, bytes, lists and maps (string keys) nested at
+    most ``EXT_MAX_DEPTH`` deep, of at most ``EXT_MAX_BYTES`` together."""
+    if type(value) is not dict:
+        raise _bad(where, name, f"expected a map, got {type(value).__name__}")
+    if len(value) > EXT_MAX_KEYS:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"{where}.{name}: {len(value)} keys exceed {EXT_MAX_KEYS}")
+    size = 0
+    for key, item in value.items():
+        if type(key) is not str or len(key) > EXT_MAX_KEY_CHARS or EXT_KEY.fullmatch(key) is None:
+            raise _bad(where, name, f"key {str(key)[:80]!r} is not namespace.name (a-z, 0-9, _, -; at most "
+                                    f"{EXT_MAX_KEY_CHARS} characters)")
+        size += len(key) + _ext_size(where, f"{name}[{key!r}]", item, limits, EXT_MAX_DEPTH)
+    if size > EXT_MAX_BYTES:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"{where}.{name}: {size} bytes exceed {EXT_MAX_BYTES}")
+    return value
+
+
+def _ext_size(where: str, name: str, value: Any, limits: Limits, depth: int) -> int:
+    """Check one extension value and return about how many bytes msgpack takes for it."""
+    kind = type(value)
+    if kind in (bytes, bytearray, memoryview):
+        return 5 + len(_check_kind(where, name, BYTES, value, limits))
+    if kind in (list, dict):
+        if depth <= 1:
+            raise _bad(where, name, f"nested deeper than {EXT_MAX_DEPTH} levels")
+        _check_items(where, name, value, limits, kind)
+        if kind is list:
+            return 5 + sum(_ext_size(where, name, v, limits, depth - 1) for v in value)
+        return 5 + sum(len(_check_str(where, name, k, limits)) + 5 + _ext_size(where, f"{name}[{k[:40]!r}]", v, limits,
+                                                                               depth - 1) for k, v in value.items())
+    scalar = _check_scalar(where, name, value, limits)
+    return 5 + len(scalar) if type(scalar) is str else 9
 
 
 _SCHEMA_BY_CLASS = {cls: schema(cls) for cls in MESSAGE_TYPES.values()}

@@ -44,6 +44,8 @@ class ErrorCode(str, enum.Enum):
     REFUSED = "refused"
     #: A transfer stopped moving, or moved slower than the receiver's minimum rate.
     TIMEOUT = "timeout"
+    #: The receiver failed handling a message (its fault, logged there): this connection ends, no other.
+    INTERNAL = "internal"
 
     def __str__(self) -> str:
         return self.value

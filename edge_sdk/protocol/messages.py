@@ -11,7 +11,6 @@ with :func:`dataclasses.replace`. Constructors normalise harmless spellings (a `
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import re
 import typing
@@ -45,10 +44,15 @@ __all__ = [
     "SELECTIONS",
     "PAYLOAD_KINDS",
     "TRAIN_GRAPH_KEY",
+    "EXT_MAX_KEYS",
+    "EXT_MAX_KEY_CHARS",
+    "EXT_MAX_BYTES",
+    "EXT_MAX_DEPTH",
+    "EXT_KEY",
 ]
 
 #: Version of the wire format; every message carries it in ``"v"``. Bump it on any incompatible change.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: Values allowed in ``config``, ``meta`` and ``metrics`` maps.
 Scalar = Union[str, int, float, bool]
@@ -69,6 +73,13 @@ PAYLOAD_KINDS = frozenset({"chunk", "model", "broadcast", "train_graph", "update
 
 #: The instruction ``config`` key that names a training-graph payload (docs/protocol.md, "Phases").
 TRAIN_GRAPH_KEY = "train_graph_id"
+
+#: Bounds of ``Hello.ext`` (docs/protocol.md, "Extension fields"): keys, characters per key, encoded
+#: size of all values together (approximately msgpack's), and nesting of lists and maps.
+EXT_MAX_KEYS, EXT_MAX_KEY_CHARS, EXT_MAX_BYTES, EXT_MAX_DEPTH = 32, 64, 1 << 20, 4
+
+#: An extension key: ``namespace.name``, lower-case letters, digits, ``_`` and ``-`` (more dots may follow).
+EXT_KEY = re.compile(r"[a-z0-9_-]+\.[a-z0-9_.-]+")
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -115,18 +126,12 @@ class Hello(Message):
     #: For integer inputs that index embedding tables: per input column (``"0"``, ``"1"``...), the
     #: sorted distinct values the local data holds (the rows of its submodel, FedSubAvg).
     rows: dict[str, list[int]] = field(default_factory=dict)
-    #: Private row heat (FedSubAvg, hot-and-cold appendix F): per input column, one randomized-response
-    #: bit per row of its table, packed (``numpy.packbits`` order), each true bit kept with probability
-    #: ``e^eps / (1 + e^eps)`` at ``eps = row_epsilon``. Then ``rows`` is the download set, padded with decoys.
-    row_bits: dict[str, bytes] = field(default_factory=dict)
-    row_epsilon: float = 0.0
+    #: Extension fields a strategy declares (``namespace.name`` -> msgpack value: scalar, bytes,
+    #: list or map), e.g. FedSubAvg's private row heat; bounded by the ``EXT_*`` constants.
+    ext: dict[str, object] = field(default_factory=dict)
 
     def check(self) -> None:
         _require(self.device_id != "", "hello.device_id is empty")
-        _require(math.isfinite(self.row_epsilon) and self.row_epsilon >= 0, "hello.row_epsilon is not a finite value >= 0")
-        _require(not self.row_bits or self.row_epsilon > 0, "hello.row_bits needs hello.row_epsilon > 0")
-        for column, bits in self.row_bits.items():
-            _require(len(bits) > 0, f"hello.row_bits[{column!r}] is empty")
         for column, values in self.rows.items():
             _require(all(b > a for a, b in zip(values, values[1:])), f"hello.rows[{column!r}] is not strictly increasing")
             _require(not values or values[0] >= 0, f"hello.rows[{column!r}] holds a negative row")
@@ -372,6 +377,7 @@ STR, INT, FLOAT, BOOL, BYTES = "str", "int", "float", "bool", "bytes"
 LIST_STR, PAIR, LIST_PAIR, DICT_STR, DICT_SCALAR = "list[str]", "pair", "list[pair]", "dict[str]", "dict[scalar]"
 DICT_INTS = "dict[list[int]]"
 DICT_BYTES = "dict[bytes]"
+EXT = "ext"
 
 _KINDS: dict[object, str] = {
     str: STR,
@@ -386,6 +392,7 @@ _KINDS: dict[object, str] = {
     dict[str, Scalar]: DICT_SCALAR,
     dict[str, list[int]]: DICT_INTS,
     dict[str, bytes]: DICT_BYTES,
+    dict[str, object]: EXT,
 }
 
 
@@ -427,11 +434,24 @@ def _normalise(kind: str, value: object) -> object:
     elif kind == DICT_BYTES:
         if isinstance(value, Mapping):
             return {_plain(k): bytes(v) if isinstance(v, (bytearray, memoryview)) else v for k, v in value.items()}
+    elif kind == EXT:
+        return _ext_value(value)
     elif kind == DICT_INTS:
         if isinstance(value, Mapping):
             return {_plain(k): [_plain(v) for v in vs] if isinstance(vs, (list, tuple, np.ndarray)) else vs
                     for k, vs in value.items()}
     return value
+
+
+def _ext_value(value: object) -> object:
+    """An extension value in the form msgpack reads it back: lists for tuples, bytes for buffers."""
+    if isinstance(value, Mapping):
+        return {_plain(k): _ext_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_ext_value(v) for v in value]
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return _plain(value)
 
 
 #: Wire name -> message class, for every message of this protocol version.

@@ -13,6 +13,12 @@ In the spirit of Flower's ``configure_train`` / ``aggregate_train``, but streami
    nothing is outstanding.
 4. :meth:`Strategy.aggregate` returns the new global state (:class:`RoundResult`).
 
+What a strategy needs of the server beyond these hooks it declares on its class, with the defaults
+of :class:`Strategy`: ``selects_rows`` (plans count declared rows), ``sends_chunks`` (new states'
+frozen chunks are exported and checked), ``hello_fields`` (per-device values the hello carries in
+``Hello.ext``, parsed into ``DeviceInfo.ext``) and :meth:`Strategy.selection_cost` (a selection whose
+device-side model is not a tail of the served model).
+
 The server checks every report before a strategy sees it: tensors are exactly the deltas of what
 the selection sent (names, shapes, dtypes, rows), finite, and the sample count is the device's own.
 :class:`WeightedSums` is the running sum with per-element weights that every averaging rule here
@@ -25,13 +31,15 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Annotated, ClassVar, Literal, get_args
 
 import numpy as np
 
 from edge_sdk.protocol import RowSparse, Scalar
+from profiles.accounting import ModelCost
 from orchestrator.rounds import RoundState, sample_devices
 from orchestrator.selection import Selection
 from orchestrator.strategies.options import typed_init
@@ -42,8 +50,9 @@ Weighting = Literal["samples", "uniform"]
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
-    "AGGREGATIONS", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport", "Instruction", "Refused",
-    "RoundContext", "RoundResult", "Strategy", "WeightedSums",
+    "AGGREGATIONS", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport",
+    "HelloContext", "HelloField", "Instruction", "Refused", "RoundContext", "RoundResult", "SelectionCost", "Strategy",
+    "WeightedSums",
 ]
 
 
@@ -68,9 +77,40 @@ class DeviceInfo:
     tags: Mapping[str, str] = field(default_factory=dict)  # hello labels (priority, group, ...)
     runtimes: tuple[str, ...] = ()
     rows: Mapping[str, np.ndarray] = field(default_factory=dict)  # sparse table entry -> rows its data touches
-    # Private heat (FedSubAvg): table entry -> randomized-response bits (np.packbits order), at row_epsilon.
-    row_bits: Mapping[str, bytes] = field(default_factory=dict)
-    row_epsilon: float = 0.0
+    #: The strategy's declared hello fields (``Strategy.hello_fields``) this device sent, as parsed.
+    ext: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class HelloContext:
+    """What a hello field's parser may check a value against: the served model's sparse inputs
+    (hello column ``"0"``, ``"1"``... -> table entry) and the shapes of its state entries."""
+
+    columns: Mapping[str, str]
+    shapes: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class HelloField:
+    """A per-device value a strategy needs from the hello, carried in ``Hello.ext`` under its key
+    (``namespace.name``). ``parse(value, context)`` returns what the strategy sees in
+    ``DeviceInfo.ext[key]``, or raises ValueError saying what is wrong (the device is refused with
+    ``malformed``). ``requires``: keys that must be sent with this one."""
+
+    parse: Callable[[object, HelloContext], object]
+    requires: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class SelectionCost:
+    """What a device builds for a selection that is not a tail of the served model (width
+    reduction's narrow model): the cost its budget check counts, and the runtime backends
+    (``profiles.runtime.Runtime.backend``) that can train it. Such a selection never gets a
+    training graph."""
+
+    cost: ModelCost
+    backends: frozenset[str] = frozenset({"torch"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,6 +237,18 @@ class Strategy(ABC):
     command line and TOML values alike (:mod:`orchestrator.strategies.options`)."""
 
     name: ClassVar[str]
+    #: Sends row selections (FedSubAvg): devices are planned for the rows they declare, not whole tables.
+    selects_rows: ClassVar[bool] = False
+    #: Sends frozen chunks: each new state's chunks are exported and checked before it is committed.
+    sends_chunks: ClassVar[bool] = True
+    #: Per-device values the strategy needs from the hello (``Hello.ext``), by key.
+    hello_fields: ClassVar[Mapping[str, HelloField]] = MappingProxyType({})
+
+    def selection_cost(self, instruction: Instruction, selection: Selection, model: str) -> SelectionCost | None:
+        """For a selection whose device-side model is not a tail of ``model`` (the served zoo
+        model): what it costs and who can train it; raise ValueError if the selection is not one
+        this strategy can send. Default None: a tail (or rows) of the served model."""
+        return None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -29,13 +29,18 @@ Hooks:
 - ``aggregate``: line 9 (or its weighted form) on the touched rows only; one copy of each table
   per round, the new state.
 
-Heat comes from the devices' hellos: exact (``DeviceInfo.rows``) or private (``DeviceInfo.row_bits``,
-randomized response, hot-and-cold appendix F, estimated without bias and clipped to [1, N]).
+Heat comes from the devices' hellos: exact (``DeviceInfo.rows``) or private (randomized response,
+hot-and-cold appendix F, estimated without bias and clipped to [1, N]): the hello fields
+``fedsubavg.row_bits`` (per input column, one randomized bit per table row, packed in
+``numpy.packbits`` order) and ``fedsubavg.row_epsilon`` (the epsilon they were drawn at), carried in
+``Hello.ext`` and parsed here (:data:`HELLO_FIELDS`) into ``DeviceInfo.ext``: row bits by table entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Literal, get_args
 
 import numpy as np
@@ -47,6 +52,8 @@ from orchestrator.strategies.base import (
     Weighting,
     DeviceInfo,
     DeviceReport,
+    HelloContext,
+    HelloField,
     Instruction,
     Refused,
     RoundContext,
@@ -56,7 +63,44 @@ from orchestrator.strategies.base import (
 )
 from orchestrator.values import Count
 
-__all__ = ["FedSubAvg", "RowSums"]
+__all__ = ["HELLO_FIELDS", "ROW_BITS", "ROW_EPSILON", "FedSubAvg", "RowSums"]
+
+#: Hello.ext keys of private row heat (what edge_sdk.privacy.private_hello_ext writes).
+ROW_BITS, ROW_EPSILON = "fedsubavg.row_bits", "fedsubavg.row_epsilon"
+
+
+def parse_row_bits(value: object, context: HelloContext) -> Mapping[str, bytes]:
+    """``{column: packed bits}`` -> ``{table entry: bits}``: one bit per row of the column's table."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{ROW_BITS} must map input columns to packed bits")
+    out: dict[str, bytes] = {}
+    for column, packed in value.items():
+        entry = context.columns.get(str(column))
+        if entry is None:
+            raise ValueError(f"{ROW_BITS}[{column}] names no sparse input of the model")
+        if not isinstance(packed, bytes) or not packed:
+            raise ValueError(f"{ROW_BITS}[{column}] must be non-empty bytes")
+        rows = context.shapes[entry][0]
+        if len(packed) != (rows + 7) // 8:
+            raise ValueError(f"{ROW_BITS}[{column}] has {len(packed)} bytes; the table has {rows} rows "
+                             f"({(rows + 7) // 8} bytes)")
+        out[entry] = packed
+    return MappingProxyType(out)
+
+
+def parse_row_epsilon(value: object, context: HelloContext) -> float:
+    """The randomized response's epsilon: finite and > 0 (bits without one cannot be debiased)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{ROW_EPSILON} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+#: What FedSubAvg reads from a hello beyond the protocol's fields (private row heat).
+HELLO_FIELDS: Mapping[str, HelloField] = MappingProxyType({
+    ROW_BITS: HelloField(parse_row_bits, requires=(ROW_EPSILON,),
+                         description="per input column, randomized-response bits of the rows its data touches"),
+    ROW_EPSILON: HelloField(parse_row_epsilon, description="the epsilon the row bits were drawn at"),
+})
 
 Split = Literal["planned", "zero"]
 SPLITS: tuple[str, ...] = get_args(Split)
@@ -131,6 +175,7 @@ class FedSubAvg(Strategy):
     name = "fedsubavg"
     #: Devices receive row selections: the server plans them for their declared rows only.
     selects_rows = True
+    hello_fields = HELLO_FIELDS
 
     def __init__(self, k: Count | None = None, weighting: Weighting = "uniform", split: Split = "planned",
                  correction: bool = True) -> None:
@@ -146,7 +191,7 @@ class FedSubAvg(Strategy):
     # -- heat -----------------------------------------------------------------------------------
     def _tables_of(self, ctx: RoundContext) -> dict[str, int]:
         """Sparse tables: the entries any device declared rows (or bits) for, with their block."""
-        names = {e for info in ctx.devices.values() for e in (*info.rows, *info.row_bits)} | set(self._tables)
+        names = {e for info in ctx.devices.values() for e in (*info.rows, *_row_bits(info))} | set(self._tables)
         out = {}
         for e in sorted(names):
             if e not in ctx.global_state or ctx.global_state[e].ndim < 1:
@@ -180,7 +225,7 @@ class FedSubAvg(Strategy):
             if heat.entries_of(d) == entries:
                 continue
             heat.remove(d)
-            heat.add(d, entries, w, rows=info.rows, bits=info.row_bits, epsilon=info.row_epsilon)
+            heat.add(d, entries, w, rows=info.rows, bits=_row_bits(info), epsilon=float(info.ext.get(ROW_EPSILON, 0.0)))
 
     # -- hooks ----------------------------------------------------------------------------------
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
@@ -266,3 +311,9 @@ def _block_of(entry: str, blocks: Sequence[str]) -> int:
         raise ValueError(f"cannot tell the block of {entry!r}")
     return list(blocks).index(parts[1])
 
+
+
+def _row_bits(info: DeviceInfo) -> Mapping[str, bytes]:
+    """The device's private row heat (table entry -> packed bits), empty when it sent exact rows."""
+    bits = info.ext.get(ROW_BITS)
+    return bits if isinstance(bits, Mapping) else {}

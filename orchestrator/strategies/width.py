@@ -56,10 +56,12 @@ from orchestrator.strategies.base import (
     Refused,
     RoundContext,
     RoundResult,
+    SelectionCost,
     WeightedSums,
     Weighting,
 )
 from orchestrator.values import Fraction
+from profiles.planner import width_cost
 
 __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
 
@@ -154,6 +156,25 @@ class WidthReduction(AveragingStrategy):
             out.append(Instruction(device_id, "train", self.selection(ctx.global_state, width),
                                    config={WIDTH_KEY: width} if width < 1.0 else {}))
         return out
+
+    def selection_cost(self, instruction: Instruction, selection: Selection, model: str) -> SelectionCost | None:
+        """A channel slice is the model built at the instruction's width (``config["width"]``; a
+        channel selection without a valid one counts at full width), trained with torch only
+        (graphs are exported for full-width tails), and must cut ``model`` to its shapes at that
+        width: what the device builds and what the budget check counts (profiles.planner.width_cost)."""
+        if selection.kind != "channels":
+            return None
+        w = instruction.config.get(WIDTH_KEY, 1.0)
+        ok = isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 < float(w) <= 1.0
+        width = float(w) if ok else 1.0
+        if width < 1.0:
+            shapes = width_shapes(model, width)
+            wrong = sorted(n for n, s in selection.channels.items() if shapes.get(n) != tuple(s))
+            wrong += sorted(n for n, s in shapes.items() if s and n not in selection.channels)  # scalars go whole
+            if wrong:
+                raise ValueError(f"a channel selection at width {width} must cut {model} to its shapes at that "
+                                 f"width; {wrong[:3]} differ")
+        return SelectionCost(width_cost(model, width))
 
     # -- fold ------------------------------------------------------------------------------------
     def admit(self, report: DeviceReport, ctx: RoundContext) -> str | None:

@@ -1,0 +1,216 @@
+"""Admission: who may connect, and what a device's hello may declare, before anything is planned.
+
+The server asks, in this order: is there room for another connection (:meth:`Admission.connect`,
+HTTP 503 before the websocket upgrade when full); does the hello prove a credential
+(:meth:`Admission.authenticate`); are its declarations bounded (:func:`check_hello_bounds`) and are
+the extension fields the strategy declares well formed (:func:`parse_hello_ext`). A registered
+device is what strategies see of it (:func:`device_info`), journaled in batches (:meth:`Admission.journal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from types import MappingProxyType
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+
+from edge_sdk import protocol as p
+from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
+from edge_sdk.transport import Channel
+from orchestrator.config import ServerConfig
+from orchestrator.store import Store
+from orchestrator.strategies import DeviceInfo, Strategy
+from orchestrator.strategies.base import HelloContext
+from profiles.planner import Plan
+
+__all__ = ["Admission", "MAX_BUDGET_BYTES", "Session", "check_hello_bounds", "device_info", "model_context",
+           "parse_hello_ext", "plan_summary"]
+
+log = logging.getLogger("edgetrain.server")
+
+#: What a hello may declare (its fields are journaled and planned against, so each is bounded).
+MAX_BUDGET_BYTES = 1 << 40  # 1 TiB: more is no device's app budget
+MAX_LABELS, MAX_LABEL_CHARS = 32, 256
+MAX_RUNTIMES = 8
+
+
+@dataclass
+class Session:
+    """A connected device: its hello, its plan, what strategies see of it, and its channel."""
+
+    device_id: str
+    channel: Channel
+    hello: p.Hello
+    plan: Plan
+    info: DeviceInfo
+    enrolled_samples: int | None = None  # fixed at enrollment, when the device has a credential
+
+    @property
+    def ws(self) -> ServerConnection:
+        return self.channel.ws
+
+
+def check_hello_bounds(hello: p.Hello) -> None:
+    """Refuse a hello whose declarations no device makes (a budget of 0 or of petabytes, kilobytes
+    of labels), before it is planned or journaled."""
+    if not hello.device_id or len(hello.device_id) > 128:
+        raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
+    if not 0 < hello.budget_bytes <= MAX_BUDGET_BYTES:
+        raise p.ProtocolError("refused", f"budget of {hello.budget_bytes} bytes is outside (0, {MAX_BUDGET_BYTES}]")
+    if hello.num_samples < 1:
+        raise p.ProtocolError("refused", "a device without local samples has nothing to train on")
+    if len(hello.labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_CHARS for k, v in hello.labels.items()):
+        raise p.ProtocolError("malformed", f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters")
+    if len(hello.runtimes) > MAX_RUNTIMES or any(len(r) > 64 for r in hello.runtimes):
+        raise p.ProtocolError("malformed", f"at most {MAX_RUNTIMES} runtimes of at most 64 characters")
+
+
+def parse_hello_ext(hello: p.Hello, strategy: Strategy, context: HelloContext) -> Mapping[str, object]:
+    """The strategy's declared hello fields (``Strategy.hello_fields``) this hello carries, parsed.
+    A bad value, or one sent without a field it requires, is ``malformed``; keys the strategy did
+    not declare are ignored (a device may serve several strategies)."""
+    fields = strategy.hello_fields
+    parsed: dict[str, object] = {}
+    for key, value in hello.ext.items():
+        spec = fields.get(key)
+        if spec is None:
+            continue
+        missing = [r for r in spec.requires if r not in hello.ext]
+        if missing:
+            raise p.ProtocolError("malformed", f"hello.ext[{key!r}] needs {missing} too")
+        try:
+            parsed[key] = spec.parse(value, context)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise p.ProtocolError("malformed", f"hello.ext[{key!r}]: {exc}"[:1024]) from None
+    return MappingProxyType(parsed)
+
+
+def device_info(hello: p.Hello, plan: Plan, context: HelloContext, strategy: Strategy) -> DeviceInfo:
+    """What strategies see of a device. Declared rows are mapped from input columns to table entries."""
+    rows: dict[str, np.ndarray] = {}
+    for column, entry in context.columns.items():
+        values = hello.rows.get(column)
+        if values is None:
+            continue
+        table_rows = context.shapes[entry][0]
+        if values and values[-1] >= table_rows:
+            raise p.ProtocolError("malformed", f"hello.rows[{column}] names row {values[-1]} of a table with "
+                                               f"{table_rows} rows")
+        rows[entry] = np.asarray(values, dtype=np.int64)
+    return DeviceInfo(
+        device_id=hello.device_id, role=plan.role, split=plan.split, num_samples=hello.num_samples,
+        device_class=hello.device_class, tags=MappingProxyType(dict(hello.labels)),
+        runtimes=tuple(hello.runtimes), rows=MappingProxyType(rows), ext=parse_hello_ext(hello, strategy, context),
+    )
+
+
+def hello_profile(hello: p.Hello) -> dict[str, object]:
+    """What the journal keeps of a hello."""
+    return {
+        "budget_bytes": hello.budget_bytes, "cores": hello.cores, "runtimes": list(hello.runtimes),
+        "num_samples": hello.num_samples, "device_class": hello.device_class, "labels": dict(hello.labels),
+        "rows": {k: len(v) for k, v in hello.rows.items()},
+    }
+
+
+def plan_summary(plan: Plan) -> dict[str, object]:
+    return {"role": plan.role, "split": plan.split, "chunks": [list(c) for c in plan.chunks],
+            "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity, "backend": plan.backend}
+
+
+class Admission:
+    """Connection caps, authentication and the journal of registered devices."""
+
+    def __init__(self, config: ServerConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.open = [0, 0]  # connections open, of which still to say hello
+        self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
+        self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
+        self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
+
+    def over_capacity(self) -> str | None:
+        """Why a new connection cannot be taken now (connections held, or still to say hello), if so."""
+        if self.open[0] >= self.config.max_connections:
+            return f"the server holds its maximum of {self.config.max_connections} connections; retry later"
+        if self.open[1] >= self.config.max_pending_hellos:
+            return "too many connections are still to say hello; retry later"
+        return None
+
+    def admit(self, connection: ServerConnection, request: object) -> object:
+        """Before the websocket upgrade: over capacity, answer HTTP 503 and keep nothing. A device
+        retries a failed opening handshake with backoff, whereas an ``Error`` frame after the
+        upgrade is a refusal it takes as final: a fleet reconnecting at once must not lose every
+        device beyond the caps. Cheap, too: no websocket, no session, no error frame."""
+        reason = self.over_capacity()
+        if reason is None:
+            return None
+        self.note_refusal(reason)
+        return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, reason + "\n")
+
+    def connect(self) -> str | None:
+        """Count a new connection (still to say hello); why it must go, if over capacity (a burst
+        admitted together may overshoot the caps)."""
+        reason = self.over_capacity()
+        self.open[0] += 1
+        self.open[1] += 1
+        if reason is not None:
+            self.note_refusal(reason)
+        return reason
+
+    def note_refusal(self, reason: str) -> None:
+        """Count a connection turned away for capacity; logged at most every 10 s, not per connection."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusals_logged >= 10.0:
+            log.warning("turned away %d connections since the last report: %s", self._refusals, reason)
+            self._refusals, self._refusals_logged = 0, now
+
+    def authenticate(self, hello: p.Hello) -> int | None:
+        """Check the hello's credential before anything else; return the enrolled sample count, if any.
+
+        With ``require_credentials`` every device proves its own enrolled credential
+        (:mod:`edge_sdk.credentials`): unknown, revoked, stale, forged or replayed proofs are
+        refused before any model data is sent, and a device id can be taken only by its own
+        credential. Otherwise the shared ``token`` (a lab setting) is compared in constant time.
+        """
+        if self.config.require_credentials:
+            cred = self.store.credential(hello.device_id)
+            if cred is None or cred["revoked"] is not None:
+                raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
+            try:
+                verify_proof(hello.device_id, hello.token, cred["key"], self._replay,
+                             max_skew_s=self.config.credential_skew_s)
+            except CredentialError as exc:
+                raise p.ProtocolError("unauthorized", str(exc)) from None
+            return cred["samples"]
+        if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
+            raise p.ProtocolError("unauthorized", "bad credentials")
+        return None
+
+    def journal(self, hello: p.Hello, plan: Plan) -> None:
+        """Journal a registered device. The hellos taken in one turn of the event loop share one
+        commit (:meth:`Store.record_devices`), written as soon as that turn's callbacks are done:
+        a commit per hello was most of the server's own work per hello."""
+        if not self._device_rows:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._device_rows.append((hello.device_id, hello_profile(hello), plan_summary(plan)))
+
+    def flush(self) -> None:
+        rows, self._device_rows = self._device_rows, []
+        if rows:
+            self.store.record_devices(rows)
+
+
+def model_context(sparse_inputs: Mapping[str, object], state: Mapping[str, np.ndarray]) -> HelloContext:
+    """What hello fields are checked against: the model's sparse input columns and state shapes."""
+    return HelloContext(columns=MappingProxyType({str(c): e for e, c in sparse_inputs.items()}),
+                        shapes=MappingProxyType({k: tuple(v.shape) for k, v in state.items()}))
