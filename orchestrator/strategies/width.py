@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the ratio from this key
 from edge_sdk.models.zoo import model_for_state, width_shapes
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
@@ -63,9 +64,6 @@ __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
 
 #: How the global BatchNorm running statistics are formed (see the module docstring).
 BN_MODES: tuple[str, ...] = ("full", "static", "global")
-
-#: The instruction config key carrying the width ratio (edge_sdk.client.WIDTH_KEY).
-WIDTH_KEY = "width"
 
 #: Entry name endings of BatchNorm running statistics (torch's BatchNorm buffers).
 _BN_STATS = (".running_mean", ".running_var", ".num_batches_tracked")
