@@ -55,6 +55,9 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="threads for ONNX Runtime and torch")
     ap.add_argument("--storage", default="auto", choices=("auto", "memory", "disk"),
                     help="where cached activations live")
+    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "onnxruntime"),
+                    help="training backend: torch, onnxruntime (trains the server's training graphs; never "
+                         "imports torch or model code), or auto (torch if installed)")
     ap.add_argument("--json-events", action="store_true", help="print events as JSON lines on stdout")
     ap.add_argument("--reconnect-retries", type=int, default=30, help="reconnect attempts after a lost connection")
     ap.add_argument("--private-heat", type=float, default=None, metavar="EPSILON",
@@ -170,7 +173,8 @@ def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, 
                         device_class=device_class, token=args.token, secret=_read_secret(args.secret_file),
                         storage=args.storage, threads=args.threads,
                         max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
-                        labels=dict(getattr(args, "labels", None) or []), private_heat=private_heat(args))
+                        labels=dict(getattr(args, "labels", None) or []), private_heat=private_heat(args),
+                        backend=getattr(args, "backend", "auto"))
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_bytes: int | None = None,

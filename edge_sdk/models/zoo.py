@@ -346,22 +346,24 @@ def build_model(name: str, seed: int | None = 0, width: float = 1.0) -> LayeredM
     scaled(1, width)  # checks 0 < width <= 1
     make = (lambda: spec.factory(width=width)) if width != 1.0 else spec.factory
     if seed is None:
-        return _named(spec, make())
+        return _named(spec, make(), width)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return _named(spec, make())
+        return _named(spec, make(), width)
     finally:
         torch.random.set_rng_state(state)
 
 
-def _named(spec: ModelSpec, model: object) -> LayeredModel:
-    """The model, named by what it was resolved from: chunk and graph ids, the welcome and a
-    device's check of a training graph all name a model so (a zoo model's name is its entry's)."""
+def _named(spec: ModelSpec, model: object, width: float) -> LayeredModel:
+    """The model, named by what it was resolved from (chunk and graph ids, the welcome and a
+    device's check of a training graph all name a model so; a zoo model's name is its entry's),
+    with the width it was built at (training graph ids tell widths apart by it)."""
     if not isinstance(model, LayeredModel):
         raise ValueError(f"model {spec.name!r}: the factory returned {type(model).__name__}, not a LayeredModel "
                          "(docs/models.md)")
     model.name = spec.name
+    model.width = width
     return model
 
 
