@@ -43,7 +43,8 @@ from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
 from edge_sdk.phases import DeviceRegistry, Tensors, TrainedUpdate
 from edge_sdk.privacy import PrivateHeat, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
-from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
+from edge_sdk.transport import (Channel, client_tls, recv_msg, recv_payload, send_error, send_msg, send_payload,
+                                ws_options)
 
 log = logging.getLogger("edgetrain.device")
 
@@ -192,7 +193,7 @@ class DeviceClient:
                 try:
                     async with self._connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
                         attempt = 0
-                        if await self._session(Channel(ws, DeviceSession(), self.limits)):
+                        if await self._serve(Channel(ws, DeviceSession(), self.limits)):
                             return self.reports
                 except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
                     if not self.config.reconnect or attempt >= self.config.max_retries:
@@ -213,6 +214,17 @@ class DeviceClient:
                 raise ValueError(f"tls_ca is set but {self.config.server!r} is not a wss:// URL")
             return None
         return client_tls(self.config.tls_ca)
+
+    async def _serve(self, ch: Channel) -> bool:
+        """One connection (:meth:`_session`). An error of this side's own (an instruction it cannot
+        carry out: a phase its registry lacks, a malformed payload) is told to the server as an
+        ``Error`` message before it ends the device: retrying would meet it again."""
+        try:
+            return await self._session(ch)
+        except p.ProtocolError as exc:
+            if not exc.remote:
+                await send_error(ch, exc)
+            raise
 
     async def _session(self, ch: Channel) -> bool:
         """One connection's life. True when the server said goodbye (training over)."""

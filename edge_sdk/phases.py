@@ -4,7 +4,7 @@ A server's instruction names a ``phase`` (what to do: ``train``, ``evaluate``, `
 phase an algorithm adds) and a ``selection`` (how the state it sends is cut: ``tail``, ``rows``,
 ``channels``). The device client knows neither by name: it looks both up in a
 :class:`DeviceRegistry` and runs what it finds, so an algorithm's device-side part is one module
-that adds its entries (docs/architecture.md, "Adding an algorithm"):
+that adds its entries (its server-side part is its strategy, ``orchestrator/strategies``):
 
 - a **phase handler** (:data:`PhaseHandler`) is an ``async`` function of a :class:`PhaseContext`
   that returns a :class:`PhaseResult` (the report's metrics, and tensors if the phase has any);

@@ -134,11 +134,31 @@ def test_a_strategy_and_device_step_defined_in_a_test_run_two_rounds(tmp_path: P
     assert any(not np.array_equal(states["initial"][k], states["final"][k]) for k in states["initial"])
 
 
-def test_a_device_without_the_step_refuses_the_phase_by_name() -> None:
-    """The default registry does not know the test's phase: a device given it would say so, naming it."""
-    with pytest.raises(p.ProtocolError, match="does not know the phase 'label_census'"):
-        DEFAULT_REGISTRY.phase(CENSUS)
-    assert REGISTRY.phase(CENSUS) is label_census
+def test_a_device_without_the_step_refuses_the_phase_by_name(tmp_path: Path) -> None:
+    """A device on the default registry does not know the test's phase: it stops with an error naming
+    the phase (sent to the server as an ``Error`` message too); the device that knows it finishes the round."""
+
+    async def run() -> tuple[list[dict], BaseException | None, CensusThenTrain]:
+        config = ServerConfig(model="tiny", rounds=1, min_devices=2, local_steps=2, batch_size=8, lr=0.1,
+                              deadline_s=60, store_dir=tmp_path / "store", eval_data="synthetic")
+        strategy = CensusThenTrain()
+        orch = Orchestrator(config, strategy=strategy)
+        ready = asyncio.Event()
+        server = asyncio.create_task(orch.run(ready=ready))
+        await ready.wait()
+        data = load_dataset("synthetic", split="train")
+        url = f"ws://127.0.0.1:{orch.port}"
+        knows = DeviceClient(DeviceConfig(server=url, device_id="knows-0", budget_bytes=1 << 30, backend="torch",
+                                          registry=REGISTRY), data.x[:40], data.y[:40])
+        plain = DeviceClient(DeviceConfig(server=url, device_id="plain-1", budget_bytes=1 << 30, backend="torch"),
+                             data.x[40:80], data.y[40:80])
+        outcomes = await asyncio.wait_for(asyncio.gather(knows.run(), plain.run(), return_exceptions=True), 120)
+        return await asyncio.wait_for(server, 60), outcomes[1], strategy
+
+    history, plain_outcome, strategy = asyncio.run(run())
+    assert isinstance(plain_outcome, p.ProtocolError) and "does not know the phase 'label_census'" in str(plain_outcome)
+    assert [h["round"] for h in history] == [1] and history[0]["trainers"] == ["knows-0"]
+    assert set(strategy.census[1]) == {"knows-0"}
 
 
 # -- the registry's rules ---------------------------------------------------------------------------
