@@ -58,6 +58,9 @@ def build_parser(prog: str = "python -m edge_sdk") -> argparse.ArgumentParser:
     ap.add_argument("--backend", default="auto", choices=("auto", "torch", "onnxruntime"),
                     help="training backend: torch, onnxruntime (trains the server's training graphs; never "
                          "imports torch or model code), or auto (torch if installed)")
+    ap.add_argument("--registry", default=None, metavar="PACKAGE.MODULE:NAME",
+                    help="the phases and selections this device runs (an edge_sdk.phases.DeviceRegistry, e.g. "
+                         "edge_sdk.algorithms.DEFAULT_REGISTRY extended with an algorithm's device-side steps)")
     ap.add_argument("--json-events", action="store_true", help="print events as JSON lines on stdout")
     ap.add_argument("--reconnect-retries", type=int, default=30, help="reconnect attempts after a lost connection")
     ap.add_argument("--private-heat", type=float, default=None, metavar="EPSILON",
@@ -103,6 +106,22 @@ def private_heat(args: argparse.Namespace):
         raise ValueError(f"--private-heat needs --table-rows COLUMN=ROWS for {args.data!r} data "
                          "(the sizes of the model's sparse tables)")
     return PrivateHeat(float(epsilon), tables)
+
+
+def _registry(reference: str | None) -> dict:
+    """``registry=`` for DeviceConfig from ``--registry`` (nothing without it: the default registry)."""
+    if reference is None:
+        return {}
+    from edge_sdk.phases import DeviceRegistry
+    from edge_sdk.references import load_reference
+
+    try:
+        registry = load_reference(reference, "--registry")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if not isinstance(registry, DeviceRegistry):
+        raise SystemExit(f"--registry {reference!r} is a {type(registry).__name__}, not an edge_sdk.phases.DeviceRegistry")
+    return {"registry": registry}
 
 
 def _read_secret(path: str | None) -> str:
@@ -174,7 +193,7 @@ def device_config(args: argparse.Namespace, *, budget_bytes: int | None = None, 
                         storage=args.storage, threads=args.threads,
                         max_retries=args.reconnect_retries, tls_ca=args.tls_ca,
                         labels=dict(getattr(args, "labels", None) or []), private_heat=private_heat(args),
-                        backend=getattr(args, "backend", "auto"))
+                        backend=getattr(args, "backend", "auto"), **_registry(getattr(args, "registry", None)))
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, *, budget_bytes: int | None = None,

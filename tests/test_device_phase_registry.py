@@ -200,3 +200,16 @@ def test_the_default_registry_holds_the_algorithms_device_steps() -> None:
     for algorithm_code in ("within_epsilon", "incentive", "WIDTH_KEY", "width=", '"channels"', "phase ==",
                            '"evaluate"', '"compare"'):
         assert algorithm_code not in client_source, algorithm_code
+
+
+def test_a_device_process_takes_its_registry_by_reference() -> None:
+    """``python -m edge_sdk --registry package.module:NAME``: a device process runs an algorithm's steps."""
+    from edge_sdk.cli import build_parser, device_config
+
+    base = ["--id", "d", "--budget", "1GiB"]
+    args = build_parser().parse_args([*base, "--registry", "tests.test_device_phase_registry:REGISTRY"])
+    registry = device_config(args).registry  # the module loaded by name (a copy of this one, to pytest)
+    assert set(registry.phases) == set(REGISTRY.phases) and CENSUS in registry.phases
+    assert device_config(build_parser().parse_args(base)).registry is DEFAULT_REGISTRY
+    with pytest.raises(SystemExit, match="not an edge_sdk.phases.DeviceRegistry"):
+        device_config(build_parser().parse_args([*base, "--registry", "tests.test_device_phase_registry:CENSUS"]))
