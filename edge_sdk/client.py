@@ -452,8 +452,8 @@ class DeviceClient:
         for name, idx in rows.items():
             deltas[name] = p.RowSparse(idx, deltas[name], state[name].num_rows)
         done = TrainedUpdate(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
-                        {"loss_before": result.loss_before, "loss_after": result.loss_after, "steps": result.steps,
-                         "backend": backend})
+                             {"loss_before": result.loss_before, "loss_after": result.loss_after,
+                              "steps": result.steps, "backend": backend})
         prog.trained[ins.model_id] = done
         return done
 
