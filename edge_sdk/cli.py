@@ -88,6 +88,23 @@ def private_heat(args: Any):
         raise UsageProblem(f"--private-heat: {e}") from None
 
 
+def _registry(reference: str) -> dict:
+    """``registry=`` for DeviceConfig from ``--registry`` (nothing without it: the default registry)."""
+    if not reference:
+        return {}
+    from edge_sdk.phases import DeviceRegistry
+    from edge_sdk.references import load_reference
+
+    try:
+        registry = load_reference(reference, "--registry")
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+    if not isinstance(registry, DeviceRegistry):
+        raise UsageProblem(f"--registry {reference!r} is a {type(registry).__name__}, not an "
+                           "edge_sdk.phases.DeviceRegistry")
+    return {"registry": registry}
+
+
 def _read_secret(path: str) -> str:
     """The credential in ``path`` (surrounding whitespace dropped), or "" without one."""
     if not path:
@@ -201,7 +218,8 @@ def device_config(s: Any, *, budget_bytes: int | None = None):
                         work_dir=Path(s.work_dir) if s.work_dir else None,
                         max_retries=None if s.reconnect_retries == FOREVER else s.reconnect_retries,
                         max_backoff_s=s.reconnect_max_delay, tls_ca=s.tls_ca or None,
-                        labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s))
+                        labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
+                        **_registry(s.registry))
 
 
 def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None]:

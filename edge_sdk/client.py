@@ -5,10 +5,11 @@ Algorithms 1-2): fetch frozen chunk 1, run it over the local data, cache the act
 fetch chunk 2 ... then fetch the model payload (the trainable tail, or a submodel of its rows),
 train tau local steps on the cached activations and report the deltas. A strong device has no
 chunks and trains the whole model. A round may hold several instructions (docs/protocol.md,
-"Phases"): ``evaluate`` reports the received model's loss (and, when the server sends FedALIGN's
-``global_loss`` and ``epsilon``, the device's own incentive check ``within_epsilon``,
-:func:`incentive_check`), ``compare`` reports the distance between this round's update and a
-broadcast one; the activations and the trained update are kept for the round, so no phase computes them twice, and a trained update is never trained again.
+"Phases"), each run by the phase of its name in the device's registry (:mod:`edge_sdk.phases`;
+``DeviceConfig.registry``): ``evaluate`` reports the received model's loss, ``compare`` the distance
+between this round's update and a broadcast one, and an algorithm adds its own phases, report hooks
+and selection kinds (:mod:`edge_sdk.algorithms`). The activations and the trained update are kept
+for the round, so no phase computes them twice, and a trained update is never trained again.
 
 The client carries no test hooks: emulation wraps its connection from outside (``connect``).
 """
@@ -26,7 +27,7 @@ import tempfile
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,21 +37,20 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from edge_sdk import protocol as p
+from edge_sdk.algorithms import DEFAULT_REGISTRY
 from edge_sdk.credentials import make_proof
 from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
+from edge_sdk.phases import DeviceRegistry, Tensors, TrainedUpdate
 from edge_sdk.privacy import PrivateHeat, private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
-from edge_sdk.transport import Channel, client_tls, recv_msg, recv_payload, send_msg, send_payload, ws_options
+from edge_sdk.transport import (Channel, client_tls, recv_msg, recv_payload, send_error, send_msg, send_payload,
+                                ws_options)
 
 log = logging.getLogger("edgetrain.device")
 
 #: Integer inputs with at most this many columns are declared per column in the hello (their rows).
 MAX_ROW_COLUMNS = 16
-
-#: Instruction config key of a channel selection's width ratio (width reduction: the device builds
-#: the model at that width and trains the slice it is sent; orchestrator/strategies/width.py).
-WIDTH_KEY = "width"
 
 
 class DeviceRefused(RuntimeError):
@@ -89,6 +89,9 @@ class DeviceConfig:
     #: Extension fields sent in the hello as they are (``Hello.ext``: ``namespace.name`` -> value), for
     #: a strategy that declares them (``Strategy.hello_fields``).
     hello_ext: dict[str, object] = field(default_factory=dict)
+    #: The phases, report hooks and selection kinds this device knows (edge_sdk.phases): the
+    #: built-in ones and every algorithm's of edge_sdk.algorithms, unless extended or replaced.
+    registry: DeviceRegistry = DEFAULT_REGISTRY
 
 
 @dataclass
@@ -110,16 +113,6 @@ class RoundReport:
 
 
 @dataclass
-class _Trained:
-    """A trained update of this round: sent for ``train``, compared for ``compare``, never retrained."""
-
-    deltas: dict[str, np.ndarray | p.RowSparse]
-    num_samples: int
-    trained: tuple[int, int]
-    metrics: dict[str, p.Scalar]
-
-
-@dataclass
 class _RoundProgress:
     """What survives a reconnect within one round: the activations computed so far, partial
     downloads, trained updates, and each report until the server acknowledges it."""
@@ -129,39 +122,12 @@ class _RoundProgress:
     activations: object | None = None  # ActivationCache
     partial: dict[str, p.IncomingTransfer] = field(default_factory=dict)
     storage: str = "memory"  # where the last chunk's activations went
-    trained: dict[str, _Trained] = field(default_factory=dict)  # by model payload id
+    trained: dict[str, TrainedUpdate] = field(default_factory=dict)  # by model payload id
     reports: dict[str, tuple[p.Report, bytes | None]] = field(default_factory=dict)  # by phase, until acked
     acked: set[str] = field(default_factory=set)  # phases done this round
-    within_epsilon: bool | None = None  # this round's incentive check (incentive_check), if the server asked for one
+    notes: dict[str, p.Scalar] = field(default_factory=dict)  # what this round's phases share (PhaseContext.notes)
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0,
                                                                "upload_s": 0.0})
-
-
-def incentive_check(metrics: dict[str, p.Scalar], config: dict[str, p.Scalar]) -> bool | None:
-    """FedALIGN Section 3.1, the device's own check: is |F_k(w) - F(w)| <= epsilon for the received
-    model w? ``metrics`` are this device's ``evaluate`` results (F_k(w) = ``loss``), ``config`` the
-    instruction's (``global_loss`` = F(w), ``epsilon``). None when the server asked for no check.
-
-    The device only reports its verdict (``within_epsilon``): the server decides, and checks again."""
-    if "global_loss" not in config or "epsilon" not in config:
-        return None
-    try:
-        loss, g, eps = float(metrics.get("loss", math.nan)), float(config["global_loss"]), float(config["epsilon"])
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(loss) and math.isfinite(g) and abs(loss - g) <= eps
-
-
-def instruction_width(ins: p.Instruction) -> float:
-    """The width ratio a ``channels`` instruction asks the device to build its model at (1.0 for
-    other selections). A channel selection must carry it in ``config["width"]``, in (0, 1]."""
-    if ins.selection != "channels":
-        return 1.0
-    value = ins.config.get(WIDTH_KEY)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
-        raise p.ProtocolError("malformed", f"a channels instruction needs config[{WIDTH_KEY!r}] in (0, 1], "
-                                           f"got {value!r}")
-    return float(value)
 
 
 def backoff_delay(attempt: int, max_delay_s: float, *, first_s: float = 0.2) -> float:
@@ -252,7 +218,7 @@ class DeviceClient:
                 try:
                     async with self._connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
                         attempt = 0
-                        if await self._session(Channel(ws, DeviceSession(), self.limits)):
+                        if await self._serve(Channel(ws, DeviceSession(), self.limits)):
                             return self.reports
                 except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
                     retries = self.config.max_retries
@@ -276,6 +242,17 @@ class DeviceClient:
                 raise ValueError(f"tls_ca is set but {self.config.server!r} is not a wss:// URL")
             return None
         return client_tls(self.config.tls_ca)
+
+    async def _serve(self, ch: Channel) -> bool:
+        """One connection (:meth:`_session`). An error of this side's own (an instruction it cannot
+        carry out: a phase its registry lacks, a malformed payload) is told to the server as an
+        ``Error`` message before it ends the device: retrying would meet it again."""
+        try:
+            return await self._session(ch)
+        except p.ProtocolError as exc:
+            if not exc.remote:
+                await send_error(ch, exc)
+            raise
 
     async def _session(self, ch: Channel) -> bool:
         """One connection's life. True when the server said goodbye (training over)."""
@@ -339,32 +316,12 @@ class DeviceClient:
             self._progress = _RoundProgress(ins.round)
         prog = self._progress
         if ins.phase not in prog.reports:
-            if ins.phase == "train":
-                trained = await self._trained(ch, ins, prog)
-                payload = p.encode_tensors(trained.deltas)
-                metrics = {**trained.metrics, **{k: round(v, 6) for k, v in prog.timings.items()},
-                           "peak_rss_bytes": peak_rss_bytes(), "storage": prog.storage}
-                if prog.within_epsilon is not None:
-                    # A train instruction after this round's check failed: the device declines by
-                    # saying so on its update (a train report always carries tensors); the
-                    # server's own re-check refuses it either way.
-                    metrics["within_epsilon"] = int(prog.within_epsilon)
-                report = p.Report(ins.round, ins.phase, trained.num_samples, trained.trained, uuid.uuid4().hex, metrics)
-                prog.reports[ins.phase] = (report, payload)
-            elif ins.phase == "evaluate":
-                metrics = await self._evaluate(ch, ins, prog)
-                verdict = incentive_check(metrics, dict(ins.config))
-                if verdict is not None:
-                    prog.within_epsilon = verdict
-                    metrics["within_epsilon"] = int(verdict)
-                    self.on_event("incentive_check", {"device": self.config.device_id, "round": ins.round,
-                                                      "within_epsilon": verdict})
-                prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, len(self.x), (0, 0), "", metrics), None)
-            elif ins.phase == "compare":
-                metrics = await self._compare(ch, ins, prog)
-                prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, len(self.x), (0, 0), "", metrics), None)
-            else:
-                raise p.ProtocolError("unexpected", f"this device does not know the phase {ins.phase!r}")
+            result = await self.config.registry.run(_PhaseContext(self, ch, ins, prog))
+            payload = None if result.tensors is None else p.encode_tensors(result.tensors)
+            num_samples = len(self.x) if result.num_samples is None else result.num_samples
+            report = p.Report(ins.round, ins.phase, num_samples, result.trained,
+                              "" if payload is None else uuid.uuid4().hex, result.metrics)
+            prog.reports[ins.phase] = (report, payload)
             release_memory()
         report, payload = prog.reports[ins.phase]
         await send_msg(ch, report)
@@ -446,13 +403,15 @@ class DeviceClient:
         """The input of the tail, the received state and a tail model loaded with it (torch)."""
         from edge_sdk.trainer import build_tail, load_tail_state, local_rows  # torch loads here
 
-        width = instruction_width(ins)  # before any download: a bad instruction costs nothing
+        # The selection's build options (a channel slice's width) before any download: a bad
+        # instruction costs nothing.
+        options = self.config.registry.selection(ins.selection).model_options(ins)
         x = await self._forward(ch, ins, prog)
         state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
         rows = {n: v.indices for n, v in state.items() if isinstance(v, p.RowSparse)}
-        # A channel slice (width reduction): the model is built at the slice's width, never at full
-        # width, and load_tail_state refuses a slice whose shapes are not that model's.
-        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()}, width=width)
+        # A channel slice (width reduction) is built at the slice's width, never at full width, and
+        # load_tail_state refuses a slice whose shapes are not that model's.
+        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()}, **options)
         load_tail_state(model, ins.split, state)
         if rows:
             x = local_rows(model, np.asarray(x), rows)
@@ -490,17 +449,17 @@ class DeviceClient:
             eval_samples=max(1, int(ins.config.get("eval_samples", default))),
         )
 
-    async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> _Trained:
+    async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> TrainedUpdate:
         """This round's update for the instruction's model payload: trained once, then reused."""
         done = prog.trained.get(ins.model_id)
         if done is not None:
             return done
         rows: dict[str, np.ndarray] = {}
-        if ins.selection == "channels" and (ins.config.get(p.TRAIN_GRAPH_KEY)
-                                            or "torch" not in hello_runtimes(self.config.backend)):
-            # Training graphs are exported for full-width tails only: a width slice trains with torch.
-            # The server never sends one to a device without torch (it skips the device instead).
-            raise p.ProtocolError("unexpected", "a channel selection (width reduction) trains with torch, "
+        if not self.config.registry.selection(ins.selection).trains_graph and (
+                ins.config.get(p.TRAIN_GRAPH_KEY) or "torch" not in hello_runtimes(self.config.backend)):
+            # No training graph trains this cut (a width slice): torch only. The server never sends
+            # one to a device without torch (it skips the device instead).
+            raise p.ProtocolError("unexpected", f"a {ins.selection} selection trains with torch, "
                                                 "which this device does not use")
         if ins.config.get(p.TRAIN_GRAPH_KEY):
             from edge_sdk.ort_trainer import train_tail_ort
@@ -517,12 +476,12 @@ class DeviceClient:
             result = await asyncio.to_thread(train_tail, model, ins.split, x, self.y, self._train_config(ins), state)
             backend = "torch"
         prog.timings["train_s"] += time.monotonic() - t
-        deltas: dict[str, np.ndarray | p.RowSparse] = dict(result.deltas)
+        deltas: Tensors = dict(result.deltas)
         for name, idx in rows.items():
             deltas[name] = p.RowSparse(idx, deltas[name], state[name].num_rows)
-        done = _Trained(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
-                        {"loss_before": result.loss_before, "loss_after": result.loss_after, "steps": result.steps,
-                         "backend": backend})
+        done = TrainedUpdate(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
+                             {"loss_before": result.loss_before, "loss_after": result.loss_after,
+                              "steps": result.steps, "backend": backend})
         prog.trained[ins.model_id] = done
         return done
 
@@ -544,30 +503,6 @@ class DeviceClient:
                                             self._train_config(ins, evaluating=True))
         prog.timings["eval_s"] = prog.timings.get("eval_s", 0.0) + time.monotonic() - t
         return dict(metrics)
-
-    async def _compare(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> dict[str, p.Scalar]:
-        """||delta - b||^2, <delta, b> and ||delta||^2 over the broadcast's entries (VaRSeL eq. 8 needs
-        the first), with this round's update for the instruction's payload."""
-        if not ins.broadcast_id:
-            raise p.ProtocolError("malformed", "a compare instruction needs a broadcast")
-        trained = await self._trained(ch, ins, prog)
-        broadcast = p.decode_tensors(await self._fetch(ch, ins.round, ins.broadcast_id, prog), self.limits)
-        sq_distance = dot = sq_norm = 0.0
-        for name, b in broadcast.items():
-            d = trained.deltas.get(name)
-            if d is None:
-                continue
-            if isinstance(d, p.RowSparse):
-                d = d.dense()
-            if isinstance(b, p.RowSparse):
-                b = b.dense()
-            if np.shape(b) != np.shape(d):
-                raise p.ProtocolError("malformed", f"broadcast {name!r} has shape {np.shape(b)}, the update {np.shape(d)}")
-            d64, b64 = np.asarray(d, np.float64), np.asarray(b, np.float64)
-            sq_distance += float(np.sum((d64 - b64) ** 2))
-            dot += float(np.sum(d64 * b64))
-            sq_norm += float(np.sum(d64 * d64))
-        return {"sq_distance": sq_distance, "dot": dot, "sq_norm": sq_norm, **trained.metrics}
 
     # -- downloads ------------------------------------------------------------------------
     async def _fetch(self, ch: Channel, round: int, payload_id: str, prog: _RoundProgress) -> memoryview:
@@ -644,3 +579,45 @@ class DeviceClient:
         if prog is not None and prog.activations is not None:
             with contextlib.suppress(Exception):
                 prog.activations.close()
+
+
+class _PhaseContext:
+    """The device as a phase handler sees it (edge_sdk.phases.PhaseContext): one instruction on one
+    connection, with the round's progress, so each step is done once per round."""
+
+    def __init__(self, client: DeviceClient, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> None:
+        self._client, self._ch, self._prog = client, ch, prog
+        self.instruction = ins
+
+    @property
+    def device_id(self) -> str:
+        return self._client.config.device_id
+
+    @property
+    def x(self) -> np.ndarray:
+        return self._client.x
+
+    @property
+    def y(self) -> np.ndarray:
+        return self._client.y
+
+    @property
+    def notes(self) -> dict[str, p.Scalar]:
+        return self._prog.notes
+
+    async def trained(self) -> TrainedUpdate:
+        return await self._client._trained(self._ch, self.instruction, self._prog)
+
+    async def evaluate(self) -> dict[str, p.Scalar]:
+        return await self._client._evaluate(self._ch, self.instruction, self._prog)
+
+    async def fetch_tensors(self, payload_id: str) -> Tensors:
+        data = await self._client._fetch(self._ch, self.instruction.round, payload_id, self._prog)
+        return p.decode_tensors(data, self._client.limits)
+
+    def usage(self) -> dict[str, p.Scalar]:
+        return {**{k: round(v, 6) for k, v in self._prog.timings.items()}, "peak_rss_bytes": peak_rss_bytes(),
+                "storage": self._prog.storage}
+
+    def event(self, kind: str, data: Mapping[str, object]) -> None:
+        self._client.on_event(kind, dict(data))

@@ -87,6 +87,9 @@ class DeviceSettings:
                                       metavar="EPSILON")
     table_rows: list[str] = _opt([], "for --private-heat: rows of the sparse table input column COLUMN indexes; "
                                      "repeatable", kind=list, metavar="COLUMN=ROWS")
+    registry: str = _opt("", "the phases and selections this device runs: an edge_sdk.phases.DeviceRegistry "
+                             "(edge_sdk.algorithms.DEFAULT_REGISTRY extended with an algorithm's device-side steps)",
+                         metavar="PACKAGE.MODULE:NAME")
     log_format: str = _opt("text", "log lines as human text or one JSON object each", choices=LOG_FORMATS)
     log_file: str = _opt("", "append the log to this file (default: standard error)", metavar="FILE")
     log_level: str = _opt("info", "least severe log level written", choices=LOG_LEVELS)

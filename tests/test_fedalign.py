@@ -167,7 +167,7 @@ def test_a_train_report_that_says_outside_is_refused_and_the_server_check_still_
 
 
 def test_the_devices_own_incentive_check():
-    from edge_sdk.client import incentive_check
+    from edge_sdk.algorithms.fedalign import incentive_check
 
     assert incentive_check({"loss": 1.7}, {"global_loss": 1.75, "epsilon": 0.1}) is True
     assert incentive_check({"loss": 2.0}, {"global_loss": 1.75, "epsilon": 0.1}) is False

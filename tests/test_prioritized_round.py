@@ -81,7 +81,7 @@ def test_fedalign_phases_warmup_and_what_the_round_reports(fedalign_runs):
     h1, h2 = history
     assert h1["warmup"] is True and h2["warmup"] is False
     assert h2["included"] == {} and h2["excluded"] == ["dev-2", "dev-3"]
-    # The devices made their own check (edge_sdk.client.incentive_check) and declined: epsilon 0.
+    # The devices made their own check (edge_sdk.algorithms.fedalign.incentive_check) and declined: epsilon 0.
     assert h1["declined"] == [] and h2["declined"] == ["dev-2", "dev-3"]
     assert 0 < h2["priority_loss"] and 0 <= h2["priority_accuracy"] <= 1 and 0 <= h2["nonpriority_accuracy"] <= 1
     # The round's extra lands in the journal too.

@@ -11,6 +11,10 @@
 - ``digits_mlp``: a wide four-block MLP for scikit-learn's 8x8 digits (the demo's default).
 - ``tiny``: two linear blocks, small enough to check aggregation by hand.
 
+A model of your own is named ``package.module:factory`` wherever a zoo name goes (``--model``, fleet
+files, ``ServerConfig.model``): :func:`model_spec` resolves both, and everything that builds a
+model goes through it (docs/models.md, the layered-model contract).
+
 Width (static HeteroFL, FjORD's ordered dropout; EmbracingFL Section 4.1 and appendix 6.4): the
 models that take a ``width`` ratio r in (0, 1] (``ModelSpec.widths``; ``build_model(name, width=r)``)
 keep the first ``scaled(c, r) = max(1, ceil(r c))`` channels or units of every hidden layer; the
@@ -23,6 +27,7 @@ a dense layer after a flatten keeps the first ``scaled(c, r) x H x W`` inputs.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 
 from edge_sdk.models.layered import LayeredModel
+from edge_sdk.references import is_reference, load_reference
 
 
 def scaled(channels: int, width: float) -> int:
@@ -271,9 +277,10 @@ def _with_width(model: LayeredModel, width: float) -> LayeredModel:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A zoo entry: how to build the model and what data it expects.
+    """A zoo entry, or a factory of your own: how to build the model and what data it expects.
 
-    ``widths``: the factory takes a ``width`` ratio (width reduction; see the module docstring)."""
+    ``widths``: the factory takes a ``width`` ratio (width reduction; see the module docstring).
+    ``dataset``: the built-in dataset it trains on ("" when a factory names none)."""
 
     name: str
     factory: Callable[..., LayeredModel]
@@ -300,14 +307,35 @@ MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)
 
 
 def model_spec(name: str) -> ModelSpec:
+    """The one place a model name resolves: a zoo name, or ``package.module:factory`` for a model
+    of your own (a callable returning a :class:`LayeredModel`). A factory with a ``width``
+    parameter can be built at reduced widths; a ``dataset`` attribute on it names the built-in
+    dataset it trains on (fleet files default to it). Raises ValueError for an unknown name."""
+    if is_reference(name):
+        return _factory_spec(name)
     try:
         return _SPECS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}") from None
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}, "
+                         "or package.module:factory") from None
+
+
+def _factory_spec(reference: str) -> ModelSpec:
+    factory = load_reference(reference, "model")
+    if not callable(factory):
+        raise ValueError(f"model {reference!r} is not callable: a model factory returns a LayeredModel")
+    try:
+        widths = "width" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin)
+        widths = False
+    doc = (inspect.getdoc(factory) or "").strip().splitlines()
+    return ModelSpec(reference, factory, str(getattr(factory, "dataset", "") or ""), doc[0] if doc else reference,
+                     widths=widths)
 
 
 def build_model(name: str, seed: int | None = 0, width: float = 1.0) -> LayeredModel:
-    """Build a zoo model; with a seed, its initial weights are the same on every machine.
+    """Build a zoo model (or ``package.module:factory``, :func:`model_spec`); with a seed, its
+    initial weights are the same on every machine.
 
     ``width`` < 1 builds the model reduced to that width ratio (only for ``ModelSpec.widths``)."""
     spec = model_spec(name)
@@ -318,17 +346,29 @@ def build_model(name: str, seed: int | None = 0, width: float = 1.0) -> LayeredM
     scaled(1, width)  # checks 0 < width <= 1
     make = (lambda: spec.factory(width=width)) if width != 1.0 else spec.factory
     if seed is None:
-        return make()
+        return _named(spec, make(), width)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return make()
+        return _named(spec, make(), width)
     finally:
         torch.random.set_rng_state(state)
 
 
+def _named(spec: ModelSpec, model: object, width: float) -> LayeredModel:
+    """The model, named by what it was resolved from (chunk and graph ids, the welcome and a
+    device's check of a training graph all name a model so; a zoo model's name is its entry's),
+    with the width it was built at (training graph ids tell widths apart by it)."""
+    if not isinstance(model, LayeredModel):
+        raise ValueError(f"model {spec.name!r}: the factory returned {type(model).__name__}, not a LayeredModel "
+                         "(docs/models.md)")
+    model.name = spec.name
+    model.width = width
+    return model
+
+
 def width_shapes(name: str, width: float) -> dict[str, tuple[int, ...]]:
-    """The state shapes of zoo model ``name`` built at ``width``: the leading slice of every entry of
+    """The state shapes of model ``name`` built at ``width``: the leading slice of every entry of
     the full model that a device at that width holds (built on torch's ``meta`` device: no storage)."""
     return dict(_width_shapes(name, float(width)))
 

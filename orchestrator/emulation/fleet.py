@@ -377,17 +377,21 @@ def device_labels(spec: DeviceSpec) -> dict[str, str]:
 
 
 def _check_model(r: _Reader, model: str, dataset: Any) -> str:
-    """The model must be in the zoo; the dataset defaults to (and must be) the one the model trains on."""
-    from edge_sdk.models.zoo import MODEL_NAMES, model_spec
+    """The model is a zoo name or ``package.module:factory``; the dataset defaults to (and must be)
+    the one the model trains on, and must be given for a model that names none."""
+    from edge_sdk.models.zoo import model_spec
 
-    if model not in MODEL_NAMES:
-        r.fail("fleet.model", f"unknown model {model!r}; known: {', '.join(MODEL_NAMES)}")
-    expected = model_spec(model).dataset
+    try:
+        expected = model_spec(model).dataset
+    except ValueError as exc:
+        r.fail("fleet.model", str(exc))
     if dataset is None:
+        if not expected:
+            r.fail("fleet.dataset", f"model {model!r} names no dataset: give one")
         return expected
     if not isinstance(dataset, str):
         r.fail("fleet.dataset", f"must be a string, got {dataset!r}")
-    if dataset != expected:
+    if expected and dataset != expected:
         r.fail("fleet.dataset", f"model {model!r} trains on {expected!r}, not {dataset!r}")
     return dataset
 

@@ -24,7 +24,7 @@ One round, hook by hook:
    ``epsilon`` (what a device needs for its own check).
 3. A non-priority ``evaluate`` report within epsilon gets a ``train`` follow-up on the same
    selection (the device reuses its download), unless the device declined: its own check
-   (``within_epsilon`` = 0, :func:`edge_sdk.client.incentive_check`) said it is outside. A ``train``
+   (``within_epsilon`` = 0, :func:`edge_sdk.algorithms.fedalign.incentive_check`) said it is outside. A ``train``
    report is checked again with its own ``loss_before`` (the loss of the same model on the same
    local samples) and refused if outside, or if it carries ``within_epsilon`` = 0; the server's
    check decides: a device that claims to be within but is not is refused too.

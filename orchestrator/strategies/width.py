@@ -47,6 +47,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the ratio from this key
 from edge_sdk.models.zoo import model_for_state, width_shapes
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
@@ -68,9 +69,6 @@ __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
 #: How the global BatchNorm running statistics are formed (see the module docstring).
 BnMode = Literal["full", "static", "global"]
 BN_MODES: tuple[str, ...] = get_args(BnMode)
-
-#: The instruction config key carrying the width ratio (edge_sdk.client.WIDTH_KEY).
-WIDTH_KEY = "width"
 
 #: Entry name endings of BatchNorm running statistics (torch's BatchNorm buffers).
 _BN_STATS = (".running_mean", ".running_var", ".num_batches_tracked")

@@ -1,0 +1,1 @@
+"""Examples of projects that use edgetrain from outside its source tree."""

@@ -1,0 +1,1 @@
+"""A model of one's own, outside the zoo: see README.md."""
