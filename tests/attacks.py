@@ -26,7 +26,7 @@ from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 
 __all__ = ["ATTACKS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet"]
 
@@ -139,7 +139,7 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
     """Train digits_mlp with ``devices`` against a live orchestrator; every device must take part
     in every round (min_devices is the fleet's size). The digits training split is cut into
     ``shards`` iid shards whatever the fleet, so a fleet without its attacker keeps the same data."""
-    from orchestrator.localfleet import role_budgets
+    from orchestrator.emulation.localfleet import role_budgets
 
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(devices), local_steps=local_steps,
                           lr=0.1, seed=seed, store_dir=store_dir, deadline_s=120, allow_forced_split=True,

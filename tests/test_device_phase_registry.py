@@ -204,12 +204,14 @@ def test_the_default_registry_holds_the_algorithms_device_steps() -> None:
 
 def test_a_device_process_takes_its_registry_by_reference() -> None:
     """``python -m edge_sdk --registry package.module:NAME``: a device process runs an algorithm's steps."""
-    from edge_sdk.cli import build_parser, device_config
+    from edge_sdk.cli import UsageProblem, device_config
+    from edge_sdk.settings import load_settings
 
-    base = ["--id", "d", "--budget", "1GiB"]
-    args = build_parser().parse_args([*base, "--registry", "tests.test_device_phase_registry:REGISTRY"])
-    registry = device_config(args).registry  # the module loaded by name (a copy of this one, to pytest)
+    def config(**given: object):
+        return device_config(load_settings({"device_id": "d", "budget": "1GiB", **given}))
+
+    registry = config(registry="tests.test_device_phase_registry:REGISTRY").registry  # loaded by name
     assert set(registry.phases) == set(REGISTRY.phases) and CENSUS in registry.phases
-    assert device_config(build_parser().parse_args(base)).registry is DEFAULT_REGISTRY
-    with pytest.raises(SystemExit, match="not an edge_sdk.phases.DeviceRegistry"):
-        device_config(build_parser().parse_args([*base, "--registry", "tests.test_device_phase_registry:CENSUS"]))
+    assert config().registry is DEFAULT_REGISTRY
+    with pytest.raises(UsageProblem, match="not an edge_sdk.phases.DeviceRegistry"):
+        config(registry="tests.test_device_phase_registry:CENSUS")

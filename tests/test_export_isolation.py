@@ -18,7 +18,7 @@ import pytest
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset, partition
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

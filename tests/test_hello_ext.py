@@ -24,7 +24,7 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import start_orchestrator
+from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from orchestrator.strategies import FedAvg, Instruction, RoundContext
 from orchestrator.strategies.base import HelloContext, HelloField

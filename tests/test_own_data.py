@@ -16,7 +16,7 @@ import pytest
 
 from edge_sdk.data import load_dataset, partition
 from orchestrator.config import ServerConfig
-from orchestrator.localfleet import role_budgets, start_orchestrator
+from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow

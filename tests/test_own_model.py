@@ -19,7 +19,7 @@ from edge_sdk.references import load_reference
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.fleet import FleetError, parse_fleet
 from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.localfleet import Faults, run_local_fleet
+from orchestrator.emulation.localfleet import Faults, run_local_fleet
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
