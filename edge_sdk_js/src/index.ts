@@ -8,3 +8,6 @@ export * from "./runtime.js";
 export * from "./sampling.js";
 export * from "./trainer.js";
 export * from "./forward.js";
+export * from "./credentials.js";
+export * from "./transport.js";
+export * from "./client.js";
