@@ -27,6 +27,7 @@ test: $(STAMP)
 # the Python device, a mixed fleet end to end, and, where chromium is installed, a browser tab).
 # ONNXRUNTIME_NODE_INSTALL=skip: onnxruntime-node's install script would fetch a GPU provider.
 test-js: $(STAMP)
+	@command -v npm >/dev/null || { echo "npm not found: the JavaScript SDK's tests need Node.js >= 20 (https://nodejs.org)"; exit 1; }
 	cd edge_sdk_js && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
 	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) npm test
 
