@@ -3,7 +3,7 @@
 // threads, loading the built SDK and onnxruntime-web as ES modules from local files.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { createServer } from "node:http";
-import { extname, join, normalize, resolve } from "node:path";
+import { basename, extname, join, normalize, resolve } from "node:path";
 import { HERE } from "./cases.mjs";
 
 const ROOT = resolve(HERE, "..");
@@ -93,3 +93,26 @@ export function rendererMemory(browser) {
   walk(root);
   return out;
 }
+
+/** Run one case inside the page (files fetched from /cases/<folder>/). */
+export async function conformanceInPage(page, folder) {
+  return page.evaluate(async (base) => {
+    const { decodeTensors, makeRuntime } = window.sdk;
+    const bytes = async (name) => {
+      const res = await fetch(`${base}/${name}`);
+      if (!res.ok) throw new Error(`${name}: ${res.status}`);
+      return new Uint8Array(await res.arrayBuffer());
+    };
+    const summary = JSON.parse(new TextDecoder().decode(await bytes("expected.json")));
+    const chunks = [];
+    for (let i = 0; i < summary.chunks; i++) chunks.push(await bytes(`chunk-${i}.onnx`));
+    const c = { chunks, graph: await bytes("graph.bin"), state: decodeTensors(await bytes("state.bin")),
+      data: decodeTensors(await bytes("data.bin")), plan: decodeTensors(await bytes("plan.bin")),
+      expected: decodeTensors(await bytes("expected.bin")), summary };
+    const { runConformance } = await import("/test/conformance-core.mjs");
+    const result = await runConformance(makeRuntime("onnxruntime-web", window.ort, 1), c);
+    return { ...result, isolated: window.crossOriginIsolated,
+      expectedNames: Object.keys(c.expected).filter((k) => k.startsWith("delta:")).map((k) => k.slice(6)).sort() };
+  }, `/cases/${basename(folder)}`);
+}
+
