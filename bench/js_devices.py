@@ -31,7 +31,7 @@ JS = ROOT / "edge_sdk_js"
 MODELS = ("digits_mlp", "mnist_cnn", "leaf_cnn", "resnet20")
 
 _PY_STEP = r"""
-import json, resource, sys, time
+import json, re, sys, time
 import numpy as np
 from pathlib import Path
 from edge_sdk.forward import multi_step_forward
@@ -39,6 +39,7 @@ from edge_sdk.ort_trainer import OrtTail, TrainGraph, train_tail_ort
 from edge_sdk.protocol import decode_tensors
 from edge_sdk.training import TrainConfig
 folder, steps = Path(sys.argv[1]), int(sys.argv[2])
+hwm = lambda: int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 s = json.loads((folder / "expected.json").read_text())
 data = decode_tensors((folder / "data.bin").read_bytes())
 state = decode_tensors((folder / "state.bin").read_bytes())
@@ -51,17 +52,18 @@ train_tail_ort(tail, state, x, y, TrainConfig(local_steps=2, **cfg))
 t0 = time.perf_counter()
 train_tail_ort(tail, state, x, y, TrainConfig(local_steps=steps, **cfg))
 ms = (time.perf_counter() - t0) * 1000 / steps
-print(json.dumps({"runtime": "python onnxruntime", "msPerStep": ms, "peakRss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"runtime": "python onnxruntime", "msPerStep": ms, "peakRss": hwm()}))
 """
 
 _PY_RUNTIME = r"""
-import json, resource
+import json, re
+from pathlib import Path
 import psutil
 bare = psutil.Process().memory_info().rss
 from edge_sdk.ort_trainer import warm_up
 warm_up()
 print(json.dumps({"runtime": "python onnxruntime", "bareRss": bare, "rss": psutil.Process().memory_info().rss,
-                  "peakRss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peakRss": int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024}))
 """
 
 
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_devices.json")
     args = ap.parse_args()
@@ -111,9 +114,12 @@ def main() -> None:
         result["refused"] = refused
         result["conformance"] = _json([*run, "conformance", *map(str, folders), *(["--browser"] if browser else [])])
         (case,), _ = _cases(Path(tmp) / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
-        speed = [_json([sys.executable, "-c", _PY_STEP, str(case), str(args.steps)])]
-        for kind in ("node", "web", *(["browser"] if browser else [])):
-            speed.append(_json([*run, "step", str(case), kind, str(args.steps)]))
+        commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
+        commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
+        runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
+        speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
+        for i, row in enumerate(speed):
+            row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
         base = speed[0]
         for row in speed:
             row["timeRatio"] = row["msPerStep"] / base["msPerStep"]
@@ -136,8 +142,8 @@ def _print(result: dict) -> None:
         w = worst.setdefault(row["runtime"], {})
         for key, value in row["err"].items():
             w[key] = max(w.get(key, 0.0), value)
-    print(f"conformance over {len(result['conformance'])} case-runtime pairs (refused splits: "
-          f"{[f'{r['model']}:{r['split']}' for r in result['refused']]})")
+    refused = [f"{r['model']}:{r['split']}" for r in result["refused"]]
+    print(f"conformance over {len(result['conformance'])} case-runtime pairs (refused splits: {refused})")
     for runtime, w in worst.items():
         print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
     s = result["speed"]

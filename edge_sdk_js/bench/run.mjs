@@ -14,7 +14,12 @@ import { runConformance } from "../test/conformance-core.mjs";
 const WARM_UP = "CAk6SgoMCgF4EgF5IgRSZWx1EgZ3YXJtdXBaGAoBeBITChEIARINCgcSBWJhdGNoCgIIQGIYCgF5EhMKEQgBEg0KBxIFYmF0Y2gKAghAQgQKABAS";
 
 const [mode, ...args] = process.argv.slice(2);
-const rss = () => ({ rss: process.memoryUsage().rss, peak: process.resourceUsage().maxRSS * 1024 });
+/** VmRSS and VmHWM of this process (getrusage's maxRSS would carry the launching process's peak across exec). */
+const rss = () => {
+  const status = readFileSync("/proc/self/status", "utf8");
+  const kb = (key) => Number(new RegExp(`${key}:\\s+(\\d+)`).exec(status)?.[1] ?? 0) * 1024;
+  return { rss: kb("VmRSS"), peak: kb("VmHWM") };
+};
 
 async function conformance(folders, browser) {
   const out = [];

@@ -8,7 +8,7 @@ import { CHROMIUM, conformanceInPage, openPage, servePage } from "./browser.mjs"
 import { referenceCases } from "./cases.mjs";
 import { TOLERANCE } from "./conformance-core.mjs";
 
-const CASES = (process.env.EDGETRAIN_JS_CONFORMANCE ?? "digits_mlp:3,resnet20:7").split(",");
+const CASES = (process.env.EDGETRAIN_JS_CONFORMANCE ?? "digits_mlp:2,resnet20:7").split(",");
 
 test("the training graphs train in headless Chromium as in the Python device", { skip: CHROMIUM ? false : "chromium is not installed (apt-get install chromium): browser tests skipped", timeout: 240_000 }, async () => {
   const folders = referenceCases(CASES);
