@@ -2,7 +2,7 @@
 // into a cache folder keyed by the script's content.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, renameSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -29,7 +29,15 @@ export function referenceCases(cases) {
   const out = join(process.env.EDGETRAIN_JS_CASES ?? tmpdir(), `edgetrain-js-cases-${key}`);
   const folders = cases.map((c) => join(out, c.replace(":", "-")));
   if (!folders.every((f) => existsSync(join(f, "expected.json")))) {
-    execFileSync(python(), [script, "--out", out, ...cases], { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
+    // Written aside and moved into place: test files running at the same time never read half a case.
+    const staging = mkdtempSync(`${out}.staging-`);
+    execFileSync(python(), [script, "--out", staging, ...cases], { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
+    if (existsSync(out) && !folders.every((f) => existsSync(join(f, "expected.json")))) rmSync(out, { recursive: true, force: true });
+    try {
+      renameSync(staging, out);
+    } catch {
+      rmSync(staging, { recursive: true, force: true }); // another run moved its copy first
+    }
   }
   return folders;
 }
