@@ -93,6 +93,31 @@ def _splits(models: list[str]) -> list[str]:
     return [f"{m}:{k}" for m in models for k in range(len(build_model(m)))]
 
 
+def _conformance(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
+    """Every exportable split of the models, in every runtime."""
+    if args.cases is not None:
+        folders = sorted(p for p in args.cases.iterdir() if (p / "expected.json").exists())
+        refused: list[dict] = []
+    else:
+        folders, refused = _cases(tmp / "conformance", _splits(args.models.split(",")))
+    rows = _json([*run, "conformance", *map(str, folders), *(["--browser"] if browser else [])], timeout=7200)
+    return {"refused": refused, "conformance": rows}
+
+
+def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
+    """ms per local step and peak memory on one tail, each runtime in fresh processes."""
+    (case,), _ = _cases(tmp / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
+    commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
+    commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
+    runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
+    speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
+    for i, row in enumerate(speed):
+        row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
+        row["timeRatio"] = row["msPerStep"] / speed[0]["msPerStep"]
+        row["memoryRatio"] = row["peakRss"] / speed[0]["peakRss"]
+    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -102,6 +127,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
+    ap.add_argument("--cases", type=Path, default=None, help="reuse the conformance cases exported into this folder")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_devices.json")
     args = ap.parse_args()
     browser = not args.no_browser and any(Path(p).exists() for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"))
@@ -109,26 +136,17 @@ def main() -> None:
         print("chromium is not installed (apt-get install chromium): the browser tab is not measured")
     run = ["node", str(JS / "bench" / "run.mjs")]
     result: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "browser": browser}
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(prefix="edgetrain-js-bench-") as tmp:
-        folders, refused = _cases(Path(tmp) / "conformance", _splits(args.models.split(",")))
-        result["refused"] = refused
-        result["conformance"] = _json([*run, "conformance", *map(str, folders), *(["--browser"] if browser else [])])
-        (case,), _ = _cases(Path(tmp) / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
-        commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
-        commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
-        runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
-        speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
-        for i, row in enumerate(speed):
-            row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
-        base = speed[0]
-        for row in speed:
-            row["timeRatio"] = row["msPerStep"] / base["msPerStep"]
-            row["memoryRatio"] = row["peakRss"] / base["peakRss"]
-        result["speed"] = {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
-        memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
-        for kind in ("node", "web", *(["browser"] if browser else [])):
-            memory.append(_json([*run, "runtime", kind]))
-        result["runtime_memory"] = memory
+        if "conformance" in parts:
+            result.update(_conformance(args, Path(tmp), run, browser))
+        if "speed" in parts:
+            result["speed"] = _speed(args, Path(tmp), run, browser)
+        if "memory" in parts:
+            memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
+            for kind in ("node", "web", *(["browser"] if browser else [])):
+                memory.append(_json([*run, "runtime", kind]))
+            result["runtime_memory"] = memory
     _print(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -138,22 +156,25 @@ def main() -> None:
 def _print(result: dict) -> None:
     mib = 1 << 20
     worst: dict[str, dict[str, float]] = {}
-    for row in result["conformance"]:
+    for row in result.get("conformance", []):
         w = worst.setdefault(row["runtime"], {})
         for key, value in row["err"].items():
             w[key] = max(w.get(key, 0.0), value)
-    refused = [f"{r['model']}:{r['split']}" for r in result["refused"]]
-    print(f"conformance over {len(result['conformance'])} case-runtime pairs (refused splits: {refused})")
-    for runtime, w in worst.items():
-        print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
-    s = result["speed"]
-    print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps")
-    for row in s["rows"]:
-        print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
-              f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
-    print("runtime memory (one tiny session run)")
-    for row in result["runtime_memory"]:
-        print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB")
+    if "conformance" in result:
+        refused = [f"{r['model']}:{r['split']}" for r in result["refused"]]
+        print(f"conformance over {len(result['conformance'])} case-runtime pairs (refused splits: {refused})")
+        for runtime, w in worst.items():
+            print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
+    if "speed" in result:
+        s = result["speed"]
+        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps")
+        for row in s["rows"]:
+            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
+                  f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+    if "runtime_memory" in result:
+        print("runtime memory (one tiny session run)")
+        for row in result["runtime_memory"]:
+            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,10 @@ export async function openPage(url) {
   return { browser, page };
 }
 
-/** Resident memory of the browser's renderer processes (VmRSS and peak VmHWM, bytes), from /proc. */
+/**
+ * Resident memory of the browser's tab renderers (VmRSS and peak VmHWM, bytes), from /proc. Beside
+ * the page's renderer there may be a spare one (a fresh renderer, ~80 MiB): the page's is the largest.
+ */
 export function rendererMemory(browser) {
   const root = browser.process()?.pid;
   const out = [];
@@ -81,7 +84,8 @@ export function rendererMemory(browser) {
     for (const child of children(pid)) {
       try {
         const cmd = readFileSync(`/proc/${child}/cmdline`, "utf8");
-        if (cmd.includes("--type=renderer")) {
+        // Tab renderers only: not the browser's own WebUI renderer (its top chrome).
+        if (cmd.includes("--type=renderer") && !cmd.includes("--top-chrome-webui")) {
           const status = readFileSync(`/proc/${child}/status`, "utf8");
           const kb = (key) => Number(new RegExp(`${key}:\\s+(\\d+)`).exec(status)?.[1] ?? 0) * 1024;
           out.push({ pid: child, rss: kb("VmRSS"), peak: kb("VmHWM") });
