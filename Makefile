@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-js install bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(MAKE) test-js
+
+# The JavaScript device SDK (edge_sdk_js/, docs/js-device.md): dependencies from its lockfile,
+# a strict type-check and build, then its tests against this checkout's Python (conformance with
+# the Python device, a mixed fleet end to end, and, where chromium is installed, a browser tab).
+# ONNXRUNTIME_NODE_INSTALL=skip: onnxruntime-node's install script would fetch a GPU provider.
+test-js: $(STAMP)
+	@command -v npm >/dev/null || { echo "npm not found: the JavaScript SDK's tests need Node.js >= 20 (https://nodejs.org)"; exit 1; }
+	cd edge_sdk_js && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
+	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) npm test
 
 # Benchmarks (not tests): numbers go to bench/results/ and, by hand, to BENCHMARKS.md.
 bench: $(STAMP)

@@ -1,0 +1,181 @@
+"""The JavaScript device against the Python ONNX Runtime device (docs/js-device.md).
+
+1. Conformance over every exportable split of the zoo models: the Python device exports the
+   chunks, training graph, state and a batch and trains (edge_sdk_js/test/reference.py); the
+   JavaScript SDK runs the same in onnxruntime-node, onnxruntime-web under Node and (where Debian's
+   chromium is installed) a headless Chromium tab; the worst relative errors per runtime.
+2. Speed and memory for one tail and batch (default ResNet20 split 7, batch 32): ms per local
+   step and peak resident memory of the Python ORT device, the Node devices and the browser tab
+   (its renderer process), each in a fresh process, with ratios to the Python device.
+3. Runtime memory: a Node process and a Chromium renderer with ONNX Runtime loaded and one tiny
+   session run (the planner's `onnxruntime-node` / `onnxruntime-web` entries), beside Python's.
+
+    PYTHONPATH=. python bench/js_devices.py [--models digits_mlp,resnet20] [--steps 30] [--no-browser]
+
+Needs `npm ci` and `npm run build` in edge_sdk_js/ first (make test-js does both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "edge_sdk_js"
+MODELS = ("digits_mlp", "mnist_cnn", "leaf_cnn", "resnet20")
+
+_PY_STEP = r"""
+import json, re, sys, time
+import numpy as np
+from pathlib import Path
+from edge_sdk.forward import multi_step_forward
+from edge_sdk.ort_trainer import OrtTail, TrainGraph, train_tail_ort
+from edge_sdk.protocol import decode_tensors
+from edge_sdk.training import TrainConfig
+folder, steps = Path(sys.argv[1]), int(sys.argv[2])
+hwm = lambda: int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+s = json.loads((folder / "expected.json").read_text())
+data = decode_tensors((folder / "data.bin").read_bytes())
+state = decode_tensors((folder / "state.bin").read_bytes())
+chunks = [(folder / f"chunk-{i}.onnx").read_bytes() for i in range(s["chunks"])]
+x = multi_step_forward(chunks, np.asarray(data["x"]), batch_size=s["train"]["batch_size"]).array if chunks else np.asarray(data["x"])
+y = np.asarray(data["y"])
+tail = OrtTail(TrainGraph.from_bytes((folder / "graph.bin").read_bytes()))
+cfg = dict(batch_size=s["train"]["batch_size"], lr=s["train"]["lr"], seed=1, eval_samples=s["train"]["batch_size"])
+train_tail_ort(tail, state, x, y, TrainConfig(local_steps=2, **cfg))
+t0 = time.perf_counter()
+train_tail_ort(tail, state, x, y, TrainConfig(local_steps=steps, **cfg))
+ms = (time.perf_counter() - t0) * 1000 / steps
+print(json.dumps({"runtime": "python onnxruntime", "msPerStep": ms, "peakRss": hwm()}))
+"""
+
+_PY_RUNTIME = r"""
+import json, re
+from pathlib import Path
+import psutil
+bare = psutil.Process().memory_info().rss
+from edge_sdk.ort_trainer import warm_up
+warm_up()
+print(json.dumps({"runtime": "python onnxruntime", "bareRss": bare, "rss": psutil.Process().memory_info().rss,
+                  "peakRss": int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024}))
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "EDGETRAIN_PYTHON": sys.executable}
+
+
+def _json(cmd: list[str], **kw) -> object:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env(), cwd=ROOT, **kw).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _cases(out: Path, cases: list[str], *extra: str) -> tuple[list[Path], list[dict]]:
+    """Export and run the Python device on each case; (folders made, refused splits)."""
+    lines = subprocess.run([sys.executable, str(JS / "test" / "reference.py"), "--out", str(out), *extra, *cases],
+                           check=True, capture_output=True, text=True, env=_env(), cwd=ROOT).stdout.splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    refused = [r for r in rows if "refused" in r]
+    folders = [out / f"{r['model']}-{r['split']}" for r in rows if "refused" not in r]
+    return folders, refused
+
+
+def _splits(models: list[str]) -> list[str]:
+    from edge_sdk.models.zoo import build_model
+
+    return [f"{m}:{k}" for m in models for k in range(len(build_model(m)))]
+
+
+def _conformance(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
+    """Every exportable split of the models, in every runtime."""
+    if args.cases is not None:
+        folders = sorted(p for p in args.cases.iterdir() if (p / "expected.json").exists())
+        refused: list[dict] = []
+    else:
+        folders, refused = _cases(tmp / "conformance", _splits(args.models.split(",")))
+    rows = _json([*run, "conformance", *map(str, folders), *(["--browser"] if browser else [])], timeout=7200)
+    return {"refused": refused, "conformance": rows}
+
+
+def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
+    """ms per local step and peak memory on one tail, each runtime in fresh processes."""
+    (case,), _ = _cases(tmp / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
+    commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
+    commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
+    runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
+    speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
+    for i, row in enumerate(speed):
+        row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
+        row["timeRatio"] = row["msPerStep"] / speed[0]["msPerStep"]
+        row["memoryRatio"] = row["peakRss"] / speed[0]["peakRss"]
+    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--case", default="resnet20:7", help="the tail timed (model:split)")
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
+    ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
+    ap.add_argument("--cases", type=Path, default=None, help="reuse the conformance cases exported into this folder")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_devices.json")
+    args = ap.parse_args()
+    browser = not args.no_browser and any(Path(p).exists() for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"))
+    if not args.no_browser and not browser:
+        print("chromium is not installed (apt-get install chromium): the browser tab is not measured")
+    run = ["node", str(JS / "bench" / "run.mjs")]
+    result: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "browser": browser}
+    parts = set(args.parts.split(","))
+    with tempfile.TemporaryDirectory(prefix="edgetrain-js-bench-") as tmp:
+        if "conformance" in parts:
+            result.update(_conformance(args, Path(tmp), run, browser))
+        if "speed" in parts:
+            result["speed"] = _speed(args, Path(tmp), run, browser)
+        if "memory" in parts:
+            memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
+            for kind in ("node", "web", *(["browser"] if browser else [])):
+                memory.append(_json([*run, "runtime", kind]))
+            result["runtime_memory"] = memory
+    _print(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+def _print(result: dict) -> None:
+    mib = 1 << 20
+    worst: dict[str, dict[str, float]] = {}
+    for row in result.get("conformance", []):
+        w = worst.setdefault(row["runtime"], {})
+        for key, value in row["err"].items():
+            w[key] = max(w.get(key, 0.0), value)
+    if "conformance" in result:
+        refused = [f"{r['model']}:{r['split']}" for r in result["refused"]]
+        print(f"conformance over {len(result['conformance'])} case-runtime pairs (refused splits: {refused})")
+        for runtime, w in worst.items():
+            print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
+    if "speed" in result:
+        s = result["speed"]
+        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps")
+        for row in s["rows"]:
+            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
+                  f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+    if "runtime_memory" in result:
+        print("runtime memory (one tiny session run)")
+        for row in result["runtime_memory"]:
+            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+/**
+ * The messages of the wire protocol (docs/protocol.md, "Messages") and their codec: msgpack maps
+ * with `"t"` (type) and `"v"` (version) plus the fields, every field on the wire, none extra.
+ * `decode` trusts nothing: the size is checked before parsing, msgpack runs with length limits,
+ * and every field is checked for presence, type and value constraints. Failures raise
+ * `ProtocolError` and nothing else.
+ */
+import { Decoder, Encoder } from "@msgpack/msgpack";
+import { ErrorCode, ProtocolError } from "./errors.js";
+
+export const PROTOCOL_VERSION = 3;
+export const PHASES = ["train", "evaluate", "compare"] as const;
+export const SELECTIONS = ["tail", "rows", "channels"] as const;
+export const TRAIN_GRAPH_KEY = "train_graph_id";
+
+export type Scalar = string | number | boolean;
+export type Pair = [number, number];
+
+/** Bounds every decoder enforces; the receiver's limits decide (docs/protocol.md, "Limits"). */
+export interface Limits {
+  maxFrameBytes: number;
+  maxMessageBytes: number;
+  maxTransferBytes: number;
+  maxTensorBytes: number;
+  maxRank: number;
+  maxDim: number;
+  maxItems: number;
+  maxStrLen: number;
+}
+
+export function makeLimits(overrides: Partial<Limits> = {}): Limits {
+  const maxFrameBytes = overrides.maxFrameBytes ?? 1 << 20;
+  return {
+    maxFrameBytes,
+    maxMessageBytes: overrides.maxMessageBytes ?? maxFrameBytes + (64 << 10),
+    maxTransferBytes: overrides.maxTransferBytes ?? 2 ** 30,
+    maxTensorBytes: overrides.maxTensorBytes ?? 2 ** 30,
+    maxRank: overrides.maxRank ?? 8,
+    maxDim: overrides.maxDim ?? 2 ** 31,
+    maxItems: overrides.maxItems ?? 100_000,
+    maxStrLen: overrides.maxStrLen ?? 4096,
+  };
+}
+
+export const DEFAULT_LIMITS: Limits = makeLimits();
+
+export interface Hello {
+  t: "hello"; device_id: string; token: string; budget_bytes: number; cores: number; runtimes: string[];
+  num_samples: number; device_class: string; labels: Record<string, string>; resume_round: number;
+  rows: Record<string, number[]>; row_bits: Record<string, Uint8Array>; row_epsilon: number;
+}
+export interface Welcome {
+  t: "welcome"; device_id: string; role: string; split: number; num_blocks: number; chunks: Pair[];
+  model: string; model_version: number; batch_size: number; local_steps: number; config: Record<string, Scalar>;
+}
+export interface Instruction {
+  t: "instruction"; round: number; phase: string; model_version: number; split: number; chunk_ids: string[];
+  model_id: string; selection: string; broadcast_id: string; local_steps: number; lr: number; deadline_s: number;
+  config: Record<string, Scalar>;
+}
+export interface Fetch { t: "fetch"; round: number; payload_id: string; offset: number }
+export interface TransferBegin {
+  t: "transfer_begin"; transfer_id: string; kind: string; total_size: number; sha256: string; frame_size: number;
+  offset: number; meta: Record<string, Scalar>;
+}
+export interface TransferFrame { t: "transfer_frame"; transfer_id: string; offset: number; data: Uint8Array }
+export interface TransferEnd { t: "transfer_end"; transfer_id: string; sha256: string }
+export interface Report {
+  t: "report"; round: number; phase: string; num_samples: number; trained: Pair; transfer_id: string;
+  metrics: Record<string, Scalar>;
+}
+export interface Ack { t: "ack"; round: number; accepted: boolean; reason: string; phase: string }
+export interface ErrorMsg { t: "error"; code: string; message: string }
+export interface Bye { t: "bye"; reason: string }
+export interface Resume { t: "resume"; transfer_id: string; offset: number }
+
+export type Message =
+  | Hello | Welcome | Instruction | Fetch | TransferBegin | TransferFrame | TransferEnd | Report | Ack | ErrorMsg
+  | Bye | Resume;
+
+type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "pair" | "list_pair" | "dict_str"
+  | "dict_scalar" | "dict_ints" | "dict_bytes";
+
+/** Field names and kinds of every message, in wire order (the Python dataclasses' order). */
+const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
+  hello: [["device_id", "str"], ["token", "str"], ["budget_bytes", "int"], ["cores", "int"],
+    ["runtimes", "list_str"], ["num_samples", "int"], ["device_class", "str"], ["labels", "dict_str"],
+    ["resume_round", "int"], ["rows", "dict_ints"], ["row_bits", "dict_bytes"], ["row_epsilon", "float"]],
+  welcome: [["device_id", "str"], ["role", "str"], ["split", "int"], ["num_blocks", "int"], ["chunks", "list_pair"],
+    ["model", "str"], ["model_version", "int"], ["batch_size", "int"], ["local_steps", "int"],
+    ["config", "dict_scalar"]],
+  instruction: [["round", "int"], ["phase", "str"], ["model_version", "int"], ["split", "int"],
+    ["chunk_ids", "list_str"], ["model_id", "str"], ["selection", "str"], ["broadcast_id", "str"],
+    ["local_steps", "int"], ["lr", "float"], ["deadline_s", "float"], ["config", "dict_scalar"]],
+  fetch: [["round", "int"], ["payload_id", "str"], ["offset", "int"]],
+  transfer_begin: [["transfer_id", "str"], ["kind", "str"], ["total_size", "int"], ["sha256", "str"],
+    ["frame_size", "int"], ["offset", "int"], ["meta", "dict_scalar"]],
+  transfer_frame: [["transfer_id", "str"], ["offset", "int"], ["data", "bytes"]],
+  transfer_end: [["transfer_id", "str"], ["sha256", "str"]],
+  report: [["round", "int"], ["phase", "str"], ["num_samples", "int"], ["trained", "pair"], ["transfer_id", "str"],
+    ["metrics", "dict_scalar"]],
+  ack: [["round", "int"], ["accepted", "bool"], ["reason", "str"], ["phase", "str"]],
+  error: [["code", "str"], ["message", "str"]],
+  bye: [["reason", "str"]],
+  resume: [["transfer_id", "str"], ["offset", "int"]],
+};
+
+const SHA256_HEX = /^[0-9a-f]{64}$/;
+
+function bad(where: string, what: string): ProtocolError {
+  return new ProtocolError(ErrorCode.MALFORMED, `${where}: ${what}`);
+}
+
+function require(ok: boolean, message: string): void {
+  if (!ok) throw new ProtocolError(ErrorCode.MALFORMED, message);
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value) && !(value instanceof Uint8Array)
+    && !(value instanceof Map);
+}
+
+function checkStr(where: string, value: unknown, limits: Limits): string {
+  if (typeof value !== "string") throw bad(where, `expected str, got ${typeof value}`);
+  if (value.length > limits.maxStrLen) {
+    throw new ProtocolError(ErrorCode.TOO_LARGE, `${where}: string of ${value.length} characters exceeds ${limits.maxStrLen}`);
+  }
+  return value;
+}
+
+function checkInt(where: string, value: unknown): number {
+  if (typeof value === "bigint") {
+    if (value < -(2n ** 63n) || value >= 2n ** 63n) throw bad(where, "integer outside the int64 range");
+    return Number(value);
+  }
+  if (typeof value !== "number" || !Number.isInteger(value)) throw bad(where, `expected int, got ${typeof value}`);
+  return value;
+}
+
+function checkFloat(where: string, value: unknown): number {
+  if (typeof value === "bigint") return Number(value);
+  if (typeof value !== "number") throw bad(where, `expected float, got ${typeof value}`);
+  if (!Number.isFinite(value)) throw new ProtocolError(ErrorCode.NON_FINITE, `${where}: ${value} is not finite`);
+  return value;
+}
+
+function checkItems(where: string, count: number, limits: Limits): void {
+  if (count > limits.maxItems) {
+    throw new ProtocolError(ErrorCode.TOO_LARGE, `${where}: ${count} entries exceed ${limits.maxItems}`);
+  }
+}
+
+function checkMap(where: string, value: unknown, limits: Limits): [string, unknown][] {
+  if (!isPlainObject(value)) throw bad(where, "expected a map");
+  const entries = Object.entries(value);
+  checkItems(where, entries.length, limits);
+  for (const [key] of entries) checkStr(where, key, limits);
+  return entries;
+}
+
+function checkPair(where: string, value: unknown): Pair {
+  if (!Array.isArray(value) || value.length !== 2) throw bad(where, "expected a pair of ints");
+  return [checkInt(where, value[0]), checkInt(where, value[1])];
+}
+
+function checkKind(where: string, kind: Kind, value: unknown, limits: Limits): unknown {
+  switch (kind) {
+    case "str": return checkStr(where, value, limits);
+    case "int": return checkInt(where, value);
+    case "float": return checkFloat(where, value);
+    case "bool":
+      if (typeof value !== "boolean") throw bad(where, `expected bool, got ${typeof value}`);
+      return value;
+    case "bytes":
+      if (!(value instanceof Uint8Array)) throw bad(where, `expected bytes, got ${typeof value}`);
+      if (value.byteLength > limits.maxFrameBytes) {
+        throw new ProtocolError(ErrorCode.TOO_LARGE, `${where}: ${value.byteLength} bytes exceed ${limits.maxFrameBytes}`);
+      }
+      return value;
+    case "list_str":
+      if (!Array.isArray(value)) throw bad(where, "expected a list");
+      checkItems(where, value.length, limits);
+      return value.map((v) => checkStr(where, v, limits));
+    case "pair": return checkPair(where, value);
+    case "list_pair":
+      if (!Array.isArray(value)) throw bad(where, "expected a list");
+      checkItems(where, value.length, limits);
+      return value.map((v) => checkPair(where, v));
+    case "dict_str":
+      return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => [k, checkStr(`${where}[${k}]`, v, limits)]));
+    case "dict_scalar":
+      return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => [k, checkScalar(`${where}[${k}]`, v, limits)]));
+    case "dict_ints":
+      return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => {
+        if (!Array.isArray(v)) throw bad(`${where}[${k}]`, "expected a list of ints");
+        checkItems(where, v.length, limits);
+        return [k, v.map((i) => checkInt(`${where}[${k}]`, i))];
+      }));
+    case "dict_bytes":
+      return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => [k, checkKind(`${where}[${k}]`, "bytes", v, limits)]));
+  }
+}
+
+function checkScalar(where: string, value: unknown, limits: Limits): Scalar {
+  if (typeof value === "string") return checkStr(where, value, limits);
+  if (typeof value === "boolean") return value;
+  if (typeof value === "number" || typeof value === "bigint") return checkFloat(where, value);
+  throw bad(where, `expected str, int, float or bool, got ${value === null ? "nil" : typeof value}`);
+}
+
+function increasing(values: number[]): boolean {
+  return values.every((v, i) => i === 0 || v > values[i - 1]!);
+}
+
+/** The value constraints types alone cannot express (docs/protocol.md, "Messages"). */
+function checkValues(msg: Message): void {
+  const t = msg.t;
+  switch (msg.t) {
+    case "hello":
+      require(msg.device_id !== "", "hello.device_id is empty");
+      require(msg.budget_bytes >= 0 && msg.cores >= 0 && msg.num_samples >= 0, `${t}: a count is negative`);
+      require(msg.resume_round >= -1, "hello.resume_round is below -1");
+      require(msg.row_epsilon >= 0, "hello.row_epsilon is negative");
+      require(Object.keys(msg.row_bits).length === 0 || msg.row_epsilon > 0, "hello.row_bits needs row_epsilon > 0");
+      for (const values of Object.values(msg.rows)) require(increasing(values) && (values[0] ?? 0) >= 0, "hello.rows is not strictly increasing");
+      break;
+    case "welcome":
+      require(msg.num_blocks >= 0 && msg.split >= 0 && msg.split <= msg.num_blocks, "welcome.split is outside [0, num_blocks]");
+      for (const [a, b] of msg.chunks) require(0 <= a && a < b && b <= msg.num_blocks, `welcome.chunks has a bad range (${a}, ${b})`);
+      require(msg.model_version >= 0 && msg.local_steps >= 0, "welcome: a count is negative");
+      require(msg.batch_size >= 1, "welcome.batch_size is below 1");
+      break;
+    case "instruction":
+      require(msg.round >= 0 && msg.model_version >= 0 && msg.split >= 0 && msg.local_steps >= 0, "instruction: a count is negative");
+      require(msg.phase !== "" && msg.model_id !== "", "instruction.phase or model_id is empty");
+      require(msg.chunk_ids.every((c) => c !== ""), "instruction.chunk_ids holds an empty id");
+      require((SELECTIONS as readonly string[]).includes(msg.selection), `instruction.selection ${msg.selection} is not one of ${SELECTIONS.join(", ")}`);
+      require(msg.lr >= 0 && msg.deadline_s >= 0, "instruction.lr or deadline_s is negative");
+      break;
+    case "fetch":
+      require(msg.round >= 0 && msg.offset >= 0 && msg.payload_id !== "", "fetch: bad round, offset or payload_id");
+      break;
+    case "transfer_begin":
+      require(msg.transfer_id !== "" && msg.kind !== "", "transfer_begin: empty transfer_id or kind");
+      require(msg.sha256 === "" || SHA256_HEX.test(msg.sha256), "transfer_begin.sha256 is neither empty nor 64 lowercase hex digits");
+      require(msg.frame_size >= 1, "transfer_begin.frame_size is below 1");
+      require(msg.total_size >= 0 && 0 <= msg.offset && msg.offset <= msg.total_size, "transfer_begin.offset is outside [0, total_size]");
+      break;
+    case "transfer_frame":
+      require(msg.transfer_id !== "" && msg.offset >= 0 && msg.data.byteLength > 0, "transfer_frame: empty id or data, or a negative offset");
+      break;
+    case "transfer_end":
+      require(msg.transfer_id !== "" && SHA256_HEX.test(msg.sha256), "transfer_end: empty id or a bad sha256");
+      break;
+    case "report": {
+      const [a, b] = msg.trained;
+      require(msg.round >= 0 && msg.num_samples >= 0 && msg.phase !== "", "report: bad round, num_samples or phase");
+      require(0 <= a && a <= b, `report.trained has a bad range (${a}, ${b})`);
+      require(msg.transfer_id !== "" || (a === 0 && b === 0), "report.trained must be (0, 0) when the report has no tensors");
+      break;
+    }
+    case "ack": require(msg.round >= 0, "ack.round is negative"); break;
+    case "error": require(msg.code !== "", "error.code is empty"); break;
+    case "resume": require(msg.transfer_id !== "" && msg.offset >= 0, "resume: empty id or negative offset"); break;
+    case "bye": break;
+  }
+}
+
+const encoder = new Encoder();
+
+/** Encode a message as one msgpack map; refuses (`ProtocolError`) what the peer would refuse. */
+export function encode(msg: Message): Uint8Array {
+  const schema = SCHEMAS[msg.t];
+  if (schema === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `cannot encode ${String(msg.t)}`);
+  const body: Record<string, unknown> = { t: msg.t, v: PROTOCOL_VERSION };
+  const unbounded = makeLimits({ maxFrameBytes: 2 ** 52, maxItems: 2 ** 52, maxStrLen: 2 ** 52 });
+  for (const [name, kind] of schema) {
+    body[name] = checkKind(`${msg.t}.${name}`, kind, (msg as unknown as Record<string, unknown>)[name], unbounded);
+  }
+  checkValues(msg);
+  return encoder.encode(body);
+}
+
+/** Decode and validate one message (docs/protocol.md, "Field types"). */
+export function decode(data: Uint8Array, limits: Limits = DEFAULT_LIMITS): Message {
+  if (data.byteLength > limits.maxMessageBytes) {
+    throw new ProtocolError(ErrorCode.TOO_LARGE, `message of ${data.byteLength} bytes exceeds ${limits.maxMessageBytes}`);
+  }
+  let obj: unknown;
+  try {
+    obj = new Decoder({
+      maxStrLength: limits.maxStrLen * 4, maxBinLength: limits.maxFrameBytes, maxArrayLength: Math.max(limits.maxItems, 2),
+      maxMapLength: Math.max(limits.maxItems, 32), maxExtLength: limits.maxStrLen,
+    }).decode(data);
+  } catch (exc) {
+    const text = String(exc).slice(0, 200);
+    throw new ProtocolError(/exceeds|max/i.test(text) ? ErrorCode.TOO_LARGE : ErrorCode.MALFORMED, `not valid msgpack: ${text}`);
+  }
+  if (!isPlainObject(obj)) throw new ProtocolError(ErrorCode.MALFORMED, "a message must be a msgpack map");
+  if (obj["v"] !== PROTOCOL_VERSION) {
+    throw new ProtocolError(ErrorCode.BAD_VERSION, `protocol version ${String(obj["v"])} is not ${PROTOCOL_VERSION}`);
+  }
+  const t = obj["t"];
+  const schema = typeof t === "string" && Object.hasOwn(SCHEMAS, t) ? SCHEMAS[t as Message["t"]] : undefined;
+  if (schema === undefined) throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `unknown message type ${String(t).slice(0, 64)}`);
+  const expected = new Set(["t", "v", ...schema.map(([n]) => n)]);
+  const keys = Object.keys(obj);
+  if (keys.length !== expected.size || keys.some((k) => !expected.has(k))) {
+    const missing = [...expected].filter((k) => !(k in obj));
+    const extra = keys.filter((k) => !expected.has(k)).map((k) => k.slice(0, 40));
+    throw new ProtocolError(ErrorCode.MALFORMED, `${t}: missing fields [${missing.join(", ")}], unexpected fields [${extra.join(", ")}]`);
+  }
+  const msg: Record<string, unknown> = { t };
+  for (const [name, kind] of schema) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits);
+  checkValues(msg as unknown as Message);
+  return msg as unknown as Message;
+}

@@ -1,0 +1,55 @@
+/**
+ * The ONNX Runtime a device runs on, injected: `onnxruntime-node` (native, x64/arm64 boards) or
+ * `onnxruntime-web` (WebAssembly, in a browser or under Node). Both implement the API of
+ * `onnxruntime-common`, which is all this SDK uses, so the same code trains on either.
+ */
+import type * as ortCommon from "onnxruntime-common";
+
+export type OrtApi = {
+  InferenceSession: typeof ortCommon.InferenceSession;
+  Tensor: typeof ortCommon.Tensor;
+  env: ortCommon.Env;
+};
+export type OrtSession = ortCommon.InferenceSession;
+export type OrtTensor = ortCommon.Tensor;
+
+export interface Runtime {
+  /** The name the device's hello declares in `runtimes` (docs/protocol.md, "Runtimes"). */
+  name: string;
+  ort: OrtApi;
+  /** Execution providers for every session: `cpu` (node) or `wasm` (web). */
+  executionProviders: string[];
+}
+
+/** A runtime from an already imported ONNX Runtime package (a page passes `globalThis.ort`). */
+export function makeRuntime(name: "onnxruntime-node" | "onnxruntime-web", ort: OrtApi, threads = 1): Runtime {
+  if (name === "onnxruntime-web") {
+    ort.env.wasm.numThreads = Math.max(1, threads);
+  }
+  return { name, ort, executionProviders: name === "onnxruntime-web" ? ["wasm"] : ["cpu"] };
+}
+
+/** Import `onnxruntime-node` or `onnxruntime-web` (Node only: a page passes its own `ort`). */
+export async function loadRuntime(kind: "node" | "web", threads = 1): Promise<Runtime> {
+  if (kind === "node") {
+    const ort = (await import("onnxruntime-node")) as unknown as OrtApi;
+    return makeRuntime("onnxruntime-node", ort, threads);
+  }
+  const ort = (await import("onnxruntime-web")) as unknown as OrtApi;
+  return makeRuntime("onnxruntime-web", ort, threads);
+}
+
+/**
+ * A session with the small-device settings of the Python device (edge_sdk.forward.ChunkRunner):
+ * a fixed number of intra-op threads, sequential execution, no memory-pattern planning.
+ */
+export async function openSession(runtime: Runtime, model: Uint8Array, threads = 1): Promise<OrtSession> {
+  return runtime.ort.InferenceSession.create(model, {
+    executionProviders: runtime.executionProviders,
+    intraOpNumThreads: Math.max(1, threads),
+    interOpNumThreads: 1,
+    executionMode: "sequential",
+    enableMemPattern: false,
+    logSeverityLevel: 3,
+  });
+}

@@ -1,0 +1,91 @@
+// The protocol layer against a websocket peer written here: a malformed frame from the server is
+// answered with an error frame and a 1008 close, and the device stops (it does not retry);
+// messages, tensors and transfers refuse what docs/protocol.md says they refuse.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import WebSocket, { WebSocketServer } from "ws";
+import { DeviceClient, IncomingTransfer, ProtocolError, decode, decodeTensors, encode, encodeTensors, frames, loadRuntime,
+  makeProof, tensor } from "../dist/index.js";
+
+function serverSaying(reply) {
+  return new Promise((resolve) => {
+    const wss = new WebSocketServer({ host: "127.0.0.1", port: 0 });
+    const seen = [];
+    wss.on("connection", (ws) => {
+      ws.on("message", (data) => {
+        seen.push(decode(new Uint8Array(data)));
+        if (seen.length === 1) ws.send(reply);
+      });
+      ws.on("close", (code) => seen.push({ closed: code }));
+    });
+    wss.on("listening", () => resolve({ url: `ws://127.0.0.1:${wss.address().port}`, seen, close: () => wss.close() }));
+  });
+}
+
+test("a malformed frame from the server gets an error frame and a 1008 close", async () => {
+  const peer = await serverSaying(Uint8Array.from([0xc1, 0x00, 0xff]));
+  const x = tensor("float32", [2, 2], new Float32Array(4));
+  const y = tensor("int64", [2], new BigInt64Array(2));
+  const client = new DeviceClient({ server: peer.url, deviceId: "d", budgetBytes: 1 << 30, runtime: await loadRuntime("node"),
+    webSocket: (url) => new WebSocket(url), data: { x, y } });
+  await assert.rejects(client.run(), (exc) => exc instanceof ProtocolError && exc.code === "malformed");
+  await new Promise((r) => setTimeout(r, 200));
+  peer.close();
+  assert.equal(peer.seen[0].t, "hello");
+  assert.deepEqual(peer.seen[0].runtimes, ["onnxruntime-node"]);
+  assert.equal(peer.seen[1].t, "error");
+  assert.equal(peer.seen[1].code, "malformed");
+  assert.deepEqual(peer.seen[2], { closed: 1008 });
+});
+
+test("messages: every field present, none extra, types checked", () => {
+  const fetch = { t: "fetch", round: 3, payload_id: "p", offset: 0 };
+  assert.deepEqual(decode(encode(fetch)), fetch);
+  const codeOf = (fn) => { try { fn(); } catch (e) { return e.code; } return "ok"; };
+  assert.equal(codeOf(() => encode({ ...fetch, round: 1.5 })), "malformed");
+  assert.equal(codeOf(() => encode({ ...fetch, payload_id: "" })), "malformed");
+  assert.equal(codeOf(() => decode(Uint8Array.from([0x81, 0xa1, 0x74, 0xa3, 0x66, 0x6f, 0x6f]))), "bad_version");
+  assert.equal(codeOf(() => encode({ t: "ack", round: 1, accepted: 1, reason: "", phase: "" })), "malformed");
+  assert.equal(codeOf(() => encode({ t: "report", round: 1, phase: "train", num_samples: 1, trained: [0, 1], transfer_id: "", metrics: {} })), "malformed");
+});
+
+test("tensors: round trip, and NaN, bad shapes and unknown dtypes refused", () => {
+  const w = tensor("float32", [2, 3], Float32Array.from([1, 2, 3, 4, 5, 6]));
+  const back = decodeTensors(encodeTensors({ w, i: tensor("int64", [1], BigInt64Array.of(7n)) }));
+  assert.deepEqual([...back.w.data], [1, 2, 3, 4, 5, 6]);
+  assert.deepEqual(back.w.shape, [2, 3]);
+  assert.equal(back.i.data[0], 7n);
+  const codeOf = (fn) => { try { fn(); } catch (e) { return e.code; } return "ok"; };
+  assert.equal(codeOf(() => decodeTensors(encodeTensors({ w: tensor("float32", [1], Float32Array.of(NaN)) }))), "non_finite");
+  const bytes = encodeTensors({ w });
+  const badDtype = bytes.slice();
+  badDtype[1 + 2 + 6] = 99; // after the fixmap, the key "w" and the ext 32 header: the dtype code
+  assert.equal(codeOf(() => decodeTensors(badDtype)), "bad_dtype");
+  const badShape = bytes.slice();
+  badShape[1 + 2 + 6 + 8] = 4; // first dimension 4 instead of 2: the data is too short
+  assert.equal(codeOf(() => decodeTensors(badShape)), "bad_shape");
+  assert.equal(codeOf(() => decodeTensors(bytes.subarray(0, bytes.length - 4))), "malformed");
+});
+
+test("transfers: frames checked and hashed as they land; a resumed transfer continues", () => {
+  const payload = Uint8Array.from({ length: 1000 }, (_, i) => i % 251);
+  const msgs = [...frames(payload, { transferId: "t", kind: "update", meta: {}, frameSize: 300 })];
+  const incoming = new IncomingTransfer(msgs[0]);
+  incoming.feed(msgs[1]);
+  assert.throws(() => incoming.feed(msgs[3]), (e) => e.code === "out_of_order");
+  const resumed = [...frames(payload, { transferId: "t", kind: "update", meta: {}, frameSize: 300, offset: 300 })];
+  assert.throws(() => incoming.resume({ ...resumed[0], offset: 0 }), (e) => e.code === "out_of_order");
+  incoming.resume({ ...resumed[0], sha256: "" });
+  for (const m of resumed.slice(1, -1)) incoming.feed(m);
+  incoming.finish(resumed.at(-1));
+  assert.deepEqual(incoming.result(), payload);
+  const corrupt = new IncomingTransfer(msgs[0]);
+  for (const m of msgs.slice(1, -1)) corrupt.feed({ ...m, data: m.data.map((b) => b ^ 1) });
+  corrupt.finish(msgs.at(-1));
+  assert.throws(() => corrupt.result(), (e) => e.code === "checksum");
+});
+
+test("credential proofs are the Python device's (edge_sdk.credentials.make_proof)", () => {
+  const proof = makeProof("dev", "secret", 1700000000, "00112233445566778899aabbccddeeff");
+  assert.equal(proof, "hmac1:1700000000:00112233445566778899aabbccddeeff:60aaea5afcf64f21d10dd9f4d1e3c589e96aeee1cd5fccfe664a38768138b91a");
+});
