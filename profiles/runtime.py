@@ -114,12 +114,24 @@ class Runtime:
         return not self.needs_graph or split in graph_splits
 
 
+#: Resident memory of the JavaScript runtimes with the SDK loaded and a first session run, in bytes
+#: (``bench/js_devices.py``; Node 20, onnxruntime-node/-web 1.30).
+JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
+    "onnxruntime-node": 82 * _MiB,
+    "onnxruntime-web": 144 * _MiB,
+})
+
 #: The training runtimes, in the order the planner prefers them (a device that names several is
 #: planned on the first of them here): torch steps are faster; ONNX Runtime needs far less memory.
 #: Adding a runtime is one entry.
 RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     Runtime("torch", memory="training", backend="torch"),
     Runtime("onnxruntime", memory="onnxruntime_training", backend="graph"),
+    # The JavaScript SDK (edge_sdk_js), measured where it runs, not on the planning machine
+    # (docs/measurements.md, "Memory of the runtimes"): a Node process with the SDK, onnxruntime-node
+    # and a first session; a browser tab's renderer with the SDK, onnxruntime-web and a first session.
+    Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
+    Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph"),
 )})
 
 #: Training backend names the planner accepts (the runtimes' names, in preference order).

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_registry_names_each_runtime_once() -> None:
-    assert list(RUNTIMES) == ["torch", "onnxruntime"]  # the planner's order of preference
+    # The planner's order of preference: torch, then the Python and JavaScript graph runtimes.
+    assert list(RUNTIMES) == ["torch", "onnxruntime", "onnxruntime-node", "onnxruntime-web"]
     assert RUNTIMES["torch"].backend == "torch" and not RUNTIMES["torch"].needs_graph
     assert RUNTIMES["onnxruntime"].needs_graph
     assert RUNTIMES["onnxruntime"].can_train(2, {2}) and not RUNTIMES["onnxruntime"].can_train(1, {2})
@@ -33,7 +34,8 @@ def test_the_registry_names_each_runtime_once() -> None:
     # A device names what it has; it trains with the first of the registry's runtimes it names.
     assert device_runtime(["onnxruntime", "torch"]).name == "torch"
     assert device_runtime(["onnxruntime"]).name == "onnxruntime"
-    with pytest.raises(UnknownRuntime, match="known: torch, onnxruntime"):
+    assert device_runtime(["onnxruntime-web"]).needs_graph and device_runtime(["onnxruntime-node"]).needs_graph
+    with pytest.raises(UnknownRuntime, match="known: torch, onnxruntime, onnxruntime-node, onnxruntime-web"):
         device_runtime(["tensorflow"])
     # Memory: a RuntimeMemory figure by name, or bytes measured elsewhere (a browser's runtime).
     assert FALLBACK.for_backend("torch") == FALLBACK.training

@@ -164,7 +164,7 @@ export class DeviceClient {
       t: "hello", device_id: o.deviceId, token: o.secret ? makeProof(o.deviceId, o.secret) : (o.token ?? ""),
       budget_bytes: o.budgetBytes, cores: o.cores ?? 1, runtimes: [o.runtime.name], num_samples: this.data!.x.shape[0]!,
       device_class: o.deviceClass ?? "", labels: { ...(o.labels ?? {}) }, resume_round: this.progress?.round ?? -1,
-      rows: {}, row_bits: {}, row_epsilon: 0,
+      rows: {}, ext: {},
     });
     try {
       const welcome = await this.recvInner(ch);

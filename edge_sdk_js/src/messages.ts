@@ -8,7 +8,7 @@
 import { Decoder, Encoder } from "@msgpack/msgpack";
 import { ErrorCode, ProtocolError } from "./errors.js";
 
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 export const PHASES = ["train", "evaluate", "compare"] as const;
 export const SELECTIONS = ["tail", "rows", "channels"] as const;
 export const TRAIN_GRAPH_KEY = "train_graph_id";
@@ -47,7 +47,9 @@ export const DEFAULT_LIMITS: Limits = makeLimits();
 export interface Hello {
   t: "hello"; device_id: string; token: string; budget_bytes: number; cores: number; runtimes: string[];
   num_samples: number; device_class: string; labels: Record<string, string>; resume_round: number;
-  rows: Record<string, number[]>; row_bits: Record<string, Uint8Array>; row_epsilon: number;
+  rows: Record<string, number[]>;
+  /** Extension fields a strategy declares (docs/protocol.md, "Extension fields"): `namespace.name` -> value. */
+  ext: Record<string, unknown>;
 }
 export interface Welcome {
   t: "welcome"; device_id: string; role: string; split: number; num_blocks: number; chunks: Pair[];
@@ -79,13 +81,13 @@ export type Message =
   | Bye | Resume;
 
 type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "pair" | "list_pair" | "dict_str"
-  | "dict_scalar" | "dict_ints" | "dict_bytes";
+  | "dict_scalar" | "dict_ints" | "dict_bytes" | "ext";
 
 /** Field names and kinds of every message, in wire order (the Python dataclasses' order). */
 const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   hello: [["device_id", "str"], ["token", "str"], ["budget_bytes", "int"], ["cores", "int"],
     ["runtimes", "list_str"], ["num_samples", "int"], ["device_class", "str"], ["labels", "dict_str"],
-    ["resume_round", "int"], ["rows", "dict_ints"], ["row_bits", "dict_bytes"], ["row_epsilon", "float"]],
+    ["resume_round", "int"], ["rows", "dict_ints"], ["ext", "ext"]],
   welcome: [["device_id", "str"], ["role", "str"], ["split", "int"], ["num_blocks", "int"], ["chunks", "list_pair"],
     ["model", "str"], ["model_version", "int"], ["batch_size", "int"], ["local_steps", "int"],
     ["config", "dict_scalar"]],
@@ -198,7 +200,35 @@ function checkKind(where: string, kind: Kind, value: unknown, limits: Limits): u
       }));
     case "dict_bytes":
       return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => [k, checkKind(`${where}[${k}]`, "bytes", v, limits)]));
+    case "ext": {
+      const entries = checkMap(where, value, limits);
+      if (entries.length > EXT_MAX_KEYS) throw bad(where, `at most ${EXT_MAX_KEYS} extension fields`);
+      for (const [k] of entries) {
+        if (k.length > EXT_MAX_KEY_CHARS || !EXT_KEY.test(k)) throw bad(where, `extension key ${JSON.stringify(k)} is not namespace.name`);
+      }
+      return Object.fromEntries(entries.map(([k, v]) => [k, checkExtValue(`${where}[${k}]`, v, limits, 1)]));
+    }
   }
+}
+
+/** Bounds of `Hello.ext` (docs/protocol.md, "Extension fields"). */
+const EXT_MAX_KEYS = 32;
+const EXT_MAX_KEY_CHARS = 64;
+const EXT_MAX_DEPTH = 4;
+const EXT_KEY = /^[a-z0-9_-]+\.[a-z0-9_.-]+$/;
+
+/** An extension value: str, int, finite float, bool, bytes, lists and str-keyed maps, at most 4 deep. */
+function checkExtValue(where: string, value: unknown, limits: Limits, depth: number): unknown {
+  if (depth > EXT_MAX_DEPTH) throw bad(where, `nested deeper than ${EXT_MAX_DEPTH}`);
+  if (typeof value === "string" || typeof value === "boolean" || typeof value === "number" || typeof value === "bigint") {
+    return checkScalar(where, value, limits);
+  }
+  if (value instanceof Uint8Array) return checkKind(where, "bytes", value, limits);
+  if (Array.isArray(value)) {
+    checkItems(where, value.length, limits);
+    return value.map((v) => checkExtValue(where, v, limits, depth + 1));
+  }
+  return Object.fromEntries(checkMap(where, value, limits).map(([k, v]) => [k, checkExtValue(`${where}[${k}]`, v, limits, depth + 1)]));
 }
 
 function checkScalar(where: string, value: unknown, limits: Limits): Scalar {
@@ -220,8 +250,6 @@ function checkValues(msg: Message): void {
       require(msg.device_id !== "", "hello.device_id is empty");
       require(msg.budget_bytes >= 0 && msg.cores >= 0 && msg.num_samples >= 0, `${t}: a count is negative`);
       require(msg.resume_round >= -1, "hello.resume_round is below -1");
-      require(msg.row_epsilon >= 0, "hello.row_epsilon is negative");
-      require(Object.keys(msg.row_bits).length === 0 || msg.row_epsilon > 0, "hello.row_bits needs row_epsilon > 0");
       for (const values of Object.values(msg.rows)) require(increasing(values) && (values[0] ?? 0) >= 0, "hello.rows is not strictly increasing");
       break;
     case "welcome":
