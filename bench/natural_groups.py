@@ -2,7 +2,7 @@
 FedAvg over the priority devices and FedAvg over all devices, for every priority choice of a task,
 over several seeds (tasks: ``bench/prioritized_tasks.py``; runs: ``bench/prioritized_runner.py``).
 
-- ``--task shakespeare``: priority = the roles of one play (each of 4 plays in turn), next
+- ``--task shakespeare``: priority = the roles of one play (each of 3 plays in turn), next
   character prediction, scored by accuracy on the priority roles' held-out text (the Selfish FL
   paper's Section 5.2 setting, scaled down).
 - ``--task tcga``: priority = one region of Fed-TCGA-BRCA (each of the 6 in turn), a linear Cox
@@ -95,6 +95,13 @@ def markdown(table: dict, metric: str) -> str:
 async def main_async(args: argparse.Namespace, out: Path) -> dict:
     results: dict = {"task": args.task, "seeds": args.seeds, "settings": {k: v for k, v in vars(args).items()
                                                                          if k not in ("seeds",)}, "runs": []}
+    previous = 0.0
+    if args.append and out.exists():  # add these runs (other algorithms, seeds or choices) to the file's
+        old = json.loads(out.read_text())
+        previous = float(old.get("wall_seconds", 0.0))
+        results["runs"] = [r for r in old["runs"]
+                           if not (r["algorithm"] in args.algorithms and r["seed"] in args.seeds
+                                   and r["choice"] in (args.choices or choices(args.task, args)))]
     started = time.monotonic()
     with TemporaryDirectory() as tmp:
         for choice in args.choices or choices(args.task, args):
@@ -110,7 +117,7 @@ async def main_async(args: argparse.Namespace, out: Path) -> dict:
                     print(f"{choice:24s} seed {seed} {algorithm:16s} {run['final']:.4f} ({run['seconds']:.0f} s)",
                           flush=True)
                     results["summary"] = summarise(results["runs"])
-                    results["wall_seconds"] = time.monotonic() - started
+                    results["wall_seconds"] = previous + time.monotonic() - started
                     out.write_text(json.dumps(results, indent=1, default=str))
     return results
 
@@ -128,6 +135,7 @@ def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=256, help="FedALIGN's samples per loss (0: all)")
     ap.add_argument("--budget-fraction", type=float, default=0.25, help="VaRSeL's K / N")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--append", action="store_true", help="keep the runs already in --out (other algorithms ...)")
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.algorithms = [a for a in args.algorithms.split(",") if a]

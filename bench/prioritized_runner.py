@@ -92,6 +92,9 @@ def accuracy(outputs: np.ndarray, y: np.ndarray) -> float:
 async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Training, options: Mapping[str, object],
                         seed: int, store: Path, score: Callable[[Mapping[str, np.ndarray]], float]) -> dict:
     """Run ``algorithm`` on ``devices``; the score after every round and what the strategy reported."""
+    # One intra-op thread in this thread too (the devices' training threads set theirs): two OpenMP
+    # threads spinning on a loaded 2-core machine made an LSTM forward 50 times slower.
+    torch.set_num_threads(1)
     fleet = [d for d in devices if d.priority] if algorithm == "fedavg-priority" else list(devices)
     config = ServerConfig(model=training.model, strategy=STRATEGY[algorithm], strategy_options=dict(options),
                           rounds=training.rounds, min_devices=len(fleet), local_steps=training.local_steps,
