@@ -122,6 +122,25 @@ async def main_async(args: argparse.Namespace, out: Path) -> dict:
     return results
 
 
+def report(results: dict, out: Path) -> None:
+    """Write the results and their table (``.md`` beside them) and print the table."""
+    out.write_text(json.dumps(results, indent=1, default=str))
+    metric = ("C-index on the region's test patients" if results["task"] == "tcga"
+              else "accuracy on the priority group's held-out data")
+    table = markdown(results["summary"], metric)
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wall {results['wall_seconds']:.0f} s; wrote {out}")
+
+
+def merge(task: str, files: list[Path], out: Path) -> dict:
+    """One result of the runs of several files (runs of other algorithms made by separate commands)."""
+    parts = [json.loads(f.read_text()) for f in files]
+    runs = [r for p in parts for r in p["runs"]]
+    return {**parts[0], "task": task, "runs": runs, "summary": summarise(runs), "merged_from": [str(f) for f in files],
+            "wall_seconds": sum(float(p.get("wall_seconds", 0.0)) for p in parts)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_task_arguments(ap)
@@ -136,20 +155,20 @@ def main() -> None:
     ap.add_argument("--budget-fraction", type=float, default=0.25, help="VaRSeL's K / N")
     ap.add_argument("--out", default=None)
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (other algorithms ...)")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None,
+                    help="run nothing: merge these result files into --out and print the table")
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.algorithms = [a for a in args.algorithms.split(",") if a]
     logging.basicConfig(level=logging.WARNING)
     out = Path(args.out or RESULTS / f"natural-{args.task}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        report(merge(args.task, args.merge, out), out)
+        return
     results = asyncio.run(main_async(args, out))
     results["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out.write_text(json.dumps(results, indent=1, default=str))
-    metric = "C-index on the region's test patients" if args.task == "tcga" else "accuracy on the priority group's held-out data"
-    table = markdown(results["summary"], metric)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wall {results['wall_seconds']:.0f} s; wrote {out}")
+    report(results, out)
 
 
 if __name__ == "__main__":

@@ -107,3 +107,18 @@ def test_the_epsilon_grid_command_reports_the_chosen_value(tmp_path: Path):
     assert all(len(result["scores"][k]) == 1 and 0.0 <= result["scores"][k][0] <= 1.0 for k in result["grid"])
     assert result["chosen"] in result["grid"] and result["mean"][result["chosen"]] == max(result["mean"].values())
     assert f"chosen: {result['chosen']}" in proc.stdout
+
+
+def test_the_benchmark_table_says_where_each_algorithm_beats_both_baselines():
+    sys.path.insert(0, str(REPO))
+    from bench.natural_groups import markdown, summarise
+
+    finals = {"fedavg-priority": [0.50, 0.52], "fedavg-all": [0.55, 0.55], "fedalign": [0.60, 0.58],
+              "varsel": [0.40, 0.42]}
+    runs = [{"choice": "A", "algorithm": a, "seed": s, "final": f} for a, v in finals.items() for s, f in enumerate(v)]
+    row = summarise(runs)["A"]
+    assert row["fedalign"]["mean"] == pytest.approx(0.59) and row["fedalign"]["beats_both"]
+    assert not row["fedalign"]["below_priority_by_more_than_spread"]
+    assert not row["varsel"]["beats_both"] and row["varsel"]["below_priority_by_more_than_spread"]
+    table = markdown(summarise(runs), "accuracy")
+    assert "| A | 51.00 ± 1.00 | 55.00 ± 0.00 | 59.00 ± 1.00 **+** | 41.00 ± 1.00 **-** |" in table
