@@ -29,7 +29,7 @@ from bench.prioritized_runner import Device, Scorer, Training, accuracy
 
 HeldOut = Literal["test", "validation"]
 # 3 of Tiny Shakespeare's 9 plays, a history, a tragedy and a comedy (the paper takes 6 of the
-# complete works; 3 keep 4 algorithms x 3 choices x 3 seeds within half an hour on 2 shared cores).
+# complete works; 3 keep 4 algorithms x 3 choices x 3 seeds within half an hour on 2 cores).
 SHAKESPEARE_PLAYS = ("Coriolanus", "Romeo and Juliet", "The Taming of the Shrew")
 TASKS = ("shakespeare", "tcga", "mnist")
 
