@@ -37,16 +37,18 @@ import asyncio
 import json
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import numpy as np
 
-from edge_sdk.client import DeviceClient, DeviceConfig
-from edge_sdk.data import load_dataset
-from orchestrator.config import ServerConfig
-from orchestrator.server import Orchestrator
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.prioritized_runner import Device, Scorer, Training, accuracy, included_kinds, run_algorithm  # noqa: E402
+from edge_sdk.data import load_dataset  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("fedavg-priority", "fedavg-all", "fedalign", "varsel")
@@ -54,8 +56,9 @@ MODEL = "mnist_2nn"
 
 
 def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[str, str, np.ndarray, np.ndarray]],
-                                                                     list[int]]:
-    """The devices' data: (device id, kind, x, y) per device, and the priority classes."""
+                                                                     list[int], dict[str, np.ndarray]]:
+    """The devices' data: (device id, kind, x, y) per device, the priority classes, and for each
+    priority device the training images of its classes no device holds (its held-out data)."""
     rng = np.random.default_rng(seed)
     classes = rng.permutation(10)
     prio, other = sorted(classes[:5].tolist()), sorted(classes[5:].tolist())
@@ -76,6 +79,7 @@ def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[
     for i, cs in enumerate(prio_sets):
         idx = take(cs, args.priority_samples)
         shards.append((f"prio-{i}", "priority", train.x[idx], train.y[idx]))
+    spare_classes = {f"prio-{i}": cs for i, cs in enumerate(prio_sets)}
     for i in range(args.aligned):
         cs = sorted(rng.choice(prio, size=args.nonpriority_classes, replace=False).tolist())
         idx = take(cs, args.samples)
@@ -91,65 +95,26 @@ def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[
         cs = sorted(rng.choice(other, size=3, replace=False).tolist())
         idx = take(cs, args.samples)
         shards.append((f"irrelevant-{i}", "irrelevant", train.x[idx], train.y[idx]))
-    return shards, prio
-
-
-def accuracy(state: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
-    """Accuracy of the 2-block MLP with ``state`` (numpy, as the model computes it)."""
-    h = np.maximum(x @ state["blocks.fc1.0.weight"].T + state["blocks.fc1.0.bias"], 0)
-    logits = h @ state["blocks.head.weight"].T + state["blocks.head.bias"]
-    return float(np.mean(np.argmax(logits, axis=1) == y))
+    spare = {d: np.random.default_rng([seed, i]).permutation(np.concatenate([by_class[c][used[c]:] for c in cs]))
+             for i, (d, cs) in enumerate(spare_classes.items())}
+    return shards, prio, spare
 
 
 async def run_one(algorithm: str, shards, args: argparse.Namespace, seed: int, tmp: Path,
                   test_x: np.ndarray, test_y: np.ndarray) -> dict:
-    devices = [s for s in shards if s[1] == "priority"] if algorithm == "fedavg-priority" else shards
-    strategy, options = {
-        "fedavg-priority": ("fedavg", {}),
-        "fedavg-all": ("fedavg", {}),
-        "fedalign": ("fedalign", {"epsilon": str(args.epsilon), "warmup": str(args.warmup)}),
-        "varsel": ("varsel", {"budget": str(args.budget), "seed": str(seed)}),
+    devices = [Device(d, kind, x, y, priority=kind == "priority") for d, kind, x, y in shards]
+    options: dict[str, object] = {
+        "fedavg-priority": {}, "fedavg-all": {},
+        "fedalign": {"warmup": args.warmup, **({"epsilon": args.epsilon} if args.epsilon is not None else {}),
+                     **({"relative_epsilon": args.relative_epsilon} if args.relative_epsilon is not None else {})},
+        "varsel": {"budget": args.budget, "seed": seed},
     }[algorithm]
-    config = ServerConfig(model=MODEL, strategy=strategy, strategy_options=options, rounds=args.rounds,
-                          min_devices=len(devices), local_steps=args.local_steps, batch_size=args.batch_size,
-                          lr=args.lr, momentum=0.0, weight_decay=0.0, seed=seed, store_dir=tmp / algorithm,
-                          eval_data="mnist", eval_every=args.rounds, eval_limit=2000, deadline_s=300)
-    curve: list[float] = []
-    extras: list[dict] = []
-    orch: Orchestrator | None = None
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "round_end" and orch is not None:
-            curve.append(accuracy(orch.global_state, test_x, test_y))
-
-    orch = Orchestrator(config, on_event=on_event)
-    ready = asyncio.Event()
-    started = time.monotonic()
-    server = asyncio.create_task(orch.run(ready=ready))
-    await ready.wait()
-    url = f"ws://127.0.0.1:{orch.port}"
-    clients = []
-    for device_id, kind, x, y in devices:
-        labels = {"priority": "1", "internal": "1"} if kind == "priority" else {}
-        cfg = DeviceConfig(server=url, device_id=device_id, budget_bytes=4 << 30, labels=labels, backend="torch")
-        clients.append(DeviceClient(cfg, x, y).run())
-    history = (await asyncio.gather(server, *clients))[0]
-    for h in history:
-        extras.append({k: h.get(k) for k in ("round", "included", "excluded", "declined", "external_weight_sum",
-                                               "sampled", "priority_loss", "internal_loss", "epsilon") if k in h})
-    return {"algorithm": algorithm, "seed": seed, "devices": len(devices), "priority_accuracy": curve,
-            "final_priority_accuracy": curve[-1] if curve else None, "seconds": time.monotonic() - started,
-            "rounds": extras}
-
-
-def included_kinds(run: dict, shards) -> dict[str, float]:
-    """Mean number of non-priority devices of each kind folded per round (FedALIGN ``included``)."""
-    kind = {s[0]: s[1] for s in shards}
-    counts: dict[str, float] = {}
-    for r in run["rounds"]:
-        for d in (r.get("included") or {}):
-            counts[kind[d]] = counts.get(kind[d], 0.0) + 1
-    return {k: v / max(1, len(run["rounds"])) for k, v in sorted(counts.items())}
+    training = Training(model=MODEL, rounds=args.rounds, local_steps=args.local_steps, batch_size=args.batch_size,
+                        lr=args.lr, eval_data="mnist", eval_every=args.rounds)
+    run = await run_algorithm(algorithm, devices, training, options, seed, tmp,
+                              Scorer(MODEL, test_x, test_y, accuracy))
+    run["priority_accuracy"], run["final_priority_accuracy"] = run.pop("priority_score"), run.pop("final")
+    return run
 
 
 def plot(results: dict, path: Path) -> None:
@@ -185,14 +150,14 @@ async def main_async(args: argparse.Namespace) -> dict:
     kinds: dict[str, dict] = {}
     with TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            shards, prio = make_shards(args, seed, train)
+            shards, prio, _ = make_shards(args, seed, train)
             mask = np.isin(test.y, prio)
             test_x, test_y = test.x[mask], test.y[mask]
             for algorithm in args.algorithms:
                 run = await run_one(algorithm, shards, args, seed, Path(tmp) / f"s{seed}", test_x, test_y)
                 run["priority_classes"] = prio
                 if algorithm in ("fedalign", "varsel"):
-                    kinds[f"{algorithm}/{seed}"] = included_kinds(run, shards)
+                    kinds[f"{algorithm}/{seed}"] = included_kinds(run, [Device(d, k, x, y) for d, k, x, y in shards])
                 runs.append(run)
                 print(f"seed {seed} {algorithm:16s} final priority accuracy {run['final_priority_accuracy']:.4f} "
                       f"({run['seconds']:.0f} s)", flush=True)
@@ -206,11 +171,12 @@ async def main_async(args: argparse.Namespace) -> dict:
                         "noisy": args.noisy, "irrelevant": args.irrelevant, "samples": args.samples,
                         "noise": args.noise, "rounds": args.rounds, "local_steps": args.local_steps,
                         "batch_size": args.batch_size, "lr": args.lr, "epsilon": args.epsilon,
+                        "relative_epsilon": args.relative_epsilon,
                         "warmup": args.warmup, "budget": args.budget, "model": MODEL},
             "seeds": args.seeds, "summary": summary, "included_per_round": kinds, "runs": runs}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
@@ -224,7 +190,9 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--epsilon", type=float, default=0.5)
+    ap.add_argument("--epsilon", type=float, default=None,
+                    help="FedALIGN's threshold as a loss gap (default: its default, relative to the priority loss)")
+    ap.add_argument("--relative-epsilon", type=float, default=None, help="FedALIGN's c of epsilon_t = c F(w_t)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget", type=float, default=6, help="VaRSeL's K (expected externals per round)")
     ap.add_argument("--nonpriority-classes", type=int, default=5, choices=range(1, 6),
@@ -233,7 +201,16 @@ def main() -> None:
     ap.add_argument("--priority-iid", action="store_true",
                     help="priority devices hold all 5 priority classes (VaRSeL's identically distributed internals)")
     ap.add_argument("--out", default=str(RESULTS / "prioritized.json"))
-    args = ap.parse_args()
+    return ap
+
+
+def default_args() -> argparse.Namespace:
+    """The benchmark's default setting (what ``bench/fedalign_epsilon.py --task mnist`` scores)."""
+    return build_parser().parse_args([])
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.algorithms = [a for a in args.algorithms.split(",") if a]
     logging.basicConfig(level=logging.WARNING)

@@ -201,3 +201,57 @@ def test_a_weak_external_is_compared_on_the_common_tail_and_averaged_where_it_tr
     assert set(b.tensors) == {"blocks.head.weight"}  # the tail every participant trains
     assert "ali0" in result.extra["included"]
     assert result.contributors["blocks.fc1.weight"] == 2 + ("ali1" in result.extra["included"])
+
+
+# -- one internal device, and the Section 4.1 variant ---------------------------------------------
+def test_a_fleet_with_one_internal_device_is_refused_with_a_clear_error():
+    fleet = Fleet(m=1, aligned=3, noisy=2)
+    with pytest.raises(ValueError, match="one internal device.*internal_noise"):
+        run(VaRSeL(budget=2), fleet)
+
+
+def test_one_internal_device_with_internal_noise_estimates_the_scatter_from_assumption_1():
+    fleet = Fleet(m=1, aligned=3, noisy=2, seed=2)
+    strategy = VaRSeL(budget=2, internal_noise=0.5)
+    result, _, refusals = run(strategy, fleet)
+    assert not refusals
+    g = fleet.deltas["int0"]
+    want_a = 0.5 * sum(float(np.sum(g[n].astype(np.float64) ** 2)) for n in SHAPES)
+    assert result.extra["internal_spread"] == pytest.approx(want_a, rel=1e-6)
+    # With A > 0 the aligned externals get weight, the noisy ones none (not the silent zeros of A = 0).
+    assert result.extra["external_weight_sum"] > 0
+    assert set(result.extra["included"]) <= {"ali0", "ali1", "ali2"}
+
+
+def test_a_round_left_with_one_internal_update_trains_it_alone_and_says_so():
+    fleet = Fleet(m=2, aligned=3, noisy=1, seed=4)
+    strategy = VaRSeL(budget=2)
+    run(strategy, fleet)  # a round with both internal devices: the fleet has two
+    infos = {d: i for d, i in fleet.infos.items() if d != "int1"}  # then int1 drops out
+    result, issued, _ = drive(strategy, context(state(), infos, BLOCKS, round=2), fleet.respond)
+    assert "one internal update" in result.extra["externals_skipped"]
+    assert result.extra["included"] == {} and not [i for i in issued if i.phase == "compare"]
+    for n in SHAPES:
+        np.testing.assert_allclose(result.state[n], fleet.deltas["int0"][n], rtol=1e-6)
+
+
+def test_the_section_4_1_variant_solves_eq4_over_every_external():
+    fleet = Fleet(m=3, aligned=3, noisy=2, seed=6)
+    strategy = VaRSeL(budget=3, variant="all_externals")
+    result, issued, refusals = run(strategy, fleet)
+    assert not refusals and result.extra["variant"] == "all_externals"
+    externals = sorted(d for d in fleet.infos if not d.startswith("int"))
+    assert sorted(i.device_id for i in issued if i.phase == "train" and i.device_id in externals) == externals
+    assert not [i for i in issued if i.phase == "compare"]  # no eq. 8 step
+    # The weights are eq. 4's optimum over all five updates, computed here from the same numbers.
+    g_i = {n: sum(fleet.deltas[f"int{i}"][n].astype(np.float64) for i in range(3)) / 3 for n in SHAPES}
+    a = sum(float(np.sum((fleet.deltas[f"int{i}"][n] - g_i[n]) ** 2)) for i in range(3) for n in SHAPES)
+    diff = np.stack([np.concatenate([(fleet.deltas[d][n] - g_i[n]).ravel() for n in SHAPES]) for d in externals])
+    want = solve_weights(diff @ diff.T, a, 3, 3)
+    got = np.array([result.extra["included"].get(d, 0.0) for d in externals])
+    np.testing.assert_allclose(got, np.where(want > 0, want, 0.0), atol=1e-6)
+    assert got[:3].sum() > 0.5 and np.all(got[3:] < 0.02)
+    with pytest.raises(ValueError, match="exact"):
+        VaRSeL(variant="all_externals", exact=False)
+    with pytest.raises(ValueError, match="unknown variant"):
+        VaRSeL(variant="other")

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from edge_sdk.models.layered import LayeredModel
+from edge_sdk.models import survival, text
 from edge_sdk.references import is_reference, load_reference
 
 
@@ -301,6 +302,8 @@ _SPECS = {
         ModelSpec("mnist_2nn", mnist_2nn, "mnist", "2-block MLP, MNIST (FedALIGN / VaRSeL benchmark)", widths=True),
         ModelSpec("mnist_cnn", mnist_cnn, "mnist", "4-block CNN, MNIST (benchmark against Flower)"),
         ModelSpec("tiny", tiny, "synthetic", "2 linear blocks (exact tests)", widths=True),
+        ModelSpec("char_lstm", text.char_lstm, "tinyshakespeare", "character LSTM, next character (VaRSeL Shakespeare)"),
+        ModelSpec("cox_linear", survival.cox_linear, "fed_tcga_brca", "linear Cox model, TCGA-BRCA survival (FLamby)"),
     )
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)

@@ -1,5 +1,5 @@
-"""VaRSeL: variance-reduction selfish learning (Wang et al., "Selfish Federated Learning",
-/work/shared/papers/varsel-selfish-fl.md, Section 4 and Algorithm 1).
+"""VaRSeL: variance-reduction selfish learning (Wang et al., "Selfish Federated Learning", Section 4
+and Algorithm 1).
 
 The objective is that of the M internal devices (eq. 2). Each external device j counts with a
 weight w_j in [0, 1] in the surrogate objective (eq. 3), with ``1'w <= K`` (the communication
@@ -29,12 +29,27 @@ external trains once and reports ``sq_distance`` (lines 5-8); then eq. 8 (line 9
 chosen updates are held until ``aggregate`` solves eq. 4 and folds them with weight w*_j into the
 same :class:`WeightedSums`, so an external that trained only its tail (an EmbracingFL weak role) is
 averaged in where it trained.
+
+A needs M >= 2: from one internal update the scatter sum_i ||g_i - g_I||^2 is 0, and with A = 0
+eq. 4 gives every external weight 0 (the internal update alone has no estimated variance to reduce).
+The paper assumes several internal clients (for FeTS it splits one site's data over 3). A fleet
+whose internal group never had two devices is refused with a clear error at ``configure``, unless
+``internal_noise`` sigma is set: then A is estimated from Assumption 1,
+E||g_I - grad l||^2 <= sigma ||grad l||^2, at equality with grad l ~ g_I: A = sigma ||g_I||^2. A
+round in which only one internal update arrived (a device dropped) trains the internal device only
+and says so (``externals_skipped``).
+
+``variant="all_externals"`` is the reweighting of Section 4.1 itself, not Algorithm 1's
+approximation: every sampled external trains and eq. 4 is solved over all of their updates (no
+eq. 8 step, no sampling; each external's whole update is sent every round).
 """
 
 from __future__ import annotations
 
 import math
+import logging
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -54,6 +69,8 @@ from orchestrator.strategies.groups import PriorityRule, flag_option, json_ready
 from orchestrator.values import NonNegative, NonNegativeInt
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
+
+log = logging.getLogger(__name__)
 
 
 # -- the two weight problems ---------------------------------------------------------------------
@@ -208,19 +225,30 @@ class VaRSeL(Strategy):
     on the received updates (holding them until the round closes); False folds them with w~ as
     they arrive (O(model) memory). ``evaluate`` also asks every device for the loss and accuracy of
     the received model, which the round reports for the internal and the external devices.
+    ``internal_noise`` sigma estimates the internal scatter A = sigma ||g_I||^2 when the fleet has
+    one internal device (Assumption 1; without it such a fleet is refused). ``variant``
+    ``"all_externals"``: Section 4.1's reweighting over every sampled external (see the module).
     """
 
     name = "varsel"
 
     def __init__(self, budget: NonNegative | None = None, budget_fraction: NonNegative = 0.25, *,
                  exact: bool = True, evaluate: bool = True, internal: tuple[str, ...] | None = None,
-                 internal_label: str = "internal", seed: NonNegativeInt = 0) -> None:
+                 internal_label: str = "internal", seed: NonNegativeInt = 0, internal_noise: NonNegative | None = None,
+                 variant: Literal["algorithm1", "all_externals"] = "algorithm1") -> None:
         self.budget = None if budget is None else number_option("budget", budget)
         self.budget_fraction = number_option("budget_fraction", budget_fraction)
         self.exact = flag_option("exact", exact)
         self.evaluate = flag_option("evaluate", evaluate)
         self.rule = PriorityRule(parse_ids(internal), internal_label)
         self.seed = int(number_option("seed", seed))
+        self.internal_noise = None if internal_noise is None else number_option("internal_noise", internal_noise)
+        if variant not in ("algorithm1", "all_externals"):
+            raise ValueError(f"unknown variant {variant!r}; choose algorithm1 or all_externals")
+        if variant == "all_externals" and not self.exact:
+            raise ValueError("variant all_externals solves eq. 4 on every update: it needs exact=true")
+        self.variant = variant
+        self._most_internal = 0  # the most internal devices any round began with
         self._reset()
 
     def _reset(self) -> None:
@@ -242,12 +270,19 @@ class VaRSeL(Strategy):
         self._weights: dict[str, float] = {}
         self._evaluated: dict[str, tuple[float, float, int]] = {}
         self._decided = False
+        self._skipped = ""  # why this round left the externals out, if it did
         self._refused = 0
 
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
         self._reset()
         self._sums = WeightedSums(ctx.global_state)
         self._internal, others = self.rule.split(ctx.devices, ctx.devices)
+        self._most_internal = max(self._most_internal, len(self._internal))
+        if others and self._most_internal == 1 and self.internal_noise is None:
+            raise ValueError(
+                "varsel: the fleet has one internal device, so the internal scatter A of eq. 4 is 0 and no external "
+                "device could get weight. Connect two or more internal devices (the paper splits one site's data "
+                "over 3), or set internal_noise=sigma to estimate A = sigma ||g_I||^2 (Assumption 1).")
         self._external = sorted(ctx.sample(others)) if others and self._internal else []
         for d in self._internal + self._external:
             self._selection[d] = Selection.tail(ctx.devices[d].split)
@@ -263,6 +298,9 @@ class VaRSeL(Strategy):
             out.append(Instruction(d, "train", self._selection[d]))
         if self.evaluate:
             out.extend(Instruction(d, "evaluate", self._selection[d]) for d in self._external)
+        if self.variant == "all_externals":  # Section 4.1: every external's update, eq. 4 over all
+            self._sampled = list(self._external)
+            out.extend(Instruction(d, "train", self._selection[d]) for d in self._external)
         return out
 
     # -- reports ----------------------------------------------------------------------------------
@@ -322,9 +360,14 @@ class VaRSeL(Strategy):
         # Eq. 6: g_I = (1/M) sum_i g_i, the unbiased estimate of the internal gradient (update).
         self._g_internal = {n: v / m for n, v in self._internal_sum.items()}
         g_sq = sum(float(np.sum(v * v)) for v in self._g_internal.values())
-        # A = sum_i ||g_i - g_I||^2 = sum_i ||g_i||^2 - M ||g_I||^2 (eq. 4's first term).
-        self._a = max(0.0, self._internal_sq - m * g_sq)
-        if not self._external:
+        # A = sum_i ||g_i - g_I||^2 = sum_i ||g_i||^2 - M ||g_I||^2 (eq. 4's first term); with one
+        # internal update, Assumption 1 at equality: A = sigma ||g_I||^2 (internal_noise).
+        self._a = max(0.0, self._internal_sq - m * g_sq) if m > 1 else (self.internal_noise or 0.0) * g_sq
+        if m == 1 and self.internal_noise is None and self._external:
+            self._skipped = "one internal update this round: the internal scatter A cannot be estimated"
+            log.warning("varsel round %d: %s; the externals are left out", ctx.round, self._skipped)
+            return []
+        if not self._external or self.variant == "all_externals":
             return []
         b = Broadcast({n: v.astype(np.float32) for n, v in self._g_internal.items()})
         return [Instruction(d, "compare", self._selection[d], broadcast=b) for d in self._external]
@@ -348,7 +391,7 @@ class VaRSeL(Strategy):
     # -- closing ----------------------------------------------------------------------------------
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         sums = self._sums if self._sums is not None else WeightedSums(ctx.global_state)
-        if self._held:
+        if self._held and not self._skipped:
             devices = sorted(self._held)
             weights = self._exact_weights(devices)
             for d, w in zip(devices, weights):
@@ -373,6 +416,8 @@ class VaRSeL(Strategy):
             # The externals folded and their weights w*_j (eq. 4); the fine-tune effect: this decays.
             "included": {d: w for d, w in sorted(self._weights.items())},
             "external_weight_sum": float(sum(self._weights.values())),
+            "variant": self.variant,
+            **({"externals_skipped": self._skipped} if self._skipped else {}),
         }
         self._sums, self._held = None, {}
         return sums.result(ctx.round, self._refused, extra={k: json_ready(v) for k, v in extra.items()})
@@ -387,7 +432,7 @@ class VaRSeL(Strategy):
             rows.append(np.concatenate(parts) if parts else np.zeros(0))
         width = max((len(r) for r in rows), default=0)
         if width == 0 or any(len(r) != width for r in rows):
-            return np.array([self._w_tilde[d] for d in devices])
+            return np.array([self._w_tilde.get(d, 0.0) for d in devices])
         diff = np.stack(rows)
         return solve_weights(diff @ diff.T, self._a, max(len(self._internal_in), 1), self._k)
 
