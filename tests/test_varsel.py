@@ -253,5 +253,5 @@ def test_the_section_4_1_variant_solves_eq4_over_every_external():
     assert got[:3].sum() > 0.5 and np.all(got[3:] < 0.02)
     with pytest.raises(ValueError, match="exact"):
         VaRSeL(variant="all_externals", exact=False)
-    with pytest.raises(ValueError, match="unknown variant"):
+    with pytest.raises(ValueError, match="variant must be one of algorithm1, all_externals"):
         VaRSeL(variant="other")
