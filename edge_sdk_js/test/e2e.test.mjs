@@ -26,7 +26,7 @@ async function browserDevice(dir, url, id, shard) {
     const { DeviceClient, decodeTensors, makeRuntime } = window.sdk;
     const t = decodeTensors(new Uint8Array(await (await fetch(shardUrl)).arrayBuffer()));
     window.events = [];
-    const client = new DeviceClient({ server, deviceId, budgetBytes: 256 * 2 ** 20, runtime: makeRuntime("onnxruntime-web", window.ort, 2),
+    const client = new DeviceClient({ server, deviceId, budgetBytes: 330 * 2 ** 20, runtime: makeRuntime("onnxruntime-web", window.ort, 2),
       webSocket: (u) => new WebSocket(u), data: { x: t.x, y: t.y }, onEvent: (kind, d) => window.events.push({ event: kind, ...d }) });
     const reports = await client.run();
     return { reports: reports.length, events: window.events };
@@ -67,7 +67,7 @@ test("a mixed fleet of Python, Node and WebAssembly devices trains every round",
     "--local-steps", "3", "--deadline", "90"]);
   const devices = [
     pythonDevice(dir, url, "py-0", "2GiB", 0, clients),
-    nodeDevice(dir, url, "web-2", "300MiB", shards[2], "web"),
+    nodeDevice(dir, url, "web-2", "400MiB", shards[2], "web"),
     nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"), // weak: the head only
   ];
   const tab = TAB ? await browserDevice(dir, url, "tab-4", shards[4]) : null;
