@@ -30,7 +30,8 @@ from edge_sdk.protocol import encode_tensors
 from edge_sdk.training import TrainConfig, sample_plan
 
 
-def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, batch: int, seed: int) -> dict:
+def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, batch: int, seed: int,
+               lr: float = 0.05) -> dict:
     """Export one model split and run the Python device on it; returns the case's summary."""
     import torch
 
@@ -57,7 +58,7 @@ def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, ba
     (folder / "data.bin").write_bytes(encode_tensors({"x": x, "y": y}))
 
     acts = multi_step_forward(chunks, x, batch_size=batch).array if chunks else x
-    config = TrainConfig(local_steps=steps, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=1e-4, seed=seed,
+    config = TrainConfig(local_steps=steps, batch_size=batch, lr=lr, momentum=0.9, weight_decay=1e-4, seed=seed,
                          eval_samples=batch)
     eval_idx, batches = sample_plan(len(x), config)
     plan = {"eval": eval_idx.astype(np.int64), **{f"batch:{t}": b.astype(np.int64) for t, b in enumerate(batches)}}
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
     from exporters.onnx_export import ExportError
 
@@ -98,7 +100,7 @@ def main() -> None:
         name, _, split = case.partition(":")
         try:
             summary = write_case(args.out, name, int(split), samples=args.samples, steps=args.steps,
-                                 batch=args.batch, seed=args.seed)
+                                 batch=args.batch, seed=args.seed, lr=args.lr)
         except ExportError as exc:  # the server would not ship this split to a device without torch
             print(json.dumps({"model": name, "split": int(split), "refused": str(exc)[:300]}), flush=True)
             continue
