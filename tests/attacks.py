@@ -78,8 +78,10 @@ class AttackerClient(DeviceClient):
     """The production client, tampering with each round's update (see the module docstring)."""
 
     def __init__(self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, attack: Attack, **kwargs) -> None:
-        if attack.claim > 1:
+        if attack.claim > 1:  # the repeated data must fit the budget it declares, or the planner refuses the hello
+            extra = (x.nbytes + y.nbytes) * (attack.claim - 1)
             x, y = np.concatenate([x] * attack.claim), np.concatenate([y] * attack.claim)
+            config = dataclasses.replace(config, budget_bytes=config.budget_bytes + 4 * extra)
         if attack.split is not None:
             config = dataclasses.replace(config, labels={**config.labels, "force_split": str(attack.split)})
         super().__init__(config, x, y, **kwargs)
