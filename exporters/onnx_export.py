@@ -3,7 +3,7 @@
 A weak device runs the frozen input-side blocks as ONNX chunks in ONNX Runtime (EmbracingFL,
 Algorithm 1); this module makes those chunks and checks each one against torch before it ships.
 
-Exporter choice, with torch 2.13 / onnx 1.23 / onnxruntime 1.31 (FACTS.md, "ONNX export of layer
+Exporter choice, with torch 2.13 / onnx 1.23 / onnxruntime 1.31 (docs/measurements.md, "ONNX export of layer
 chunks"): both exporters export every zoo model (convolutions with BatchNorm, max-pool, LSTM,
 embeddings, linear layers) with a dynamic batch and match torch to about 1e-7. The default is the
 TorchScript ("legacy") exporter because chunks are exported again every round (the weights change)
@@ -141,7 +141,7 @@ def _export_legacy(chunk: torch.nn.Module, sample: torch.Tensor, opset: int) -> 
 def _export_dynamo(chunk: torch.nn.Module, sample: torch.Tensor, opset: int) -> bytes:
     # f=None keeps the weights inside the returned model (no external .onnx.data file), and the
     # dynamic batch is given positionally: the keyword form fails on nn.Sequential, whose
-    # argument is named `input` (FACTS.md).
+    # argument is named `input` (docs/measurements.md).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")  # torch-internal
         program = torch.onnx.export(

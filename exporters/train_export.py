@@ -10,7 +10,7 @@ packed as one payload (edge_sdk.ort_trainer reads it):
 - the evaluation forward (eval mode): ``input`` and the same parameters and buffers in, the
   tail's ``output`` out; the device's loss before and after training.
 
-The recipe (FACTS.md, "Training without torch"): ``torch.export`` of a module returning the
+The recipe (docs/measurements.md, "Training without torch"): ``torch.export`` of a module returning the
 loss, ``_export_forward_backward`` for the joint graph, a wrapper that calls the joint graph with
 parameters and buffers as ordinary inputs (the joint graph itself exports with no outputs),
 export again with a dynamic batch, decompose what has no faithful ONNX lowering

@@ -1,7 +1,7 @@
 """Memory the runtimes themselves take: the RSS of a fresh Python process after its imports.
 
 A device budget is the device's whole memory for the app, so the runtime counts before the
-model does: on a 512 MiB board torch alone takes over 40% of what an app may use (FACTS.md,
+model does: on a 512 MiB board torch alone takes over 40% of what an app may use (docs/measurements.md,
 "Memory of the runtimes"). Importing is not all: what a first ONNX Runtime session and a first
 training step leave behind is about 30 MiB more on torch 2.13 (``torch.optim`` would add 70 MiB
 of sympy and ``torch._dynamo``, which is why edge_sdk.trainer has its own SGD), so a training
@@ -202,7 +202,7 @@ class RuntimeMemory:
         return dataclasses.asdict(self)
 
 
-#: FACTS.md ("Memory of the runtimes"), measured with torch 2.13.0+cpu and onnxruntime 1.31.1 on
+#: docs/measurements.md ("Memory of the runtimes"), measured with torch 2.13.0+cpu and onnxruntime 1.31.1 on
 #: the project's machine; ``torch_training`` adds the 30 MiB that the device's warm-up (an ONNX
 #: session, a training step) added there on top of importing torch and onnxruntime. Used only
 #: where measuring fails (e.g. no torch installed).
@@ -212,7 +212,7 @@ FALLBACK = RuntimeMemory(
     torch=round(218.8 * _MiB),
     torch_onnxruntime=round(237.0 * _MiB),
     torch_training=round((237.0 + 30.0) * _MiB),
-    # FACTS.md ("Training without torch"): 44 MiB after import, 56 MiB with the session.
+    # docs/measurements.md ("Training without torch"): 44 MiB after import, 56 MiB with the session.
     onnxruntime_training=round(56.0 * _MiB),
     source="fallback",
 )

@@ -25,7 +25,7 @@ from profiles.runtime import FALLBACK
 from profiles.units import format_size, parse_size
 
 MiB = 1024 * 1024
-RUNTIME = FALLBACK.training  # 267 MiB: torch + ONNX Runtime (FACTS.md) + the device's warm-up
+RUNTIME = FALLBACK.training  # 267 MiB: torch + ONNX Runtime (docs/measurements.md) + the device's warm-up
 
 
 @pytest.fixture(scope="module")

@@ -149,7 +149,7 @@ def test_runtime_figures_are_measured_and_ordered(measured):
     assert figures.python < figures.torch < figures.torch_onnxruntime <= figures.torch_training
     assert figures.training == figures.torch_training
     assert figures.inference == figures.onnxruntime
-    # Sanity against FACTS.md (same machine kind, same versions): within a factor of two.
+    # Sanity against docs/measurements.md (same machine kind, same versions): within a factor of two.
     for name in ("onnxruntime", "torch", "torch_onnxruntime"):
         assert 0.5 < getattr(figures, name) / getattr(FALLBACK, name) < 2, name
 

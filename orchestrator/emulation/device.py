@@ -99,7 +99,7 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
 def warm_up_runtimes(backend: str = "torch") -> None:
     """Load and warm up what a device loads lazily (its first ONNX session, its first training
     step, as the device takes them), before it connects; under the RLIMIT_AS fallback the limit is
-    then set above it (FACTS.md).
+    then set above it (docs/measurements.md).
 
     The device runs both in a worker thread (``asyncio.to_thread``), so the warm-up does too: the
     malloc arena that thread takes (glibc reserves 64 MiB of address space for it) then exists

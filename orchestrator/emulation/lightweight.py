@@ -1,6 +1,6 @@
 """The emulator's lightweight mode: many uncapped devices sharing a few worker processes.
 
-A process that imports torch costs 220-390 MiB of resident memory (FACTS.md), so a fleet of a few
+A process that imports torch costs 220-390 MiB of resident memory (docs/measurements.md), so a fleet of a few
 hundred capped processes does not fit on one machine. In this mode the fleet's devices are split
 across W worker processes; each worker runs its devices as asyncio tasks of the real
 :class:`edge_sdk.client.DeviceClient`, every device with its own websocket connection, its own state

@@ -9,7 +9,7 @@ so a kill is a failure of that round, never a hang. A device that the fleet's ``
 vanish mid-round is started again after ``rejoin_after_s`` and rejoins.
 
 A budget is the device's whole memory for the app, shared libraries included (the planner counts the
-runtime's RSS, FACTS.md). A cgroup does not charge library pages that another cgroup touched first, so
+runtime's RSS, docs/measurements.md). A cgroup does not charge library pages that another cgroup touched first, so
 on a shared machine the same device is charged more or less depending on who loaded torch before it.
 The supervisor therefore also guards the resident set (``rss_guard``): it polls each device's RSS and
 kills a device over its budget, so every mechanism holds a device to the quantity the budget means.
