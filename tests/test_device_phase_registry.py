@@ -1,7 +1,9 @@
-"""A new algorithm with a device-side step, defined in this file only: a strategy whose rounds open
-with a phase no device knows by default (``label_census``), and the device's handler for it,
-registered into a device registry (edge_sdk.phases). It runs through a real orchestrator and real
-devices over websockets on 127.0.0.1 for two rounds, with no change to protocol, client or server.
+"""A new algorithm with a device-side step and a hello field, defined in this file only: a strategy
+whose rounds open with a phase no device knows by default (``label_census``), the device's handler
+for it, registered into a device registry (edge_sdk.phases), and a per-device value the strategy
+declares it needs from the hello (``census.classes``, carried in ``Hello.ext`` and parsed by the
+strategy's own parser). It runs through a real orchestrator and real devices over websockets on
+127.0.0.1 for two rounds, with no change to protocol, client or server.
 The registry's own rules are checked too: immutable, no silent replacement, unknown names refused.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -31,8 +34,17 @@ from orchestrator.strategies import (
     Strategy,
     WeightedSums,
 )
+from orchestrator.strategies.base import HelloContext, HelloField
 
 CENSUS = "label_census"
+CLASSES = "census.classes"  # the hello field: how many classes the device's census counts
+
+
+def parse_classes(value: object, context: HelloContext) -> int:
+    """The declared class count: a whole number from 1 to 1,000."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ValueError(f"must be a whole number from 1 to 1000, not {value!r}")
+    return value
 
 
 # -- the algorithm's device side ------------------------------------------------------------------
@@ -59,8 +71,10 @@ class CensusThenTrain(Strategy):
     holds more than one class; their updates are averaged by sample count."""
 
     name = "census-then-train"
+    hello_fields = MappingProxyType({CLASSES: HelloField(parse_classes, description="classes to count")})
 
     def __init__(self) -> None:
+        self.declared: dict[str, object] = {}
         self.census: dict[int, dict[str, dict[str, float]]] = {}
         self.trained_after_census: dict[int, dict[str, int]] = {}
         self._sums: WeightedSums | None = None
@@ -69,7 +83,9 @@ class CensusThenTrain(Strategy):
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
         self._sums, self._trainers = WeightedSums(ctx.global_state), []
         self.census[ctx.round], self.trained_after_census[ctx.round] = {}, {}
-        return [Instruction(d, CENSUS, Selection.tail(0), config={"classes": 2}) for d in ctx.sample()]
+        self.declared.update({d: info.ext.get(CLASSES) for d, info in ctx.devices.items()})
+        return [Instruction(d, CENSUS, Selection.tail(0), config={"classes": ctx.devices[d].ext.get(CLASSES, 2)})
+                for d in ctx.sample()]
 
     def on_report(self, report: DeviceReport, ctx: RoundContext) -> Sequence[Instruction]:
         assert self._sums is not None
@@ -104,7 +120,8 @@ async def _run(tmp_path: Path) -> tuple[CensusThenTrain, list[dict], list[Device
     ones = np.flatnonzero(data.y == 1)[:30]  # a device holding one class only: no train follow-up
     shards = {"mixed-0": np.arange(0, 40), "mixed-1": np.arange(40, 80), "ones-2": ones}
     clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=1 << 30,
-                                         backend="torch", registry=REGISTRY), data.x[idx], data.y[idx])
+                                         backend="torch", registry=REGISTRY, hello_ext={CLASSES: 2}),
+                               data.x[idx], data.y[idx])
                for d, idx in shards.items()]
     await asyncio.wait_for(asyncio.gather(*(c.run() for c in clients)), 120)
     history = await asyncio.wait_for(server, 60)
@@ -116,6 +133,7 @@ async def _run(tmp_path: Path) -> tuple[CensusThenTrain, list[dict], list[Device
 def test_a_strategy_and_device_step_defined_in_a_test_run_two_rounds(tmp_path: Path) -> None:
     strategy, history, clients, labels, states = asyncio.run(_run(tmp_path))
     assert [h["round"] for h in history] == [1, 2]
+    assert strategy.declared == {d: 2 for d in labels}  # the hello field, parsed by the strategy's parser
     for r in (1, 2):
         # The device step ran on every device, and its metrics reached the strategy: the census is
         # the test's own count of each device's labels.
