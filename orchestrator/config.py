@@ -51,7 +51,7 @@ class ServerConfig:
     SGD with momentum 0.9 and weight decay 1e-4).
     """
 
-    model: str = setting("digits_mlp", "Model from the zoo.")
+    model: str = setting("digits_mlp", "Model: a zoo name, or package.module:factory for one of your own (docs/models.md).")
     strategy: str = setting("embracingfl", STRATEGY_HELP)
     strategy_options: dict[str, object] = setting(
         factory=dict, cli=False, help="KEY=VALUE option of the strategy, typed by its constructor (-O, repeatable).")

@@ -243,6 +243,10 @@ class Orchestrator:
                 await self._on_report(session, msg)
             elif isinstance(msg, p.Bye):
                 return
+            elif isinstance(msg, p.Error):  # the device gives up on an error of its own: say why, end it
+                log.warning("device %s stopped: %s %s", session.device_id, msg.code, msg.message[:256])
+                self._emit("device_error", {"device": session.device_id, "code": msg.code, "message": msg.message[:256]})
+                return
             else:
                 raise p.ProtocolError("unexpected", f"a device may not send {msg.TYPE} here")
 

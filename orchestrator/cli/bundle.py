@@ -21,7 +21,7 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def bundle(
-    model: str = typer.Option(..., help="Model from the zoo."),
+    model: str = typer.Option(..., help="Model: a zoo name, or package.module:factory for one of your own (docs/models.md)."),
     out: Path = typer.Option(..., help="Bundle file to write (a .tar archive)."),
     device: Optional[str] = typer.Option(None, help="Device class whose memory budget sets the split."),
     budget: Optional[str] = typer.Option(None, help="Memory budget that sets the split, e.g. 512MiB."),

@@ -19,7 +19,7 @@ from orchestrator.cli import app
 
 @app.command()
 def demo(
-    model: str = typer.Option("digits_mlp", help="Model from the zoo."),
+    model: str = typer.Option("digits_mlp", help="Model: a zoo name, or package.module:factory for one of your own (docs/models.md)."),
     data: str = typer.Option("digits", help="Dataset: digits (bundled with scikit-learn), or femnist / cifar10 from --data-root."),
     data_root: Optional[str] = typer.Option(None, help="Folder holding ../shared/datasets-style data."),
     strong: int = typer.Option(2, help="Strong devices (train the whole model)."),

@@ -24,7 +24,7 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def profile(
-    model: str = typer.Option("resnet20", help="Model from the zoo."),
+    model: str = typer.Option("resnet20", help="Model: a zoo name, or package.module:factory for one of your own (docs/models.md)."),
     device: Optional[str] = typer.Option(None, help="Plan for this device class (or a device class .toml file)."),
     budget: Optional[str] = typer.Option(None, help="Plan for this memory budget, e.g. 512MiB, 1.5GiB, 300MB."),
     batch: int = typer.Option(32, help="Training batch size."),

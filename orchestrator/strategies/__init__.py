@@ -7,10 +7,10 @@ a worked example are in docs/architecture.md, "Strategies".
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from edge_sdk.references import is_reference, load_reference
 from orchestrator.strategies.base import (
     WEIGHTINGS,
     AveragingStrategy,
@@ -50,12 +50,8 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(_STRATEGIES)
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class registered as ``name``, or ``package.module:Class`` for a strategy of your own."""
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load strategy {name!r}: {exc}") from None
+    if is_reference(name):
+        cls = load_reference(name, "strategy")
         if not (isinstance(cls, type) and issubclass(cls, Strategy)):
             raise ValueError(f"{name!r} is not a Strategy subclass")
         return cls
