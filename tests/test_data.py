@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,15 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_sdk.data import DatasetUnavailable, data_root, load_dataset, parse_partition, partition
+from tests.shared_data import REPO, need
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("EDGETRAIN_DATA", REPO.parent / "shared" / "datasets"))
-
-
-def need(folder: str) -> Path:
-    if not (SHARED / folder).exists():
-        pytest.skip(f"{SHARED / folder} is absent (the shared datasets folder is not on this machine)")
-    return SHARED
 
 
 # -- partition -------------------------------------------------------------------------------

@@ -16,15 +16,8 @@ import torch
 
 from edge_sdk.models import build_model
 from edge_sdk.models.survival import cox_loss
+from tests.shared_data import REPO, SHARED, need
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("EDGETRAIN_DATA", REPO.parent / "shared" / "datasets"))
-
-
-def need(folder: str) -> Path:
-    if not (SHARED / folder).exists():
-        pytest.skip(f"{SHARED / folder} is absent (the shared datasets folder is not on this machine)")
-    return SHARED
 
 
 # -- Tiny Shakespeare ----------------------------------------------------------------------------

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
