@@ -66,7 +66,7 @@ export function nodeDevice(dir, url, id, budget, shard, runtime) {
 
 export function pythonDevice(dir, url, id, budget, client, numClients) {
   return start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", budget, "--data", "digits",
-    "--client", String(client), "--num-clients", String(numClients), "--json-events"]);
+    "--client", String(client), "--num-clients", String(numClients), "--json-events", "--once"]);
 }
 
 export function journal(dir) {
