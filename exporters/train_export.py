@@ -97,6 +97,9 @@ def train_graph_refusal(model: LayeredModel, split: int) -> str | None:
     """
     if not 0 <= split < len(model):
         raise ValueError(f"split {split} outside [0, {len(model)})")
+    if type(model).loss is not LayeredModel.loss:
+        return (f"a loss of the model's own ({type(model).__name__}.loss, task {model.task}): the export check "
+                "covers the built-in losses only")
     names = model.block_names[split:]
     sparse = sorted(set(names) & model.sparse_blocks)
     if sparse:

@@ -29,13 +29,12 @@ ROUNDS = 8
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))  # ids seed local training: keep them
 
 #: (aggregation, attack) pairs the aggregation holds on its own: one or two per aggregation, of the
-#: measured table in docs/security.md (each pair costs a live run of about half a minute).
+#: measured table in docs/security.md (each pair costs a live run of about half a minute; the trimmed
+#: mean and the other pairs of the table are measured by the same harness, not run by make test).
 CASES = [
     ("median", "constant"),
-    ("trimmed_mean", "boost100"),
     ("multi_krum", "lone"),
     ("centered_clip", "boost100"),
-    ("centered_clip", "lone"),
 ]
 
 #: Without the attacker, 4 devices train: too few for Krum with f = 1 (n > 2f + 2), so those groups
@@ -44,10 +43,15 @@ CASES = [
 HONEST_AS = {"krum": "median", "multi_krum": "median", "trimmed_mean": "median"}
 
 
-@functools.cache
 def _fleet(aggregation: str, attack: str | None, root: Path) -> FleetResult:
     if attack is None:
         aggregation = HONEST_AS.get(aggregation, aggregation)
+    return _run(aggregation, attack, root)
+
+
+@functools.cache
+def _run(aggregation: str, attack: str | None, root: Path) -> FleetResult:
+    """One live fleet per (aggregation, attack): the honest fleets the aggregations share run once."""
     devices = HONEST + ((FleetDevice("attacker", 4, attack=ATTACKS[attack]),) if attack else ())
     name = f"{aggregation}-{attack or 'honest'}"
     return run_fleet(root / name, devices, aggregation=aggregation, rounds=ROUNDS)

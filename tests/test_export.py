@@ -27,6 +27,8 @@ CHAINS: dict[str, list[list[tuple[int, int]]]] = {
     "bilstm": [[(0, 1), (1, 2)]],
     "resnet20": [[(0, 4), (4, 7)]],
     "leaf_cnn": [[(0, 2), (2, 3)]],
+    "char_lstm": [[(0, 1), (1, 2)]],  # embedding, then the LSTM: the chunks a weak device runs
+    "cox_linear": [[(0, 1)]],  # one block: exported whole as a check
 }
 TOLERANCE = 1e-5
 

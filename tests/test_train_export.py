@@ -70,7 +70,9 @@ def test_refusals_say_why() -> None:
     reasons = {(name, k): train_graph_refusal(build_model(name, seed=None), k)
                for name in MODEL_NAMES for k in range(len(build_model(name, seed=None)))}
     refused = {key: r for key, r in reasons.items() if r is not None}
-    assert set(refused) == {("recommender", 0), ("movielens_lr", 0), ("bilstm", 0), ("bilstm", 1)}
+    assert set(refused) == {("recommender", 0), ("movielens_lr", 0), ("bilstm", 0), ("bilstm", 1), ("char_lstm", 0),
+                            ("char_lstm", 1), ("cox_linear", 0)}
+    assert "loss of the model's own" in refused[("cox_linear", 0)]
     assert "row-sparse" in refused[("recommender", 0)]
     assert "recurrent" in refused[("bilstm", 1)]
     with pytest.raises(ExportError, match="row-sparse"):
