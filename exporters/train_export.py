@@ -61,7 +61,8 @@ __all__ = [
     "verify_train_graph",
 ]
 
-_ID_FORMAT = 2  # bump when the key encoding below or the graph recipe changes (2: onnxscript's optimizer)
+_ID_FORMAT = 3  # bump when the key encoding below or the graph recipe changes (2: onnxscript's optimizer;
+#                 3: the model's architecture in the key)
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,28 @@ def train_graph_refusal(model: LayeredModel, split: int) -> str | None:
     return None
 
 
-def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings, width: float = 1.0) -> str:
+def architecture_id(model: LayeredModel) -> str:
+    """sha256 (hex, 16 digits) of a model's architecture: its modules as torch prints them and its
+    state's names, shapes and dtypes. A user's factory (``package.module:factory``) may change under
+    the same name; its graphs must not be taken for the old ones. Computed once per model object."""
+    cached = model.__dict__.get("_architecture_id")
+    if cached is None:
+        h = hashlib.sha256(repr(model).encode())
+        for name, value in model.state_dict().items():
+            h.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
+        cached = h.hexdigest()[:16]
+        model.__dict__["_architecture_id"] = cached
+    return cached
+
+
+def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings, width: float = 1.0,
+                   architecture: str = "") -> str:
     """sha256 (hex) of what determines a training graph's bytes. The weights are inputs of the
     graph, not part of it, so one graph serves every round. ``width``: the ratio the model was
-    built at (width reduction); a narrow model's graph has other shapes than the full one's."""
+    built at (width reduction); a narrow model's graph has other shapes than the full one's.
+    ``architecture``: :func:`architecture_id` of the model."""
     key = {"format": _ID_FORMAT, "graph": GRAPH_FORMAT, "model": model_name, "split": split, "loss": task,
-           "settings": settings.as_dict(), "torch": torch.__version__}
+           "settings": settings.as_dict(), "torch": torch.__version__, "architecture": architecture}
     if float(width) != 1.0:  # the full model's ids stay what they were
         key["width"] = float(width)
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -454,7 +471,8 @@ class TrainGraphCache:
         self.exports = 0
 
     def graph_id(self, model: LayeredModel, split: int) -> str:
-        return train_graph_id(model.name, split, model.task, self.settings, getattr(model, "width", 1.0))
+        return train_graph_id(model.name, split, model.task, self.settings, getattr(model, "width", 1.0),
+                              architecture_id(model))
 
     def get_or_export(self, model: LayeredModel, split: int) -> tuple[str, bytes]:
         """The id and payload of the training graph of [split, L); raises ExportError if refused."""

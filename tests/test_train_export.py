@@ -179,3 +179,18 @@ def test_ort_trainer_keeps_no_onnx_runtime_memory(graphs: TrainGraphCache, model
     assert runner._eval is None and runner._train is None
     assert np.isfinite(runner.step(x[:16], y[:16], state)[0])
 
+
+
+def test_a_changed_architecture_under_the_same_name_gets_another_graph_id() -> None:
+    """A user's factory may change its layers under the same name: the cache must not hand out the old graph."""
+    from torch import nn
+
+    from edge_sdk.models.layered import LayeredModel
+    from exporters.train_export import TrainGraphCache
+
+    def model(hidden: int) -> LayeredModel:
+        return LayeredModel("mine", [("a", nn.Linear(4, hidden)), ("b", nn.Linear(hidden, 2))], input_shape=(4,))
+
+    cache = TrainGraphCache()
+    assert cache.graph_id(model(3), 1) == cache.graph_id(model(3), 1)  # the same architecture: one graph
+    assert cache.graph_id(model(3), 1) != cache.graph_id(model(5), 1)
