@@ -81,7 +81,9 @@ class ServerConfig:
     data_root: str | None = setting(
         None, "Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets).")
     eval_limit: Count | None = setting(None, "Evaluate on at most this many held-out samples.", cli=False)
-    store_dir: Path = setting(Path("runs/serve"), "Folder for the SQLite journal and checkpoints.", cli="--store")
+    store_dir: Path = setting(
+        Path("runs/serve"), "Folder for the SQLite journal and checkpoints (edgetrain serve: a new "
+                            "runs/serve-<time> folder per run unless given; --resume needs the run's).", cli="--store")
     resume: bool = setting(False, "Continue from the last completed round in --store.")
     host: str = setting("127.0.0.1", "Address to listen on.")
     port: Port = setting(0, "Port to listen on (0: any free port).", cli_default=8765)

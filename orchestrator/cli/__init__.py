@@ -6,6 +6,8 @@ Each command module imports its heavy dependencies (torch, onnx) inside the comm
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 app = typer.Typer(
@@ -13,6 +15,7 @@ app = typer.Typer(
     help="On-device federated training: profile devices, export chunks, serve rounds, run devices.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,  # main() shows user errors as one line; --debug the plain traceback
 )
 
 
@@ -30,6 +33,30 @@ def _register() -> None:
     from orchestrator.cli import commands  # noqa: F401
 
 
-def main() -> None:
+#: Errors a person causes and can fix (a port in use, a missing file, an unknown model, a store that
+#: already holds a run, devices that never came): shown as one line and exit status 1, not as a
+#: traceback. ``--debug`` (any command but ``device``, which has its own) shows the traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, TimeoutError, LookupError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line, as a person reads it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:400]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``edgetrain`` entry point: the typer app, with user errors as one line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(args) and args[0] != "device" and "--debug" in args
+    if debug:
+        args.remove("--debug")
     _register()
-    app()
+    try:
+        app(args=args, prog_name="edgetrain")
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        command = f"edgetrain {args[0]}" if args else "edgetrain"
+        sys.stderr.write(f"{command}: {one_line(exc)}\n(run it again with --debug for the traceback)\n")
+        raise SystemExit(1) from None

@@ -10,7 +10,9 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,10 +55,27 @@ def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[Ser
     try:
         config = config_from_options(options, strategy_options=parse_strategy_options(strategy_option))
         config.strategy_options = strategy_options(config.strategy, config.strategy_options)
+        config.store_dir = _store(config)
+        from edge_sdk.models.zoo import model_spec
+
+        model_spec(config.model)  # an unknown model or a factory that does not load: refused before listening
         return config, make_strategy(config.strategy, **config.strategy_options)
     except ValueError as e:
         typer.echo(f"edgetrain serve: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def _store(config: ServerConfig) -> Path:
+    """The store of this run. Without ``--store``, a new folder per run (``runs/serve-<time>``), so a
+    second ``serve`` never meets the first one's journal; ``--resume`` continues a run, so it needs the
+    ``--store`` of that run."""
+    from orchestrator.config import ServerConfig
+
+    if config.store_dir != ServerConfig.__dataclass_fields__["store_dir"].default:
+        return config.store_dir
+    if config.resume:
+        raise ValueError("--resume continues a run: give --store, the folder of that run")
+    return Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
