@@ -52,7 +52,6 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
-    WEIGHTINGS,
     Weighting,
     DeviceReport,
     Instruction,
@@ -132,8 +131,6 @@ class FedALIGN(Strategy):
             raise ValueError(f"eval_samples must be a whole number of samples, got {eval_samples!r}")
         self.eval_samples = int(samples)
         self.prox_mu = number_option("prox_mu", prox_mu)
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
         self.weighting = weighting
         self.rule = PriorityRule(parse_ids(priority), priority_label)
         self._reset()

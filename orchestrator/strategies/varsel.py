@@ -243,8 +243,6 @@ class VaRSeL(Strategy):
         self.rule = PriorityRule(parse_ids(internal), internal_label)
         self.seed = int(number_option("seed", seed))
         self.internal_noise = None if internal_noise is None else number_option("internal_noise", internal_noise)
-        if variant not in ("algorithm1", "all_externals"):
-            raise ValueError(f"unknown variant {variant!r}; choose algorithm1 or all_externals")
         if variant == "all_externals" and not self.exact:
             raise ValueError("variant all_externals solves eq. 4 on every update: it needs exact=true")
         self.variant = variant
