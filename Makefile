@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-js install bench clean
+.PHONY: demo test test-slow test-all test-js install bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,9 +18,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/edgetrain demo
 
+# `make test` is the suite a change must pass, under 10 minutes on 2 cores. The long end-to-end
+# tests (whole fleets of device processes, attack runs, many rounds) carry @pytest.mark.slow and
+# run in `make test-slow`; CI (.ci/run) runs both tiers, `make test-all` does the same here.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) test-js
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow $(PYTEST_ARGS)
+
+test-all: test test-slow
 
 # The JavaScript device SDK (edge_sdk_js/, docs/js-device.md): dependencies from its lockfile,
 # a strict type-check and build, then its tests against this checkout's Python (conformance with

@@ -230,6 +230,7 @@ _STEP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 @pytest.mark.parametrize("split", [0, 7])
 def test_footprint_covers_a_real_training_step(resnet20, split):

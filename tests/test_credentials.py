@@ -85,6 +85,7 @@ def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> No
     assert out["a_kept"] and out["a_replaced"]
 
 
+@pytest.mark.slow
 def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) -> None:
     import subprocess
     import sys

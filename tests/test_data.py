@@ -172,6 +172,7 @@ def test_unknown_and_missing_datasets_give_clear_errors(tmp_path):
     assert data_root(tmp_path) == tmp_path
 
 
+@pytest.mark.slow
 def test_femnist_counts_match_the_readme():
     root = need("femnist_leaf_flic")
     train = load_dataset("femnist", root=root)
