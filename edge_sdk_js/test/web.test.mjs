@@ -4,6 +4,8 @@
 // during the run, shows every device and the round count the journal has (read from its DOM).
 // Skipped with one line where chromium is not installed (apt-get install chromium).
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { test } from "node:test";
 import { CHROMIUM, CHROMIUM_FLAGS } from "./browser.mjs";
 import { HERE, python } from "./cases.mjs";
@@ -12,6 +14,13 @@ import { journal, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 const ROUNDS = 2;
 const TOKEN = "web-test-token";
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function deviceConfig(dir, url, shard) {
+  const file = join(dir, "node-2.toml");
+  writeFileSync(file, `server = "${url}"\nid = "node-2"\nbudget = "400MiB"\ndata = ${JSON.stringify(shard)}\n`
+    + `runtime = "node"\ntoken = "${TOKEN}"\njson-events = true\n`);
+  return file;
+}
 
 /** What the status page's DOM shows: device rows (id -> cells) and the rounds done. */
 function readStatus(page) {
@@ -77,8 +86,9 @@ test("serve --web: a tab trains from the device page; the status page shows the 
       devices.push(
         start(dir, "py-0", python(), ["-m", "edge_sdk", "--server", url, "--id", "py-0", "--budget", "2GiB", "--data", "digits",
           "--client", "0", "--num-clients", "3", "--token", TOKEN, "--json-events", "--once"]),
-        start(dir, "node-2", process.execPath, [`${HERE}/../dist/cli.js`, "--url", url, "--id", "node-2", "--budget", "400MiB",
-          "--data", shards[2], "--runtime", "node", "--token", TOKEN, "--json-events"], process.env));
+        // a board without Python, from a config file like the Python device's
+        start(dir, "node-2", process.execPath, [`${HERE}/../dist/cli.js`, "--config", deviceConfig(dir, url, shards[2])],
+          process.env));
 
       await status.bringToFront();
       await status.waitForFunction(() => Number(document.getElementById("rounds-done").textContent) >= 1,
