@@ -79,7 +79,7 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
                                        "deadline_s": max(0.0, rs.deadline - time.monotonic())}
     rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
                "reported": r["reported"], "started": r["started"], "finished": r["finished"],
-               "accuracy": (r["metrics"] or {}).get("accuracy"), "loss": (r["metrics"] or {}).get("loss")}
+               "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss")}
               for r in server.store.rounds()]
     return {"model": config.model, "strategy": config.strategy, "rounds_total": config.rounds,
             "rounds_done": sum(r["complete"] for r in rounds), "current": current, "rounds": rounds,
@@ -102,3 +102,8 @@ def _devices(server: Served, feed: StatusFeed) -> list[dict[str, object]]:
                     "backend": plan.get("backend"), "last_seen": d["last_seen"],
                     "last_report": feed.last_report.get(device_id)})
     return out
+
+
+def _metric(metrics: Mapping[str, object] | None, name: str) -> float | None:
+    value = (metrics or {}).get(name)
+    return float(value) if isinstance(value, (int, float)) else None

@@ -37,7 +37,8 @@ function reportedBudget() {
 function log(kind, data) {
   state.events.push({ event: kind, ...data });
   const li = document.createElement("li");
-  li.textContent = `${new Date().toLocaleTimeString()} ${kind} ${JSON.stringify(data)}`;
+  const { device: _, ...rest } = data;
+  li.textContent = `${new Date().toLocaleTimeString()} ${kind} ${JSON.stringify(rest)}`;
   $("log").prepend(li);
 }
 

@@ -39,12 +39,13 @@ function lastReport(r) {
   return `round ${r.round} ${r.phase}: ${r.accepted ? "accepted" : `not accepted (${r.reason})`}`;
 }
 
-function curve(rounds) {
+/** Accuracy (0 to 1) over the run's rounds (1 to rounds_total, or further on a resumed run). */
+function curve(rounds, total) {
   const points = rounds.filter((r) => r.complete && r.accuracy != null);
   const svg = $("accuracy");
   if (points.length === 0) { svg.innerHTML = ""; return; }
-  const n = Math.max(...points.map((p) => p.round), 1);
-  const xy = points.map((p) => [n === 1 ? 300 : ((p.round - 1) / (n - 1)) * 580 + 10, 190 - p.accuracy * 180]);
+  const n = Math.max(total, ...points.map((p) => p.round));
+  const xy = points.map((p) => [n <= 1 ? 300 : ((p.round - 1) / (n - 1)) * 580 + 10, 190 - p.accuracy * 180]);
   const line = xy.map(([x, y], i) => `${i ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`).join(" ");
   svg.innerHTML = `<line x1="10" y1="10" x2="590" y2="10" stroke="#ddd"/><line x1="10" y1="190" x2="590" y2="190" stroke="#ddd"/>
     <path d="${line}" fill="none" stroke="#1565c0" stroke-width="2" vector-effect="non-scaling-stroke"/>
@@ -66,7 +67,7 @@ function draw(s) {
     d.role, d.split, fmtBytes(d.budget_bytes), lastReport(d.last_report)]);
   rows($("rounds"), [...s.rounds].reverse(), "round", (r) => [r.round, r.complete ? "done" : "running", r.selected,
     r.reported, fmt(r.accuracy), fmt(r.loss), r.finished ? (r.finished - r.started).toFixed(1) : "–"]);
-  curve(s.rounds);
+  curve(s.rounds, s.rounds_total);
   $("notices").replaceChildren(...s.notices.map((n) => {
     const li = document.createElement("li");
     li.textContent = `${new Date(n.time * 1000).toLocaleTimeString()} ${n.kind} ${n.device}${n.round != null ? ` round ${n.round}` : ""}: ${n.message}`;
