@@ -97,7 +97,7 @@ async function poll(info) {
 }
 
 const retry = (info) => (exc) => {
-  $("updated").textContent = `no answer (${exc.message}); retrying`;
+  $("updated").textContent = `no answer from the server (${exc.message}): the run may have ended; still asking`;
   setTimeout(() => poll(info).catch(retry(info)), 3 * POLL_MS);
 };
 
