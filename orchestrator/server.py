@@ -81,6 +81,7 @@ class Orchestrator:
         self.port: int | None = None
         # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
         self.process_request: Callable[..., object] = self.admission.admit
+        self.web: object | None = None
         if config.web:
             from orchestrator.web import WebSite
 
