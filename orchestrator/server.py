@@ -160,6 +160,7 @@ class Orchestrator:
         """One connection's life. A fault while handling it ends this connection, never the server:
         protocol errors get their error frame, anything unexpected is logged and gets ``internal``."""
         session: Session | None = None
+        hello: p.Message | None = None
         pending = True
         try:
             reason = self.admission.connect()
@@ -179,7 +180,7 @@ class Orchestrator:
             await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
-            self.on_event("closed", {"device": session.device_id if session else str(ws.remote_address),
+            self.on_event("closed", {"device": str(getattr(hello, "device_id", None) or ws.remote_address)[:128],
                                       "code": exc.code, "message": exc.message[:256]})
             await self._close(ws, exc.code, exc.message)
         except (ConnectionClosed, asyncio.TimeoutError):

@@ -6,6 +6,7 @@ Without --web the port serves no page. (A browser opening the pages: edge_sdk_js
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +20,7 @@ from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from orchestrator.web.terminal import announce, page_url
 
 
 def _sdk(root: Path) -> Path:
@@ -98,7 +100,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
     assert phone["budget_bytes"] == 300 << 20 and phone["role"] == out["welcome"].role
     assert phone["split"] == out["welcome"].split
     assert snap["rounds_total"] == 1 and snap["rounds_done"] == 0
-    assert any(n["kind"] == "closed" and n["message"] == "bad credentials"
+    assert any(n["kind"] == "closed" and n["device"] == "intruder" and n["message"] == "bad credentials"
                for n in snap["notices"]), snap["notices"]
 
 
@@ -132,3 +134,15 @@ def test_without_web_the_port_serves_no_page(tmp_path: Path) -> None:
         return codes
 
     assert all(code != 200 for code in asyncio.run(main()))
+
+
+def test_the_terminal_shows_the_page_url_and_its_qr_code() -> None:
+    url = page_url("0.0.0.0", 8765, tls=True, token="a b#c")
+    assert url.startswith("https://") and "0.0.0.0" not in url and url.endswith(":8765/#token=a%20b%23c")
+    assert page_url("::1", 9, tls=False) == "http://[::1]:9/"
+    out = io.StringIO()
+    announce("http://127.0.0.1:8765/#token=t", out)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["device page: http://127.0.0.1:8765/#token=t", "status page: http://127.0.0.1:8765/status"]
+    assert "--host 0.0.0.0" in lines[2]
+    assert sum("\u2588" in line for line in lines) > 10  # the QR code's rows (segno, the server extra)
