@@ -119,6 +119,14 @@ class ServerConfig:
     chunk_disk_bytes: Annotated[int, Range(0), ByteSize()] = setting(
         1 << 30, "Disk kept for exported chunks in --store (oldest removed first).", cli="--chunk-disk",
         cli_default="1GiB")
+    web: bool = setting(False, "Also serve, on the same port, a device page (a phone or a browser joins by "
+                               "opening it) and a read-only status page behind the devices' token or credentials "
+                               "(docs/web.md).")
+    web_demo_shards: Count = setting(8, "Shards of --data's training split the device page trains on (each tab "
+                                        "takes one, as the Python device's --client k --num-clients n).",
+                                     cli=False)
+    web_sdk: str | None = setting(None, "The JavaScript SDK folder --web serves its build and onnxruntime-web from "
+                                        "(default: edge_sdk_js beside the orchestrator package).", cli=False)
     train_graph_dir: Path | None = setting(
         None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
               "may share it.", cli=False)

@@ -79,6 +79,13 @@ class Orchestrator:
                               self.reports, send=self._send, emit=emit)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self.port: int | None = None
+        # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
+        self.process_request: Callable[..., object] = self.admission.admit
+        self.web: object | None = None
+        if config.web:
+            from orchestrator.web import WebSite
+
+            self.web = WebSite(self)
 
     def _emit(self, kind: str, data: dict) -> None:
         self.on_event(kind, data)
@@ -119,7 +126,7 @@ class Orchestrator:
             # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept
             # queue (asyncio's default is 100; the kernel caps it at net.core.somaxconn).
             async with serve(self._handler, self.config.host, self.config.port, ssl=tls,
-                             process_request=self.admission.admit, backlog=max(100, self.config.max_pending_hellos),
+                             process_request=self.process_request, backlog=max(100, self.config.max_pending_hellos),
                              **ws_options(self.limits)) as server:
                 self.port = server.sockets[0].getsockname()[1]
                 self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
@@ -153,6 +160,7 @@ class Orchestrator:
         """One connection's life. A fault while handling it ends this connection, never the server:
         protocol errors get their error frame, anything unexpected is logged and gets ``internal``."""
         session: Session | None = None
+        hello: p.Message | None = None
         pending = True
         try:
             reason = self.admission.connect()
@@ -172,6 +180,8 @@ class Orchestrator:
             await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
+            self.on_event("closed", {"device": str(getattr(hello, "device_id", None) or ws.remote_address)[:128],
+                                      "code": exc.code, "message": exc.message[:256]})
             await self._close(ws, exc.code, exc.message)
         except (ConnectionClosed, asyncio.TimeoutError):
             pass

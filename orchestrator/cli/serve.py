@@ -37,9 +37,16 @@ def serve(**options: Any) -> None:
     from orchestrator.server import Orchestrator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    if config.web:  # not a line per page and file a browser loads
+        logging.getLogger("websockets.server").setLevel(logging.WARNING)
 
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
+        if kind == "listening" and config.web:
+            from orchestrator.web.terminal import announce, page_url
+
+            token = "" if config.require_credentials else config.token
+            announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr)
 
     history = asyncio.run(Orchestrator(config, on_event=on_event, strategy=strategy).run())
     if history:

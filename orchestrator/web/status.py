@@ -1,0 +1,109 @@
+"""What the status page shows, read from the running server and its journal; it changes nothing.
+
+Devices are the journal's (every device that ever said hello) joined with the connected sessions;
+rounds and their metrics are the journal's, the round under way is the round loop's; each device's
+last report and the refusals and errors come from the server's events (:class:`StatusFeed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+__all__ = ["Notice", "Served", "StatusFeed", "snapshot"]
+
+#: Server events the page lists as refusals and errors.
+NOTICES = ("closed", "rejected", "late", "device_error", "round_failed", "over_budget", "train_graph_refused")
+MAX_NOTICES = 100
+
+
+class Served(Protocol):
+    """The parts of :class:`orchestrator.server.Orchestrator` the site reads (and the two it hooks)."""
+
+    config: Any
+    store: Any
+    sessions: Mapping[str, Any]
+    loop: Any
+    on_event: Callable[[str, dict], None]
+    process_request: Callable[..., object]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A refusal or an error, as the status page lists it."""
+
+    time: float
+    kind: str
+    device: str
+    round: int | None
+    message: str
+
+
+class StatusFeed:
+    """The server's events the journal does not keep: the last report of each device, refusals, errors."""
+
+    def __init__(self) -> None:
+        self.last_report: dict[str, dict[str, object]] = {}
+        self.notices: deque[Notice] = deque(maxlen=MAX_NOTICES)
+
+    def tee(self, on_event: Callable[[str, dict], None]) -> Callable[[str, dict], None]:
+        """``on_event`` that also feeds this."""
+        def both(kind: str, data: dict) -> None:
+            self.take(kind, data)
+            on_event(kind, data)
+        return both
+
+    def take(self, kind: str, data: Mapping[str, object]) -> None:
+        device = str(data.get("device", ""))
+        if kind == "update":
+            self.last_report[device] = {"round": data.get("round"), "phase": data.get("phase"),
+                                        "accepted": data.get("accepted"), "reason": data.get("reason"),
+                                        "time": time.time()}
+        if kind in NOTICES:
+            message = data.get("message") or data.get("reason") or data.get("code") or ""
+            if kind == "over_budget":
+                message = f"split {data.get('split')} over its budget (planned {data.get('planned_split')})"
+            rnd = data.get("round")
+            self.notices.append(Notice(time.time(), kind, device, rnd if isinstance(rnd, int) else None,
+                                       str(message)[:256]))
+
+
+def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
+    """The status page's data, as JSON-ready values."""
+    config = server.config
+    rs = server.loop.round
+    current = None if rs is None else {"round": rs.round, "selected": rs.num_selected, "reported": rs.num_reported(),
+                                       "deadline_s": max(0.0, rs.deadline - time.monotonic())}
+    rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
+               "reported": r["reported"], "started": r["started"], "finished": r["finished"],
+               "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss")}
+              for r in server.store.rounds()]
+    return {"model": config.model, "strategy": config.strategy, "rounds_total": config.rounds,
+            "rounds_done": sum(r["complete"] for r in rounds), "current": current, "rounds": rounds,
+            "devices": _devices(server, feed), "notices": [asdict(n) for n in reversed(feed.notices)],
+            "time": time.time()}
+
+
+def _devices(server: Served, feed: StatusFeed) -> list[dict[str, object]]:
+    """Journaled devices, the connected ones with what they said in this connection's hello."""
+    out = []
+    for d in server.store.devices():
+        device_id, profile, plan = d["device_id"], d["profile"], d["plan"]
+        session = server.sessions.get(device_id)
+        if session is not None:  # what this connection declared and was planned (the journal may lag a turn)
+            profile = {**profile, "runtimes": list(session.hello.runtimes), "budget_bytes": session.hello.budget_bytes}
+            plan = {**plan, "role": session.plan.role, "split": session.plan.split}
+        out.append({"id": device_id, "connected": session is not None, "runtimes": profile.get("runtimes") or [],
+                    "device_class": profile.get("device_class", ""), "budget_bytes": profile.get("budget_bytes"),
+                    "samples": profile.get("num_samples"), "role": plan.get("role"), "split": plan.get("split"),
+                    "backend": plan.get("backend"), "last_seen": d["last_seen"],
+                    "last_report": feed.last_report.get(device_id)})
+    return out
+
+
+def _metric(metrics: Mapping[str, object] | None, name: str) -> float | None:
+    value = (metrics or {}).get(name)
+    return float(value) if isinstance(value, (int, float)) else None
