@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from edge_sdk.warm_tails import WarmTails
 from orchestrator.emulation.faults import DeviceVanished
 from orchestrator.emulation.fleet import DeviceSpec, Fleet
 from orchestrator.emulation.launch import DeviceLaunch
@@ -195,10 +196,12 @@ def _cpu_and_memory() -> dict[str, float | int]:
 
 
 async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
-                        emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str]) -> None:
+                        emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str],
+                        warm_tails: WarmTails | None = None) -> None:
     """Run one device until the server says goodbye; after a vanish, a fresh client rejoins.
 
-    `reconnecting` holds the devices between a lost connection and their next welcome."""
+    `reconnecting` holds the devices between a lost connection and their next welcome; `warm_tails`
+    is the worker's pool of built tails, shared by its devices."""
     from orchestrator.emulation.device import build_client
 
     device_id = d.device_id
@@ -223,7 +226,8 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
         emit("life_start", {"device": device_id, "life": life})
         t0, error, welcomed = time.monotonic(), "", False
         try:
-            await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True).run()
+            await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True,
+                               warm_tails=warm_tails).run()
             ended = "finished"
         except DeviceVanished:
             ended = "dropped"
@@ -270,7 +274,10 @@ async def run_worker(spec: WorkerSpec, url: str, *, emit: Callable[[str, dict], 
     data = _local_data(spec)
     stopping = asyncio.Event()
     reconnecting: set[str] = set()
-    tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting))
+    # Tails are built and trained in the thread pool: at most `threads` are in use at once.
+    warm = WarmTails(keep=spec.threads)
+    tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting,
+                                                            warm))
              for d in spec.devices}
     stopper = asyncio.create_task((stop or _wait_for_stdin_eof)())
     emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **_cpu_and_memory()})
