@@ -171,11 +171,15 @@ if os.environ.get("VS_FLOWER_WARM_DEVICES") == "1":
 """
 
 
-def _round_recorder(rounds: dict[int, dict]):
-    """An orchestrator event callback that fills ``rounds`` with each round's times, bytes and metrics."""
+def _round_recorder(rounds: dict[int, dict], marks: dict[str, float] | None = None):
+    """An orchestrator event callback that fills ``rounds`` with each round's times, bytes and metrics,
+    and ``marks`` with when the server listened, the first and the last device registered."""
     import fl_common as fc
 
     def on_event(kind: str, data: dict) -> None:
+        if marks is not None and kind in ("listening", "registered"):
+            marks.setdefault(f"t_first_{kind}", time.time())
+            marks[f"t_last_{kind}"] = time.time()
         if kind == "round_start":
             rounds[data["round"]] = {"round": data["round"], "t_start": time.time(), "lo_start": fc.lo_bytes(),
                                      "selected": data.get("selected")}
@@ -231,7 +235,8 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
 
     from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
 
-    launches = [DeviceLaunch(f"dev-{i:02d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
+    # Named as the lightweight lane's fleet names them (the device id seeds its batches): the same draws.
+    launches = [DeviceLaunch(f"dev-{i:03d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
                              partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
     rounds: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
@@ -288,12 +293,13 @@ def lane_light(s: dict) -> dict:
     from orchestrator.emulation.lightweight import run_lightweight
 
     rounds: dict[int, dict] = {}
+    marks = {"t_lane_start": time.time()}
     with tempfile.TemporaryDirectory(prefix="vs-flower-light-") as tmp:
         path = Path(tmp) / "fleet.toml"
         path.write_text(_LIGHT_FLEET.format(model=fc.MODEL, seed=s["seed"], clients=s["clients"]))
         fleet = load_fleet(path)
         config = _server_config(s, Path(tmp) / "store")
-        run = asyncio.run(run_lightweight(fleet, config, on_event=_round_recorder(rounds), data_root=s.get("data_root"),
+        run = asyncio.run(run_lightweight(fleet, config, on_event=_round_recorder(rounds, marks), data_root=s.get("data_root"),
                                           workers=s.get("workers"), threads=s.get("threads") or 2,
                                           stderr_dir=Path(s["log_dir"]) / "workers" if s.get("log_dir") else None))
     compute: dict[int, float] = {}
@@ -304,8 +310,27 @@ def lane_light(s: dict) -> dict:
         row["workers_cpu_s"] = metrics.get("workers_cpu_s")
     last = rows[-1] if rows else {}
     return {"rounds": rows, "accuracy": last.get("accuracy"), "test_loss": last.get("test_loss"),
-            "eval_s": last.get("eval_s"), "workers": run.workers,
+            "eval_s": last.get("eval_s"), "workers": run.workers, "marks": {**marks, "t_lane_end": time.time()},
+            "device_memory": device_memory(run.workers, s.get("threads") or 2),
             "device_status": {d.device: d.status for d in run.devices}}
+
+
+def device_memory(workers: list[dict], threads: int) -> dict:
+    """Bytes per emulated device, from the workers' resident sets: idle = (RSS once every device
+    holds its connection, plan, shard and state - RSS with the runtimes loaded, before any device
+    connected) / devices; training = (peak RSS - that connected RSS) / the tails a worker trains at
+    once (its threads): what a device adds while it trains."""
+    idle, training = [], []
+    for w in workers:
+        ready, connected, peak = w.get("rss_ready_bytes"), w.get("rss_after_connect_bytes"), w.get("peak_rss_bytes")
+        if ready and connected and w.get("devices"):
+            idle.append((connected - ready) / w["devices"])
+        if connected and peak:
+            training.append(max(0, peak - connected) / min(threads, w.get("devices") or 1))
+    return {"bytes_per_idle_device": statistics.mean(idle) if idle else None,
+            "bytes_per_training_device": statistics.mean(training) if training else None,
+            "workers": [{k: w.get(k) for k in ("devices", "rss_ready_bytes", "rss_after_connect_bytes",
+                                               "peak_rss_bytes")} for w in workers]}
 
 
 # -- running a lane as a process tree and watching it ------------------------------------------------
