@@ -1,9 +1,15 @@
-"""Side by side with Flower: one federated workload run four ways in one run, on 127.0.0.1.
+"""Side by side with Flower: one federated workload run several ways in one run, on 127.0.0.1.
 
 Lanes (``--lanes``, all by default, in this order):
 
 - ``plain``: no framework: one process trains the sampled devices one after another and averages
   (FedAvg), torch one thread.
+- ``ours-light``: this project's orchestrator (in the lane's process) and the emulator's lightweight
+  mode (``orchestrator.emulation.lightweight.run_lightweight``, what ``edgetrain emulate`` runs for a
+  fleet with ``mode = "lightweight"``): the devices are asyncio tasks of the real client, each over its
+  own websocket, in ``--workers`` worker processes (2, as Flower's simulation runs 2 ClientApps at once
+  on 2 cores) with ``--threads`` training threads each; the worker's CPU per round and the bytes per
+  idle and per training device (from the workers' resident sets) are reported.
 - ``ours``: this project's orchestrator (in the lane's process) with one real device process per
   device (``orchestrator.emulation.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
   ``fedavg``, every device strong (the whole model trained).
@@ -50,8 +56,8 @@ lanes are skipped with the reason.
 The plain lane also reruns its rounds with four other local batch draws (untimed) and reports their
 accuracies: the spread that chance alone gives, against which the lanes' accuracies are compared.
 
-Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy] [--rounds 5]
-[--clients 20] [--per-round 10] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
+Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy]
+[--rounds 5] [--clients 20] [--per-round 10] [--workers 2] [--threads 2] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
 [--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--out bench/results/vs_flower.json]``.
 Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
 """
@@ -659,6 +665,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of ours-light, and parallel ClientApps of flwr-sim")
     ap.add_argument("--threads", type=int, default=2, help="training threads per ours-light worker")
+    ap.add_argument("--noise-runs", type=int, default=4,
+                    help="untimed reruns of the plain loop with other batch draws (the chance spread)")
     ap.add_argument("--lane", choices=("plain", "ours-light", "ours", "ours-lean", "ours-lean-warm"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -686,7 +694,8 @@ def main() -> None:
     settings = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round, "steps": args.steps,
                 "batch": args.batch, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
                 "data_root": args.data_root, "shard_dir": str(shard_dir), "flwr_port": args.flwr_port,
-                "timeout": args.timeout, "workers": args.workers, "threads": args.threads}
+                "timeout": args.timeout, "workers": args.workers, "threads": args.threads,
+                "noise_runs": args.noise_runs}
     try:
         write_shards(settings, shard_dir)
     except Exception as e:  # noqa: BLE001 (DatasetUnavailable and friends)
