@@ -1,9 +1,15 @@
-"""Side by side with Flower: one federated workload run four ways in one run, on 127.0.0.1.
+"""Side by side with Flower: one federated workload run several ways in one run, on 127.0.0.1.
 
 Lanes (``--lanes``, all by default, in this order):
 
 - ``plain``: no framework: one process trains the sampled devices one after another and averages
   (FedAvg), torch one thread.
+- ``ours-light``: this project's orchestrator (in the lane's process) and the emulator's lightweight
+  mode (``orchestrator.emulation.lightweight.run_lightweight``, what ``edgetrain emulate`` runs for a
+  fleet with ``mode = "lightweight"``): the devices are asyncio tasks of the real client, each over its
+  own websocket, in ``--workers`` worker processes (2, as Flower's simulation runs 2 ClientApps at once
+  on 2 cores) with ``--threads`` training threads each; the worker's CPU per round and the bytes per
+  idle and per training device (from the workers' resident sets) are reported.
 - ``ours``: this project's orchestrator (in the lane's process) with one real device process per
   device (``orchestrator.emulation.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
   ``fedavg``, every device strong (the whole model trained).
@@ -50,8 +56,8 @@ lanes are skipped with the reason.
 The plain lane also reruns its rounds with four other local batch draws (untimed) and reports their
 accuracies: the spread that chance alone gives, against which the lanes' accuracies are compared.
 
-Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy] [--rounds 5]
-[--clients 20] [--per-round 10] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
+Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy]
+[--rounds 5] [--clients 20] [--per-round 10] [--workers 2] [--threads 2] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
 [--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--out bench/results/vs_flower.json]``.
 Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
 """
@@ -79,8 +85,9 @@ for _p in (ROOT, BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-LANES = ("plain", "ours", "ours-lean", "ours-lean-warm", "flwr-sim", "flwr-deploy")
-LABELS = {"plain": "plain loop (no framework)", "ours": "edgetrain orchestrator + device processes",
+LANES = ("plain", "ours-light", "ours", "ours-lean", "ours-lean-warm", "flwr-sim", "flwr-deploy")
+LABELS = {"plain": "plain loop (no framework)", "ours-light": "edgetrain lightweight emulation (devices as tasks)",
+          "ours": "edgetrain orchestrator + device processes",
           "ours-lean": "edgetrain, loss reported on one batch",
           "ours-lean-warm": "edgetrain, one-batch loss, devices warmed up",
           "flwr-sim": "Flower simulation (Ray)", "flwr-deploy": "Flower deployment (SuperLink + SuperNodes)"}
@@ -170,18 +177,15 @@ if os.environ.get("VS_FLOWER_WARM_DEVICES") == "1":
 """
 
 
-def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
-    import asyncio
-
+def _round_recorder(rounds: dict[int, dict], marks: dict[str, float] | None = None):
+    """An orchestrator event callback that fills ``rounds`` with each round's times, bytes and metrics,
+    and ``marks`` with when the server listened, the first and the last device registered."""
     import fl_common as fc
-    from orchestrator.config import ServerConfig
-    from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
-
-    launches = [DeviceLaunch(f"dev-{i:02d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
-                             partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
-    rounds: dict[int, dict] = {}
 
     def on_event(kind: str, data: dict) -> None:
+        if marks is not None and kind in ("listening", "registered"):
+            marks.setdefault(f"t_first_{kind}", time.time())
+            marks[f"t_last_{kind}"] = time.time()
         if kind == "round_start":
             rounds[data["round"]] = {"round": data["round"], "t_start": time.time(), "lo_start": fc.lo_bytes(),
                                      "selected": data.get("selected")}
@@ -191,31 +195,30 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
                         "reported": data.get("reported"), "bytes_sent": data.get("bytes_sent"),
                         "bytes_received": data.get("bytes_received"), "server_cpu_s": data.get("server_cpu_s"),
                         "round_wall_s": data.get("round_wall_s"), "eval_s": data.get("eval_s", 0.0),
-                        "roles": data.get("roles")})
+                        "roles": data.get("roles"), "workers_cpu_s": data.get("workers_cpu_s")})
             if "accuracy" in data:
                 row.update({"accuracy": data["accuracy"], "test_loss": data.get("test_loss")})
 
-    with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
-        if warm:  # device processes inherit this environment (orchestrator.emulation.localfleet.device_env)
-            site = Path(tmp) / "warm"
-            site.mkdir()
-            (site / "sitecustomize.py").write_text(_WARM_SITECUSTOMIZE)
-            os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(site), os.environ.get("PYTHONPATH")) if x)
-            os.environ["VS_FLOWER_WARM_DEVICES"] = "1"
-        config = ServerConfig(
-            model=fc.MODEL, strategy="vs_flower:LeanFedAvg" if lean else "fedavg",
-            strategy_options={"eval_samples": s["batch"]} if lean else {}, rounds=s["rounds"], fraction=s["per_round"] / s["clients"],
-            min_devices=s["clients"], local_steps=s["steps"], batch_size=s["batch"], lr=s["lr"],
-            momentum=s["momentum"], weight_decay=0.0, seed=s["seed"], eval_every=s["rounds"], eval_data="mnist",
-            data_root=s.get("data_root"), store_dir=Path(tmp) / "store", deadline_s=600, wait_devices_s=600)
-        run = asyncio.run(run_local_fleet(config, launches, on_event=on_event, data_root=s.get("data_root"),
-                                          stderr_dir=Path(s["log_dir"]) / "devices" if s.get("log_dir") else None))
-    compute: dict[int, float] = {}
-    for events in run.device_events.values():
-        for e in events:
-            if e.get("event") == "round_done" and e.get("phase") == "train":
-                r = int(e["round"])
-                compute[r] = compute.get(r, 0.0) + float(e.get("forward_s", 0)) + float(e.get("train_s", 0))
+    return on_event
+
+
+def _server_config(s: dict, store: Path, lean: bool = False):
+    """The orchestrator's settings for the workload (FedAvg, every device waited for)."""
+    import fl_common as fc
+    from orchestrator.config import ServerConfig
+
+    return ServerConfig(
+        model=fc.MODEL, strategy="vs_flower:LeanFedAvg" if lean else "fedavg",
+        strategy_options={"eval_samples": s["batch"]} if lean else {}, rounds=s["rounds"],
+        fraction=s["per_round"] / s["clients"], min_devices=s["clients"], local_steps=s["steps"],
+        batch_size=s["batch"], lr=s["lr"], momentum=s["momentum"], weight_decay=0.0, seed=s["seed"],
+        eval_every=s["rounds"], eval_data="mnist", data_root=s.get("data_root"), store_dir=store, deadline_s=600,
+        wait_devices_s=600)
+
+
+def _rows(s: dict, rounds: dict[int, dict], compute: dict[int, float]) -> list[dict]:
+    import fl_common as fc
+
     rows = [rounds[r] for r in sorted(rounds)]
     seen: set[int] = set()
     for row in rows:
@@ -223,9 +226,117 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
         picked = fc.sample_round(s["clients"], s["per_round"], row["round"], s["seed"])  # the server's sample
         row["devices"], row["first_training_in_process"] = picked, len(set(picked) - seen)
         seen |= set(picked)
+    return rows
+
+
+def _compute(events: list[dict], compute: dict[int, float]) -> None:
+    for e in events:
+        if e.get("event") == "round_done" and e.get("phase") == "train":
+            r = int(e["round"])
+            compute[r] = compute.get(r, 0.0) + float(e.get("forward_s", 0)) + float(e.get("train_s", 0))
+
+
+def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
+    import asyncio
+
+    from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
+
+    # Named as the lightweight lane's fleet names them (the device id seeds its batches): the same draws.
+    launches = [DeviceLaunch(f"dev-{i:03d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
+                             partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
+    rounds: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
+        if warm:  # device processes inherit this environment (orchestrator.emulation.localfleet.device_env)
+            site = Path(tmp) / "warm"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(_WARM_SITECUSTOMIZE)
+            os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(site), os.environ.get("PYTHONPATH")) if x)
+            os.environ["VS_FLOWER_WARM_DEVICES"] = "1"
+        config = _server_config(s, Path(tmp) / "store", lean)
+        run = asyncio.run(run_local_fleet(config, launches, on_event=_round_recorder(rounds),
+                                          data_root=s.get("data_root"),
+                                          stderr_dir=Path(s["log_dir"]) / "devices" if s.get("log_dir") else None))
+    compute: dict[int, float] = {}
+    for events in run.device_events.values():
+        _compute(events, compute)
+    rows = _rows(s, rounds, compute)
     last = rows[-1] if rows else {}
     return {"rounds": rows, "accuracy": last.get("accuracy"), "test_loss": last.get("test_loss"),
             "eval_s": last.get("eval_s"), "returncodes": run.returncodes}
+
+
+_LIGHT_FLEET = """
+[fleet]
+description = "bench/vs_flower.py: the workload's devices in the lightweight mode"
+model = "{model}"
+dataset = "mnist"
+seed = {seed}
+
+[partition]
+scheme = "iid"
+seed = {seed}
+
+[emulation]
+mode = "lightweight"
+memory_cap = "none"
+throttle_cpu = false
+
+[[groups]]
+name = "dev"
+class = "mid-phone"
+budget = "4GiB"
+count = {clients}
+"""
+
+
+def lane_light(s: dict) -> dict:
+    """The emulator's lightweight mode: the devices as asyncio tasks of the real client in
+    ``s["workers"]`` worker processes, each over its own websocket to the orchestrator in this process."""
+    import asyncio
+
+    import fl_common as fc
+    from orchestrator.emulation.fleet import load_fleet
+    from orchestrator.emulation.lightweight import run_lightweight
+
+    rounds: dict[int, dict] = {}
+    marks = {"t_lane_start": time.time()}
+    with tempfile.TemporaryDirectory(prefix="vs-flower-light-") as tmp:
+        path = Path(tmp) / "fleet.toml"
+        path.write_text(_LIGHT_FLEET.format(model=fc.MODEL, seed=s["seed"], clients=s["clients"]))
+        fleet = load_fleet(path)
+        config = _server_config(s, Path(tmp) / "store")
+        run = asyncio.run(run_lightweight(fleet, config, on_event=_round_recorder(rounds, marks), data_root=s.get("data_root"),
+                                          workers=s.get("workers"), threads=s.get("threads") or 2,
+                                          stderr_dir=Path(s["log_dir"]) / "workers" if s.get("log_dir") else None))
+    compute: dict[int, float] = {}
+    for d in run.devices:
+        _compute(d.events, compute)
+    rows = _rows(s, rounds, compute)
+    for row, metrics in zip(rows, run.history):  # the workers' CPU per round, measured by the emulator
+        row["workers_cpu_s"] = metrics.get("workers_cpu_s")
+    last = rows[-1] if rows else {}
+    return {"rounds": rows, "accuracy": last.get("accuracy"), "test_loss": last.get("test_loss"),
+            "eval_s": last.get("eval_s"), "workers": run.workers, "marks": {**marks, "t_lane_end": time.time()},
+            "device_memory": device_memory(run.workers, s.get("threads") or 2),
+            "device_status": {d.device: d.status for d in run.devices}}
+
+
+def device_memory(workers: list[dict], threads: int) -> dict:
+    """Bytes per emulated device, from the workers' resident sets: idle = (RSS once every device
+    holds its connection, plan, shard and state - RSS with the runtimes loaded, before any device
+    connected) / devices; training = (peak RSS - that connected RSS) / the tails a worker trains at
+    once (its threads): what a device adds while it trains."""
+    idle, training = [], []
+    for w in workers:
+        ready, connected, peak = w.get("rss_ready_bytes"), w.get("rss_after_connect_bytes"), w.get("peak_rss_bytes")
+        if ready and connected and w.get("devices"):
+            idle.append((connected - ready) / w["devices"])
+        if connected and peak:
+            training.append(max(0, peak - connected) / min(threads, w.get("devices") or 1))
+    return {"bytes_per_idle_device": statistics.mean(idle) if idle else None,
+            "bytes_per_training_device": statistics.mean(training) if training else None,
+            "workers": [{k: w.get(k) for k in ("devices", "rss_ready_bytes", "rss_after_connect_bytes",
+                                               "peak_rss_bytes")} for w in workers]}
 
 
 # -- running a lane as a process tree and watching it ------------------------------------------------
@@ -551,13 +662,23 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per lane")
     ap.add_argument("--keep-logs", type=Path, default=None, help="keep every lane's logs in this folder")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "vs_flower.json")
-    ap.add_argument("--lane", choices=("plain", "ours", "ours-lean", "ours-lean-warm"), help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=2,
+                    help="worker processes of ours-light, and parallel ClientApps of flwr-sim")
+    ap.add_argument("--threads", type=int, default=2, help="training threads per ours-light worker")
+    ap.add_argument("--noise-runs", type=int, default=4,
+                    help="untimed reruns of the plain loop with other batch draws (the chance spread)")
+    ap.add_argument("--lane", choices=("plain", "ours-light", "ours", "ours-lean", "ours-lean-warm"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.lane:
         s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
-        res = lane_plain(s) if args.lane == "plain" else lane_ours(s, lean=args.lane.startswith("ours-lean"),
-                                                                   warm=args.lane.endswith("warm"))
+        if args.lane == "plain":
+            res = lane_plain(s)
+        elif args.lane == "ours-light":
+            res = lane_light(s)
+        else:
+            res = lane_ours(s, lean=args.lane.startswith("ours-lean"), warm=args.lane.endswith("warm"))
         Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
         return
 
@@ -573,7 +694,8 @@ def main() -> None:
     settings = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round, "steps": args.steps,
                 "batch": args.batch, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
                 "data_root": args.data_root, "shard_dir": str(shard_dir), "flwr_port": args.flwr_port,
-                "timeout": args.timeout}
+                "timeout": args.timeout, "workers": args.workers, "threads": args.threads,
+                "noise_runs": args.noise_runs}
     try:
         write_shards(settings, shard_dir)
     except Exception as e:  # noqa: BLE001 (DatasetUnavailable and friends)
@@ -617,7 +739,7 @@ def main() -> None:
     wall = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_s") for lane in LANES}
     cpu = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_cpu_s") for lane in LANES}
     targets = {}
-    for ours in ("ours", "ours-lean", "ours-lean-warm"):
+    for ours in ("ours-light", "ours", "ours-lean", "ours-lean-warm"):
         if wall["plain"] and wall[ours] and wall["flwr-sim"]:
             targets[f"{ours}: overhead per warm round below Flower simulation's (wall)"] = {
                 "ours_over_plain": wall[ours] / wall["plain"], "flwr_sim_over_plain": wall["flwr-sim"] / wall["plain"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -92,6 +93,12 @@ class DeviceConfig:
     #: The phases, report hooks and selection kinds this device knows (edge_sdk.phases): the
     #: built-in ones and every algorithm's of edge_sdk.algorithms, unless extended or replaced.
     registry: DeviceRegistry = DEFAULT_REGISTRY
+    #: Built tails kept between rounds (:class:`edge_sdk.warm_tails.WarmTails`), shared by the devices
+    #: of a process (an emulator's worker); None: the tail is built every round and freed after it.
+    warm_tails: Any = None
+    #: Return freed heap to the OS after each report (malloc_trim): what a device's budget wants.
+    #: A process running many devices (an emulator's worker) reuses the heap at once and keeps it.
+    trim_memory: bool = True
 
 
 @dataclass
@@ -322,7 +329,7 @@ class DeviceClient:
             report = p.Report(ins.round, ins.phase, num_samples, result.trained,
                               "" if payload is None else uuid.uuid4().hex, result.metrics)
             prog.reports[ins.phase] = (report, payload)
-            release_memory()
+            self._release()
         report, payload = prog.reports[ins.phase]
         await send_msg(ch, report)
         await self._upload(ch, prog, report, payload, offset=0)
@@ -354,7 +361,7 @@ class DeviceClient:
             prog.timings["upload_s"] += time.monotonic() - started
         del prog.reports[report.phase]  # acknowledged: the encoded update is not needed any more
         prog.acked.add(report.phase)
-        release_memory()
+        self._release()
         welcome = self.welcome
         assert welcome is not None
         self.reports.append(RoundReport(report.round, welcome.role, report.phase, tuple(report.trained),
@@ -394,28 +401,65 @@ class DeviceClient:
             )
             runner.close()
             del runner
-            release_memory()
+            self._release()
             prog.chunks_done = (*prog.chunks_done, cid)
             prog.timings["forward_s"] += time.monotonic() - t
         return prog.activations.array
 
-    async def _model(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress):
-        """The input of the tail, the received state and a tail model loaded with it (torch)."""
-        from edge_sdk.trainer import build_tail, load_tail_state, local_rows  # torch loads here
-
+    async def _model_inputs(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress):
+        """The input of the tail, the received state, its row-sparse tables' rows and the build options."""
         # The selection's build options (a channel slice's width) before any download: a bad
         # instruction costs nothing.
         options = self.config.registry.selection(ins.selection).model_options(ins)
         x = await self._forward(ch, ins, prog)
         state = p.decode_tensors(await self._fetch(ch, ins.round, ins.model_id, prog), self.limits)
         rows = {n: v.indices for n, v in state.items() if isinstance(v, p.RowSparse)}
+        return x, state, rows, options
+
+    def _loaded_tail(self, ins: p.Instruction, x, state, rows, options):
+        """A tail model loaded with the received state (torch), and its input (runs in a worker thread)."""
+        from edge_sdk.trainer import build_tail, load_tail_state, local_rows  # torch loads here
+
+        assert self.welcome is not None
+        table_rows = {n: len(r) for n, r in rows.items()}
         # A channel slice (width reduction) is built at the slice's width, never at full width, and
         # load_tail_state refuses a slice whose shapes are not that model's.
-        model = build_tail(self.welcome.model, ins.split, {n: len(r) for n, r in rows.items()}, **options)
-        load_tail_state(model, ins.split, state)
-        if rows:
-            x = local_rows(model, np.asarray(x), rows)
-        return x, state, rows, model
+        pool = self.config.warm_tails
+        model = (pool.take if pool is not None else build_tail)(self.welcome.model, ins.split, table_rows, **options)
+        try:
+            load_tail_state(model, ins.split, state)  # every entry of the tail: nothing of a past round stays
+            if rows:
+                x = local_rows(model, np.asarray(x), rows)
+        except BaseException:
+            self._give_back(model)
+            raise
+        return x, model
+
+    def _give_back(self, model) -> None:
+        if self.config.warm_tails is not None:
+            self.config.warm_tails.give_back(model)
+
+    def _train_torch(self, ins: p.Instruction, x, state, rows, options, config):
+        """Load a tail and train it; a pooled tail goes back at once, its deltas copied out of it."""
+        from edge_sdk.trainer import train_tail
+
+        x, model = self._loaded_tail(ins, x, state, rows, options)
+        try:
+            result = train_tail(model, ins.split, x, self.y, config, state)
+            if self.config.warm_tails is not None:  # the deltas are views of the tail's storage
+                result = dataclasses.replace(result, deltas={n: np.array(v, copy=True) for n, v in result.deltas.items()})
+            return result
+        finally:
+            self._give_back(model)
+
+    def _evaluate_torch(self, ins: p.Instruction, x, state, rows, options, config):
+        from edge_sdk.trainer import evaluate_tail
+
+        x, model = self._loaded_tail(ins, x, state, rows, options)
+        try:
+            return evaluate_tail(model, ins.split, x, self.y, config)
+        finally:
+            self._give_back(model)
 
     async def _graph_tail(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress):
         """The input of the tail, the received state and the tail's training graph in ONNX Runtime
@@ -469,11 +513,9 @@ class DeviceClient:
             result = await asyncio.to_thread(train_tail_ort, tail, state, x, self.y, self._train_config(ins))
             backend = "onnxruntime"
         else:
-            from edge_sdk.trainer import train_tail
-
-            x, state, rows, model = await self._model(ch, ins, prog)
+            x, state, rows, options = await self._model_inputs(ch, ins, prog)
             t = time.monotonic()
-            result = await asyncio.to_thread(train_tail, model, ins.split, x, self.y, self._train_config(ins), state)
+            result = await asyncio.to_thread(self._train_torch, ins, x, state, rows, options, self._train_config(ins))
             backend = "torch"
         prog.timings["train_s"] += time.monotonic() - t
         deltas: Tensors = dict(result.deltas)
@@ -495,12 +537,10 @@ class DeviceClient:
             metrics = await asyncio.to_thread(evaluate_tail_ort, tail, state, x, self.y,
                                             self._train_config(ins, evaluating=True))
         else:
-            from edge_sdk.trainer import evaluate_tail
-
-            x, _, _, model = await self._model(ch, ins, prog)
+            x, state, rows, options = await self._model_inputs(ch, ins, prog)
             t = time.monotonic()
-            metrics = await asyncio.to_thread(evaluate_tail, model, ins.split, x, self.y,
-                                            self._train_config(ins, evaluating=True))
+            metrics = await asyncio.to_thread(self._evaluate_torch, ins, x, state, rows, options,
+                                              self._train_config(ins, evaluating=True))
         prog.timings["eval_s"] = prog.timings.get("eval_s", 0.0) + time.monotonic() - t
         return dict(metrics)
 
@@ -573,6 +613,10 @@ class DeviceClient:
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"edgetrain-{self.config.device_id}-")
         return Path(self._tmp.name)
+
+    def _release(self) -> None:
+        if self.config.trim_memory:
+            release_memory()
 
     def _drop_progress(self) -> None:
         prog, self._progress = self._progress, None

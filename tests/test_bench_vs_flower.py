@@ -63,3 +63,25 @@ def test_summary_counts_warm_rounds_from_the_previous_end():
     assert sm["warm_round_s"] == 11.0
     assert sm["lo_bytes_per_round"] == [100, 100, 100]
     assert abs(sm["round_cpu_s"][1] - 5.5) < 1e-9
+
+
+def test_bytes_per_device_come_from_the_workers_resident_sets():
+    workers = [{"devices": 10, "rss_ready_bytes": 100 << 20, "rss_after_connect_bytes": 102 << 20,
+                "peak_rss_bytes": 142 << 20},
+               {"devices": 10, "rss_ready_bytes": 100 << 20, "rss_after_connect_bytes": 104 << 20,
+                "peak_rss_bytes": 124 << 20}]
+    mem = vs_flower.device_memory(workers, threads=2)
+    assert mem["bytes_per_idle_device"] == (0.2 * 2**20 + 0.4 * 2**20) / 2  # what connecting added, per device
+    assert mem["bytes_per_training_device"] == (20 * 2**20 + 10 * 2**20) / 2  # over connected, per thread
+
+
+def test_the_lightweight_lane_is_a_valid_fleet_of_strong_devices(tmp_path):
+    from orchestrator.emulation.fleet import load_fleet
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(vs_flower._LIGHT_FLEET.format(model=fc.MODEL, seed=0, clients=20))
+    fleet = load_fleet(path)
+    devices = fleet.devices()
+    assert [d.id for d in devices] == [f"dev-{i:03d}" for i in range(20)]  # as the process lane names them
+    assert {d.budget_bytes for d in devices} == {4 << 30} and fleet.emulation.mode == "lightweight"
+    assert fleet.partition.seed == 0 and fleet.partition.scheme == "iid"

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edge_sdk.client import DeviceClient
+    from edge_sdk.warm_tails import WarmTails
 
 __all__ = ["build_client", "load_launch", "main", "shape_data"]
 
@@ -76,11 +77,14 @@ def shape_data(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray) -> tuple[np.n
 
 
 def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: str,
-                 on_event: Callable[[str, dict], None], in_process: bool) -> DeviceClient:
+                 on_event: Callable[[str, dict], None], in_process: bool,
+                 warm_tails: WarmTails | None = None) -> DeviceClient:
     """The production client for ``launch``, with its faults applied from outside.
 
     ``in_process``: the device shares its process with others (lightweight workers), so vanishing
-    raises :class:`~orchestrator.emulation.faults.DeviceVanished` instead of ending the process."""
+    raises :class:`~orchestrator.emulation.faults.DeviceVanished` instead of ending the process, and
+    the process keeps its heap between reports (no malloc_trim per device). ``warm_tails``: the
+    worker's pool of built tails, shared by its devices (a device that is not training holds none)."""
     from edge_sdk.client import DeviceClient, DeviceConfig
 
     f = launch.faults
@@ -89,7 +93,7 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
         labels["force_split"] = str(f.force_split)
     config = DeviceConfig(server=server, device_id=launch.device_id, budget_bytes=launch.budget_bytes,
                           cores=launch.threads, device_class=launch.device_class, threads=launch.threads,
-                          labels=labels, backend=launch.backend)
+                          labels=labels, backend=launch.backend, warm_tails=warm_tails, trim_memory=not in_process)
     if not f.on_connection:  # nothing to inject: the production connection, untouched
         return DeviceClient(config, x, y, on_event=on_event)
     injector = FaultInjector(f, launch.device_id, seed=launch.seed, on_event=on_event, in_process=in_process)

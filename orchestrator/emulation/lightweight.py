@@ -13,8 +13,16 @@ the workers' CPU per round (measured from outside, between the orchestrator's ``
 default) with torch and ONNX Runtime on one thread each, so a hundred devices in a worker never
 start more than a few busy threads.
 
+A worker's devices share what a process of one device would rebuild every round: one pool of built
+tails (:class:`edge_sdk.warm_tails.WarmTails`; a tail is taken in the training thread, loaded with
+the round's state, trained and given back, so a device that is not training holds no model) and the
+heap (no ``malloc_trim`` after each report: the next device reuses it at once). Every check of the
+protocol stays on: each transfer's sha256, each tensor's validation.
+
 Run as ``python -m orchestrator.emulation.lightweight --url URL --spec-file F`` this module is the
-worker: F is a :class:`WorkerSpec` as JSON. It prints one JSON event per line on stdout (the
+worker: F is a :class:`WorkerSpec` as JSON. With ``--url -`` it reads the orchestrator's address
+from the first line of stdin once its runtimes and shards are loaded: the emulator starts its
+workers first and its orchestrator meanwhile. It prints one JSON event per line on stdout (the
 device's own events, plus ``life_start``/``life_end`` per device life and ``worker_ready``/
 ``worker_exit``), and stops when its stdin closes: that is how the emulator ends the run, and why
 a worker never outlives the emulator.
@@ -44,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from edge_sdk.warm_tails import WarmTails
 from orchestrator.emulation.faults import DeviceVanished
 from orchestrator.emulation.fleet import DeviceSpec, Fleet
 from orchestrator.emulation.launch import DeviceLaunch
@@ -195,10 +204,12 @@ def _cpu_and_memory() -> dict[str, float | int]:
 
 
 async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
-                        emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str]) -> None:
+                        emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str],
+                        warm_tails: WarmTails | None = None) -> None:
     """Run one device until the server says goodbye; after a vanish, a fresh client rejoins.
 
-    `reconnecting` holds the devices between a lost connection and their next welcome."""
+    `reconnecting` holds the devices between a lost connection and their next welcome; `warm_tails`
+    is the worker's pool of built tails, shared by its devices."""
     from orchestrator.emulation.device import build_client
 
     device_id = d.device_id
@@ -223,7 +234,8 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
         emit("life_start", {"device": device_id, "life": life})
         t0, error, welcomed = time.monotonic(), "", False
         try:
-            await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True).run()
+            await build_client(d.launch, x, y, server=url, on_event=on_event, in_process=True,
+                               warm_tails=warm_tails).run()
             ended = "finished"
         except DeviceVanished:
             ended = "dropped"
@@ -247,6 +259,20 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
             return
 
 
+def _url_from_stdin() -> str:
+    """The first line of stdin, read byte by byte (nothing of what follows is buffered away)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(sys.stdin.fileno(), 1)
+        if not byte:
+            raise SystemExit("stdin closed before the orchestrator's address came")
+        line += byte
+    url = line.decode().strip()
+    if not url.startswith(("ws://", "wss://")):
+        raise SystemExit(f"not an orchestrator address on stdin: {url[:100]!r}")
+    return url
+
+
 async def _wait_for_stdin_eof() -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -258,9 +284,10 @@ async def _wait_for_stdin_eof() -> None:
         transport.close()
 
 
-async def run_worker(spec: WorkerSpec, url: str, *, emit: Callable[[str, dict], None],
+async def run_worker(spec: WorkerSpec, url: str | None, *, emit: Callable[[str, dict], None],
                      stop: Callable[[], Any] | None = None) -> None:
-    """Run every device of `spec` against `url` until each is done.
+    """Run every device of `spec` against `url` until each is done; None: the first line of stdin,
+    read once the runtimes and the shards are loaded (the emulator starts the orchestrator meanwhile).
 
     `stop` is awaited concurrently (by default: stdin reaching its end); once it returns, devices
     still connected get ``stop_grace_s`` to finish and the rest (waiting to rejoin, reconnecting)
@@ -268,9 +295,14 @@ async def run_worker(spec: WorkerSpec, url: str, *, emit: Callable[[str, dict], 
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=spec.threads, thread_name_prefix="device"))
     data = _local_data(spec)
+    if url is None:
+        url = await loop.run_in_executor(None, _url_from_stdin)
     stopping = asyncio.Event()
     reconnecting: set[str] = set()
-    tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting))
+    # Tails are built and trained in the thread pool: at most `threads` are in use at once.
+    warm = WarmTails(keep=spec.threads)
+    tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting,
+                                                            warm))
              for d in spec.devices}
     stopper = asyncio.create_task((stop or _wait_for_stdin_eof)())
     emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **_cpu_and_memory()})
@@ -294,14 +326,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The worker entry point: ``python -m orchestrator.emulation.lightweight --url URL --spec-file F``."""
     parser = argparse.ArgumentParser(prog="python -m orchestrator.emulation.lightweight",
                                      description="Run many emulated devices as asyncio tasks in one process.")
-    parser.add_argument("--url", required=True, help="the orchestrator, e.g. ws://127.0.0.1:8765")
+    parser.add_argument("--url", required=True,
+                        help="the orchestrator, e.g. ws://127.0.0.1:8765; '-': the first line of stdin")
     parser.add_argument("--spec-file", required=True, type=Path, help="a WorkerSpec as JSON")
     args = parser.parse_args(argv)
     try:
         spec = WorkerSpec.from_json(args.spec_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         parser.error(f"{args.spec_file}: {e}")
-    if not args.url.startswith(("ws://", "wss://")):
+    if args.url != "-" and not args.url.startswith(("ws://", "wss://")):
         parser.error(f"--url must be a ws:// or wss:// URL, got {args.url!r}")
     from orchestrator.limits import raise_fd_limit
 
@@ -312,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.write(json.dumps({"event": kind, **data}, default=str) + "\n")
         sys.stdout.flush()
 
-    asyncio.run(run_worker(spec, args.url, emit=emit))
+    asyncio.run(run_worker(spec, None if args.url == "-" else args.url, emit=emit))
 
 
 # -- the emulator's side ------------------------------------------------------------------------------
@@ -512,8 +545,6 @@ async def run_lightweight(
     recorder = Recorder(on_event)
     emu = _LightweightEmulator(specs, handles, recorder)
 
-    orch, server_task = await start_orchestrator(config, emu.on_server_event)
-    url = f"ws://{config.host}:{orch.port}"
     tmp = None
     if stderr_dir is None:  # spec files and worker logs still need a home
         import tempfile
@@ -522,20 +553,17 @@ async def run_lightweight(
     run_files = Path(tmp.name) if tmp is not None else Path(stderr_dir)
     run_files.mkdir(parents=True, exist_ok=True)
     sampler = asyncio.create_task(_sample_rss(handles))
+    server_task: asyncio.Task | None = None
     try:
+        # The workers start first: they load their runtimes and shards while the orchestrator
+        # measures the model and loads its evaluation data, and learn its address on stdin.
         for w in handles:
-            spec_file = run_files / f"worker-{w.index}.json"
-            spec_file.write_text(WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s).to_json())
-            w.log = run_files / f"worker-{w.index}.log"
-            with open(w.log, "ab") as err:
-                w.proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "orchestrator.emulation.lightweight", "--url", url, "--spec-file",
-                    str(spec_file), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
-                    env=device_env(), limit=1 << 20,
-                )
-            w.stats.pid = w.proc.pid
-            w.watch = asyncio.create_task(_watch(emu, w))
-            recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.proc.pid, "devices": len(w.devices)})
+            await _spawn(emu, w, WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s), run_files,
+                         device_env())
+        orch, server_task = await start_orchestrator(config, emu.on_server_event)
+        for w in handles:
+            assert w.proc is not None and w.proc.stdin is not None
+            w.proc.stdin.write(f"ws://{config.host}:{orch.port}\n".encode())
         failed = asyncio.create_task(emu.worker_failed.wait())
         await asyncio.wait({server_task, failed}, return_when=asyncio.FIRST_COMPLETED)
         failed.cancel()
@@ -543,7 +571,7 @@ async def run_lightweight(
             raise WorkerFailed(f"{fleet.name}: the run stops, a worker's devices are lost: {'; '.join(emu.failures)}")
         history = server_task.result()
     finally:
-        if not server_task.done():
+        if server_task is not None and not server_task.done():
             server_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await server_task
@@ -558,6 +586,21 @@ async def run_lightweight(
         if len(per_worker) == len(handles):
             metrics["workers_cpu_s"] = round(sum(per_worker), 3)
     return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=[w.stats.to_dict() for w in handles])
+
+
+async def _spawn(emu: _LightweightEmulator, w: _Worker, spec: WorkerSpec, run_files: Path, env: dict[str, str]) -> None:
+    """Start one worker process (it reads the orchestrator's address from its stdin) and watch it."""
+    spec_file = run_files / f"worker-{spec.index}.json"
+    spec_file.write_text(spec.to_json())
+    w.log = run_files / f"worker-{spec.index}.log"
+    with open(w.log, "ab") as err:
+        w.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator.emulation.lightweight", "--url", "-", "--spec-file", str(spec_file),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=1 << 20,
+        )
+    w.stats.pid = w.proc.pid
+    w.watch = asyncio.create_task(_watch(emu, w))
+    emu.recorder.emit("emulator:worker_started", {"worker": spec.index, "pid": w.proc.pid, "devices": len(w.devices)})
 
 
 async def _stop_workers(emu: _LightweightEmulator, handles: list[_Worker], *, grace_s: float) -> None:
