@@ -264,6 +264,7 @@ class DeviceClient:
             runtimes=hello_runtimes(c.backend), num_samples=len(self.x), device_class=c.device_class,
             labels=dict(c.labels), resume_round=resume, rows=self.rows,
             ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)},
+            input_shape=list(self.input_shape), num_classes=-1 if self.num_classes is None else self.num_classes,
         ))
         welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome

@@ -41,10 +41,17 @@ def serve(**options: Any) -> None:
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
 
-    history = asyncio.run(Orchestrator(config, on_event=on_event, strategy=strategy).run())
+    from orchestrator.evaluate import NO_EVALUATION
+
+    if config.eval_source.strip().lower() == NO_EVALUATION:
+        typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
+                   "the devices' own losses are in the round events", err=True)
+    orchestrator = Orchestrator(config, on_event=on_event, strategy=strategy)  # refuses data the model cannot take
+    history = asyncio.run(orchestrator.run())
     if history:
         last = history[-1]
-        typer.echo(f"finished round {last['round']}: accuracy {last.get('accuracy', float('nan')):.4f}", err=True)
+        score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
+        typer.echo(f"finished round {last['round']}{score}", err=True)
 
 
 def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
