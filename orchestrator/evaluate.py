@@ -79,7 +79,7 @@ class Evaluator:
             problem = data_mismatch(model, source.input_shape, source.num_classes,
                                     f"the evaluation data ({config.eval_source or config.eval_data})")
             if problem is not None:
-                raise ValueError(f"{problem}; give --eval-data that matches the model (or --eval-data none)")
+                raise ValueError(f"{problem}; give --data or --eval-data that matches the model, or --eval-data none")
         if config.eval_limit is not None and len(x) > config.eval_limit:
             keep = np.random.default_rng(config.seed).permutation(len(x))[: config.eval_limit]
             keep.sort()
