@@ -95,7 +95,7 @@ serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
                                "without listening.")),
 ])
-app.command()(serve)
+app.command(epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
 
 
 def parse_strategy_options(items: list[str]) -> dict[str, object]:
