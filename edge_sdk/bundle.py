@@ -572,6 +572,12 @@ class HeldPayloads:
         """A bundle's payloads, the bundle checked first (:func:`load_bundle`)."""
         return cls(load_bundle(path))
 
+    def serves(self, model: str, num_blocks: int) -> bool:
+        """Whether the bundle holds parts of the server's model (its welcome's ``model`` and block
+        count): a zoo name must be the bundle's; a ``package.module:factory`` is known by its blocks."""
+        m = self.bundle.manifest
+        return num_blocks == m.num_blocks and (":" in model or model == m.model)
+
     def find(self, payload_id: str, block_range: tuple[int, int] | None = None) -> HeldPayload | None:
         """The held payload the server may be shipping as ``payload_id`` (None: download it)."""
         if payload_id in self._changed:

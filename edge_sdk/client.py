@@ -518,7 +518,11 @@ class DeviceClient:
         A payload the device's bundle holds with the same bytes is not downloaded."""
         t = time.monotonic()
         incoming = prog.partial.get(payload_id)
-        held = self._held.find(payload_id, block_range) if self._held is not None and incoming is None else None
+        welcome = self.welcome
+        held = None
+        if self._held is not None and incoming is None and welcome is not None \
+                and self._held.serves(welcome.model, welcome.num_blocks):
+            held = self._held.find(payload_id, block_range)
         if held is not None:
             data = await self._fetch_held(ch, round, payload_id, held)
             if data is not None:

@@ -115,3 +115,10 @@ def test_bundle_plans_the_next_split_when_a_training_graph_is_refused(tmp_path: 
     assert out.returncode == 0, out.stderr
     assert "split 1/11" in out.stderr and "split 0: its training graph was refused" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_bundle_serves_only_its_own_model(tmp_path: Path) -> None:
+    write_bundle(build_model("tiny", seed=0), 1, [(0, 1)], tmp_path / "b.tar", version=0)
+    held = HeldPayloads.open(tmp_path / "b.tar")
+    assert held.serves("tiny", 2) and held.serves("my_app.model:make_model", 2)
+    assert not held.serves("digits_mlp", 2) and not held.serves("my_app.model:make_model", 4)
