@@ -14,6 +14,9 @@ the payload an ONNX Runtime device receives, exported and verified against torch
 in the manifest as ``train_graph``; :meth:`Bundle.train_graph` returns it for
 :class:`edge_sdk.ort_trainer.OrtTail`. Bundles without one omit the field.
 
+Online, a device started with a bundle (:class:`HeldPayloads`) takes the chunks and the training
+graph from it instead of downloading them, whenever the server's payload has the same bytes.
+
 Chunks are read one at a time, straight from the archive, so a weak device never holds all of
 them (EmbracingFL, Algorithm 1). This module needs numpy only (ONNX Runtime to run what it reads).
 """
@@ -45,6 +48,8 @@ __all__ = [
     "BundleError",
     "ChunkEntry",
     "GraphEntry",
+    "HeldPayload",
+    "HeldPayloads",
     "Manifest",
     "ROWS_PREFIX",
     "RowsEntry",
@@ -526,3 +531,74 @@ def load_bundle(path: str | os.PathLike[str]) -> Bundle:
             if actual != sha256:
                 raise BundleError(f"{path}: sha256 of {name} is {actual}, the manifest says {sha256}")
     return Bundle(path, manifest, members)
+
+
+# -- a bundle online ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeldPayload:
+    """A payload a bundle holds: a chunk of blocks [start, stop) or the training graph (start = stop =
+    split), under the id the server ships it as, with its size and sha256 (its content address)."""
+
+    id: str
+    kind: str
+    start: int
+    stop: int
+    size: int
+    sha256: str
+    file: str
+
+
+class HeldPayloads:
+    """The chunks and training graph of a bundle, for a device that joins a server with it.
+
+    A payload is found by its id, or (a chunk) by its block range when the server's version moved
+    past the bundle's; the device then asks the server only for the payload's size and sha256 (a
+    fetch from its last byte) and uses the bundle's bytes when both match. A payload that did
+    change is :meth:`forget`-ten and downloaded like any other."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        m = bundle.manifest
+        self.bundle = bundle
+        held = [HeldPayload(c.id, "chunk", c.start, c.stop, c.size, c.sha256, c.file) for c in m.chunks]
+        if m.train_graph is not None:
+            g = m.train_graph
+            held.append(HeldPayload(g.id, "train_graph", g.split, g.split, g.size, g.sha256, g.file))
+        self._by_id = {h.id: h for h in held}
+        self._by_range = {(h.start, h.stop): h for h in held if h.kind == "chunk"}
+        self._changed: set[str] = set()  # payload ids whose server bytes differ from the bundle's
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> HeldPayloads:
+        """A bundle's payloads, the bundle checked first (:func:`load_bundle`)."""
+        return cls(load_bundle(path))
+
+    def serves(self, model: str, num_blocks: int) -> bool:
+        """Whether the bundle holds parts of the server's model (its welcome's ``model`` and block
+        count): a zoo name must be the bundle's; a ``package.module:factory`` is known by its blocks."""
+        m = self.bundle.manifest
+        return num_blocks == m.num_blocks and (":" in model or model == m.model)
+
+    def find(self, payload_id: str, block_range: tuple[int, int] | None = None) -> HeldPayload | None:
+        """The held payload the server may be shipping as ``payload_id`` (None: download it)."""
+        if payload_id in self._changed:
+            return None
+        found = self._by_id.get(payload_id)
+        if found is None and block_range is not None:
+            found = self._by_range.get((int(block_range[0]), int(block_range[1])))
+        return found
+
+    def forget(self, payload_id: str) -> None:
+        """Download ``payload_id`` from now on (until :meth:`confirm`): asked before the server answers,
+        so that a connection lost over a payload of another size does not ask again forever."""
+        self._changed.add(payload_id)
+
+    def confirm(self, payload_id: str, held: HeldPayload, total_size: int, sha256: str) -> bool:
+        """Whether the server's ``payload_id`` (``total_size`` bytes of ``sha256``) is the held payload."""
+        same = (total_size, sha256) == (held.size, held.sha256)
+        if same:
+            self._changed.discard(payload_id)
+        return same
+
+    def read(self, held: HeldPayload) -> bytes:
+        """The held payload's bytes, checked against their sha256 again as they are read."""
+        return self.bundle._read(held.file, held.sha256)

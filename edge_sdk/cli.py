@@ -105,6 +105,19 @@ def _registry(reference: str) -> dict:
     return {"registry": registry}
 
 
+def _bundle(path: str) -> Path | None:
+    """``--bundle``, checked before any connection (a damaged or missing bundle is a usage error)."""
+    if not path:
+        return None
+    from edge_sdk.bundle import BundleError, load_bundle
+
+    try:
+        load_bundle(path)
+    except BundleError as e:
+        raise UsageProblem(f"--bundle: {e}") from None
+    return Path(path)
+
+
 def _read_secret(path: str) -> str:
     """The credential in ``path`` (surrounding whitespace dropped), or "" without one."""
     if not path:
@@ -219,7 +232,7 @@ def device_config(s: Any, *, budget_bytes: int | None = None):
                         max_retries=None if s.reconnect_retries == FOREVER else s.reconnect_retries,
                         max_backoff_s=s.reconnect_max_delay, tls_ca=s.tls_ca or None,
                         labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
-                        **_registry(s.registry))
+                        bundle=_bundle(s.bundle), **_registry(s.registry))
 
 
 def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None]:

@@ -99,6 +99,9 @@ class DeviceConfig:
     #: Return freed heap to the OS after each report (malloc_trim): what a device's budget wants.
     #: A process running many devices (an emulator's worker) reuses the heap at once and keeps it.
     trim_memory: bool = True
+    #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
+    #: of downloads whenever the server's payloads have the same bytes (sha256).
+    bundle: Path | None = None
 
 
 @dataclass
@@ -214,6 +217,7 @@ class DeviceClient:
         self.reports: list[RoundReport] = []
         self._progress: _RoundProgress | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._held = None if config.bundle is None else _open_bundle(config.bundle)
 
     # -- connection -----------------------------------------------------------------------
     async def run(self) -> list[RoundReport]:
@@ -271,6 +275,7 @@ class DeviceClient:
             runtimes=hello_runtimes(c.backend), num_samples=len(self.x), device_class=c.device_class,
             labels=dict(c.labels), resume_round=resume, rows=self.rows,
             ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)},
+            input_shape=list(self.input_shape), num_classes=-1 if self.num_classes is None else self.num_classes,
         ))
         welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome
@@ -386,10 +391,12 @@ class DeviceClient:
             if prog.activations is not None:
                 prog.activations.close()
             prog.activations, prog.chunks_done = ActivationCache.from_array(self.x), ()
+        # The planned split's chunks are the welcome's ranges, in order (a bundle's chunk of a range).
+        ranges = dict(zip(ins.chunk_ids, welcome.chunks)) if ins.split == welcome.split else {}
         for cid in ins.chunk_ids[len(prog.chunks_done):]:
             # One copy as bytes, the receive buffer freed before the session parses it: a chunk
             # then costs its bytes plus ONNX Runtime's two copies (profiles.accounting frozen_copies).
-            data = bytes(await self._fetch(ch, ins.round, cid, prog))
+            data = bytes(await self._fetch(ch, ins.round, cid, prog, block_range=ranges.get(cid)))
             t = time.monotonic()
             runner = ChunkRunner(data, threads=self.config.threads)
             del data
@@ -545,10 +552,21 @@ class DeviceClient:
         return dict(metrics)
 
     # -- downloads ------------------------------------------------------------------------
-    async def _fetch(self, ch: Channel, round: int, payload_id: str, prog: _RoundProgress) -> memoryview:
-        """Download one payload; a download cut by a dropped connection resumes from its offset."""
+    async def _fetch(self, ch: Channel, round: int, payload_id: str, prog: _RoundProgress, *,
+                     block_range: tuple[int, int] | None = None) -> memoryview:
+        """Download one payload; a download cut by a dropped connection resumes from its offset.
+        A payload the device's bundle holds with the same bytes is not downloaded."""
         t = time.monotonic()
         incoming = prog.partial.get(payload_id)
+        welcome = self.welcome
+        held = None
+        if self._held is not None and incoming is None and welcome is not None \
+                and self._held.serves(welcome.model, welcome.num_blocks):
+            held = self._held.find(payload_id, block_range)
+        if held is not None:
+            data = await self._fetch_held(ch, round, payload_id, held)
+            if data is not None:
+                return data
         while True:
             await send_msg(ch, p.Fetch(round, payload_id, incoming.offset if incoming else 0))
             begin = await self._recv(ch)
@@ -575,6 +593,25 @@ class DeviceClient:
         del prog.partial[payload_id]
         prog.timings["download_s"] += time.monotonic() - t
         return data
+
+    async def _fetch_held(self, ch: Channel, round: int, payload_id: str, held: Any) -> memoryview | None:
+        """The bundle's bytes of ``payload_id`` if the server's have the same size and sha256: asked
+        as a fetch from the held size on, which costs no payload byte when they match. None (and
+        downloaded from then on) when the server's payload changed."""
+        assert self._held is not None
+        self._held.forget(payload_id)
+        await send_msg(ch, p.Fetch(round, payload_id, held.size))
+        begin = await self._recv(ch)
+        if isinstance(begin, p.Ack) and not begin.accepted:
+            raise RoundAborted(begin.reason)
+        if not isinstance(begin, p.TransferBegin):
+            raise p.ProtocolError("unexpected", f"expected a transfer, got {begin.TYPE}")
+        if begin.offset == held.size and self._held.confirm(payload_id, held, begin.total_size, begin.sha256):
+            self.on_event("from_bundle", {"device": self.config.device_id, "round": round, "payload": payload_id,
+                                          "kind": held.kind, "bytes": held.size})
+            return memoryview(await asyncio.to_thread(self._held.read, held))
+        await self._drain(ch, begin)
+        return None
 
     async def _drain(self, ch: Channel, begin: p.TransferBegin) -> None:
         """Read and discard the frames of a transfer this device no longer wants."""
@@ -623,6 +660,13 @@ class DeviceClient:
         if prog is not None and prog.activations is not None:
             with contextlib.suppress(Exception):
                 prog.activations.close()
+
+
+def _open_bundle(path: Path):
+    """The payloads of the device's bundle (checked as it opens: a damaged one is refused here)."""
+    from edge_sdk.bundle import HeldPayloads
+
+    return HeldPayloads.open(path)
 
 
 class _PhaseContext:

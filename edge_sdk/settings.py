@@ -72,6 +72,8 @@ class DeviceSettings:
     client: int = _opt(0, "this device's index in the research dataset's split", kind=int)
     num_clients: int = _opt(1, "how many devices the research dataset is split across", kind=int)
     seed: int = _opt(0, "split seed (the same on every device)", kind=int)
+    bundle: str = _opt("", "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are used "
+                           "instead of downloads wherever the server's have the same bytes", metavar="FILE")
     secret_file: str = _opt("", "file holding this device's enrolled credential (edgetrain device enroll); "
                                 "each hello proves it without sending it", metavar="FILE")
     token: str = _opt("", "shared token the server expects (a lab setting)")

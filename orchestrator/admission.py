@@ -2,7 +2,8 @@
 
 The server asks, in this order: is there room for another connection (:meth:`Admission.connect`,
 HTTP 503 before the websocket upgrade when full); does the hello prove a credential
-(:meth:`Admission.authenticate`); are its declarations bounded (:func:`check_hello_bounds`) and are
+(:meth:`Admission.authenticate`); are its declarations bounded (:func:`check_hello_bounds`); can the
+model take the data it declares (:func:`check_hello_data`, before any byte of the model is sent); and are
 the extension fields the strategy declares well formed (:func:`parse_hello_ext`). A registered
 device is what strategies see of it (:func:`device_info`), journaled in batches (:meth:`Admission.journal`).
 """
@@ -24,14 +25,16 @@ from websockets.asyncio.server import ServerConnection
 
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
+from edge_sdk.models import LayeredModel
 from edge_sdk.transport import Channel
 from orchestrator.config import ServerConfig
+from orchestrator.evaluate import data_mismatch
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceInfo, Strategy
 from orchestrator.strategies.base import HelloContext
 from profiles.planner import Plan
 
-__all__ = ["Admission", "MAX_BUDGET_BYTES", "Session", "check_hello_bounds", "device_info", "model_context",
+__all__ = ["Admission", "MAX_BUDGET_BYTES", "Session", "check_hello_bounds", "check_hello_data", "device_info", "model_context",
            "parse_hello_ext", "plan_summary"]
 
 log = logging.getLogger("edgetrain.server")
@@ -71,6 +74,18 @@ def check_hello_bounds(hello: p.Hello) -> None:
         raise p.ProtocolError("malformed", f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters")
     if len(hello.runtimes) > MAX_RUNTIMES or any(len(r) > 64 for r in hello.runtimes):
         raise p.ProtocolError("malformed", f"at most {MAX_RUNTIMES} runtimes of at most 64 characters")
+
+
+def check_hello_data(hello: p.Hello, model: LayeredModel) -> None:
+    """Refuse a device whose declared samples (``Hello.input_shape``, ``num_classes``) the model cannot
+    take, naming both shapes: it would download the model only to fail on its first batch. A hello
+    that declares nothing (an older device) is not checked."""
+    if not hello.input_shape:
+        return
+    problem = data_mismatch(model, tuple(hello.input_shape), hello.num_classes if hello.num_classes >= 0 else None,
+                            "this device's data")
+    if problem is not None:
+        raise p.ProtocolError("refused", problem)
 
 
 def parse_hello_ext(hello: p.Hello, strategy: Strategy, context: HelloContext) -> Mapping[str, object]:

@@ -78,6 +78,10 @@ class ServerConfig:
     seed: NonNegativeInt = setting(0, "Seed of the model's initial weights and of device sampling.")
     eval_every: NonNegativeInt = setting(1, "Evaluate every n rounds (0: never).")
     eval_data: str = setting("digits", "Held-out dataset for evaluation.", cli="--data")
+    eval_source: str = setting(
+        "", "Evaluation set of your own: a .npz (arrays x, y), .npy or .csv table (label in the last column), or "
+            "package.module:function returning (x, y) arrays or a data source; none: no evaluation on the server. "
+            "Default: the test split of --data.", cli="--eval-data")
     data_root: str | None = setting(
         None, "Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets).")
     eval_limit: Count | None = setting(None, "Evaluate on at most this many held-out samples.", cli=False)
@@ -155,7 +159,7 @@ class ServerConfig:
 
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
-                                      "lr_decay_at", "lr_decay", "momentum", "weight_decay")
+                                      "lr_decay_at", "lr_decay", "momentum", "weight_decay", "eval_source")
 
 
 @functools.cache

@@ -58,7 +58,7 @@ class RoundLoop:
         self.config, self.strategy, self.store, self.template = config, strategy, store, template
         self.sessions, self.payloads, self.reports = sessions, payloads, reports
         self.send, self.emit = send, emit
-        self.evaluator = Evaluator(config)
+        self.evaluator = Evaluator(config, template)
         self.global_state = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
         self.start_round = 1
         self.history: list[dict] = []

@@ -27,7 +27,8 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Admission, Session, check_hello_bounds, device_info, model_context
+from orchestrator.admission import (Admission, Session, check_hello_bounds, check_hello_data, device_info,
+                                    model_context)
 from orchestrator.config import ServerConfig
 from orchestrator.limits import raise_fd_limit
 from orchestrator.payloads import Payloads
@@ -208,6 +209,7 @@ class Orchestrator:
         """Authenticate, bound, plan and register a hello (a reconnect replaces the old connection)."""
         enrolled_samples = self.admission.authenticate(hello)
         check_hello_bounds(hello)
+        check_hello_data(hello, self.model)
         plan = await self.planning.shippable_plan(hello)
         info = device_info(hello, plan, self.hello_context, self.strategy)
         old = self.sessions.get(hello.device_id)

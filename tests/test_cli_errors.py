@@ -55,3 +55,27 @@ def test_serve_without_a_store_takes_a_new_folder_per_run(tmp_path: Path) -> Non
 
     stores = {json.loads(edgetrain("serve", "--check", cwd=tmp_path).stdout)["config"]["store_dir"] for _ in range(2)}
     assert len(stores) == 2 and all(s.startswith("runs/serve-") for s in stores)
+
+
+@pytest.mark.parametrize(("args", "status", "message"), [
+    (["serve", "--model", "resnet20", "--data", "cifar10", "--data-root", "/nonexistent"], 1, "--data-root"),
+    (["serve", "--eval-data", "nosuch.csv"], 1, "--eval-data nosuch.csv: no data file"),
+    (["serve", "--no-such-option"], 2, "No such option: --no-such-option"),
+    (["device", "--server", "127.0.0.1:9", "--id", "d"], 2, "write ws://HOST:PORT"),
+    (["device", "--server", "ws://127.0.0.1:9", "--id", "d", "--reconnect-retries", "0", "--once"], 1,
+     "lost the server ws://127.0.0.1:9"),
+    (["device", "--id", "d", "--bundle", "nosuch.tar"], 2, "--bundle: nosuch.tar: no such bundle"),
+    (["emulate", "--fleet", "nosuch.toml"], 2, "nosuch.toml: no such fleet file"),
+    (["emulate"], 2, "Missing option '--fleet'"),
+    (["profile", "--model", "nosuch"], 2, "unknown model 'nosuch'"),
+    (["bundle", "--model", "digits_mlp", "--budget", "1MiB", "--out", "b.tar"], 2, "does not fit a budget of 1.0 MiB"),
+    (["demo", "--rounds", "0"], 1, "rounds: must be >= 1"),
+    (["nosuch"], 2, "No such command 'nosuch'"),
+])
+def test_every_command_says_a_user_error_in_one_or_two_lines(args: list[str], status: int, message: str,
+                                                             tmp_path: Path) -> None:
+    """What is wrong and what to do, a non-zero status, and no traceback (--debug shows it)."""
+    out = edgetrain(*args, cwd=tmp_path)
+    assert out.returncode == status, (out.returncode, out.stderr)
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2, out.stderr

@@ -95,7 +95,7 @@ def test_a_device_started_before_its_server_joins_when_it_comes(tmp_path: Path) 
     devices = [_device(tmp_path, f"dev-{i}", port) for i in range(2)]
     server = None
     try:
-        time.sleep(5)  # the board booted first: nobody answers yet
+        time.sleep(30)  # the board booted 30 s before its server: nobody answers yet
         for proc, log in devices:
             # A loaded machine may start the device slowly: wait for its attempts, not a fixed time.
             _wait_for(lambda: sum(e.get("event") == "reconnect" for e in _events(log)) >= 3, 120, "three attempts")

@@ -27,7 +27,7 @@ def graph_dir(request: pytest.FixtureRequest) -> Path:
 
 
 def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:
-    config = ServerConfig(model="resnet20", eval_data="synthetic", store_dir=tmp_path / "store",
+    config = ServerConfig(model="resnet20", eval_source="none", store_dir=tmp_path / "store",
                           train_graph_dir=graph_dir)
     return Orchestrator(config)
 

@@ -15,6 +15,7 @@ decoder for anything else, so both paths accept the same inputs. Format bytes (0
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from .messages import (
     FLOAT,
     INT,
     LIST_PAIR,
+    LIST_INT,
     LIST_STR,
     MESSAGE_TYPES,
     PAIR,
@@ -130,7 +132,9 @@ def encode_parts(msg: Message) -> tuple[BytesLike, ...]:
             return _encode_frame(msg)  # type: ignore[arg-type]
         body: dict[str, Any] = {"t": cls.TYPE, "v": PROTOCOL_VERSION}
         for name, _ in _SCHEMA_BY_CLASS[cls]:
-            body[name] = getattr(msg, name)
+            value = getattr(msg, name)
+            if name not in cls.OPTIONAL or value != _DEFAULTS[cls][name]:
+                body[name] = value
         return (msgpack.packb(body, use_bin_type=True),)
     except UnicodeEncodeError as exc:  # a str holding lone surrogates has no UTF-8 form
         raise ProtocolError(ErrorCode.MALFORMED, f"{cls.TYPE}: a string is not valid Unicode: {exc.reason}") from None
@@ -192,11 +196,11 @@ def decode(data: BytesLike, limits: Limits = DEFAULT_LIMITS) -> Message:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {shown!r}")
     fields = _SCHEMA_BY_CLASS[cls]
     expected = _FIELD_NAMES[cls]
-    if len(obj) != len(expected) or obj.keys() != expected:
-        missing = sorted(expected - obj.keys())
+    if not expected - cls.OPTIONAL <= obj.keys() <= expected:
+        missing = sorted(expected - cls.OPTIONAL - obj.keys())
         extra = sorted(repr(k)[:40] for k in obj.keys() - expected)
         raise ProtocolError(ErrorCode.MALFORMED, f"{cls.TYPE}: missing fields {missing}, unexpected fields {extra}")
-    kwargs = {name: _check_kind(cls.TYPE, name, kind, obj[name], limits) for name, kind in fields}
+    kwargs = {name: _check_kind(cls.TYPE, name, kind, obj[name], limits) for name, kind in fields if name in obj}
     msg = cls(**kwargs)
     msg.check()
     return msg
@@ -353,6 +357,9 @@ def _check_kind(where: str, name: str, kind: str, value: Any, limits: Limits) ->
     if kind == LIST_STR:
         _check_items(where, name, value, limits, list)
         return [_check_str(where, name, item, limits) for item in value]
+    if kind == LIST_INT:
+        _check_items(where, name, value, limits, list)
+        return [_check_int(where, name, item) for item in value]
     if kind == PAIR:
         if type(value) not in (list, tuple) or len(value) != 2:
             raise _bad(where, name, "expected a pair of ints")
@@ -427,4 +434,6 @@ def _ext_size(where: str, name: str, value: Any, limits: Limits, depth: int) -> 
 
 
 _SCHEMA_BY_CLASS = {cls: schema(cls) for cls in MESSAGE_TYPES.values()}
+_DEFAULTS = {cls: {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                   for f in dataclasses.fields(cls) if f.name in cls.OPTIONAL} for cls in MESSAGE_TYPES.values()}
 _FIELD_NAMES = {cls: frozenset({"t", "v"} | {name for name, _ in fields}) for cls, fields in _SCHEMA_BY_CLASS.items()}

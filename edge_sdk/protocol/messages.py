@@ -95,6 +95,9 @@ class Message:
     """Base of every message. ``TYPE`` is the wire name (the ``"t"`` field)."""
 
     TYPE: ClassVar[str] = ""
+    #: Fields a peer may leave out (their defaults apply): added to a message without a version
+    #: bump, so devices that predate them keep working. Left out on the wire when at their default.
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
         for name, kind in _SCHEMAS.get(type(self), ()):
@@ -129,9 +132,20 @@ class Hello(Message):
     #: Extension fields a strategy declares (``namespace.name`` -> msgpack value: scalar, bytes,
     #: list or map), e.g. FedSubAvg's private row heat; bounded by the ``EXT_*`` constants.
     ext: dict[str, object] = field(default_factory=dict)
+    #: Optional: one local sample's shape (without the batch axis); empty: not declared. The server
+    #: refuses, before sending any of the model, a device whose samples the model cannot take.
+    input_shape: list[int] = field(default_factory=list)
+    #: Optional: the label count of the local data (largest label + 1); -1: not declared (or a
+    #: regression target). Refused when the model has fewer classes.
+    num_classes: int = -1
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"input_shape", "num_classes"})
 
     def check(self) -> None:
         _require(self.device_id != "", "hello.device_id is empty")
+        _require(len(self.input_shape) <= 8 and all(d >= 1 for d in self.input_shape),
+                 "hello.input_shape has more than 8 axes or an axis below 1")
+        _require(self.num_classes >= -1, "hello.num_classes is below -1")
         for column, values in self.rows.items():
             _require(all(b > a for a, b in zip(values, values[1:])), f"hello.rows[{column!r}] is not strictly increasing")
             _require(not values or values[0] >= 0, f"hello.rows[{column!r}] holds a negative row")
@@ -376,6 +390,7 @@ class Resume(Message):
 STR, INT, FLOAT, BOOL, BYTES = "str", "int", "float", "bool", "bytes"
 LIST_STR, PAIR, LIST_PAIR, DICT_STR, DICT_SCALAR = "list[str]", "pair", "list[pair]", "dict[str]", "dict[scalar]"
 DICT_INTS = "dict[list[int]]"
+LIST_INT = "list[int]"
 DICT_BYTES = "dict[bytes]"
 EXT = "ext"
 
@@ -386,6 +401,7 @@ _KINDS: dict[object, str] = {
     bool: BOOL,
     bytes: BYTES,
     list[str]: LIST_STR,
+    list[int]: LIST_INT,
     tuple[int, int]: PAIR,
     list[tuple[int, int]]: LIST_PAIR,
     dict[str, str]: DICT_STR,
@@ -425,7 +441,7 @@ def _normalise(kind: str, value: object) -> object:
     elif kind == LIST_PAIR:
         if isinstance(value, (list, tuple)):
             return [tuple(_plain(v) for v in p) if isinstance(p, (list, tuple)) else p for p in value]
-    elif kind == LIST_STR:
+    elif kind in (LIST_STR, LIST_INT):
         if isinstance(value, (list, tuple)):
             return [_plain(v) for v in value]
     elif kind in (DICT_STR, DICT_SCALAR):

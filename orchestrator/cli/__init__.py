@@ -52,11 +52,21 @@ def main(argv: list[str] | None = None) -> None:
     if debug:
         args.remove("--debug")
     _register()
+    command = f"edgetrain {args[0]}" if args and not args[0].startswith("-") else "edgetrain"
     try:
-        app(args=args, prog_name="edgetrain")
+        # Not standalone: a wrong option is one line here, not a framed panel of a screen's height.
+        status = app(args=args, prog_name="edgetrain", standalone_mode=False)
+    except typer.Abort:
+        raise SystemExit(130) from None
+    except typer.TyperException as exc:  # a usage error: a missing or bad option, an unknown command
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        known = command != "edgetrain" and args[0] in typer.main.get_command(app).commands  # type: ignore[attr-defined]
+        sys.stderr.write(f"{command}: {one_line(message)}\n(see {command if known else 'edgetrain'} --help)\n")
+        raise SystemExit(2) from None
     except USER_ERRORS as exc:
         if debug:
             raise
-        command = f"edgetrain {args[0]}" if args else "edgetrain"
         sys.stderr.write(f"{command}: {one_line(exc)}\n(run it again with --debug for the traceback)\n")
         raise SystemExit(1) from None
+    if isinstance(status, int) and status:
+        raise SystemExit(status)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from orchestrator.cli import app
 
 if TYPE_CHECKING:
-    from edge_sdk.models.layered import LayeredModel
     from edge_sdk.bundle import Manifest
+    from edge_sdk.models.layered import LayeredModel
+    from exporters.train_export import TrainGraphCache
 
 
 def _fail(message: str) -> typer.Exit:
@@ -39,11 +40,21 @@ def bundle(
     graph_dir: Optional[Path] = typer.Option(
         None, help="Where verified training graphs are kept between runs (default: ~/.cache/edgetrain/train-graphs)."
     ),
+    samples: int = typer.Option(0, help="Samples the device holds (its hello declares them and the server's plan "
+                                        "counts them): plan as the server will."),
     rows: Optional[Path] = typer.Option(
         None, help="A FedSubAvg submodel: a JSON file mapping each sparse table entry to the rows the device's data "
                    "touches. The plan counts only those rows and the bundle carries only them."),
 ) -> None:
-    """Plan a split for a device (or take one), export the frozen chunks, and write a bundle."""
+    """Plan a split for a device (or take one), export the frozen chunks, and write a bundle.
+
+    The plan is the server's: the largest split that fits the budget on the backend, and for
+    onnxruntime the next one down while a split's training graph fails its export check; the
+    command says which split it chose and why. A device started with --bundle uses the bundle's
+    chunks and training graph instead of downloading them.
+
+    Example: edgetrain bundle --model digits_mlp --device pi-zero-2w --backend onnxruntime --out pi.tar
+    """
     given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
     if len(given) != 1:
         raise _fail(f"give exactly one of --device, --budget, --split (got {', '.join(given) or 'none'})")
@@ -65,14 +76,15 @@ def bundle(
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
-    split, chunks, role = _plan_chunks(layered, model, split, device=device, budget=budget, runtime=runtime,
-                                       batch=batch, backend=backend, rows={k: len(r) for k, r in declared.items()})
     graph_cache = None
     if backend == "onnxruntime":
         from exporters.train_export import TrainGraphCache
 
         # Exporting and verifying a training graph takes seconds; it depends on the architecture only.
         graph_cache = TrainGraphCache(graph_dir or Path.home() / ".cache" / "edgetrain" / "train-graphs")
+    split, chunks, role = _plan_chunks(layered, model, split, device=device, budget=budget, runtime=runtime,
+                                       batch=batch, backend=backend, rows={k: len(r) for k, r in declared.items()},
+                                       samples=samples, graph_cache=graph_cache)
     try:
         manifest = write_bundle(
             layered, split, chunks, out, version=version, device_class=device, role=role, settings=settings,
@@ -85,32 +97,50 @@ def bundle(
 
 
 def _plan_chunks(layered: LayeredModel, model: str, split: int | None, *, device: str | None, budget: str | None,
-                 runtime: str | None, batch: int, backend: str, rows: dict[str, int]) -> tuple[int, list, str | None]:
+                 runtime: str | None, batch: int, backend: str, rows: dict[str, int], samples: int,
+                 graph_cache: TrainGraphCache | None) -> tuple[int, list, str | None]:
     """The split, its frozen chunks and the planned role: as given (``--split``, no role), or planned for
-    the device class's or the given budget."""
+    the device class's or the given budget as the server plans it (:meth:`Planning.shippable_plan`):
+    a split whose training graph the export check refuses is dropped and the device planned again."""
     if split is not None:
         if not 0 <= split < len(layered):
             raise _fail(f"--split must be in [0, {len(layered)}) for {model} ({len(layered)} blocks)")
+        typer.echo(f"split {split}/{len(layered)}: as given (--split)", err=True)
         return split, [(i, i + 1) for i in range(split)], None
     from profiles.devices import load_device_class
-    from profiles.planner import plan_for_device, plan_split
+    from profiles.planner import plan_split
+    from profiles.runtime import runtime_memory
     from profiles.units import parse_size
 
     from exporters.train_export import train_graph_refusal
 
-    graphs = [k for k in range(len(layered)) if train_graph_refusal(layered, k) is None]
     try:
-        runtime_bytes = parse_size(runtime) if runtime is not None else None
-        if device is not None and runtime_bytes is None:
-            # the device class's budget, and its own runtime figures where it has them
-            plan = plan_for_device(layered, device, batch_size=batch, backends=(backend,), graph_splits=graphs,
-                                   rows=rows)
+        figures: Any = parse_size(runtime) if runtime is not None else None
+        if device is not None:
+            device_class = load_device_class(device)
+            budget_bytes = device_class.budget_bytes
+            if figures is None:  # the device class's own runtime figures where it has them
+                figures = runtime_memory().with_overrides(device_class.runtime_overrides)
         else:
-            budget_bytes = load_device_class(device).budget_bytes if device else parse_size(budget)  # type: ignore[arg-type]
-            plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=runtime_bytes, backends=(backend,),
-                              graph_splits=graphs, rows=rows)
-    except (ValueError, KeyError, FileNotFoundError) as exc:  # PlanError, unknown class, bad size
+            budget_bytes = parse_size(budget)  # type: ignore[arg-type]
+    except (ValueError, KeyError, FileNotFoundError) as exc:  # unknown class, bad size
         raise _fail(str(exc)) from None
+    graphs = {k for k in range(len(layered)) if train_graph_refusal(layered, k) is None}
+    refused: list[str] = []
+    while True:
+        try:
+            plan = plan_split(layered, budget_bytes, batch_size=batch, runtime=figures, backends=(backend,),
+                              graph_splits=graphs, rows=rows, local_samples=samples)
+        except ValueError as exc:  # PlanError
+            raise _fail("; ".join([str(exc), *refused])) from None
+        reason = graph_cache.refusal(layered, plan.split) if graph_cache is not None else None
+        if reason is None:
+            break
+        refused.append(f"split {plan.split}: its training graph was refused ({reason})")
+        graphs.discard(plan.split)
+    typer.echo(f"split {plan.split}/{len(layered)}, role {plan.role}: the largest split whose training fits "
+               f"{plan.budget_bytes / 2**20:.0f} MiB on {backend} (footprint {plan.footprint_bytes / 2**20:.0f} MiB)"
+               + "".join(f"; {r}, so the next split" for r in refused), err=True)
     return plan.split, [tuple(c) for c in plan.chunks], plan.role
 
 

@@ -17,7 +17,7 @@ import typer
 from orchestrator.cli import app
 
 
-@app.command()
+@app.command(epilog="Example: edgetrain demo --rounds 5 (a mixed fleet on digits; runs/<time>/accuracy.png)")
 def demo(
     model: str = typer.Option("digits_mlp", help="Model: a zoo name, or package.module:factory for one of your own (docs/models.md)."),
     data: str = typer.Option("digits", help="Dataset: digits (bundled with scikit-learn), or femnist / cifar10 from --data-root."),
@@ -65,6 +65,7 @@ def demo(
     config = ServerConfig(
         model=model, strategy=strategy, rounds=rounds, min_devices=n, local_steps=local_steps, lr=lr,
         eval_data=data, data_root=data_root, store_dir=run_dir / "store", seed=seed, deadline_s=120,
+        keep_checkpoints=1,  # a demo is not resumed: its final weights are what it keeps
     )
     console.print(f"[bold]edgetrain demo[/]: {model} on {data}, {strong} strong + {moderate} moderate + {weak} weak "
                   f"devices (weak on {weak_backend}), {rounds} rounds, strategy {strategy}; writing {run_dir}")
@@ -73,7 +74,16 @@ def demo(
         run = asyncio.run(run_local_fleet(config, launches, on_event=view.on_event, data_root=data_root,
                                           stderr_dir=run_dir / "logs"))
     wall = time.monotonic() - t0
+    _prune_chunks(config.store_dir)
     summary = summarise_run(run, launches, config)
     write_metrics(run_dir, {"config": config.to_dict(), "wall_s": wall, **summary})
     plot = plot_accuracy(run_dir, summary["rounds"], title=f"{model} on {data}: {strong}/{moderate}/{weak} strong/moderate/weak")
     view.print_summary(summary, wall_s=wall, run_dir=run_dir, plot=plot)
+
+
+def _prune_chunks(store: Path) -> None:
+    """Drop the exported chunks the run kept on disk (re-exported from a checkpoint when needed), so
+    that a demo's folder holds its report and final weights, not hundreds of MiB of ONNX."""
+    from exporters.cache import ChunkCache
+
+    ChunkCache(max_bytes=0, directory=store / "chunks").prune_disk(0)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from orchestrator.fleetview import FleetView
 
 
-@app.command()
+@app.command(epilog="Examples: edgetrain emulate --fleet tiny-capped; edgetrain emulate --fleet my-fleet.toml --rounds 10 --data-root ../datasets")
 def emulate(
     fleet: str = typer.Option(..., "--fleet", help="A fleet file, or the name of one in profiles/fleets."),
     rounds: Optional[int] = typer.Option(None, help="Rounds (default: the fleet's training.rounds)."),

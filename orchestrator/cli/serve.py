@@ -48,10 +48,17 @@ def serve(**options: Any) -> None:
             token = "" if config.require_credentials else config.token
             announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr)
 
-    history = asyncio.run(Orchestrator(config, on_event=on_event, strategy=strategy).run())
+    from orchestrator.evaluate import NO_EVALUATION
+
+    if config.eval_source.strip().lower() == NO_EVALUATION:
+        typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
+                   "the devices' own losses are in the round events", err=True)
+    orchestrator = Orchestrator(config, on_event=on_event, strategy=strategy)  # refuses data the model cannot take
+    history = asyncio.run(orchestrator.run())
     if history:
         last = history[-1]
-        typer.echo(f"finished round {last['round']}: accuracy {last.get('accuracy', float('nan')):.4f}", err=True)
+        score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
+        typer.echo(f"finished round {last['round']}{score}", err=True)
 
 
 def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
@@ -95,7 +102,7 @@ serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
                                "without listening.")),
 ])
-app.command()(serve)
+app.command(epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
 
 
 def parse_strategy_options(items: list[str]) -> dict[str, object]:

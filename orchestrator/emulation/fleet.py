@@ -20,6 +20,8 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     lr_decay = 0.1
     momentum = 0.9
     weight_decay = 1e-4
+    eval_source = "holdout.npz"          # the server's held-out set: a .npz/.npy/.csv file, package.module:function,
+                                         # or "none" (default: the dataset's test split)
 
     [strategy]                           # the strategy's options (ServerConfig.strategy_options)
     epsilon = 0.3                        # e.g. fedalign's; varsel takes budget, internal_label, ...
