@@ -139,7 +139,7 @@ class RoundLoop:
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         await self.dispatch(instructions)
-        while not (rs.settled() or time.monotonic() >= rs.deadline or self.strategy.round_complete(ctx)):
+        while (closed_by := self._closes(rs, ctx, t0)) is None:
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
@@ -156,11 +156,28 @@ class RoundLoop:
         self.payloads.clear()
         self.work = {}
         self.reports.partial.clear()
-        metrics = self._metrics(rs, result, attempt, failure)
+        metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by}
         if failure is not None and not last_try:
             return False
         await self._commit(r, metrics, t0, cpu0)
         return True
+
+    def _closes(self, rs: RoundState, ctx: RoundContext, opened: float) -> str | None:
+        """Why the round closes now, if it does: all answered, the strategy's quorum, the straggler
+        grace over, or the deadline. With ``straggler_policy`` grace, once ``straggler_quorum`` of the
+        instructions are answered the rest get ``straggler_grace_s``, or as long as that share took
+        if longer: a stalled or silent device costs the round at most that, never the deadline."""
+        now = time.monotonic()
+        if rs.settled():
+            return "all"
+        if self.strategy.round_complete(ctx):
+            return "quorum"
+        if self.config.straggler_policy == "grace":
+            if rs.grace_end is None and rs.answered_share() >= self.config.straggler_quorum:
+                rs.grace_end = now + max(self.config.straggler_grace_s, now - opened)
+            if rs.grace_end is not None and now >= rs.grace_end:
+                return "grace"
+        return "deadline" if now >= rs.deadline else None
 
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
