@@ -157,6 +157,12 @@ class Payloads:
     def clear(self) -> None:
         self.by_id, self._broadcasts = {}, {}
 
+    def drop_chunks(self) -> None:
+        """Forget the chunks held in memory: those of past versions are never served again, and a
+        cache full of them (256 MiB) was most of a long run's memory growth. Chunks stay on disk
+        (within ``chunk_disk_bytes``) and the next version's are exported into memory anew."""
+        self.cache.clear()
+
     def model_for(self, version: str, state: Mapping[str, np.ndarray]) -> LayeredModel:
         """The model the chunks of ``version`` export from (built once per version)."""
         with self._lock:

@@ -23,6 +23,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
+from edge_sdk.memory import release_memory
 from edge_sdk.models import LayeredModel
 from orchestrator.admission import Session
 from orchestrator.config import ServerConfig
@@ -145,6 +146,7 @@ class RoundLoop:
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         result = self.strategy.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
+        self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
         failure = await asyncio.to_thread(self.check_state, candidate)
         if failure is None:
             self.global_state = candidate
@@ -221,6 +223,7 @@ class RoundLoop:
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
         self.store.complete_round(r, self.global_state, metrics)
+        release_memory()  # the round's payloads and reports are gone: hand their heap back to the OS
         # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
         await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)

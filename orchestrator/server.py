@@ -22,6 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
+from edge_sdk.memory import tune_allocator
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
@@ -115,6 +116,7 @@ class Orchestrator:
         ``start``: the first round also waits for this event once ``min_devices`` are connected
         (a benchmark measures the connected fleet at rest first)."""
         raise_fd_limit()  # a socket per device: the soft limit (often 1,024) up to the hard one
+        tune_allocator()  # payloads and updates are large buffers: freed, they go back to the OS
         try:
             tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
             # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept

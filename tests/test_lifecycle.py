@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +37,27 @@ def _hello(device_id: str, token: str = "") -> p.Hello:
     return p.Hello(device_id=device_id, token=token, budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)
 
 
-async def _answer(ws, orch, msg: p.Instruction, device_id: str, welcome: p.Welcome) -> None:
-    """Send a report of zero deltas for ``msg`` (an honest no-op update)."""
-    deltas = {n: np.zeros_like(orch.global_state[n]) for n in orch.model.state_names(msg.split)}
+async def _answer(ws, orch, msg: p.Instruction, device_id: str, welcome: p.Welcome,
+                  rng: np.random.Generator | None = None) -> None:
+    """Send a report of zero deltas for ``msg`` (an honest no-op update), or of small noise."""
+    state = orch.global_state
+    deltas = {n: np.zeros_like(state[n]) if rng is None or state[n].dtype.kind != "f"
+              else rng.normal(0, 1e-3, state[n].shape).astype(state[n].dtype)
+              for n in orch.model.state_names(msg.split)}
     tid = f"{device_id}-{msg.round}"
     await send_msg(ws, p.Report(msg.round, msg.phase, 10, (msg.split, welcome.num_blocks), tid,
                                 {"loss_before": 1.0, "loss_after": 0.9}))
     await send_payload(ws, p.encode_tensors(deltas), transfer_id=tid, kind="update", meta={})
 
 
-async def _honest(url: str, orch, device_id: str, token: str = "") -> list[p.Message]:
-    """A scripted honest device: answers every instruction with zero deltas until goodbye."""
+async def _honest(url: str, orch, device_id: str, token: str = "", *, noise: int | None = None,
+                  budget: int = 2 << 30) -> list[p.Message]:
+    """A scripted honest device: answers every instruction with zero deltas (or, with a ``noise``
+    seed, small random ones) until goodbye."""
     seen: list[p.Message] = []
+    rng = None if noise is None else np.random.default_rng(noise)
     async with connect(url, **ws_options()) as ws:
-        await send_msg(ws, _hello(device_id, token))
+        await send_msg(ws, replace(_hello(device_id, token), budget_bytes=budget))
         welcome = await recv_msg(ws)
         assert isinstance(welcome, p.Welcome), welcome
         while True:
@@ -58,7 +66,10 @@ async def _honest(url: str, orch, device_id: str, token: str = "") -> list[p.Mes
             if isinstance(msg, (p.Bye, p.Error)):
                 return seen
             if isinstance(msg, p.Instruction):
-                await _answer(ws, orch, msg, device_id, welcome)
+                for payload_id in (*msg.chunk_ids, msg.model_id):  # downloads what it is sent, as devices do
+                    await send_msg(ws, p.Fetch(msg.round, payload_id, 0))
+                    await recv_payload(ws, await recv_msg(ws))
+                await _answer(ws, orch, msg, device_id, welcome, rng)
 
 
 def test_a_proof_captured_before_a_restart_is_refused_after_it(tmp_path: Path) -> None:
@@ -299,3 +310,33 @@ async def _stop(proc_future: asyncio.Future) -> None:
     proc = await proc_future
     proc.kill()
     await proc.wait()
+
+
+@pytest.mark.slow
+def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
+    """80 rounds of digits_mlp with three devices on different splits (scripted: they download what
+    they are sent and answer with small random deltas, so every round is a new model version with
+    new chunks to export, check and serve): the server's RSS at the end is within 10% of round 20's.
+    bench/memory_flat.py runs 200 rounds of real device processes."""
+    from edge_sdk.memory import rss_bytes
+    from orchestrator.emulation.localfleet import role_budgets
+
+    rss: dict[int, int] = {}
+    budgets = role_budgets("digits_mlp")
+
+    async def main():
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "round_end":
+                rss[data["round"]] = rss_bytes()
+
+        config = _config(tmp_path / "s", model="digits_mlp", eval_data="digits", rounds=80, min_devices=3)
+        orch, server = await start_orchestrator(config, on_event)
+        url = f"ws://127.0.0.1:{orch.port}"
+        devices = [_honest(url, orch, f"d-{role}", noise=i, budget=budgets[role])
+                   for i, role in enumerate(("strong", "moderate", "weak"))]
+        *_, history = await asyncio.gather(*devices, server)
+        return history
+
+    history = asyncio.run(main())
+    assert all(h["reported"] == 3 for h in history)
+    assert rss[80] <= 1.10 * rss[20], {r: round(v / 2**20) for r, v in rss.items() if r % 10 == 0}
