@@ -257,6 +257,7 @@ def test_a_stalled_or_silent_device_costs_a_round_its_grace_not_its_deadline(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path: Path) -> None:
     """Three enrolled device processes train digits_mlp while, through rounds 3-4, 100 connections
     keep saying hellos with forged proofs and made-up budgets: every round closes with all three,
@@ -313,10 +314,12 @@ async def _stop(proc_future: asyncio.Future) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
-    """80 rounds of digits_mlp with three devices on different splits (scripted: they download what
+    """30 rounds of digits_mlp with three devices on different splits (scripted: they download what
     they are sent and answer with small random deltas, so every round is a new model version with
-    new chunks to export, check and serve): the server's RSS at the end is within 10% of round 20's.
+    new chunks to export, check and serve): the server's RSS at the end is within 10% of round 5's.
+    Before chunks of past versions were dropped from memory it grew by a third within 10 rounds.
     bench/memory_flat.py runs 200 rounds of real device processes."""
     from edge_sdk.memory import rss_bytes
     from orchestrator.emulation.localfleet import role_budgets
@@ -329,7 +332,8 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
             if kind == "round_end":
                 rss[data["round"]] = rss_bytes()
 
-        config = _config(tmp_path / "s", model="digits_mlp", eval_data="digits", rounds=80, min_devices=3)
+        config = _config(tmp_path / "s", model="digits_mlp", eval_data="digits", rounds=30, min_devices=3,
+                         eval_every=10)
         orch, server = await start_orchestrator(config, on_event)
         url = f"ws://127.0.0.1:{orch.port}"
         devices = [_honest(url, orch, f"d-{role}", noise=i, budget=budgets[role])
@@ -339,4 +343,4 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
 
     history = asyncio.run(main())
     assert all(h["reported"] == 3 for h in history)
-    assert rss[80] <= 1.10 * rss[20], {r: round(v / 2**20) for r, v in rss.items() if r % 10 == 0}
+    assert rss[30] <= 1.10 * rss[5], {r: round(v / 2**20) for r, v in rss.items() if r % 5 == 0}
