@@ -51,8 +51,10 @@ class Work:
 
     @property
     def payload_ids(self) -> tuple[str, ...]:
-        ids = (*self.wire.chunk_ids, self.wire.model_id)
-        return (*ids, self.wire.broadcast_id) if self.wire.broadcast_id else ids
+        """Every payload the instruction names: chunks, model, broadcast and training graph."""
+        graph = self.wire.config.get(p.TRAIN_GRAPH_KEY)
+        extra = tuple(str(i) for i in (self.wire.broadcast_id, graph) if i)
+        return (*self.wire.chunk_ids, self.wire.model_id, *extra)
 
 
 @dataclass(frozen=True)
