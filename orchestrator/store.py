@@ -38,6 +38,7 @@ from edge_sdk.fileio import atomic_write, remove_leftovers
 
 JOURNAL = "journal.sqlite3"
 CHECKPOINTS = "checkpoints"
+MAX_CLOSURES = 100_000  # closures journaled (the newest kept)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -226,12 +227,15 @@ class Store:
     # -- closures ----------------------------------------------------------------------------
     def record_closures(self, closures: Iterable[tuple[float, str, str, int | None, str]]) -> None:
         """Journal connections the server refused or ended for cause, ``(at, device_id, kind, round,
-        reason)`` (kind: unauthorized, revoked, fetch_limit, ...), in one commit."""
+        reason)`` (kind: unauthorized, revoked, fetch_limit, ...), in one commit. The newest
+        ``MAX_CLOSURES`` are kept: a flood of refused hellos must not fill the disk."""
         rows = list(closures)
         if rows:
             with self._lock, self._transaction():
                 self._db.executemany("INSERT INTO closures(at, device_id, kind, round, reason) VALUES (?, ?, ?, ?, ?)",
                                      rows)
+                self._db.execute("DELETE FROM closures WHERE rowid <= (SELECT MAX(rowid) FROM closures) - ?",
+                                 (MAX_CLOSURES,))
 
     def closures(self, kind: str | None = None) -> list[dict]:
         """Journaled closures (of one kind, or all), oldest first."""

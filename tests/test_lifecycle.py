@@ -344,3 +344,16 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
     history = asyncio.run(main())
     assert all(h["reported"] == 3 for h in history)
     assert rss[30] <= 1.10 * rss[5], {r: round(v / 2**20) for r, v in rss.items() if r % 5 == 0}
+
+
+def test_the_store_keeps_recent_proofs_and_a_bounded_journal_of_closures(tmp_path: Path, monkeypatch) -> None:
+    import orchestrator.store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_CLOSURES", 5)
+    with Store(tmp_path / "s") as store:
+        store.record_proofs([("a", "n1", 100.0), ("a", "n2", 200.0)], forget_before=0.0)
+        store.record_proofs([("b", "n3", 300.0), ("a", "n2", 200.0)], forget_before=150.0)  # n1 is too old now
+        assert store.proofs_since(0.0) == [("a", "n2", 200.0), ("b", "n3", 300.0)]
+        for i in range(3):
+            store.record_closures([(float(i), f"d{i}-{j}", "unauthorized", None, "forged") for j in range(4)])
+        assert [c["device_id"] for c in store.closures()] == ["d1-3", "d2-0", "d2-1", "d2-2", "d2-3"]
