@@ -36,8 +36,8 @@ from profiles.accounting import ModelCost
 from profiles.planner import Plan
 from profiles.runtime import RUNTIMES
 
-__all__ = ["FetchLimits", "Payload", "Payloads", "Prepared", "Work", "chunk_ranges", "exceeds_rows", "model_at", "selection_rows",
-           "state_version"]
+__all__ = ["FetchLimits", "Payload", "Payloads", "Prepared", "Work", "chunk_ranges", "exceeds_rows", "model_at",
+           "selection_rows", "state_version"]
 
 
 @dataclass

@@ -149,9 +149,12 @@ class Orchestrator:
         since = time.time()
         while True:
             await asyncio.sleep(self.config.revocation_poll_s)
-            for device_id, at in self.store.revoked_since(since):
-                since = max(since, at)
-                await self.close_revoked(device_id)
+            try:
+                for device_id, at in self.store.revoked_since(since):
+                    since = max(since, at)
+                    await self.close_revoked(device_id)
+            except Exception:  # a busy journal, say: the next poll tries again
+                log.exception("looking for revoked credentials failed")
 
     async def revoke(self, device_id: str) -> bool:
         """Revoke a device's credential and close its connection at once; False if it had none."""
