@@ -318,8 +318,8 @@ async def _stop(proc_future: asyncio.Future) -> None:
 def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
     """30 rounds of digits_mlp with three devices on different splits (scripted: they download what
     they are sent and answer with small random deltas, so every round is a new model version with
-    new chunks to export, check and serve): the server's RSS at the end is within 10% of round 5's.
-    Before chunks of past versions were dropped from memory it grew by a third within 10 rounds.
+    new chunks to export, check and serve): the server's RSS at the end is within 10% of round 2's.
+    With chunks of past versions kept in memory it went from 632 MiB at round 2 to 800 at round 30.
     bench/memory_flat.py runs 200 rounds of real device processes."""
     from edge_sdk.memory import rss_bytes
     from orchestrator.emulation.localfleet import role_budgets
@@ -343,7 +343,7 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
 
     history = asyncio.run(main())
     assert all(h["reported"] == 3 for h in history)
-    assert rss[30] <= 1.10 * rss[5], {r: round(v / 2**20) for r, v in rss.items() if r % 5 == 0}
+    assert rss[30] <= 1.10 * rss[2], {r: round(v / 2**20) for r, v in rss.items() if r % 5 == 0 or r < 3}
 
 
 def test_the_store_keeps_recent_proofs_and_a_bounded_journal_of_closures(tmp_path: Path, monkeypatch) -> None:
