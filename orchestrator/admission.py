@@ -11,6 +11,7 @@ device is what strategies see of it (:func:`device_info`), journaled in batches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -24,7 +25,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from edge_sdk import protocol as p
-from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
+from edge_sdk.credentials import CredentialError, ReplayWindow, parse_proof, verify_proof
 from edge_sdk.models import LayeredModel
 from edge_sdk.transport import Channel
 from orchestrator.config import ServerConfig
@@ -55,6 +56,7 @@ class Session:
     plan: Plan
     info: DeviceInfo
     enrolled_samples: int | None = None  # fixed at enrollment, when the device has a credential
+    revoked: bool = False  # its credential was revoked while connected: nothing it sends is taken
 
     @property
     def ws(self) -> ServerConnection:
@@ -149,8 +151,14 @@ class Admission:
         self.store = store
         self.open = [0, 0]  # connections open, of which still to say hello
         self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
+        # The replay cache lives in the store too: a proof captured before a restart stays refused.
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
+        for device_id, nonce, seen in store.proofs_since(time.time() - self._replay.window_s):
+            self._replay.check_and_add(device_id, nonce, seen)
         self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
+        self._proof_rows: list[tuple[str, str, float]] = []  # proofs accepted, not yet stored (one turn)
+        self._closure_rows: list[tuple[float, str, str, int | None, str]] = []  # closures, not yet journaled
+        self._flush_due = False
 
     def over_capacity(self) -> str | None:
         """Why a new connection cannot be taken now (connections held, or still to say hello), if so."""
@@ -196,33 +204,61 @@ class Admission:
         (:mod:`edge_sdk.credentials`): unknown, revoked, stale, forged or replayed proofs are
         refused before any model data is sent, and a device id can be taken only by its own
         credential. Otherwise the shared ``token`` (a lab setting) is compared in constant time.
+        Every refusal is journaled (:meth:`Store.closures`, kind ``unauthorized``).
         """
+        try:
+            return self._check_credential(hello)
+        except p.ProtocolError as exc:
+            self.note_closure(hello.device_id[:128], "unauthorized", exc.message)
+            raise
+
+    def _check_credential(self, hello: p.Hello) -> int | None:
         if self.config.require_credentials:
             cred = self.store.credential(hello.device_id)
             if cred is None or cred["revoked"] is not None:
                 raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
+            now = time.time()
             try:
-                verify_proof(hello.device_id, hello.token, cred["key"], self._replay,
+                verify_proof(hello.device_id, hello.token, cred["key"], self._replay, now=now,
                              max_skew_s=self.config.credential_skew_s)
             except CredentialError as exc:
                 raise p.ProtocolError("unauthorized", str(exc)) from None
+            self._proof_rows.append((hello.device_id, parse_proof(hello.token).nonce, now))
+            self._flush_soon()
             return cred["samples"]
         if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
         return None
 
+    def note_closure(self, device_id: str, kind: str, reason: str, round: int | None = None) -> None:
+        """Journal a connection refused or ended for cause (batched per turn, as registrations are)."""
+        self._closure_rows.append((time.time(), device_id, kind, round, reason[:512]))
+        self._flush_soon()
+
     def journal(self, hello: p.Hello, plan: Plan) -> None:
         """Journal a registered device. The hellos taken in one turn of the event loop share one
         commit (:meth:`Store.record_devices`), written as soon as that turn's callbacks are done:
         a commit per hello was most of the server's own work per hello."""
-        if not self._device_rows:
-            asyncio.get_running_loop().call_soon(self.flush)
         self._device_rows.append((hello.device_id, hello_profile(hello), plan_summary(plan)))
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            with contextlib.suppress(RuntimeError):  # no running loop (a direct call): flushed by the caller
+                asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
+        """Write what this turn registered, accepted and refused: one commit per kind."""
+        self._flush_due = False
         rows, self._device_rows = self._device_rows, []
         if rows:
             self.store.record_devices(rows)
+        proofs, self._proof_rows = self._proof_rows, []
+        if proofs:
+            self.store.record_proofs(proofs, forget_before=time.time() - self._replay.window_s)
+        closures, self._closure_rows = self._closure_rows, []
+        self.store.record_closures(closures)
 
 
 def model_context(sparse_inputs: Mapping[str, object], state: Mapping[str, np.ndarray]) -> HelloContext:

@@ -110,6 +110,23 @@ class ServerConfig:
     transfer_min_rate: NonNegative = setting(16 << 10, "Bytes/s a transfer must average (after a grace period) "
                                                        "not to be dropped.")
     transfer_grace_s: NonNegative = setting(10.0, "Seconds before --transfer-min-rate applies.", cli=False)
+    fetch_rate: Positive = setting(50.0, "Fetches per second one device may average (bursts of 4 s of them); a "
+                                         "device over it is cut off with an error frame.")
+    fetch_repeats: Count = setting(
+        4, "Times over a device may fetch, in one round, the payloads its instructions name (count and bytes: "
+           "resumes after a reconnect fit); a device over it is cut off with an error frame.")
+    straggler_policy: Literal["grace", "deadline"] = setting(
+        "grace", "When a round stops waiting for its stragglers: grace (once --straggler-quorum of its "
+                 "instructions are answered, the rest get --straggler-grace, or as long as that took if longer) "
+                 "or deadline (they are waited for until --deadline).")
+    straggler_quorum: Fraction = setting(0.5, "Share of a round's instructions answered that starts the straggler "
+                                              "grace period.", cli=False)
+    straggler_grace_s: NonNegative = setting(
+        10.0, "Least time a round waits for its stragglers once --straggler-quorum answered (straggler policy "
+              "grace).", cli="--straggler-grace")
+    revocation_poll_s: Positive = setting(
+        1.0, "How often the server looks for credentials revoked (edgetrain device revoke) while it runs, to "
+             "close their connections.", cli=False)
     max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
     max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)

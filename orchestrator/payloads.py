@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,8 +36,8 @@ from profiles.accounting import ModelCost
 from profiles.planner import Plan
 from profiles.runtime import RUNTIMES
 
-__all__ = ["Payload", "Payloads", "Prepared", "Work", "chunk_ranges", "exceeds_rows", "model_at", "selection_rows",
-           "state_version"]
+__all__ = ["FetchLimits", "Payload", "Payloads", "Prepared", "Work", "chunk_ranges", "exceeds_rows", "model_at",
+           "selection_rows", "state_version"]
 
 
 @dataclass
@@ -50,8 +51,10 @@ class Work:
 
     @property
     def payload_ids(self) -> tuple[str, ...]:
-        ids = (*self.wire.chunk_ids, self.wire.model_id)
-        return (*ids, self.wire.broadcast_id) if self.wire.broadcast_id else ids
+        """Every payload the instruction names: chunks, model, broadcast and training graph."""
+        graph = self.wire.config.get(p.TRAIN_GRAPH_KEY)
+        extra = tuple(str(i) for i in (self.wire.broadcast_id, graph) if i)
+        return (*self.wire.chunk_ids, self.wire.model_id, *extra)
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,12 @@ class Payloads:
 
     def clear(self) -> None:
         self.by_id, self._broadcasts = {}, {}
+
+    def drop_chunks(self) -> None:
+        """Forget the chunks held in memory: those of past versions are never served again, and a
+        cache full of them (256 MiB) was most of a long run's memory growth. Chunks stay on disk
+        (within ``chunk_disk_bytes``) and the next version's are exported into memory anew."""
+        self.cache.clear()
 
     def model_for(self, version: str, state: Mapping[str, np.ndarray]) -> LayeredModel:
         """The model the chunks of ``version`` export from (built once per version)."""
@@ -277,3 +286,51 @@ class Payloads:
         if gid not in self.by_id:
             self.by_id[gid] = Payload("train_graph", data, p.sha256_hex(data), {"split": selection.split})
         return gid
+
+
+@dataclass
+class _Fetched:
+    """One device's fetches: its round's count and bytes, and its rate allowance (a token bucket)."""
+
+    round: int
+    count: int = 0
+    bytes: int = 0
+    tokens: float = 0.0
+    at: float = 0.0
+
+
+class FetchLimits:
+    """Per-device fetch limits: what a round's instructions name, ``repeats`` times over, and a
+    rate. An honest device fetches each payload it was named once (again after a reconnect,
+    from where it stopped); a device fetching its model in a loop takes bandwidth and the
+    server's sending time from every other device, and is cut off instead."""
+
+    def __init__(self, rate: float, repeats: int, *, burst_s: float = 4.0) -> None:
+        self.rate, self.repeats = rate, repeats
+        self.burst = max(1.0, rate * burst_s)
+        self._by_device: dict[str, _Fetched] = {}
+
+    def charge(self, device_id: str, round_no: int, nbytes: int, named: Sequence[int]) -> str | None:
+        """Count a fetch of ``nbytes`` by a device whose instructions this round name payloads of
+        sizes ``named``; why it must be cut off, if so (nothing is counted then)."""
+        now = time.monotonic()
+        f = self._by_device.get(device_id)
+        if f is None:
+            f = self._by_device[device_id] = _Fetched(round_no, tokens=self.burst, at=now)
+        if f.round != round_no:
+            f.round, f.count, f.bytes = round_no, 0, 0
+        f.tokens = min(self.burst, f.tokens + (now - f.at) * self.rate)
+        f.at = now
+        if f.tokens < 1.0:
+            return f"more than {self.rate:g} fetches per second"
+        if f.count + 1 > self.repeats * max(1, len(named)) or f.bytes + nbytes > self.repeats * sum(named):
+            return (f"fetched {f.count} payloads ({f.bytes} bytes) in round {round_no}, more than {self.repeats} "
+                    f"times what its instructions name ({len(named)} payloads, {sum(named)} bytes)")
+        f.tokens -= 1.0
+        f.count += 1
+        f.bytes += nbytes
+        return None
+
+    def forget(self, device_id: str) -> None:
+        """The device left: keep nothing of it."""
+        self._by_device.pop(device_id, None)

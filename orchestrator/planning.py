@@ -46,6 +46,7 @@ class Planning:
         self.graph_splits = frozenset(k for k in range(len(model)) if train_graph_refusal(model, k) is None
                                       and train_graphs.known_refusal(model, k) is None)
         self.plans = PlanCache()  # hello profile -> plan: each distinct profile is planned once
+        self._planning = asyncio.Lock()
 
     @staticmethod
     def runtime(hello: p.Hello) -> Runtime:
@@ -88,25 +89,33 @@ class Planning:
         """
         key = self.plan_key(hello)
         cached = self.plans.get(key)
+        if cached is None:
+            # Off the event loop, one profile at a time: a burst of hellos of new profiles (a flood
+            # of made-up budgets) waits here, not every connection's messages; hellos of a profile
+            # planned while they waited take its plan.
+            async with self._planning:
+                cached = self.plans.get(key)
+                if cached is None:
+                    cached = await self._plan_shippable(hello)
+                    self.plans.put(key, cached)
         if isinstance(cached, str):
             raise p.ProtocolError("refused", cached)
-        if cached is not None:
-            return cached
+        return cached
+
+    async def _plan_shippable(self, hello: p.Hello) -> Plan | str:
+        """A new profile's plan, or why it is refused."""
         refused: list[str] = []
         while True:
             try:
-                plan = self._plan(hello)
+                plan = await asyncio.to_thread(self._plan, hello)
             except PlanError as exc:
-                message = "; ".join([str(exc), *refused])
-                self.plans.put(key, message)
-                raise p.ProtocolError("refused", message) from None
+                return "; ".join([str(exc), *refused])
             if self.runtime(hello).needs_graph:
                 reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split)
                 if reason is not None:
                     self.refuse_graph(plan.split, reason)
                     refused.append(f"split {plan.split}: {reason}")
                     continue
-            self.plans.put(key, plan)
             return plan
 
     def refuse_graph(self, split: int, reason: str) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
+from edge_sdk.memory import release_memory
 from edge_sdk.models import LayeredModel
 from orchestrator.admission import Session
 from orchestrator.config import ServerConfig
@@ -139,12 +140,13 @@ class RoundLoop:
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         await self.dispatch(instructions)
-        while not (rs.settled() or time.monotonic() >= rs.deadline or self.strategy.round_complete(ctx)):
+        while (closed_by := self._closes(rs, ctx, t0)) is None:
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         result = self.strategy.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
+        self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
         failure = await asyncio.to_thread(self.check_state, candidate)
         if failure is None:
             self.global_state = candidate
@@ -156,11 +158,28 @@ class RoundLoop:
         self.payloads.clear()
         self.work = {}
         self.reports.partial.clear()
-        metrics = self._metrics(rs, result, attempt, failure)
+        metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by}
         if failure is not None and not last_try:
             return False
         await self._commit(r, metrics, t0, cpu0)
         return True
+
+    def _closes(self, rs: RoundState, ctx: RoundContext, opened: float) -> str | None:
+        """Why the round closes now, if it does: all answered, the strategy's quorum, the straggler
+        grace over, or the deadline. With ``straggler_policy`` grace, once ``straggler_quorum`` of the
+        instructions are answered the rest get ``straggler_grace_s``, or as long as that share took
+        if longer: a stalled or silent device costs the round at most that, never the deadline."""
+        now = time.monotonic()
+        if rs.settled():
+            return "all"
+        if self.strategy.round_complete(ctx):
+            return "quorum"
+        if self.config.straggler_policy == "grace":
+            if rs.grace_end is None and rs.answered_share() >= self.config.straggler_quorum:
+                rs.grace_end = now + max(self.config.straggler_grace_s, now - opened)
+            if rs.grace_end is not None and now >= rs.grace_end:
+                return "grace"
+        return "deadline" if now >= rs.deadline else None
 
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
@@ -204,6 +223,7 @@ class RoundLoop:
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
         self.store.complete_round(r, self.global_state, metrics)
+        release_memory()  # the round's payloads and reports are gone: hand their heap back to the OS
         # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
         await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)

@@ -48,6 +48,8 @@ class RoundState:
     round: int
     deadline: float
     quorum: float = 1.0
+    #: When the straggler grace period ends (monotonic seconds), once it has started.
+    grace_end: float | None = None
     status: dict[tuple[str, str], str] = field(default_factory=dict)
     #: The same statuses by device (phase -> status): a device's questions cost O(its phases), not O(round).
     _by_device: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
@@ -160,6 +162,12 @@ class RoundState:
         if issued == 0:
             return False
         return self._counts.get((phase, REPORTED), 0) >= max(1, math.ceil(self.quorum * issued))
+
+    def answered_share(self) -> float:
+        """Share of the instructions sent (all phases) answered, accepted or refused (1.0 if none were sent)."""
+        sent = sum(n for (_, s), n in self._counts.items() if s != SKIPPED)
+        answered = sum(n for (_, s), n in self._counts.items() if s in (REPORTED, REFUSED))
+        return answered / sent if sent else 1.0
 
     def settled(self) -> bool:
         """Nobody connected is left to wait for."""

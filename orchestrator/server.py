@@ -22,6 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
+from edge_sdk.memory import tune_allocator
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
@@ -31,7 +32,7 @@ from orchestrator.admission import (Admission, Session, check_hello_bounds, chec
                                     model_context)
 from orchestrator.config import ServerConfig
 from orchestrator.limits import raise_fd_limit
-from orchestrator.payloads import Payloads
+from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
 from orchestrator.planning import Planning
 from orchestrator.reports import PartialUpload, Reports
@@ -79,6 +80,7 @@ class Orchestrator:
         self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads,
                               self.reports, send=self._send, emit=emit)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
+        self.fetches = FetchLimits(config.fetch_rate, config.fetch_repeats)
         self.port: int | None = None
         # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
         self.process_request: Callable[..., object] = self.admission.admit
@@ -122,6 +124,7 @@ class Orchestrator:
         ``start``: the first round also waits for this event once ``min_devices`` are connected
         (a benchmark measures the connected fleet at rest first)."""
         raise_fd_limit()  # a socket per device: the soft limit (often 1,024) up to the hard one
+        tune_allocator()  # payloads and updates are large buffers: freed, they go back to the OS
         try:
             tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
             # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept
@@ -133,15 +136,62 @@ class Orchestrator:
                 self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
                 if ready is not None:
                     ready.set()
+                watch = asyncio.create_task(self._watch_revocations())
                 try:
                     await self.loop.run(start)
                 finally:
+                    watch.cancel()
                     await self._say_bye("training finished")
         finally:
             # Closed only after the server stopped accepting: a late hello must not meet a closed journal.
             self.admission.flush()
             self.store.close()
         return self.history
+
+    async def _watch_revocations(self) -> None:
+        """Close the connection of a device whose credential is revoked while it is connected
+        (``edgetrain device revoke`` writes the store from another process): polled, since SQLite
+        tells no other process of a change."""
+        if not self.config.require_credentials:
+            return
+        since = time.time()
+        while True:
+            await asyncio.sleep(self.config.revocation_poll_s)
+            try:
+                for device_id, at in self.store.revoked_since(since):
+                    since = max(since, at)
+                    await self.close_revoked(device_id)
+            except Exception:  # a busy journal, say: the next poll tries again
+                log.exception("looking for revoked credentials failed")
+
+    async def revoke(self, device_id: str) -> bool:
+        """Revoke a device's credential and close its connection at once; False if it had none."""
+        revoked = self.store.revoke(device_id)
+        await self.close_revoked(device_id)
+        return revoked
+
+    async def close_revoked(self, device_id: str) -> None:
+        """End a revoked device's connection with an error frame; nothing it sent or sends is folded
+        (its open instructions are missing, an upload it was sending is not awaited back)."""
+        session = self.sessions.get(device_id)
+        if session is None or session.revoked:
+            return
+        session.revoked = True
+        rs = self.loop.round
+        self.admission.note_closure(device_id, "revoked", "credential revoked while connected",
+                                    None if rs is None else rs.round)
+        self.on_event("revoked", {"device": device_id})
+        await self._close(session.ws, "unauthorized", "this device's credential was revoked")
+
+    def _check_revoked(self, session: Session) -> None:
+        """Before a report is taken: a credential revoked since the last poll still refuses it."""
+        if session.revoked or (self.config.require_credentials
+                               and (self.store.credential(session.device_id) or {}).get("revoked") is not None):
+            session.revoked = True
+            rs = self.loop.round
+            self.admission.note_closure(session.device_id, "revoked", "report refused: credential revoked",
+                                        None if rs is None else rs.round)
+            raise p.ProtocolError("unauthorized", "this device's credential was revoked")
 
     async def _say_bye(self, reason: str) -> None:
         """Goodbye to every device at once: a closing handshake waits for the device's answer, and
@@ -195,6 +245,7 @@ class Orchestrator:
                 self.admission.open[1] -= 1
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
+                self.fetches.forget(session.device_id)
                 await self.loop.on_disconnect(session.device_id)
                 self.on_event("disconnected", {"device": session.device_id})
                 self.loop.changed.set()
@@ -270,6 +321,7 @@ class Orchestrator:
             return
         if not 0 <= msg.offset <= len(payload.data):
             raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
+        self._charge_fetch(session, rs.round, len(payload.data) - msg.offset)
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer
         # than its payload takes at the slowest pace allowed.
@@ -288,8 +340,18 @@ class Orchestrator:
         self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
                                "payload": msg.payload_id, "bytes": sent})
 
+    def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
+        """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""
+        named = [len(payload.data) for work in self.loop.work.get(session.device_id, {}).values()
+                 for payload in map(self.payloads.get, work.payload_ids) if payload is not None]
+        reason = self.fetches.charge(session.device_id, round_no, nbytes, named)
+        if reason is not None:
+            self.admission.note_closure(session.device_id, "fetch_limit", reason, round_no)
+            raise p.ProtocolError("refused", f"fetch limit: {reason}")
+
     async def _on_report(self, session: Session, msg: p.Report) -> None:
         if not msg.transfer_id:
+            self._check_revoked(session)
             await self.loop.take_report(session, msg, {})
             return
         begin = await recv_msg(session.channel)
@@ -328,10 +390,12 @@ class Orchestrator:
             payload = await recv_payload(session.channel, begin, self.limits, incoming=incoming, pace=self.pace)
         except ConnectionClosed:
             rs = self.loop.round
-            if rs is not None and msg.round == rs.round and rs.expects(session.device_id, msg.phase):
+            if rs is not None and msg.round == rs.round and rs.expects(session.device_id, msg.phase) \
+                    and not session.revoked:
                 self.reports.cut(session.device_id, msg, incoming)
                 self.on_event("upload_cut", {"device": session.device_id, "round": msg.round,
                                              "offset": incoming.offset, "total": incoming.total_size})
             raise
         self.loop.bytes[1] += len(payload)
+        self._check_revoked(session)
         await self.loop.take_report(session, msg, p.decode_tensors(payload, self.limits))

@@ -3,7 +3,8 @@ model checkpoints, so a killed server resumes from its last completed round.
 
 Layout of a run directory::
 
-    journal.sqlite3            WAL-mode SQLite: meta, devices, rounds, reports (one per device and phase)
+    journal.sqlite3            WAL-mode SQLite: meta, devices, rounds, reports (one per device and phase),
+                               credentials, proofs (the replay cache), closures (connections ended for cause)
     checkpoints/round-000012.npz
 
 A round is complete when its journal row says so; that row is committed only after its
@@ -37,6 +38,7 @@ from edge_sdk.fileio import atomic_write, remove_leftovers
 
 JOURNAL = "journal.sqlite3"
 CHECKPOINTS = "checkpoints"
+MAX_CLOSURES = 100_000  # closures journaled (the newest kept)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -65,6 +67,20 @@ CREATE TABLE IF NOT EXISTS credentials (
     samples INTEGER,
     enrolled REAL NOT NULL,
     revoked REAL
+);
+CREATE TABLE IF NOT EXISTS proofs (
+    device_id TEXT NOT NULL,
+    nonce TEXT NOT NULL,
+    seen REAL NOT NULL,
+    PRIMARY KEY (device_id, nonce)
+);
+CREATE INDEX IF NOT EXISTS proofs_seen ON proofs(seen);
+CREATE TABLE IF NOT EXISTS closures (
+    at REAL NOT NULL,
+    device_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    round INTEGER,
+    reason TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS reports (
     round INTEGER NOT NULL,
@@ -182,6 +198,52 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT device_id, samples, enrolled, revoked FROM credentials "
                                     "ORDER BY device_id").fetchall()
+        return [{k: r[k] for k in r.keys()} for r in rows]
+
+    def revoked_since(self, since: float) -> list[tuple[str, float]]:
+        """Devices revoked at or after ``since`` (unix time), with when: what a running server
+        polls for, as ``edgetrain device revoke`` writes from another process."""
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, revoked FROM credentials WHERE revoked >= ? ORDER BY revoked",
+                                    (since,)).fetchall()
+        return [(r["device_id"], r["revoked"]) for r in rows]
+
+    # -- replay cache ------------------------------------------------------------------------
+    def record_proofs(self, proofs: Iterable[tuple[str, str, float]], *, forget_before: float) -> None:
+        """Remember accepted credential proofs ``(device_id, nonce, seen)`` in one commit, and forget
+        those seen before ``forget_before`` (a proof that old is refused for its timestamp anyway)."""
+        rows = list(proofs)
+        with self._lock, self._transaction():
+            self._db.executemany("INSERT OR IGNORE INTO proofs(device_id, nonce, seen) VALUES (?, ?, ?)", rows)
+            self._db.execute("DELETE FROM proofs WHERE seen < ?", (forget_before,))
+
+    def proofs_since(self, since: float) -> list[tuple[str, str, float]]:
+        """Proofs accepted at or after ``since``, oldest first: the replay cache a restarted server reloads."""
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, nonce, seen FROM proofs WHERE seen >= ? ORDER BY seen",
+                                    (since,)).fetchall()
+        return [(r["device_id"], r["nonce"], r["seen"]) for r in rows]
+
+    # -- closures ----------------------------------------------------------------------------
+    def record_closures(self, closures: Iterable[tuple[float, str, str, int | None, str]]) -> None:
+        """Journal connections the server refused or ended for cause, ``(at, device_id, kind, round,
+        reason)`` (kind: unauthorized, revoked, fetch_limit, ...), in one commit. The newest
+        ``MAX_CLOSURES`` are kept: a flood of refused hellos must not fill the disk."""
+        rows = list(closures)
+        if rows:
+            with self._lock, self._transaction():
+                self._db.executemany("INSERT INTO closures(at, device_id, kind, round, reason) VALUES (?, ?, ?, ?, ?)",
+                                     rows)
+                self._db.execute("DELETE FROM closures WHERE rowid <= (SELECT MAX(rowid) FROM closures) - ?",
+                                 (MAX_CLOSURES,))
+
+    def closures(self, kind: str | None = None) -> list[dict]:
+        """Journaled closures (of one kind, or all), oldest first."""
+        query, args = "SELECT * FROM closures", ()
+        if kind is not None:
+            query, args = query + " WHERE kind = ?", (kind,)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY at", args).fetchall()
         return [{k: r[k] for k in r.keys()} for r in rows]
 
     # -- devices -----------------------------------------------------------------------------
