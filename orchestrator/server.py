@@ -36,6 +36,7 @@ from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
 from orchestrator.planning import Planning
 from orchestrator.reports import PartialUpload, Reports
+from orchestrator.revocation import Revocations
 from orchestrator.roundloop import RoundLoop
 from orchestrator.store import Store
 from orchestrator.strategies import Strategy, make_strategy
@@ -81,6 +82,8 @@ class Orchestrator:
                               self.reports, send=self._send, emit=emit)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self.fetches = FetchLimits(config.fetch_rate, config.fetch_repeats)
+        self.revocations = Revocations(config, self.store, self.sessions, self.admission, self.loop, self._close,
+                                       emit)
         self.port: int | None = None
         # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
         self.process_request: Callable[..., object] = self.admission.admit
@@ -136,7 +139,7 @@ class Orchestrator:
                 self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
                 if ready is not None:
                     ready.set()
-                watch = asyncio.create_task(self._watch_revocations())
+                watch = asyncio.create_task(self.revocations.watch())
                 try:
                     await self.loop.run(start)
                 finally:
@@ -148,50 +151,9 @@ class Orchestrator:
             self.store.close()
         return self.history
 
-    async def _watch_revocations(self) -> None:
-        """Close the connection of a device whose credential is revoked while it is connected
-        (``edgetrain device revoke`` writes the store from another process): polled, since SQLite
-        tells no other process of a change."""
-        if not self.config.require_credentials:
-            return
-        since = time.time()
-        while True:
-            await asyncio.sleep(self.config.revocation_poll_s)
-            try:
-                for device_id, at in self.store.revoked_since(since):
-                    since = max(since, at)
-                    await self.close_revoked(device_id)
-            except Exception:  # a busy journal, say: the next poll tries again
-                log.exception("looking for revoked credentials failed")
-
     async def revoke(self, device_id: str) -> bool:
         """Revoke a device's credential and close its connection at once; False if it had none."""
-        revoked = self.store.revoke(device_id)
-        await self.close_revoked(device_id)
-        return revoked
-
-    async def close_revoked(self, device_id: str) -> None:
-        """End a revoked device's connection with an error frame; nothing it sent or sends is folded
-        (its open instructions are missing, an upload it was sending is not awaited back)."""
-        session = self.sessions.get(device_id)
-        if session is None or session.revoked:
-            return
-        session.revoked = True
-        rs = self.loop.round
-        self.admission.note_closure(device_id, "revoked", "credential revoked while connected",
-                                    None if rs is None else rs.round)
-        self.on_event("revoked", {"device": device_id})
-        await self._close(session.ws, "unauthorized", "this device's credential was revoked")
-
-    def _check_revoked(self, session: Session) -> None:
-        """Before a report is taken: a credential revoked since the last poll still refuses it."""
-        if session.revoked or (self.config.require_credentials
-                               and (self.store.credential(session.device_id) or {}).get("revoked") is not None):
-            session.revoked = True
-            rs = self.loop.round
-            self.admission.note_closure(session.device_id, "revoked", "report refused: credential revoked",
-                                        None if rs is None else rs.round)
-            raise p.ProtocolError("unauthorized", "this device's credential was revoked")
+        return await self.revocations.revoke(device_id)
 
     async def _say_bye(self, reason: str) -> None:
         """Goodbye to every device at once: a closing handshake waits for the device's answer, and
@@ -351,7 +313,7 @@ class Orchestrator:
 
     async def _on_report(self, session: Session, msg: p.Report) -> None:
         if not msg.transfer_id:
-            self._check_revoked(session)
+            self.revocations.check(session)
             await self.loop.take_report(session, msg, {})
             return
         begin = await recv_msg(session.channel)
@@ -397,5 +359,5 @@ class Orchestrator:
                                              "offset": incoming.offset, "total": incoming.total_size})
             raise
         self.loop.bytes[1] += len(payload)
-        self._check_revoked(session)
+        self.revocations.check(session)
         await self.loop.take_report(session, msg, p.decode_tensors(payload, self.limits))
