@@ -8,13 +8,15 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
+import { fileStore } from "./pending-file.js";
 import { loadRuntime } from "./runtime.js";
 import { loadShard, parseSize } from "./shard.js";
 import type { WebSocketLike } from "./transport.js";
 
 const USAGE = `usage: edgetrain-device --url ws://host:8765 --id ID --budget SIZE --data shard.npz|shard.json
   [--runtime node|web] [--token TOKEN | --secret-file FILE] [--threads N] [--device-class NAME]
-  [--label KEY=VALUE ...] [--reconnect-retries N] [--json-events]`;
+  [--label KEY=VALUE ...] [--reconnect-retries N] [--pending FILE] [--json-events]
+  --pending FILE: keep an unacknowledged update there, so a restarted device finishes its round`;
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
@@ -23,6 +25,7 @@ async function main(): Promise<void> {
       data: { type: "string" }, runtime: { type: "string", default: "node" }, token: { type: "string", default: "" },
       "secret-file": { type: "string" }, threads: { type: "string", default: "1" }, "device-class": { type: "string", default: "" },
       label: { type: "string", multiple: true, default: [] }, "reconnect-retries": { type: "string", default: "30" },
+      pending: { type: "string" },
       "json-events": { type: "boolean", default: false }, help: { type: "boolean", default: false },
     },
   });
@@ -44,6 +47,7 @@ async function main(): Promise<void> {
     webSocket: (url, maxMessageBytes) => new WebSocket(url, { maxPayload: maxMessageBytes, perMessageDeflate: false }) as unknown as WebSocketLike,
     token: values.token, secret: values["secret-file"] ? readFileSync(values["secret-file"], "utf8").trim() : "",
     threads, cores: threads, deviceClass: values["device-class"], labels, maxRetries: Number(values["reconnect-retries"]),
+    ...(values.pending ? { pending: fileStore(values.pending) } : {}),
     onEvent: (kind, data) => {
       if (json) console.log(JSON.stringify({ event: kind, ...data }));
       else console.error(`${kind}: ${JSON.stringify(data)}`);
