@@ -8,15 +8,19 @@
 // on onnxruntime-web (one of them weak; without chromium, or with --no-browser, onnxruntime-web
 // devices under Node). The final accuracy and each device's runtime and split come from the journal.
 import { CHROMIUM } from "../test/browser.mjs";
-import { browserDevice, journal, nodeDevice, pythonDevice, startServer, tempDir, writeShards } from "../test/fleet.mjs";
+import { join } from "node:path";
+import { python } from "../test/cases.mjs";
+import { browserDevice, freePort, journal, nodeDevice, pythonDevice, start, tempDir, writeShards } from "../test/fleet.mjs";
 
 const [kind, seed, rounds, ...flags] = process.argv.slice(2);
 const N = 6;
 const tabs = CHROMIUM !== undefined && !flags.includes("--no-browser");
 const dir = tempDir(`edgetrain-accuracy-${kind}-`);
 const shards = writeShards(dir, [2, 3, 4, 5], N);
-const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", rounds, "--min-devices", String(N),
-  "--local-steps", "10", "--deadline", "300", "--seed", seed]);
+// The devices start first and retry until the server listens: on a loaded machine they take longer to
+// start than the server waits for --min-devices.
+const port = await freePort();
+const url = `ws://127.0.0.1:${port}`;
 const procs = [pythonDevice(dir, url, "py-0", "2GiB", 0, N), pythonDevice(dir, url, "py-1", "2GiB", 1, N)];
 const pages = [];
 if (kind === "python") {
@@ -29,6 +33,10 @@ if (kind === "python") {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "330MiB", shards[5], "web"));
   }
 }
+await new Promise((resolve) => setTimeout(resolve, 20_000));
+const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  "--store", join(dir, "store"), "--model", "digits_mlp", "--rounds", rounds, "--min-devices", String(N), "--local-steps", "10",
+  "--deadline", "300", "--seed", seed]);
 const started = performance.now();
 try {
   await Promise.all(pages.map((p) => p.done));
