@@ -9,6 +9,10 @@
    (its renderer process), each in a fresh process, with ratios to the Python device.
 3. Runtime memory: a Node process and a Chromium renderer with ONNX Runtime loaded and one tiny
    session run (the planner's `onnxruntime-node` / `onnxruntime-web` entries), beside Python's.
+4. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
+   against one orchestrator, the same shards and server seed, as an all-Python fleet and as a mixed
+   fleet (two Python devices, a moderate and a weak Node device, two Chromium tabs, one weak), for
+   each of `--seeds`; the all-Python runs over the seeds give the workload's chance spread.
 
     PYTHONPATH=. python bench/js_devices.py [--models digits_mlp,resnet20] [--steps 30] [--no-browser]
 
@@ -118,6 +122,21 @@ def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -
     return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
 
 
+def _accuracy(args: argparse.Namespace, browser: bool) -> dict[str, object]:
+    """Final accuracy of an all-Python and a mixed fleet per seed, with the all-Python spread."""
+    fleet = ["node", str(JS / "bench" / "fleet-accuracy.mjs")]
+    runs = []
+    for seed in args.seeds.split(","):
+        for kind in ("python", "mixed"):
+            runs.append(_json([*fleet, kind, seed, str(args.rounds), *([] if browser else ["--no-browser"])], timeout=3600))
+            print(json.dumps({k: runs[-1][k] for k in ("kind", "seed", "accuracy", "wall_s")}), flush=True)
+    final = {(r["kind"], r["seed"]): r["accuracy"][-1] for r in runs}
+    python = [v for (kind, _), v in final.items() if kind == "python"]
+    gaps = [final[("mixed", s)] - final[("python", s)] for (kind, s) in final if kind == "python" and ("mixed", s) in final]
+    return {"rounds": args.rounds, "runs": runs, "python_spread": max(python) - min(python),
+            "mixed_minus_python": gaps}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -129,6 +148,8 @@ def main() -> None:
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
     ap.add_argument("--cases", type=Path, default=None, help="reuse the conformance cases exported into this folder")
+    ap.add_argument("--seeds", default="0,1,2", help="accuracy: server seeds, one all-Python and one mixed fleet each")
+    ap.add_argument("--rounds", type=int, default=5, help="accuracy: rounds per fleet")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_devices.json")
     args = ap.parse_args()
     browser = not args.no_browser and any(Path(p).exists() for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"))
@@ -147,6 +168,8 @@ def main() -> None:
             for kind in ("node", "web", *(["browser"] if browser else [])):
                 memory.append(_json([*run, "runtime", kind]))
             result["runtime_memory"] = memory
+        if "accuracy" in parts:
+            result["accuracy"] = _accuracy(args, browser)
     _print(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -171,6 +194,10 @@ def _print(result: dict) -> None:
         for row in s["rows"]:
             print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
                   f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+    if "accuracy" in result:
+        a = result["accuracy"]
+        print(f"accuracy after {a['rounds']} rounds: all-Python spread over seeds {a['python_spread']:.4f}, "
+              f"mixed - all-Python per seed {[round(g, 4) for g in a['mixed_minus_python']]}")
     if "runtime_memory" in result:
         print("runtime memory (one tiny session run)")
         for row in result["runtime_memory"]:

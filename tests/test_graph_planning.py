@@ -1,5 +1,8 @@
 """A device without torch is never planned at a split whose training graph the export check refuses:
-the server plans it at the largest split whose graph exports and verifies, and ships that graph."""
+the server plans it at the largest split whose graph exports and verifies, and ships that graph.
+
+ResNet20's whole-model graph passes the check (tests/test_train_export.py), so these tests record
+a refusal for it in their own graph folder, as a check that refused it would have left."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from edge_sdk import protocol as p
+from edge_sdk.models import build_model
 from edge_sdk.ort_trainer import OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
@@ -21,9 +25,18 @@ STRONG = 8 << 30  # room for the whole model on either backend
 
 
 @pytest.fixture(scope="module")
-def graph_dir(request: pytest.FixtureRequest) -> Path:
-    """The training graphs tests/test_train_export.py exports (same cache: exported once per machine)."""
-    return Path(request.config.cache.mkdir("edgetrain-train-graphs"))
+def graph_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The training graphs tests/test_train_export.py exports (linked from its cache: exported once
+    per machine), and a refusal recorded for ResNet20's stem split (0)."""
+    shared = Path(request.config.cache.mkdir("edgetrain-train-graphs"))
+    out = tmp_path_factory.mktemp("train-graphs")
+    for f in shared.iterdir():
+        if f.suffix in (".graph", ".sha256"):
+            (out / f.name).symlink_to(f)
+    gid = TrainGraphCache(out).graph_id(build_model("resnet20", seed=0), 0)
+    (out / f"{gid}.refused").write_text("resnet20 tail [0, 11): the training graph differs from torch autograd; "
+                                        "worst tensor 'grad:blocks.stem.conv.weight' (a refusal recorded by the test)")
+    return out
 
 
 def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:

@@ -8,6 +8,7 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
+import { fileStore } from "./pending-file.js";
 import { loadRuntime } from "./runtime.js";
 import { readConfig } from "./config.js";
 import { loadShard, parseSize } from "./shard.js";
@@ -15,8 +16,9 @@ import type { WebSocketLike } from "./transport.js";
 
 const USAGE = `usage: edgetrain-device --server ws://host:8765 --id ID --budget SIZE --data shard.npz|shard.json
   [--config device.toml] [--runtime node|web] [--token TOKEN | --secret-file FILE] [--threads N]
-  [--device-class NAME] [--label KEY=VALUE ...] [--reconnect-retries N] [--json-events]
-  (--url is --server; the config file holds the same settings without their dashes, as the Python device's)`;
+  [--device-class NAME] [--label KEY=VALUE ...] [--reconnect-retries N] [--pending FILE] [--json-events]
+  (--url is --server; the config file holds the same settings without their dashes, as the Python device's)
+  --pending FILE: keep an unacknowledged update there, so a restarted device finishes its round`;
 
 const DEFAULTS = { server: "ws://127.0.0.1:8765", runtime: "node", token: "", threads: "1", "device-class": "",
   label: [] as string[], "reconnect-retries": "30", "json-events": false };
@@ -28,7 +30,7 @@ function settings() {
       config: { type: "string" }, server: { type: "string" }, url: { type: "string" }, id: { type: "string" },
       budget: { type: "string" }, data: { type: "string" }, runtime: { type: "string" }, token: { type: "string" },
       "secret-file": { type: "string" }, threads: { type: "string" }, "device-class": { type: "string" },
-      label: { type: "string", multiple: true }, "reconnect-retries": { type: "string" },
+      label: { type: "string", multiple: true }, "reconnect-retries": { type: "string" }, pending: { type: "string" },
       "json-events": { type: "boolean" }, help: { type: "boolean", default: false },
     },
   });
@@ -59,6 +61,7 @@ async function main(): Promise<void> {
     webSocket: (url, maxMessageBytes) => new WebSocket(url, { maxPayload: maxMessageBytes, perMessageDeflate: false }) as unknown as WebSocketLike,
     token: values.token, secret: values["secret-file"] ? readFileSync(String(values["secret-file"]), "utf8").trim() : "",
     threads, cores: threads, deviceClass: values["device-class"], labels, maxRetries: Number(values["reconnect-retries"]),
+    ...(values.pending ? { pending: fileStore(String(values.pending)) } : {}),
     onEvent: (kind, data) => {
       if (json) console.log(JSON.stringify({ event: kind, ...data }));
       else console.error(`${kind}: ${JSON.stringify(data)}`);

@@ -4,13 +4,15 @@
  * frozen chunks one at a time and run them over the local data (activations cached for the
  * round), fetch the tail's training graph and state, train tau steps, report the deltas.
  * `evaluate` reports the received model's loss, `compare` the distance between this round's
- * update and a broadcast. Reports are kept until acknowledged, downloads and uploads resume.
+ * update and a broadcast. Reports are kept until acknowledged, downloads and uploads resume (across
+ * a restart too, given a `pending` store).
  */
 import { makeProof, randomHex } from "./credentials.js";
 import { DeviceRefused, ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { multiStepForward } from "./forward.js";
 import { DEFAULT_LIMITS, TRAIN_GRAPH_KEY, type Instruction, type Limits, type Message, type Report, type Scalar,
   type TransferBegin, type Welcome } from "./messages.js";
+import type { PendingStore } from "./pending.js";
 import type { Runtime } from "./runtime.js";
 import { deviceSeed } from "./sampling.js";
 import { decodeTensors, encodeTensors, isRowSparse, type Tensor, type TensorValue } from "./tensors.js";
@@ -49,6 +51,10 @@ export interface DeviceOptions {
   maxBackoffS?: number;
   frameSize?: number;
   limits?: Limits;
+  /** Where an unacknowledged update is kept, so that a device closed mid-upload and started again
+   * finishes that round (`indexedDbStore` in a page, `fileStore` in Node); without one, uploads
+   * resume only within one run. */
+  pending?: PendingStore;
   onEvent?: (kind: string, data: Record<string, unknown>) => void;
 }
 
@@ -132,6 +138,7 @@ export class DeviceClient {
     if (this.data.x.shape[0] !== this.data.y.shape[0] || this.data.x.shape[0] === 0) {
       throw new Error("a device needs a non-empty local dataset with one label per sample");
     }
+    await this.restorePending();
     let attempt = 0;
     for (;;) {
       let ch: Channel | null = null;
@@ -155,6 +162,16 @@ export class DeviceClient {
         await new Promise((resolve) => setTimeout(resolve, delay * 1000));
       }
     }
+  }
+
+  /** A report a previous run left unacknowledged: held as this round's, so the server's `resume` finds it. */
+  private async restorePending(): Promise<void> {
+    const saved = await this.options.pending?.load();
+    if (!saved) return;
+    this.progress = new RoundProgress(saved.round);
+    this.progress.reports.set(saved.report.phase, [saved.report, saved.payload]);
+    this.emit("pending_restored", { device: this.options.deviceId, round: saved.round, phase: saved.report.phase,
+      bytes: saved.payload?.byteLength ?? 0 });
   }
 
   /** One connection's life; true when the server said goodbye. */
@@ -213,7 +230,11 @@ export class DeviceClient {
   private async carryOut(ch: Channel, ins: Instruction): Promise<void> {
     if (this.progress === null || this.progress.round !== ins.round) this.progress = new RoundProgress(ins.round);
     const prog = this.progress;
-    if (!prog.reports.has(ins.phase)) prog.reports.set(ins.phase, await this.makeReport(ch, ins, prog));
+    if (!prog.reports.has(ins.phase)) {
+      const made = await this.makeReport(ch, ins, prog);
+      prog.reports.set(ins.phase, made);
+      if (made[1] !== null) await this.options.pending?.save({ round: ins.round, report: made[0], payload: made[1] });
+    }
     const [report, payload] = prog.reports.get(ins.phase)!;
     await ch.send(report);
     await this.upload(ch, prog, report, payload, 0);
@@ -267,6 +288,7 @@ export class DeviceClient {
     if (ack.t !== "ack") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected ack, got ${ack.t}`);
     prog.timings["upload_s"]! += (performance.now() - started) / 1000;
     prog.reports.delete(report.phase);
+    if (payload !== null) await this.options.pending?.clear();
     const role = this.welcome?.role ?? "";
     this.reports.push({ round: report.round, role, phase: report.phase, trained: report.trained, accepted: ack.accepted, metrics: report.metrics });
     this.emit("round_done", { device: this.options.deviceId, round: report.round, phase: report.phase, accepted: ack.accepted,

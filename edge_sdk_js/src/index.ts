@@ -11,3 +11,4 @@ export * from "./forward.js";
 export * from "./credentials.js";
 export * from "./transport.js";
 export * from "./client.js";
+export * from "./pending.js";

@@ -59,7 +59,8 @@ export function servePage(extra = {}) {
 /** A headless Chromium with the page open and loaded (window.ready). */
 export async function openPage(url) {
   const { default: puppeteer } = await import("puppeteer-core");
-  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_FLAGS });
+  // A device page may train for many minutes inside one evaluate: the callers bound it with their own timeouts.
+  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_FLAGS, protocolTimeout: 0 });
   const page = await browser.newPage();
   page.on("pageerror", (err) => console.error(`# page error: ${err.message}`));
   await page.goto(url);

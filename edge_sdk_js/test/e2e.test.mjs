@@ -4,35 +4,17 @@
 // device loses its connection inside an upload and inside a download, and resumes both; where
 // chromium is installed, a headless Chromium tab is one more device.
 import assert from "node:assert/strict";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import WebSocket from "ws";
-import { DeviceClient, encodeTensors, loadRuntime } from "../dist/index.js";
+import { DeviceClient, loadRuntime } from "../dist/index.js";
 import { loadShard } from "../dist/shard.js";
-import { CHROMIUM, openPage, servePage } from "./browser.mjs";
-import { journal, nodeDevice, pythonDevice, startServer, tempDir, writeShards } from "./fleet.mjs";
+import { CHROMIUM } from "./browser.mjs";
+import { browserDevice, journal, nodeDevice, pythonDevice, startServer, tempDir, writeShards } from "./fleet.mjs";
 
 const ROUNDS = 3;
 const TAB = CHROMIUM !== undefined; // a browser tab joins the fleet where chromium is installed
-
-/** A device in a headless Chromium tab: the page fetches its shard and trains on onnxruntime-web. */
-async function browserDevice(dir, url, id, shard) {
-  const data = loadShard(shard);
-  writeFileSync(join(dir, `${id}.bin`), encodeTensors({ x: data.x, y: data.y }));
-  const site = await servePage({ shards: dir });
-  const { browser, page } = await openPage(site.url);
-  const done = page.evaluate(async (server, shardUrl, deviceId) => {
-    const { DeviceClient, decodeTensors, makeRuntime } = window.sdk;
-    const t = decodeTensors(new Uint8Array(await (await fetch(shardUrl)).arrayBuffer()));
-    window.events = [];
-    const client = new DeviceClient({ server, deviceId, budgetBytes: 330 * 2 ** 20, runtime: makeRuntime("onnxruntime-web", window.ort, 2),
-      webSocket: (u) => new WebSocket(u), data: { x: t.x, y: t.y }, onEvent: (kind, d) => window.events.push({ event: kind, ...d }) });
-    const reports = await client.run();
-    return { reports: reports.length, events: window.events };
-  }, url, `/shards/${id}.bin`, id);
-  return { done, close: async () => { await browser.close(); await site.close(); } };
-}
 
 /**
  * Websockets that drop: the first connection once it has sent `cuts[0].sent` bytes (inside the
@@ -70,7 +52,7 @@ test("a mixed fleet of Python, Node and WebAssembly devices trains every round",
     nodeDevice(dir, url, "web-2", "400MiB", shards[2], "web"),
     nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"), // weak: the head only
   ];
-  const tab = TAB ? await browserDevice(dir, url, "tab-4", shards[4]) : null;
+  const tab = TAB ? await browserDevice(dir, url, "tab-4", shards[4], 330) : null;
   const events = [];
   const inProcess = new DeviceClient({
     server: url, deviceId: "node-1", budgetBytes: 200 * 2 ** 20, runtime: await loadRuntime("node"), data: loadShard(shards[1]),

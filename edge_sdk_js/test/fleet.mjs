@@ -1,10 +1,13 @@
 // A real orchestrator (`python -m orchestrator.cli serve`) and devices as processes on 127.0.0.1,
 // for the end-to-end tests and the benchmark.
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, openSync } from "node:fs";
+import { mkdtempSync, openSync, writeFileSync } from "node:fs";
 import { createServer, connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { encodeTensors } from "../dist/index.js";
+import { loadShard } from "../dist/shard.js";
+import { openPage, servePage } from "./browser.mjs";
 import { HERE, REPO, python, pythonEnv } from "./cases.mjs";
 
 export function tempDir(prefix) {
@@ -71,4 +74,22 @@ export function pythonDevice(dir, url, id, budget, client, numClients) {
 
 export function journal(dir) {
   return JSON.parse(execFileSync(python(), [join(HERE, "journal.py"), join(dir, "store")], { env: pythonEnv() }).toString());
+}
+
+/** A device in a headless Chromium tab: the page fetches its shard and trains on onnxruntime-web. */
+export async function browserDevice(dir, url, id, shard, budgetMiB) {
+  const data = loadShard(shard);
+  writeFileSync(join(dir, `${id}.bin`), encodeTensors({ x: data.x, y: data.y }));
+  const site = await servePage({ shards: dir });
+  const { browser, page } = await openPage(site.url);
+  const done = page.evaluate(async (server, shardUrl, deviceId, budgetBytes) => {
+    const { DeviceClient, decodeTensors, makeRuntime } = window.sdk;
+    const t = decodeTensors(new Uint8Array(await (await fetch(shardUrl)).arrayBuffer()));
+    window.events = [];
+    const client = new DeviceClient({ server, deviceId, budgetBytes, runtime: makeRuntime("onnxruntime-web", window.ort, 2),
+      webSocket: (u) => new WebSocket(u), data: { x: t.x, y: t.y }, onEvent: (kind, d) => window.events.push({ event: kind, ...d }) });
+    const reports = await client.run();
+    return { reports: reports.length, events: window.events };
+  }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20);
+  return { done, close: async () => { await browser.close(); await site.close(); } };
 }
