@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# npm script of edge_sdk_js/ that test-js runs: `test` (quick), `test:slow` (fleets, resume, serve --web)
+JS_TESTS ?= test
 
 .PHONY: demo test test-slow test-all test-js install bench clean
 
@@ -27,6 +29,7 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m slow $(PYTEST_ARGS)
+	$(MAKE) test-js JS_TESTS=test:slow
 
 test-all: test test-slow
 
@@ -37,7 +40,7 @@ test-all: test test-slow
 test-js: $(STAMP)
 	@command -v npm >/dev/null || { echo "npm not found: the JavaScript SDK's tests need Node.js >= 20 (https://nodejs.org)"; exit 1; }
 	cd edge_sdk_js && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
-	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) npm test
+	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) npm run $(JS_TESTS)
 
 # Benchmarks (not tests): numbers go to bench/results/ and, by hand, to BENCHMARKS.md.
 bench: $(STAMP)

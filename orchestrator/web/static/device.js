@@ -1,7 +1,7 @@
 // The device page: joins this server's run as a browser device (onnxruntime-web) and trains the
 // demo's shard. Query: ?id=&budget=&shard=&autostart=1; fragment: #token= or #secret= (kept out of requests).
 import * as ort from "/sdk/ort/ort.wasm.min.mjs";
-import { DeviceClient, decodeTensors, makeRuntime } from "/sdk/dist/index.js";
+import { DeviceClient, decodeTensors, indexedDbStore, makeRuntime } from "/sdk/dist/index.js";
 
 ort.env.wasm.wasmPaths = "/sdk/ort/";
 const $ = (id) => document.getElementById(id);
@@ -66,6 +66,8 @@ async function train(info) {
     webSocket: (url) => new WebSocket(url), data: { x: data.x, y: data.y },
     token: fragment.get("token") ?? "", secret: $("secret").value || fragment.get("secret") || "",
     labels: { page: "web" },
+    // An update not yet acknowledged survives closing the tab: reopened, the page finishes its upload.
+    pending: indexedDbStore(deviceId),
     onEvent: (kind, d) => {
       log(kind, d);
       if (kind === "welcome") { set("role", d.role); set("split", d.split); set("state", "waiting for a round"); }
@@ -76,6 +78,7 @@ async function train(info) {
         set("state", `round ${d.round} ${d.accepted ? "accepted" : `not accepted: ${d.reason}`}`);
       }
       if (kind === "reconnect") set("state", `reconnecting (attempt ${d.attempt})`);
+      if (kind === "error") $("error").textContent = `${d.code}: ${d.message}`;
     },
   });
   set("state", "connecting");
