@@ -277,6 +277,13 @@ class Orchestrator:
                                "payload": msg.payload_id, "bytes": sent})
 
     async def _on_report(self, session: Session, msg: p.Report) -> None:
+        try:
+            await self._take_report(session, msg)
+        except p.ProtocolError as exc:  # too large, a broken checksum, garbage, NaN/Inf, ...: journaled
+            self.loop.journal_refusal(session.device_id, msg, exc)
+            raise
+
+    async def _take_report(self, session: Session, msg: p.Report) -> None:
         if not msg.transfer_id:
             await self.loop.take_report(session, msg, {})
             return

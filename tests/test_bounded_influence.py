@@ -33,7 +33,7 @@ def _run(tmp_path: Path, config: ServerConfig, attacker_delta, attacker_samples:
 
 def test_a_sample_claim_weighs_no_more_than_the_policy_allows(tmp_path: Path) -> None:
     config = ServerConfig(model="tiny", rounds=1, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, max_device_samples=100)
+                          deadline_s=30, max_device_samples=100, norm_bound=0)  # the weights alone
     initial, final, _, history = _run(tmp_path, config, lambda n, shape: np.full(shape, 1.0, np.float32),
                                       1_000_000, claimed=10**12)
     # Every device weighs 100: the attacker's claims (10^6 at registration, 10^12 in its update)
@@ -63,9 +63,12 @@ def test_with_the_norm_bound_a_scaled_update_is_refused_and_journaled(tmp_path: 
     assert history[1]["rejected"] == 1
 
 
-def test_the_norm_bound_compares_an_update_with_updates_of_the_same_selection(tmp_path: Path) -> None:
-    # Weak devices return the head only; the strong one the whole model, with 10x larger values.
-    # Bounded against the weak updates, every honest strong update would be refused.
+def test_a_device_alone_at_its_split_is_bounded_by_its_layer_groups_peers(tmp_path: Path) -> None:
+    # Three weak devices train the head only (split 1); the strong one, alone at split 0, sends a
+    # head update 10x theirs. Its split has no peers, so its head is bounded by the head's other
+    # contributors (the weak devices) from round 2 on; round 1 has no history and is bounded by the
+    # server's own reference update (larger than these scripted deltas). Its fc1, which nobody else
+    # trains, is always bounded by the server's reference update.
     config = ServerConfig(model="tiny", rounds=3, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
                           deadline_s=30, norm_bound=3.0, norm_bound_action="reject", allow_forced_split=True)
 
@@ -79,5 +82,7 @@ def test_the_norm_bound_compares_an_update_with_updates_of_the_same_selection(tm
         return acks, history
 
     acks, history = asyncio.run(main())
-    assert all(a.accepted for device_acks in acks for a in device_acks)
-    assert [h["rejected"] for h in history] == [0, 0, 0]
+    assert all(a.accepted for device_acks in acks[:3] for a in device_acks)
+    assert [a.accepted for a in acks[3]] == [True, False, False]
+    assert all("head" in a.reason and "layer group" in a.reason for a in acks[3][1:])
+    assert [h["rejected"] for h in history] == [0, 1, 1]
