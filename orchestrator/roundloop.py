@@ -74,6 +74,7 @@ class RoundLoop:
         self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         self.changed = asyncio.Event()
         self.bytes = [0, 0]  # sent, received this round
+        self.retried: list[str] = []  # why the current round's earlier attempts were not committed
         self.prepare_store()
         self.norms = NormBound(config, template, store, self.reference_update)
         self.validation = RoundValidation(config.max_loss_rise)
@@ -172,6 +173,7 @@ class RoundLoop:
         self.reports.partial.clear()
         metrics = self._metrics(rs, result, attempt, failure)
         if failure is not None and not last_try:
+            self.retried.append(failure)
             return False
         await self._commit(r, metrics, t0, cpu0, scored if failure is None else {})
         return True
@@ -199,6 +201,7 @@ class RoundLoop:
             "bytes_sent": self.bytes[0], "bytes_received": self.bytes[1],
             **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
             "attempt": attempt + 1, **({"failed": failure} if failure else {}),
+            **({"retried": list(self.retried)} if self.retried else {}),
         }
 
     async def _commit(self, r: int, metrics: dict[str, object], t0: float, cpu0: float,
@@ -227,6 +230,7 @@ class RoundLoop:
         # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
         await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
+        self.retried = []
         self.emit("round_end", metrics)
 
     def check_state(self, state: dict[str, np.ndarray]) -> str | None:
