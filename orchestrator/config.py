@@ -110,10 +110,9 @@ class ServerConfig:
     max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
     norm_bound: NonNegative = setting(
-        3.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
-             "multiple of its reference: the median of earlier updates of that group (same split first), or, "
-             "before 3 devices trained it, the server's own update on its held-out data; 0: off "
-             "(docs/security.md, \"Norm bound\").")
+        2.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
+             "multiple of its reference: the larger of the server's own update on its held-out data this round "
+             "and the median of earlier updates of that group; 0: off (docs/security.md, \"Norm bound\").")
     norm_bound_action: Literal["clip", "reject"] = setting("clip", "What --norm-bound does to an update over it.")
     max_loss_rise: NonNegative = setting(
         1.0, "A round whose model's validation loss exceeds (1 + this) x the committed model's, plus 0.1, is not "

@@ -1,18 +1,20 @@
 """The norm bound: every update's L2 norm, per layer group, bounded from round 1 and across restarts.
 
 A device's update is split by block (the model's layer groups: what partial training hands out
-whole). Each block's norm is bounded by ``norm_bound`` times a reference for that block:
+whole). Each block's norm is bounded by ``norm_bound`` times a reference for that block, the larger of:
 
-1. the median norm of earlier rounds' accepted updates at the same block **and split**, once they
-   came from at least :data:`MIN_PEERS` different devices (a weak device's head update is compared
-   with other weak devices' head updates);
-2. else the median at the same block over every split, once :data:`MIN_PEERS` devices trained it
-   (a device alone at its split is bounded by its layer group's peers, however its split was chosen);
-3. else the norm of the server's own reference update of that block: the global model trained from
-   the round's state on the server's held-out data with the round's learning rate, local steps and
-   batch size (Cao et al., 2021, "FLTrust", Section 4.2: client updates are normalised to the
-   magnitude of an update the server computes on a small root dataset it holds). It exists before
-   any history, so round 1, and blocks only one or two devices train, are bounded too.
+- the norm of the server's own reference update of that block, computed every round: the global
+  model trained from the round's state on the server's held-out data with the round's learning
+  rate, local steps and batch size (Cao et al., 2021, "FLTrust", Section 4.2: client updates are
+  normalised to the magnitude of an update the server computes on a small root dataset it holds).
+  It exists before any history, so round 1, and blocks only one device trains, are bounded too,
+  and it follows the norms' change from round to round (they grow early in training);
+- the median norm of earlier rounds' accepted updates at the same block **and split**, once they
+  came from at least :data:`MIN_PEERS` different devices (a weak device's head update is compared
+  with other weak devices' head updates); else the median at the same block over every split, once
+  :data:`MIN_PEERS` devices trained it (a device alone at its split is bounded by its layer
+  group's peers, however its split was chosen). History covers devices whose data makes larger
+  honest updates than the server's; one hostile device is a minority of it.
 
 An update over its bound is clipped block by block to the limit (``norm_bound_action="clip"``:
 g <- g * limit / ||g||, per block) or refused (``"reject"``). The norms accepted in a committed
@@ -109,27 +111,23 @@ class NormBound:
             return None
         return float(np.median([n for _, n in rows]))
 
-    def needs_reference(self) -> bool:
-        """True if some block has too few peers in its history to be bounded by it."""
-        return self.enabled and any(self._peer_median(b, None) is None for b in range(len(self.blocks)))
-
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
-        """Start a round from ``state``: compute the server's reference update if a block needs it
-        (blocking: run it in a worker thread)."""
+        """Start a round from ``state``: compute the server's reference update (blocking: run it in
+        a worker thread)."""
         self._pending = []
-        self._reference = None
-        if self.needs_reference():
-            deltas = self._reference_of(state, round)
-            self._reference = block_norms(deltas, self.block_of)
+        self._reference = block_norms(self._reference_of(state, round), self.block_of) if self.enabled else None
 
     def reference(self, block: int, split: int) -> tuple[float, str]:
         """The norm a block's update is bounded against, and where it comes from."""
-        for which, s in (("peers at this split", split), ("peers at this layer group", None)):
+        server = (self._reference or {}).get(block, 0.0)
+        best, which = (server, "server reference update") if server > 0 else (0.0, "")
+        for source, s in (("peers at this split", split), ("peers at this layer group", None)):
             median = self._peer_median(block, s)
             if median is not None:
-                return median, which
-        ref = (self._reference or {}).get(block, 0.0)
-        return (ref, "server reference update") if ref > 0 else (math.inf, "no reference")
+                if median > best:
+                    best, which = median, source
+                break
+        return (best, which) if best > 0 else (math.inf, "no reference")
 
     def bound(self, device: str, split: int, tensors: dict) -> Bounded:
         """Clip (or refuse) ``tensors`` block by block against :meth:`reference` x ``norm_bound``."""
