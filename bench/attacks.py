@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.store import Store  # noqa: E402
 from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, FleetDevice, run_fleet  # noqa: E402
 
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
@@ -44,7 +45,11 @@ def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: 
     result = run_fleet(root / name, devices, aggregation=None, rounds=rounds, credentials=True, strategy=strategy,
                        options=PLAIN_OPTIONS if plain else options, settings=PLAIN if plain else None)
     last = result.history[-1]
+    with Store(root / name) as store:
+        bounded = [u for u in store.updates() if u.get("bounded")]
     row = {"run": name, "accuracy": round(100 * result.accuracy, 2), "wall_s": round(time.monotonic() - t0, 1),
+           "honest_bounded": sum(u["device_id"] != "attacker" for u in bounded),
+           "attacker_bounded": sum(u["device_id"] == "attacker" for u in bounded),
            "failed_rounds": sum("failed" in h for h in result.history),
            "retried_rounds": sum(bool(h.get("retried")) for h in result.history),
            "aggregation": last.get("aggregation", "mean")}
@@ -66,8 +71,9 @@ def main() -> None:
                               "attacks": [], "honest_cost": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        honest = _run(root, "honest-defaults", HONEST, plain=False, options=options, rounds=args.rounds)
-        for attack in args.attacks.split(","):
+        honest = _run(root, "honest-defaults", HONEST, plain=False, options=options, rounds=args.rounds) \
+            if args.attacks else {"accuracy": None}
+        for attack in filter(None, args.attacks.split(",")):
             devices = HONEST + (FleetDevice("attacker", 4, attack=ATTACKS[attack]),)
             row = {"attack": attack, "honest": honest["accuracy"],
                    "defaults": _run(root, f"{attack}-defaults", devices, plain=False, options=options,

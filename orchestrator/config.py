@@ -110,7 +110,7 @@ class ServerConfig:
     max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
     norm_bound: NonNegative = setting(
-        2.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
+        1.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
              "multiple of its reference: the larger of the server's own update on its held-out data this round "
              "and the median of earlier updates of that group; 0: off (docs/security.md, \"Norm bound\").")
     norm_bound_action: Literal["clip", "reject"] = setting("clip", "What --norm-bound does to an update over it.")

@@ -365,7 +365,7 @@ class RoundLoop:
         if rs is None or msg.round != rs.round:
             log.warning("refused %s's report of closed round %d: %s %s", device_id, msg.round, exc.code, exc.message)
             return
-        if rs.expects(device_id, msg.phase):
+        if rs.expects(device_id, msg.phase) and exc.code != "timeout":  # a stalled upload is a straggler's
             rs.on_report(device_id, msg.phase, False)
         self.store.record_update(rs.round, device_id, info, phase=msg.phase)
         self.emit("rejected", {"device": device_id, "round": rs.round, "refusal": exc.code, "reason": exc.message})
