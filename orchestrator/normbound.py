@@ -113,9 +113,15 @@ class NormBound:
 
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
         """Start a round from ``state``: compute the server's reference update (blocking: run it in
-        a worker thread)."""
+        a worker thread). If it cannot be computed (the local loss diverged on the server's data),
+        the previous round's reference stays, and the failure is logged."""
         self._pending = []
-        self._reference = block_norms(self._reference_of(state, round), self.block_of) if self.enabled else None
+        if not self.enabled:
+            return
+        try:
+            self._reference = block_norms(self._reference_of(state, round), self.block_of)
+        except (ValueError, FloatingPointError, RuntimeError) as exc:
+            log.warning("round %d: no reference update (%s); the norm bound keeps the last one", round, exc)
 
     def reference(self, block: int, split: int) -> tuple[float, str]:
         """The norm a block's update is bounded against, and where it comes from."""
