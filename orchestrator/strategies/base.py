@@ -49,7 +49,7 @@ from orchestrator.values import NonNegative, NonNegativeInt, Range
 Weighting = Literal["samples", "uniform"]
 
 #: Default cap on one device's share of an entry's total weight (docs/security.md, "Weight cap").
-DEFAULT_WEIGHT_SHARE = 1 / 3
+DEFAULT_WEIGHT_SHARE = 1 / 5
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
@@ -473,9 +473,10 @@ class AveragingStrategy(Strategy):
 
     ``max_weight_share`` caps any one device's weight in every entry's mean at that share of the
     entry's total weight, whatever sample count it claims (fewer than 1 / share contributors get
-    equal weights). The default, :data:`DEFAULT_WEIGHT_SHARE` = 1/3, means no device outweighs two
-    others together: a device that claims 100 times its data weighs as much as two honest ones, not
-    99% of the round. 1.0 is the plain sample-weighted mean of the papers' update rules.
+    equal weights). The default, :data:`DEFAULT_WEIGHT_SHARE` = 1/5, means no device weighs more
+    than one of five equal devices: a device that claims 100 times its data weighs, in a round of
+    five, as much as one honest device, not 95% of the round (docs/security.md, "Bounded influence
+    by default"). 1.0 is the plain sample-weighted mean of the papers' update rules.
     """
 
     def __init__(self, weighting: Weighting = "samples", aggregation: Aggregation = "mean",
