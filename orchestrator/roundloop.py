@@ -251,9 +251,14 @@ class RoundLoop:
         its scores). The committed model is scored first if it has not been (round 1, --resume)."""
         if not self.validation.enabled:
             return None, {}
-        if self.validation.loss is None:
-            self.validation.committed(self.evaluator.evaluate(model_at(self.template, self.global_state)))
-        scored = self.evaluator.evaluate(model_at(self.template, state))
+        try:
+            if self.validation.loss is None:
+                self.validation.committed(self.evaluator.evaluate(model_at(self.template, self.global_state)))
+            scored = self.evaluator.evaluate(model_at(self.template, state))
+        except (RuntimeError, ValueError) as exc:  # held-out data the model cannot take: no validation
+            log.warning("round validation is off: the model cannot be scored on --data (%s)", exc)
+            self.validation.max_rise = 0.0
+            return None, {}
         return self.validation.judge(scored), scored
 
     def reference_update(self, state: Mapping[str, np.ndarray], round: int) -> dict[str, np.ndarray]:
