@@ -130,9 +130,14 @@ class ServerConfig:
     max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
     max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
-    norm_bound: NonNegative = setting(0.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm "
-                                           "exceeds this multiple of recent updates' median; 0: off.")
+    norm_bound: NonNegative = setting(
+        1.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
+             "multiple of its reference: the larger of the server's own update on its held-out data this round "
+             "and the median of earlier updates of that group; 0: off (docs/security.md, \"Norm bound\").")
     norm_bound_action: Literal["clip", "reject"] = setting("clip", "What --norm-bound does to an update over it.")
+    max_loss_rise: NonNegative = setting(
+        1.0, "A round whose model's validation loss exceeds (1 + this) x the committed model's, plus 0.1, is not "
+             "committed (it runs again, then is journaled as failed); 0: no validation before commit.")
     allow_forced_split: bool = setting(
         False, "Honour a hello's labels[\"force_split\"] (emulation and tests only: it overrides the planner).",
         cli=False)

@@ -3,15 +3,13 @@
 An update is bounded in size before it is received (:meth:`Reports.update_bound`), checked against
 the instruction it answers (:meth:`Reports.check`: the tensors are deltas of exactly what was
 sent), weighed by the sample count registered for the device, never the one it claims
-(:meth:`Reports.registered_samples`), and optionally bounded in norm against its peers'
-(:meth:`Reports.bound_norm`). An upload cut by a dropped connection is kept for the rest of the
+(:meth:`Reports.registered_samples`), and bounded in norm per layer group
+(:mod:`orchestrator.normbound`). An upload cut by a dropped connection is kept for the rest of the
 round so that the device's reconnect continues it (:meth:`Reports.cut`, docs/protocol.md, "Resume").
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,25 +43,12 @@ def report_info(r: DeviceReport) -> dict[str, object]:
             "selection": r.selection.kind, "metrics": dict(r.metrics)}
 
 
-def update_norm(tensors: Mapping[str, object]) -> float:
-    """L2 norm of an update's float tensors (row-sparse ones over their rows)."""
-    total = 0.0
-    for t in tensors.values():
-        values = t.values if isinstance(t, p.RowSparse) else t
-        if values.dtype.kind == "f":
-            total += float(np.sum(np.square(np.asarray(values, dtype=np.float64))))
-    return math.sqrt(total)
-
-
 class Reports:
     """Report checks and bounds, and the uploads a dropped connection cut short this round."""
 
     def __init__(self, config: ServerConfig, num_blocks: int) -> None:
         self.config = config
         self.num_blocks = num_blocks
-        # L2 norms of recent accepted updates, per selection (a weak device's head-only update is
-        # far smaller than a strong device's whole-model one: each is bounded against its peers).
-        self._norms: dict[str, deque[float]] = {}
         self.partial: dict[str, PartialUpload] = {}  # by device
 
     def update_bound(self, payload: Payload | None, tail_bytes: int, tail_entries: int) -> int:
@@ -96,30 +81,6 @@ class Reports:
         if session.enrolled_samples is not None:
             limit = min(limit, session.enrolled_samples)
         return min(session.hello.num_samples, limit)
-
-    def bound_norm(self, tensors: dict, peers: str) -> tuple[dict, str | None]:
-        """Optional norm bound (``norm_bound`` > 0): an update whose L2 norm exceeds ``norm_bound``
-        times the median norm of recent accepted updates of the same selection (``peers``) is
-        clipped to that norm, or refused (``norm_bound_action``). Returns the tensors to fold and a
-        refusal reason, if any."""
-        if not tensors:
-            return tensors, None
-        norm = update_norm(tensors)
-        bound = self.config.norm_bound
-        norms = self._norms.setdefault(peers, deque(maxlen=100))
-        recent = sorted(norms)
-        limit = bound * recent[len(recent) // 2] if bound > 0 and len(recent) >= 3 else math.inf
-        if norm <= limit:
-            norms.append(norm)
-            return tensors, None
-        if self.config.norm_bound_action == "reject":
-            return tensors, f"update norm {norm:.3g} exceeds {bound:g} x the median of recent updates ({limit:.3g})"
-        scale = limit / norm
-        clipped = {n: (p.RowSparse(t.indices, t.values * np.asarray(scale, t.values.dtype), t.num_rows)
-                       if isinstance(t, p.RowSparse) else (t * np.asarray(scale, t.dtype) if t.dtype.kind == "f" else t))
-                   for n, t in tensors.items()}
-        norms.append(limit)
-        return clipped, None
 
     # -- upload resume --------------------------------------------------------------------------
     def cut(self, device_id: str, report: p.Report, incoming: p.IncomingTransfer) -> None:

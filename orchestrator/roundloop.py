@@ -6,8 +6,10 @@ instructions over the idle devices; :meth:`RoundLoop.dispatch` has their payload
 (:mod:`orchestrator.reports`), goes to :meth:`~Strategy.on_report` (:meth:`RoundLoop.take_report`),
 whose follow-ups are dispatched in turn; the round closes when nothing is outstanding, at its
 deadline, or when :meth:`~Strategy.round_complete` says so; :meth:`~Strategy.aggregate` gives the
-new state, which is committed only if it passes :meth:`RoundLoop.check_state`; else the round runs
-again from the last good state (``round_retries`` times, then it is journaled as failed).
+new state, which is committed only if it passes :meth:`RoundLoop.check_state` and its validation
+loss did not jump (:mod:`orchestrator.validation`); else the round runs again from the last good
+state (``round_retries`` times, then it is journaled as failed). Each update is bounded in norm per
+layer group before the strategy sees it (:mod:`orchestrator.normbound`).
 """
 
 from __future__ import annotations
@@ -20,19 +22,24 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
+import torch
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.memory import release_memory
 from edge_sdk.models import LayeredModel
+from edge_sdk.trainer import train_tail
+from edge_sdk.training import TrainConfig
 from orchestrator.admission import Session
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
+from orchestrator.normbound import NormBound
 from orchestrator.payloads import Payloads, Work, model_at
 from orchestrator.reports import Reports, report_info
 from orchestrator.rounds import RoundState
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, Instruction, Refused, RoundContext, RoundResult, Strategy
+from orchestrator.validation import RoundValidation
 
 __all__ = ["RoundLoop", "role_counts"]
 
@@ -68,7 +75,10 @@ class RoundLoop:
         self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         self.changed = asyncio.Event()
         self.bytes = [0, 0]  # sent, received this round
+        self.retried: list[str] = []  # why the current round's earlier attempts were not committed
         self.prepare_store()
+        self.norms = NormBound(config, template, store, self.reference_update)
+        self.validation = RoundValidation(config.max_loss_rise)
 
     # -- persistence ----------------------------------------------------------------------------
     def prepare_store(self) -> None:
@@ -136,6 +146,7 @@ class RoundLoop:
         """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         rs, ctx = self._open(r, attempt)
+        await asyncio.to_thread(self.norms.begin_round, self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
@@ -148,6 +159,10 @@ class RoundLoop:
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
         failure = await asyncio.to_thread(self.check_state, candidate)
+        scored: dict[str, float] = {}
+        if failure is None:
+            failure, scored = await asyncio.to_thread(self.validate, candidate)
+        self._journal_capped(r, result)
         if failure is None:
             self.global_state = candidate
         else:
@@ -160,8 +175,9 @@ class RoundLoop:
         self.reports.partial.clear()
         metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by}
         if failure is not None and not last_try:
+            self.retried.append(failure)
             return False
-        await self._commit(r, metrics, t0, cpu0)
+        await self._commit(r, metrics, t0, cpu0, scored if failure is None else {})
         return True
 
     def _closes(self, rs: RoundState, ctx: RoundContext, opened: float) -> str | None:
@@ -204,15 +220,19 @@ class RoundLoop:
             "bytes_sent": self.bytes[0], "bytes_received": self.bytes[1],
             **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
             "attempt": attempt + 1, **({"failed": failure} if failure else {}),
+            **({"retried": list(self.retried)} if self.retried else {}),
         }
 
-    async def _commit(self, r: int, metrics: dict[str, object], t0: float, cpu0: float) -> None:
-        """Evaluate (when due), checkpoint and journal round ``r``."""
+    async def _commit(self, r: int, metrics: dict[str, object], t0: float, cpu0: float,
+                      scored: Mapping[str, float]) -> None:
+        """Evaluate (when due; ``scored``: the committed state's validation, if it had one),
+        checkpoint and journal round ``r``."""
         eval_s = eval_cpu = 0.0
         if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
             te, tc = time.monotonic(), time.process_time()
             state = self.global_state
-            metrics.update(await asyncio.to_thread(lambda: self.evaluator.evaluate(model_at(self.template, state))))
+            metrics.update(scored or await asyncio.to_thread(
+                lambda: self.evaluator.evaluate(model_at(self.template, state))))
             eval_s, eval_cpu = time.monotonic() - te, time.process_time() - tc
         metrics.update({
             "round_wall_s": time.monotonic() - t0,
@@ -222,11 +242,15 @@ class RoundLoop:
             # evaluation left out; waiting on devices costs none.
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
+        if "failed" not in metrics:
+            self.norms.commit(r)
+            self.validation.committed(scored)
         self.store.complete_round(r, self.global_state, metrics)
         release_memory()  # the round's payloads and reports are gone: hand their heap back to the OS
         # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
         await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
+        self.retried = []
         self.emit("round_end", metrics)
 
     def check_state(self, state: dict[str, np.ndarray]) -> str | None:
@@ -241,6 +265,43 @@ class RoundLoop:
         if not ranges or not self.strategy.sends_chunks:  # width reduction sends none
             return None
         return self.payloads.check_chunks(state, ranges)
+
+    def validate(self, state: dict[str, np.ndarray]) -> tuple[str | None, dict[str, float]]:
+        """Score ``state`` on the validation data (blocking): (why it may not be committed, or None;
+        its scores). The committed model is scored first if it has not been (round 1, --resume)."""
+        if not self.validation.enabled:
+            return None, {}
+        try:
+            if self.validation.loss is None:
+                self.validation.committed(self.evaluator.evaluate(model_at(self.template, self.global_state)))
+            scored = self.evaluator.evaluate(model_at(self.template, state))
+        except (RuntimeError, ValueError) as exc:  # held-out data the model cannot take: no validation
+            log.warning("round validation is off: the model cannot be scored on --data (%s)", exc)
+            self.validation.max_rise = 0.0
+            return None, {}
+        return self.validation.judge(scored), scored
+
+    def reference_update(self, state: Mapping[str, np.ndarray], round: int) -> dict[str, np.ndarray]:
+        """The server's own update of the whole model from ``state``, trained on its held-out data
+        with the round's settings: the norm reference of layer groups without history
+        (:mod:`orchestrator.normbound`; FLTrust's root-dataset update, Cao et al., 2021)."""
+        c = self.config
+        config = TrainConfig(local_steps=c.local_steps, batch_size=c.batch_size, lr=c.lr_at(round),
+                             momentum=c.momentum, weight_decay=c.weight_decay, seed=c.seed + round, eval_samples=64,
+                             threads=torch.get_num_threads())
+        x, y = self.evaluator.x, self.evaluator.y
+        return train_tail(model_at(self.template, state), 0, x, y, config).deltas
+
+    def _journal_capped(self, r: int, result: RoundResult) -> None:
+        """Mark the reports the weight cap reduced as such in the journal."""
+        capped = result.extra.get("weight_capped")
+        if not isinstance(capped, dict) or not capped:
+            return
+        for row in self.store.updates(r):
+            if row["device_id"] in capped and row.get("accepted"):
+                info = {k: v for k, v in row.items() if k not in ("round", "device_id", "phase", "received")}
+                bounded = {**(info.get("bounded") or {}), "weight_kept": capped[row["device_id"]]}
+                self.store.record_update(r, row["device_id"], {**info, "bounded": bounded}, phase=row["phase"])
 
     # -- instructions ---------------------------------------------------------------------------
     async def dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
@@ -305,21 +366,13 @@ class RoundLoop:
             await self.send(session, p.Ack(msg.round, False, "late: the round is closed", msg.phase))
             self.emit("late", {"device": session.device_id, "round": msg.round, "phase": msg.phase})
             return
-        try:
-            self.reports.check(msg, work, tensors, self.global_state)
-        except p.ProtocolError as exc:
-            rs.on_report(session.device_id, msg.phase, False)
-            self.store.record_update(rs.round, session.device_id, {"accepted": False, "reason": exc.message,
-                                                                   "closed": True}, phase=msg.phase)
-            self.emit("rejected", {"device": session.device_id, "round": rs.round, "reason": exc.message})
-            self.changed.set()
-            raise
-        report, follow, accepted, reason = self._fold(session, msg, work, tensors, ctx)
+        self.reports.check(msg, work, tensors, self.global_state)  # raises: journaled by journal_refusal
+        report, follow, accepted, reason, bounded = self._fold(session, msg, work, tensors, ctx)
         rs.on_report(session.device_id, msg.phase, accepted)
         for ins in follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
         self.store.record_update(rs.round, session.device_id, {**report_info(report), "accepted": accepted,
-                                                               "reason": reason}, phase=msg.phase)
+                                                               "reason": reason, **bounded}, phase=msg.phase)
         await self.send(session, p.Ack(rs.round, accepted, reason, msg.phase))
         self.emit("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                              "phase": msg.phase, "accepted": accepted, "reason": reason,
@@ -327,24 +380,47 @@ class RoundLoop:
         await self.dispatch(follow, issued=True)
         self.changed.set()
 
+    def journal_refusal(self, device_id: str, msg: p.Report, exc: p.ProtocolError) -> None:
+        """Journal a report refused as malformed, whatever the kind (too large, a broken checksum,
+        garbage, NaN/Inf, wrong names or shapes, ...): its connection is then closed. A report of a
+        round that is closed has no round to be journaled in; it is logged."""
+        rs = self.round
+        info = {"accepted": False, "refusal": exc.code, "reason": exc.message, "closed": True,
+                "num_samples": msg.num_samples}
+        if rs is None or msg.round != rs.round:
+            log.warning("refused %s's report of closed round %d: %s %s", device_id, msg.round, exc.code, exc.message)
+            return
+        if rs.expects(device_id, msg.phase) and exc.code != "timeout":  # a stalled upload is a straggler's
+            rs.on_report(device_id, msg.phase, False)
+        self.store.record_update(rs.round, device_id, info, phase=msg.phase)
+        self.emit("rejected", {"device": device_id, "round": rs.round, "refusal": exc.code, "reason": exc.message})
+        self.changed.set()
+
     def _fold(self, session: Session, msg: p.Report, work: Work, tensors: dict,
-              ctx: RoundContext) -> tuple[DeviceReport, Sequence[Instruction], bool, str]:
-        """Bound a checked report and hand it to the strategy: (report, follow-ups, accepted, reason)."""
+              ctx: RoundContext) -> tuple[DeviceReport, Sequence[Instruction], bool, str, dict]:
+        """Bound a checked report and hand it to the strategy: (report, follow-ups, accepted, reason,
+        what the bounds changed, for the journal: ``{"bounded": {...}}`` or nothing)."""
         # Bounded influence: the weight is at most the sample count registered for the device.
         samples = min(msg.num_samples, self.reports.registered_samples(session))
-        tensors, reason = self.reports.bound_norm(tensors, f"{work.selection.kind}-{work.selection.split}")
+        bound = self.norms.bound(session.device_id, work.selection.split, tensors)
+        changed: dict[str, object] = {}
+        if bound.clipped:
+            changed["clipped"] = bound.clipped
+        if samples < msg.num_samples:
+            changed["samples"] = {"claimed": msg.num_samples, "weighed": samples}
         report = DeviceReport(
             device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
             num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
-            tensors=MappingProxyType(tensors), selection=work.selection,
+            tensors=MappingProxyType(bound.tensors), selection=work.selection,
         )
         try:
-            if reason is not None:
-                raise Refused(reason)
-            return report, self.strategy.on_report(report, ctx), True, ""
+            if bound.refusal is not None:
+                raise Refused(bound.refusal)
+            return report, self.strategy.on_report(report, ctx), True, "", {"bounded": changed} if changed else {}
         except Refused as exc:
+            self.norms.discard(session.device_id)
             log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, ctx.round, exc.reason)
-            return report, (), False, exc.reason
+            return report, (), False, exc.reason, {}
 
     # -- departures -----------------------------------------------------------------------------
     async def on_disconnect(self, device_id: str) -> None:

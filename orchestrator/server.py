@@ -312,6 +312,13 @@ class Orchestrator:
             raise p.ProtocolError("refused", f"fetch limit: {reason}")
 
     async def _on_report(self, session: Session, msg: p.Report) -> None:
+        try:
+            await self._take_report(session, msg)
+        except p.ProtocolError as exc:  # too large, a broken checksum, garbage, NaN/Inf, ...: journaled
+            self.loop.journal_refusal(session.device_id, msg, exc)
+            raise
+
+    async def _take_report(self, session: Session, msg: p.Report) -> None:
         if not msg.transfer_id:
             self.revocations.check(session)
             await self.loop.take_report(session, msg, {})

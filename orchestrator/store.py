@@ -93,6 +93,17 @@ CREATE TABLE IF NOT EXISTS reports (
 );
 """
 
+#: Per-block update norms of committed rounds (orchestrator/normbound.py); created on first use.
+_NORM_SCHEMA = """
+CREATE TABLE IF NOT EXISTS norm_history (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    block INTEGER NOT NULL,
+    split INTEGER NOT NULL,
+    norm REAL NOT NULL,
+    PRIMARY KEY (round, device_id, block)
+)"""
+
 
 class StoreError(RuntimeError):
     """The journal and the caller disagree (e.g. completing a round that was never begun)."""
@@ -434,6 +445,32 @@ class Store:
              **json.loads(r["info"])}
             for r in rows
         ]
+
+    # -- norm history (orchestrator/normbound.py) ---------------------------------------------
+    def _norm_table(self) -> None:
+        self._db.execute(_NORM_SCHEMA)
+
+    def record_norms(self, round: int, rows: Iterable[tuple[str, int, int, float]]) -> None:
+        """Journal the per-block norms of a round's accepted updates: (device, block, split, norm).
+        Recording a round again (after a crash before its completion) replaces its rows."""
+        round = _round_number(round)
+        with self._lock, self._transaction():
+            self._norm_table()
+            self._db.executemany(
+                "INSERT OR REPLACE INTO norm_history(round, device_id, block, split, norm) VALUES (?, ?, ?, ?, ?)",
+                [(round, d, int(b), int(s), float(n)) for d, b, s, n in rows])
+
+    def norm_history(self, per_block: int) -> list[dict]:
+        """The last ``per_block`` norms of every block, from completed rounds only, oldest first."""
+        with self._lock, self._transaction():
+            self._norm_table()
+            rows = self._db.execute(
+                """SELECT * FROM (
+                       SELECT n.*, ROW_NUMBER() OVER (PARTITION BY block ORDER BY n.round DESC, device_id) AS k
+                       FROM norm_history n JOIN rounds r ON r.round = n.round WHERE r.finished IS NOT NULL)
+                   WHERE k <= ? ORDER BY round, device_id, block""", (per_block,)).fetchall()
+        return [{"round": r["round"], "device_id": r["device_id"], "block": r["block"], "split": r["split"],
+                 "norm": r["norm"]} for r in rows]
 
 
 class _Transaction:

@@ -28,7 +28,7 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 
-__all__ = ["ATTACKS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet"]
+__all__ = ["ATTACKS", "PLAIN", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet"]
 
 
 @dataclass(frozen=True)
@@ -120,14 +120,16 @@ class FleetResult:
         return float(self.history[-1]["accuracy"])
 
 
-async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: int, budget: int) -> FleetResult:
+async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: int, budget: int,
+                 secrets: Mapping[str, str]) -> FleetResult:
     orch, server = await start_orchestrator(config, lambda kind, data: None)
     url = f"ws://127.0.0.1:{orch.port}"
     clients = []
     for d in devices:
         x, y = load_shard("digits", client=d.shard, num_clients=shards, partition="iid", seed=config.seed)
         labels = {} if d.split is None else {"force_split": str(d.split)}
-        cfg = DeviceConfig(url, d.device_id, budget, labels=labels, reconnect=False)
+        cfg = DeviceConfig(url, d.device_id, budget, labels=labels, reconnect=False,
+                           secret=secrets.get(d.device_id, ""))
         clients.append(DeviceClient(cfg, x, y) if d.attack is None else AttackerClient(cfg, x, y, d.attack))
     runs = await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
     history = await server
@@ -135,15 +137,31 @@ async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: i
     return FleetResult(history, errors)
 
 
-def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: str = "mean", rounds: int = 8,
+#: The settings of a plain FedAvg / EmbracingFL server: the mean, no weight cap, no norm bound, no
+#: validation before commit (what the papers' update rules describe).
+PLAIN: dict[str, object] = {"norm_bound": 0.0, "max_loss_rise": 0.0}
+PLAIN_OPTIONS: dict[str, object] = {"aggregation": "mean", "max_weight_share": 1.0}
+
+
+def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: str | None = "mean", rounds: int = 8,
               options: Mapping[str, object] | None = None, seed: int = 0, local_steps: int = 10,
-              shards: int = 5) -> FleetResult:
+              shards: int = 5, credentials: bool = False, settings: Mapping[str, object] | None = None,
+              strategy: str = "embracingfl") -> FleetResult:
     """Train digits_mlp with ``devices`` against a live orchestrator; every device must take part
     in every round (min_devices is the fleet's size). The digits training split is cut into
-    ``shards`` iid shards whatever the fleet, so a fleet without its attacker keeps the same data."""
+    ``shards`` iid shards whatever the fleet, so a fleet without its attacker keeps the same data.
+    ``aggregation`` None keeps the strategy's default; ``settings`` are further ServerConfig fields;
+    ``credentials``: every device is enrolled (without a fixed sample count) and proves it."""
     from orchestrator.emulation.localfleet import role_budgets
+    from orchestrator.store import Store
 
+    agg = {} if aggregation is None else {"aggregation": aggregation}
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(devices), local_steps=local_steps,
                           lr=0.1, seed=seed, store_dir=store_dir, deadline_s=120, allow_forced_split=True,
-                          strategy_options={"aggregation": aggregation, **(options or {})})
-    return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"]))
+                          strategy=strategy, strategy_options={**agg, **(options or {})},
+                          require_credentials=credentials, **(settings or {}))
+    secrets: dict[str, str] = {}
+    if credentials:
+        with Store(store_dir) as store:
+            secrets = {d.device_id: store.enroll(d.device_id) for d in devices}
+    return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"], secrets))

@@ -1,4 +1,5 @@
-"""One attacker in an honest fleet, against a live orchestrator, for each robust aggregation.
+"""One attacker in an honest fleet, against a live orchestrator: under the default settings, and
+for each robust aggregation.
 
 The fleet: digits_mlp, 4 honest devices that train the whole model (iid shards 0-3 of the digits
 training split cut in 5), seed 0, 8 rounds of 10 local steps; the attacker holds shard 4 and is the
@@ -7,7 +8,11 @@ case, the final accuracy with the attacker must be within 2 points of the same f
 aggregation) without it, the server must run every round, and the round journal must say how each
 layer group was aggregated.
 
-Only the cases the aggregators hold on their own are here. An attacker that is the only device
+Under the defaults (credentials, the capped and norm-bounded mean, round validation) every attack
+of the suite runs: boosted x100, sign-flipped, a constant +1.0, alone at its split (x10) and a
+sign-flipped update behind a 100-fold sample claim; the journal must show what bounded it.
+
+For the robust aggregations, only the cases the aggregators hold on their own are here. An attacker that is the only device
 training some entries (alone at split 0 while every honest device trains from split 2 on) is
 bounded by no aggregator: that needs the server's norm bound from round 1 (docs/security.md,
 "Robust aggregation"). Krum is not here: keeping one update a round, it loses more than 2 points
@@ -21,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.store import Store
 from tests.attacks import ATTACKS, FleetDevice, FleetResult, run_fleet
 
 pytestmark = pytest.mark.slow
@@ -54,7 +60,9 @@ def _run(aggregation: str, attack: str | None, root: Path) -> FleetResult:
     """One live fleet per (aggregation, attack): the honest fleets the aggregations share run once."""
     devices = HONEST + ((FleetDevice("attacker", 4, attack=ATTACKS[attack]),) if attack else ())
     name = f"{aggregation}-{attack or 'honest'}"
-    return run_fleet(root / name, devices, aggregation=aggregation, rounds=ROUNDS)
+    # The aggregation alone: the server's own bounds off (with them, a clipped attacker looks honest to Krum).
+    return run_fleet(root / name, devices, aggregation=aggregation, rounds=ROUNDS,
+                     settings={"norm_bound": 0.0, "max_loss_rise": 0.0})
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +86,42 @@ def test_one_attacker_costs_at_most_two_points(aggregation: str, attack: str, ro
         assert all("attacker" not in g.get("kept", ()) for g in groups)
     if aggregation == "centered_clip" and attack in ("boost100", "constant"):
         assert all("attacker" in g.get("clipped", ()) for g in groups)
+
+
+#: Every attack of the suite against the default settings, and what the journal must show for the
+#: attacker's reports: clipped by the norm bound, or its sample claim cut and its weight capped. A
+#: sign-flipped update of honest size is bounded by nothing (it is within every bound); the mean
+#: gives it 1/5 of the round.
+DEFAULT_CASES = {
+    "boost100": "clipped",
+    "constant": "clipped",
+    "lone": "clipped",
+    "inflated": "weight_kept",
+    "sign_flip": None,
+}
+
+
+@functools.cache
+def _defaults(attack: str | None, root: Path) -> FleetResult:
+    """A fleet under the default settings with credentials (aggregation, bounds and cap untouched)."""
+    devices = HONEST + ((FleetDevice("attacker", 4, attack=ATTACKS[attack]),) if attack else ())
+    return run_fleet(root / f"defaults-{attack or 'honest'}", devices, aggregation=None, rounds=ROUNDS,
+                     credentials=True)
+
+
+@pytest.mark.parametrize("attack", list(DEFAULT_CASES))
+def test_one_attacker_against_the_defaults(attack: str, root: Path) -> None:
+    """digits_mlp, 4 honest devices on iid shards 0-3 of 5, the attacker on shard 4, seed 0,
+    8 rounds of 10 local steps, every device enrolled and proving its credential."""
+    honest = _defaults(None, root)
+    attacked = _defaults(attack, root)
+    assert [h["round"] for h in attacked.history] == list(range(1, ROUNDS + 1))
+    assert not any("failed" in h for h in attacked.history)
+    assert not {d: e for d, e in attacked.errors.items() if d != "attacker"}, attacked.errors
+    assert attacked.accuracy >= honest.accuracy - 0.02, (attack, honest.accuracy, attacked.accuracy)
+    with Store(root / f"defaults-{attack}") as store:
+        reports = [u for u in store.updates() if u["device_id"] == "attacker"]
+    assert len(reports) == ROUNDS and all(u["accepted"] for u in reports)
+    mark = DEFAULT_CASES[attack]
+    if mark is not None:
+        assert all(mark in u.get("bounded", {}) for u in reports), [u.get("bounded") for u in reports]

@@ -60,7 +60,8 @@ def fedalign_runs(tmp_path_factory):
     prio = ["priority=1"]
     fedalign = asyncio.run(_run(tmp / "a", "fedalign", {"epsilon": "0", "warmup": "1"},
                                 {0: prio, 1: prio, 2: [], 3: []}))
-    fedavg = asyncio.run(_run(tmp / "b", "fedavg", {}, {0: [], 1: []}))
+    # The papers' FedAvg, sample-weighted: the weight cap off (its default would weigh the two equally).
+    fedavg = asyncio.run(_run(tmp / "b", "fedavg", {"max_weight_share": "1"}, {0: [], 1: []}))
     return fedalign, fedavg
 
 

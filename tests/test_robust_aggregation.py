@@ -209,7 +209,7 @@ def test_the_cap_bounds_an_inflated_sample_claim_per_entry():
     reports = [strong_const("s0", 1.0, samples=10**6), strong_const("s1", 0.0, 100), strong_const("s2", 0.0, 200),
                weak_const("w0", 0.0, 100), weak_const("w1", 0.0, 100)]
     capped = run(EmbracingFL(max_weight_share=1 / 3), reports)
-    plain = run(EmbracingFL(), reports)
+    plain = run(EmbracingFL(max_weight_share=1.0), reports)
     assert moved(plain, FC1).min() > 0.99  # uncapped, s0 is nearly the whole average
     # fc1 weights 10^6, 100, 200: three contributors can meet a share of 1/3 only with equal weights (c = 100).
     np.testing.assert_allclose(moved(capped, FC1), 1 / 3, rtol=1e-6)

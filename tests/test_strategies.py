@@ -98,7 +98,7 @@ def assert_state_equal(got: dict, want: dict) -> None:
 
 # -- EmbracingFL: exact numbers ------------------------------------------------------------------
 def test_embracingfl_sample_weighted_two_strong_one_weak():
-    result = run(EmbracingFL(), [S1, S2, W1])
+    result = run(EmbracingFL(max_weight_share=1.0), [S1, S2, W1])  # the paper's rule, uncapped
     # fc1 (input side, y): strong devices only, weights 10 and 30 (Section 3.1, 1/s rule with w_i).
     # head (output side, z): all three, weights 10, 30, 60.
     want = {
@@ -177,7 +177,7 @@ def test_with_a_real_layered_model_state():
         return report(device_id, role, (split, L), samples, deltas)
 
     updates = [update("a", "strong", 0, 10), update("b", "moderate", 2, 20), update("c", "weak", 3, 30)]
-    result = run(EmbracingFL(), updates, state=state, blocks=model.block_names)
+    result = run(EmbracingFL(max_weight_share=1.0), updates, state=state, blocks=model.block_names)
     head = "blocks.head.weight"
     want = state[head] + (10 * updates[0].tensors[head] + 20 * updates[1].tensors[head] + 30 * updates[2].tensors[head]) / 60
     np.testing.assert_allclose(result.state[head], want, rtol=1e-5, atol=1e-6)
@@ -272,7 +272,7 @@ def test_row_and_channel_deltas_are_averaged_over_their_own_contributors():
 
 # -- FedAvg ----------------------------------------------------------------------------------
 def test_fedavg_averages_full_updates():
-    result = run(FedAvg(), [S1, S2])
+    result = run(FedAvg(max_weight_share=1.0), [S1, S2])  # the paper's sample-weighted mean, uncapped
     np.testing.assert_allclose(result.state["blocks.head.weight"], [[(10 * 1 + 30 * 2) / 40, (10 - 60) / 40]])
     np.testing.assert_allclose(result.state["blocks.fc1.weight"], [[0.5, 2], [2.5, 1]])
     result = run(FedAvg(weighting="uniform"), [S1, S2])
@@ -344,8 +344,8 @@ def _state() -> dict[str, np.ndarray]:
 @given(rounds(), st.sampled_from(["samples", "uniform"]))
 def test_fold_order_does_not_change_the_result(case, weighting):
     updates, order = case
-    first = run(EmbracingFL(weighting=weighting), updates, state=_state(), blocks=("a", "b", "c"))
-    second = run(EmbracingFL(weighting=weighting), [updates[i] for i in order], state=_state(), blocks=("a", "b", "c"))
+    first = run(EmbracingFL(weighting=weighting, max_weight_share=1.0), updates, state=_state(), blocks=("a", "b", "c"))
+    second = run(EmbracingFL(weighting=weighting, max_weight_share=1.0), [updates[i] for i in order], state=_state(), blocks=("a", "b", "c"))
     old = _state()
     for key in SHAPES:
         np.testing.assert_allclose(first.state[key], second.state[key], rtol=1e-6, atol=1e-6)

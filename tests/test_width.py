@@ -244,7 +244,9 @@ def test_the_fleet_budgets_give_each_device_its_role_under_either_method() -> No
 async def _round_trip(tmp_path: Path, model: str, options: dict, launches: list[tuple[str, dict, int]],
                       data: tuple[np.ndarray, np.ndarray], **config_kw):
     """Serve ``model`` with the width strategy; run one in-process DeviceClient per launch
-    ``(device id, hello labels, budget)``, each on its own 40 samples of ``data``."""
+    ``(device id, hello labels, budget)``, each on its own 40 samples of ``data``. The norm bound is
+    off unless asked for: the tests compare the round with the strategy's own arithmetic."""
+    config_kw.setdefault("norm_bound", 0)
     config = ServerConfig(model=model, strategy="width", strategy_options=options, rounds=1,
                           min_devices=len(launches), local_steps=3, batch_size=8, lr=0.1, deadline_s=60,
                           store_dir=tmp_path / "store", allow_forced_split=True, **config_kw)

@@ -47,10 +47,13 @@ from orchestrator.strategies.robust import AGGREGATIONS, Aggregation, RobustHist
 from orchestrator.values import NonNegative, NonNegativeInt, Range
 
 Weighting = Literal["samples", "uniform"]
+
+#: Default cap on one device's share of an entry's total weight (docs/security.md, "Weight cap").
+DEFAULT_WEIGHT_SHARE = 1 / 5
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
-    "AGGREGATIONS", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport",
+    "AGGREGATIONS", "DEFAULT_WEIGHT_SHARE", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport",
     "HelloContext", "HelloField", "Instruction", "Refused", "RoundContext", "RoundResult", "SelectionCost", "Strategy",
     "WeightedSums",
 ]
@@ -470,14 +473,16 @@ class AveragingStrategy(Strategy):
 
     ``max_weight_share`` caps any one device's weight in every entry's mean at that share of the
     entry's total weight, whatever sample count it claims (fewer than 1 / share contributors get
-    equal weights). The default 1.0 keeps the plain sample-weighted mean, which the papers' update
-    rules and the seeded end-to-end results use; 1/3 means no device outweighs two others together.
+    equal weights). The default, :data:`DEFAULT_WEIGHT_SHARE` = 1/5, means no device weighs more
+    than one of five equal devices: a device that claims 100 times its data weighs, in a round of
+    five, as much as one honest device, not 95% of the round (docs/security.md, "Bounded influence
+    by default"). 1.0 is the plain sample-weighted mean of the papers' update rules.
     """
 
     def __init__(self, weighting: Weighting = "samples", aggregation: Aggregation = "mean",
                  trim: Annotated[float, Range(0, 0.5, high_open=True)] = 0.1, byzantine: NonNegativeInt = 1,
                  clip_radius: NonNegative = 0.0,
-                 max_weight_share: Annotated[float, Range(0, 1, low_open=True)] = 1.0) -> None:
+                 max_weight_share: Annotated[float, Range(0, 1, low_open=True)] = DEFAULT_WEIGHT_SHARE) -> None:
         self.weighting = weighting
         self.aggregation, self.trim = aggregation, trim
         self.byzantine, self.clip_radius, self.max_weight_share = byzantine, float(clip_radius), float(max_weight_share)

@@ -1,0 +1,106 @@
+"""One attacker against the default settings, and what the defaults cost an honest fleet.
+
+Live fleets on 127.0.0.1 (``tests/attacks.py``: the production device client, tampering with its
+update after honest training), digits_mlp, iid shards of the digits training split cut in 5, seed
+0, learning rate 0.1, 10 local steps, every device enrolled and proving its credential:
+
+- **attacks**: 4 honest devices training the whole model (shards 0-3) and one attacker (shard 4),
+  each attack of ``tests/attacks.py``, under the default settings; against the same 4 honest
+  devices without the attacker. With ``--plain`` each attack also runs against a plain server.
+- **honest cost**: honest fleets under the defaults and under a plain server (the mean, no weight
+  cap, no norm bound, no validation before commit): ``iid5``, 5 devices training the whole model
+  (FedAvg); ``partial``, 2 devices training the whole model and 3 training blocks 2-3 only
+  (EmbracingFL partial training).
+
+Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
+writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
+compare candidate defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.store import Store  # noqa: E402
+from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, FleetDevice, run_fleet  # noqa: E402
+
+HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
+FLEETS = {
+    "iid5": ("fedavg", tuple(FleetDevice(f"strong-{i}", i) for i in range(5))),
+    "partial": ("embracingfl", tuple(FleetDevice(f"strong-{i}", i) for i in range(2))
+                + tuple(FleetDevice(f"weak-{i}", i + 2, split=2) for i in range(3))),
+}
+
+
+def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: int,
+         strategy: str = "embracingfl") -> dict:
+    t0 = time.monotonic()
+    result = run_fleet(root / name, devices, aggregation=None, rounds=rounds, credentials=True, strategy=strategy,
+                       options=PLAIN_OPTIONS if plain else options, settings=PLAIN if plain else None)
+    last = result.history[-1]
+    with Store(root / name) as store:
+        bounded = [u for u in store.updates() if u.get("bounded")]
+    row = {"run": name, "accuracy": round(100 * result.accuracy, 2), "wall_s": round(time.monotonic() - t0, 1),
+           "honest_bounded": sum(u["device_id"] != "attacker" for u in bounded),
+           "attacker_bounded": sum(u["device_id"] == "attacker" for u in bounded),
+           "failed_rounds": sum("failed" in h for h in result.history),
+           "retried_rounds": sum(bool(h.get("retried")) for h in result.history),
+           "aggregation": last.get("aggregation", "mean")}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--plain", action="store_true", help="also run each attack against a plain server")
+    ap.add_argument("--attacks", default=",".join(a for a in ATTACKS if a != "boost10"))
+    ap.add_argument("--skip-honest-cost", action="store_true")
+    ap.add_argument("-O", dest="options", action="append", default=[], help="strategy option of the defaults runs")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attacks.json"))
+    args = ap.parse_args()
+    options = dict(o.split("=", 1) for o in args.options)
+    out: dict[str, object] = {"rounds": args.rounds, "options": options, "date": time.strftime("%Y-%m-%d"),
+                              "attacks": [], "honest_cost": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        honest = _run(root, "honest-defaults", HONEST, plain=False, options=options, rounds=args.rounds) \
+            if args.attacks else {"accuracy": None}
+        for attack in filter(None, args.attacks.split(",")):
+            devices = HONEST + (FleetDevice("attacker", 4, attack=ATTACKS[attack]),)
+            row = {"attack": attack, "honest": honest["accuracy"],
+                   "defaults": _run(root, f"{attack}-defaults", devices, plain=False, options=options,
+                                    rounds=args.rounds)}
+            if args.plain:
+                row["plain"] = _run(root, f"{attack}-plain", devices, plain=True, options=options, rounds=args.rounds)
+            out["attacks"].append(row)
+        if not args.skip_honest_cost:
+            for fleet, (strategy, devices) in FLEETS.items():
+                out["honest_cost"].append({
+                    "fleet": fleet, "strategy": strategy,
+                    "defaults": _run(root, f"{fleet}-defaults", devices, plain=False, options=options,
+                                     rounds=args.rounds, strategy=strategy),
+                    "plain": _run(root, f"{fleet}-plain", devices, plain=True, options=options, rounds=args.rounds,
+                                  strategy=strategy)})
+    print("\n| attack | honest fleet (%) | with the attacker, defaults (%) | points lost |"
+          + (" plain server (%) |" if args.plain else ""))
+    for r in out["attacks"]:
+        d = r["defaults"]["accuracy"]
+        plain = f" {r['plain']['accuracy']} |" if "plain" in r else ""
+        print(f"| {r['attack']} | {r['honest']} | {d} | {r['honest'] - d:.2f} |{plain}")
+    print("\n| fleet | strategy | plain (%) | defaults (%) | points lost |")
+    for r in out["honest_cost"]:
+        p, d = r["plain"]["accuracy"], r["defaults"]["accuracy"]
+        print(f"| {r['fleet']} | {r['strategy']} | {p} | {d} | {p - d:.2f} |")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

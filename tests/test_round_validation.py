@@ -1,0 +1,51 @@
+"""A round whose model fails its validation is not committed: the server scores the aggregated model
+on its held-out data before committing it, and a round whose loss jumps beyond the bound
+(``max_loss_rise``: (1 + 1.0) x the committed model's loss + 0.1 by default) runs again from the last
+good state. The poisoned result never reaches a checkpoint, the committed round's journal says why
+its first attempt was refused, and a server resumed from the store starts from the clean model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.config import ServerConfig
+from orchestrator.emulation.localfleet import start_orchestrator
+from orchestrator.store import Store
+from tests.scripted import scripted_device
+
+
+def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path) -> None:
+    events: list[tuple[str, dict]] = []
+
+    def poison_once(n: int, shape) -> np.ndarray:
+        return np.full(shape, 50.0 if n == 0 else 0.01, np.float32)
+
+    def honest(n: int, shape) -> np.ndarray:
+        return np.full(shape, -0.01, np.float32)
+
+    async def main():
+        # The norm bound off: this round's poison must get past every other bound to reach the check.
+        config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic",
+                              store_dir=tmp_path / "s", deadline_s=30, norm_bound=0)
+        orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
+        initial = {k: v.copy() for k, v in orch.global_state.items()}
+        url = f"ws://127.0.0.1:{orch.port}"
+        *_, history = await asyncio.gather(scripted_device(url, orch, "attacker", {}, poison_once),
+                                           scripted_device(url, orch, "honest", {}, honest), server)
+        return initial, history
+
+    initial, history = asyncio.run(main())
+    failed = [d for k, d in events if k == "round_failed"]
+    assert len(failed) == 1 and failed[0]["round"] == 1 and "validation loss rose" in failed[0]["reason"]
+    assert [h["round"] for h in history] == [1, 2] and history[0]["attempt"] == 2
+    assert "validation loss rose" in history[0]["retried"][0] and "failed" not in history[0]
+    assert history[1]["test_loss"] < 2 * history[0]["test_loss"] + 0.1
+    with Store(tmp_path / "s") as store:
+        done, state = store.last_completed()
+        journaled = store.rounds()[0]["metrics"]
+    assert done == 2 and "validation loss rose" in journaled["retried"][0]
+    for name, value in state.items():  # two committed rounds of small updates: nothing of the poison
+        assert np.abs(value - initial[name]).max() < 0.1, name
