@@ -44,6 +44,10 @@ class PlanCache:
         self.hits += 1
         return found
 
+    def peek(self, key: Hashable) -> Plan | str | None:
+        """As :meth:`get`, without counting: for a lookup repeated while waiting to plan."""
+        return self._entries.get(key)
+
     def put(self, key: Hashable, plan: Plan | str) -> None:
         self._entries[key] = plan
         self._entries.move_to_end(key)

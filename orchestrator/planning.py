@@ -92,12 +92,15 @@ class Planning:
         if cached is None:
             # Off the event loop, one profile at a time: a burst of hellos of new profiles (a flood
             # of made-up budgets) waits here, not every connection's messages; hellos of a profile
-            # planned while they waited take its plan.
+            # planned while they waited take its plan (counted as the hits they are).
             async with self._planning:
-                cached = self.plans.get(key)
+                cached = self.plans.peek(key)
                 if cached is None:
                     cached = await self._plan_shippable(hello)
                     self.plans.put(key, cached)
+                else:
+                    self.plans.misses -= 1
+                    self.plans.hits += 1
         if isinstance(cached, str):
             raise p.ProtocolError("refused", cached)
         return cached
