@@ -21,6 +21,7 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.models import build_model
 from exporters.bundle import write_bundle
+from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 from orchestrator.store import Store
@@ -108,10 +109,19 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
 
 @pytest.mark.slow
 def test_bundle_plans_the_next_split_when_a_training_graph_is_refused(tmp_path: Path, graph_dir: Path) -> None:
-    """ResNet20 on a Pi Zero 2 W without torch: the whole model fits, but its training graph fails the
-    export check (the stem's weight gradient), so the bundle takes split 1, as the server would."""
+    """ResNet20 on a Pi Zero 2 W without torch: the whole model fits, but its training graph is refused
+    (a refusal recorded in this test's graph folder, as a failed export check leaves one), so the
+    bundle takes split 1, as the server would."""
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    for f in graph_dir.iterdir():
+        if f.suffix in (".graph", ".sha256"):
+            (graphs / f.name).symlink_to(f)
+    gid = TrainGraphCache(graphs).graph_id(build_model("resnet20", seed=0), 0)
+    (graphs / f"{gid}.refused").write_text("resnet20 tail [0, 11): the training graph differs from torch autograd "
+                                           "(a refusal recorded by the test)")
     out = _edgetrain("bundle", "--model", "resnet20", "--device", "pi-zero-2w", "--backend", "onnxruntime",
-                     "--graph-dir", str(graph_dir), "--out", str(tmp_path / "pi.tar"))
+                     "--graph-dir", str(graphs), "--out", str(tmp_path / "pi.tar"))
     assert out.returncode == 0, out.stderr
     assert "split 1/11" in out.stderr and "split 0: its training graph was refused" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr

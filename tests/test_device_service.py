@@ -244,13 +244,13 @@ def test_a_device_whose_server_is_down_keeps_trying_and_says_so(tmp_path: Path) 
 def test_a_budget_too_small_is_the_servers_refusal_in_one_line(tmp_path: Path) -> None:
     port = _free_port()
     server = _server(tmp_path, port, tmp_path / "store", "--rounds", "1", "--model", "digits_mlp", "--data",
-                     "synthetic")
+                     "digits")
     try:
         assert server.stdout is not None
         for line in server.stdout:
             if '"listening"' in line:
                 break
-        out = _run("--id", "tiny-board", "--budget", "1MiB", "--data", "synthetic", "--server",
+        out = _run("--id", "tiny-board", "--budget", "1MiB", "--data", "digits", "--server",
                    f"ws://127.0.0.1:{port}", timeout=120)
     finally:
         _stop(server)
