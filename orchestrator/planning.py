@@ -88,19 +88,17 @@ class Planning:
         hellos only: planning may export.
         """
         key = self.plan_key(hello)
-        cached = self.plans.get(key)
-        if cached is None:
+        if self.plans.peek(key) is None:
             # Off the event loop, one profile at a time: a burst of hellos of new profiles (a flood
             # of made-up budgets) waits here, not every connection's messages; hellos of a profile
-            # planned while they waited take its plan (counted as the hits they are).
+            # planned while they waited take its plan, a hit (the miss is the hello that planned it).
             async with self._planning:
-                cached = self.plans.peek(key)
+                cached = self.plans.get(key)
                 if cached is None:
                     cached = await self._plan_shippable(hello)
                     self.plans.put(key, cached)
-                else:
-                    self.plans.misses -= 1
-                    self.plans.hits += 1
+        else:
+            cached = self.plans.get(key)
         if isinstance(cached, str):
             raise p.ProtocolError("refused", cached)
         return cached
