@@ -21,10 +21,10 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.models import build_model
 from exporters.bundle import write_bundle
-from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 from orchestrator.store import Store
+from tests.refused_graphs import graphs_refusing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,14 +112,7 @@ def test_bundle_plans_the_next_split_when_a_training_graph_is_refused(tmp_path: 
     """ResNet20 on a Pi Zero 2 W without torch: the whole model fits, but its training graph is refused
     (a refusal recorded in this test's graph folder, as a failed export check leaves one), so the
     bundle takes split 1, as the server would."""
-    graphs = tmp_path / "graphs"
-    graphs.mkdir()
-    for f in graph_dir.iterdir():
-        if f.suffix in (".graph", ".sha256"):
-            (graphs / f.name).symlink_to(f)
-    gid = TrainGraphCache(graphs).graph_id(build_model("resnet20", seed=0), 0)
-    (graphs / f"{gid}.refused").write_text("resnet20 tail [0, 11): the training graph differs from torch autograd "
-                                           "(a refusal recorded by the test)")
+    graphs = graphs_refusing(graph_dir, tmp_path / "graphs", "resnet20", 0)
     out = _edgetrain("bundle", "--model", "resnet20", "--device", "pi-zero-2w", "--backend", "onnxruntime",
                      "--graph-dir", str(graphs), "--out", str(tmp_path / "pi.tar"))
     assert out.returncode == 0, out.stderr

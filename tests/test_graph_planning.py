@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.models import build_model
 from edge_sdk.ort_trainer import OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
@@ -20,6 +19,7 @@ from orchestrator.config import ServerConfig
 from orchestrator.selection import Selection
 from orchestrator.server import Orchestrator
 from profiles.planner import plan_split
+from tests.refused_graphs import graphs_refusing
 
 STRONG = 8 << 30  # room for the whole model on either backend
 
@@ -29,14 +29,7 @@ def graph_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     """The training graphs tests/test_train_export.py exports (linked from its cache: exported once
     per machine), and a refusal recorded for ResNet20's stem split (0)."""
     shared = Path(request.config.cache.mkdir("edgetrain-train-graphs"))
-    out = tmp_path_factory.mktemp("train-graphs")
-    for f in shared.iterdir():
-        if f.suffix in (".graph", ".sha256"):
-            (out / f.name).symlink_to(f)
-    gid = TrainGraphCache(out).graph_id(build_model("resnet20", seed=0), 0)
-    (out / f"{gid}.refused").write_text("resnet20 tail [0, 11): the training graph differs from torch autograd; "
-                                        "worst tensor 'grad:blocks.stem.conv.weight' (a refusal recorded by the test)")
-    return out
+    return graphs_refusing(shared, tmp_path_factory.mktemp("train-graphs"), "resnet20", 0)
 
 
 def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:
