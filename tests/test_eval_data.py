@@ -86,6 +86,24 @@ def test_a_fleet_file_names_its_evaluation_set(tmp_path: Path) -> None:
     assert load_fleet(fleet).training.eval_source == "tests.test_eval_data:holdout"
 
 
+def test_a_fleet_files_relative_evaluation_file_is_read_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet runs the same from any working directory: its held-out file is found next to it."""
+    from orchestrator.emulation.fleet import load_fleet
+
+    x, y = holdout()
+    folder = tmp_path / "fleets"
+    folder.mkdir()
+    np.savez(folder / "holdout.npz", x=x, y=y)
+    fleet = folder / "own.toml"
+    fleet.write_text('[fleet]\nmodel = "digits_mlp"\n[training]\nrounds = 1\neval_source = "holdout.npz"\n'
+                     '[[groups]]\nclass = "pi-4-2gb"\ncount = 1\n')
+    monkeypatch.chdir(tmp_path)
+    training = load_fleet(fleet).training
+    assert Path(training.eval_source) == folder / "holdout.npz"
+    got_x, got_y = evaluation_arrays(training)
+    np.testing.assert_array_equal(got_y, y)
+
+
 @pytest.mark.parametrize(("args", "shapes"), [
     (["--model", EXAMPLE, "--eval-data", "WIDE"], ("(64,)", "(32,)")),
     (["--model", "resnet20"], ("(3, 32, 32)", "(64,)")),  # the default evaluation set: digits

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_sdk.references import is_reference
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
 
 if TYPE_CHECKING:
@@ -323,6 +324,8 @@ def parse_fleet(
     seed = r.integer(head, "fleet.seed", 0, minimum=0)
 
     training = _training(r, r.table(data, "training"))
+    if path is not None:
+        training.eval_source = _beside(training.eval_source, path.parent)
     strategy_options = _strategy_options(r, training.strategy, r.table(data, "strategy"))
     partition = _partition(r, r.table(data, "partition"), dataset, seed)
     emulation = _emulation(r, r.table(data, "emulation"))
@@ -405,6 +408,15 @@ def _training(r: _Reader, t: Mapping[str, Any]) -> ServerConfig:
         return ServerConfig(**t)
     except SettingError as e:
         r.fail(f"training.{e.name}", e.problem)
+
+
+def _beside(source: str, folder: Path) -> str:
+    """A relative file named by a fleet file, as a path beside that file: the fleet runs the same
+    from any working directory. References (``module:function``), ``none`` and absolute paths stay."""
+    given = source.strip()
+    if not given or given.lower() == "none" or is_reference(given) or Path(given).is_absolute():
+        return source
+    return str(folder / given)
 
 
 def _partition(r: _Reader, t: Mapping[str, Any], dataset: str, fleet_seed: int) -> Partition:
