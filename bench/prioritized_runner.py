@@ -39,7 +39,7 @@ STRATEGY = {"fedavg-priority": "fedavg", "fedavg-all": "fedavg", "fedalign": "fe
 # The papers' aggregation (module docstring): options a run's own options may override.
 PAPERS_OPTIONS: dict[str, dict[str, object]] = {"fedavg": {"max_weight_share": 1.0}}
 KEPT = ("round", "included", "excluded", "declined", "external_weight_sum", "sampled", "priority_loss",
-        "internal_loss", "epsilon", "internal_spread", "externals_skipped")
+        "internal_loss", "epsilon", "internal_spread", "externals_skipped", "zero_updates")
 
 
 @dataclass(frozen=True)
