@@ -12,6 +12,10 @@ Algorithms (FedALIGN Section 4's and VaRSeL Section 5's comparisons):
 - ``fedavg-all``: FedAvg, every device;
 - ``fedalign``: FedALIGN, priority devices labelled ``priority=1``;
 - ``varsel``: VaRSeL, the same devices labelled ``internal=1``.
+
+Every run aggregates as the papers do: the server's norm bound and validation before commit are off
+(``norm_bound`` 0, ``max_loss_rise`` 0) and FedAvg is the plain sample-weighted mean (its weight cap
+off, ``max_weight_share`` 1), so the numbers measure the algorithms, not the server's defences.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from orchestrator.server import Orchestrator
 
 ALGORITHMS = ("fedavg-priority", "fedavg-all", "fedalign", "varsel")
 STRATEGY = {"fedavg-priority": "fedavg", "fedavg-all": "fedavg", "fedalign": "fedalign", "varsel": "varsel"}
+# The papers' aggregation (module docstring): options a run's own options may override.
+PAPERS_OPTIONS: dict[str, dict[str, object]] = {"fedavg": {"max_weight_share": 1.0}}
 KEPT = ("round", "included", "excluded", "declined", "external_weight_sum", "sampled", "priority_loss",
-        "internal_loss", "epsilon", "internal_spread", "externals_skipped")
+        "internal_loss", "epsilon", "internal_spread", "externals_skipped", "zero_updates")
 
 
 @dataclass(frozen=True)
@@ -96,8 +102,10 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
     # threads spinning on a loaded 2-core machine made an LSTM forward 50 times slower.
     torch.set_num_threads(1)
     fleet = [d for d in devices if d.priority] if algorithm == "fedavg-priority" else list(devices)
-    config = ServerConfig(model=training.model, strategy=STRATEGY[algorithm], strategy_options=dict(options),
-                          rounds=training.rounds, min_devices=len(fleet), local_steps=training.local_steps,
+    strategy_options = {**PAPERS_OPTIONS.get(STRATEGY[algorithm], {}), **options}
+    config = ServerConfig(model=training.model, strategy=STRATEGY[algorithm], strategy_options=strategy_options,
+                          norm_bound=0.0, max_loss_rise=0.0, rounds=training.rounds, min_devices=len(fleet),
+                          local_steps=training.local_steps,
                           batch_size=training.batch_size, lr=training.lr, momentum=training.momentum,
                           weight_decay=training.weight_decay, seed=seed, store_dir=store / algorithm,
                           eval_data=training.eval_data, eval_every=training.eval_every,

@@ -4,7 +4,7 @@ configuration gives them.
 
 FedALIGN with epsilon 0 and one warm-up round must give, bit for bit, the model FedAvg trains on the
 priority devices alone; VaRSeL must run its three phases (internal train, external compare, sampled
-external train) and journal the weights it gave.
+external train) and journal the weights it gave, and leave out an external whose update is zero.
 """
 
 from __future__ import annotations
@@ -118,3 +118,30 @@ def test_varsel_runs_its_phases_and_journals_the_external_weights(varsel_run):
         assert h["external_weight_sum"] <= 2 + 1e-9 and h["w_tilde_sum"] <= 2 + 1e-9
         assert h["internal_devices"] == 2 and h["external_devices"] == 3
         assert 0 <= h["internal_accuracy"] <= 1 and 0 <= h["external_accuracy"] <= 1
+
+
+def test_varsel_leaves_out_a_real_device_whose_cox_update_is_zero(tmp_path):
+    """Real in-process devices training the Cox model (the benchmarks' runner): the external whose
+    patients hold no death has a constant partial likelihood, reports an update of norm exactly 0
+    with its distance, and gets no weight (eq. 8 alone gave it 1.0, all of the round's)."""
+    from bench.prioritized_runner import Device, Training, run_algorithm
+
+    rng = np.random.default_rng(0)
+    beta = rng.normal(size=39)
+
+    def patients(n: int, deaths: bool) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.normal(size=(n, 39)).astype(np.float32)
+        time = rng.exponential(np.exp(-0.3 * x @ beta)).astype(np.float32)
+        event = (rng.random(n) < 0.6) if deaths else np.zeros(n, bool)
+        return x, np.stack([event.astype(np.float32), time], axis=1)
+
+    fleet = [Device(f"int-{i}", "internal", *patients(40, True), priority=True) for i in range(3)]
+    fleet += [Device("ext-deaths", "external", *patients(40, True)),
+              Device("ext-none", "external", *patients(40, False))]
+    training = Training(model="cox_linear", rounds=2, local_steps=3, batch_size=64, lr=0.05)
+    run = asyncio.run(run_algorithm("varsel", fleet, training, {"budget": 2, "seed": 0, "evaluate": False}, 0,
+                                    tmp_path, lambda state: 0.0))
+    assert [r["round"] for r in run["rounds"]] == [1, 2]
+    for r in run["rounds"]:
+        assert r["zero_updates"] == ["ext-none"]
+        assert "ext-none" not in r["included"] and "ext-none" not in r["sampled"]

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from edge_sdk.phases import update_distance
 from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, Instruction, VaRSeL, make_strategy
 from orchestrator.strategies.varsel import approx_weights, phi, phi_tilde, solve_weights
@@ -83,19 +84,24 @@ def state() -> dict[str, np.ndarray]:
 
 
 class Fleet:
-    """Internal updates g + small noise; aligned externals the same; noisy externals pure noise."""
+    """Internal updates g + noise (0.1 of g's scale unless ``internal_noise``); aligned externals
+    g + small noise; noisy externals pure noise; ``zero`` externals an update of exactly 0 (a
+    device whose loss is constant on its data)."""
 
-    def __init__(self, m: int, aligned: int, noisy: int, weak: tuple[str, ...] = (), seed: int = 0) -> None:
+    def __init__(self, m: int, aligned: int, noisy: int, weak: tuple[str, ...] = (), seed: int = 0,
+                 zero: int = 0, internal_noise: float = 0.1) -> None:
         rng = np.random.default_rng(seed)
         g = {n: rng.normal(size=s).astype(F32) for n, s in SHAPES.items()}
         self.deltas: dict[str, dict[str, np.ndarray]] = {}
         self.infos: dict[str, DeviceInfo] = {}
-        for kind, count, noise in (("int", m, 0.1), ("ali", aligned, 0.1), ("noi", noisy, None)):
+        for kind, count, noise in (("int", m, internal_noise), ("ali", aligned, 0.1), ("noi", noisy, None),
+                                   ("zer", zero, 0.0)):
             for i in range(count):
                 d = f"{kind}{i}"
                 split = 1 if d in weak else 0
                 names = [n for n in SHAPES if n.split(".")[1] in BLOCKS[split:]]
-                self.deltas[d] = {n: (g[n] + noise * rng.normal(size=SHAPES[n]) if noise is not None
+                self.deltas[d] = {n: (np.zeros(SHAPES[n]) if kind == "zer"
+                                      else g[n] + noise * rng.normal(size=SHAPES[n]) if noise is not None
                                       else 3.0 * rng.normal(size=SHAPES[n])).astype(F32) for n in names}
                 tags = {"internal": "1"} if kind == "int" else {}
                 self.infos[d] = DeviceInfo(d, "weak" if split else "strong", split, 100, tags=tags)
@@ -108,10 +114,9 @@ class Fleet:
         if ins.phase == "evaluate":
             return DeviceReport(trained=(0, 0), metrics={"loss": 1.0, "accuracy": 0.5}, tensors={}, **base)
         delta = self.deltas[ins.device_id]
-        if ins.phase == "compare":
-            b = ins.broadcast.tensors
-            sq = sum(float(np.sum((delta[n].astype(np.float64) - b[n]) ** 2)) for n in b if n in delta)
-            return DeviceReport(trained=(0, 0), metrics={"sq_distance": sq}, tensors={}, **base)
+        if ins.phase == "compare":  # what every device reports (edge_sdk's compare phase)
+            return DeviceReport(trained=(0, 0), metrics=update_distance(delta, ins.broadcast.tensors), tensors={},
+                                **base)
         return DeviceReport(trained=(info.split, len(BLOCKS)), metrics={"loss_before": 1.0, "loss_after": 0.5},
                             tensors=delta, **base)
 
@@ -255,3 +260,41 @@ def test_the_section_4_1_variant_solves_eq4_over_every_external():
         VaRSeL(variant="all_externals", exact=False)
     with pytest.raises(ValueError, match="variant must be one of algorithm1, all_externals"):
         VaRSeL(variant="other")
+
+
+# -- an external whose update is identically zero -------------------------------------------------
+def test_a_zero_update_external_gets_no_weight_though_eq8_alone_would_give_it_the_most():
+    # Internal updates that scatter widely (A large) and externals that are noise: eq. 8 on the raw
+    # distances prices the zero update as shrinking g_I, its distance ||0 - g_I||^2 the smallest.
+    fleet = Fleet(m=3, aligned=0, noisy=3, zero=1, internal_noise=1.5, seed=7)
+    m = 3
+    g_i = {n: sum(fleet.deltas[f"int{i}"][n].astype(np.float64) for i in range(m)) / m for n in SHAPES}
+    a = sum(float(np.sum((fleet.deltas[f"int{i}"][n] - g_i[n]) ** 2)) for i in range(m) for n in SHAPES)
+    externals = ["noi0", "noi1", "noi2", "zer0"]
+    d = [sum(float(np.sum((fleet.deltas[e][n] - g_i[n]) ** 2)) for n in SHAPES) for e in externals]
+    by_hand = approx_weights(d, a, m, 2.0)
+    assert by_hand[3] == 1.0 and by_hand[3] == by_hand.max()  # what the rule would do without it
+    for exact in (True, False):
+        strategy = VaRSeL(budget=2, exact=exact)
+        result, issued, refusals = run(strategy, fleet)
+        assert not refusals
+        assert result.extra["zero_updates"] == ["zer0"]
+        assert "zer0" not in strategy._w_tilde and "zer0" not in result.extra["included"]
+        assert "zer0" not in {i.device_id for i in issued if i.phase == "train"}
+        # The others are weighed by eq. 8 as if the zero update were not there.
+        want = approx_weights(d[:3], a, m, 2.0)
+        assert [strategy._w_tilde[e] for e in externals[:3]] == pytest.approx(list(want))
+
+
+def test_the_section_4_1_variant_leaves_a_zero_update_out_of_eq4():
+    fleet = Fleet(m=3, aligned=2, noisy=1, zero=1, internal_noise=0.5, seed=8)
+    strategy = VaRSeL(budget=3, variant="all_externals")
+    result, _, _ = run(strategy, fleet)
+    assert result.extra["zero_updates"] == ["zer0"] and "zer0" not in result.extra["included"]
+    g_i = {n: sum(fleet.deltas[f"int{i}"][n].astype(np.float64) for i in range(3)) / 3 for n in SHAPES}
+    a = sum(float(np.sum((fleet.deltas[f"int{i}"][n] - g_i[n]) ** 2)) for i in range(3) for n in SHAPES)
+    others = ["ali0", "ali1", "noi0"]
+    diff = np.stack([np.concatenate([(fleet.deltas[e][n] - g_i[n]).ravel() for n in SHAPES]) for e in others])
+    want = solve_weights(diff @ diff.T, a, 3, 3)
+    got = np.array([result.extra["included"].get(e, 0.0) for e in others])
+    np.testing.assert_allclose(got, np.where(want > 0, want, 0.0), atol=1e-6)

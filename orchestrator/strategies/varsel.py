@@ -39,6 +39,17 @@ E||g_I - grad l||^2 <= sigma ||grad l||^2, at equality with grad l ~ g_I: A = si
 round in which only one internal update arrived (a device dropped) trains the internal device only
 and says so (``externals_skipped``).
 
+An external whose update is identically zero on the compared entries (its loss does not depend on
+the model on its data: a Cox partial likelihood without a death, or whose deaths each have only
+themselves at risk, a constant 0) is left out of eq. 8 and eq. 4 and reported as ``zero_updates``.
+In eq. 3 such a device's w_j l_j is a constant: it adds nothing to the surrogate's gradient and
+only enlarges the denominator M + 1'w, so its whole effect is (M / (M + 1'w)) g_I, the internal
+estimate shrunk, i.e. a smaller learning rate, which eta already sets (line 16). Eq. 4 would price
+that shrinkage as variance reduction (the plug-in bias term ||0 - g_I||^2 is often the smallest
+distance of all), but it uses no knowledge of the external client, which is what Section 4.1
+weights externals for. The device knows the update exactly and already reports its squared norm
+with the distance (``sq_norm``, a few bytes more than line 7); only an exact 0 counts, no threshold.
+
 ``variant="all_externals"`` is the reweighting of Section 4.1 itself, not Algorithm 1's
 approximation: every sampled external trains and eq. 4 is solved over all of their updates (no
 eq. 8 step, no sampling; each external's whole update is sent every round).
@@ -262,6 +273,7 @@ class VaRSeL(Strategy):
         self._a = 0.0
         self._k = 0.0
         self._distances: dict[str, float] = {}
+        self._zero: set[str] = set()  # externals whose update is identically 0 (see the module)
         self._w_tilde: dict[str, float] = {}
         self._sampled: list[str] = []
         self._held: dict[str, DeviceReport] = {}
@@ -326,6 +338,8 @@ class VaRSeL(Strategy):
                 self._refused += 1
                 raise Refused(f"sq_distance must be a finite non-negative number, got {dist}")
             self._distances[d] = dist  # eq. 7's communicated term, lines 5-8
+            if report.metric("sq_norm") == 0.0:  # no gradient on its data: not a candidate (module doc)
+                self._zero.add(d)
             return self._choose(ctx)
         if report.phase == "train" and d in self._sampled:
             if self.exact:
@@ -375,7 +389,7 @@ class VaRSeL(Strategy):
         if self._decided or any(d not in self._distances and ctx.state.expects(d, "compare") for d in self._external):
             return []
         self._decided = True
-        devices = sorted(self._distances)
+        devices = sorted(d for d in self._distances if d not in self._zero)
         m = len(self._internal_in)
         if not devices or m == 0:
             return []
@@ -415,24 +429,32 @@ class VaRSeL(Strategy):
             "included": {d: w for d, w in sorted(self._weights.items())},
             "external_weight_sum": float(sum(self._weights.values())),
             "variant": self.variant,
+            "zero_updates": sorted(self._zero),
             **({"externals_skipped": self._skipped} if self._skipped else {}),
         }
         self._sums, self._held = None, {}
         return sums.result(ctx.round, self._refused, extra={k: json_ready(v) for k, v in extra.items()})
 
     def _exact_weights(self, devices: list[str]) -> np.ndarray:
-        """Eq. 4 on the received updates: G_jk = <g_j - g_I, g_k - g_I> over the compared entries."""
+        """Eq. 4 on the received updates: G_jk = <g_j - g_I, g_k - g_I> over the compared entries;
+        an update that is identically zero there gets weight 0 and is left out of the problem."""
         g = self._g_internal or {}
         rows = []
         for d in devices:
             t = self._held[d].tensors
-            parts = [(_dense(t[n]).astype(np.float64) - g[n]).ravel() for n in self._names if n in t and n in g]
-            rows.append(np.concatenate(parts) if parts else np.zeros(0))
+            ups = {n: _dense(t[n]).astype(np.float64).ravel() for n in self._names if n in t and n in g}
+            if ups and not any(np.any(u) for u in ups.values()):
+                self._zero.add(d)
+            rows.append(np.concatenate([u - g[n].ravel() for n, u in ups.items()]) if ups else np.zeros(0))
         width = max((len(r) for r in rows), default=0)
         if width == 0 or any(len(r) != width for r in rows):
             return np.array([self._w_tilde.get(d, 0.0) for d in devices])
-        diff = np.stack(rows)
-        return solve_weights(diff @ diff.T, self._a, max(len(self._internal_in), 1), self._k)
+        keep = np.array([d not in self._zero for d in devices])
+        w = np.zeros(len(devices))
+        if keep.any():
+            diff = np.stack(rows)[keep]
+            w[keep] = solve_weights(diff @ diff.T, self._a, max(len(self._internal_in), 1), self._k)
+        return w
 
 
 def _dense(v: np.ndarray | RowSparse) -> np.ndarray:
