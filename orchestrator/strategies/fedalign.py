@@ -68,9 +68,8 @@ __all__ = ["DEFAULT_RELATIVE_EPSILON", "FedALIGN"]
 
 #: The default threshold, relative to the priority loss: epsilon_t = 0.5 F(w_t). Chosen with
 #: ``bench/fedalign_epsilon.py`` (a grid scored on the priority devices' held-out data): best or
-#: tied on the MNIST and TCGA-BRCA settings, and within one seed's noise of the best on Tiny
-#: Shakespeare, where a small gap would shut out the helpers a loss scale change cannot tell apart
-#: (BENCHMARKS.md, "FedALIGN's epsilon").
+#: tied on the MNIST and TCGA-BRCA settings, 0.3 points (one seed's noise) under the best on Tiny
+#: Shakespeare; smaller gaps shut helpful devices out on MNIST (BENCHMARKS.md, "FedALIGN's epsilon").
 DEFAULT_RELATIVE_EPSILON = 0.5
 
 
