@@ -5,8 +5,11 @@
    JavaScript SDK runs the same in onnxruntime-node, onnxruntime-web under Node and (where Debian's
    chromium is installed) a headless Chromium tab; the worst relative errors per runtime.
 2. Speed and memory for one tail and batch (default ResNet20 split 7, batch 32): ms per local
-   step and peak resident memory of the Python ORT device, the Node devices and the browser tab
-   (its renderer process), each in a fresh process, with ratios to the Python device.
+   step after an untimed first round (`--warmup` steps: sessions, and WebAssembly's optimised code,
+   which V8 compiles in the background while the first steps run on baseline code) and peak resident
+   memory of the Python ORT device, the Node devices and the browser tab (its renderer process,
+   sampled every 20 ms, with the largest reading of each phase), each in a fresh process, with
+   ratios to the Python device; the same ONNX Runtime threads everywhere (`--threads`).
 3. Runtime memory: a Node process and a Chromium renderer with ONNX Runtime loaded and one tiny
    session run (the planner's `onnxruntime-node` / `onnxruntime-web` entries), beside Python's.
 4. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
@@ -42,21 +45,26 @@ from edge_sdk.forward import multi_step_forward
 from edge_sdk.ort_trainer import OrtTail, TrainGraph, train_tail_ort
 from edge_sdk.protocol import decode_tensors
 from edge_sdk.training import TrainConfig
-folder, steps = Path(sys.argv[1]), int(sys.argv[2])
+folder, steps, warm, threads = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 hwm = lambda: int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 s = json.loads((folder / "expected.json").read_text())
 data = decode_tensors((folder / "data.bin").read_bytes())
 state = decode_tensors((folder / "state.bin").read_bytes())
 chunks = [(folder / f"chunk-{i}.onnx").read_bytes() for i in range(s["chunks"])]
-x = multi_step_forward(chunks, np.asarray(data["x"]), batch_size=s["train"]["batch_size"]).array if chunks else np.asarray(data["x"])
+x = np.asarray(data["x"])
+if chunks:
+    x = multi_step_forward(chunks, x, batch_size=s["train"]["batch_size"], threads=threads).array
 y = np.asarray(data["y"])
-tail = OrtTail(TrainGraph.from_bytes((folder / "graph.bin").read_bytes()))
+tail = OrtTail(TrainGraph.from_bytes((folder / "graph.bin").read_bytes()), threads=threads)
 cfg = dict(batch_size=s["train"]["batch_size"], lr=s["train"]["lr"], seed=1, eval_samples=s["train"]["batch_size"])
-train_tail_ort(tail, state, x, y, TrainConfig(local_steps=2, **cfg))
+t0 = time.perf_counter()
+train_tail_ort(tail, state, x, y, TrainConfig(local_steps=warm, **cfg))
+first = (time.perf_counter() - t0) * 1000 / warm
 t0 = time.perf_counter()
 train_tail_ort(tail, state, x, y, TrainConfig(local_steps=steps, **cfg))
 ms = (time.perf_counter() - t0) * 1000 / steps
-print(json.dumps({"runtime": "python onnxruntime", "msPerStep": ms, "peakRss": hwm()}))
+print(json.dumps({"runtime": "python onnxruntime", "threads": threads, "msPerStep": ms, "firstRoundMsPerStep": first,
+                  "peakRss": hwm()}))
 """
 
 _PY_RUNTIME = r"""
@@ -111,15 +119,17 @@ def _conformance(args: argparse.Namespace, tmp: Path, run: list[str], browser: b
 def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
     """ms per local step and peak memory on one tail, each runtime in fresh processes."""
     (case,), _ = _cases(tmp / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
-    commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
-    commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
+    times = [str(args.steps), str(args.warmup), str(args.threads)]
+    commands = [[sys.executable, "-c", _PY_STEP, str(case), *times]]
+    commands += [[*run, "step", str(case), kind, *times] for kind in ("node", "web", *(["browser"] if browser else []))]
     runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
     speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
     for i, row in enumerate(speed):
         row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
         row["timeRatio"] = row["msPerStep"] / speed[0]["msPerStep"]
         row["memoryRatio"] = row["peakRss"] / speed[0]["peakRss"]
-    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
+    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps,
+            "warmup": args.warmup, "threads": args.threads, "rows": speed}
 
 
 def _accuracy(args: argparse.Namespace, browser: bool) -> dict[str, object]:
@@ -144,6 +154,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=15,
+                    help="speed: steps of the untimed first round (sessions; WebAssembly's optimised code tier)")
+    ap.add_argument("--threads", type=int, default=1, help="speed: ONNX Runtime's threads in every runtime")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
@@ -190,10 +203,13 @@ def _print(result: dict) -> None:
             print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
     if "speed" in result:
         s = result["speed"]
-        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps")
+        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps after a first round of {s['warmup']}, "
+              f"{s['threads']} thread(s)")
         for row in s["rows"]:
-            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
-                  f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x; first round "
+                  f"{row['firstRoundMsPerStep']:.0f})  peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+            for phase in row.get("phases", []):
+                print(f"    {phase['name']:14s} largest {phase['maxRss'] / mib:7.1f} MiB, at its end {phase['rss'] / mib:7.1f} MiB")
     if "accuracy" in result:
         a = result["accuracy"]
         print(f"accuracy after {a['rounds']} rounds: all-Python spread over seeds {a['python_spread']:.4f}, "
@@ -201,7 +217,8 @@ def _print(result: dict) -> None:
     if "runtime_memory" in result:
         print("runtime memory (one tiny session run)")
         for row in result["runtime_memory"]:
-            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB")
+            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB"
+                  + (f"  pss {row['pss'] / mib:7.1f} MiB  idle page {row['idleRendererRss'] / mib:7.1f} MiB" if "pss" in row else ""))
 
 
 if __name__ == "__main__":
