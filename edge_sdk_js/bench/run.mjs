@@ -5,10 +5,12 @@
 //                                                                  ms per local step after a warm-up round of WARM
 //                                                                  steps, and peak memory; fresh process
 //   node bench/run.mjs runtime node|web|browser                    memory of a process (tab) with ONNX Runtime loaded
+//   node bench/run.mjs profile <case folder> RUNS WARM              a tab's kernel times: the training graph on the
+//                                                                  case's first batch, ONNX Runtime's profiler on
 import { readFileSync } from "node:fs";
 import { dirname, basename } from "node:path";
 import { loadRuntime, parseTrainGraph, OrtTail, multiStepForward, samplePlan, trainTail } from "../dist/index.js";
-import { conformanceInPage, openPage, rendererMemory, servePage } from "../test/browser.mjs";
+import { CHROMIUM_FLAGS, conformanceInPage, openPage, rendererMemory, servePage } from "../test/browser.mjs";
 import { loadCase } from "../test/cases.mjs";
 import { runConformance } from "../test/conformance-core.mjs";
 
@@ -16,6 +18,9 @@ import { runConformance } from "../test/conformance-core.mjs";
 const WARM_UP = "CAk6SgoMCgF4EgF5IgRSZWx1EgZ3YXJtdXBaGAoBeBITChEIARINCgcSBWJhdGNoCgIIQGIYCgF5EhMKEQgBEg0KBxIFYmF0Y2gKAghAQgQKABAS";
 
 const [mode, ...args] = process.argv.slice(2);
+// Extra Chromium switches for a diagnosis (bench/js_devices.py --chromium-flags), e.g.
+// --js-flags=--liftoff-only: a page cannot set them, so no figure against a target uses them.
+CHROMIUM_FLAGS.push(...(process.env.EDGETRAIN_BENCH_CHROMIUM_FLAGS ?? "").split(" ").filter(Boolean));
 /** The `key:` field of a /proc status or smaps_rollup text (kB), in bytes. */
 const kib = (text, key) => Number(new RegExp(`${key}:\\s+(\\d+)`).exec(text)?.[1] ?? 0) * 1024;
 /** VmRSS and VmHWM of this process (getrusage's maxRSS would carry the launching process's peak across exec). */
@@ -176,6 +181,47 @@ async function runtimeMemory(kind) {
     idleRendererRss: mem.phases[0].rss };
 }
 
+/**
+ * ONNX Runtime's per-kernel profile of the training graph in a tab: WARM untimed runs (sessions,
+ * the optimised code tier), then RUNS profiled ones; each kernel event as { op, ms } averaged per run.
+ */
+async function profileBrowser(folder, runs, warm) {
+  const site = await servePage({ cases: dirname(folder) });
+  const { browser, page } = await openPage(site.url);
+  const lines = [];
+  page.on("console", (msg) => lines.push(msg.text()));
+  await page.evaluate(async (base, runs, warm) => {
+    const { sdk, ort } = window;
+    const bytes = async (n) => new Uint8Array(await (await fetch(`${base}/${n}`)).arrayBuffer());
+    const s = JSON.parse(new TextDecoder().decode(await bytes("expected.json")));
+    const runtime = sdk.makeRuntime("onnxruntime-web", ort, 1);
+    const chunks = [];
+    for (let i = 0; i < s.chunks; i++) chunks.push(await bytes(`chunk-${i}.onnx`));
+    const data = sdk.decodeTensors(await bytes("data.bin"));
+    const state = sdk.decodeTensors(await bytes("state.bin"));
+    const graph = sdk.parseTrainGraph(await bytes("graph.bin"));
+    const rows = Int32Array.from({ length: s.train.batch_size }, (_, i) => i);
+    const x = sdk.takeRows(await sdk.multiStepForward(runtime, chunks, data.x, s.train.batch_size), rows);
+    const feeds = { input: new ort.Tensor("float32", x.data, x.shape), target: new ort.Tensor("int64", data.y.data.subarray(0, rows.length), [rows.length]) };
+    for (const n of [...graph.params, ...graph.buffers]) feeds[n] = new ort.Tensor("float32", state[n].data, state[n].shape);
+    for (const profiled of [false, true]) {
+      const session = await ort.InferenceSession.create(graph.trainOnnx, { executionProviders: ["wasm"], intraOpNumThreads: 1,
+        interOpNumThreads: 1, executionMode: "sequential", enableMemPattern: false, logSeverityLevel: 3, enableProfiling: profiled });
+      for (let i = 0; i < (profiled ? runs : warm); i++) await session.run(feeds);
+      if (profiled) session.endProfiling();
+      await session.release();
+    }
+  }, `/cases/${basename(folder)}`, runs, warm);
+  await browser.close();
+  await site.close();
+  const events = lines.flatMap((l) => l.split("\n")).map((l) => l.trim().replace(/,$/, ""))
+    .filter((l) => l.startsWith("{") && l.includes('"cat" : "Node"')).map((l) => JSON.parse(l))
+    .filter((e) => e.name.endsWith("_kernel_time"));
+  const ms = {};
+  for (const e of events) ms[e.args.op_name] = (ms[e.args.op_name] ?? 0) + e.dur / 1000 / runs;
+  return { runtime: "chromium onnxruntime-web", runs, warm, events: events.length, msPerOp: ms };
+}
+
 let result;
 if (mode === "conformance") result = await conformance(args.filter((a) => !a.startsWith("--")), args.includes("--browser"));
 else if (mode === "step") {
@@ -184,6 +230,7 @@ else if (mode === "step") {
     : await stepNode(folder, kind, Number(steps), Number(warm), Number(threads));
 }
 else if (mode === "runtime") result = await runtimeMemory(args[0]);
+else if (mode === "profile") result = await profileBrowser(args[0], Number(args[1]), Number(args[2]));
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
 process.exit(0);
