@@ -14,7 +14,8 @@
    session run (the planner's `onnxruntime-node` / `onnxruntime-web` entries), beside Python's.
 4. Kernel profile (`--parts profile`, not run by default): ONNX Runtime's profiler on the timed
    tail's training graph (one batch, `--steps` runs after `--warmup`), Python's device settings
-   against a Chromium tab, milliseconds per run by operator type: where a tab's time goes.
+   against a Chromium tab, milliseconds per run by operator type (each node's median over the runs):
+   where a tab's time goes.
 5. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
    against one orchestrator, the same shards and server seed, as an all-Python fleet and as a mixed
    fleet (two Python devices, a moderate and a weak Node device, two Chromium tabs, one weak), for
@@ -89,7 +90,7 @@ x = (multi_step_forward(chunks, x, batch_size=batch).array if chunks else x)[:ba
 graph = TrainGraph.from_bytes((folder / "graph.bin").read_bytes())
 feeds = {"input": x, "target": np.asarray(data["y"])[:batch],
          **{n: np.asarray(state[n], dtype=np.float32) for n in (*graph.params, *graph.buffers)}}
-ms = collections.Counter()
+durations = collections.defaultdict(list)
 with tempfile.TemporaryDirectory() as tmp:
     for profiled in (False, True):
         options = ort.SessionOptions()  # the device's settings (edge_sdk.ort_trainer)
@@ -101,7 +102,10 @@ with tempfile.TemporaryDirectory() as tmp:
             session.run(None, feeds)
     for e in json.loads(Path(session.end_profiling()).read_text()):
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            ms[e["args"]["op_name"]] += e["dur"] / 1000 / runs
+            durations[(e["name"], e["args"]["op_name"])].append(e["dur"])
+ms = collections.Counter()
+for (_, op), us in durations.items():  # each node's median over the runs, summed by operator type
+    ms[op] += sorted(us)[len(us) // 2] / 1000
 print(json.dumps({"runtime": "python onnxruntime", "runs": runs, "warm": warm, "msPerOp": ms}))
 """
 
