@@ -51,8 +51,8 @@ async function conformance(folders, browser) {
 /**
  * Watches a browser's page renderer: VmRSS every 20 ms (each phase's end and largest reading) and
  * VmHWM (the peak of the whole run).
- * Chromium resets a renderer's VmHWM now and then (it was seen to fall by 22 MiB within 3 s of an
- * idle page), so one read at the end can miss the run's peak: the peak is the largest value read.
+ * Chromium resets a renderer's VmHWM now and then (one fell from 183 to 161 MiB within 3 s while
+ * its page waited), so one read at the end can miss the run's peak: the peak is the largest value read.
  */
 function watchRenderer(browser) {
   const phases = [];
