@@ -86,8 +86,7 @@ export function takeRows(t: Tensor, idx: ArrayLike<number>): Tensor {
 /**
  * An output's float32 data, kept past the tensor's dispose(). Both runtimes hand out CPU outputs as
  * typed arrays of their own (onnxruntime-web copies each out of the WebAssembly heap), so no
- * second copy: in a tab every copy is garbage that V8 collects only under memory pressure, and a
- * big tail's per-step copies pile up (a 4M-parameter tail: about 16 MiB each per step).
+ * second copy: every copy is garbage for V8 to collect, about 16 MiB per step for a 4M-parameter tail.
  */
 function cpuData(t: OrtTensor): Float32Array {
   const data = t.data;
