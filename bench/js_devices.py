@@ -5,11 +5,18 @@
    JavaScript SDK runs the same in onnxruntime-node, onnxruntime-web under Node and (where Debian's
    chromium is installed) a headless Chromium tab; the worst relative errors per runtime.
 2. Speed and memory for one tail and batch (default ResNet20 split 7, batch 32): ms per local
-   step and peak resident memory of the Python ORT device, the Node devices and the browser tab
-   (its renderer process), each in a fresh process, with ratios to the Python device.
+   step after an untimed first round (`--warmup` steps: sessions, and WebAssembly's optimised code,
+   which V8 compiles in the background while the first steps run on baseline code) and peak resident
+   memory of the Python ORT device, the Node devices and the browser tab (its renderer process,
+   sampled every 20 ms, with the largest reading of each phase), each in a fresh process, with
+   ratios to the Python device; the same ONNX Runtime threads everywhere (`--threads`).
 3. Runtime memory: a Node process and a Chromium renderer with ONNX Runtime loaded and one tiny
    session run (the planner's `onnxruntime-node` / `onnxruntime-web` entries), beside Python's.
-4. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
+4. Kernel profile (`--parts profile`, not run by default): ONNX Runtime's profiler on the timed
+   tail's training graph (one batch, `--steps` runs after `--warmup`), Python's device settings
+   against a Chromium tab, milliseconds per run by operator type (each node's median over the runs):
+   where a tab's time goes.
+5. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
    against one orchestrator, the same shards and server seed, as an all-Python fleet and as a mixed
    fleet (two Python devices, a moderate and a weak Node device, two Chromium tabs, one weak), for
    each of `--seeds`; the all-Python runs over the seeds give the workload's chance spread.
@@ -42,21 +49,64 @@ from edge_sdk.forward import multi_step_forward
 from edge_sdk.ort_trainer import OrtTail, TrainGraph, train_tail_ort
 from edge_sdk.protocol import decode_tensors
 from edge_sdk.training import TrainConfig
-folder, steps = Path(sys.argv[1]), int(sys.argv[2])
+folder, steps, warm, threads = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 hwm = lambda: int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 s = json.loads((folder / "expected.json").read_text())
 data = decode_tensors((folder / "data.bin").read_bytes())
 state = decode_tensors((folder / "state.bin").read_bytes())
 chunks = [(folder / f"chunk-{i}.onnx").read_bytes() for i in range(s["chunks"])]
-x = multi_step_forward(chunks, np.asarray(data["x"]), batch_size=s["train"]["batch_size"]).array if chunks else np.asarray(data["x"])
+x = np.asarray(data["x"])
+if chunks:
+    x = multi_step_forward(chunks, x, batch_size=s["train"]["batch_size"], threads=threads).array
 y = np.asarray(data["y"])
-tail = OrtTail(TrainGraph.from_bytes((folder / "graph.bin").read_bytes()))
+tail = OrtTail(TrainGraph.from_bytes((folder / "graph.bin").read_bytes()), threads=threads)
 cfg = dict(batch_size=s["train"]["batch_size"], lr=s["train"]["lr"], seed=1, eval_samples=s["train"]["batch_size"])
-train_tail_ort(tail, state, x, y, TrainConfig(local_steps=2, **cfg))
+t0 = time.perf_counter()
+train_tail_ort(tail, state, x, y, TrainConfig(local_steps=warm, **cfg))
+first = (time.perf_counter() - t0) * 1000 / warm
 t0 = time.perf_counter()
 train_tail_ort(tail, state, x, y, TrainConfig(local_steps=steps, **cfg))
 ms = (time.perf_counter() - t0) * 1000 / steps
-print(json.dumps({"runtime": "python onnxruntime", "msPerStep": ms, "peakRss": hwm()}))
+print(json.dumps({"runtime": "python onnxruntime", "threads": threads, "msPerStep": ms, "firstRoundMsPerStep": first,
+                  "peakRss": hwm()}))
+"""
+
+_PY_PROFILE = r"""
+import collections, json, os, sys, tempfile
+import numpy as np
+import onnxruntime as ort
+from pathlib import Path
+from edge_sdk.forward import multi_step_forward
+from edge_sdk.ort_trainer import TrainGraph
+from edge_sdk.protocol import decode_tensors
+folder, runs, warm = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+s = json.loads((folder / "expected.json").read_text())
+batch = s["train"]["batch_size"]
+data = decode_tensors((folder / "data.bin").read_bytes())
+state = decode_tensors((folder / "state.bin").read_bytes())
+chunks = [(folder / f"chunk-{i}.onnx").read_bytes() for i in range(s["chunks"])]
+x = np.asarray(data["x"])
+x = (multi_step_forward(chunks, x, batch_size=batch).array if chunks else x)[:batch]
+graph = TrainGraph.from_bytes((folder / "graph.bin").read_bytes())
+feeds = {"input": x, "target": np.asarray(data["y"])[:batch],
+         **{n: np.asarray(state[n], dtype=np.float32) for n in (*graph.params, *graph.buffers)}}
+durations = collections.defaultdict(list)
+with tempfile.TemporaryDirectory() as tmp:
+    for profiled in (False, True):
+        options = ort.SessionOptions()  # the device's settings (edge_sdk.ort_trainer)
+        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+        options.execution_mode, options.enable_mem_pattern = ort.ExecutionMode.ORT_SEQUENTIAL, False
+        options.enable_profiling, options.profile_file_prefix = profiled, os.path.join(tmp, "p")
+        session = ort.InferenceSession(graph.train_onnx, options, providers=["CPUExecutionProvider"])
+        for _ in range(runs if profiled else warm):
+            session.run(None, feeds)
+    for e in json.loads(Path(session.end_profiling()).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            durations[(e["name"], e["args"]["op_name"])].append(e["dur"])
+ms = collections.Counter()
+for (_, op), us in durations.items():  # each node's median over the runs, summed by operator type
+    ms[op] += sorted(us)[len(us) // 2] / 1000
+print(json.dumps({"runtime": "python onnxruntime", "runs": runs, "warm": warm, "msPerOp": ms}))
 """
 
 _PY_RUNTIME = r"""
@@ -76,8 +126,9 @@ def _env() -> dict[str, str]:
             "EDGETRAIN_PYTHON": sys.executable}
 
 
-def _json(cmd: list[str], **kw) -> object:
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env(), cwd=ROOT, **kw).stdout
+def _json(cmd: list[str], extra_env: dict[str, str] | None = None, **kw) -> object:
+    env = {**_env(), **(extra_env or {})}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT, **kw).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -111,15 +162,26 @@ def _conformance(args: argparse.Namespace, tmp: Path, run: list[str], browser: b
 def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -> dict[str, object]:
     """ms per local step and peak memory on one tail, each runtime in fresh processes."""
     (case,), _ = _cases(tmp / "speed", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
-    commands = [[sys.executable, "-c", _PY_STEP, str(case), str(args.steps)]]
-    commands += [[*run, "step", str(case), kind, str(args.steps)] for kind in ("node", "web", *(["browser"] if browser else []))]
-    runs = [[_json(cmd) for cmd in commands] for _ in range(args.repeats)]
+    times = [str(args.steps), str(args.warmup), str(args.threads)]
+    commands = [[sys.executable, "-c", _PY_STEP, str(case), *times]]
+    commands += [[*run, "step", str(case), kind, *times] for kind in ("node", "web", *(["browser"] if browser else []))]
+    env = {"EDGETRAIN_BENCH_CHROMIUM_FLAGS": args.chromium_flags}
+    runs = [[_json(cmd, extra_env=env) for cmd in commands] for _ in range(args.repeats)]
     speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
     for i, row in enumerate(speed):
         row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
         row["timeRatio"] = row["msPerStep"] / speed[0]["msPerStep"]
         row["memoryRatio"] = row["peakRss"] / speed[0]["peakRss"]
-    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps, "rows": speed}
+    return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps,
+            "warmup": args.warmup, "threads": args.threads, "chromium_flags": args.chromium_flags, "rows": speed}
+
+
+def _profile(args: argparse.Namespace, tmp: Path, run: list[str]) -> dict[str, object]:
+    """Kernel time per operator type of the timed tail's training graph: Python ORT against a tab."""
+    (case,), _ = _cases(tmp / "profile", [args.case], "--samples", str(args.samples), "--batch", str(args.batch))
+    runs = [str(args.steps), str(args.warmup)]
+    rows = [_json([sys.executable, "-c", _PY_PROFILE, str(case), *runs]), _json([*run, "profile", str(case), *runs])]
+    return {"case": args.case, "batch": args.batch, "runs": args.steps, "warm": args.warmup, "rows": rows}
 
 
 def _accuracy(args: argparse.Namespace, browser: bool) -> dict[str, object]:
@@ -144,6 +206,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=15,
+                    help="speed: steps of the untimed first round (sessions; WebAssembly's optimised code tier)")
+    ap.add_argument("--threads", type=int, default=1, help="speed: ONNX Runtime's threads in every runtime")
+    ap.add_argument("--chromium-flags", default="",
+                    help="speed: extra Chromium switches, for diagnosis only (a page cannot set them)")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
@@ -163,6 +230,8 @@ def main() -> None:
             result.update(_conformance(args, Path(tmp), run, browser))
         if "speed" in parts:
             result["speed"] = _speed(args, Path(tmp), run, browser)
+        if "profile" in parts and browser:
+            result["profile"] = _profile(args, Path(tmp), run)
         if "memory" in parts:
             memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
             for kind in ("node", "web", *(["browser"] if browser else [])):
@@ -190,10 +259,15 @@ def _print(result: dict) -> None:
             print(f"  {runtime:28s} " + "  ".join(f"{k} {v:.2g}" for k, v in w.items()))
     if "speed" in result:
         s = result["speed"]
-        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps")
+        print(f"speed, {s['case']} batch {s['batch']}, {s['steps']} steps after a first round of {s['warmup']}, "
+              f"{s['threads']} thread(s)")
         for row in s["rows"]:
-            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x)  "
-                  f"peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+            print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x; first round "
+                  f"{row['firstRoundMsPerStep']:.0f})  peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+            for phase in row.get("phases", []):
+                print(f"    {phase['name']:14s} largest {phase['maxRss'] / mib:7.1f} MiB, at its end {phase['rss'] / mib:7.1f} MiB")
+    if "profile" in result:
+        _print_profile(result["profile"])
     if "accuracy" in result:
         a = result["accuracy"]
         print(f"accuracy after {a['rounds']} rounds: all-Python spread over seeds {a['python_spread']:.4f}, "
@@ -201,7 +275,21 @@ def _print(result: dict) -> None:
     if "runtime_memory" in result:
         print("runtime memory (one tiny session run)")
         for row in result["runtime_memory"]:
-            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB")
+            print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB"
+                  + (f"  pss {row['pss'] / mib:7.1f} MiB  idle page {row['idleRendererRss'] / mib:7.1f} MiB" if "pss" in row else ""))
+
+
+def _print_profile(p: dict) -> None:
+    python, tab = (row["msPerOp"] for row in p["rows"])
+    top = sorted(tab, key=lambda op: -tab[op])[:6]
+    rest = [op for op in set(tab) | set(python) if op not in top]
+    print(f"kernel ms per run, {p['case']} batch {p['batch']} ({p['runs']} profiled runs after {p['warm']}), 1 thread")
+    print(f"  {'operator':24s} {'tab':>8s} {'python':>8s} {'ratio':>6s}")
+    groups = [(op, tab.get(op, 0.0), python.get(op, 0.0)) for op in top]
+    groups.append(("other", sum(tab.get(op, 0.0) for op in rest), sum(python.get(op, 0.0) for op in rest)))
+    groups.append(("all kernels", sum(tab.values()), sum(python.values())))
+    for name, t, py in groups:
+        print(f"  {name:24s} {t:8.1f} {py:8.1f} {t / py if py else float('inf'):6.2f}")
 
 
 if __name__ == "__main__":

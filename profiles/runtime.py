@@ -130,7 +130,9 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # The JavaScript SDK (edge_sdk_js), measured where it runs, not on the planning machine
     # (docs/measurements.md, "Memory of the runtimes"): a Node process with the SDK, onnxruntime-node
     # and a first session; a headless Chromium tab's renderer with the SDK, onnxruntime-web and a first
-    # session (a blank tab's renderer is about 80 MiB of it; onnxruntime-web under Node takes 122-136 MiB).
+    # session (the page's renderer before ONNX Runtime starts is 130-145 MiB of it; onnxruntime-web under
+    # Node takes 122-136 MiB). Not in it: while a tab trains its first steps, V8 compiles ONNX Runtime's
+    # hot kernels to optimised code, which holds about 120 MiB more for a few seconds (ResNet20's tail).
     Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
     Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph"),
 )})

@@ -1,12 +1,16 @@
 // Measurements of the JavaScript device for bench/js_devices.py, one JSON object on stdout.
 //
 //   node bench/run.mjs conformance <case folder>... [--browser]   every case in node, web (and a Chromium tab)
-//   node bench/run.mjs step <case folder> node|web|browser STEPS   ms per local step and peak memory, fresh process
+//   node bench/run.mjs step <case folder> node|web|browser STEPS [WARM [THREADS]]
+//                                                                  ms per local step after a warm-up round of WARM
+//                                                                  steps, and peak memory; fresh process
 //   node bench/run.mjs runtime node|web|browser                    memory of a process (tab) with ONNX Runtime loaded
+//   node bench/run.mjs profile <case folder> RUNS WARM              a tab's kernel times: the training graph on the
+//                                                                  case's first batch, ONNX Runtime's profiler on
 import { readFileSync } from "node:fs";
 import { dirname, basename } from "node:path";
-import { loadRuntime, makeRuntime, parseTrainGraph, OrtTail, multiStepForward, samplePlan, trainTail } from "../dist/index.js";
-import { conformanceInPage, openPage, rendererMemory, servePage } from "../test/browser.mjs";
+import { loadRuntime, parseTrainGraph, OrtTail, multiStepForward, samplePlan, trainTail } from "../dist/index.js";
+import { CHROMIUM_FLAGS, conformanceInPage, openPage, rendererMemory, servePage } from "../test/browser.mjs";
 import { loadCase } from "../test/cases.mjs";
 import { runConformance } from "../test/conformance-core.mjs";
 
@@ -14,11 +18,15 @@ import { runConformance } from "../test/conformance-core.mjs";
 const WARM_UP = "CAk6SgoMCgF4EgF5IgRSZWx1EgZ3YXJtdXBaGAoBeBITChEIARINCgcSBWJhdGNoCgIIQGIYCgF5EhMKEQgBEg0KBxIFYmF0Y2gKAghAQgQKABAS";
 
 const [mode, ...args] = process.argv.slice(2);
+// Extra Chromium switches for a diagnosis (bench/js_devices.py --chromium-flags), e.g.
+// --js-flags=--liftoff-only: a page cannot set them, so no figure against a target uses them.
+CHROMIUM_FLAGS.push(...(process.env.EDGETRAIN_BENCH_CHROMIUM_FLAGS ?? "").split(" ").filter(Boolean));
+/** The `key:` field of a /proc status or smaps_rollup text (kB), in bytes. */
+const kib = (text, key) => Number(new RegExp(`${key}:\\s+(\\d+)`).exec(text)?.[1] ?? 0) * 1024;
 /** VmRSS and VmHWM of this process (getrusage's maxRSS would carry the launching process's peak across exec). */
 const rss = () => {
   const status = readFileSync("/proc/self/status", "utf8");
-  const kb = (key) => Number(new RegExp(`${key}:\\s+(\\d+)`).exec(status)?.[1] ?? 0) * 1024;
-  return { rss: kb("VmRSS"), peak: kb("VmHWM") };
+  return { rss: kib(status, "VmRSS"), peak: kib(status, "VmHWM") };
 };
 
 async function conformance(folders, browser) {
@@ -40,50 +48,106 @@ async function conformance(folders, browser) {
   return out.map(({ deltaNames, expectedNames, ...rest }) => rest);
 }
 
-/** tau steps on the case's tail from its state; time per step (whole train_tail call / steps). */
-async function stepNode(folder, kind, steps) {
-  const c = loadCase(folder);
-  const runtime = await loadRuntime(kind);
-  const s = c.summary;
-  const acts = await multiStepForward(runtime, c.chunks, c.data.x, s.train.batch_size);
-  const tail = new OrtTail(runtime, parseTrainGraph(c.graph));
-  const cfg = { localSteps: steps, batchSize: s.train.batch_size, lr: s.train.lr, momentum: 0.9, weightDecay: 1e-4, seed: 1,
-    evalSamples: s.train.batch_size, proxMu: 0, threads: 1 };
-  const before = rss();
-  await trainTail(tail, c.state, acts, c.data.y, { ...cfg, localSteps: 2 }); // warm: sessions and arenas
-  const t0 = performance.now();
-  await trainTail(tail, c.state, acts, c.data.y, cfg, samplePlan(acts.shape[0], cfg));
-  const ms = (performance.now() - t0) / steps;
-  return { runtime: `onnxruntime-${kind}`, msPerStep: ms, beforeTrainRss: before.rss, peakRss: rss().peak };
+/**
+ * Watches a browser's page renderer: VmRSS every 20 ms (each phase's end and largest reading) and
+ * VmHWM (the peak of the whole run).
+ * Chromium resets a renderer's VmHWM now and then (one fell from 183 to 161 MiB within 3 s while
+ * its page waited), so one read at the end can miss the run's peak: the peak is the largest value read.
+ */
+function watchRenderer(browser) {
+  const phases = [];
+  let current = null;
+  let peak = 0;
+  const sample = () => {
+    if (current === null) return;
+    const page = rendererMemory(browser).reduce((a, m) => (m.rss > a.rss ? m : a), { rss: 0, peak: 0, pid: 0 });
+    current.rss = page.rss;
+    current.maxRss = Math.max(current.maxRss, page.rss);
+    peak = Math.max(peak, page.peak, page.rss);
+    current.pid = page.pid;
+  };
+  const timer = setInterval(sample, 20);
+  return {
+    /** Close the current phase (its last reading is its end RSS) and open `name`. */
+    phase(name) {
+      sample();
+      current = { name, rss: 0, maxRss: 0, pid: 0 };
+      phases.push(current);
+      sample();
+    },
+    stop() {
+      sample();
+      clearInterval(timer);
+      const pss = current?.pid ? kib(readFileSync(`/proc/${current.pid}/smaps_rollup`, "utf8"), "Pss") : 0;
+      return { phases: phases.map(({ pid, ...p }) => p), peak, pss };
+    },
+  };
 }
 
-async function stepBrowser(folder, steps) {
+/**
+ * One warm-up round of `warm` steps (sessions, arenas; in WebAssembly also the code tiers: V8 first
+ * runs baseline code and compiles hot functions optimised in the background), then `steps` timed
+ * steps (the whole train_tail call / steps). The first round's time per step is reported beside.
+ */
+async function stepNode(folder, kind, steps, warm, threads) {
+  const c = loadCase(folder);
+  const runtime = await loadRuntime(kind, threads);
+  const s = c.summary;
+  const acts = await multiStepForward(runtime, c.chunks, c.data.x, s.train.batch_size, threads);
+  const tail = new OrtTail(runtime, parseTrainGraph(c.graph), threads);
+  const cfg = { localSteps: steps, batchSize: s.train.batch_size, lr: s.train.lr, momentum: 0.9, weightDecay: 1e-4, seed: 1,
+    evalSamples: s.train.batch_size, proxMu: 0, threads };
+  const before = rss();
+  let t0 = performance.now();
+  await trainTail(tail, c.state, acts, c.data.y, { ...cfg, localSteps: warm });
+  const firstMs = (performance.now() - t0) / warm;
+  t0 = performance.now();
+  await trainTail(tail, c.state, acts, c.data.y, cfg, samplePlan(acts.shape[0], cfg));
+  const ms = (performance.now() - t0) / steps;
+  return { runtime: `onnxruntime-${kind}`, threads, msPerStep: ms, firstRoundMsPerStep: firstMs, beforeTrainRss: before.rss,
+    peakRss: rss().peak, rss: rss().rss };
+}
+
+async function stepBrowser(folder, steps, warm, threads) {
   const site = await servePage({ cases: dirname(folder) });
   const { browser, page } = await openPage(site.url);
-  const idle = rendererMemory(browser);
-  const ms = await page.evaluate(async (base, steps) => {
+  const watch = watchRenderer(browser);
+  await page.exposeFunction("benchPhase", (name) => watch.phase(name));
+  watch.phase("page");
+  const r = await page.evaluate(async (base, steps, warm, threads, warmUp) => {
     const sdk = window.sdk;
     const bytes = async (n) => new Uint8Array(await (await fetch(`${base}/${n}`)).arrayBuffer());
     const s = JSON.parse(new TextDecoder().decode(await bytes("expected.json")));
-    const runtime = sdk.makeRuntime("onnxruntime-web", window.ort, 1);
     const chunks = [];
     for (let i = 0; i < s.chunks; i++) chunks.push(await bytes(`chunk-${i}.onnx`));
     const data = sdk.decodeTensors(await bytes("data.bin"));
     const state = sdk.decodeTensors(await bytes("state.bin"));
-    const acts = await sdk.multiStepForward(runtime, chunks, data.x, s.train.batch_size);
-    const tail = new sdk.OrtTail(runtime, sdk.parseTrainGraph(await bytes("graph.bin")));
+    const graph = sdk.parseTrainGraph(await bytes("graph.bin"));
+    await window.benchPhase("runtime");
+    const runtime = sdk.makeRuntime("onnxruntime-web", window.ort, threads);
+    const tiny = await sdk.openSession(runtime, Uint8Array.from(atob(warmUp), (ch) => ch.charCodeAt(0)), threads);
+    await tiny.run({ x: new window.ort.Tensor("float32", new Float32Array(32 * 64), [32, 64]) });
+    await tiny.release();
+    await window.benchPhase("forward");
+    const acts = await sdk.multiStepForward(runtime, chunks, data.x, s.train.batch_size, threads);
+    await window.benchPhase("first round");
+    const tail = new sdk.OrtTail(runtime, graph, threads);
     const cfg = { localSteps: steps, batchSize: s.train.batch_size, lr: s.train.lr, momentum: 0.9, weightDecay: 1e-4, seed: 1,
-      evalSamples: s.train.batch_size, proxMu: 0, threads: 1 };
-    await sdk.trainTail(tail, state, acts, data.y, { ...cfg, localSteps: 2 });
-    const t0 = performance.now();
+      evalSamples: s.train.batch_size, proxMu: 0, threads };
+    let t0 = performance.now();
+    await sdk.trainTail(tail, state, acts, data.y, { ...cfg, localSteps: warm });
+    const firstMs = (performance.now() - t0) / warm;
+    await window.benchPhase("timed round");
+    t0 = performance.now();
     await sdk.trainTail(tail, state, acts, data.y, cfg);
-    return (performance.now() - t0) / steps;
-  }, `/cases/${basename(folder)}`, steps);
-  const mem = rendererMemory(browser);
+    return { ms: (performance.now() - t0) / steps, firstMs, isolated: window.crossOriginIsolated };
+  }, `/cases/${basename(folder)}`, steps, warm, threads, WARM_UP);
+  const mem = watch.stop();
   await browser.close();
   await site.close();
-  const worst = mem.reduce((a, m) => (m.peak > a.peak ? m : a), { peak: 0, rss: 0 });
-  return { runtime: "chromium onnxruntime-web", msPerStep: ms, peakRss: worst.peak, rss: worst.rss, idleRendererRss: Math.max(0, ...idle.map((m) => m.rss)) };
+  const at = Object.fromEntries(mem.phases.map((p) => [p.name, p]));
+  return { runtime: "chromium onnxruntime-web", threads, isolated: r.isolated, msPerStep: r.ms, firstRoundMsPerStep: r.firstMs,
+    peakRss: mem.peak, rss: at["timed round"].rss, pss: mem.pss, idleRendererRss: at["page"].rss, phases: mem.phases };
 }
 
 /** A process (or a tab's renderer) after loading ONNX Runtime and running one tiny session. */
@@ -99,6 +163,10 @@ async function runtimeMemory(kind) {
   }
   const site = await servePage();
   const { browser, page } = await openPage(site.url);
+  const watch = watchRenderer(browser);
+  watch.phase("page");
+  await new Promise((r) => setTimeout(r, 200));
+  watch.phase("runtime");
   await page.evaluate(async (b64) => {
     const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
     const runtime = window.sdk.makeRuntime("onnxruntime-web", window.ort, 1);
@@ -106,16 +174,72 @@ async function runtimeMemory(kind) {
     await session.run({ x: new window.ort.Tensor("float32", new Float32Array(32 * 64), [32, 64]) });
     await session.release();
   }, WARM_UP);
-  const mem = rendererMemory(browser);
+  const mem = watch.stop();
   await browser.close();
   await site.close();
-  return { runtime: "onnxruntime-web (chromium renderer)", rss: Math.max(0, ...mem.map((m) => m.rss)), peakRss: Math.max(0, ...mem.map((m) => m.peak)) };
+  return { runtime: "onnxruntime-web (chromium renderer)", rss: mem.phases[1].rss, peakRss: mem.peak, pss: mem.pss,
+    idleRendererRss: mem.phases[0].rss };
+}
+
+/**
+ * ONNX Runtime's per-kernel profile of the training graph in a tab: WARM untimed runs (sessions,
+ * the optimised code tier), then RUNS profiled ones; milliseconds per run by operator type.
+ */
+async function profileBrowser(folder, runs, warm) {
+  const site = await servePage({ cases: dirname(folder) });
+  const { browser, page } = await openPage(site.url);
+  const lines = [];
+  page.on("console", (msg) => lines.push(msg.text()));
+  await page.evaluate(async (base, runs, warm) => {
+    const { sdk, ort } = window;
+    const bytes = async (n) => new Uint8Array(await (await fetch(`${base}/${n}`)).arrayBuffer());
+    const s = JSON.parse(new TextDecoder().decode(await bytes("expected.json")));
+    const runtime = sdk.makeRuntime("onnxruntime-web", ort, 1);
+    const chunks = [];
+    for (let i = 0; i < s.chunks; i++) chunks.push(await bytes(`chunk-${i}.onnx`));
+    const data = sdk.decodeTensors(await bytes("data.bin"));
+    const state = sdk.decodeTensors(await bytes("state.bin"));
+    const graph = sdk.parseTrainGraph(await bytes("graph.bin"));
+    const rows = Int32Array.from({ length: s.train.batch_size }, (_, i) => i);
+    const x = sdk.takeRows(await sdk.multiStepForward(runtime, chunks, data.x, s.train.batch_size), rows);
+    const feeds = { input: new ort.Tensor("float32", x.data, x.shape), target: new ort.Tensor("int64", data.y.data.subarray(0, rows.length), [rows.length]) };
+    for (const n of [...graph.params, ...graph.buffers]) feeds[n] = new ort.Tensor("float32", state[n].data, state[n].shape);
+    for (const profiled of [false, true]) {
+      const session = await ort.InferenceSession.create(graph.trainOnnx, { executionProviders: ["wasm"], intraOpNumThreads: 1,
+        interOpNumThreads: 1, executionMode: "sequential", enableMemPattern: false, logSeverityLevel: 3, enableProfiling: profiled });
+      for (let i = 0; i < (profiled ? runs : warm); i++) await session.run(feeds);
+      if (profiled) session.endProfiling();
+      await session.release();
+    }
+  }, `/cases/${basename(folder)}`, runs, warm);
+  await browser.close();
+  await site.close();
+  const events = lines.flatMap((l) => l.split("\n")).map((l) => l.trim().replace(/,$/, ""))
+    .filter((l) => l.startsWith("{") && l.includes('"cat" : "Node"')).map((l) => JSON.parse(l))
+    .filter((e) => e.name.endsWith("_kernel_time"));
+  // Each node's median over the runs (a shared machine preempts some kernel runs), summed by operator type.
+  const byNode = new Map();
+  for (const e of events) {
+    if (!byNode.has(e.name)) byNode.set(e.name, { op: e.args.op_name, us: [] });
+    byNode.get(e.name).us.push(e.dur);
+  }
+  const ms = {};
+  for (const { op, us } of byNode.values()) {
+    us.sort((a, b) => a - b);
+    ms[op] = (ms[op] ?? 0) + us[Math.floor(us.length / 2)] / 1000;
+  }
+  return { runtime: "chromium onnxruntime-web", runs, warm, events: events.length, msPerOp: ms };
 }
 
 let result;
 if (mode === "conformance") result = await conformance(args.filter((a) => !a.startsWith("--")), args.includes("--browser"));
-else if (mode === "step") result = args[1] === "browser" ? await stepBrowser(args[0], Number(args[2])) : await stepNode(args[0], args[1], Number(args[2]));
+else if (mode === "step") {
+  const [folder, kind, steps, warm = "15", threads = "1"] = args;
+  result = kind === "browser" ? await stepBrowser(folder, Number(steps), Number(warm), Number(threads))
+    : await stepNode(folder, kind, Number(steps), Number(warm), Number(threads));
+}
 else if (mode === "runtime") result = await runtimeMemory(args[0]);
+else if (mode === "profile") result = await profileBrowser(args[0], Number(args[1]), Number(args[2]));
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
 process.exit(0);

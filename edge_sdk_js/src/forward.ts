@@ -3,7 +3,7 @@
  * opened, run over the current activations in batches, and released before the next one is
  * fetched; only the activations at the split are kept (cached for the round).
  */
-import { openSession, type Runtime } from "./runtime.js";
+import { nextTask, openSession, type Runtime } from "./runtime.js";
 import { numel, tensor, type Tensor } from "./tensors.js";
 
 /** Run one chunk (an ONNX model with a dynamic batch axis) over `x` in batches of `batch`. */
@@ -28,6 +28,7 @@ export async function runChunk(runtime: Runtime, chunk: Uint8Array, x: Tensor, b
       }
       result.set(y.data as Float32Array, start * numel(shape.slice(1)));
       for (const t of Object.values(out)) t.dispose();
+      await nextTask();
     }
     return tensor("float32", shape, result ?? new Float32Array(0));
   } finally {

@@ -53,3 +53,13 @@ export async function openSession(runtime: Runtime, model: Uint8Array, threads =
     logSeverityLevel: 3,
   });
 }
+
+/**
+ * Let the event loop run one task. A session run on onnxruntime-web with one thread never yields:
+ * a loop of awaited runs is one chain of microtasks, so a page cannot repaint and V8 cannot finish
+ * the garbage collections it schedules as tasks; every run's output arrays then pile up until the
+ * loop ends (Chromium, a 4M-parameter tail's 20 steps: 646 MiB peak, 481 MiB with a yield per step).
+ */
+export function nextTask(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}
