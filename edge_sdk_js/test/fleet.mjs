@@ -62,9 +62,10 @@ export function writeShards(dir, clients, numClients, data = "digits") {
   return Object.fromEntries(clients.map((c) => [c, join(dir, `${data}-${c}.npz`)]));
 }
 
-export function nodeDevice(dir, url, id, budget, shard, runtime) {
+/** A Node device (dist/cli.js); `args` more options, `env` more environment (NODE_EXTRA_CA_CERTS for wss://). */
+export function nodeDevice(dir, url, id, budget, shard, runtime, args = [], env = {}) {
   return start(dir, id, process.execPath, [join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", budget,
-    "--data", shard, "--runtime", runtime, "--json-events"], process.env);
+    "--data", shard, "--runtime", runtime, "--json-events", ...args], { ...process.env, ...env });
 }
 
 export function pythonDevice(dir, url, id, budget, client, numClients) {
