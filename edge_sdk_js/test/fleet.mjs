@@ -137,10 +137,13 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   const port = await freePort();
   const url = `ws://127.0.0.1:${port}`;
   // The server and the devices start together: the devices retry until it listens, and it waits
-  // for all of them (--min-devices) before the first round.
+  // for all of them (--min-devices) before the first round. Every round waits for every device's
+  // update (straggler policy deadline): on a loaded machine the straggler grace would otherwise
+  // leave the slowest device's update out of some rounds, and the fleets would not be comparable.
   const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
-    "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--seed", String(seed), ...(web ? ["--web"] : [])]);
+    "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
+    ...(web ? ["--web"] : [])]);
   const started = performance.now();
   let fleet = { procs: [], pages: [] };
   let seen;
