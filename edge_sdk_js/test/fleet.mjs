@@ -104,27 +104,27 @@ export async function browserDevice(dir, url, id, shard, budgetMiB) {
 export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
 
 /**
- * The devices of one fleet of the workload. `python`: six Python devices (torch, strong). `mixed`:
- * two Python devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and
- * two onnxruntime-web devices at 400 MiB and 330 MiB (weak): headless Chromium tabs when `tabs`,
- * else under Node.
+ * Start the devices of one fleet of the workload into `fleet` (its processes and pages, so that the
+ * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
+ * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
+ * onnxruntime-web devices at 400 MiB and 330 MiB (the second weak): headless Chromium tabs when
+ * `tabs`, else under Node.
  */
-async function fleetDevices(kind, dir, url, tabs) {
+async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const N = WORKLOAD.devices;
-  const procs = [pythonDevice(dir, url, "py-0", "2GiB", 0, N), pythonDevice(dir, url, "py-1", "2GiB", 1, N)];
-  const pages = [];
+  procs.push(pythonDevice(dir, url, "py-0", "2GiB", 0, N), pythonDevice(dir, url, "py-1", "2GiB", 1, N));
   if (kind === "python") {
     for (let c = 2; c < N; c++) procs.push(pythonDevice(dir, url, `py-${c}`, "2GiB", c, N));
-    return { procs, pages };
+    return;
   }
   const shards = writeShards(dir, [2, 3, 4, 5], N);
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
-    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 400), await browserDevice(dir, url, "tab-5", shards[5], 330));
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 400));
+    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 330));
   } else {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "330MiB", shards[5], "web"));
   }
-  return { procs, pages };
 }
 
 /**
@@ -145,10 +145,10 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
     ...(web ? ["--web"] : [])]);
   const started = performance.now();
-  let fleet = { procs: [], pages: [] };
+  const fleet = { procs: [], pages: [] };
   let seen;
   try {
-    fleet = await fleetDevices(kind, dir, url, tabs);
+    await startFleet(kind, dir, url, tabs, fleet);
     const watching = during && waitForPort(port, server).then(() => during({ url, site: `http://127.0.0.1:${port}`, dir }));
     [seen] = await Promise.all([watching, ...fleet.pages.map((p) => p.done)]);
     const codes = await Promise.all(fleet.procs.map((p) => p.done));
