@@ -86,7 +86,7 @@ test("a mixed fleet (Python, Node, Chromium tabs) trains every round and reaches
       assert.equal(j.devices[id].role, "weak", `${id} on a tight budget is weak`);
       assert.equal(j.devices[id].split, deepest, `${id} trains the fewest blocks of the fleet`);
     }
-    assert.ok(deepest > j.devices["tab-4"].split || j.devices["tab-4"].role === "weak", "the weak tab trains less than tab-4");
+    assert.ok(deepest > j.devices["tab-4"].split || j.devices["tab-4"].role === "weak", "the weak tab trains fewer blocks than tab-4 (unless tab-4 is weak too)");
 
     // The status page showed, during the run, every device and the rounds the journal had.
     assert.deepEqual(mixed.seen.devices, Object.keys(MIXED).sort());
