@@ -155,6 +155,7 @@ class RoundLoop:
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
+        rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
         result = self.strategy.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next

@@ -50,6 +50,8 @@ class RoundState:
     quorum: float = 1.0
     #: When the straggler grace period ends (monotonic seconds), once it has started.
     grace_end: float | None = None
+    #: Set when the round stops waiting (then it aggregates, checks and commits): no report counts any more.
+    closed: bool = False
     status: dict[tuple[str, str], str] = field(default_factory=dict)
     #: The same statuses by device (phase -> status): a device's questions cost O(its phases), not O(round).
     _by_device: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
@@ -116,9 +118,15 @@ class RoundState:
             self._set(device_id, ph, OUTSTANDING)
         return phases
 
+    def close(self) -> None:
+        """The round stops waiting: a report that lands while it aggregates is late, not folded."""
+        self.closed = True
+
     # -- queries ---------------------------------------------------------------------------------
     def expects(self, device_id: str, phase: str | None = None) -> bool:
         """True while a report of this device (for ``phase``, or any) would still count."""
+        if self.closed:
+            return False
         phases = self._by_device.get(device_id, {})
         if phase is not None:
             return phases.get(phase) in (OUTSTANDING, GONE)

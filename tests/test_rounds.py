@@ -32,6 +32,18 @@ def test_a_round_with_two_phases_settles_only_when_every_instruction_is_answered
     assert rs.stragglers() == {"d"} and rs.selected == {"a", "b", "c", "d"}
 
 
+def test_a_closed_round_expects_no_report():
+    """Once the round stops waiting (its stragglers given up), it aggregates and checks the result
+    over several awaits; an upload that completes then is late (acknowledged as such), never folded."""
+    rs = RoundState(5, deadline=100.0)
+    for d in ("a", "b"):
+        rs.issue(d, "train")
+    rs.on_report("a", "train", True)
+    rs.close()
+    assert not rs.expects("b") and not rs.expects("b", "train")
+    assert rs.stragglers() == {"b"} and rs.reported() == {"a"}
+
+
 def test_sampling_is_reproducible_and_takes_a_fraction_or_a_count():
     pool = [f"d{i}" for i in range(10)]
     assert sample_devices(pool, 0.3, 1, 7) == sample_devices(reversed(pool), 0.3, 1, 7)

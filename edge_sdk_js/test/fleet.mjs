@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { encodeTensors } from "../dist/index.js";
 import { loadShard } from "../dist/shard.js";
-import { openPage, servePage } from "./browser.mjs";
+import { CHROMIUM, openPage, servePage } from "./browser.mjs";
 import { HERE, REPO, python, pythonEnv } from "./cases.mjs";
 
 export function tempDir(prefix) {
@@ -62,14 +62,16 @@ export function writeShards(dir, clients, numClients, data = "digits") {
   return Object.fromEntries(clients.map((c) => [c, join(dir, `${data}-${c}.npz`)]));
 }
 
-export function nodeDevice(dir, url, id, budget, shard, runtime) {
+/** A Node device (dist/cli.js); `args` more options, `env` more environment (NODE_EXTRA_CA_CERTS for wss://). */
+export function nodeDevice(dir, url, id, budget, shard, runtime, args = [], env = {}) {
   return start(dir, id, process.execPath, [join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", budget,
-    "--data", shard, "--runtime", runtime, "--json-events"], process.env);
+    "--data", shard, "--runtime", runtime, "--json-events", ...args], { ...process.env, ...env });
 }
 
 export function pythonDevice(dir, url, id, budget, client, numClients) {
   return start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", budget, "--data", "digits",
-    "--client", String(client), "--num-clients", String(numClients), "--json-events", "--once"]);
+    "--client", String(client), "--num-clients", String(numClients), "--json-events", "--once",
+    "--reconnect-max-delay", "2"]); // a device started before its server joins soon after it listens
 }
 
 export function journal(dir) {
@@ -92,4 +94,75 @@ export async function browserDevice(dir, url, id, shard, budgetMiB) {
     return { reports: reports.length, events: window.events };
   }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20);
   return { done, close: async () => { await browser.close(); await site.close(); } };
+}
+
+/**
+ * The accuracy workload (bench/js_devices.py --parts accuracy, the mixed-fleet test): digits_mlp on
+ * six devices, device i training partition client i of 6 (the same shards in every fleet), 10 local
+ * steps a round, one orchestrator started with --seed SEED.
+ */
+export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
+
+/**
+ * Start the devices of one fleet of the workload into `fleet` (its processes and pages, so that the
+ * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
+ * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
+ * onnxruntime-web devices at 400 MiB and 330 MiB (the second weak): headless Chromium tabs when
+ * `tabs`, else under Node.
+ */
+async function startFleet(kind, dir, url, tabs, { procs, pages }) {
+  const N = WORKLOAD.devices;
+  procs.push(pythonDevice(dir, url, "py-0", "2GiB", 0, N), pythonDevice(dir, url, "py-1", "2GiB", 1, N));
+  if (kind === "python") {
+    for (let c = 2; c < N; c++) procs.push(pythonDevice(dir, url, `py-${c}`, "2GiB", c, N));
+    return;
+  }
+  const shards = writeShards(dir, [2, 3, 4, 5], N);
+  procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
+  if (tabs) {
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 400));
+    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 330));
+  } else {
+    procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "330MiB", shards[5], "web"));
+  }
+}
+
+/**
+ * Run one fleet of the workload for `rounds` rounds; resolves what the journal says (final
+ * accuracy per round, each device's runtime, role and split) and what `during({ url, site, dir })`
+ * resolved: a check run while the fleet trains (`web` serves the status page at `site`).
+ */
+export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefined, web = false, during }) {
+  const dir = tempDir(`edgetrain-accuracy-${kind}-`);
+  const port = await freePort();
+  const url = `ws://127.0.0.1:${port}`;
+  // The server and the devices start together: the devices retry until it listens, and it waits
+  // for all of them (--min-devices) before the first round. Every round waits for every device's
+  // update (straggler policy deadline): on a loaded machine the straggler grace would otherwise
+  // leave the slowest device's update out of some rounds, and the fleets would not be comparable.
+  const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+    "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
+    "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
+    ...(web ? ["--web"] : [])]);
+  const started = performance.now();
+  const fleet = { procs: [], pages: [] };
+  let seen;
+  try {
+    await startFleet(kind, dir, url, tabs, fleet);
+    const watching = during && waitForPort(port, server).then(() => during({ url, site: `http://127.0.0.1:${port}`, dir }));
+    [seen] = await Promise.all([watching, ...fleet.pages.map((p) => p.done)]);
+    const codes = await Promise.all(fleet.procs.map((p) => p.done));
+    if (codes.some((c) => c !== 0)) throw new Error(`device exit codes ${codes} (logs in ${dir})`);
+    const code = await server.done;
+    if (code !== 0) throw new Error(`the server exited with ${code} (logs in ${dir})`);
+  } finally {
+    for (const p of [server, ...fleet.procs]) if (p.exitCode === null) p.kill();
+    for (const p of fleet.pages) await p.close();
+  }
+  const j = journal(dir);
+  return {
+    kind, seed, rounds, wall_s: Math.round((performance.now() - started) / 1000), logs: dir, journal: j, seen,
+    accuracy: j.rounds.map((r) => r.metrics.accuracy ?? null), finished: j.rounds.filter((r) => r.finished).length,
+    devices: Object.fromEntries(Object.entries(j.devices).map(([id, d]) => [id, { runtime: d.backend, role: d.role, split: d.split }])),
+  };
 }

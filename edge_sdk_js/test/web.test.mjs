@@ -7,51 +7,19 @@ import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CHROMIUM, CHROMIUM_FLAGS } from "./browser.mjs";
+import { CHROMIUM } from "./browser.mjs";
 import { HERE, python } from "./cases.mjs";
 import { journal, start, startServer, tempDir, writeShards } from "./fleet.mjs";
+import { launchBrowser, statusMatchesJournal, waitForRounds } from "./status-page.mjs";
 
 const ROUNDS = 2;
 const TOKEN = "web-test-token";
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function deviceConfig(dir, url, shard) {
   const file = join(dir, "node-2.toml");
   writeFileSync(file, `server = "${url}"\nid = "node-2"\nbudget = "185MiB"\ndata = ${JSON.stringify(shard)}\n`
     + `runtime = "node"\ntoken = "${TOKEN}"\njson-events = true\n`); // weak, as the tab: one training graph to export
   return file;
-}
-
-/** What the status page's DOM shows: device rows (id -> cells) and the rounds done. */
-function readStatus(page) {
-  return page.evaluate(() => ({
-    roundsDone: Number(document.getElementById("rounds-done").textContent),
-    devices: Object.fromEntries([...document.querySelectorAll("#devices tr")].map((tr) =>
-      [tr.dataset.device, [...tr.children].map((td) => td.textContent)])),
-    doneRows: [...document.querySelectorAll("#rounds tr")].filter((tr) => tr.children[1].textContent === "done")
-      .map((tr) => Number(tr.dataset.round)).sort((a, b) => a - b),
-  }));
-}
-
-/** Journal, page, journal again until the page shows the journal's devices and finished rounds while it stood still. */
-async function statusMatchesJournal(page, dir) {
-  let last;
-  for (let attempt = 0; attempt < 60; attempt++) {
-    const before = journal(dir);
-    const shown = await readStatus(page);
-    const after = journal(dir);
-    const finished = (j) => j.rounds.filter((r) => r.finished).map((r) => r.round);
-    last = { before: { devices: Object.keys(before.devices).sort(), finished: finished(before) }, shown };
-    if (JSON.stringify(finished(before)) === JSON.stringify(finished(after)) && finished(before).length >= 1
-        && JSON.stringify(Object.keys(before.devices).sort()) === JSON.stringify(Object.keys(after.devices).sort())
-        && shown.roundsDone === finished(before).length
-        && JSON.stringify(shown.doneRows) === JSON.stringify(finished(before))
-        && JSON.stringify(Object.keys(shown.devices).sort()) === JSON.stringify(Object.keys(before.devices).sort())) {
-      return { journal: before, shown };
-    }
-    await sleep(250);
-  }
-  assert.fail(`the status page never showed the journal's state: ${JSON.stringify(last)}`);
 }
 
 test("serve --web: a tab trains from the device page; the status page shows the journal's devices and rounds",
@@ -61,10 +29,7 @@ test("serve --web: a tab trains from the device page; the status page shows the 
     const { server, url } = await startServer(dir, ["--web", "--token", TOKEN, "--model", "digits_mlp",
       "--rounds", String(ROUNDS), "--min-devices", "3", "--local-steps", "3", "--deadline", "90"]);
     const site = url.replace("ws://", "http://");
-    const { default: puppeteer } = await import("puppeteer-core");
-    const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: [...CHROMIUM_FLAGS,
-      // two tabs at once: the one behind keeps its timers (the status page polls, the device trains)
-      "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"] });
+    const browser = await launchBrowser();
     const devices = [];
     try {
       // The page and the SDK's files carry the isolation headers; the status needs the token.
@@ -91,15 +56,8 @@ test("serve --web: a tab trains from the device page; the status page shows the 
           process.env));
 
       await status.bringToFront();
-      await status.waitForFunction(() => Number(document.getElementById("rounds-done").textContent) >= 1,
-        { timeout: 240_000, polling: 500 });
+      await waitForRounds(status, 1);
       const { journal: j, shown } = await statusMatchesJournal(status, dir);
-      for (const [id, d] of Object.entries(j.devices)) {
-        const [, , runtime, role, split] = shown.devices[id];
-        assert.equal(runtime, (d.runtimes ?? []).join(", ") || "torch", `${id}'s runtime on the status page`);
-        assert.equal(role, d.role, `${id}'s role on the status page`);
-        assert.equal(Number(split), d.split, `${id}'s split on the status page`);
-      }
       assert.deepEqual(Object.keys(j.devices).sort(), ["node-2", "py-0", "tab-1"]);
 
       await tab.waitForFunction(() => ["finished", "stopped"].includes(window.edgetrain?.state), { timeout: 240_000, polling: 500 });
