@@ -162,10 +162,14 @@ class _Stopped(Exception):
 
 
 def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each device's shard, as ``python -m edge_sdk`` loads it (each dataset loaded and split once)."""
+    """Each device's shard, as ``python -m edge_sdk`` loads it (each dataset loaded and split once),
+    its inputs memory-mapped from a file of their own."""
+    import numpy as np
+
     from edge_sdk.cli import partition_indices
     from edge_sdk.data import load_dataset
     from orchestrator.emulation.device import shape_data
+    from orchestrator.emulation.shards import mapped_rows
 
     datasets: dict[tuple[str, int | None], Any] = {}
     parts: dict[tuple[str, int | None, str, int, int], list] = {}
@@ -181,7 +185,8 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
-        out[d.device_id] = shape_data(d, ds.x[idx], ds.y[idx])
+        # Mapped, not copied: an idle device's inputs are not resident (orchestrator.emulation.shards).
+        out[d.device_id] = shape_data(d, mapped_rows(ds.x, idx), np.array(ds.y[idx]))
     return out
 
 
