@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -348,6 +349,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     raise_fd_limit()  # a socket per device: thousands per worker need more than a 1,024 soft limit
     _load_runtimes()
+    # torch's and ONNX Runtime's objects live as long as the worker: out of the collector's reach
+    # (gc.freeze), a full collection walks only what the devices allocate, not the runtimes again.
+    gc.collect()
+    gc.freeze()
 
     def emit(kind: str, data: dict) -> None:
         sys.stdout.write(json.dumps({"event": kind, **data}, default=str) + "\n")
