@@ -19,6 +19,11 @@ Lanes (``--lanes``, all by default, in this order):
   before they connect (a ``sitecustomize`` on their PYTHONPATH), as long-running devices have: by
   default a device does that in the first round it is sampled for, and with 10 of 20 devices sampled
   per round about half of round 2's devices (and some of rounds 3-5's) train for the first time.
+- ``ours-light-defaults``, ``ours-defaults``: ``ours-light`` and ``ours`` with the orchestrator's default
+  checks on. Every other edgetrain lane runs its server with ``norm_bound = 0`` (no reference update
+  trained on the server's data each round) and ``max_loss_rise = 0`` (no validation before commit), the
+  settings a fleet's ``[training]`` may give, because Flower's strategies and the plain loop do neither;
+  these two lanes price the defaults.
 - ``flwr-sim``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray), one CPU per
   ClientApp (``bench/flwr_app.py simulate``).
 - ``flwr-deploy``: Flower's deployment mode: ``flower-superlink --insecure`` and one
@@ -56,7 +61,7 @@ lanes are skipped with the reason.
 The plain lane also reruns its rounds with four other local batch draws (untimed) and reports their
 accuracies: the spread that chance alone gives, against which the lanes' accuracies are compared.
 
-Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy]
+Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours-light-defaults,ours,ours-defaults,ours-lean,ours-lean-warm,flwr-sim,flwr-deploy]
 [--rounds 5] [--clients 20] [--per-round 10] [--workers 2] [--threads 2] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
 [--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--out bench/results/vs_flower.json]``.
 Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
@@ -85,9 +90,16 @@ for _p in (ROOT, BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-LANES = ("plain", "ours-light", "ours", "ours-lean", "ours-lean-warm", "flwr-sim", "flwr-deploy")
+LANES = ("plain", "ours-light", "ours-light-defaults", "ours", "ours-defaults", "ours-lean", "ours-lean-warm",
+         "flwr-sim", "flwr-deploy")
+#: Lanes whose orchestrator keeps the server's default checks (a reference update per round for the norm
+#: bound, validation before commit); every other edgetrain lane runs with both off, as Flower and the plain
+#: loop do neither.
+DEFAULTS_LANES = ("ours-light-defaults", "ours-defaults")
 LABELS = {"plain": "plain loop (no framework)", "ours-light": "edgetrain lightweight emulation (devices as tasks)",
+          "ours-light-defaults": "edgetrain lightweight, server's default checks on",
           "ours": "edgetrain orchestrator + device processes",
+          "ours-defaults": "edgetrain device processes, server's default checks on",
           "ours-lean": "edgetrain, loss reported on one batch",
           "ours-lean-warm": "edgetrain, one-batch loss, devices warmed up",
           "flwr-sim": "Flower simulation (Ray)", "flwr-deploy": "Flower deployment (SuperLink + SuperNodes)"}
@@ -203,11 +215,16 @@ def _round_recorder(rounds: dict[int, dict], marks: dict[str, float] | None = No
 
 
 def _server_config(s: dict, store: Path, lean: bool = False):
-    """The orchestrator's settings for the workload (FedAvg, every device waited for)."""
+    """The orchestrator's settings for the workload (FedAvg, every device waited for).
+
+    Like Flower and the plain loop, the server neither trains a reference update per round (the norm
+    bound) nor validates a round before committing it, unless ``s["server_defaults"]`` (the
+    ``*-defaults`` lanes, which price those checks)."""
     import fl_common as fc
     from orchestrator.config import ServerConfig
 
-    return ServerConfig(
+    checks = {} if s.get("server_defaults") else {"norm_bound": 0.0, "max_loss_rise": 0.0}
+    return ServerConfig(**checks,
         model=fc.MODEL, strategy="vs_flower:LeanFedAvg" if lean else "fedavg",
         strategy_options={"eval_samples": s["batch"]} if lean else {}, rounds=s["rounds"],
         fraction=s["per_round"] / s["clients"], min_devices=s["clients"], local_steps=s["steps"],
@@ -667,18 +684,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="training threads per ours-light worker")
     ap.add_argument("--noise-runs", type=int, default=4,
                     help="untimed reruns of the plain loop with other batch draws (the chance spread)")
-    ap.add_argument("--lane", choices=("plain", "ours-light", "ours", "ours-lean", "ours-lean-warm"),
-                    help=argparse.SUPPRESS)
+    ap.add_argument("--lane", choices=[x for x in LANES if not x.startswith("flwr")], help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.lane:
         s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
+        s["server_defaults"] = args.lane in DEFAULTS_LANES
         if args.lane == "plain":
             res = lane_plain(s)
-        elif args.lane == "ours-light":
+        elif args.lane.startswith("ours-light"):
             res = lane_light(s)
         else:
             res = lane_ours(s, lean=args.lane.startswith("ours-lean"), warm=args.lane.endswith("warm"))
+        if args.lane != "plain":
+            res["server_checks"] = ("defaults: norm bound 1.0 (a reference update per round), validation before "
+                                    "commit (max_loss_rise 1.0)") if s["server_defaults"] else \
+                "off: norm_bound 0, max_loss_rise 0 (as Flower and the plain loop)"
         Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
         return
 
@@ -739,7 +760,7 @@ def main() -> None:
     wall = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_s") for lane in LANES}
     cpu = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_cpu_s") for lane in LANES}
     targets = {}
-    for ours in ("ours-light", "ours", "ours-lean", "ours-lean-warm"):
+    for ours in [x for x in LANES if x.startswith("ours")]:
         if wall["plain"] and wall[ours] and wall["flwr-sim"]:
             targets[f"{ours}: overhead per warm round below Flower simulation's (wall)"] = {
                 "ours_over_plain": wall[ours] / wall["plain"], "flwr_sim_over_plain": wall["flwr-sim"] / wall["plain"],

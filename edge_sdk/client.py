@@ -96,8 +96,9 @@ class DeviceConfig:
     #: Built tails kept between rounds (:class:`edge_sdk.warm_tails.WarmTails`), shared by the devices
     #: of a process (an emulator's worker); None: the tail is built every round and freed after it.
     warm_tails: Any = None
-    #: Return freed heap to the OS after each report (malloc_trim): what a device's budget wants.
-    #: A process running many devices (an emulator's worker) reuses the heap at once and keeps it.
+    #: Return freed heap to the OS after each report (malloc_trim), and give every large buffer its
+    #: own mapping (edge_sdk.memory.tune_allocator): what a device's budget wants. A process running
+    #: many devices (an emulator's worker) reuses the heap and its large buffers at once and keeps them.
     trim_memory: bool = True
     #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
     #: of downloads whenever the server's payloads have the same bytes (sha256).
@@ -197,7 +198,11 @@ class DeviceClient:
         x, y = source_arrays(source)
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
-        tune_allocator()
+        if config.trim_memory:
+            # Every large buffer its own mapping, returned when freed: what a budget wants. It costs
+            # page faults on each large tensor of every step (a quarter more CPU per mnist_cnn
+            # training step), which a process that keeps its heap (an emulator's worker) does not pay.
+            tune_allocator()
         self.config = config
         self.x, self.y = x, y
         #: What the local data is, for the hello: one sample's shape and the label count (None: regression).

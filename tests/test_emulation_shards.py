@@ -1,0 +1,47 @@
+"""Memory-mapped shards of emulated devices (orchestrator.emulation.shards)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from orchestrator.emulation.shards import mapped_rows, shard_path
+
+
+def _source(tmp_path, values: np.ndarray) -> np.memmap:
+    path = tmp_path / "data-train-all.x.npy"
+    np.save(path, values)
+    return np.load(path, mmap_mode="r")
+
+
+def test_mapped_rows_match_a_copy_and_are_a_read_only_map(tmp_path):
+    x = _source(tmp_path, np.arange(60, dtype=np.float32).reshape(20, 3))
+    idx = np.array([7, 2, 19, 4])
+    rows = mapped_rows(x, idx)
+    assert isinstance(rows, np.memmap) and not rows.flags.writeable
+    np.testing.assert_array_equal(rows, np.asarray(x)[idx])
+    again = mapped_rows(x, idx)  # the same file, not a second one
+    assert again.filename == rows.filename
+    assert len(list((tmp_path / "shards").iterdir())) == 1
+
+
+def test_other_rows_or_a_rewritten_dataset_get_their_own_shard(tmp_path):
+    x = _source(tmp_path, np.zeros((10, 2), dtype=np.float32))
+    first = mapped_rows(x, np.array([1, 2]))
+    assert shard_path(x, np.array([2, 1])) != shard_path(x, np.array([1, 2]))
+    # The dataset's cache is rebuilt with other values: a stale shard must not be served.
+    path = tmp_path / "data-train-all.x.npy"
+    np.save(path, np.ones((10, 2), dtype=np.float32))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    fresh = mapped_rows(np.load(path, mmap_mode="r"), np.array([1, 2]))
+    np.testing.assert_array_equal(fresh, np.ones((2, 2), dtype=np.float32))
+    np.testing.assert_array_equal(first, np.zeros((2, 2), dtype=np.float32))
+
+
+def test_an_array_in_memory_is_copied(tmp_path):
+    x = np.arange(12, dtype=np.float32).reshape(6, 2)
+    rows = mapped_rows(x, np.array([5, 0]))
+    assert not isinstance(rows, np.memmap)
+    np.testing.assert_array_equal(rows, x[[5, 0]])
