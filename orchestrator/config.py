@@ -138,6 +138,10 @@ class ServerConfig:
     max_loss_rise: NonNegative = setting(
         1.0, "A round whose model's validation loss exceeds (1 + this) x the committed model's, plus 0.1, is not "
              "committed (it runs again, then is journaled as failed); 0: no validation before commit.")
+    validation_samples: NonNegativeInt = setting(
+        1024, "Held-out samples round validation scores each round: a fixed random subset, the same every round "
+              "(a round it must catch at least doubles the loss, which a thousand samples show plainly); 0: all. "
+              "An evaluation round whose set is no larger scores once for both.", cli=False)
     allow_forced_split: bool = setting(
         False, "Honour a hello's labels[\"force_split\"] (emulation and tests only: it overrides the planner).",
         cli=False)

@@ -8,6 +8,7 @@ The held-out set is the user's (``--eval-data``: a ``.npz``/``.npy``/``.csv`` fi
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,16 @@ class Evaluator:
             keep.sort()
             x, y = x[keep], y[keep]
         self.x, self.y = x, y
+
+    def subset(self, n: int, seed: int) -> Evaluator:
+        """The same scoring on a fixed random ``n`` of the held-out samples (itself when ``n`` is 0 or
+        covers the set): round validation's set, scored every round at a fraction of an evaluation."""
+        if not n or n >= len(self.x):
+            return self
+        keep = np.sort(np.random.default_rng(seed).permutation(len(self.x))[:n])
+        part = copy.copy(self)
+        part.x, part.y = self.x[keep], self.y[keep]
+        return part
 
     def evaluate(self, model: LayeredModel, batch: int = 256) -> dict[str, float]:
         """The model's mean loss (and accuracy, for classes) on the held-out set; nothing without one."""

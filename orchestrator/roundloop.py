@@ -67,6 +67,7 @@ class RoundLoop:
         self.sessions, self.payloads, self.reports = sessions, payloads, reports
         self.send, self.emit = send, emit
         self.evaluator = Evaluator(config, template)
+        self.validator = self.evaluator.subset(config.validation_samples, config.seed)
         self.global_state = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
         self.start_round = 1
         self.history: list[dict] = []
@@ -226,13 +227,14 @@ class RoundLoop:
 
     async def _commit(self, r: int, metrics: dict[str, object], t0: float, cpu0: float,
                       scored: Mapping[str, float]) -> None:
-        """Evaluate (when due; ``scored``: the committed state's validation, if it had one),
+        """Evaluate (when due; ``scored``: the committed state's validation scores, if it had one),
         checkpoint and journal round ``r``."""
         eval_s = eval_cpu = 0.0
         if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
             te, tc = time.monotonic(), time.process_time()
             state = self.global_state
-            metrics.update(scored or await asyncio.to_thread(
+            reuse = scored if self.validator is self.evaluator else {}  # validation scored the whole set
+            metrics.update(reuse or await asyncio.to_thread(
                 lambda: self.evaluator.evaluate(model_at(self.template, state))))
             eval_s, eval_cpu = time.monotonic() - te, time.process_time() - tc
         metrics.update({
@@ -268,14 +270,14 @@ class RoundLoop:
         return self.payloads.check_chunks(state, ranges)
 
     def validate(self, state: dict[str, np.ndarray]) -> tuple[str | None, dict[str, float]]:
-        """Score ``state`` on the validation data (blocking): (why it may not be committed, or None;
+        """Score ``state`` on the validation samples (blocking): (why it may not be committed, or None;
         its scores). The committed model is scored first if it has not been (round 1, --resume)."""
         if not self.validation.enabled:
             return None, {}
         try:
             if self.validation.loss is None:
-                self.validation.committed(self.evaluator.evaluate(model_at(self.template, self.global_state)))
-            scored = self.evaluator.evaluate(model_at(self.template, state))
+                self.validation.committed(self.validator.evaluate(model_at(self.template, self.global_state)))
+            scored = self.validator.evaluate(model_at(self.template, state))
         except (RuntimeError, ValueError) as exc:  # held-out data the model cannot take: no validation
             log.warning("round validation is off: the model cannot be scored on --data (%s)", exc)
             self.validation.max_rise = 0.0

@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
@@ -17,7 +18,8 @@ from orchestrator.store import Store
 from tests.scripted import scripted_device
 
 
-def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("validation_samples", [1024, 16])  # the whole set (100), then a subset of it
+def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path, validation_samples: int) -> None:
     events: list[tuple[str, dict]] = []
 
     def poison_once(n: int, shape) -> np.ndarray:
@@ -29,7 +31,8 @@ def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path) -> None:
     async def main():
         # The norm bound off: this round's poison must get past every other bound to reach the check.
         config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic",
-                              store_dir=tmp_path / "s", deadline_s=30, norm_bound=0)
+                              store_dir=tmp_path / "s", deadline_s=30, norm_bound=0,
+                              validation_samples=validation_samples)
         orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
         initial = {k: v.copy() for k, v in orch.global_state.items()}
         url = f"ws://127.0.0.1:{orch.port}"
@@ -43,9 +46,25 @@ def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path) -> None:
     assert [h["round"] for h in history] == [1, 2] and history[0]["attempt"] == 2
     assert "validation loss rose" in history[0]["retried"][0] and "failed" not in history[0]
     assert history[1]["test_loss"] < 2 * history[0]["test_loss"] + 0.1
+    assert all(h["test_samples"] == 100 for h in history)  # the rounds' scores: the whole held-out set
     with Store(tmp_path / "s") as store:
         done, state = store.last_completed()
         journaled = store.rounds()[0]["metrics"]
     assert done == 2 and "validation loss rose" in journaled["retried"][0]
     for name, value in state.items():  # two committed rounds of small updates: nothing of the poison
         assert np.abs(value - initial[name]).max() < 0.1, name
+
+
+def test_validation_scores_a_fixed_subset_of_the_held_out_set() -> None:
+    """Validation every round costs a thousand samples, not a whole evaluation: the same samples
+    every round (a candidate is compared with the committed model on equal terms), the whole set
+    when it is no larger, and an evaluation round of such a set scores once for both."""
+    from orchestrator.evaluate import Evaluator
+
+    full = Evaluator(ServerConfig(model="digits_mlp", eval_data="digits"))
+    part = full.subset(100, seed=3)
+    assert len(part.x) == 100 and part.enabled and len(full.x) > 100
+    assert np.array_equal(part.x, full.subset(100, seed=3).x)  # the same samples each time
+    rows = {r.tobytes() for r in full.x}
+    assert all(r.tobytes() in rows for r in part.x)
+    assert full.subset(0, seed=3) is full and full.subset(len(full.x), seed=3) is full
