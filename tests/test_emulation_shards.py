@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from orchestrator.emulation.shards import mapped_rows, shard_path
+from orchestrator.emulation.shards import UNUSED_DAYS, mapped_rows, shard_path
 
 
 def _source(tmp_path, values: np.ndarray) -> np.memmap:
@@ -45,3 +45,19 @@ def test_an_array_in_memory_is_copied(tmp_path):
     rows = mapped_rows(x, np.array([5, 0]))
     assert not isinstance(rows, np.memmap)
     np.testing.assert_array_equal(rows, x[[5, 0]])
+
+
+def test_shards_unused_for_days_are_removed_when_a_new_one_is_written(tmp_path):
+    """The folder keeps recent runs' partitions, not every seed's ever tried: a shard nobody used
+    for UNUSED_DAYS goes when a new one is written; one used since, even if written long ago, stays."""
+    x = _source(tmp_path, np.arange(40, dtype=np.float32).reshape(20, 2))
+    old, reused = mapped_rows(x, np.array([0, 1])), mapped_rows(x, np.array([2, 3]))
+    long_ago = os.stat(old.filename).st_mtime - (UNUSED_DAYS + 1) * 86400
+    for f in (old.filename, reused.filename):
+        os.utime(f, (long_ago, long_ago))
+    mapped_rows(x, np.array([2, 3]))  # used again today
+    mapped_rows(x, np.array([4, 5]))  # a new shard: the folder is pruned
+    left = {p.name for p in (tmp_path / "shards").iterdir()}
+    assert os.path.basename(old.filename) not in left
+    assert os.path.basename(reused.filename) in left and len(left) == 2
+    np.testing.assert_array_equal(old, np.asarray(x)[[0, 1]])  # a map still held keeps its pages

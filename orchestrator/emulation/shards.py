@@ -10,21 +10,28 @@ pressure) and the rest are never resident.
 The file's name is a hash of the dataset file it was cut from (path, size, modification time)
 and of the rows, so a rebuilt dataset or another partition gets a new file; a shard file is
 written atomically (:func:`edge_sdk.fileio.atomic_write`), so concurrent workers or runs never
-read a partial one.
+read a partial one. Every use marks its file as used; writing a new one removes the shard files no
+run has used for :data:`UNUSED_DAYS` days, so the folder holds the partitions of recent runs, not
+of every seed ever tried.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 
 from edge_sdk.fileio import atomic_write
 
-__all__ = ["mapped_rows", "shard_path"]
+__all__ = ["UNUSED_DAYS", "mapped_rows", "shard_path"]
+
+#: Shard files not used for this long are removed when a new one is written.
+UNUSED_DAYS = 3.0
 
 
 def shard_path(source: np.memmap, idx: np.ndarray) -> Path | None:
@@ -46,9 +53,20 @@ def mapped_rows(source: np.ndarray, idx: np.ndarray) -> np.ndarray:
     path = shard_path(source, idx) if isinstance(source, np.memmap) else None
     if path is None:
         return np.asarray(source[idx])
-    if not path.is_file():
+    try:
+        os.utime(path)  # used now: kept by the pruning below
+    except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(source[idx]))
         atomic_write(path, buf.getbuffer(), durable=False)
+        _prune(path.parent, time.time() - UNUSED_DAYS * 86400)
     return np.load(path, mmap_mode="r")
+
+
+def _prune(folder: Path, unused_since: float) -> None:
+    """Remove the shard files last used before ``unused_since`` (a run mapping one keeps its pages)."""
+    for old in folder.glob("*.npy"):
+        with contextlib.suppress(FileNotFoundError):  # another worker pruned it first
+            if old.stat().st_mtime < unused_since:
+                old.unlink()
