@@ -186,7 +186,7 @@ class ServerConfig:
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
                                       "lr_decay_at", "lr_decay", "momentum", "weight_decay", "eval_source",
-                                      "norm_bound", "max_loss_rise")
+                                      "norm_bound", "max_loss_rise", "validation_samples")
 
 
 @functools.cache

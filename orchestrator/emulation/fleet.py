@@ -22,6 +22,9 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     weight_decay = 1e-4
     eval_source = "holdout.npz"          # the server's held-out set: a .npz/.npy/.csv file, package.module:function,
                                          # or "none" (default: the dataset's test split)
+    norm_bound = 1.0                     # the server's checks (docs/security.md); 0 turns each off
+    max_loss_rise = 1.0
+    validation_samples = 1024            # held-out samples each round's validation scores (0: all)
 
     [strategy]                           # the strategy's options (ServerConfig.strategy_options)
     epsilon = 0.3                        # e.g. fedalign's; varsel takes budget, internal_label, ...
