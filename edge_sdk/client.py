@@ -41,7 +41,8 @@ from edge_sdk import protocol as p
 from edge_sdk.algorithms import DEFAULT_REGISTRY
 from edge_sdk.credentials import make_proof
 from edge_sdk.data.sources import DataSource, as_source, source_arrays
-from edge_sdk.memory import peak_rss_bytes, release_memory, tune_allocator
+from edge_sdk.memory import (keep_freed_buffers, may_keep_freed_buffers, peak_rss_bytes, release_memory,
+                             tune_allocator)
 from edge_sdk.phases import DeviceRegistry, Tensors, TrainedUpdate
 from edge_sdk.privacy import PrivateHeat, private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
@@ -199,10 +200,12 @@ class DeviceClient:
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
         if config.trim_memory:
-            # Every large buffer its own mapping, returned when freed: what a budget wants. It costs
-            # page faults on each large tensor of every step (a quarter more CPU per mnist_cnn
-            # training step), which a process that keeps its heap (an emulator's worker) does not pay.
+            # Every large buffer its own mapping, returned when freed: what a budget wants until the
+            # plan says how much of it the device needs (_allocator_for_plan).
             tune_allocator()
+        #: Whether freed large buffers stay in the heap for reuse until the next trim (the plan
+        #: left room for it, edge_sdk.memory.may_keep_freed_buffers), or go back to the OS at once.
+        self.keeps_freed_buffers = not config.trim_memory
         self.config = config
         self.x, self.y = x, y
         #: What the local data is, for the hello: one sample's shape and the label count (None: regression).
@@ -284,8 +287,10 @@ class DeviceClient:
         ))
         welcome = await self._expect(ch, p.Welcome)
         self.welcome = welcome
+        self._allocator_for_plan()
         self.on_event("welcome", {"device": c.device_id, "role": welcome.role, "split": welcome.split,
-                                  "chunks": [list(ch) for ch in welcome.chunks]})
+                                  "chunks": [list(ch) for ch in welcome.chunks],
+                                  "keeps_freed_buffers": self.keeps_freed_buffers})
         while True:
             msg = await recv_msg(ch)
             if isinstance(msg, p.Bye):
@@ -655,6 +660,16 @@ class DeviceClient:
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"edgetrain-{self.config.device_id}-")
         return Path(self._tmp.name)
+
+    def _allocator_for_plan(self) -> None:
+        """Reuse freed buffers where the budget has room over the planned footprint: page faults on
+        every large tensor of every step cost a device process a fifth to two fifths of its
+        training CPU (edge_sdk.memory). A plan close to the budget keeps each buffer returned at once."""
+        if not self.config.trim_memory or self.welcome is None:
+            return
+        footprint = int(self.welcome.config.get("footprint_bytes", self.config.budget_bytes))
+        keep = may_keep_freed_buffers(self.config.budget_bytes, footprint)
+        self.keeps_freed_buffers = keep_freed_buffers(keep) and keep
 
     def _release(self) -> None:
         if self.config.trim_memory:

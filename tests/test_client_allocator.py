@@ -1,46 +1,90 @@
-"""A device keeps glibc's large-buffer policy only where it returns its heap (DeviceConfig.trim_memory).
+"""Where a device's freed large buffers go (edge_sdk.memory, DeviceConfig.trim_memory).
 
-A device process (trim_memory, the default) gives every large buffer its own mapping, so a freed
-tensor goes back to the OS at once, at the price of page faults on each large tensor of every step.
-An emulator's worker runs many devices and keeps its heap: its large buffers are reused, not faulted
-in again, for every training step of every device.
+A device process starts by giving every large buffer its own mapping, so a freed tensor goes back to
+the OS at once, at the price of page faults on each large tensor of every step. Once its plan is
+known, a device whose budget has room over the planned footprint keeps freed buffers in the heap for
+the next step and trims after every phase; one planned close to its budget keeps the mappings. An
+emulator's worker runs many devices and keeps its heap throughout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from edge_sdk.memory import _libc
+from edge_sdk.memory import KEEP_HEADROOM, _libc, may_keep_freed_buffers
+from orchestrator.config import ServerConfig
+from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
+
+needs_glibc = pytest.mark.skipif(_libc() is None, reason="no glibc-style allocator controls on this C library")
 
 _CODE = """
-import sys
 import numpy as np
 from edge_sdk.client import DeviceClient, DeviceConfig
-from edge_sdk.memory import rss_bytes
+from edge_sdk.memory import keep_freed_buffers, release_memory, rss_bytes
 config = DeviceConfig(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, trim_memory={trim})
 DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64))
+if {keep} is not None:
+    keep_freed_buffers({keep})
 released = []
 for _ in range(6):  # a 4 MiB tensor allocated, written and freed, as every training step does
     a = np.ones(1 << 19)
     held = rss_bytes()
     del a
     released.append(held - rss_bytes())
-print(min(released[2:]))
+before = rss_bytes()
+release_memory()
+print(min(released[2:]), before - rss_bytes())
 """
 
 
-def _released(trim: bool) -> int:
-    """Bytes a freed 4 MiB buffer gives back to the OS at once (after two warm-up rounds)."""
-    out = subprocess.run([sys.executable, "-c", _CODE.format(trim=trim)], capture_output=True, text=True, check=True)
-    return int(out.stdout.split()[-1])
+def _released(trim: bool, keep: bool | None = None) -> tuple[int, int]:
+    """Bytes a freed 4 MiB buffer gives back to the OS at once (after two warm-up rounds), and bytes
+    the trim after the phase gives back."""
+    out = subprocess.run([sys.executable, "-c", _CODE.format(trim=trim, keep=keep)], capture_output=True, text=True,
+                         check=True)
+    freed, trimmed = out.stdout.split()[-2:]
+    return int(freed), int(trimmed)
 
 
-@pytest.mark.skipif(_libc() is None, reason="no glibc-style allocator controls on this C library")
+@needs_glibc
 def test_a_device_maps_large_buffers_and_a_worker_reuses_them() -> None:
     # Read as resident memory, not page faults: with transparent huge pages a fresh 4 MiB mapping
     # faults in as two pages, so a fault count says little about which policy ran.
-    assert _released(True) >= 3 << 20  # its own mapping: unmapped when freed, out of the budget at once
-    assert _released(False) < 1 << 20  # from the heap: stays resident, reused by the next step
+    assert _released(True)[0] >= 3 << 20  # its own mapping: unmapped when freed, out of the budget at once
+    assert _released(False)[0] < 1 << 20  # from the heap: stays resident, reused by the next step
+
+
+@needs_glibc
+def test_kept_buffers_stay_for_the_next_step_and_go_at_the_trim() -> None:
+    freed, trimmed = _released(True, keep=True)
+    assert freed < 1 << 20 and trimmed >= 3 << 20  # reused while training, handed back after the phase
+    freed, _ = _released(True, keep=False)
+    assert freed >= 3 << 20
+
+
+def test_only_a_budget_with_room_over_the_footprint_keeps_freed_buffers() -> None:
+    footprint = 400 << 20
+    assert may_keep_freed_buffers(int(footprint * (1 + KEEP_HEADROOM)), footprint)
+    assert not may_keep_freed_buffers(int(footprint * (1 + KEEP_HEADROOM)) - 1, footprint)
+    assert not may_keep_freed_buffers(footprint, footprint) and not may_keep_freed_buffers(1 << 40, 0)
+
+
+@needs_glibc
+def test_the_plan_decides_per_device(tmp_path: Path) -> None:
+    """Two real device processes: one planned far under its budget keeps freed buffers, the weak one
+    planned at the smallest budget that holds its split returns them at once."""
+    budgets = role_budgets("digits_mlp")
+    launches = [DeviceLaunch("roomy-0", 4 << 30, client=0, num_clients=2),
+                DeviceLaunch("tight-1", budgets["weak"], client=1, num_clients=2)]
+    config = ServerConfig(model="digits_mlp", rounds=1, min_devices=2, local_steps=2, store_dir=tmp_path / "store",
+                          deadline_s=120)
+    run = asyncio.run(run_local_fleet(config, launches))
+    welcomes = {d: [e for e in events if e.get("event") == "welcome"] for d, events in run.device_events.items()}
+    assert [w["keeps_freed_buffers"] for w in welcomes["roomy-0"]] == [True]
+    assert [w["keeps_freed_buffers"] for w in welcomes["tight-1"]] == [False]
+    assert [h["reported"] for h in run.history] == [2]
