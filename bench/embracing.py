@@ -238,6 +238,11 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
         "momentum = 0.9",
         "weight_decay = 1e-4",
         "",
+        "# The papers' sample-weighted mean: no cap on one device's weight (docs/security.md). Kept by",
+        "# --strategy width, which takes the same option.",
+        "[strategy]",
+        "max_weight_share = 1.0",
+        "",
         "[partition]",
         setup.partition,
         "",
@@ -363,7 +368,9 @@ def run_one(spec: RunSpec) -> dict:
     store = folder / "store"
     done = completed_rounds(store)
     config = server_config(fleet, rounds=spec.rounds, store_dir=store, data_root=spec.data_root, deadline_s=600)
-    config = dataclasses.replace(config, strategy=spec.method, strategy_options={}, eval_every=spec.eval_every,
+    # Both methods aggregate as the paper does: the fleet's [strategy] max_weight_share = 1.0 (no cap).
+    config = dataclasses.replace(config, strategy=spec.method, strategy_options=dict(fleet.strategy_options),
+                                 eval_every=spec.eval_every,
                                  eval_limit=setup.eval_limit, resume=done > 0, keep_checkpoints=1)
     sessions_file = folder / "sessions.json"
     sessions = json.loads(sessions_file.read_text()) if sessions_file.is_file() else []

@@ -139,19 +139,22 @@ def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backen
 
 def _server_config(spec: Fleet, run_dir: Path, *, rounds: int | None, data_root: str | None, deadline: float,
                    strategy: str | None, resume: bool) -> tuple[ServerConfig, int]:
-    """The orchestrator's settings for the fleet (``--strategy`` replacing its strategy and options), and
+    """The orchestrator's settings for the fleet (``--strategy`` replacing its strategy, with those of the
+    fleet's [strategy] options the new one also takes, e.g. a paper fleet's ``max_weight_share``), and
     the rounds its store already completed (resuming)."""
     from orchestrator.emulation.runner import completed_rounds
     from orchestrator.emulation.schedule import server_config
     from orchestrator.strategies import strategy_class
+    from orchestrator.strategies.options import option_specs
 
     config = server_config(spec, rounds=rounds, store_dir=run_dir / "store", data_root=data_root, deadline_s=deadline)
     if strategy is not None and strategy != config.strategy:
         try:
-            strategy_class(strategy)
+            takes = option_specs(strategy_class(strategy))
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--strategy") from None
-        config = dataclasses.replace(config, strategy=strategy, strategy_options={})
+        kept = {k: v for k, v in config.strategy_options.items() if k in takes}
+        config = dataclasses.replace(config, strategy=strategy, strategy_options=kept)
     if not resume:
         return config, 0
     return dataclasses.replace(config, resume=True), completed_rounds(config.store_dir)

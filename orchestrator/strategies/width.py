@@ -43,7 +43,7 @@ out of the round and listed in ``extra["skipped_no_torch"]``. Full-width devices
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the rat
 from edge_sdk.models.zoo import model_for_state, width_shapes
 from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
+    DEFAULT_WEIGHT_SHARE,
     AveragingStrategy,
     DeviceReport,
     Instruction,
@@ -61,7 +62,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
     Weighting,
 )
-from orchestrator.values import Fraction
+from orchestrator.values import Fraction, Range
 from profiles.planner import width_cost
 
 __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
@@ -78,8 +79,9 @@ class WidthReduction(AveragingStrategy):
     """Static width reduction (HeteroFL / FjORD ordered dropout) on the planner's roles.
 
     Options: ``strong``, ``moderate``, ``weak`` (width ratios per role, in (0, 1]; appendix 6.4),
-    ``bn`` (one of :data:`BN_MODES`), ``weighting``, and ``model`` (the zoo model the state belongs
-    to; by default recognised from the global state's entries and shapes).
+    ``bn`` (one of :data:`BN_MODES`), ``weighting``, ``model`` (the zoo model the state belongs
+    to; by default recognised from the global state's entries and shapes) and ``max_weight_share``
+    (:class:`AveragingStrategy`'s cap on one device's weight; 1.0: the papers' sample-weighted mean).
     """
 
     name = "width"
@@ -89,8 +91,9 @@ class WidthReduction(AveragingStrategy):
     sends_chunks = False
 
     def __init__(self, weighting: Weighting = "samples", strong: Fraction = 1.0, moderate: Fraction = 0.45,
-                 weak: Fraction = 0.2, bn: BnMode = "full", model: str = "") -> None:
-        super().__init__(weighting=weighting)
+                 weak: Fraction = 0.2, bn: BnMode = "full", model: str = "",
+                 max_weight_share: Annotated[float, Range(0, 1, low_open=True)] = DEFAULT_WEIGHT_SHARE) -> None:
+        super().__init__(weighting=weighting, max_weight_share=max_weight_share)
         self.ratios: dict[str, float] = {"strong": strong, "moderate": moderate, "weak": weak}
         self.bn = bn
         self.model = model
