@@ -97,9 +97,10 @@ class DeviceConfig:
     #: Built tails kept between rounds (:class:`edge_sdk.warm_tails.WarmTails`), shared by the devices
     #: of a process (an emulator's worker); None: the tail is built every round and freed after it.
     warm_tails: Any = None
-    #: Return freed heap to the OS after each report (malloc_trim), and give every large buffer its
-    #: own mapping (edge_sdk.memory.tune_allocator): what a device's budget wants. A process running
-    #: many devices (an emulator's worker) reuses the heap and its large buffers at once and keeps them.
+    #: Return freed heap to the OS after each chunk and report (malloc_trim), and give every large
+    #: buffer its own mapping (edge_sdk.memory.tune_allocator) unless the plan leaves room to keep
+    #: them for the next step (edge_sdk.memory.may_keep_freed_buffers): what a device's budget wants.
+    #: A process running many devices (an emulator's worker) reuses the heap and keeps it.
     trim_memory: bool = True
     #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
     #: of downloads whenever the server's payloads have the same bytes (sha256).
