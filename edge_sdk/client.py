@@ -651,8 +651,7 @@ class DeviceClient:
         if graph or any(d is None for d in runner.output_shape):
             return "disk"
         need = len(self.x) * math.prod(runner.output_shape) * np.dtype(runner.output_dtype).itemsize
-        footprint = int(self.welcome.config.get("footprint_bytes", self.config.budget_bytes)) if self.welcome else self.config.budget_bytes
-        return "memory" if need <= self.config.budget_bytes - footprint else "disk"
+        return "memory" if need <= self.config.budget_bytes - self._planned_footprint() else "disk"
 
     def _work_dir(self) -> Path:
         if self.config.work_dir is not None:
@@ -662,14 +661,18 @@ class DeviceClient:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"edgetrain-{self.config.device_id}-")
         return Path(self._tmp.name)
 
+    def _planned_footprint(self) -> int:
+        """The plan's peak bytes (runtime included); the whole budget before a plan or without one."""
+        given = self.welcome.config.get("footprint_bytes") if self.welcome else None
+        return self.config.budget_bytes if given is None else int(given)
+
     def _allocator_for_plan(self) -> None:
         """Reuse freed buffers where the budget has room over the planned footprint: page faults on
         every large tensor of every step cost a device process a fifth to two fifths of its
         training CPU (edge_sdk.memory). A plan close to the budget keeps each buffer returned at once."""
         if not self.config.trim_memory or self.welcome is None:
             return
-        footprint = int(self.welcome.config.get("footprint_bytes", self.config.budget_bytes))
-        keep = may_keep_freed_buffers(self.config.budget_bytes, footprint)
+        keep = may_keep_freed_buffers(self.config.budget_bytes, self._planned_footprint())
         self.keeps_freed_buffers = keep_freed_buffers(keep) and keep
 
     def _release(self) -> None:

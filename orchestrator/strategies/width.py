@@ -43,7 +43,7 @@ out of the round and listed in ``extra["skipped_no_torch"]``. Full-width devices
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -62,7 +62,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
     Weighting,
 )
-from orchestrator.values import Fraction, Range
+from orchestrator.values import Fraction
 from profiles.planner import width_cost
 
 __all__ = ["BN_MODES", "WIDTH_KEY", "WidthReduction"]
@@ -92,7 +92,7 @@ class WidthReduction(AveragingStrategy):
 
     def __init__(self, weighting: Weighting = "samples", strong: Fraction = 1.0, moderate: Fraction = 0.45,
                  weak: Fraction = 0.2, bn: BnMode = "full", model: str = "",
-                 max_weight_share: Annotated[float, Range(0, 1, low_open=True)] = DEFAULT_WEIGHT_SHARE) -> None:
+                 max_weight_share: Fraction = DEFAULT_WEIGHT_SHARE) -> None:
         super().__init__(weighting=weighting, max_weight_share=max_weight_share)
         self.ratios: dict[str, float] = {"strong": strong, "moderate": moderate, "weak": weak}
         self.bn = bn
