@@ -25,7 +25,7 @@ from edge_sdk.training import TrainConfig, TrainResult, sample_plan
 
 __all__ = [
     "MomentumSGD", "TrainConfig", "TrainResult", "build_tail", "evaluate_tail", "load_tail_state", "local_rows",
-    "tail_state", "train_tail", "warm_up",
+    "mode_free", "tail_state", "train_tail", "warm_up",
 ]
 
 
@@ -169,6 +169,26 @@ def load_tail_state(model: LayeredModel, split: int, state: Mapping[str, np.ndar
             target.copy_(source.to(target.dtype))
 
 
+#: Modules whose output depends on ``Module.training``: batch statistics and dropout.
+_MODE_DEPENDENT = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd)
+
+
+def mode_free(model: LayeredModel, split: int) -> bool:
+    """Whether blocks [split, L) compute the same function in training and evaluation mode: every
+    module is one of torch.nn's or says so (a class attribute ``mode_free = True``), and none keeps
+    batch statistics or drops out (a ``dropout`` rate above 0, as recurrent and attention layers
+    take). Any other module may read ``self.training`` and is not assumed to be."""
+    for i in range(split, len(model)):
+        for module in model.block(i).modules():
+            known = type(module).__module__.startswith("torch.nn.") or getattr(type(module), "mode_free", False) is True
+            if not known or isinstance(module, _MODE_DEPENDENT):
+                return False
+            rate = getattr(module, "dropout", 0.0)
+            if isinstance(rate, (int, float)) and rate > 0:
+                return False
+    return True
+
+
 def _mean_loss(model: LayeredModel, split: int, x: np.ndarray, y: np.ndarray, idx: np.ndarray, batch: int) -> float:
     """Mean loss over the samples ``idx``, one batch at a time (never a copy of all of them)."""
     model.eval()
@@ -227,18 +247,25 @@ def train_tail(
             anchors = [(p, torch.from_numpy(np.asarray(initial[n]))) for n, p in model.named_parameters()
                        if p.requires_grad and n in initial]
 
-    # Evaluated at the training batch size: a larger one would need more memory than the plan gives.
-    loss_before = _mean_loss(model, split, x, y, eval_idx, config.batch_size)
+    # The loss before training is the first step's own when that step sees the evaluation samples
+    # (sample_plan) and the tail computes the same function in training and evaluation mode: one
+    # forward pass less per round. Otherwise it is evaluated at the training batch size (a larger
+    # one would need more memory than the plan gives).
+    first_step_scores = bool(batches) and eval_idx is batches[0] and mode_free(model, split)
+    loss_before = math.nan if first_step_scores else _mean_loss(model, split, x, y, eval_idx, config.batch_size)
 
     optimiser = MomentumSGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     model.train()
-    for idx in batches:
+    for step, idx in enumerate(batches):
         xb = torch.from_numpy(np.ascontiguousarray(x[idx]))
         yb = torch.from_numpy(np.ascontiguousarray(y[idx]))
         optimiser.zero_grad()
         loss = model.loss(model(xb, start=split), yb)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"local loss became {loss.item()}; lower the learning rate")
+        value = loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f"local loss became {value}; lower the learning rate")
+        if step == 0 and first_step_scores:
+            loss_before = value
         loss.backward()
         for p, w0 in anchors:  # gradient of (mu / 2) ||w - w_t||^2 is mu (w - w_t)
             if p.grad is not None:

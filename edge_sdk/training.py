@@ -44,11 +44,17 @@ def sample_plan(n: int, config: TrainConfig) -> tuple[np.ndarray, list[np.ndarra
     """The evaluation samples and each step's mini-batch for ``n`` local samples.
 
     One generator seeded with ``config.seed`` draws both, in this order, so the two backends
-    train on exactly the same batches (Algorithm 2: a random mini-batch per local step).
+    train on exactly the same batches (Algorithm 2: a random mini-batch per local step). When the
+    evaluation samples are as many as a batch, they are the first step's batch.
     """
     rng = np.random.default_rng(config.seed)
     eval_idx = rng.permutation(n)[: config.eval_samples]
     eval_idx.sort()
     batch = min(config.batch_size, n)
     steps = [np.sort(rng.choice(n, size=batch, replace=False)) for _ in range(config.local_steps)]
+    if steps and len(eval_idx) == batch:
+        # Loss samples of one batch (a train report's default) are the first step's mini-batch: the
+        # loss before training is then that step's own loss, which a trainer need not compute twice
+        # (edge_sdk.trainer.train_tail). The permutation is still drawn, so the steps do not move.
+        eval_idx = steps[0]
     return eval_idx, steps

@@ -116,3 +116,61 @@ def test_the_proximal_term_is_fedprox_objective() -> None:
     plain = train_tail(build_and_load(received, 0, "tiny"), 0, x, y, TrainConfig(local_steps=4, batch_size=8, lr=0.2,
                        momentum=0.0, weight_decay=0.0), initial=received)
     assert any(not np.allclose(plain.deltas[n], result.deltas[n]) for n in plain.deltas)
+
+
+def _forward_count(model) -> list[int]:
+    """Forward passes through the model's first block, counted by a hook."""
+    calls = [0]
+    model.block(0).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_loss_before_is_the_first_steps_own_loss_on_a_mode_free_tail() -> None:
+    """With one batch of loss samples (a train report's default) the first step's batch is scored:
+    the loss before training is that step's loss, one forward pass fewer, and the same number a
+    separate evaluation of that batch gives."""
+    from edge_sdk.trainer import _mean_loss, mode_free
+    from edge_sdk.training import sample_plan
+
+    model = build_model("mnist_cnn", seed=0)
+    state = tail_state(model, 0)
+    x = np.random.default_rng(1).random((300, 784), dtype=np.float32)
+    y = np.random.default_rng(2).integers(0, 10, 300)
+    config = TrainConfig(local_steps=4, batch_size=32, lr=0.05, eval_samples=32, seed=3)
+    eval_idx, batches = sample_plan(len(x), config)
+    assert eval_idx is batches[0] and mode_free(model, 0)
+    # The steps are the ones drawn with any other number of loss samples.
+    other = sample_plan(len(x), TrainConfig(local_steps=4, batch_size=32, eval_samples=512, seed=3))[1]
+    assert all(np.array_equal(a, b) for a, b in zip(batches, other))
+    expected = _mean_loss(build_and_load(state, 0, "mnist_cnn"), 0, x, y, eval_idx, 32)
+
+    tail = build_and_load(state, 0, "mnist_cnn")
+    calls = _forward_count(tail)
+    result = train_tail(tail, 0, x, y, config, state)
+    assert calls[0] == config.local_steps + 1  # the steps and the loss after; none for the loss before
+    assert abs(result.loss_before - expected) <= 1e-6 * abs(expected)
+
+
+def test_a_tail_with_dropout_or_batch_statistics_scores_the_loss_before_apart() -> None:
+    """Dropout and BatchNorm compute another function in training mode: the loss before training
+    is an evaluation-mode pass of its own, as the loss after is."""
+    from edge_sdk.trainer import _mean_loss, mode_free
+    from edge_sdk.training import sample_plan
+
+    for name, split in (("bilstm", 0), ("resnet20", 8)):
+        model = build_model(name, seed=0)
+        assert not mode_free(model, split)
+    model = build_model("resnet20", seed=0)
+    split = 8
+    state = tail_state(model, split)
+    x = model(torch.rand(96, 3, 32, 32), 0, split).detach().numpy()
+    y = np.random.default_rng(0).integers(0, 10, 96)
+    config = TrainConfig(local_steps=2, batch_size=32, lr=0.05, eval_samples=32, seed=1)
+    eval_idx, _ = sample_plan(len(x), config)
+    expected = _mean_loss(build_and_load(state, split, "resnet20"), split, x, y, eval_idx, 32)
+    tail = build_and_load(state, split, "resnet20")
+    calls = [0]
+    tail.block(split).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    result = train_tail(tail, split, x, y, config, state)
+    assert calls[0] == config.local_steps + 2
+    assert result.loss_before == expected

@@ -15,6 +15,8 @@ __all__ = ["char_lstm"]
 class LastStep(nn.Module):
     """An LSTM over the sequence; its output is the top layer's state after the last character."""
 
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
+
     def __init__(self, dim: int, hidden: int, layers: int) -> None:
         super().__init__()
         self.lstm = nn.LSTM(dim, hidden, num_layers=layers, batch_first=True)

@@ -161,6 +161,8 @@ def bilstm(vocab: int = 10_000, dim: int = 256, hidden: int = 256, seq_len: int 
 class PairEmbedding(nn.Module):
     """User and item tables looked up by a (user, item) index pair; output their concatenation."""
 
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
+
     def __init__(self, users: int, items: int, dim: int) -> None:
         super().__init__()
         self.user = nn.Embedding(users, dim)
@@ -192,6 +194,8 @@ class OneHotLR(nn.Module):
     """A logistic regression over one-hot features: one weight table per input column (row = the
     column's value), summed with a bias into one logit. Every table is sparse: a device trains only
     the rows its data holds."""
+
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
 
     def __init__(self, rows: Sequence[int], names: Sequence[str]) -> None:
         super().__init__()
