@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,25 @@ def test_summary_counts_warm_rounds_from_the_previous_end():
     assert sm["warm_round_s"] == 11.0
     assert sm["lo_bytes_per_round"] == [100, 100, 100]
     assert abs(sm["round_cpu_s"][1] - 5.5) < 1e-9
+
+
+def _run(wall: float, cpu: float, total: float = 10.0) -> dict:
+    return {"summary": {"warm_round_s": wall, "warm_round_cpu_s": cpu, "round_s": [wall], "round_cpu_s": [cpu]},
+            "total_wall_s": total, "memory_peak_bytes": {"all_pss": int(total) << 20}}
+
+
+def test_repeats_pair_each_lane_with_the_plain_loop_of_its_own_repeat():
+    # The machine slowed by a third in the second repeat: both lanes' ratios stay 1.5 and 2.
+    runs = {"plain": [_run(0.4, 0.4), _run(0.6, 0.6), _run(0.4, 0.4)],
+            "ours": [_run(0.6, 0.8), _run(0.9, 1.2), {"lane": "ours", "error": "exited with 1"}]}
+    paired = vs_flower.paired_ratios(runs)
+    assert paired["ours"]["wall_over_plain"] == pytest.approx(1.5)
+    assert paired["ours"]["cpu_over_plain"] == pytest.approx(2.0)
+    assert paired["ours"]["cpu_over_plain_each"] == pytest.approx([2.0, 2.0])  # the failed run counts for nothing
+    combined = vs_flower.combine_runs(runs["ours"])
+    assert combined["summary"]["warm_round_cpu_s"] == pytest.approx(1.0)  # the median of the runs that finished
+    assert combined["total_wall_s"] == 10.0 and len(combined["runs"]) == 3 and "error" in combined["runs"][2]
+    assert vs_flower.combine_runs(runs["plain"][:1]) == runs["plain"][0]  # one run is its own result
 
 
 def test_bytes_per_device_come_from_the_workers_resident_sets():
