@@ -67,6 +67,43 @@ def test_kept_buffers_stay_for_the_next_step_and_go_at_the_trim() -> None:
     assert freed >= 3 << 20
 
 
+_SERVER_CODE = """
+import threading
+import numpy as np
+from edge_sdk.memory import KeptHeap, rss_bytes, tune_allocator
+tune_allocator()  # the server's setting: a mapping per large buffer
+kept = KeptHeap()
+def burst(out):
+    for _ in range(6):  # an evaluation's activations: 4 MiB allocated, written, freed
+        a = np.ones(1 << 19)
+        held = rss_bytes()
+        del a
+        out.append(held - rss_bytes())
+inside, outside, still = [], [], []
+def work():  # as the server runs it: in a worker thread, whose malloc arena is not the main one
+    with kept:
+        with kept:  # bursts nest: the heap is kept until the last ends
+            burst(inside)
+        still.append(rss_bytes())
+t = threading.Thread(target=work)
+t.start(); t.join()
+after = rss_bytes()
+burst(outside)
+print(min(inside[2:]), still[0] - after, min(outside[2:]))
+"""
+
+
+@needs_glibc
+def test_a_server_keeps_freed_buffers_only_while_it_computes() -> None:
+    """The server maps every large buffer apart (its memory stays flat over a long run) but keeps
+    them for reuse while it evaluates or trains a model itself (RoundLoop._tensor_work)."""
+    out = subprocess.run([sys.executable, "-c", _SERVER_CODE], capture_output=True, text=True, check=True)
+    inside, trimmed, outside = (int(v) for v in out.stdout.split()[-3:])
+    assert inside < 1 << 20  # reused by the next batch's tensors
+    assert trimmed >= 3 << 20  # handed back when the last burst ended
+    assert outside >= 3 << 20  # then each buffer is unmapped when freed, as before
+
+
 def test_only_a_budget_with_room_over_the_footprint_keeps_freed_buffers() -> None:
     footprint = 400 << 20
     assert may_keep_freed_buffers(int(footprint * (1 + KEEP_HEADROOM)), footprint)

@@ -308,6 +308,7 @@ class WeightedSums:
         self.devices: list[str] = []
         self.samples = 0
         self._loss = [0.0, 0.0, 0]
+        self._scratch = np.empty(0, dtype=np.float64)  # w * delta of one entry, reused report after report
 
     def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
             region: tuple[slice, ...] | np.ndarray | None = None, *, device: str = "") -> None:
@@ -336,18 +337,28 @@ class WeightedSums:
                 w = self._part_w[name] = np.zeros(old.shape[0], dtype=np.float64)
             w[rows] += weight
         elif region is None:
-            np.add(acc, np.multiply(delta, weight, dtype=np.float64), out=acc)
+            np.add(acc, self._scaled(delta, weight), out=acc)
             self._dense_w[name] = self._dense_w.get(name, 0.0) + weight
             if self._cap is not None:
                 self._cap.track(name, weight, delta, device)
         else:
             view = acc[region]
-            np.add(view, np.multiply(delta, weight, dtype=np.float64), out=view)
+            np.add(view, self._scaled(delta, weight), out=view)
             w = self._part_w.get(name)
             if w is None:
                 w = self._part_w[name] = np.zeros(old.shape, dtype=np.float64)
             w[region] += weight
         self.counts[name] += 1
+
+    def _scaled(self, delta: np.ndarray, weight: float) -> np.ndarray:
+        """``weight * delta`` in float64, written into a buffer the sums keep (the size of the largest
+        entry): a report's fold allocates no temporary the size of its tensors."""
+        delta = np.asarray(delta)
+        if self._scratch.size < delta.size:
+            self._scratch = np.empty(delta.size, dtype=np.float64)
+        out = self._scratch[: delta.size].reshape(delta.shape)
+        np.multiply(delta, weight, out=out, dtype=np.float64)
+        return out
 
     def add_report(self, report: DeviceReport, weight: float) -> None:
         """Add every tensor of a checked report, each where its selection placed it."""
