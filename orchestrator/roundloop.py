@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -43,8 +42,6 @@ from orchestrator.strategies import DeviceReport, Instruction, Refused, RoundCon
 from orchestrator.validation import RoundValidation
 
 __all__ = ["RoundLoop", "role_counts"]
-
-T = TypeVar("T")
 
 log = logging.getLogger("edgetrain.server")
 
@@ -70,7 +67,10 @@ class RoundLoop:
         self.sessions, self.payloads, self.reports = sessions, payloads, reports
         self.send, self.emit = send, emit
         self.evaluator = Evaluator(config, template)
-        self.kept_heap = KeptHeap()  # see _tensor_work
+        # The server's own torch work (the reference update, the chunks' check, validation, evaluation)
+        # reuses freed buffers while it runs: with a mapping per buffer (the server's setting, so its
+        # memory stays flat) every activation is faulted in anew, 3x a ResNet20 evaluation's time.
+        self.kept_heap = KeptHeap()
         self.validator = self.evaluator.subset(config.validation_samples, config.seed)
         self.global_state = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
         self.start_round = 1
@@ -151,7 +151,7 @@ class RoundLoop:
         """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         rs, ctx = self._open(r, attempt)
-        await self._tensor_work(self.norms.begin_round, self.global_state, r)
+        await asyncio.to_thread(self.norms.begin_round, self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
@@ -164,10 +164,10 @@ class RoundLoop:
         result = self.strategy.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
-        failure = await self._tensor_work(self.check_state, candidate)
+        failure = await asyncio.to_thread(self.check_state, candidate)
         scored: dict[str, float] = {}
         if failure is None:
-            failure, scored = await self._tensor_work(self.validate, candidate)
+            failure, scored = await asyncio.to_thread(self.validate, candidate)
         self._journal_capped(r, result)
         if failure is None:
             self.global_state = candidate
@@ -238,8 +238,7 @@ class RoundLoop:
             te, tc = time.monotonic(), time.process_time()
             state = self.global_state
             reuse = scored if self.validator is self.evaluator else {}  # validation scored the whole set
-            metrics.update(reuse or await self._tensor_work(
-                lambda: self.evaluator.evaluate(model_at(self.template, state))))
+            metrics.update(reuse or await asyncio.to_thread(self._score, self.evaluator, state))
             eval_s, eval_cpu = time.monotonic() - te, time.process_time() - tc
         metrics.update({
             "round_wall_s": time.monotonic() - t0,
@@ -260,16 +259,10 @@ class RoundLoop:
         self.retried = []
         self.emit("round_end", metrics)
 
-    async def _tensor_work(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)`` in a worker thread, freed buffers kept for reuse while it runs (the server's
-        own torch work: the reference update, the chunks' export and check, validation, evaluation;
-        with a mapping per buffer every activation is faulted in anew, 3.5x the evaluation's time on
-        ResNet20). The heap is trimmed when it ends (:class:`~edge_sdk.memory.KeptHeap`)."""
-        def run() -> T:
-            with self.kept_heap:
-                return fn(*args)
-
-        return await asyncio.to_thread(run)
+    def _score(self, evaluator: Evaluator, state: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """``evaluator``'s scores of the model at ``state`` (blocking)."""
+        with self.kept_heap:
+            return evaluator.evaluate(model_at(self.template, state))
 
     def check_state(self, state: dict[str, np.ndarray]) -> str | None:
         """None if ``state`` may become the global model, else why not: every value finite, and
@@ -282,7 +275,8 @@ class RoundLoop:
         ranges = sorted({(int(a), int(b)) for s in list(self.sessions.values()) for a, b in s.plan.chunks})
         if not ranges or not self.strategy.sends_chunks:  # width reduction sends none
             return None
-        return self.payloads.check_chunks(state, ranges)
+        with self.kept_heap:  # torch exports and runs the chunks
+            return self.payloads.check_chunks(state, ranges)
 
     def validate(self, state: dict[str, np.ndarray]) -> tuple[str | None, dict[str, float]]:
         """Score ``state`` on the validation samples (blocking): (why it may not be committed, or None;
@@ -291,8 +285,8 @@ class RoundLoop:
             return None, {}
         try:
             if self.validation.loss is None:
-                self.validation.committed(self.validator.evaluate(model_at(self.template, self.global_state)))
-            scored = self.validator.evaluate(model_at(self.template, state))
+                self.validation.committed(self._score(self.validator, self.global_state))
+            scored = self._score(self.validator, state)
         except (RuntimeError, ValueError) as exc:  # held-out data the model cannot take: no validation
             log.warning("round validation is off: the model cannot be scored on --data (%s)", exc)
             self.validation.max_rise = 0.0
@@ -308,7 +302,8 @@ class RoundLoop:
                              momentum=c.momentum, weight_decay=c.weight_decay, seed=c.seed + round, eval_samples=64,
                              threads=torch.get_num_threads())
         x, y = self.evaluator.x, self.evaluator.y
-        return train_tail(model_at(self.template, state), 0, x, y, config).deltas
+        with self.kept_heap:
+            return train_tail(model_at(self.template, state), 0, x, y, config).deltas
 
     def _journal_capped(self, r: int, result: RoundResult) -> None:
         """Mark the reports the weight cap reduced as such in the journal."""
