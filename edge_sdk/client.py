@@ -102,6 +102,11 @@ class DeviceConfig:
     #: them for the next step (edge_sdk.memory.may_keep_freed_buffers): what a device's budget wants.
     #: A process running many devices (an emulator's worker) reuses the heap and keeps it.
     trim_memory: bool = True
+    #: A device that keeps its freed buffers trims its heap once it has been idle this long after a
+    #: report, not at the report itself: back-to-back rounds reuse the buffers (a trim and the page
+    #: faults after it cost an emulated mnist_cnn device about a tenth of its round's CPU), and an
+    #: idle device still hands them back.
+    idle_trim_s: float = 2.0
     #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
     #: of downloads whenever the server's payloads have the same bytes (sha256).
     bundle: Path | None = None
@@ -207,6 +212,7 @@ class DeviceClient:
         #: Whether freed large buffers stay in the heap for reuse until the next trim (the plan
         #: left room for it, edge_sdk.memory.may_keep_freed_buffers), or go back to the OS at once.
         self.keeps_freed_buffers = not config.trim_memory
+        self._idle_trim: asyncio.TimerHandle | None = None  # the pending trim after a report (_released_after_report)
         self.config = config
         self.x, self.y = x, y
         #: What the local data is, for the hello: one sample's shape and the label count (None: regression).
@@ -339,13 +345,15 @@ class DeviceClient:
             self._progress = _RoundProgress(ins.round)
         prog = self._progress
         if ins.phase not in prog.reports:
+            self._busy()
             result = await self.config.registry.run(_PhaseContext(self, ch, ins, prog))
             payload = None if result.tensors is None else p.encode_tensors(result.tensors)
             num_samples = len(self.x) if result.num_samples is None else result.num_samples
             report = p.Report(ins.round, ins.phase, num_samples, result.trained,
                               "" if payload is None else uuid.uuid4().hex, result.metrics)
             prog.reports[ins.phase] = (report, payload)
-            self._release()
+            if not self.keeps_freed_buffers:  # else after the upload, when idle
+                self._release()
         report, payload = prog.reports[ins.phase]
         await send_msg(ch, report)
         await self._upload(ch, prog, report, payload, offset=0)
@@ -377,7 +385,7 @@ class DeviceClient:
             prog.timings["upload_s"] += time.monotonic() - started
         del prog.reports[report.phase]  # acknowledged: the encoded update is not needed any more
         prog.acked.add(report.phase)
-        self._release()
+        self._released_after_report()
         welcome = self.welcome
         assert welcome is not None
         self.reports.append(RoundReport(report.round, welcome.role, report.phase, tuple(report.trained),
@@ -678,6 +686,27 @@ class DeviceClient:
     def _release(self) -> None:
         if self.config.trim_memory:
             release_memory()
+
+    def _released_after_report(self) -> None:
+        """A report is done: trim now, or, keeping freed buffers, once idle for ``idle_trim_s``."""
+        if not self.config.trim_memory:
+            return
+        if not self.keeps_freed_buffers:
+            self._release()
+            return
+        if self._idle_trim is not None:
+            self._idle_trim.cancel()
+        self._idle_trim = asyncio.get_running_loop().call_later(self.config.idle_trim_s, self._trim_when_idle)
+
+    def _trim_when_idle(self) -> None:
+        self._idle_trim = None
+        self._release()
+
+    def _busy(self) -> None:
+        """A phase starts: the buffers are about to be used again, no trim under it."""
+        if self._idle_trim is not None:
+            self._idle_trim.cancel()
+            self._idle_trim = None
 
     def _drop_progress(self) -> None:
         prog, self._progress = self._progress, None

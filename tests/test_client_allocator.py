@@ -96,12 +96,47 @@ print(min(inside[2:]), still[0] - after, min(outside[2:]))
 @needs_glibc
 def test_a_server_keeps_freed_buffers_only_while_it_computes() -> None:
     """The server maps every large buffer apart (its memory stays flat over a long run) but keeps
-    them for reuse while it evaluates or trains a model itself (RoundLoop._tensor_work)."""
+    them for reuse while it evaluates or trains a model itself (RoundLoop.kept_heap)."""
     out = subprocess.run([sys.executable, "-c", _SERVER_CODE], capture_output=True, text=True, check=True)
     inside, trimmed, outside = (int(v) for v in out.stdout.split()[-3:])
     assert inside < 1 << 20  # reused by the next batch's tensors
     assert trimmed >= 3 << 20  # handed back when the last burst ended
     assert outside >= 3 << 20  # then each buffer is unmapped when freed, as before
+
+
+_IDLE_CODE = """
+import asyncio
+import numpy as np
+from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.memory import keep_freed_buffers, rss_bytes
+config = DeviceConfig(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, idle_trim_s=0.3)
+client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64))
+client.keeps_freed_buffers = keep_freed_buffers(True)  # what a plan with room decides
+async def main():
+    a = np.ones(1 << 19)  # a round's 4 MiB tensor, freed into the kept heap
+    del a
+    held = rss_bytes()
+    client._released_after_report()
+    await asyncio.sleep(0.1)
+    soon = rss_bytes()  # right after the report: kept for the next round
+    client._busy()  # the next round's phase starts within the grace: no trim under it
+    await asyncio.sleep(0.5)
+    busy = rss_bytes()
+    client._released_after_report()
+    await asyncio.sleep(0.6)
+    print(held - soon, held - busy, held - rss_bytes())
+asyncio.run(main())
+"""
+
+
+@needs_glibc
+def test_a_device_keeping_its_buffers_trims_once_idle() -> None:
+    """Back-to-back rounds reuse a device's kept buffers; once idle for ``idle_trim_s`` after its
+    report the device hands them back."""
+    out = subprocess.run([sys.executable, "-c", _IDLE_CODE], capture_output=True, text=True, check=True)
+    soon, busy, idle = (int(v) for v in out.stdout.split()[-3:])
+    assert soon < 1 << 20 and busy < 1 << 20
+    assert idle >= 3 << 20
 
 
 def test_only_a_budget_with_room_over_the_footprint_keeps_freed_buffers() -> None:
