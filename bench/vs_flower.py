@@ -707,17 +707,17 @@ def fmt_mib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**20:.1f}"
 
 
-def print_table(results: dict[str, dict], paired: dict[str, dict] | None = None) -> str:
-    """The lanes' table; with ``paired`` (several repeats), the ratios to the plain loop are the
-    medians of each repeat's own ratios (:func:`paired_ratios`)."""
-    plain = results.get("plain", {}).get("summary", {})
+def print_table(results: dict[str, dict], paired: dict[str, dict]) -> str:
+    """The lanes' table; the ratios to the plain loop are the medians of each repeat's own ratios
+    (:func:`paired_ratios`; with one repeat, that repeat's)."""
     head = ("| lane | warm round s | / plain | CPU s per warm round (all processes) | / plain | round 1 s "
             "| rounds total s | lane total s | server peak RSS MiB | all processes peak RSS / PSS MiB "
             "| loopback MiB per warm round | test accuracy |")
     lines = [head, "|" + "---|" * 12]
 
-    def ratio(a, b):
-        return f"{a / b:.2f}" if a is not None and b else "-"
+    def ratio(lane: str, kind: str) -> str:
+        value = paired.get(lane, {}).get(f"{kind}_over_plain")
+        return "-" if value is None else f"{value:.2f}"
 
     for lane, res in results.items():
         sm = res.get("summary", {})
@@ -732,14 +732,9 @@ def print_table(results: dict[str, dict], paired: dict[str, dict] | None = None)
             bytes_col += f" (payloads {fmt_mib(sm['warm_payload_bytes_per_round'])})"
         acc = "-" if res.get("accuracy") is None else f"{res['accuracy']:.4f}"
         cpu = sm.get("warm_round_cpu_s")
-        pair = (paired or {}).get(lane, {})
-        wall_ratio = f"{pair['wall_over_plain']:.2f}" if "wall_over_plain" in pair else \
-            ratio(sm["warm_round_s"], plain.get("warm_round_s"))
-        cpu_ratio = f"{pair['cpu_over_plain']:.2f}" if "cpu_over_plain" in pair else \
-            ratio(cpu, plain.get("warm_round_cpu_s"))
         lines.append(
-            f"| {LABELS[lane]} | {sm['warm_round_s']:.2f} | {wall_ratio} "
-            f"| {'-' if cpu is None else f'{cpu:.2f}'} | {cpu_ratio} "
+            f"| {LABELS[lane]} | {sm['warm_round_s']:.2f} | {ratio(lane, 'wall')} "
+            f"| {'-' if cpu is None else f'{cpu:.2f}'} | {ratio(lane, 'cpu')} "
             f"| {sm['round_s'][0]:.2f} | {sm['rounds_total_s']:.1f} | {res['total_wall_s']:.1f} "
             f"| {fmt_mib(mem['server_rss'])} | {fmt_mib(mem['all_rss'])} / {fmt_mib(mem['all_pss'])} "
             f"| {bytes_col} | {acc} |")
@@ -833,29 +828,32 @@ def main() -> None:
     wall = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_s") for lane in LANES}
     cpu = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_cpu_s") for lane in LANES}
     targets = {}
+
+    def over_plain(lane: str, kind: str) -> float | None:  # the median of each repeat's own ratio
+        return paired.get(lane, {}).get(f"{kind}_over_plain")
+
     for ours in [x for x in LANES if x.startswith("ours")]:
-        if wall["plain"] and wall[ours] and wall["flwr-sim"]:
+        if wall[ours] and wall["flwr-sim"] and over_plain(ours, "wall") is not None:
             targets[f"{ours}: overhead per warm round below Flower simulation's (wall)"] = {
-                "ours_over_plain": wall[ours] / wall["plain"], "flwr_sim_over_plain": wall["flwr-sim"] / wall["plain"],
+                "ours_over_plain": over_plain(ours, "wall"), "flwr_sim_over_plain": over_plain("flwr-sim", "wall"),
                 "holds": wall[ours] < wall["flwr-sim"]}
-        if cpu["plain"] and cpu[ours] and cpu["flwr-sim"]:
+        if cpu[ours] and cpu["flwr-sim"] and over_plain(ours, "cpu") is not None:
             targets[f"{ours}: overhead per warm round below Flower simulation's (CPU)"] = {
-                "ours_over_plain": cpu[ours] / cpu["plain"], "flwr_sim_over_plain": cpu["flwr-sim"] / cpu["plain"],
+                "ours_over_plain": over_plain(ours, "cpu"), "flwr_sim_over_plain": over_plain("flwr-sim", "cpu"),
                 "holds": cpu[ours] < cpu["flwr-sim"]}
-        if wall["plain"] and wall[ours]:
+        if over_plain(ours, "wall") is not None:
             targets[f"{ours}: warm round within 1.5x of the plain loop (wall)"] = {
-                "ratio": wall[ours] / wall["plain"], "holds": wall[ours] / wall["plain"] <= 1.5}
-    # The issue's own targets, on the ratios each repeat measured against its own plain loop.
-    light, proc = paired.get("ours-light", {}), paired.get("ours", {})
-    if "wall_over_plain" in light:
+                "ratio": over_plain(ours, "wall"), "holds": over_plain(ours, "wall") <= 1.5}
+    # The issue's own targets.
+    if over_plain("ours-light", "wall") is not None:
         targets["ours-light: warm round at most 1.05x the plain loop's (wall)"] = {
-            "ratio": light["wall_over_plain"], "holds": light["wall_over_plain"] <= 1.05}
+            "ratio": over_plain("ours-light", "wall"), "holds": over_plain("ours-light", "wall") <= 1.05}
     if cpu["ours-light"] and cpu["flwr-sim"]:
         targets["ours-light: CPU per warm round at most Flower simulation's"] = {
             "ours_light_s": cpu["ours-light"], "flwr_sim_s": cpu["flwr-sim"], "holds": cpu["ours-light"] <= cpu["flwr-sim"]}
-    if "cpu_over_plain" in proc:
+    if over_plain("ours", "cpu") is not None:
         targets["ours: CPU per warm round at most 1.5x the plain loop's"] = {
-            "ratio": proc["cpu_over_plain"], "holds": proc["cpu_over_plain"] <= 1.5}
+            "ratio": over_plain("ours", "cpu"), "holds": over_plain("ours", "cpu") <= 1.5}
     for name, t in targets.items():
         print(f"target {name}: {'holds' if t['holds'] else 'MISSED'} ({json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()})})")
     report = {

@@ -15,7 +15,7 @@ footprint (:func:`may_keep_freed_buffers`) therefore keeps freed buffers in the 
 step (:func:`keep_freed_buffers`), still trimmed after every phase; a device planned close to its
 budget keeps the mappings. A server, whose memory must stay flat over a long run, keeps the
 mappings too, except while it evaluates or trains a model itself (:class:`KeptHeap`): a ResNet20
-evaluation of 2,000 images took 5.6 s with a mapping per buffer against 1.6 s with them reused.
+evaluation of 2,000 images took 5.5 s with a mapping per buffer against 1.8 s with them reused.
 
 It is also the one place where a process's memory and CPU are read (:func:`rss_bytes`,
 :func:`peak_rss_bytes`, :func:`process_memory`, :func:`cpu_seconds`): through psutil, except the

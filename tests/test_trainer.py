@@ -118,10 +118,10 @@ def test_the_proximal_term_is_fedprox_objective() -> None:
     assert any(not np.allclose(plain.deltas[n], result.deltas[n]) for n in plain.deltas)
 
 
-def _forward_count(model) -> list[int]:
-    """Forward passes through the model's first block, counted by a hook."""
+def _forward_count(model, block: int = 0) -> list[int]:
+    """Forward passes through one block of the model, counted by a hook."""
     calls = [0]
-    model.block(0).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    model.block(block).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 
 
@@ -169,8 +169,7 @@ def test_a_tail_with_dropout_or_batch_statistics_scores_the_loss_before_apart() 
     eval_idx, _ = sample_plan(len(x), config)
     expected = _mean_loss(build_and_load(state, split, "resnet20"), split, x, y, eval_idx, 32)
     tail = build_and_load(state, split, "resnet20")
-    calls = [0]
-    tail.block(split).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    calls = _forward_count(tail, split)
     result = train_tail(tail, split, x, y, config, state)
     assert calls[0] == config.local_steps + 2
     assert result.loss_before == expected
