@@ -115,18 +115,30 @@ class KeptHeap:
         self._depth = 0
 
     def __enter__(self) -> KeptHeap:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Start keeping freed buffers (or go on keeping them: one more holder)."""
         with self._lock:
             if self._depth == 0:
                 keep_freed_buffers(True)
             self._depth += 1
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
+        """One holder less; the last one maps large buffers apart again and trims the heap."""
         with self._lock:
             self._depth -= 1
             if self._depth == 0:
                 keep_freed_buffers(False)
                 release_memory()
+
+    @property
+    def held(self) -> bool:
+        return self._depth > 0
 
 
 # -- what a process holds ----------------------------------------------------------------------------

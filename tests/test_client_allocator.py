@@ -95,8 +95,9 @@ print(min(inside[2:]), still[0] - after, min(outside[2:]))
 
 @needs_glibc
 def test_a_server_keeps_freed_buffers_only_while_it_computes() -> None:
-    """The server maps every large buffer apart (its memory stays flat over a long run) but keeps
-    them for reuse while it evaluates or trains a model itself (RoundLoop.kept_heap)."""
+    """A process that maps every large buffer apart (a server, so its memory stays flat over a long
+    run) keeps them for reuse while bursts of work run (KeptHeap: the server's own model work, its
+    back-to-back rounds) and hands them back when the last ends."""
     out = subprocess.run([sys.executable, "-c", _SERVER_CODE], capture_output=True, text=True, check=True)
     inside, trimmed, outside = (int(v) for v in out.stdout.split()[-3:])
     assert inside < 1 << 20  # reused by the next batch's tensors
@@ -127,6 +128,44 @@ async def main():
     print(held - soon, held - busy, held - rss_bytes())
 asyncio.run(main())
 """
+
+
+def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when_it_waits(tmp_path: Path) -> None:
+    """The rounds of a run follow each other with buffers of the same sizes (its devices upload
+    together, so a round's receive buffers are live at once): kept from one round to the next they
+    are not faulted in anew each round. Waiting for devices, and once the run is over, the server
+    holds none (RoundLoop._round_heap)."""
+    import numpy as np
+
+    from edge_sdk.cli import load_shard
+    from edge_sdk.client import DeviceClient, DeviceConfig
+    from orchestrator.emulation.localfleet import start_orchestrator
+
+    held: dict[tuple[str, int], bool] = {}
+
+    async def main() -> tuple[bool, bool]:
+        orch = None
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind in ("round_start", "round_end"):
+                held[(kind, data["round"])] = orch.loop.kept_heap.held
+
+        orch, server = await start_orchestrator(ServerConfig(
+            model="tiny", eval_data="synthetic", store_dir=tmp_path / "s", rounds=3, min_devices=2, local_steps=1,
+            wait_devices_s=60, deadline_s=120), on_event)
+        await asyncio.sleep(0.3)
+        waiting = orch.loop.kept_heap.held  # no device yet: the first round waits for two
+        devices = []
+        for i in range(2):
+            x, y = load_shard("synthetic", client=i, num_clients=2)
+            config = DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False)
+            devices.append(DeviceClient(config, np.asarray(x), np.asarray(y)).run())
+        await asyncio.gather(server, *devices)
+        return waiting, orch.loop.kept_heap.held
+
+    waiting, after = asyncio.run(main())
+    assert not waiting and not after
+    assert held == {(kind, r): True for r in (1, 2, 3) for kind in ("round_start", "round_end")}
 
 
 @needs_glibc
