@@ -26,7 +26,7 @@ import torch
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
-from edge_sdk.memory import KeptHeap, release_memory
+from edge_sdk.memory import KeptHeap, release_memory, rss_bytes
 from edge_sdk.models import LayeredModel
 from edge_sdk.trainer import train_tail
 from edge_sdk.training import TrainConfig
@@ -57,6 +57,11 @@ def role_counts(sessions: Mapping[str, Session], reported: set[str]) -> dict[str
     return counts
 
 
+#: How much a server keeping its heap between back-to-back rounds may grow past its size after the
+#: last trim before the end of a round trims again (RoundLoop._trim_after_round).
+ROUND_HEAP_SLACK = 64 << 20
+
+
 class RoundLoop:
     """The rounds, their bookkeeping and the global state; devices are reached through ``send``."""
 
@@ -72,6 +77,7 @@ class RoundLoop:
         # memory stays flat) every activation is faulted in anew, 3x a ResNet20 evaluation's time.
         self.kept_heap = KeptHeap()
         self._heap_held = False  # kept across back-to-back rounds (_round_heap)
+        self._trimmed_rss: int | None = None  # the resident size after the last trim (_trim_after_round)
         self.validator = self.evaluator.subset(config.validation_samples, config.seed)
         self.global_state = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
         self.start_round = 1
@@ -155,17 +161,33 @@ class RoundLoop:
         finally:
             self._round_heap(False)
 
+    def _trim_after_round(self) -> None:
+        """The round's payloads and reports are gone: hand their heap back to the OS, unless the
+        heap is kept for the next round and the process has grown less than
+        :data:`ROUND_HEAP_SLACK` since the last trim (what a steady run keeps is one round's
+        buffers; exports and checks of new chunks leave freed memory the next round may not fit
+        in, and that is handed back)."""
+        if self._heap_held:
+            rss = rss_bytes()
+            if self._trimmed_rss is not None and rss <= self._trimmed_rss + ROUND_HEAP_SLACK:
+                return
+        release_memory()
+        self._trimmed_rss = rss_bytes() if self._heap_held else None
+
     def _round_heap(self, keep: bool) -> None:
         """Keep the freed buffers of one round for the next while rounds follow back to back, or hand
         them back (when the server waits, and when it stops). A round's receive buffers are live at
         once (its devices upload together) and, trimmed at every round's end, were faulted in anew
         each round: 9,000 page faults a round of ten mnist_cnn reports, about 3.6 us each. Rounds
-        of one run reuse buffers of the same sizes, so what is kept is one round's working set."""
+        of one run reuse buffers of the same sizes, so what is kept is about one round's working set,
+        and never more than :data:`ROUND_HEAP_SLACK` of growth (:meth:`_trim_after_round`)."""
         if keep and not self._heap_held:
             self.kept_heap.acquire()
         elif not keep and self._heap_held:
             self.kept_heap.release()
         self._heap_held = keep
+        if not keep:
+            self._trimmed_rss = None
 
     async def run_round(self, r: int, *, attempt: int = 0, last_try: bool = True) -> bool:
         """Run round ``r``; False if its result failed the checks and it should run again."""
@@ -272,8 +294,7 @@ class RoundLoop:
             self.norms.commit(r)
             self.validation.committed(scored)
         self.store.complete_round(r, self.global_state, metrics)
-        if not self._heap_held:  # the round's payloads and reports are gone: hand their heap back to the OS
-            release_memory()
+        self._trim_after_round()
         # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
         await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
