@@ -19,11 +19,13 @@ Lanes (``--lanes``, all by default, in this order):
   before they connect (a ``sitecustomize`` on their PYTHONPATH), as long-running devices have: by
   default a device does that in the first round it is sampled for, and with 10 of 20 devices sampled
   per round about half of round 2's devices (and some of rounds 3-5's) train for the first time.
-- ``ours-light-defaults``, ``ours-defaults``: ``ours-light`` and ``ours`` with the orchestrator's default
-  checks on. Every other edgetrain lane runs its server with ``norm_bound = 0`` (no reference update
-  trained on the server's data each round) and ``max_loss_rise = 0`` (no validation before commit), the
-  settings a fleet's ``[training]`` may give, because Flower's strategies and the plain loop do neither;
-  these two lanes price the defaults.
+- ``ours-light-defaults``, ``ours-defaults``: ``ours-light`` and ``ours`` with the orchestrator's defaults.
+  Every other edgetrain lane runs its server with ``norm_bound = 0`` (no reference update trained on the
+  server's data each round), ``max_loss_rise = 0`` (no validation before commit) and ``loss_after =
+  false`` (devices report the loss before training and the mean of their steps' losses, with no forward
+  pass after training), the settings a fleet's ``[training]`` may give, because Flower's strategies and
+  the plain loop do none of that (Flower's client reports the mean loss of its steps); these two lanes
+  price the defaults.
 - ``flwr-sim``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray), one CPU per
   ClientApp (``bench/flwr_app.py simulate``).
 - ``flwr-deploy``: Flower's deployment mode: ``flower-superlink --insecure`` and one
@@ -223,12 +225,13 @@ def _server_config(s: dict, store: Path, lean: bool = False):
     """The orchestrator's settings for the workload (FedAvg, every device waited for).
 
     Like Flower and the plain loop, the server neither trains a reference update per round (the norm
-    bound) nor validates a round before committing it, unless ``s["server_defaults"]`` (the
-    ``*-defaults`` lanes, which price those checks)."""
+    bound) nor validates a round before committing it, and its devices do not score their loss after
+    training (they report the loss before it and the mean of their steps' losses; Flower's client
+    reports the latter), unless ``s["server_defaults"]`` (the ``*-defaults`` lanes, which price those)."""
     import fl_common as fc
     from orchestrator.config import ServerConfig
 
-    checks = {} if s.get("server_defaults") else {"norm_bound": 0.0, "max_loss_rise": 0.0}
+    checks = {} if s.get("server_defaults") else {"norm_bound": 0.0, "max_loss_rise": 0.0, "loss_after": False}
     return ServerConfig(**checks,
         model=fc.MODEL, strategy="vs_flower:LeanFedAvg" if lean else "fedavg",
         strategy_options={"eval_samples": s["batch"]} if lean else {}, rounds=s["rounds"],

@@ -517,6 +517,7 @@ class DeviceClient:
             seed=device_seed(int(ins.config.get("seed", 0)), self.config.device_id), threads=self.config.threads,
             prox_mu=float(ins.config.get("prox_mu", 0.0)),
             eval_samples=max(1, int(ins.config.get("eval_samples", default))),
+            loss_after=ins.config.get("loss_after", True) is not False,
         )
 
     async def _trained(self, ch: Channel, ins: p.Instruction, prog: _RoundProgress) -> TrainedUpdate:
@@ -547,8 +548,9 @@ class DeviceClient:
         deltas: Tensors = dict(result.deltas)
         for name, idx in rows.items():
             deltas[name] = p.RowSparse(idx, deltas[name], state[name].num_rows)
+        losses = {"loss_before": result.loss_before, "loss_after": result.loss_after, "loss_steps": result.loss_steps}
         done = TrainedUpdate(deltas, result.num_samples, (ins.split, self.welcome.num_blocks),
-                             {"loss_before": result.loss_before, "loss_after": result.loss_after,
+                             {**{k: v for k, v in losses.items() if math.isfinite(v)},  # a loss not scored is left out
                               "steps": result.steps, "backend": backend})
         prog.trained[ins.model_id] = done
         return done

@@ -212,10 +212,12 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
     momentum: dict[str, np.ndarray] = {}
     # One scratch buffer the size of the largest parameter: the update makes no other temporaries.
     scratch = np.empty(max((weights[n].size for n in tail.graph.params), default=0), np.float32)
+    step_losses = 0.0
     for idx in batches:
         loss, grads, new = tail.step(take_rows(x, idx), y[idx], weights)
         if not math.isfinite(loss):
             raise FloatingPointError(f"local loss became {loss}; lower the learning rate")
+        step_losses += loss
         for n in tail.graph.params:
             w, g = weights[n], grads[n]
             tmp = scratch[: w.size].reshape(w.shape)
@@ -249,12 +251,13 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
     momentum.clear()
     tail.release("train")
     release_memory()
-    loss_after = _mean_loss(tail, weights, x, y, eval_idx, config.batch_size)
+    loss_after = _mean_loss(tail, weights, x, y, eval_idx, config.batch_size) if config.loss_after else math.nan
     deltas = {}
     for n, w in weights.items():
         np.subtract(w, initial[n], out=w)
         deltas[n] = w
-    return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps)
+    return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps,
+                       step_losses / len(batches) if batches else math.nan)
 
 
 def warm_up(threads: int = 1) -> None:

@@ -256,6 +256,7 @@ def train_tail(
 
     optimiser = MomentumSGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     model.train()
+    step_losses = 0.0
     for step, idx in enumerate(batches):
         xb = torch.from_numpy(np.ascontiguousarray(x[idx]))
         yb = torch.from_numpy(np.ascontiguousarray(y[idx]))
@@ -266,6 +267,7 @@ def train_tail(
             raise FloatingPointError(f"local loss became {value}; lower the learning rate")
         if step == 0 and first_step_scores:
             loss_before = value
+        step_losses += value
         loss.backward()
         for p, w0 in anchors:  # gradient of (mu / 2) ||w - w_t||^2 is mu (w - w_t)
             if p.grad is not None:
@@ -273,7 +275,7 @@ def train_tail(
         optimiser.step()
     del optimiser
 
-    loss_after = _mean_loss(model, split, x, y, eval_idx, config.batch_size)
+    loss_after = _mean_loss(model, split, x, y, eval_idx, config.batch_size) if config.loss_after else math.nan
     for param in params:
         param.grad = None
     # The deltas overwrite the trained weights in place: no extra copy of the tail is ever held,
@@ -285,7 +287,8 @@ def train_tail(
             arr = after[n].numpy()
             np.subtract(arr, initial[n], out=arr)
             deltas[n] = arr
-    return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps)
+    return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps,
+                       step_losses / len(batches) if batches else math.nan)
 
 
 def tail_state(model: LayeredModel, split: int) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ the same seed (:func:`sample_plan`) and return a :class:`TrainResult`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,10 @@ class TrainConfig:
     #: FedProx's proximal term (Li et al., 2020, eq. 2): the local objective adds (mu / 2) ||w - w_t||^2
     #: around the received weights w_t. 0 is plain local SGD.
     prox_mu: float = 0.0
+    #: Score the loss after training (one forward pass over the loss samples). A server that does not
+    #: need it says so (``Instruction.config["loss_after"]`` false): the report then carries the loss
+    #: before training and the mean loss of the local steps, as a training loop's own log has them.
+    loss_after: bool = True
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,9 @@ class TrainResult:
     deltas: dict[str, np.ndarray]
     num_samples: int
     loss_before: float
-    loss_after: float
+    loss_after: float  # nan when TrainConfig.loss_after is off
     steps: int
+    loss_steps: float = math.nan  # the mean of the local steps' mini-batch losses (each before its update)
 
 
 def sample_plan(n: int, config: TrainConfig) -> tuple[np.ndarray, list[np.ndarray]]:

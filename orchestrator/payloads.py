@@ -222,7 +222,8 @@ class Payloads:
             selection=selection.kind, broadcast_id=self._broadcast(ins.broadcast, round_no),
             local_steps=self.config.local_steps if ins.local_steps is None else int(ins.local_steps),
             lr=self.config.lr_at(round_no) if ins.lr is None else float(ins.lr), deadline_s=0.0,
-            config={"seed": self.config.seed * 100_003 + round_no, **dict(ins.config), **extra},
+            config={"seed": self.config.seed * 100_003 + round_no,
+                    **({} if self.config.loss_after else {"loss_after": False}), **dict(ins.config), **extra},
         )
         return Work(ins, selection, wire, names)
 

@@ -266,6 +266,9 @@ class RoundLoop:
             "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
             "roles": role_counts(self.sessions, rs.reported("train") or reported),
             "bytes_sent": self.bytes[0], "bytes_received": self.bytes[1],
+            # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
+            **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
+                                 ("loss_steps", result.mean_loss_steps)) if v is not None},
             **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
             "attempt": attempt + 1, **({"failed": failure} if failure else {}),
             **({"retried": list(self.retried)} if self.retried else {}),

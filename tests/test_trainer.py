@@ -173,3 +173,36 @@ def test_a_tail_with_dropout_or_batch_statistics_scores_the_loss_before_apart() 
     result = train_tail(tail, split, x, y, config, state)
     assert calls[0] == config.local_steps + 2
     assert result.loss_before == expected
+
+
+def test_without_the_loss_after_a_round_is_its_steps_and_reports_their_mean_loss() -> None:
+    """A server that does not need the loss after training (TrainConfig.loss_after off) saves its
+    forward pass: on a mode-free tail the round is its steps and nothing else, the update is the same,
+    and the report has the mean of the steps' own losses instead."""
+    import math
+
+    model = build_model("mnist_cnn", seed=0)
+    state = tail_state(model, 0)
+    x = np.random.default_rng(1).random((300, 784), dtype=np.float32)
+    y = np.random.default_rng(2).integers(0, 10, 300)
+    on = TrainConfig(local_steps=4, batch_size=32, lr=0.05, eval_samples=32, seed=3)
+    off = TrainConfig(**{**on.__dict__, "loss_after": False})
+    step_losses: list[float] = []
+    tail = build_and_load(state, 0, "mnist_cnn")
+    loss_of = tail.loss
+
+    def recorded(out, yb):  # each step's loss, as the steps see it
+        loss = loss_of(out, yb)
+        step_losses.append(loss.item())
+        return loss
+
+    tail.loss = recorded
+    calls = _forward_count(tail)
+    without = train_tail(tail, 0, x, y, off, state)
+    assert calls[0] == off.local_steps
+    assert math.isnan(without.loss_after)
+    assert abs(without.loss_steps - sum(step_losses) / len(step_losses)) <= 1e-12 and without.loss_before == step_losses[0]
+    scored = train_tail(build_and_load(state, 0, "mnist_cnn"), 0, x, y, on, state)
+    assert math.isfinite(scored.loss_after) and scored.loss_steps == without.loss_steps
+    for name, delta in scored.deltas.items():
+        assert np.array_equal(delta, without.deltas[name])

@@ -25,6 +25,7 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     norm_bound = 1.0                     # the server's checks (docs/security.md); 0 turns each off
     max_loss_rise = 1.0
     validation_samples = 1024            # held-out samples each round's validation scores (0: all)
+    loss_after = true                    # devices score their loss after training (false: one pass less a round)
 
     [strategy]                           # the strategy's options (ServerConfig.strategy_options)
     epsilon = 0.3                        # e.g. fedalign's; varsel takes budget, internal_label, ...

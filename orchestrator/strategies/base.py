@@ -201,6 +201,11 @@ class RoundContext:
         return len(self.blocks)
 
 
+#: The loss metrics of a train report the round summary averages (sample-weighted, each over the
+#: reports that carry it: a device asked not to score ``loss_after`` leaves it out).
+_LOSSES = ("loss_before", "loss_after", "loss_steps")
+
+
 @dataclass(frozen=True)
 class RoundResult:
     """The new global state and what went into it."""
@@ -215,6 +220,7 @@ class RoundResult:
     mean_loss_before: float | None  # sample-weighted over folded devices
     mean_loss_after: float | None
     extra: dict[str, object] = field(default_factory=dict)  # strategy-specific (weights, included devices)
+    mean_loss_steps: float | None = None  # of the local steps' mini-batch losses
 
     @property
     def untouched(self) -> list[str]:
@@ -226,7 +232,8 @@ class RoundResult:
         return {
             "round": self.round, "devices": len(self.devices), "num_samples": self.num_samples,
             "roles": dict(self.roles), "rejected": self.rejected, "untouched": len(self.untouched),
-            "loss_before": self.mean_loss_before, "loss_after": self.mean_loss_after, **self.extra,
+            "loss_before": self.mean_loss_before, "loss_after": self.mean_loss_after,
+            "loss_steps": self.mean_loss_steps, **self.extra,
         }
 
 
@@ -307,7 +314,7 @@ class WeightedSums:
         self.roles: Counter[str] = Counter()
         self.devices: list[str] = []
         self.samples = 0
-        self._loss = [0.0, 0.0, 0]
+        self._loss = {name: [0.0, 0] for name in _LOSSES}  # loss metric -> [sample-weighted sum, samples]
         self._scratch = np.empty(0, dtype=np.float64)  # w * delta of one entry, reused report after report
 
     def add(self, name: str, delta: np.ndarray | RowSparse, weight: float,
@@ -375,10 +382,11 @@ class WeightedSums:
         self.devices.append(report.device_id)
         n = int(report.num_samples)
         self.samples += n
-        if math.isfinite(report.loss_before) and math.isfinite(report.loss_after):
-            self._loss[0] += report.loss_before * n
-            self._loss[1] += report.loss_after * n
-            self._loss[2] += n
+        for name, acc in self._loss.items():  # each over the reports that carry it
+            value = report.metric(name)
+            if math.isfinite(value):
+                acc[0] += value * n
+                acc[1] += n
 
     def weights(self, name: str) -> np.ndarray | float:
         """Total weight per element of entry ``name`` (a scalar when only whole deltas were added)."""
@@ -425,12 +433,12 @@ class WeightedSums:
 
     def result(self, round: int, rejected: int, state: dict[str, np.ndarray] | None = None,
                extra: dict[str, object] | None = None) -> RoundResult:
-        n = self._loss[2]
+        mean = {name: s / n if n else None for name, (s, n) in self._loss.items()}
         return RoundResult(
             round=round, state=self.new_state() if state is None else state, devices=tuple(self.devices),
             num_samples=self.samples, contributors=dict(self.counts), roles=dict(self.roles), rejected=rejected,
-            mean_loss_before=self._loss[0] / n if n else None, mean_loss_after=self._loss[1] / n if n else None,
-            extra=dict(extra or {}),
+            mean_loss_before=mean["loss_before"], mean_loss_after=mean["loss_after"],
+            extra=dict(extra or {}), mean_loss_steps=mean["loss_steps"],
         )
 
 
