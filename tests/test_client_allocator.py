@@ -130,6 +130,16 @@ asyncio.run(main())
 """
 
 
+@needs_glibc
+def test_a_device_keeping_its_buffers_trims_once_idle() -> None:
+    """Back-to-back rounds reuse a device's kept buffers; once idle for ``idle_trim_s`` after its
+    report the device hands them back."""
+    out = subprocess.run([sys.executable, "-c", _IDLE_CODE], capture_output=True, text=True, check=True)
+    soon, busy, idle = (int(v) for v in out.stdout.split()[-3:])
+    assert soon < 1 << 20 and busy < 1 << 20
+    assert idle >= 3 << 20
+
+
 def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when_it_waits(tmp_path: Path) -> None:
     """The rounds of a run follow each other with buffers of the same sizes (its devices upload
     together, so a round's receive buffers are live at once): kept from one round to the next they
@@ -166,16 +176,6 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
     waiting, after = asyncio.run(main())
     assert not waiting and not after
     assert held == {(kind, r): True for r in (1, 2, 3) for kind in ("round_start", "round_end")}
-
-
-@needs_glibc
-def test_a_device_keeping_its_buffers_trims_once_idle() -> None:
-    """Back-to-back rounds reuse a device's kept buffers; once idle for ``idle_trim_s`` after its
-    report the device hands them back."""
-    out = subprocess.run([sys.executable, "-c", _IDLE_CODE], capture_output=True, text=True, check=True)
-    soon, busy, idle = (int(v) for v in out.stdout.split()[-3:])
-    assert soon < 1 << 20 and busy < 1 << 20
-    assert idle >= 3 << 20
 
 
 def test_only_a_budget_with_room_over_the_footprint_keeps_freed_buffers() -> None:

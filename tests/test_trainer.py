@@ -179,6 +179,7 @@ def test_without_the_loss_after_a_round_is_its_steps_and_reports_their_mean_loss
     """A server that does not need the loss after training (TrainConfig.loss_after off) saves its
     forward pass: on a mode-free tail the round is its steps and nothing else, the update is the same,
     and the report has the mean of the steps' own losses instead."""
+    import dataclasses
     import math
 
     model = build_model("mnist_cnn", seed=0)
@@ -186,7 +187,7 @@ def test_without_the_loss_after_a_round_is_its_steps_and_reports_their_mean_loss
     x = np.random.default_rng(1).random((300, 784), dtype=np.float32)
     y = np.random.default_rng(2).integers(0, 10, 300)
     on = TrainConfig(local_steps=4, batch_size=32, lr=0.05, eval_samples=32, seed=3)
-    off = TrainConfig(**{**on.__dict__, "loss_after": False})
+    off = dataclasses.replace(on, loss_after=False)
     step_losses: list[float] = []
     tail = build_and_load(state, 0, "mnist_cnn")
     loss_of = tail.loss
@@ -201,7 +202,8 @@ def test_without_the_loss_after_a_round_is_its_steps_and_reports_their_mean_loss
     without = train_tail(tail, 0, x, y, off, state)
     assert calls[0] == off.local_steps
     assert math.isnan(without.loss_after)
-    assert abs(without.loss_steps - sum(step_losses) / len(step_losses)) <= 1e-12 and without.loss_before == step_losses[0]
+    assert abs(without.loss_steps - sum(step_losses) / len(step_losses)) <= 1e-12
+    assert without.loss_before == step_losses[0]
     scored = train_tail(build_and_load(state, 0, "mnist_cnn"), 0, x, y, on, state)
     assert math.isfinite(scored.loss_after) and scored.loss_steps == without.loss_steps
     for name, delta in scored.deltas.items():
