@@ -164,9 +164,27 @@ def _data(model, split: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return x.numpy(), y
 
 
-#: Deltas after tau steps agree to this, relative to the largest delta of the entry (at least 1e-3):
-#: float32 rounding in two different kernels, compounded over the steps.
+#: One step's deltas agree element by element to this, relative to the largest delta of the entry
+#: (at least 1e-3): the same gradients computed by two different float32 kernels.
 PARITY_TOLERANCE = 2e-3
+#: After several steps the deltas agree to this in relative L2 norm per entry. Element by element
+#: they need not: a ReLU input within float32 rounding of zero can fall on the other side in one
+#: runtime at a later step (both sides are correct to float32), and the steps after it carry that
+#: difference on (resnet20 split 7, 4 steps: up to 1.4% of an entry's largest delta on one CPU,
+#: 0.5% in L2, where a wrong gradient is off by its own size).
+TRAJECTORY_TOLERANCE = 2e-2
+
+
+def _trained_both(name: str, split: int, data: bytes, state, x, y, steps: int):
+    config = TrainConfig(local_steps=steps, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3, seed=7,
+                         prox_mu=0.1)
+    tail = build_tail(name, split)
+    load_tail_state(tail, split, state)
+    expected_eval = evaluate_tail(tail, split, x, y, config)
+    expected = train_tail(tail, split, x, y, config, state)
+    runner = OrtTail(TrainGraph.from_bytes(data))
+    return expected_eval, expected, evaluate_tail_ort(runner, state, x, y, config), train_tail_ort(runner, state, x, y,
+                                                                                                     config)
 
 
 @pytest.mark.parametrize(("name", "split"), PARITY)
@@ -175,17 +193,8 @@ def test_ort_trainer_gives_the_torch_trainers_deltas(name: str, split: int, grap
     _, data = graphs.get_or_export(model, split)
     state = tail_state(model, split)
     x, y = _data(model, split, 48, seed=3)
-    config = TrainConfig(local_steps=4, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3, seed=7, prox_mu=0.1)
 
-    tail = build_tail(name, split)
-    load_tail_state(tail, split, state)
-    expected_eval = evaluate_tail(tail, split, x, y, config)
-    expected = train_tail(tail, split, x, y, config, state)
-
-    runner = OrtTail(TrainGraph.from_bytes(data))
-    got_eval = evaluate_tail_ort(runner, state, x, y, config)
-    got = train_tail_ort(runner, state, x, y, config)
-
+    expected_eval, expected, got_eval, got = _trained_both(name, split, data, state, x, y, steps=1)
     assert got_eval["loss"] == pytest.approx(expected_eval["loss"], rel=1e-4, abs=1e-5)
     if "accuracy" in expected_eval:
         assert got_eval["accuracy"] == pytest.approx(expected_eval["accuracy"], abs=1 / 48 + 1e-9)
@@ -198,6 +207,12 @@ def test_ort_trainer_gives_the_torch_trainers_deltas(name: str, split: int, grap
         assert float(np.abs(got.deltas[n] - d).max()) <= PARITY_TOLERANCE * scale, n
         moved += bool(np.abs(d).max() > 0)
     assert moved > 0
+
+    _, expected, _, got = _trained_both(name, split, data, state, x, y, steps=4)
+    assert got.loss_after == pytest.approx(expected.loss_after, rel=1e-2, abs=1e-3)
+    for n, d in expected.deltas.items():
+        scale = max(1e-6, float(np.linalg.norm(d)))
+        assert float(np.linalg.norm(got.deltas[n] - d)) <= TRAJECTORY_TOLERANCE * scale, n
 
 
 def test_graph_ids_tell_widths_apart() -> None:
