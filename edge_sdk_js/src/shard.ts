@@ -4,7 +4,7 @@
  */
 import { readFileSync } from "node:fs";
 import { inflateRawSync } from "node:zlib";
-import type { DeviceData } from "./client.js";
+import type { DeviceData } from "./data.js";
 import { numel, tensor, type DType, type Tensor } from "./tensors.js";
 
 const NPY_DTYPES: Record<string, DType> = { "<f4": "float32", "<f8": "float64", "<i8": "int64", "<i4": "int32", "|u1": "uint8", "|b1": "bool" };

@@ -1,0 +1,63 @@
+/**
+ * Downloads (docs/protocol.md, "Transfers" and "Resume"; the Python twin is edge_sdk/downloads.py):
+ * one payload at a time, its sha256 checked as the frames land. A download cut by a dropped
+ * connection continues after the reconnect from the bytes already received, kept in the round's
+ * partial transfers; a payload whose bytes changed meanwhile is drained and fetched again from 0.
+ */
+import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
+import type { Limits, TransferBegin } from "./messages.js";
+import { nextReply } from "./replies.js";
+import { IncomingTransfer } from "./transfer.js";
+import type { Channel } from "./transport.js";
+
+export interface DownloadOptions {
+  limits: Limits;
+  /** Partial downloads by payload id: what survives a reconnect within the round. */
+  partial: Map<string, IncomingTransfer>;
+  /** Told when a download continues from a partial one (the `download_resumed` event). */
+  onResumed?: (resumed: { round: number; payload: string; offset: number; total: number }) => void;
+}
+
+/** Download one payload of the current instruction; `RoundAborted` when the server closed the round. */
+export async function fetchPayload(ch: Channel, round: number, payloadId: string, opts: DownloadOptions): Promise<Uint8Array> {
+  let incoming = opts.partial.get(payloadId);
+  for (;;) {
+    await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0 });
+    const begin = await nextReply(ch);
+    if (begin.t === "ack" && !begin.accepted) throw new RoundAborted(begin.reason);
+    if (begin.t !== "transfer_begin") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected a transfer, got ${begin.t}`);
+    if (incoming === undefined) { incoming = new IncomingTransfer(begin, opts.limits); break; }
+    if (incoming.begin.sha256 === begin.sha256 && begin.offset === incoming.offset) {
+      incoming.resume(begin);
+      opts.onResumed?.({ round, payload: payloadId, offset: begin.offset, total: begin.total_size });
+      break;
+    }
+    await drain(ch, begin); // the payload changed since the partial download: start again from 0
+    incoming = undefined;
+  }
+  opts.partial.set(payloadId, incoming);
+  while (!incoming.finished) {
+    const msg = await ch.recv();
+    if (msg.t === "transfer_frame") incoming.feed(msg);
+    else if (msg.t === "transfer_end") incoming.finish(msg);
+    else if (msg.t === "error") throw new ProtocolError(msg.code, msg.message, true);
+    else throw new ProtocolError(ErrorCode.UNEXPECTED, `${msg.t} during transfer ${incoming.begin.transfer_id.slice(0, 64)}`);
+  }
+  const data = incoming.result();
+  opts.partial.delete(payloadId);
+  return data;
+}
+
+/** Read and discard the frames of a transfer this device no longer wants. */
+export async function drain(ch: Channel, begin: TransferBegin): Promise<void> {
+  let received = begin.offset;
+  while (received < begin.total_size) {
+    const frame = await ch.recv();
+    if (frame.t !== "transfer_frame") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected a frame, got ${frame.t}`);
+    received += frame.data.byteLength;
+  }
+  if (!begin.sha256) {
+    const end = await ch.recv();
+    if (end.t !== "transfer_end") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected transfer_end, got ${end.t}`);
+  }
+}
