@@ -1,9 +1,9 @@
 """The randomized Hadamard transform and a summation order both SDKs share.
 
 ``rotate(x, signs) = H (signs * x) / sqrt(d)`` for d a power of two, H the (unnormalized, symmetric)
-Walsh-Hadamard matrix; ``unrotate`` is its inverse ``signs * H y / sqrt(d)`` (H H = d I). It stands in
-for a uniformly random rotation as in DRIVE (Vargaftik et al. 2021, Section 5) and EDEN (Vargaftik
-et al. 2022, Section 6): O(d log d) work, d sign bits of shared randomness.
+Walsh-Hadamard matrix; ``unrotate`` is its inverse ``signs * H y / sqrt(d)`` (H H = d I). Two of them, with
+independent signs, stand in for a uniformly random rotation in the EDEN codecs (:mod:`.eden`): O(d log d)
+work, 2d sign bits of shared randomness.
 
 Bit-identical in both SDKs: the butterflies run in float32 in one fixed order (pass h = 1, 2, 4, ...;
 within a pass, element j and j + h of each block of 2h become a + b and a - b), every sum rounded

@@ -1,6 +1,6 @@
 /**
  * `eden1`..`eden4` (edge_sdk/codecs/eden.py; EDEN, Vargaftik et al. 2022, Algorithm 1; DRIVE at 1 bit):
- * randomized Hadamard rotation with SHAKE128 signs, the nearest Lloyd-Max centroid of N(0, 1) per
+ * two randomized Hadamard transforms with SHAKE128 signs (D1 then D2), the nearest Lloyd-Max centroid of N(0, 1) per
  * coordinate, and the unbiased scale S = ||x||^2 / <Rx, q> per segment. Every step in the order and
  * precision of the Python codec, so records are the same bytes for the same seed.
  */
@@ -37,11 +37,12 @@ function layout(n: number, segment: number): Layout {
   return { whole, rest, padded, total: whole * segment + padded, count: whole + (rest ? 1 : 0) };
 }
 
-function signs(seed: Seed, total: number): Float32Array {
-  const bytes = seededBytes(EDEN_LABEL, seed, Math.ceil(total / 8));
-  const out = new Float32Array(total);
-  for (let i = 0; i < total; i++) out[i] = (bytes[i >>> 3]! >>> (i & 7)) & 1 ? -1 : 1;
-  return out;
+/** The signs of both passes: bits [0, total) of the stream are D1, [total, 2 total) are D2. */
+function signs(seed: Seed, total: number): [Float32Array, Float32Array] {
+  const bytes = seededBytes(EDEN_LABEL, seed, Math.ceil((2 * total) / 8));
+  const out = new Float32Array(2 * total);
+  for (let i = 0; i < 2 * total; i++) out[i] = (bytes[i >>> 3]! >>> (i & 7)) & 1 ? -1 : 1;
+  return [out.subarray(0, total), out.subarray(total)];
 }
 
 function checkSegment(segment: number): boolean {
@@ -49,11 +50,12 @@ function checkSegment(segment: number): boolean {
 }
 
 /** Codes and the float32 scale of y[off, off + d) (rotated in place from x). */
-function quantize(y: Float32Array, sg: Float32Array, off: number, d: number, bits: number, codes: Uint8Array): number {
+function quantize(y: Float32Array, sg: [Float32Array, Float32Array], off: number, d: number, bits: number, codes: Uint8Array): number {
   const sq = new Float64Array(d);
   for (let i = 0; i < d; i++) sq[i] = y[off + i]! * y[off + i]!;
   const norm2 = treeSum(sq);
-  rotate(y, sg, off, d);
+  rotate(y, sg[0], off, d);
+  rotate(y, sg[1], off, d);
   const th = THRESHOLDS[bits]!, c = CENTROIDS[bits]!;
   const inv = Math.sqrt(d) / Math.sqrt(norm2 > 0 ? norm2 : 1);
   const prod = new Float64Array(d);
@@ -116,7 +118,8 @@ export class EdenCodec implements Codec {
       const table = Float32Array.from(c, (v) => S * v);
       const off = s * segment, d = s < L.whole ? segment : L.padded;
       for (let i = off; i < off + d; i++) y[i] = table[codes[i]!]!;
-      unrotate(y, sg, off, d);
+      unrotate(y, sg[1], off, d);
+      unrotate(y, sg[0], off, d);
     }
     const out = y.slice(0, header.size);
     checkFinite(out, "eden record");
