@@ -62,7 +62,7 @@ class Codec:
 def float32_input(array: np.ndarray, name: str) -> np.ndarray:
     """``array`` as contiguous little-endian float32; a lossy codec refuses other dtypes and NaN/Inf
     (the protocol refuses them on the wire anyway)."""
-    if not isinstance(array, np.ndarray):
+    if not isinstance(array, (np.ndarray, np.generic)):
         raise CodecError(f"{name} encodes a numpy array, got {type(array).__name__}")
     if array.dtype.kind != "f" or array.dtype.itemsize != 4:
         raise CodecError(f"{name} encodes float32 arrays, got {array.dtype}")

@@ -34,7 +34,7 @@ _SHUFFLE = struct.Struct("<B3x")
 
 
 def _raw(array: np.ndarray) -> tuple[np.ndarray, memoryview]:
-    if not isinstance(array, np.ndarray):
+    if not isinstance(array, (np.ndarray, np.generic)):
         raise CodecError(f"a codec encodes a numpy array, got {type(array).__name__}")
     dtype_code(array.dtype)
     array = np.asarray(array, dtype=array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else None, order="C")
