@@ -237,3 +237,12 @@ def test_codecs_are_lean_and_not_loaded_by_the_sdk():
     before, heavy = json.loads(out.stdout.strip().splitlines()[-1])
     assert before is False
     assert heavy == []
+
+
+def test_every_codec_is_in_the_protocol_table():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    section = text[text.index("## Codecs"):text.index("## Transfers")]
+    for name in CODECS:
+        assert f"`{name}`" in section, name

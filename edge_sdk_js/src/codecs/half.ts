@@ -37,6 +37,14 @@ export function fromHalf(h: number): number {
   return sign * (1024 + mant) * 2 ** (exp - 25);
 }
 
+let TABLE: Float32Array | undefined;
+
+/** Every binary16 value as float32, built on first use (256 KiB): decoding is one lookup per element. */
+function halfTable(): Float32Array {
+  if (!TABLE) TABLE = Float32Array.from({ length: 65536 }, (_, h) => fromHalf(h));
+  return TABLE;
+}
+
 export class Float16Codec implements Codec {
   readonly name = "float16";
   readonly codecId = 4;
@@ -58,9 +66,9 @@ export class Float16Codec implements Codec {
   decodeBody(header: Header, record: Uint8Array): Tensor {
     const body = record.subarray(header.offset);
     if (header.dtype !== "float32" || body.length !== 2 * header.size) throw new CodecError(`float16 record of ${header.dtype} [${header.shape}] with ${body.length} body bytes`);
-    const dv = new DataView(body.buffer, body.byteOffset, body.byteLength);
+    const dv = new DataView(body.buffer, body.byteOffset, body.byteLength), table = halfTable();
     const out = new Float32Array(header.size);
-    for (let i = 0; i < out.length; i++) out[i] = fromHalf(dv.getUint16(2 * i, true));
+    for (let i = 0; i < out.length; i++) out[i] = table[dv.getUint16(2 * i, true)]!;
     checkFinite(out, "float16 record");
     return { dtype: "float32", shape: header.shape, data: out };
   }
