@@ -16,3 +16,4 @@ export * from "./algorithms/index.js";
 export * from "./backends/index.js";
 export * from "./client.js";
 export * from "./pending.js";
+export * as codecs from "./codecs/index.js";
