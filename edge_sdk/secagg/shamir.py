@@ -11,7 +11,7 @@ x-coordinates are distinct and in 1..255, so a secret has at most 255 shares.
 
 Combining is Lagrange interpolation at 0 over the same field, done here with numpy log/antilog
 tables because ``pyshamir.combine`` recomputes the basis for every byte in pure Python
-(O(32 t^2) field operations: 8.6 s for t = 51 on the shared 2-core machine), which a server
+(O(32 t^2) field operations: 8.6 s for t = 51 on the shared 2-core machine, 2026-11-27), which a server
 rebuilding one secret per device cannot afford. It is checked against ``pyshamir.combine`` and
 the JavaScript library by the tests. Given more than ``threshold`` shares, :func:`combine_shares`
 also checks that they lie on one polynomial of degree < t, so a single altered share is detected,

@@ -63,12 +63,14 @@ export async function neighbourGraph(seed: Uint8Array, scope: Scope, block: numb
   const key = await hkdf(checkBytes("graph seed", seed, KEY_BYTES), label("graph", scope.session, scope.round, block),
     KEY_BYTES, backend);
   const order = await shuffled(key, members, backend);
+  const rank = new Map([...order].sort(compareIds).map((m, i) => [m, i])); // sort keys, encoded once
+  const byId = (a: string, b: string) => rank.get(a)! - rank.get(b)!;
   const neighbours = new Map<string, string[]>();
   const threshold = new Map<string, number>();
   order.forEach((m, p) => {
     const near = k >= n - 1 ? order.filter((o) => o !== m)
       : Array.from({ length: k }, (_, i) => order[(p + (i < k / 2 ? i - k / 2 : i - k / 2 + 1) + n) % n]!);
-    near.sort(compareIds);
+    near.sort(byId);
     neighbours.set(m, near);
     threshold.set(m, Math.floor((near.length + 1) / 2) + 1);
   });
