@@ -113,6 +113,8 @@ def test_the_ring_holds_the_worst_case_sum_and_refuses_a_smaller_one():
         FixedPoint(1.5, 10, fp.ring_bits - 1, 9)
     with pytest.raises(SecAggError, match="32-bit ring"):
         FixedPoint.plan(2**20, 1e9)
+    with pytest.raises(SecAggError, match="more than 32: lower frac_bits"):
+        FixedPoint.plan(1000, 1.0, 30)
 
 
 def test_stochastic_rounding_is_unbiased_and_draws_fresh_randomness():

@@ -72,8 +72,11 @@ class FixedPoint:
             raise SecAggError(f"frac_bits must be an integer in [0, {MAX_FRAC_BITS}], got {self.frac_bits!r}")
         if not isinstance(self.cohort, int) or not 1 <= self.cohort <= MAX_COHORT:
             raise SecAggError(f"cohort must be an integer in [1, {MAX_COHORT}], got {self.cohort!r}")
-        ring_mask(self.ring_bits)
         needed = ring_bits_for(self.cohort, self.clip, self.frac_bits)
+        if needed > MAX_RING_BITS:
+            raise SecAggError(f"{self.cohort} devices at clip {self.clip} and 2^{self.frac_bits} need a ring of "
+                              f"{needed} bits, more than {MAX_RING_BITS}: lower frac_bits")
+        ring_mask(self.ring_bits)
         if self.ring_bits < needed:
             raise SecAggError(f"{self.cohort} devices at clip {self.clip} and 2^{self.frac_bits} need a ring of "
                               f"{needed} bits, not {self.ring_bits}: the sum could wrap")

@@ -54,6 +54,8 @@ class Scope:
     def __post_init__(self) -> None:
         if not isinstance(self.round, int) or not 0 <= self.round < MAX_INT:
             raise SecAggError(f"round must be an integer in [0, 2**53), got {self.round!r}")
+        if not isinstance(self.session, str):
+            raise SecAggError(f"session must be text, got {type(self.session).__name__}")
         if len(self.session.encode()) > MAX_FIELD_BYTES:
             raise SecAggError("session is longer than 65535 bytes")
 

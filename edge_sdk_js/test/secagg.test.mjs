@@ -1,13 +1,16 @@
 // Secure aggregation's building blocks in JavaScript reproduce tests/vectors/secagg.json (written by
 // Python's edge_sdk.secagg), on WebCrypto and on @noble/* alike; Shamir shares cross between the
-// two languages both ways; the noble path runs where `crypto.subtle` is absent (a page on plain http).
+// two languages both ways; the noble path runs where `crypto.subtle` is absent (a page on plain http),
+// and both run in Chromium.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import * as sa from "../dist/secagg/index.js";
+import { CHROMIUM, openPage, servePage } from "./browser.mjs";
 import { REPO, python, pythonEnv } from "./cases.mjs";
 
 const V = JSON.parse(readFileSync(join(REPO, "tests", "vectors", "secagg.json"), "utf8"));
@@ -173,6 +176,26 @@ test("sealed shares open only for their pair, session and round, at their exact 
   await assert.rejects(sa.openShares(key, SCOPE, "u", "v", sealed.slice(1)), /94 bytes/);
 });
 
+test("sizes, rings and inputs are checked before use", async () => {
+  const fp = sa.FixedPoint.plan(9, 1.5, 10);
+  assert.throws(() => new sa.FixedPoint(1.5, 10, fp.ringBits - 1, 9), /could wrap/);
+  assert.throws(() => sa.FixedPoint.plan(1000, 1.0, 30), /more than 32: lower frac_bits/);
+  await assert.rejects(fp.encode([Number.NaN], 0.5), /NaN/);
+  for (const weight of [-0.1, 1.5, Number.NaN]) await assert.rejects(fp.encode([0, 0], weight), /weight/);
+  await assert.rejects(sa.expandWords(new Uint8Array(16), 4), /32 bytes/);
+  await assert.rejects(sa.expandWords(new Uint8Array(32), -1), /words/);
+  await assert.rejects(sa.agree(new Uint8Array(32), new Uint8Array(31)), /32 bytes/);
+  assert.throws(() => sa.pairwiseSign("a", "a"), /itself/);
+  assert.throws(() => sa.scope("s", 2 ** 53), /2\*\*53/);
+  assert.throws(() => sa.addMod(new Uint32Array(2), new Uint32Array(3), 32), /words/);
+  const members = Array.from({ length: 60 }, (_, i) => `dev-${i}`);
+  await assert.rejects(sa.neighbourGraph(new Uint8Array(32), SCOPE, 0, members, 7), /even degree/);
+  await assert.rejects(sa.neighbourGraph(new Uint8Array(32), SCOPE, 0, ["a", "a"]), /2 distinct/);
+  const g = await sa.neighbourGraph(new Uint8Array(32), SCOPE, 0, members);
+  assert.deepEqual(new Set([...g.neighbours.values()].map((v) => v.length)), new Set([18]));
+  assert.ok(members.every((u) => g.neighbours.get(u).every((v) => g.neighbours.get(v).includes(u))));
+});
+
 test("without crypto.subtle (plain http) the noble backend is chosen and works", () => {
   const script = `Object.defineProperty(globalThis, "crypto", { value: { getRandomValues: (a) => globalThis.__random(a) } });
     globalThis.__random = (await import("node:crypto")).getRandomValues;
@@ -184,4 +207,62 @@ test("without crypto.subtle (plain http) the noble backend is chosen and works",
     console.log(JSON.stringify({ backend: backend.name, same, words: words.length }));`;
   const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
   assert.deepEqual(JSON.parse(out.trim().split("\n").at(-1)), { backend: "noble", same: true, words: 4 });
+});
+
+// In Chromium (a secure context: 127.0.0.1) the blocks load through an import map, as a device page
+// would, and both backends reproduce the vectors with the browser's own WebCrypto.
+const BROWSER_PAGE = `<!doctype html><html><head><meta charset="utf-8">
+<script type="importmap">{"imports": {
+  "@noble/hashes/": "/node_modules/@noble/hashes/", "@noble/curves/": "/node_modules/@noble/curves/",
+  "@noble/ciphers/": "/node_modules/@noble/ciphers/",
+  "shamir-secret-sharing": "/node_modules/shamir-secret-sharing/esm/index.js",
+  "shamir-secret-sharing/csprng": "/node_modules/shamir-secret-sharing/esm/csprng.js"
+}}</script>
+<script type="module">
+  window.sa = await import("/dist/secagg/index.js");
+  window.ready = true;
+</script></head><body></body></html>`;
+
+test("in Chromium both backends reproduce the vectors", { skip: CHROMIUM ? false : "chromium is not installed: browser test skipped",
+  timeout: 120_000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), "edgetrain-secagg-page-"));
+  writeFileSync(join(dir, "index.html"), BROWSER_PAGE);
+  const site = await servePage({ page: dir, vectors: join(REPO, "tests", "vectors") });
+  const { browser, page } = await openPage(`${site.url}page/index.html`);
+  try {
+    const seen = await page.evaluate(async () => {
+      const { sa } = window;
+      const V = await (await fetch("/vectors/secagg.json")).json();
+      const h = (s) => Uint8Array.from(s.match(/../g).map((b) => parseInt(b, 16)));
+      const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+      const scope = sa.scope(V.scope.session, V.scope.round);
+      const out = { secure: window.isSecureContext, chosen: (await sa.selectBackend()).name };
+      for (const b of [sa.webCryptoBackend(crypto.subtle), sa.nobleBackend]) {
+        const rfc = V.x25519.rfc7748;
+        const c = V.sealing[0], e = V.fixed_point.encodings[1], g = V.graph.graphs[0], m = V.masks[0];
+        out[b.name] = {
+          shared: hex(await sa.agree(h(rfc.alice_private), h(rfc.bob_public), b)),
+          okm: hex(await sa.hkdf(h(V.hkdf.rfc5869_case3.ikm), new Uint8Array(0), 42, b)),
+          mask: [...(await sa.expandMask(h(m.seed), 8, m.bits, b))],
+          sealed: hex(await sa.sealShares(h(c.key), scope, c.sender, c.receiver, h(c.seed_share), h(c.mask_key_share),
+            { nonce: h(c.nonce), backend: b })),
+          words: [...(await new sa.FixedPoint(e.clip, e.frac_bits, e.ring_bits, e.cohort).encode(e.update, e.weight,
+            h(e.rounding_seed), b))],
+          order: (await sa.neighbourGraph(h(g.seed), scope, g.block, g.members, undefined, b)).order,
+          combined: hex(await sa.combineShares(V.shamir.python_shares.slice(0, 3).map(h), 3)),
+        };
+      }
+      return out;
+    });
+    const V2 = V.fixed_point.encodings[1];
+    assert.deepEqual({ secure: seen.secure, chosen: seen.chosen }, { secure: true, chosen: "webcrypto" });
+    for (const name of ["webcrypto", "noble"]) {
+      assert.deepEqual(seen[name], { shared: V.x25519.rfc7748.shared, okm: V.hkdf.rfc5869_case3.okm, mask: V.masks[0].first,
+        sealed: V.sealing[0].sealed, words: V2.words, order: V.graph.graphs[0].order, combined: V.shamir.secret });
+    }
+  } finally {
+    await browser.close();
+    await site.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -37,8 +37,12 @@ export class FixedPoint {
     if (!(Number.isInteger(cohort) && cohort >= 1 && cohort <= MAX_COHORT)) {
       throw new SecAggError(`cohort must be an integer in [1, ${MAX_COHORT}], got ${cohort}`);
     }
-    ringMask(ringBits);
     const needed = ringBitsFor(cohort, clip, fracBits);
+    if (needed > MAX_RING_BITS) {
+      throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
+        + `more than ${MAX_RING_BITS}: lower frac_bits`);
+    }
+    ringMask(ringBits);
     if (ringBits < needed) {
       throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
         + `not ${ringBits}: the sum could wrap`);

@@ -33,6 +33,7 @@ export function scope(session: string, round: number): Scope {
   if (!Number.isInteger(round) || round < 0 || round >= MAX_INT) {
     throw new SecAggError(`round must be an integer in [0, 2**53), got ${round}`);
   }
+  if (typeof session !== "string") throw new SecAggError("session must be text");
   if (utf8.encode(session).length > MAX_FIELD_BYTES) throw new SecAggError("session is longer than 65535 bytes");
   return { session, round };
 }
