@@ -12,7 +12,7 @@ JS_TESTS ?= test
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev,ray]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev,ray,secure]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,53 @@
+/**
+ * Key binding, as edge_sdk/secagg/binding.py (its docstring states the trust model): an Ed25519
+ * identity key, seeded by HKDF-SHA256(secret, label("identity", id)), signs
+ * label("advertise", session, round, id, cipher pk, mask pk). The server stores only
+ * sha256(secret) and cannot make these signatures. Ed25519 is `@noble/curves` on every platform
+ * (WebCrypto's Ed25519 is not in every browser; signing is deterministic, so both SDKs agree byte
+ * for byte); verification is RFC 8032's strict one (`zip215: false`), as OpenSSL's.
+ */
+import { ed25519 } from "@noble/curves/ed25519.js";
+
+import type { CryptoBackend } from "./backend.js";
+import { KEY_BYTES, hkdf } from "./keys.js";
+import { type Scope, SecAggError, checkBytes, label } from "./labels.js";
+
+export const SIGNATURE_BYTES = 64;
+
+async function identitySeed(secret: string, deviceId: string, backend?: CryptoBackend): Promise<Uint8Array> {
+  if (!secret) throw new SecAggError("an identity key needs the device's secret");
+  return hkdf(new TextEncoder().encode(secret), label("identity", deviceId), KEY_BYTES, backend);
+}
+
+/** The 32-byte Ed25519 public key of the device with credential `secret` (recorded at enrolment). */
+export async function identityPublicKey(secret: string, deviceId: string, backend?: CryptoBackend): Promise<Uint8Array> {
+  return ed25519.getPublicKey(await identitySeed(secret, deviceId, backend));
+}
+
+/** The bytes a device signs to advertise its two X25519 public keys for `scope`. */
+export function advertisementMessage(scope: Scope, deviceId: string, cipherPublic: Uint8Array,
+  maskPublic: Uint8Array): Uint8Array {
+  return label("advertise", scope.session, scope.round, deviceId, checkBytes("cipher public key", cipherPublic, KEY_BYTES),
+    checkBytes("mask public key", maskPublic, KEY_BYTES));
+}
+
+/** The 64-byte Ed25519 signature binding the two round keys to the device's credential. */
+export async function signAdvertisement(secret: string, deviceId: string, scope: Scope, cipherPublic: Uint8Array,
+  maskPublic: Uint8Array, backend?: CryptoBackend): Promise<Uint8Array> {
+  const message = advertisementMessage(scope, deviceId, cipherPublic, maskPublic);
+  return ed25519.sign(message, await identitySeed(secret, deviceId, backend));
+}
+
+/** Throws SecAggError unless `signature` is the device's signature on these keys for `scope`. */
+export function verifyAdvertisement(identityPublic: Uint8Array, deviceId: string, scope: Scope, cipherPublic: Uint8Array,
+  maskPublic: Uint8Array, signature: Uint8Array): void {
+  const message = advertisementMessage(scope, deviceId, cipherPublic, maskPublic);
+  let valid = false;
+  try {
+    valid = ed25519.verify(checkBytes("signature", signature, SIGNATURE_BYTES), message,
+      checkBytes("identity public key", identityPublic, KEY_BYTES), { zip215: false });
+  } catch (exc) {
+    if (exc instanceof SecAggError) throw exc;
+  }
+  if (!valid) throw new SecAggError(`the key advertisement of ${JSON.stringify(deviceId)} is not signed by its identity key`);
+}

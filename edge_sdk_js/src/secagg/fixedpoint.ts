@@ -1,0 +1,116 @@
+/**
+ * Fixed point, as edge_sdk/secagg/fixedpoint.py (its docstring derives the ring size and the error
+ * bound): clip the block to L2 norm C, scale by the weight w in [0, 1] and by 2^f, append the
+ * weight coordinate (w * C) * 2^f, round stochastically with uniforms from an AES-256-CTR stream
+ * keyed by 32 fresh random bytes, reduce modulo 2^b with b = bit_length(n * ceil(C * 2^f)) + 1 <= 32.
+ * The operations and their order are Python's, so both SDKs give the same words for the same
+ * inputs and rounding seed (the L2 norm is summed in order here; numpy may sum in another order,
+ * which changes it by rounding only).
+ */
+import { type CryptoBackend, randomBytes } from "./backend.js";
+import { KEY_BYTES } from "./keys.js";
+import { SecAggError } from "./labels.js";
+import { MAX_RING_BITS, MAX_WORDS, expandWords, ringMask } from "./masks.js";
+
+export const MAX_FRAC_BITS = 60;
+export const MAX_COHORT = 2 ** 20;
+
+/** The smallest b such that the sum of `cohort` encoded values cannot wrap in Z_{2^b}. */
+export function ringBitsFor(cohort: number, clip: number, fracBits: number): number {
+  const bound = BigInt(cohort) * BigInt(Math.ceil(clip * 2 ** fracBits));
+  return (bound === 0n ? 0 : bound.toString(2).length) + 1;
+}
+
+/** A block's decoded sum: the sum of w_i x'_i and the sum of the weights. */
+export interface Decoded {
+  readonly values: Float64Array;
+  readonly weight: number;
+}
+
+/** The round's encoding: L2 bound `clip` (C), `fracBits` (f), `ringBits` (b), at most `cohort` (n) devices summed. */
+export class FixedPoint {
+  constructor(readonly clip: number, readonly fracBits: number, readonly ringBits: number, readonly cohort: number) {
+    if (!(Number.isFinite(clip) && clip > 0)) throw new SecAggError(`clip must be finite and > 0, got ${clip}`);
+    if (!(Number.isInteger(fracBits) && fracBits >= 0 && fracBits <= MAX_FRAC_BITS)) {
+      throw new SecAggError(`frac_bits must be an integer in [0, ${MAX_FRAC_BITS}], got ${fracBits}`);
+    }
+    if (!(Number.isInteger(cohort) && cohort >= 1 && cohort <= MAX_COHORT)) {
+      throw new SecAggError(`cohort must be an integer in [1, ${MAX_COHORT}], got ${cohort}`);
+    }
+    const needed = ringBitsFor(cohort, clip, fracBits);
+    if (needed > MAX_RING_BITS) {
+      throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
+        + `more than ${MAX_RING_BITS}: lower frac_bits`);
+    }
+    ringMask(ringBits);
+    if (ringBits < needed) {
+      throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
+        + `not ${ringBits}: the sum could wrap`);
+    }
+  }
+
+  /** The smallest ring for `fracBits`, or (undefined) the largest f whose ring fits 32 bits. */
+  static plan(cohort: number, clip: number, fracBits?: number): FixedPoint {
+    let f = fracBits;
+    if (f === undefined) {
+      for (let g = MAX_FRAC_BITS; g >= 0 && f === undefined; g--) if (ringBitsFor(cohort, clip, g) <= MAX_RING_BITS) f = g;
+      if (f === undefined) throw new SecAggError(`${cohort} devices at clip ${clip} do not fit a 32-bit ring even at 2^0`);
+    }
+    return new FixedPoint(clip, f, ringBitsFor(cohort, clip, f), cohort);
+  }
+
+  /** The most a decoded coordinate of a sum of `cohort` blocks differs from the float sum. */
+  get errorBound(): number {
+    return this.cohort * (2 ** -this.fracBits + this.clip * 2 ** -50);
+  }
+
+  /** The most the decoded weight sum differs from the sum of the weights. */
+  get weightErrorBound(): number {
+    return this.errorBound / this.clip;
+  }
+
+  /** One block's words (values in [0, 2^b)): clipped, weighted, scaled, rounded, then the weight coordinate. */
+  async encode(update: ArrayLike<number>, weight: number, roundingSeed?: Uint8Array,
+    backend?: CryptoBackend): Promise<Uint32Array> {
+    const d = update.length;
+    if (d + 1 > MAX_WORDS) throw new SecAggError(`a block has at most ${MAX_WORDS - 1} coordinates`);
+    let squares = 0;
+    for (let i = 0; i < d; i++) {
+      const v = update[i]!;
+      if (!Number.isFinite(v)) throw new SecAggError("the update has NaN or infinite values");
+      squares += v * v;
+    }
+    if (!(weight >= 0 && weight <= 1)) throw new SecAggError(`the weight must be in [0, 1], got ${weight}`);
+    const norm = Math.sqrt(squares);
+    const factor = norm <= this.clip ? 1 : this.clip / norm;
+    const s = factor * weight;
+    const scale = 2 ** this.fracBits;
+    const limit = this.clip * scale;
+    const uniforms = await expandWords(roundingSeed ?? randomBytes(KEY_BYTES), d + 1, backend);
+    const mask = ringMask(this.ringBits);
+    const out = new Uint32Array(d + 1);
+    for (let i = 0; i <= d; i++) {
+      const raw = (i < d ? update[i]! * s : weight * this.clip) * scale;
+      const y = Math.min(limit, Math.max(-limit, raw));
+      const low = Math.floor(y);
+      const q = low + (uniforms[i]! * 2 ** -32 < y - low ? 1 : 0);
+      out[i] = this.ringBits === MAX_RING_BITS ? q : q & mask;
+    }
+    return out;
+  }
+
+  /** The unmasked sum of encoded blocks (words mod 2^b) back to floats, by the centered lift. */
+  decode(total: Uint32Array): Decoded {
+    if (total.length < 1) throw new SecAggError("a sum to decode is a non-empty array of words");
+    const mask = ringMask(this.ringBits);
+    const half = 2 ** (this.ringBits - 1);
+    const scale = 2 ** -this.fracBits;
+    const lift = (w: number) => {
+      const v = this.ringBits === MAX_RING_BITS ? w : w & mask;
+      return v >= half ? v - 2 ** this.ringBits : v;
+    };
+    const values = new Float64Array(total.length - 1);
+    for (let i = 0; i < values.length; i++) values[i] = lift(total[i]!) * scale;
+    return { values, weight: (lift(total[total.length - 1]!) * scale) / this.clip };
+  }
+}
