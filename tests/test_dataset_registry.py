@@ -188,3 +188,24 @@ def test_the_fleet_runs_two_rounds_through_edgetrain_emulate(fleet: str, folder:
     assert sum(held) == len(dataset)  # every training sample is on exactly one device
     if samples is not None:
         assert held == samples
+
+
+# -- the docs --------------------------------------------------------------------------------------
+GUIDE = REPO / "docs" / "device-guide.md"
+START, END = "<!-- dataset table:", "<!-- end of dataset table -->"
+
+
+def dataset_table() -> str:
+    rows = ["| name | natural clients | under the data root | needs | what |", "|---|---|---|---|---|"]
+    for s in DATASETS.values():
+        where = (f"`{s.path}/`" if s.path else f"(inside {s.package_file.split('/')[0]})" if s.package_file
+                 else "(made on the spot)")
+        rows.append(f"| `{s.name}` | {s.groups or '-'} | {where} | {s.needs or '-'} | {s.description} |")
+    return "\n".join(rows)
+
+
+def test_the_device_guide_lists_every_dataset_as_registered() -> None:
+    text = GUIDE.read_text(encoding="utf-8")
+    start = text.index(START)
+    body = text[text.index("\n", start) + 1: text.index(END)].strip()
+    assert body == dataset_table(), f"docs/device-guide.md's dataset table should read:\n{dataset_table()}"

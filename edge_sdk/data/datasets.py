@@ -33,38 +33,6 @@ _MOVIELENS_TEST_FRACTION = 0.2
 _SHUFFLE_SEED = 0
 
 
-# -- synthetic -------------------------------------------------------------------------------
-@register_dataset("synthetic", description="two Gaussian blobs in 4 dimensions, made on the spot (exact tests)")
-def _synthetic(where: None, split: str) -> Dataset:
-    """Two Gaussian blobs in 4 dimensions (400 train / 100 test): for exact tests of the tiny model."""
-    rng = np.random.default_rng(1234 if split == "train" else 4321)
-    n = 400 if split == "train" else 100
-    y = rng.integers(0, 2, size=n).astype(np.int64)
-    centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
-    x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
-    return Dataset(x, y, 2, "synthetic")
-
-
-@register_dataset("synthetic_ratings", groups="user",
-                  description="MovieLens-shaped ratings of 40 users, made on the spot (sparse-submodel tests)")
-def _synthetic_ratings(where: None, split: str) -> Dataset:
-    """MovieLens-shaped ratings made up on the spot (nothing to download): 40 users each rating 30
-    of 9,742 items, rating = 3 + <u, v> from rank-4 latent factors, clipped to [0.5, 5]. Indexes the
-    recommender's tables exactly as MovieLens latest-small does; each user's last 6 ratings are
-    the test split. For tests of sparse submodels, which need few rows of a large table per device."""
-    rng = np.random.default_rng(2024)
-    users, items, per_user, test_per_user = 40, 9_742, 30, 6
-    u = rng.normal(0, 0.7, size=(users, 4))
-    v = rng.normal(0, 0.7, size=(items, 4))
-    pairs = np.stack([np.repeat(np.arange(users), per_user),
-                      np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])], axis=1)
-    rating = np.clip(3 + np.einsum("ij,ij->i", u[pairs[:, 0]], v[pairs[:, 1]]), 0.5, 5.0).astype(np.float32)
-    is_test = np.tile(np.arange(per_user) >= per_user - test_per_user, users)
-    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
-    return Dataset(pairs[keep].astype(np.int64), rating[keep], 0, "synthetic_ratings", groups=pairs[keep, 0],
-                   info={"num_users": users, "num_items": items})
-
-
 # -- digits ----------------------------------------------------------------------------------
 @register_dataset("digits", package_file="sklearn/datasets/data/digits.csv.gz", needs="scikit-learn",
                   description="scikit-learn's 8x8 digits: 1,797 images, 10 classes (the demo's)")
@@ -350,3 +318,35 @@ def movielens_genres(root: Path | str | None = None) -> tuple[np.ndarray, tuple[
     for i, g in enumerate(per_item):
         out[i, : len(g)] = g
     return out, tuple(names)
+
+
+# -- synthetic -------------------------------------------------------------------------------
+@register_dataset("synthetic", description="two Gaussian blobs in 4 dimensions (exact tests)")
+def _synthetic(where: None, split: str) -> Dataset:
+    """Two Gaussian blobs in 4 dimensions (400 train / 100 test): for exact tests of the tiny model."""
+    rng = np.random.default_rng(1234 if split == "train" else 4321)
+    n = 400 if split == "train" else 100
+    y = rng.integers(0, 2, size=n).astype(np.int64)
+    centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
+    x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
+    return Dataset(x, y, 2, "synthetic")
+
+
+@register_dataset("synthetic_ratings", groups="user",
+                  description="MovieLens-shaped ratings of 40 users (sparse-submodel tests)")
+def _synthetic_ratings(where: None, split: str) -> Dataset:
+    """MovieLens-shaped ratings made up on the spot (nothing to download): 40 users each rating 30
+    of 9,742 items, rating = 3 + <u, v> from rank-4 latent factors, clipped to [0.5, 5]. Indexes the
+    recommender's tables exactly as MovieLens latest-small does; each user's last 6 ratings are
+    the test split. For tests of sparse submodels, which need few rows of a large table per device."""
+    rng = np.random.default_rng(2024)
+    users, items, per_user, test_per_user = 40, 9_742, 30, 6
+    u = rng.normal(0, 0.7, size=(users, 4))
+    v = rng.normal(0, 0.7, size=(items, 4))
+    pairs = np.stack([np.repeat(np.arange(users), per_user),
+                      np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])], axis=1)
+    rating = np.clip(3 + np.einsum("ij,ij->i", u[pairs[:, 0]], v[pairs[:, 1]]), 0.5, 5.0).astype(np.float32)
+    is_test = np.tile(np.arange(per_user) >= per_user - test_per_user, users)
+    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
+    return Dataset(pairs[keep].astype(np.int64), rating[keep], 0, "synthetic_ratings", groups=pairs[keep, 0],
+                   info={"num_users": users, "num_items": items})
