@@ -166,18 +166,25 @@ def test_emulate_refuses_absent_data_in_one_line(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # refused before a run folder was made
 
 
-@pytest.mark.parametrize(("fleet", "folder", "devices", "samples"), [
-    # About 20 s alone, twice that on a busy machine: with the slow tests.
-    pytest.param("tinyshakespeare-char-lstm", "tinyshakespeare", 8, None, marks=pytest.mark.slow),
-    ("tcga-brca-cox", "fed_tcga_brca", 6, [40, 129, 129, 156, 164, 248]),  # one region each
+@pytest.mark.parametrize(("fleet", "folder", "devices", "samples", "root_from"), [
+    ("tinyshakespeare-char-lstm", "tinyshakespeare", 8, None, "--data-root"),
+    ("tcga-brca-cox", "fed_tcga_brca", 6, [40, 129, 129, 156, 164, 248], "fleet"),  # one region each
 ])
 def test_the_fleet_runs_two_rounds_through_edgetrain_emulate(fleet: str, folder: str, devices: int,
-                                                             samples: list[int] | None, tmp_path: Path) -> None:
+                                                             samples: list[int] | None, root_from: str,
+                                                             tmp_path: Path) -> None:
+    """The shipped fleet, its data root given by ``--data-root``, or by its own ``[fleet] data_root``
+    with no $EDGETRAIN_DATA: the server and every device find the data through the setting."""
     root = need(folder)
-    out = _edgetrain("emulate", "--fleet", fleet, "--rounds", "2", "--data-root", str(root), "--out", str(tmp_path),
-                     env=device_env())
+    args, env = ["--data-root", str(root)], device_env()
+    if root_from == "fleet":
+        text = load_fleet(fleet).path.read_text().replace("\nseed = 0\n", f'\nseed = 0\ndata_root = "{root}"\n', 1)
+        assert "data_root" in text
+        (tmp_path / f"{fleet}.toml").write_text(text)
+        fleet, args, env = str(tmp_path / f"{fleet}.toml"), [], {k: v for k, v in env.items() if k != DATA_ENV}
+    out = _edgetrain("emulate", "--fleet", fleet, "--rounds", "2", *args, "--out", str(tmp_path / "runs"), env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = (tmp_path / "runs").iterdir()
     rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert [(r["round"], r["reported"]) for r in rounds] == [(1, devices), (2, devices)]
     assert all(math.isfinite(r["test_loss"]) for r in rounds)
