@@ -325,19 +325,16 @@ def result_from_store(spec: RunSpec) -> dict | None:
     """A run's result read from its store's journal (read-only, so the run may still be going): what a
     report for fewer rounds than an unfinished run has done uses. Its wall time is the kept rounds' wall
     time (start-ups not counted)."""
-    import sqlite3
+    from orchestrator.store import Store
 
-    journal = spec.folder / "store" / "journal.sqlite3"
-    if not journal.is_file():
-        return None
-    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
     try:
-        rows = db.execute("SELECT round, metrics FROM rounds WHERE finished IS NOT NULL ORDER BY round").fetchall()
-    except sqlite3.OperationalError:
+        store = Store.open_readonly(spec.folder / "store")
+    except FileNotFoundError:
         return None
-    finally:
-        db.close()
-    history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in (json.loads(r[1]) for r in rows if r[1])]
+    with store:
+        rounds = store.rounds()
+    history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in (r["metrics"] for r in rounds if r["complete"])
+               if m]
     if not history:
         return None
     sessions_file = spec.folder / "sessions.json"

@@ -24,7 +24,7 @@ the ONNX Runtime runtime instead of torch's, and the server's planner choosing t
 role and backend it reports the peak RSS, its ratio to the strong torch device, and the time per
 local step. A planner table gives each device class in ``profiles/devices`` its split per backend.
 Not a test: run it on a quiet machine,
-``python bench/memory_ratio.py [--rounds 2] [--cifar-limit 256] [--data-root ../shared/datasets]``.
+``python bench/memory_ratio.py [--rounds 2] [--cifar-limit 256] [--data-root DIR]``.
 Writes ``bench/results/memory_ratio.json``.
 """
 
@@ -387,7 +387,7 @@ def main() -> None:
     ap.add_argument("--backends", default="torch,onnxruntime",
                     help="comma-separated: the moderate and weak devices' backends, one run each")
     ap.add_argument("--splits-only", action="store_true", help="only the device-class table, into --out")
-    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: ../shared/datasets)")
+    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: $EDGETRAIN_DATA)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_ratio.json")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -397,7 +397,8 @@ def main() -> None:
     from edge_sdk.data import DatasetUnavailable, data_root
 
     console = Console()
-    root = str(data_root(args.data_root))
+    root = data_root(args.data_root)
+    root = None if root is None else str(root)
     results = {}
     if args.splits_only:  # recompute the device-class table into an existing results file
         saved = json.loads(args.out.read_text())

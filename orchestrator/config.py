@@ -87,7 +87,8 @@ class ServerConfig:
             "package.module:function returning (x, y) arrays or a data source; none: no evaluation on the server. "
             "Default: the test split of --data.", cli="--eval-data")
     data_root: str | None = setting(
-        None, "Folder holding the datasets (default: $EDGETRAIN_DATA or ../shared/datasets).")
+        None, "Folder holding the research datasets, each in its folder (default: $EDGETRAIN_DATA); digits and "
+              "the synthetic sets need none.")
     eval_limit: Count | None = setting(None, "Evaluate on at most this many held-out samples.", cli=False)
     store_dir: Path = setting(
         Path("runs/serve"), "Folder for the SQLite journal and checkpoints (edgetrain serve: a new "

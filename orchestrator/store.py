@@ -472,6 +472,38 @@ class Store:
         return [{"round": r["round"], "device_id": r["device_id"], "block": r["block"], "split": r["split"],
                  "norm": r["norm"]} for r in rows]
 
+    # -- reading a run from outside (the store owns its schema: nobody else writes SQL) ---------
+    @classmethod
+    def open_readonly(cls, directory: Path | str) -> Store:
+        """The store in ``directory``, opened to read only: nothing is created, changed or pruned, so
+        it may watch a run that is still going (the journal is in WAL mode: a reader never blocks the
+        writer). Its read methods (:meth:`rounds`, :meth:`updates`, :meth:`devices`, :meth:`get_meta`,
+        :meth:`completed_rounds`, :meth:`last_completed`, ...) work as on a writable store; a write
+        fails. Raises FileNotFoundError when ``directory`` holds no journal yet."""
+        store = cls.__new__(cls)
+        store.directory = Path(directory)
+        store.checkpoints = store.directory / CHECKPOINTS
+        store.keep = 0
+        store._lock = threading.Lock()
+        journal = store.directory / JOURNAL
+        if not journal.is_file():
+            raise FileNotFoundError(f"{store.directory} holds no journal ({JOURNAL})")
+        store._db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                    timeout=30.0)
+        store._db.row_factory = sqlite3.Row
+        tables = {r["name"] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"meta", "devices", "rounds", "reports"} <= tables:  # a writer is creating it this moment
+            store._db.close()
+            raise FileNotFoundError(f"{store.directory} holds no journal yet ({JOURNAL} has no tables)")
+        return store
+
+    def completed_rounds(self) -> int:
+        """The number of the last completed round, 0 if none: a run resumed from this store starts
+        at the round after it. Reads the journal only (no checkpoint is read or checked)."""
+        with self._lock:
+            row = self._db.execute("SELECT MAX(round) AS r FROM rounds WHERE finished IS NOT NULL").fetchone()
+        return int(row["r"] or 0)
+
 
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error (the connection runs in autocommit mode)."""

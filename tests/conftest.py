@@ -1,8 +1,10 @@
-"""Fixtures shared by test modules: a virtual environment with the core install only (no torch)."""
+"""Fixtures shared by test modules: a virtual environment with the core install only (no torch); and
+the data root of the test run (tests/shared_data.py), exported as $EDGETRAIN_DATA where it exists."""
 
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from tests.shared_data import SHARED
+
 ROOT = Path(__file__).resolve().parents[1]
+if SHARED.is_dir():  # the test run's data root, for the library and every device process it starts
+    os.environ.setdefault("EDGETRAIN_DATA", str(SHARED))
 #: What `pip install .` installs (pyproject.toml's core dependencies), pinned like everything else.
 CORE: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 

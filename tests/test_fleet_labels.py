@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +28,9 @@ from orchestrator.emulation.launch import DeviceLaunch
 from orchestrator.emulation.schedule import device_launch
 from orchestrator.emulation.localfleet import device_env
 from orchestrator.server import Orchestrator
+from tests.shared_data import SHARED
 
-MNIST = Path(os.environ.get("EDGETRAIN_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets")) / "mnist"
+MNIST = SHARED / "mnist"
 
 FLEET = {
     "fleet": {"model": "tiny", "seed": 0},

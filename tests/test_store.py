@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.emulation.runner import completed_rounds
 from orchestrator.store import CheckpointCorrupted, Store, StoreError, checkpoint_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,8 +59,8 @@ def test_restart_returns_the_last_completed_round(tmp_path):
     assert round == 3
     assert_states_equal(state, model_state(3))
     assert (tmp_path / "journal.sqlite3").is_file()
-    mode = sqlite3.connect(tmp_path / "journal.sqlite3").execute("PRAGMA journal_mode").fetchone()[0]
-    assert mode == "wal"
+    # The file header's read and write versions are 2 in WAL mode (sqlite.org/fileformat.html, 1.3.3).
+    assert (tmp_path / "journal.sqlite3").read_bytes()[18:20] == b"\x02\x02"
     rounds = store.rounds()
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
     assert [r["complete"] for r in rounds] == [True, True, True, False]
@@ -96,6 +96,31 @@ def test_updates_devices_and_meta_are_journaled(tmp_path):
         assert store.get_meta("model") == "resnet20"
         assert store.get_meta("config") == {"rounds": 100, "strategy": "embracingfl"}
         assert store.get_meta("absent", "fallback") == "fallback"
+
+
+def test_a_read_only_store_watches_a_run_that_is_still_going(tmp_path):
+    """What the emulator's resume, the benchmarks and the JavaScript tests read a run through: the
+    store's own read methods on a read-only connection, while the writer keeps writing."""
+    assert completed_rounds(tmp_path / "none") == 0 and not (tmp_path / "none").exists()
+    with pytest.raises(FileNotFoundError, match="holds no journal"):
+        Store.open_readonly(tmp_path / "none")
+    with Store(tmp_path / "run") as writer:
+        writer.record_device("d0", {"runtimes": ["torch"]}, {"role": "strong", "split": 0})
+        run_rounds(writer, [1, 2])
+        with Store.open_readonly(tmp_path / "run") as reader:
+            assert reader.completed_rounds() == 2 == completed_rounds(tmp_path / "run")
+            writer.begin_round(3, ["d0"])  # begun, not complete: not counted
+            writer.record_update(3, "d0", {"accepted": True, "samples": 3})
+            assert reader.completed_rounds() == 2
+            assert [r["complete"] for r in reader.rounds()] == [True, True, False]
+            assert [(u["device_id"], u["accepted"]) for u in reader.updates(3)] == [("d0", True)]
+            writer.complete_round(3, model_state(3), {"accuracy": 0.9})
+            assert reader.completed_rounds() == 3 and reader.rounds()[2]["metrics"] == {"accuracy": 0.9}
+            assert reader.devices()[0]["plan"] == {"role": "strong", "split": 0}
+            assert reader.last_completed()[0] == 3
+            with pytest.raises(Exception, match="readonly"):
+                reader.set_meta("model", "tiny")
+        assert writer.get_meta("model") is None
 
 
 def test_journal_refuses_out_of_order_calls(tmp_path):

@@ -1,12 +1,10 @@
-"""Datasets as numpy arrays: scikit-learn's digits (always there) and the papers' datasets read
-from a local folder (FEMNIST, MNIST, CIFAR-10, MovieLens).
+"""The loaders of the research datasets and their entries in the dataset table
+(:mod:`edge_sdk.data.registry`): scikit-learn's digits (always there), the synthetic sets, and the
+papers' datasets read from the data root (FEMNIST, MNIST, CIFAR-10, MovieLens).
 
-numpy only at import time: scikit-learn and Pillow are imported inside the loaders that need them,
-so a device that trains on its own data never pays for them.
-
-The data folder is ``root``, else ``$EDGETRAIN_DATA``, else ``../shared/datasets`` beside the
-current directory (or beside this checkout). Nothing is downloaded: a missing dataset raises
-:class:`DatasetUnavailable`.
+numpy only at import time: Pillow is imported inside the loader that needs it, and the digits are read
+from the CSV inside scikit-learn without importing it, so a device that trains on its own data never
+pays for them.
 """
 
 from __future__ import annotations
@@ -14,23 +12,13 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
-import importlib.util
 import json
-import os
 import tarfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.fileio import atomic_write
-
-DATASET_NAMES: tuple[str, ...] = ("digits", "femnist", "mnist", "cifar10", "movielens", "movielens_lr",
-                                  "synthetic", "synthetic_ratings")
-SPLITS: tuple[str, ...] = ("train", "test")
-DATA_ENV = "EDGETRAIN_DATA"
-CACHE_ENV = "EDGETRAIN_CACHE"
+from edge_sdk.data.registry import Dataset, DatasetUnavailable, locate_dataset, register_dataset, require, save_npy
 
 CIFAR10_CLASSES: tuple[str, ...] = (
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -45,202 +33,16 @@ _MOVIELENS_TEST_FRACTION = 0.2
 _SHUFFLE_SEED = 0
 
 
-class DatasetUnavailable(FileNotFoundError):
-    """The dataset's files are not on this machine (nothing is downloaded at run time)."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Samples ``x`` with targets ``y``.
-
-    ``groups`` is each sample's natural client (a FEMNIST writer, a MovieLens user) when the data
-    has one, for ``partition(..., "natural")``. ``num_classes`` is 0 for regression targets.
-    ``info`` carries loader-specific facts (MovieLens ``num_users``/``num_items``, FEMNIST ``writers``).
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    name: str
-    groups: np.ndarray | None = None
-    info: Mapping[str, object] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.x) != len(self.y):
-            raise ValueError(f"{self.name}: {len(self.x)} samples but {len(self.y)} targets")
-        if self.groups is not None and len(self.groups) != len(self.y):
-            raise ValueError(f"{self.name}: {len(self.y)} samples but {len(self.groups)} group ids")
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def subset(self, indices: np.ndarray) -> Dataset:
-        """The samples at ``indices`` (one client's share after :func:`partition`)."""
-        indices = np.asarray(indices)
-        return Dataset(
-            x=self.x[indices],
-            y=self.y[indices],
-            num_classes=self.num_classes,
-            name=self.name,
-            groups=None if self.groups is None else self.groups[indices],
-            info=self.info,
-        )
-
-
-def data_root(root: Path | str | None = None) -> Path:
-    """Where datasets live: ``root``, ``$EDGETRAIN_DATA``, or ``../shared/datasets`` if present."""
-    if root is not None:
-        return Path(root)
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env)
-    candidates = [Path.cwd() / ".." / "shared" / "datasets", Path(__file__).resolve().parents[3] / "shared" / "datasets"]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    return candidates[0]
-
-
-def cache_root(cache_dir: Path | str | None = None) -> Path:
-    """Where decoded arrays are cached: ``cache_dir``, ``$EDGETRAIN_CACHE``, or ``~/.cache/edgetrain``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "edgetrain"
-
-
-def load_dataset(
-    name: str,
-    *,
-    root: Path | str | None = None,
-    split: str = "train",
-    limit: int | None = None,
-    cache_dir: Path | str | None = None,
-    mmap: bool = False,
-) -> Dataset:
-    """Load ``split`` of dataset ``name`` (one of :data:`DATASET_NAMES`).
-
-    ``limit`` caps the number of samples: CIFAR-10 then decodes only a class-balanced subset
-    (60,000 JPEGs take a while); other datasets keep their first ``limit`` samples.
-
-    With ``mmap`` the arrays are memory-mapped from .npy files in the cache (written on first
-    use): what a device does, since parsing a whole dataset (FEMNIST's JSON peaks near 700 MiB)
-    costs more than a small device's budget, while from a map it copies only its own shard.
-    """
-    if mmap:
-        return _mapped(name, root, split, limit, cache_root(cache_dir))
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be positive, got {limit}")
-    if name == "digits":
-        data = _digits(split)
-    elif name == "femnist":
-        data = _femnist(data_root(root), split)
-    elif name == "mnist":
-        data = _mnist(data_root(root), split)
-    elif name == "cifar10":
-        return _cifar10(data_root(root), split, limit, cache_root(cache_dir))
-    elif name == "movielens":
-        data = _movielens(data_root(root), split)
-    elif name == "movielens_lr":
-        data = _movielens_lr(data_root(root), split)
-    elif name == "synthetic":
-        data = _synthetic(split)
-    elif name == "synthetic_ratings":
-        data = _synthetic_ratings(split)
-    else:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
-    return data if limit is None or limit >= len(data) else data.subset(np.arange(limit))
-
-
-def _source_key(name: str, root: Path | str | None) -> str:
-    """Identity of a dataset's source files (path, size, modification time), for cache names."""
-    if name in ("synthetic", "synthetic_ratings"):
-        return "builtin"
-    base = {"digits": _digits_csv().parent, "femnist": data_root(root) / "femnist_leaf_flic",
-            "mnist": data_root(root) / "mnist",
-            "cifar10": data_root(root) / "cifar10_jpg", "movielens": data_root(root) / "movielens_latest_small",
-            "movielens_lr": data_root(root) / "movielens_latest_small"}.get(name)
-    if base is None:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
-    _require(base, name)
-    files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else [base]
-    ident = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
-
-
-def _mapped(name: str, root: Path | str | None, split: str, limit: int | None, cache: Path) -> Dataset:
-    stem = cache / f"{name}-{_source_key(name, root)}-{split}-{'all' if limit is None else limit}"
-    meta_path = stem.with_suffix(".json")
-    if not meta_path.is_file():
-        data = load_dataset(name, root=root, split=split, limit=limit)
-        cache.mkdir(parents=True, exist_ok=True)
-        _save_npy(stem.with_suffix(".x.npy"), np.ascontiguousarray(data.x))
-        _save_npy(stem.with_suffix(".y.npy"), np.ascontiguousarray(data.y))
-        if data.groups is not None:
-            _save_npy(stem.with_suffix(".groups.npy"), np.ascontiguousarray(data.groups))
-        meta = {"name": data.name, "num_classes": data.num_classes, "groups": data.groups is not None,
-                "info": {k: list(v) if isinstance(v, tuple) else v for k, v in data.info.items()}}
-        # Written last: its presence means the arrays are complete.
-        atomic_write(meta_path, json.dumps(meta).encode(), durable=False)
-    meta = json.loads(meta_path.read_text())
-    return Dataset(
-        x=np.load(stem.with_suffix(".x.npy"), mmap_mode="r"),
-        y=np.load(stem.with_suffix(".y.npy"), mmap_mode="r"),
-        num_classes=int(meta["num_classes"]),
-        name=str(meta["name"]),
-        groups=np.load(stem.with_suffix(".groups.npy"), mmap_mode="r") if meta["groups"] else None,
-        info={k: tuple(v) if isinstance(v, list) else v for k, v in meta["info"].items()},
-    )
-
-
-def _require(path: Path, name: str) -> Path:
-    if not path.exists():
-        raise DatasetUnavailable(
-            f"{name} not found at {path}; point --data-root (root= in Python) or ${DATA_ENV} at the datasets folder "
-            f"(see its README); nothing is downloaded at run time"
-        )
-    return path
-
-
-# -- synthetic -------------------------------------------------------------------------------
-def _synthetic(split: str) -> Dataset:
-    """Two Gaussian blobs in 4 dimensions (400 train / 100 test): for exact tests of the tiny model."""
-    rng = np.random.default_rng(1234 if split == "train" else 4321)
-    n = 400 if split == "train" else 100
-    y = rng.integers(0, 2, size=n).astype(np.int64)
-    centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
-    x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
-    return Dataset(x, y, 2, "synthetic")
-
-
-def _synthetic_ratings(split: str) -> Dataset:
-    """MovieLens-shaped ratings made up on the spot (nothing to download): 40 users each rating 30
-    of 9,742 items, rating = 3 + <u, v> from rank-4 latent factors, clipped to [0.5, 5]. Indexes the
-    recommender's tables exactly as MovieLens latest-small does; each user's last 6 ratings are
-    the test split. For tests of sparse submodels, which need few rows of a large table per device."""
-    rng = np.random.default_rng(2024)
-    users, items, per_user, test_per_user = 40, 9_742, 30, 6
-    u = rng.normal(0, 0.7, size=(users, 4))
-    v = rng.normal(0, 0.7, size=(items, 4))
-    pairs = np.stack([np.repeat(np.arange(users), per_user),
-                      np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])], axis=1)
-    rating = np.clip(3 + np.einsum("ij,ij->i", u[pairs[:, 0]], v[pairs[:, 1]]), 0.5, 5.0).astype(np.float32)
-    is_test = np.tile(np.arange(per_user) >= per_user - test_per_user, users)
-    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
-    return Dataset(pairs[keep].astype(np.int64), rating[keep], 0, "synthetic_ratings", groups=pairs[keep, 0],
-                   info={"num_users": users, "num_items": items})
-
-
 # -- digits ----------------------------------------------------------------------------------
-def _digits(split: str) -> Dataset:
+@register_dataset("digits", package_file="sklearn/datasets/data/digits.csv.gz", needs="scikit-learn",
+                  description="scikit-learn's 8x8 digits: 1,797 images, 10 classes (the demo's)")
+def _digits(csv_file: Path, split: str) -> Dataset:
     """scikit-learn's bundled 8x8 digits: 1,797 samples, pixels 0..16 scaled to [0, 1].
 
     The CSV that ships inside scikit-learn is read directly: importing scikit-learn would cost a
     device process about 80 MiB of memory for nothing.
     """
-    raw = np.loadtxt(_digits_csv(), delimiter=",", dtype=np.float64)
+    raw = np.loadtxt(csv_file, delimiter=",", dtype=np.float64)
     x = (raw[:, :-1] / 16.0).astype(np.float32)
     y = raw[:, -1].astype(np.int64)
     order = np.random.default_rng(_DIGITS_SEED).permutation(len(y))
@@ -249,28 +51,21 @@ def _digits(split: str) -> Dataset:
     return Dataset(x=x[idx], y=y[idx], num_classes=10, name="digits")
 
 
-def _digits_csv() -> Path:
-    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise DatasetUnavailable("the digits dataset ships with scikit-learn: pip install scikit-learn")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
-    return _require(path, "digits")
-
-
 # -- FEMNIST ---------------------------------------------------------------------------------
-def _femnist(root: Path, split: str) -> Dataset:
+@register_dataset("femnist", path="femnist_leaf_flic", groups="writer",
+                  description="FEMNIST (LEAF): 28x28 handwritten characters, 62 classes, one client per writer")
+def _femnist(base: Path, split: str) -> Dataset:
     """LEAF FEMNIST shards (``femnist_leaf_flic/{train,test}/*.json.gz``).
 
     Only writers present in both splits are kept, so a writer's ``groups`` index is the same in
     train and test (index into the sorted writer ids, listed in ``info["writers"]``).
     """
-    base = _require(root / "femnist_leaf_flic", "FEMNIST")
-    shards = {s: sorted(_require(base / s, f"FEMNIST {s} split").glob("*.json.gz")) for s in SPLITS}
+    shards = {s: sorted(require(base / s, "femnist").glob("*.json.gz")) for s in ("train", "test")}
     for s, files in shards.items():
         if not files:
             raise DatasetUnavailable(f"FEMNIST {s} split at {base / s} has no .json.gz shards")
     loaded = {s: [_read_leaf_shard(f) for f in files] for s, files in shards.items()}
-    users = {s: {u for shard in loaded[s] for u in shard["users"]} for s in SPLITS}
+    users = {s: {u for shard in loaded[s] for u in shard["users"]} for s in loaded}
     writers = sorted(users["train"] & users["test"])
     index = {w: i for i, w in enumerate(writers)}
     xs, ys, gs = [], [], []
@@ -299,11 +94,11 @@ _MNIST_FILES = {
 }
 
 
-def _mnist(root: Path, split: str) -> Dataset:
+@register_dataset("mnist", path="mnist", description="MNIST: 28x28 handwritten digits, flattened to 784 features")
+def _mnist(base: Path, split: str) -> Dataset:
     """MNIST (``mnist/*.gz``, idx format): x is (N, 784) float32 in [0, 1], flattened row by row as
     the FedALIGN and VaRSeL papers' logistic and 2NN models take it; y the digit (0..9)."""
-    base = _require(root / "mnist", "MNIST")
-    images, labels = (_read_idx(_require(base / f, "MNIST")) for f in _MNIST_FILES[split])
+    images, labels = (_read_idx(require(base / f, "mnist")) for f in _MNIST_FILES[split])
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError(f"MNIST {split}: images {images.shape} and labels {labels.shape} do not match")
     x = images.reshape(len(images), -1).astype(np.float32) / 255.0
@@ -333,12 +128,14 @@ def _read_leaf_shard(path: Path) -> dict:
 
 
 # -- CIFAR-10 --------------------------------------------------------------------------------
-def _cifar10(root: Path, split: str, limit: int | None, cache: Path) -> Dataset:
+@register_dataset("cifar10", path="cifar10_jpg", needs="pillow", subsets=True,
+                  description="CIFAR-10: 32x32 colour images, 10 classes")
+def _cifar10(folder: Path, split: str, *, limit: int | None, cache: Path) -> Dataset:
     """CIFAR-10 JPEGs in ``cifar10_jpg/cifar10_jpg.tar.gz``, decoded once and cached as .npy.
 
     Images are (N, 3, 32, 32) float32 normalised per channel; the cache holds the uint8 pixels.
     """
-    archive = _require(root / "cifar10_jpg" / "cifar10_jpg.tar.gz", "CIFAR-10")
+    archive = require(folder / "cifar10_jpg.tar.gz", "cifar10")
     stat = archive.stat()
     key = hashlib.sha256(f"{archive.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     stem = cache / f"cifar10-{key}-{split}-{'all' if limit is None else limit}"
@@ -348,8 +145,8 @@ def _cifar10(root: Path, split: str, limit: int | None, cache: Path) -> Dataset:
     else:
         pixels, labels = _decode_cifar10(archive, split, limit)
         cache.mkdir(parents=True, exist_ok=True)
-        _save_npy(x_path, pixels)
-        _save_npy(y_path, labels)
+        save_npy(x_path, pixels)
+        save_npy(y_path, labels)
     x = (pixels.astype(np.float32) / 255.0 - CIFAR10_MEAN[:, None, None]) / CIFAR10_STD[:, None, None]
     return Dataset(x=x, y=labels, num_classes=10, name="cifar10", info={"classes": CIFAR10_CLASSES})
 
@@ -402,21 +199,17 @@ def _balanced(members: list[tarfile.TarInfo], limit: int) -> list[tarfile.TarInf
     return chosen
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    # A cache other device processes may map at the same time; rebuilt if lost, so not fsynced.
-    atomic_write(path, writer=lambda f: np.save(f, array), durable=False)
-
-
 # -- MovieLens -------------------------------------------------------------------------------
-def _movielens(root: Path, split: str) -> Dataset:
+@register_dataset("movielens", path="movielens_latest_small", groups="user",
+                  description="MovieLens latest-small: (user, movie) -> rating, one client per user")
+def _movielens(base: Path, split: str) -> Dataset:
     """MovieLens latest-small ratings: x = (user index, item index), y = rating, groups = user.
 
     Users are indexed by sorted userId; items by sorted movieId over ``movies.csv`` (every movie,
     rated or not) when present, else over the rated movies. Each user's most recent 20% of
     ratings (at least one) form the test split, so every user appears in both splits.
     """
-    base = _require(root / "movielens_latest_small", "MovieLens")
-    ratings = _require(base / "ratings.csv", "MovieLens ratings.csv")
+    ratings = require(base / "ratings.csv", "movielens")
     table = np.loadtxt(ratings, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
     if table.shape[1] != 4:
         raise ValueError(f"{ratings}: expected userId,movieId,rating,timestamp columns, got {table.shape[1]}")
@@ -465,7 +258,9 @@ def _quantile_groups(values: np.ndarray, groups: int) -> np.ndarray:
     return np.searchsorted(edges, values, side="right")
 
 
-def _movielens_lr(root: Path, split: str) -> Dataset:
+@register_dataset("movielens_lr", path="movielens_latest_small", groups="user",
+                  description="MovieLens latest-small as the FedSubAvg paper's one-hot rating classification")
+def _movielens_lr(base: Path, split: str) -> Dataset:
     """MovieLens rating classification with the hot-and-cold FedSubAvg paper's feature structure.
 
     The paper (Section 5.1) one-hot encodes gender, age, movie, gender x movie and age x movie into a
@@ -478,7 +273,7 @@ def _movielens_lr(root: Path, split: str) -> Dataset:
     ``group * num_items + item``); y = 1 for a rating >= 4; groups = user. The group features are
     hot (hundreds of devices involve each row), movies cold, the crosses colder.
     """
-    train = _movielens(root, "train")
+    train = _movielens(base, "train")
     users = int(train.info["num_users"])
     items = int(train.info["num_items"])
     counts = np.bincount(train.groups, minlength=users)
@@ -488,7 +283,7 @@ def _movielens_lr(root: Path, split: str) -> Dataset:
     activity[active] = _quantile_groups(counts[active].astype(np.float64), MOVIELENS_ACTIVITY_GROUPS)
     share = np.where(active, positives / np.maximum(counts, 1), 0.0)
     taste = (share > np.median(share[active])).astype(np.int64)
-    d = train if split == "train" else _movielens(root, split)
+    d = train if split == "train" else _movielens(base, split)
     u, m = d.x[:, 0].astype(np.int64), d.x[:, 1].astype(np.int64)
     x = np.stack([activity[u], taste[u], m, activity[u] * items + m, taste[u] * items + m], axis=1)
     return Dataset(x=x, y=(d.y >= 4).astype(np.float32), num_classes=2, name="movielens_lr", groups=d.groups,
@@ -504,9 +299,10 @@ def movielens_genres(root: Path | str | None = None) -> tuple[np.ndarray, tuple[
     latest-small has no user gender, age or occupation, so the features of the rating classifier
     (FedSubAvg, bench/fedsubavg_movielens.py) are user id, movie id and these genres.
     """
-    base = _require(data_root(root) / "movielens_latest_small", "MovieLens")
-    movies = _require(base / "movies.csv", "MovieLens movies.csv")
-    table = np.loadtxt(_require(base / "ratings.csv", "MovieLens ratings.csv"), delimiter=",", skiprows=1,
+    base = locate_dataset("movielens", root)
+    assert base is not None
+    movies = require(base / "movies.csv", "movielens")
+    table = np.loadtxt(require(base / "ratings.csv", "movielens"), delimiter=",", skiprows=1,
                        dtype=np.float64, ndmin=2)
     with open(movies, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))[1:]
@@ -522,3 +318,35 @@ def movielens_genres(root: Path | str | None = None) -> tuple[np.ndarray, tuple[
     for i, g in enumerate(per_item):
         out[i, : len(g)] = g
     return out, tuple(names)
+
+
+# -- synthetic -------------------------------------------------------------------------------
+@register_dataset("synthetic", description="two Gaussian blobs in 4 dimensions (exact tests)")
+def _synthetic(where: None, split: str) -> Dataset:
+    """Two Gaussian blobs in 4 dimensions (400 train / 100 test): for exact tests of the tiny model."""
+    rng = np.random.default_rng(1234 if split == "train" else 4321)
+    n = 400 if split == "train" else 100
+    y = rng.integers(0, 2, size=n).astype(np.int64)
+    centres = np.array([[-1.0, 0.5, 0.0, 1.0], [1.0, -0.5, 0.5, -1.0]], dtype=np.float32)
+    x = (centres[y] + rng.normal(0.0, 0.8, size=(n, 4))).astype(np.float32)
+    return Dataset(x, y, 2, "synthetic")
+
+
+@register_dataset("synthetic_ratings", groups="user",
+                  description="MovieLens-shaped ratings of 40 users (sparse-submodel tests)")
+def _synthetic_ratings(where: None, split: str) -> Dataset:
+    """MovieLens-shaped ratings made up on the spot (nothing to download): 40 users each rating 30
+    of 9,742 items, rating = 3 + <u, v> from rank-4 latent factors, clipped to [0.5, 5]. Indexes the
+    recommender's tables exactly as MovieLens latest-small does; each user's last 6 ratings are
+    the test split. For tests of sparse submodels, which need few rows of a large table per device."""
+    rng = np.random.default_rng(2024)
+    users, items, per_user, test_per_user = 40, 9_742, 30, 6
+    u = rng.normal(0, 0.7, size=(users, 4))
+    v = rng.normal(0, 0.7, size=(items, 4))
+    pairs = np.stack([np.repeat(np.arange(users), per_user),
+                      np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])], axis=1)
+    rating = np.clip(3 + np.einsum("ij,ij->i", u[pairs[:, 0]], v[pairs[:, 1]]), 0.5, 5.0).astype(np.float32)
+    is_test = np.tile(np.arange(per_user) >= per_user - test_per_user, users)
+    keep = np.flatnonzero(is_test if split == "test" else ~is_test)
+    return Dataset(pairs[keep].astype(np.int64), rating[keep], 0, "synthetic_ratings", groups=pairs[keep, 0],
+                   info={"num_users": users, "num_items": items})

@@ -10,6 +10,10 @@ that follows (next-character prediction, as the LEAF task), taken at every ``str
 :func:`role_split` cuts a role's text, in reading order, into a training part, an optional
 validation part and a test part, so no test window overlaps a training one.
 
+As the ``tinyshakespeare`` dataset (``load_dataset("tinyshakespeare")``), each role's first 80% is
+its training text and the rest its test text, cut into windows of :data:`SEQ_LEN` characters (the
+input of the zoo's ``char_lstm``) every :data:`STRIDE` characters; a sample's group is its role.
+
 numpy only.
 """
 
@@ -21,9 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.data.datasets import _require, data_root
+from edge_sdk.data.registry import Dataset, locate_dataset, register_dataset, require
 
-__all__ = ["PLAYS", "Role", "Vocabulary", "load_roles", "role_split", "windows"]
+__all__ = ["PLAYS", "SEQ_LEN", "STRIDE", "Role", "Vocabulary", "load_roles", "role_split", "windows"]
+
+#: Characters of context per sample in the ``tinyshakespeare`` dataset: ``char_lstm``'s input.
+SEQ_LEN = 40
+#: A window starts every STRIDE characters (about 100,000 training windows, 33 MB; every
+#: character would be 260 MB for little more to learn from).
+STRIDE = 8
+#: The share of each role's text (its end) held out as its test text.
+TEST_SHARE = 0.2
 
 #: The plays of Tiny Shakespeare, in file order, each with the first line of its first speech.
 PLAYS: tuple[tuple[str, str], ...] = (
@@ -69,8 +81,32 @@ class Vocabulary:
 
 
 def load_roles(root: Path | str | None = None) -> tuple[list[Role], Vocabulary]:
-    """Every (play, role) of ``tinyshakespeare/input.txt`` with its text, and the vocabulary."""
-    path = _require(data_root(root) / "tinyshakespeare" / "input.txt", "Tiny Shakespeare")
+    """Every (play, role) of ``tinyshakespeare/input.txt`` under the data root ``root`` (default
+    ``$EDGETRAIN_DATA``) with its text, and the vocabulary."""
+    folder = locate_dataset("tinyshakespeare", root)
+    assert folder is not None
+    return _read_roles(folder)
+
+
+@register_dataset("tinyshakespeare", path="tinyshakespeare", groups="speaking role (of a play)",
+                  description=f"Tiny Shakespeare: {SEQ_LEN} characters -> the next one, one client per speaking role")
+def _tinyshakespeare(folder: Path, split: str) -> Dataset:
+    """Every role's windows of ``split`` (see the module docstring); ``groups``: the role's index in
+    ``info["roles"]`` (their device ids), ``info["chars"]``: the vocabulary."""
+    roles, vocab = _read_roles(folder)
+    xs, ys, gs = [], [], []
+    for i, role in enumerate(roles):
+        train, _, test = role_split(role.text, test=TEST_SHARE)
+        x, y = windows(vocab.encode(train if split == "train" else test), SEQ_LEN, STRIDE)
+        xs.append(x)
+        ys.append(y)
+        gs.append(np.full(len(y), i, np.int64))
+    return Dataset(np.concatenate(xs), np.concatenate(ys), len(vocab), "tinyshakespeare", groups=np.concatenate(gs),
+                   info={"roles": tuple(r.device_id for r in roles), "chars": vocab.chars})
+
+
+def _read_roles(folder: Path) -> tuple[list[Role], Vocabulary]:
+    path = require(folder / "input.txt", "tinyshakespeare")
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
     starts = []

@@ -5,7 +5,8 @@ Each patient's region is that of the TSS code in their barcode (``TCGA-<TSS>-...
 the train/test split is FLamby's fixed, region-stratified one (``train_test_split.csv``). Features:
 the 39 columns of ``brca.csv`` (one-hot clinical variables and the age at diagnosis, which is scaled
 to years / 100 so that every feature is of order 1); targets: (E, T), the event indicator and the
-time in days (the Cox model's, ``edge_sdk.models.survival``).
+time in days (the Cox model's, ``edge_sdk.models.survival``). As the ``fed_tcga_brca`` dataset
+(``load_dataset("fed_tcga_brca")``) a patient's group is the index of their region in :data:`REGIONS`.
 
 numpy only.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.data.datasets import _require, data_root
+from edge_sdk.data.registry import Dataset, locate_dataset, register_dataset, require
 
 __all__ = ["REGIONS", "Patients", "concordance_index", "load_tcga_brca"]
 
@@ -40,15 +41,33 @@ class Patients:
 
 
 def load_tcga_brca(split: str = "train", root: Path | str | None = None) -> Patients:
-    """The ``split`` ("train" or "test") patients of every region."""
+    """The ``split`` ("train" or "test") patients of every region, from the data root ``root``
+    (default ``$EDGETRAIN_DATA``)."""
     if split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; choose train or test")
-    folder = data_root(root) / "fed_tcga_brca"
-    with open(_require(folder / "centers.csv", "Fed-TCGA-BRCA"), newline="") as f:
+    folder = locate_dataset("fed_tcga_brca", root)
+    assert folder is not None
+    return _read_patients(folder, split)
+
+
+@register_dataset("fed_tcga_brca", path="fed_tcga_brca", groups="region (cross-silo)",
+                  description="Fed-TCGA-BRCA (FLamby): 39 clinical features -> survival (E, T), one client per region")
+def _fed_tcga_brca(folder: Path, split: str) -> Dataset:
+    """The patients as a dataset: ``y`` is (E, T) (``num_classes`` 0), ``groups`` the region's index."""
+    p = _read_patients(folder, split)
+    unknown = sorted(set(p.region) - set(REGIONS))
+    if unknown:
+        raise ValueError(f"{folder / 'centers.csv'}: patients of unknown regions {unknown}; known: {REGIONS}")
+    groups = np.array([REGIONS.index(r) for r in p.region], np.int64)
+    return Dataset(p.x, p.y, 0, "fed_tcga_brca", groups=groups, info={"regions": REGIONS})
+
+
+def _read_patients(folder: Path, split: str) -> Patients:
+    with open(require(folder / "centers.csv", "fed_tcga_brca"), newline="") as f:
         region_of = {row["TSS Code"]: row["Region"] for row in csv.DictReader(f)}
-    with open(_require(folder / "train_test_split.csv", "Fed-TCGA-BRCA"), newline="") as f:
+    with open(require(folder / "train_test_split.csv", "fed_tcga_brca"), newline="") as f:
         fold = {row["pid"]: row["fold"] for row in csv.DictReader(f)}
-    with open(_require(folder / "brca.csv", "Fed-TCGA-BRCA"), newline="") as f:
+    with open(require(folder / "brca.csv", "fed_tcga_brca"), newline="") as f:
         reader = csv.reader(f)
         header = next(reader)
         rows = [r for r in reader if fold.get(r[0]) == split]

@@ -285,7 +285,7 @@ class ModelSpec:
     """A zoo entry, or a factory of your own: how to build the model and what data it expects.
 
     ``widths``: the factory takes a ``width`` ratio (width reduction; see the module docstring).
-    ``dataset``: the built-in dataset it trains on ("" when a factory names none)."""
+    ``dataset``: the registered dataset it trains on (``edge_sdk.data.DATASETS``; "" when it names none)."""
 
     name: str
     factory: Callable[..., LayeredModel]
@@ -299,7 +299,8 @@ _SPECS = {
     for s in (
         ModelSpec("resnet20", resnet20, "cifar10", "ResNet20, CIFAR-10 (EmbracingFL)", widths=True),
         ModelSpec("leaf_cnn", leaf_cnn, "femnist", "LEAF CNN, FEMNIST (EmbracingFL)", widths=True),
-        ModelSpec("bilstm", bilstm, "imdb", "bidirectional LSTM, IMDB (EmbracingFL)"),
+        # IMDB is not among the registered datasets (edge_sdk.data): a fleet of it names its dataset.
+        ModelSpec("bilstm", bilstm, "", "bidirectional LSTM, IMDB (EmbracingFL)"),
         ModelSpec("recommender", recommender, "movielens", "embedding recommender, MovieLens (FedSubAvg)"),
         ModelSpec("movielens_lr", movielens_lr, "movielens_lr", "one-hot logistic regression, MovieLens (FedSubAvg)"),
         ModelSpec("digits_mlp", digits_mlp, "digits", "4-block wide MLP, scikit-learn digits (demo)"),

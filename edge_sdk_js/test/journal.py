@@ -1,25 +1,24 @@
 """Print what an orchestrator's journal says about a run, as JSON: each device's runtimes, role
-and split, the rounds and how many finished, and every report."""
+and split, the rounds and how many finished, and every report. Read through the store's own
+read-only view (orchestrator/store.py owns the journal's schema), so the run may still be going."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
-from pathlib import Path
+
+from orchestrator.store import Store
 
 
 def main() -> None:
-    db = sqlite3.connect(Path(sys.argv[1]) / "journal.sqlite3")
-    devices = {}
-    for device_id, profile, plan in db.execute("SELECT device_id, profile, plan FROM devices"):
-        profile, plan = json.loads(profile), json.loads(plan)
-        devices[device_id] = {"runtimes": profile.get("runtimes"), "role": plan.get("role"), "split": plan.get("split"),
-                              "backend": plan.get("backend")}
-    rounds = [{"round": r, "finished": f is not None, "metrics": json.loads(m) if m else {}}
-              for r, f, m in db.execute("SELECT round, finished, metrics FROM rounds ORDER BY round")]
-    reports = [{"round": r, "device": d, "phase": ph, "accepted": a}
-               for r, d, ph, a in db.execute("SELECT round, device_id, phase, accepted FROM reports")]
+    with Store.open_readonly(sys.argv[1]) as store:
+        devices = {d["device_id"]: {"runtimes": d["profile"].get("runtimes"), "role": d["plan"].get("role"),
+                                    "split": d["plan"].get("split"), "backend": d["plan"].get("backend")}
+                   for d in store.devices()}
+        rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
+        reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
+                    "accepted": None if u.get("accepted") is None else int(bool(u["accepted"]))}
+                   for u in store.updates()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 
 

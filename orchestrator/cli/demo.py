@@ -21,7 +21,8 @@ from orchestrator.cli import app
 def demo(
     model: str = typer.Option("digits_mlp", help="Model: a zoo name, or package.module:factory for one of your own (docs/models.md)."),
     data: str = typer.Option("digits", help="Dataset: digits (bundled with scikit-learn), or femnist / cifar10 from --data-root."),
-    data_root: Optional[str] = typer.Option(None, help="Folder holding ../shared/datasets-style data."),
+    data_root: Optional[str] = typer.Option(
+        None, help="Folder holding the research datasets (default: $EDGETRAIN_DATA); digits needs none."),
     strong: int = typer.Option(2, help="Strong devices (train the whole model)."),
     moderate: int = typer.Option(2, help="Moderate devices."),
     weak: int = typer.Option(4, help="Weak devices (stream frozen chunks, train the last blocks)."),

@@ -47,7 +47,9 @@ def emulate(
     fleet: str = typer.Option(..., "--fleet", help="A fleet file, or the name of one in profiles/fleets."),
     rounds: Optional[int] = typer.Option(None, help="Rounds (default: the fleet's training.rounds)."),
     out: Path = typer.Option(Path("runs"), help="Where runs/<timestamp>/ is written."),
-    data_root: Optional[str] = typer.Option(None, help="Folder holding the datasets."),
+    data_root: Optional[str] = typer.Option(
+        None, help="Folder holding the research datasets (default: the fleet's [fleet] data_root, else "
+                   "$EDGETRAIN_DATA); digits and the synthetic sets need none."),
     deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
     rss_guard: bool = typer.Option(True, help="Also kill a device whose resident set passes its budget."),
     workers: Optional[int] = typer.Option(
@@ -87,6 +89,7 @@ def emulate(
         raise typer.BadParameter(str(e), param_hint="--fleet") from None
     _check_flags(spec, rounds=rounds, workers=workers, backend=backend, resume=resume,
                  ray_only={"--address": address, "--host": host, "--advertise-host": advertise_host, "--port": port})
+    data_root = _data_root(spec, data_root)
     run_dir = resume if resume is not None else new_run_dir(out)
     config, done = _server_config(spec, run_dir, rounds=rounds, data_root=data_root, deadline=deadline,
                                   strategy=strategy, resume=resume is not None)
@@ -135,6 +138,19 @@ def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backen
             raise typer.BadParameter("applies to --backend ray", param_hint=name)
     if resume is not None and not (resume / "store").is_dir():
         raise typer.BadParameter(f"{resume} holds no run (no store/ folder)", param_hint="--resume")
+
+
+def _data_root(spec: Fleet, given: str | None) -> str | None:
+    """The data root of the run: --data-root, else the fleet's, else None ($EDGETRAIN_DATA, read where a
+    dataset loads); refused in one line, before anything starts, when the fleet's dataset is not there."""
+    from edge_sdk.data import DatasetUnavailable, locate_dataset
+
+    root = given or spec.data_root
+    try:
+        locate_dataset(spec.dataset, root)
+    except DatasetUnavailable as e:
+        raise typer.BadParameter(str(e), param_hint="--data-root") from None
+    return root
 
 
 def _server_config(spec: Fleet, run_dir: Path, *, rounds: int | None, data_root: str | None, deadline: float,

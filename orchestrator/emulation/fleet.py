@@ -6,7 +6,9 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     name = "tiny-capped"                 # default: the file's stem
     description = "..."
     model = "digits_mlp"                 # a zoo model
-    dataset = "digits"                   # default: the model's dataset
+    dataset = "digits"                   # a registered dataset (edge_sdk.data.DATASETS); default: the model's
+    data_root = "../datasets"            # the folder holding the datasets, beside this file if relative
+                                         # (default: $EDGETRAIN_DATA; edgetrain emulate --data-root wins)
     seed = 0
 
     [training]                           # settings of orchestrator.config.ServerConfig (TRAINING_SETTINGS)
@@ -79,6 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_sdk.data import DATASETS, dataset_spec
 from edge_sdk.references import is_reference
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
 
@@ -108,8 +111,6 @@ __all__ = [
 
 FLEETS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "fleets"
 PARTITION_SCHEMES = ("iid", "dirichlet", "natural")
-# Datasets whose samples carry a natural client (FEMNIST writer, MovieLens user): see edge_sdk.data.
-NATURAL_DATASETS = frozenset({"femnist", "movielens", "movielens_lr"})
 ROLES = ("strong", "moderate", "weak")
 EMULATION_MODES = ("processes", "lightweight")
 MEMORY_CAPS = ("auto", "cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
@@ -218,6 +219,7 @@ class Fleet:
     groups: tuple[DeviceGroup, ...]
     path: Path | None = None
     strategy_options: Mapping[str, Any] = field(default_factory=dict)  # the [strategy] table
+    data_root: str | None = None  # [fleet] data_root, resolved beside the file (None: not set)
 
     @property
     def num_devices(self) -> int:
@@ -319,17 +321,19 @@ def parse_fleet(
     r = _Reader(source)
     r.keys(data, "", {"fleet", "training", "strategy", "partition", "emulation", "behaviour", "groups"})
     head = r.table(data, "fleet", required=True)
-    r.keys(head, "fleet", {"name", "description", "model", "dataset", "seed"})
+    r.keys(head, "fleet", {"name", "description", "model", "dataset", "data_root", "seed"})
     name = r.string(head, "fleet.name", default_name)
     if not _NAME.match(name):
         r.fail("fleet.name", f"{name!r} must be lowercase letters, digits, '-' or '_'")
     model = r.string(head, "fleet.model", None)
     dataset = _check_model(r, model, head.get("dataset"))
     seed = r.integer(head, "fleet.seed", 0, minimum=0)
+    root = r.string(head, "fleet.data_root", "") or None
 
     training = _training(r, r.table(data, "training"))
     if path is not None:
         training.eval_source = _beside(training.eval_source, path.parent)
+        root = root and _beside(root, path.parent)
     strategy_options = _strategy_options(r, training.strategy, r.table(data, "strategy"))
     partition = _partition(r, r.table(data, "partition"), dataset, seed)
     emulation = _emulation(r, r.table(data, "emulation"))
@@ -359,6 +363,7 @@ def parse_fleet(
         groups=groups,
         path=path,
         strategy_options=strategy_options,
+        data_root=root,
     )
 
 
@@ -387,7 +392,8 @@ def device_labels(spec: DeviceSpec) -> dict[str, str]:
 
 def _check_model(r: _Reader, model: str, dataset: Any) -> str:
     """The model is a zoo name or ``package.module:factory``; the dataset defaults to (and must be)
-    the one the model trains on, and must be given for a model that names none."""
+    the one the model trains on, must be given for a model that names none, and must be registered
+    (``edge_sdk.data.DATASETS``: what a device can load)."""
     from edge_sdk.models.zoo import model_spec
 
     try:
@@ -402,6 +408,10 @@ def _check_model(r: _Reader, model: str, dataset: Any) -> str:
         r.fail("fleet.dataset", f"must be a string, got {dataset!r}")
     if expected and dataset != expected:
         r.fail("fleet.dataset", f"model {model!r} trains on {expected!r}, not {dataset!r}")
+    try:
+        dataset_spec(dataset)
+    except ValueError as exc:
+        r.fail("fleet.dataset", str(exc))
     return dataset
 
 
@@ -435,12 +445,9 @@ def _partition(r: _Reader, t: Mapping[str, Any], dataset: str, fleet_seed: int) 
             r.fail("partition.alpha", "must be positive (0.1 is EmbracingFL's non-IID setting)")
     elif "alpha" in t:
         r.fail("partition.alpha", f"only the dirichlet scheme takes alpha, not {scheme!r}")
-    if scheme == "natural" and dataset not in NATURAL_DATASETS:
-        r.fail(
-            "partition.scheme",
-            f"dataset {dataset!r} has no natural clients; "
-            f"natural works with {', '.join(sorted(NATURAL_DATASETS))}",
-        )
+    if scheme == "natural" and not dataset_spec(dataset).groups:
+        natural = [d.name for d in DATASETS.values() if d.groups]
+        r.fail("partition.scheme", f"dataset {dataset!r} has no natural clients; natural works with {', '.join(natural)}")
     return Partition(scheme, alpha, r.integer(t, "partition.seed", fleet_seed, minimum=0))
 
 

@@ -77,18 +77,11 @@ def completed_rounds(store_dir: Path) -> int:
     """The last round the store in `store_dir` completed, 0 if none (or no store there): a run resumed
     from it starts at the round after. Reads the journal only (read-only, no checkpoint is touched),
     so it may watch a store whose run is still going."""
-    import sqlite3
+    from orchestrator.store import Store
 
-    from orchestrator.store import JOURNAL
-
-    journal = Path(store_dir) / JOURNAL
-    if not journal.is_file():
-        return 0
-    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
     try:
-        row = db.execute("SELECT MAX(round) FROM rounds WHERE finished IS NOT NULL").fetchone()
-    except sqlite3.OperationalError:  # created, its tables not yet
+        store = Store.open_readonly(store_dir)
+    except FileNotFoundError:
         return 0
-    finally:
-        db.close()
-    return int(row[0] or 0)
+    with store:
+        return store.completed_rounds()
