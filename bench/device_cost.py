@@ -380,7 +380,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every runtime")
     ap.add_argument("--splits", default="4,7", help="EmbracingFL's moderate and weak splits")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per device process")
-    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: ../shared/datasets)")
+    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: $EDGETRAIN_DATA)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "device_cost.json")
     args = ap.parse_args()
     if args.worker:

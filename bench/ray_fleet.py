@@ -296,8 +296,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each mode, alternating (the table: medians)")
     ap.add_argument("--per-round", type=int, default=100, help="devices sampled per round")
     ap.add_argument("--workers", type=int, default=None, help="worker processes / actors (default: one per core, 2-4)")
-    ap.add_argument("--data-root", default=str(HERE.parents[2] / "shared" / "datasets"),
-                    help="folder holding mnist/ (default: ../shared/datasets)")
+    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"),
+                    help="folder holding mnist/ (default: $EDGETRAIN_DATA)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)

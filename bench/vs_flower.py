@@ -71,7 +71,7 @@ Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours-ligh
 figure's median; a lane's ratio to the plain loop is the median of the ratios each repeat measured
 against its own plain run, minutes apart on the same machine. On a shared machine one run of a lane
 can take a quarter more CPU than the next: one repeat's ratios are a sample, not a result.
-Needs ``../shared/datasets/mnist`` (or ``$EDGETRAIN_DATA`` / ``--data-root``).
+Needs MNIST under ``$EDGETRAIN_DATA`` (or ``--data-root``).
 """
 
 from __future__ import annotations
@@ -757,7 +757,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--data-root", default=None, help="the datasets folder (default: $EDGETRAIN_DATA or ../shared/datasets)")
+    ap.add_argument("--data-root", default=None, help="the datasets folder (default: $EDGETRAIN_DATA)")
     ap.add_argument("--flwr-venv", type=Path, default=BENCH / ".venv-flwr")
     ap.add_argument("--flwr-port", type=int, default=19100, help="SuperLink port (SuperNodes take the next ones)")
     ap.add_argument("--no-netns", action="store_true", help="do not run lanes in their own network namespace")
