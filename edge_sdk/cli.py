@@ -250,9 +250,9 @@ def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any
     params = [inspect.Parameter("config", kw, annotation=Optional[str], default=typer.Option(
         None, "--config", metavar="FILE", help="TOML file of settings: every option below without its dashes "
                                                "(data-root = \"/data\"); options given here win")),
-              inspect.Parameter("print_settings", kw, annotation=bool, default=typer.Option(
-        False, "--print-settings", help="print the resolved settings as one JSON object (keyed by the config "
-                                        "file's keys) and exit"))]
+              inspect.Parameter("print_settings", kw, annotation=Optional[bool], default=typer.Option(
+        None, "--print-settings", metavar="", help="print the resolved settings as one JSON object (keyed by the "
+                                                   "config file's keys) and exit"))]
     for f in settings_fields(wrapper=wrapper, sdk="python"):
         kind, choices = setting_kind(f), setting_choices(f)
         annotation = Optional[bool] if kind == "bool" else Optional[List[str]] if kind == "list" else Optional[str]
@@ -278,7 +278,7 @@ def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any
     if not seen:
         return None, None, False
     config, print_settings = seen.pop("config"), seen.pop("print_settings")
-    return seen, config, print_settings
+    return seen, config, bool(print_settings)
 
 
 def _fail(message: str, status: int) -> int:

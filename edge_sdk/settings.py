@@ -126,8 +126,8 @@ class DeviceSettings:
     work_dir: str = setting("", "folder for activations kept on disk (default: a temporary folder)", metavar="DIR")
     labels: list[str] = setting([], "a label sent in the hello, for the server's strategy (e.g. priority=1); "
                                     "repeatable", key="label", metavar="KEY=VALUE", sdks=BOTH)
-    private_heat: Annotated[float, Range(0, low_open=True)] | None = setting(
-        None, "report which table rows the data touches as randomized-response bits with this epsilon "
+    private_heat: float | None = setting(  # epsilon > 0, checked by edge_sdk.privacy.PrivateHeat
+        None, "report which table rows the data touches as randomized-response bits with this epsilon > 0 "
               "(FedSubAvg's private heat)", metavar="EPSILON")
     table_rows: list[str] = setting([], "for --private-heat: rows of the sparse table input column COLUMN indexes; "
                                         "repeatable", metavar="COLUMN=ROWS")
