@@ -3,9 +3,11 @@
 The device's own entry point ships with the device SDK and imports nothing outside it (typer, the
 command-line library of every ``edgetrain`` command, loads only when a command line is parsed).
 ``edgetrain device`` runs the same command with ``--device-class`` added (the budgets of device
-classes live on the planning side). Every option is also a key of the ``--config`` file
-(:mod:`edge_sdk.settings`); the device keeps running (reconnecting with backoff, waiting for the
-next run) unless ``--once``; ``python -m edge_sdk install-service`` writes its systemd unit.
+classes live on the planning side). Every option is also a key of the ``--config`` file, both
+generated from the one declaration of the device's settings (:mod:`edge_sdk.settings`);
+``--print-settings`` prints them resolved, as JSON keyed by the key table's keys, and exits. The
+device keeps running (reconnecting with backoff, waiting for the next run) unless ``--once``;
+``python -m edge_sdk install-service`` writes its systemd unit.
 
 Errors a user can fix print one line and exit non-zero: 2 for a bad option, config file or data
 source, 3 when the server refuses the device, 1 for the rest; ``--debug`` adds the traceback.
@@ -217,8 +219,7 @@ def event_printer(json_events: bool) -> Callable[[str, dict], None]:
 def device_config(s: Any, *, budget_bytes: int | None = None):
     """The client's settings; the budget is ``--budget``, else ``budget_bytes`` (a device class's),
     else what this machine offers (:func:`edge_sdk.probe.probe`)."""
-    from edge_sdk.client import DeviceConfig
-    from edge_sdk.settings import FOREVER
+    from edge_sdk.settings import DeviceConfig
 
     budget = s.budget if s.budget is not None else budget_bytes
     if budget is None:
@@ -229,31 +230,34 @@ def device_config(s: Any, *, budget_bytes: int | None = None):
                         device_class=s.device_class, token=s.token, secret=_read_secret(s.secret_file),
                         storage=s.storage, threads=s.threads, backend=s.backend,
                         work_dir=Path(s.work_dir) if s.work_dir else None,
-                        max_retries=None if s.reconnect_retries == FOREVER else s.reconnect_retries,
-                        max_backoff_s=s.reconnect_max_delay, tls_ca=s.tls_ca or None,
+                        reconnect_retries=s.reconnect_retries, reconnect_max_delay=s.reconnect_max_delay,
+                        tls_ca=s.tls_ca or None,
                         labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
                         bundle=_bundle(s.bundle), **_registry(s.registry))
 
 
-def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None]:
-    """The command line's values by setting name (None: not given) and ``--config``; (None, None)
-    after ``--help``. A usage error raises :class:`UsageProblem`."""
+def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None, bool]:
+    """The command line's values by setting name (None: not given), ``--config`` and
+    ``--print-settings``; (None, None, False) after ``--help``. A usage error raises :class:`UsageProblem`."""
     import inspect
     from typing import List, Optional
 
     import typer
 
-    from edge_sdk.settings import option_flag, settings_fields
+    from edge_sdk.settings import option_flag, setting_choices, setting_kind, settings_fields
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("config", kw, annotation=Optional[str], default=typer.Option(
         None, "--config", metavar="FILE", help="TOML file of settings: every option below without its dashes "
-                                               "(data-root = \"/data\"); options given here win"))]
-    for f in settings_fields(wrapper=wrapper):
-        kind, choices = f.metadata["kind"], f.metadata["choices"]
-        annotation = Optional[bool] if kind is bool else Optional[List[str]] if kind is list else Optional[str]
-        default = f" (default: {f.default})" if f.default not in (None, "", False) and kind is not list else ""
-        metavar = f.metadata["metavar"] or "|".join(choices) or ("" if kind is bool else kind.__name__.upper())
+                                               "(data-root = \"/data\"); options given here win")),
+              inspect.Parameter("print_settings", kw, annotation=Optional[bool], default=typer.Option(
+        None, "--print-settings", metavar="", help="print the resolved settings as one JSON object (keyed by the "
+                                                   "config file's keys) and exit"))]
+    for f in settings_fields(wrapper=wrapper, sdk="python"):
+        kind, choices = setting_kind(f), setting_choices(f)
+        annotation = Optional[bool] if kind == "bool" else Optional[List[str]] if kind == "list" else Optional[str]
+        default = f" (default: {f.default})" if f.default not in (None, "", False) and kind != "list" else ""
+        metavar = f.metadata["metavar"] or "|".join(choices) or ("" if kind == "bool" else kind.upper())
         params.append(inspect.Parameter(f.name, kw, annotation=annotation, default=typer.Option(
             None, option_flag(f), help=f.metadata["help"] + default, metavar=metavar)))
     seen: dict[str, Any] = {}
@@ -272,9 +276,9 @@ def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         raise UsageProblem(f"{message} (see {prog} --help)") from None
     if not seen:
-        return None, None
-    config = seen.pop("config")
-    return seen, config
+        return None, None, False
+    config, print_settings = seen.pop("config"), seen.pop("print_settings")
+    return seen, config, bool(print_settings)
 
 
 def _fail(message: str, status: int) -> int:
@@ -314,15 +318,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m edge_sdk",
 
 
 def _device(argv: list[str], prog: str, device_class_budget: Callable[[str], int] | None) -> int:
-    from edge_sdk.settings import SettingError, load_settings
+    from edge_sdk.settings import SettingError, load_settings, settings_json
 
-    given, config = _parse(argv, prog, wrapper=device_class_budget is not None)
+    given, config, print_settings = _parse(argv, prog, wrapper=device_class_budget is not None)
     if given is None:
         return 0
     try:
-        s = load_settings(given, config, wrapper=device_class_budget is not None)
+        s = load_settings(given, config)
     except SettingError as e:
         raise UsageProblem(str(e)) from None
+    if print_settings:
+        print(json.dumps(settings_json(s), indent=2))
+        return 0
     from edge_sdk.logs import configure_logging, event_logger
 
     try:

@@ -129,43 +129,14 @@ def write_bundle(
     if cache is not None:
         settings = cache.settings
     files: list[tuple[str, bytes]] = []
-    entries: list[ChunkEntry] = []
-    for index, (start, stop) in enumerate(ranges):
-        if cache is not None:
-            cid, data = cache.get_or_export(model, version, start, stop)
-        else:
-            cid, data = chunk_id(model.name, version, start, stop, settings), export_chunk(
-                model, start, stop, settings=settings
-            )
-        io_ = chunk_io(model, start, stop)
-        name = f"chunks/{index:03d}-blocks-{start}-{stop}.onnx"
-        files.append((name, data))
-        entries.append(
-            ChunkEntry(
-                id=cid,
-                start=start,
-                stop=stop,
-                file=name,
-                sha256=_sha256(data),
-                size=len(data),
-                input_shape=io_.input_shape,
-                input_dtype=io_.input_dtype,
-                output_shape=io_.output_shape,
-                output_dtype=io_.output_dtype,
-            )
-        )
-
+    entries = [_chunk_entry(model, index, start, stop, version, settings, cache, files)
+               for index, (start, stop) in enumerate(ranges)]
     graph_entry = None
     if train_graph:
         gid, graph_bytes = (graph_cache or TrainGraphCache()).get_or_export(model, plan_split)
         files.append((TRAIN_GRAPH_FILE, graph_bytes))
         graph_entry = GraphEntry(id=gid, file=TRAIN_GRAPH_FILE, sha256=_sha256(graph_bytes), size=len(graph_bytes),
                                  split=plan_split)
-
-    tail, row_entries = cut_rows(model, plan_split, tail_arrays(model, plan_split), rows or {})
-    tail_bytes = _npz_bytes(tail)
-    tail_in = chunk_io(model, plan_split, len(model))
-    files.append((TAIL_FILE, tail_bytes))
     model_in = chunk_io(model, 0, len(model))
     manifest = Manifest(
         format_version=BUNDLE_FORMAT_VERSION,
@@ -180,23 +151,59 @@ def write_bundle(
         input_dtype=model_in.input_dtype,
         export=settings.as_dict(),
         chunks=tuple(entries),
-        tail=TailEntry(
-            file=TAIL_FILE,
-            sha256=_sha256(tail_bytes),
-            size=len(tail_bytes),
-            start=plan_split,
-            stop=len(model),
-            input_shape=tail_in.input_shape,
-            input_dtype=tail_in.input_dtype,
-            tensors=tuple(TensorEntry(n, tuple(a.shape), str(a.dtype)) for n, a in tail.items()
-                          if not n.startswith(ROWS_PREFIX)),
-            rows=tuple(row_entries),
-        ),
+        tail=_tail_entry(model, plan_split, rows or {}, files),
         train_graph=graph_entry,
     )
     manifest._check_consistent()
     _write_tar(Path(out), [(MANIFEST_NAME, manifest.to_json()), *files])
     return manifest
+
+
+def _chunk_entry(model: LayeredModel, index: int, start: int, stop: int, version: str | int,
+                 settings: ExportSettings, cache: ChunkCache | None, files: list[tuple[str, bytes]]) -> ChunkEntry:
+    """Blocks [start, stop) exported (or taken from ``cache``), added to ``files``, and their manifest entry."""
+    if cache is not None:
+        cid, data = cache.get_or_export(model, version, start, stop)
+    else:
+        cid, data = chunk_id(model.name, version, start, stop, settings), export_chunk(
+            model, start, stop, settings=settings
+        )
+    io_ = chunk_io(model, start, stop)
+    name = f"chunks/{index:03d}-blocks-{start}-{stop}.onnx"
+    files.append((name, data))
+    return ChunkEntry(
+        id=cid,
+        start=start,
+        stop=stop,
+        file=name,
+        sha256=_sha256(data),
+        size=len(data),
+        input_shape=io_.input_shape,
+        input_dtype=io_.input_dtype,
+        output_shape=io_.output_shape,
+        output_dtype=io_.output_dtype,
+    )
+
+
+def _tail_entry(model: LayeredModel, split: int, rows: Mapping[str, Sequence[int] | np.ndarray],
+                files: list[tuple[str, bytes]]) -> TailEntry:
+    """The trainable tail (cut to ``rows``) added to ``files``, and its manifest entry."""
+    tail, row_entries = cut_rows(model, split, tail_arrays(model, split), rows)
+    tail_bytes = _npz_bytes(tail)
+    tail_in = chunk_io(model, split, len(model))
+    files.append((TAIL_FILE, tail_bytes))
+    return TailEntry(
+        file=TAIL_FILE,
+        sha256=_sha256(tail_bytes),
+        size=len(tail_bytes),
+        start=split,
+        stop=len(model),
+        input_shape=tail_in.input_shape,
+        input_dtype=tail_in.input_dtype,
+        tensors=tuple(TensorEntry(n, tuple(a.shape), str(a.dtype)) for n, a in tail.items()
+                      if not n.startswith(ROWS_PREFIX)),
+        rows=tuple(row_entries),
+    )
 
 
 def _write_tar(out: Path, files: list[tuple[str, bytes]]) -> None:

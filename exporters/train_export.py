@@ -509,24 +509,16 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
                 ref64["output (eval)"] = wide(x.double() if x.is_floating_point() else x).numpy()
             for p in tail.parameters():
                 p.grad = None
+            where = f"{model.name} tail [{split}, {len(model)})"
             for key, expected in ref64.items():
-                value = got[key]
-                if value.shape != expected.shape:
-                    raise ExportError(f"{model.name} tail [{split}, {len(model)}): {key} has shape {value.shape} "
-                                      f"in ONNX Runtime, {expected.shape} in torch")
-                scale = max(1.0, float(np.abs(expected).max()) if expected.size else 0.0)
-                err = float(np.nan_to_num(np.abs(value.astype(np.float64) - expected), nan=np.inf).max()) / scale \
-                    if expected.size else 0.0
-                own = float(np.abs(ref32[key] - expected).max()) / scale if expected.size else 0.0
-                allowed = max(tol, 4 * own)
+                error = _tensor_error(where, key, got[key], expected, ref32[key], tol)
                 name = key.split(":", 1)[0] + ":" + rename[key.split(":", 1)[1]] if ":" in key else key
-                worst = max(worst, (err / allowed, name))
-                if tolerance is not None and not err <= allowed:
+                worst = max(worst, (error[0] / error[1], name))
+                if tolerance is not None and not error[0] <= error[1]:
                     raise ExportError(
-                        f"{model.name} tail [{split}, {len(model)}): the training graph differs from torch autograd; "
-                        f"worst tensor {name!r} off by {err:.3g} (relative; allowed {allowed:.3g}, torch float32 "
-                        f"itself {own:.3g}) at batch {batch}; {sided} ReLU input(s) within float32 rounding of "
-                        "zero took the graph's side")
+                        f"{where}: the training graph differs from torch autograd; worst tensor {name!r} off by "
+                        f"{error[0]:.3g} (relative; allowed {error[1]:.3g}, torch float32 itself {error[2]:.3g}) at "
+                        f"batch {batch}; {sided} ReLU input(s) within float32 rounding of zero took the graph's side")
     finally:
         for m, training in modes:
             m.training = training
@@ -534,6 +526,19 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
             for k, v in tail.state_dict().items():
                 v.copy_(saved[k])
     return worst[0]
+
+
+def _tensor_error(where: str, key: str, value: np.ndarray, expected: np.ndarray, own32: np.ndarray,
+                  tol: float) -> tuple[float, float, float]:
+    """One tensor's error against the float64 reference, relative to its largest magnitude (at least
+    1), what is allowed for it (``tol``, or four times torch float32's own error), and that own error."""
+    if value.shape != expected.shape:
+        raise ExportError(f"{where}: {key} has shape {value.shape} in ONNX Runtime, {expected.shape} in torch")
+    scale = max(1.0, float(np.abs(expected).max()) if expected.size else 0.0)
+    err = float(np.nan_to_num(np.abs(value.astype(np.float64) - expected), nan=np.inf).max()) / scale \
+        if expected.size else 0.0
+    own = float(np.abs(own32 - expected).max()) / scale if expected.size else 0.0
+    return err, max(tol, 4 * own), own
 
 
 class TrainGraphCache:

@@ -2,10 +2,11 @@
 constraint, from which ``edgetrain serve``'s options and a fleet file's ``[training]`` table follow.
 
 A setting is added here only: ``name: Type = setting(default, "help")``. Its type carries its constraint
-(``Count``, ``Fraction``, ``Literal[...]``, ``Annotated[float, Range(...)]``, see :mod:`orchestrator.values`);
+(``Count``, ``Fraction``, ``Literal[...]``, ``Annotated[float, Range(...)]``, see :mod:`edge_sdk.values`);
 ``cli=`` names (or hides) its ``edgetrain serve`` option; :data:`TRAINING_SETTINGS` lists the ones a fleet
 file's ``[training]`` table may set. Every ``ServerConfig`` is checked when it is made, and a bad value is
-a :class:`SettingError` naming the field; each front end renders the name in its own spelling.
+a :class:`SettingError` naming the field (the one error type of every setting, device and server:
+:mod:`edge_sdk.values`); each front end renders the name in its own spelling.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_type_hints
 
-from orchestrator.values import ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, convert
+from edge_sdk.values import (ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, SettingError,
+                             convert)
 
 __all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
 
@@ -23,14 +25,6 @@ Round = Annotated[int, Range(1)]
 Port = Annotated[int, Range(0, 65535)]
 STRATEGY_HELP = ("Strategy: fedavg, embracingfl, fedsubavg, fedalign, varsel, width, or package.module:Class for one of "
                  "your own (docs/architecture.md, \"Strategies\").")
-
-
-class SettingError(ValueError):
-    """A setting that cannot be used: ``name`` is the ServerConfig field, ``problem`` what is wrong."""
-
-    def __init__(self, name: str, problem: str) -> None:
-        self.name, self.problem = name, problem
-        super().__init__(f"{name}: {problem}")
 
 
 def setting(default: Any = None, help: str = "", *, cli: str | bool = True, cli_default: Any = None,

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from edge_sdk.backends import BACKENDS
 from orchestrator.config import ServerConfig
 
 
@@ -62,7 +63,7 @@ class FleetView:
         for d in summary["devices"]:
             loaded = d.get("torch_loaded")
             table.add_row(
-                d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), _BACKENDS.get(d.get("backend") or "", "-"),
+                d["device"], d["role"], str(d["split"]), _span(d["trained_blocks"]), _backend_label(d.get("backend")),
                 "-" if loaded is None else ("yes" if loaded else "no"), str(d["chunks_streamed"]),
                 str(d["rounds"]), f"{(d['peak_bytes'] or 0) / 2**20:.0f}/{d['budget_bytes'] / 2**20:.0f}",
             )
@@ -112,8 +113,12 @@ def summarise_run(run, launches: Sequence, config: ServerConfig) -> dict:
 #: Columns a narrow terminal must not squeeze (rich shrinks the others first).
 _MIN_WIDTH = {"k": 2, "backend": 7, "torch": 5, "MiB": 9}
 
-#: Short names of the training backends in the summary table.
-_BACKENDS = {"torch": "torch", "onnxruntime": "ort"}
+#: Short names of the training backends in the summary table (a backend of the device's own: its name).
+_BACKENDS = {name: b.short or name for name, b in BACKENDS.items()}
+
+
+def _backend_label(name: str | None) -> str:
+    return _BACKENDS.get(name, name) if name else "-"
 
 
 def _span(blocks: Sequence[str]) -> str:

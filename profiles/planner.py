@@ -236,10 +236,12 @@ def plan_split(
     ``runtime`` is what the runtimes take (a :class:`RuntimeMemory`, whose figure for the chosen
     backend is used, or bytes for any backend); by default it is measured on this machine
     (cached). ``local_samples`` is the size of the device's dataset (its hello says it), held in
-    memory throughout. ``backends`` are the training backends the device has (Hello.runtimes);
-    ``onnxruntime`` counts only at ``graph_splits``, the splits whose tail has a training graph.
-    At each split torch is tried first (faster steps), then ONNX Runtime (a smaller runtime), so
-    a device gets the largest suffix any of its backends fits. ``rows`` plans for a row selection:
+    memory throughout. ``backends`` are the training runtimes the device has (Hello.runtimes,
+    names in ``profiles.runtime.RUNTIMES``; a device's training backend declares them,
+    ``edge_sdk.backends``, and ``profiles.runtime.backend_runtime`` gives the one it is planned on);
+    a graph runtime counts only at ``graph_splits``, the splits whose tail has a training graph.
+    At each split they are tried in the registry's order, torch first (faster steps), then ONNX
+    Runtime (a smaller runtime), so a device gets the largest suffix any of its runtimes fits. ``rows`` plans for a row selection:
     the trained tables count only those rows (see the module docstring). Raises :class:`PlanError`
     when not even the last block fits, saying how much it would need.
     """

@@ -27,16 +27,17 @@ from importlib import metadata
 from pathlib import Path
 from types import MappingProxyType
 
+from edge_sdk.backends import BACKENDS, KINDS, TrainingBackend, backend_class
 from edge_sdk.fileio import atomic_write
 
 __all__ = [
-    "BACKENDS",
     "FALLBACK",
     "RUNTIMES",
     "RUNTIME_FIELDS",
     "Runtime",
     "RuntimeMemory",
     "UnknownRuntime",
+    "backend_runtime",
     "device_runtime",
     "default_cache_file",
     "measure_runtime",
@@ -92,7 +93,8 @@ class Runtime:
     ``memory``: what a training device with it holds before its model, either the name of a
     :class:`RuntimeMemory` figure (measured on the planning machine, overridable per device class)
     or a fixed byte count measured elsewhere (a runtime this machine cannot start, e.g. a browser's).
-    ``backend``: how the device trains: ``torch`` (the tail as a torch module: any split) or
+    ``backend``: how the device trains, one of the training backends' kinds
+    (:data:`edge_sdk.backends.KINDS`): ``torch`` (the tail as a torch module: any split) or
     ``graph`` (an exported ONNX training graph: only splits whose graph exports and verifies).
     """
 
@@ -101,8 +103,8 @@ class Runtime:
     backend: str
 
     def __post_init__(self) -> None:
-        if self.backend not in ("torch", "graph"):
-            raise ValueError(f"runtime {self.name}: backend must be torch or graph, not {self.backend!r}")
+        if self.backend not in KINDS:
+            raise ValueError(f"runtime {self.name}: backend must be {' or '.join(KINDS)}, not {self.backend!r}")
 
     @property
     def needs_graph(self) -> bool:
@@ -137,10 +139,6 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph"),
 )})
 
-#: Training backend names the planner accepts (the runtimes' names, in preference order).
-BACKENDS: tuple[str, ...] = tuple(RUNTIMES)
-
-
 def device_runtime(names: Sequence[str]) -> Runtime:
     """The runtime a device that names ``names`` (its hello's runtimes) trains with: the first of
     :data:`RUNTIMES` it names. Raises :class:`UnknownRuntime` naming the known ones."""
@@ -148,6 +146,24 @@ def device_runtime(names: Sequence[str]) -> Runtime:
         if runtime.name in names:
             return runtime
     raise UnknownRuntime(f"no known training runtime among {list(names)[:8]}; known: {', '.join(RUNTIMES)}")
+
+
+def backend_runtime(backend: str | type[TrainingBackend]) -> Runtime:
+    """The runtime the server plans a device training with ``backend`` on (a name of the Python
+    device's table :data:`edge_sdk.backends.BACKENDS`, ``auto``, ``package.module:Class``): the first
+    of :data:`RUNTIMES` its hello names. ValueError when it names none, or when that runtime trains
+    otherwise than the backend does (its kind): the backends' table and this registry agree."""
+    cls = backend_class(backend)
+    runtime = device_runtime(cls.runtimes)
+    if runtime.backend != cls.kind:
+        raise ValueError(f"backend {cls.name} trains from {cls.kind}, but the runtime it is planned on, "
+                         f"{runtime.name}, trains from {runtime.backend}")
+    return runtime
+
+
+for _backend in BACKENDS.values():  # a table entry this registry cannot plan fails here, not at a hello
+    backend_runtime(_backend)
+del _backend
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Attacker devices for tests: the production client trains honestly, then tampers with its update.
 
-:class:`AttackerClient` is :class:`edge_sdk.client.DeviceClient` with one method wrapped:
-``DeviceClient._trained(ch, ins, prog)``, which returns the round's trained update (deltas, sample
-count, metrics) and caches it per model payload. The wrapper takes the honest update from it,
-replaces the cached one with the tampered copy once, and so every later use of that update (the
-train report, a resent report after a reconnect, a compare phase) sees the tampered deltas. Nothing
-else of the client changes: hello, downloads, uploads and acks are the production code's.
+:class:`AttackerClient` is :class:`edge_sdk.client.DeviceClient` whose training backend is its own
+one's (``edge_sdk.backends``) with ``train`` wrapped (:func:`tampering_backend`): it trains honestly
+and returns the tampered deltas. The round work keeps a round's update per model payload and trains
+it once, so every use of that update (the train report, a resent report after a reconnect, a
+compare phase) sees the tampered deltas. Nothing else of the client changes: hello, downloads,
+uploads and acks are the production code's.
 
 :func:`run_fleet` runs a live :class:`~orchestrator.server.Orchestrator` over websockets on
 127.0.0.1 with in-process devices (one event loop, training in worker threads) and returns the
@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk import protocol as p
+from edge_sdk.backends import TrainingBackend, backend_class
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 
-__all__ = ["ATTACKS", "PLAIN", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet"]
+__all__ = ["ATTACKS", "PLAIN", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet",
+           "tampering_backend"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,17 @@ ATTACKS: dict[str, Attack] = {a.name: a for a in (
 )}
 
 
+def tampering_backend(attack: Attack, base: type[TrainingBackend]) -> type[TrainingBackend]:
+    """``base``, training honestly and returning ``attack``'s tampered deltas (under its own name)."""
+
+    class Tampering(base):  # type: ignore[valid-type, misc]
+        def train(self, tail, y, config):  # type: ignore[no-untyped-def]
+            result = super().train(tail, y, config)
+            return dataclasses.replace(result, deltas=attack.tamper(result.deltas))
+
+    return Tampering
+
+
 class AttackerClient(DeviceClient):
     """The production client, tampering with each round's update (see the module docstring)."""
 
@@ -84,19 +97,9 @@ class AttackerClient(DeviceClient):
             config = dataclasses.replace(config, budget_bytes=config.budget_bytes + 4 * extra)
         if attack.split is not None:
             config = dataclasses.replace(config, labels={**config.labels, "force_split": str(attack.split)})
+        config = dataclasses.replace(config, backend=tampering_backend(attack, backend_class(config.backend)))
         super().__init__(config, x, y, **kwargs)
         self.attack = attack
-        self._sent: dict[tuple[int, str], object] = {}  # (round, payload) -> the tampered update
-
-    async def _trained(self, ch, ins, prog):  # type: ignore[override]
-        done = await super()._trained(ch, ins, prog)
-        key = (ins.round, ins.model_id)
-        if self._sent.get(key) is done:
-            return done
-        bad = dataclasses.replace(done, deltas=self.attack.tamper(done.deltas))
-        prog.trained[ins.model_id] = bad
-        self._sent = {key: bad}  # only this round's: earlier ones are no longer asked for
-        return bad
 
 
 @dataclass(frozen=True)

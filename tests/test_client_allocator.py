@@ -112,18 +112,18 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.memory import keep_freed_buffers, rss_bytes
 config = DeviceConfig(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, idle_trim_s=0.3)
 client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64))
-client.keeps_freed_buffers = keep_freed_buffers(True)  # what a plan with room decides
+client.memory.keeps_freed_buffers = keep_freed_buffers(True)  # what a plan with room decides
 async def main():
     a = np.ones(1 << 19)  # a round's 4 MiB tensor, freed into the kept heap
     del a
     held = rss_bytes()
-    client._released_after_report()
+    client.memory.released_after_report()
     await asyncio.sleep(0.1)
     soon = rss_bytes()  # right after the report: kept for the next round
-    client._busy()  # the next round's phase starts within the grace: no trim under it
+    client.memory.busy()  # the next round's phase starts within the grace: no trim under it
     await asyncio.sleep(0.5)
     busy = rss_bytes()
-    client._released_after_report()
+    client.memory.released_after_report()
     await asyncio.sleep(0.6)
     print(held - soon, held - busy, held - rss_bytes())
 asyncio.run(main())

@@ -1,5 +1,5 @@
-"""The shape a maintainer can hold in mind: the server module stays small and no function grows past a
-screen, in the two packages that most change (orchestrator/ and edge_sdk/)."""
+"""The shape a maintainer can hold in mind: the server module stays small, the device's client keeps
+the connection only, and no function grows past a screen, in every package of the product."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
 MAX_SERVER_LINES = 400
+MAX_CLIENT_LINES = 300
+#: The device's modules a round runs through: each uses the others' public methods only.
+DEVICE_PARTS = ("edge_sdk/client.py", "edge_sdk/downloads.py", "edge_sdk/roundwork.py", "edge_sdk/memory_policy.py",
+                "edge_sdk/phases.py", "edge_sdk/backends", "edge_sdk/algorithms")
 
 
 def long_functions(package: str) -> list[str]:
@@ -24,9 +28,33 @@ def long_functions(package: str) -> list[str]:
 
 
 def test_no_function_is_longer_than_a_screen() -> None:
-    assert long_functions("orchestrator") + long_functions("edge_sdk") == []
+    assert [f for package in ("orchestrator", "edge_sdk", "exporters", "profiles") for f in long_functions(package)] == []
 
 
 def test_the_server_module_keeps_the_io_only() -> None:
     lines = len((ROOT / "orchestrator" / "server.py").read_text().splitlines())
     assert lines < MAX_SERVER_LINES, f"orchestrator/server.py has {lines} lines"
+
+
+def test_the_device_client_keeps_the_connection_only() -> None:
+    """Downloads, round work, training backends and the memory policy live in their own modules."""
+    path = ROOT / "edge_sdk" / "client.py"
+    lines = len(path.read_text().splitlines())
+    assert lines < MAX_CLIENT_LINES, f"edge_sdk/client.py has {lines} lines"
+    client = next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)
+                  and n.name == "DeviceClient")
+    assert client.end_lineno - client.lineno + 1 < MAX_CLIENT_LINES
+
+
+def test_the_device_parts_call_each_other_through_public_methods() -> None:
+    """No module a round runs through reaches into another object's private attributes (a phase
+    sees the device through PhaseContext, a backend its tail through TailInputs)."""
+    found = []
+    for part in DEVICE_PARTS:
+        target = ROOT / part
+        for path in sorted(target.rglob("*.py") if target.is_dir() else [target]):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []

@@ -59,7 +59,7 @@ def test_tls_refuses_an_unverified_server_and_plain_websockets(tmp_path: Path) -
             async with connect(url, ssl=client_tls()):
                 pass
         with pytest.raises(ConnectionError):  # the device gives up, it does not talk in the clear
-            await _device(url, max_retries=0).run()
+            await _device(url, reconnect_retries=0).run()
         # The certificate names 127.0.0.1 and localhost, nothing else.
         context = client_tls(CERT)
         with pytest.raises(ssl.SSLCertVerificationError):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from edge_sdk import protocol as p
+from edge_sdk.backends import Tail
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.models import build_model
 from edge_sdk.models import zoo
@@ -120,7 +121,8 @@ def test_the_client_with_a_pool_reports_what_it_reports_without_one() -> None:
     results = []
     for seed in (1, 2):
         state = tail_state(build_model("digits_mlp", seed=seed), split)
-        results.append([c._train_torch(ins, x, state, {}, {}, CONFIG) for c in clients])
+        tail = Tail("digits_mlp", split, x, state, built={})
+        results.append([c.work.backend_for(ins).train(tail, y, CONFIG) for c in clients])
     for warm, cold in results:
         assert warm.loss_before == pytest.approx(cold.loss_before, abs=1e-7)
         for name in cold.deltas:

@@ -34,9 +34,9 @@ def bundle(
     version: str = typer.Option("0", help="Model version recorded in the bundle and its chunk ids."),
     seed: int = typer.Option(0, help="Seed of the model's initial weights."),
     exporter: str = typer.Option("legacy", help="ONNX exporter: legacy (fast) or dynamo."),
-    backend: str = typer.Option("torch", help="The device's training backend: torch, or onnxruntime (no torch: "
-                                              "the bundle carries the tail's training graph, and the plan "
-                                              "counts ONNX Runtime's smaller runtime)."),
+    backend: str = typer.Option("torch", help="The device's training backend (its --backend): torch, onnxruntime "
+                                              "(no torch: the bundle carries the tail's training graph, and the "
+                                              "plan counts ONNX Runtime's smaller runtime), or package.module:Class."),
     graph_dir: Optional[Path] = typer.Option(
         None, help="Where verified training graphs are kept between runs (default: ~/.cache/edgetrain/train-graphs)."
     ),
@@ -48,8 +48,8 @@ def bundle(
 ) -> None:
     """Plan a split for a device (or take one), export the frozen chunks, and write a bundle.
 
-    The plan is the server's: the largest split that fits the budget on the backend, and for
-    onnxruntime the next one down while a split's training graph fails its export check; the
+    The plan is the server's: the largest split that fits the budget on the runtime the backend is
+    planned on, and for a backend that trains from training graphs the next one down while a split's training graph fails its export check; the
     command says which split it chose and why. A device started with --bundle uses the bundle's
     chunks and training graph instead of downloading them.
 
@@ -62,8 +62,12 @@ def bundle(
         raise _fail("--runtime sets the plan for --device or --budget; --split takes no plan")
     if batch < 1:
         raise _fail(f"--batch must be at least 1, got {batch}")
-    if backend not in ("torch", "onnxruntime"):
-        raise _fail(f"--backend must be torch or onnxruntime, got {backend!r}")
+    from profiles.runtime import backend_runtime
+
+    try:
+        planned = backend_runtime(backend)  # the runtime the server plans this device on
+    except ValueError as exc:
+        raise _fail(f"--backend: {exc}") from None
     declared = _read_rows(rows) if rows is not None else {}
 
     from edge_sdk.models.zoo import build_model
@@ -77,18 +81,18 @@ def bundle(
         raise _fail(str(exc)) from None
 
     graph_cache = None
-    if backend == "onnxruntime":
+    if planned.needs_graph:
         from exporters.train_export import TrainGraphCache
 
         # Exporting and verifying a training graph takes seconds; it depends on the architecture only.
         graph_cache = TrainGraphCache(graph_dir or Path.home() / ".cache" / "edgetrain" / "train-graphs")
     split, chunks, role = _plan_chunks(layered, model, split, device=device, budget=budget, runtime=runtime,
-                                       batch=batch, backend=backend, rows={k: len(r) for k, r in declared.items()},
+                                       batch=batch, backend=planned.name, rows={k: len(r) for k, r in declared.items()},
                                        samples=samples, graph_cache=graph_cache)
     try:
         manifest = write_bundle(
             layered, split, chunks, out, version=version, device_class=device, role=role, settings=settings,
-            train_graph=backend == "onnxruntime", graph_cache=graph_cache, rows=declared or None,
+            train_graph=planned.needs_graph, graph_cache=graph_cache, rows=declared or None,
         )
     except (ValueError, ExportError) as exc:
         raise _fail(str(exc)) from None
@@ -100,7 +104,7 @@ def _plan_chunks(layered: LayeredModel, model: str, split: int | None, *, device
                  runtime: str | None, batch: int, backend: str, rows: dict[str, int], samples: int,
                  graph_cache: TrainGraphCache | None) -> tuple[int, list, str | None]:
     """The split, its frozen chunks and the planned role: as given (``--split``, no role), or planned for
-    the device class's or the given budget as the server plans it (:meth:`Planning.shippable_plan`):
+    the device class's or the given budget on runtime ``backend`` as the server plans it (:meth:`Planning.shippable_plan`):
     a split whose training graph the export check refuses is dropped and the device planned again."""
     if split is not None:
         if not 0 <= split < len(layered):

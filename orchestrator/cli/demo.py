@@ -26,8 +26,9 @@ def demo(
     strong: int = typer.Option(2, help="Strong devices (train the whole model)."),
     moderate: int = typer.Option(2, help="Moderate devices."),
     weak: int = typer.Option(4, help="Weak devices (stream frozen chunks, train the last blocks)."),
-    weak_backend: str = typer.Option("onnxruntime", help="Weak devices' training backend: onnxruntime (the tail's "
-                                                         "training graph; torch never loads) or torch."),
+    weak_backend: str = typer.Option("onnxruntime", help="Weak devices' training backend (a device's --backend): "
+                                                         "onnxruntime (the tail's training graph; torch never loads), "
+                                                         "torch, or package.module:Class."),
     rounds: int = typer.Option(15, help="Rounds."),
     local_steps: int = typer.Option(10, help="Local steps per round (tau)."),
     lr: float = typer.Option(0.1, help="Local learning rate."),
@@ -43,16 +44,19 @@ def demo(
     from orchestrator.fleetview import FleetView, summarise_run
     from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
     from orchestrator.report import new_run_dir, plot_accuracy, write_metrics
+    from profiles.runtime import backend_runtime
 
     console = wide_console()
     run_dir = new_run_dir(out)
-    if weak_backend not in ("onnxruntime", "torch"):
-        raise typer.BadParameter("--weak-backend must be onnxruntime or torch")
+    try:
+        weak_runtime = backend_runtime(weak_backend).name
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--weak-backend") from None
     budgets = role_budgets(model)
-    # A weak device on ONNX Runtime is budgeted for its backend's runtime (no torch: a far smaller
-    # process), so the planner still gives it the last block only.
-    if weak_backend == "onnxruntime":
-        budgets["weak"] = role_budgets(model, backend="onnxruntime")["weak"]
+    # A weak device is budgeted for the runtime its backend is planned on (ONNX Runtime without torch:
+    # a far smaller process), so the planner still gives it the last block only.
+    if weak_runtime != "torch":
+        budgets["weak"] = role_budgets(model, backend=weak_runtime)["weak"]
     roles = ["strong"] * strong + ["moderate"] * moderate + ["weak"] * weak
     n = len(roles)
     if n < 1:

@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 import typer
 
 from orchestrator.config import ServerConfig, SettingError, setting_hints
-from orchestrator.values import ByteSize, convert, split_annotated
+from edge_sdk.values import ByteSize, convert, split_annotated
 
 __all__ = ["cli_fields", "config_from_options", "config_parameters", "option_spelling"]
 

@@ -101,28 +101,26 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
 
 
 def warm_up_runtimes(backend: str = "torch") -> None:
-    """Load and warm up what a device loads lazily (its first ONNX session, its first training
-    step, as the device takes them), before it connects; under the RLIMIT_AS fallback the limit is
-    then set above it (docs/measurements.md).
+    """Load and warm up what a device loads lazily (its first ONNX session, its training backend's
+    first step, as the device takes them), before it connects; under the RLIMIT_AS fallback the
+    limit is then set above it (docs/measurements.md).
 
     The device runs both in a worker thread (``asyncio.to_thread``), so the warm-up does too: the
     malloc arena that thread takes (glibc reserves 64 MiB of address space for it) then exists
     before the limit is set, instead of consuming the allowance of a device whose RSS is well under
     its budget."""
-    from edge_sdk.client import hello_runtimes
+    from edge_sdk.backends import backend_class
     from edge_sdk.forward import warm_up as onnxruntime_warm_up
     from edge_sdk.memory import tune_allocator
 
     tune_allocator()  # the device's own allocator settings, before any thread takes an arena
+    trainer = backend_class(backend)
     failed: list[BaseException] = []
 
     def warm() -> None:
         try:
             onnxruntime_warm_up()
-            if "torch" in hello_runtimes(backend):  # an ONNX Runtime device never loads torch
-                from edge_sdk.trainer import warm_up as torch_warm_up
-
-                torch_warm_up()
+            trainer.warm_up()  # an ONNX Runtime device never loads torch
         except BaseException as exc:  # re-raised in the main thread
             failed.append(exc)
 

@@ -58,6 +58,7 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     budget = "256MiB"                    # override of the class's budget, or "runtime+30MiB": the
                                          # training runtime's memory on this machine plus that much
     force_split = 0                      # train blocks [k, L) whatever the planner says (0: full model)
+    backend = "onnxruntime"              # the devices' training backend, as a device's --backend (default auto)
     priority = false                     # FedALIGN's priority devices (hello label priority=1)
     tags = ["internal"]                  # free labels, each sent as the hello label <tag>=1 (VaRSeL's
                                          # internal=1), or key:value as the label key=value
@@ -179,6 +180,7 @@ class DeviceGroup:
     classes: tuple[int, ...] = ()  # the shard's classes kept (empty: all)
     samples: int | None = None  # at most this many samples per device
     label_noise: float = 0.0  # probability of a random label
+    backend: str = "auto"  # training backend (edge_sdk.backends), as a device's --backend
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ class DeviceSpec:
     classes: tuple[int, ...] = ()
     samples: int | None = None
     label_noise: float = 0.0
+    backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,10 @@ class Fleet:
                 if isinstance(runtime, int):
                     budget = runtime + g.budget_over_runtime
                 else:
-                    budget = runtime.with_overrides(g.runtime_overrides).training + g.budget_over_runtime
+                    from profiles.runtime import backend_runtime
+
+                    figures = runtime.with_overrides(g.runtime_overrides)
+                    budget = figures.for_backend(backend_runtime(g.backend).name) + g.budget_over_runtime
             width = max(3, len(str(g.count - 1)))
             share = None
             if self.emulation.throttle_cpu:
@@ -274,6 +280,7 @@ class Fleet:
                         classes=g.classes,
                         samples=g.samples,
                         label_noise=g.label_noise,
+                        backend=g.backend,
                     )
                 )
         return out
@@ -494,7 +501,7 @@ def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
         g,
         where,
         {"name", "class", "count", "budget", "expect_role", "force_split", "priority", "tags", "classes", "samples",
-         "label_noise"} | _BEHAVIOUR_KEYS,
+         "label_noise", "backend"} | _BEHAVIOUR_KEYS,
     )
     class_name = r.string(g, f"{where}.class", None)
     device_class = _device_class(r, class_name, f"{where}.class")
@@ -551,7 +558,18 @@ def _group(r: _Reader, g: Any, where: str, defaults: Behaviour) -> DeviceGroup:
         classes=tuple(classes),
         samples=samples,
         label_noise=float(noise),
+        backend=_backend(r, g, f"{where}.backend"),
     )
+
+
+def _backend(r: _Reader, g: Mapping[str, Any], key: str) -> str:
+    """A group's training backend, checked as a device's --backend is (edge_sdk.settings)."""
+    from edge_sdk.settings import check_setting, setting_default
+
+    try:
+        return check_setting("backend", g.get("backend", setting_default("backend")))
+    except SettingError as e:
+        r.fail(key, e.problem)
 
 
 def _device_class(r: _Reader, name: str, key: str) -> Any:

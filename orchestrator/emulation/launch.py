@@ -5,7 +5,11 @@ The local fleet, the capped emulator and the lightweight workers all start devic
 ``python -m orchestrator.emulation.device`` (:func:`device_argv`), a lightweight worker inside its
 spec file, and both use it as it is, never as a command line parsed back.
 
-Imports only the standard library and :mod:`orchestrator.emulation.faults`: device processes load it.
+The settings a launch shares with a device's own (its id, data and split, class, threads, backend)
+take their defaults and their checks from the device's one declaration
+(:class:`edge_sdk.settings.DeviceSettings`), so a launch refuses what ``python -m edge_sdk`` refuses.
+
+Imports only the device SDK's settings and :mod:`orchestrator.emulation.faults`: device processes load it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from edge_sdk.settings import check_setting, setting_default
 from orchestrator.emulation.faults import Faults
 
-__all__ = ["DeviceLaunch", "Faults", "device_argv"]
+__all__ = ["SHARED_SETTINGS", "DeviceLaunch", "Faults", "device_argv"]
+
+#: The fields of a launch that are settings of the device (edge_sdk.settings.DeviceSettings) by the same name.
+SHARED_SETTINGS = ("data", "partition", "device_class", "seed", "data_limit", "threads", "backend", "client",
+                   "num_clients")
 
 
 @dataclass(frozen=True)
@@ -29,14 +38,15 @@ class DeviceLaunch:
     budget_bytes: int
     client: int  # index of its data shard
     num_clients: int  # how many shards the dataset is split into
-    data: str = "digits"
-    partition: str = "iid"  # "iid", "natural" or "dirichlet:ALPHA"
-    device_class: str = ""  # reported in its hello (the budget is already resolved)
-    seed: int = 0  # partition seed (the same on every device), also the seed of drawn drops
-    data_limit: int | None = None  # only the dataset's first N training samples
-    threads: int = 1  # threads of ONNX Runtime and torch
+    data: str = setting_default("data")
+    partition: str = setting_default("partition")  # "iid", "natural" or "dirichlet:ALPHA"
+    device_class: str = setting_default("device_class")  # reported in its hello (the budget is already resolved)
+    seed: int = setting_default("seed")  # partition seed (the same on every device), also the seed of drawn drops
+    data_limit: int | None = setting_default("data_limit")  # only the dataset's first N training samples
+    threads: int = setting_default("threads")  # threads of ONNX Runtime and torch
     faults: Faults = field(default_factory=Faults)
-    backend: str = "auto"  # training backend: auto, torch or onnxruntime (edge_sdk.client.DeviceConfig)
+    #: Training backend, as a device's --backend (edge_sdk.backends): auto, a table name, package.module:Class.
+    backend: str = setting_default("backend")
     # Hello labels from the fleet (fleet.device_labels: priority=1, tags), which strategies such as
     # FedALIGN and VaRSeL read to find their priority/internal devices.
     labels: dict[str, str] = field(default_factory=dict)
@@ -51,12 +61,10 @@ class DeviceLaunch:
             raise ValueError("a device needs an id")
         if isinstance(self.budget_bytes, bool) or int(self.budget_bytes) <= 0:
             raise ValueError(f"{self.device_id}: budget_bytes must be positive, got {self.budget_bytes!r}")
+        for name in SHARED_SETTINGS:
+            object.__setattr__(self, name, check_setting(name, getattr(self, name), f"{self.device_id}: {name}"))
         if not 0 <= self.client < self.num_clients:
             raise ValueError(f"{self.device_id}: client {self.client} outside [0, {self.num_clients})")
-        if self.threads < 1:
-            raise ValueError(f"{self.device_id}: threads must be at least 1, got {self.threads}")
-        if self.backend not in ("auto", "torch", "onnxruntime"):
-            raise ValueError(f"{self.device_id}: backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if isinstance(self.faults, Mapping):  # from JSON
             object.__setattr__(self, "faults", Faults.from_dict(self.faults))
         if not isinstance(self.labels, Mapping) or not all(

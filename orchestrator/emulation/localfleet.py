@@ -151,13 +151,15 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *
                  ) -> dict[str, int]:
     """Budgets that make the planner give each role on this model (for demos and tests).
 
-    Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
+    ``backend`` is the runtime the devices are planned on (``torch``, ``onnxruntime``: a name of
+    ``profiles.runtime.RUNTIMES``). Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
     enough for the smallest suffix the planner still calls moderate (or the middle split).
     ``local_samples`` bounds a device's dataset, which the budget must hold too (the default
     covers any share of scikit-learn's digits, 1,438 training samples).
     """
     from edge_sdk.models import build_model
     from profiles.planner import plan_split
+    from profiles.runtime import RUNTIMES
 
     from profiles.accounting import measure_model
 
@@ -165,7 +167,7 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *
 
     model = build_model(model_name, seed=None)
     cost = measure_model(model)
-    graphs = [k for k in range(len(model)) if train_graph_refusal(model, k) is None] if backend == "onnxruntime" else []
+    graphs = [k for k in range(len(model)) if train_graph_refusal(model, k) is None] if RUNTIMES[backend].needs_graph else []
     splits = graphs or range(len(model))
     budgets = {k: min_budget_for_split(cost, k, batch, local_samples, backend=backend, graph_splits=graphs)
                for k in splits}

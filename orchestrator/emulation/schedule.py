@@ -52,8 +52,8 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
 
 def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (), *,
                   data_limit: int | None = None) -> DeviceLaunch:
-    """How to start one device of the fleet: its budget, class, data shard, hello labels (its group's
-    ``priority`` and ``tags``) and misbehaviour."""
+    """How to start one device of the fleet: its budget, class, data shard, training backend, hello
+    labels (its group's ``priority`` and ``tags``) and misbehaviour."""
     part = fleet.partition
     scheme = f"dirichlet:{part.alpha}" if part.scheme == "dirichlet" else part.scheme
     b = spec.behaviour
@@ -67,4 +67,5 @@ def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (
         data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
         faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split),
         labels=device_labels(spec), classes=spec.classes, max_samples=spec.samples, label_noise=spec.label_noise,
+        backend=spec.backend,
     )

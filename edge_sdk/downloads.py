@@ -1,0 +1,147 @@
+"""What a device downloads, and the server's replies it waits for.
+
+A payload (a frozen chunk, the trainable tail, a training graph, a broadcast) moves as frames under
+one sha256 (docs/protocol.md, "Transfers"). A download cut by a dropped connection resumes from the
+bytes already held (``Fetch.offset``); a payload the device's offline bundle holds with the same
+size and sha256 is not downloaded at all (:class:`edge_sdk.bundle.HeldPayloads`); the frames of a
+transfer the device no longer wants are drained. :func:`next_reply` reads the server's next answer,
+leaving follow-up instructions queued in the session, and turns an ``Error`` or ``Bye`` into
+:class:`DeviceRefused` or :class:`RoundAborted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge_sdk import protocol as p
+from edge_sdk.transport import Channel, recv_msg, recv_payload, send_msg
+
+__all__ = ["DeviceRefused", "Downloads", "RoundAborted", "drain", "expect", "next_reply"]
+
+
+class DeviceRefused(RuntimeError):
+    """The server turned the device away (bad credentials, budget too small): retrying will not help."""
+
+
+class RoundAborted(RuntimeError):
+    """The server closed the round this device was working on."""
+
+
+async def next_reply(ch: Channel) -> p.Message:
+    """The next message that is not a follow-up instruction (those wait in the session's queue)."""
+    while True:
+        msg = await recv_msg(ch)
+        if isinstance(msg, p.Instruction):
+            continue
+        if isinstance(msg, p.Error):
+            raise DeviceRefused(f"{msg.code}: {msg.message}")
+        if isinstance(msg, p.Bye):
+            raise RoundAborted("server said goodbye")
+        return msg
+
+
+async def expect(ch: Channel, kind: type) -> p.Message:
+    """The next reply, which must be a ``kind``."""
+    msg = await next_reply(ch)
+    if not isinstance(msg, kind):
+        raise p.ProtocolError("unexpected", f"expected {kind.TYPE}, got {msg.TYPE}")
+    return msg
+
+
+async def _transfer_begin(ch: Channel) -> p.TransferBegin:
+    begin = await next_reply(ch)
+    if isinstance(begin, p.Ack) and not begin.accepted:
+        raise RoundAborted(begin.reason)
+    if not isinstance(begin, p.TransferBegin):
+        raise p.ProtocolError("unexpected", f"expected a transfer, got {begin.TYPE}")
+    return begin
+
+
+async def drain(ch: Channel, begin: p.TransferBegin) -> None:
+    """Read and discard the frames of a transfer this device no longer wants."""
+    received = begin.offset
+    while received < begin.total_size:
+        frame = await recv_msg(ch)
+        if not isinstance(frame, p.TransferFrame):
+            raise p.ProtocolError("unexpected", f"expected a frame, got {frame.TYPE}")
+        received += len(frame.data)
+    if not begin.sha256:  # the digest follows the last frame
+        end = await recv_msg(ch)
+        if not isinstance(end, p.TransferEnd):
+            raise p.ProtocolError("unexpected", f"expected transfer_end, got {end.TYPE}")
+
+
+class Downloads:
+    """One device's downloads: resumed across reconnects, served from its bundle where they can be.
+
+    ``welcome`` is the server's latest (set by the client at each hello): the bundle serves only
+    payloads of the model and depth it was written for."""
+
+    def __init__(self, device_id: str, limits: p.Limits, on_event: Callable[[str, dict], None],
+                 bundle: Path | None = None) -> None:
+        self.device_id, self.limits, self.on_event = device_id, limits, on_event
+        self.held = None if bundle is None else _open_bundle(bundle)
+        self.welcome: p.Welcome | None = None
+
+    async def fetch(self, ch: Channel, round_no: int, payload_id: str, partial: dict[str, p.IncomingTransfer],
+                    timings: dict[str, float], *, block_range: tuple[int, int] | None = None) -> memoryview:
+        """Download one payload; ``partial`` holds the round's cut downloads (resumed from their
+        offset), ``timings["download_s"]`` counts the time. A payload the device's bundle holds with
+        the same bytes is not downloaded."""
+        t = time.monotonic()
+        incoming = partial.get(payload_id)
+        held = None
+        if self.held is not None and incoming is None and self.welcome is not None \
+                and self.held.serves(self.welcome.model, self.welcome.num_blocks):
+            held = self.held.find(payload_id, block_range)
+        if held is not None:
+            data = await self._fetch_held(ch, round_no, payload_id, held)
+            if data is not None:
+                return data
+        while True:
+            await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0))
+            begin = await _transfer_begin(ch)
+            if incoming is None:
+                incoming = p.IncomingTransfer(begin, self.limits)
+                break
+            if incoming.begin.sha256 == begin.sha256 and begin.offset == incoming.offset:
+                incoming.resume(begin)
+                self.on_event("download_resumed", {"device": self.device_id, "round": round_no, "payload": payload_id,
+                                                   "offset": begin.offset, "total": begin.total_size})
+                break
+            # The payload changed since the partial download: drop it and start again from 0.
+            await drain(ch, begin)
+            incoming = None
+        partial[payload_id] = incoming
+        # Verified, and no second copy of a payload that may be most of the budget. The device hashes
+        # each frame as it lands (hash_in_feed): no worker thread, whose stack and arena count too.
+        data = await recv_payload(ch, incoming.begin, self.limits, incoming=incoming)
+        del partial[payload_id]
+        timings["download_s"] += time.monotonic() - t
+        return data
+
+    async def _fetch_held(self, ch: Channel, round_no: int, payload_id: str, held: Any) -> memoryview | None:
+        """The bundle's bytes of ``payload_id`` if the server's have the same size and sha256: asked
+        as a fetch from the held size on, which costs no payload byte when they match. None (and
+        downloaded from then on) when the server's payload changed."""
+        assert self.held is not None
+        self.held.forget(payload_id)
+        await send_msg(ch, p.Fetch(round_no, payload_id, held.size))
+        begin = await _transfer_begin(ch)
+        if begin.offset == held.size and self.held.confirm(payload_id, held, begin.total_size, begin.sha256):
+            self.on_event("from_bundle", {"device": self.device_id, "round": round_no, "payload": payload_id,
+                                          "kind": held.kind, "bytes": held.size})
+            return memoryview(await asyncio.to_thread(self.held.read, held))
+        await drain(ch, begin)
+        return None
+
+
+def _open_bundle(path: Path):
+    """The payloads of the device's bundle (checked as it opens: a damaged one is refused here)."""
+    from edge_sdk.bundle import HeldPayloads
+
+    return HeldPayloads.open(path)
