@@ -12,3 +12,4 @@ export * from "./credentials.js";
 export * from "./transport.js";
 export * from "./client.js";
 export * from "./pending.js";
+export * from "./dp.js";
