@@ -89,7 +89,8 @@ def test_the_noise_comes_from_os_urandom(monkeypatch: pytest.MonkeyPatch) -> Non
 def block_update(draw: st.DrawFn) -> tuple[dict, dict, dict]:
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     values = st.floats(-1e3, 1e3, allow_nan=False, width=32)
-    tensors = {f"t{i}": draw(arrays(dtype, draw(st.integers(1, 40)), elements=values)) for i in range(draw(st.integers(1, 4)))}
+    count = draw(st.integers(1, 4))
+    tensors = {f"t{i}": draw(arrays(dtype, draw(st.integers(1, 40)), elements=values)) for i in range(count)}
     block_of = {name: draw(st.sampled_from(["a", "b"])) for name in tensors}
     clips = {"a": draw(st.floats(1e-3, 1e3)), "b": draw(st.floats(1e-3, 1e3))}
     return tensors, block_of, clips

@@ -195,6 +195,8 @@ def sampled_gaussian(q: float, z: float, fleet: int | None, cohort: int | None) 
 
 def fresh_accountant(accountant: str, sampling: str) -> dp_accounting.PrivacyAccountant:
     """An empty accountant of the given kind for the given sampling."""
+    if accountant not in ACCOUNTANTS:
+        raise LedgerError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
     if sampling == "fixed":
         return rdp.RdpAccountant(RDP_ORDERS, dp_accounting.NeighboringRelation.REPLACE_ONE)
     if accountant == "rdp":

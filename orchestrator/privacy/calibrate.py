@@ -34,7 +34,7 @@ from typing import Any
 
 import dp_accounting
 
-from orchestrator.privacy.accountant import sampled_gaussian, epsilon_for, fresh_accountant
+from orchestrator.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
 
 __all__ = [
     "DP_STRATEGIES",
@@ -134,7 +134,8 @@ def check_noise(multiplier: float, target_epsilon: float, q: float, rounds: int,
     spent = epsilon_for(multiplier, q, rounds, delta, accountant=accountant, fleet=fleet)
     if spent > target_epsilon:
         try:
-            hint = f"use at least {noise_multiplier(target_epsilon, q, rounds, delta, accountant=accountant, fleet=fleet):.4g}"
+            needed = noise_multiplier(target_epsilon, q, rounds, delta, accountant=accountant, fleet=fleet)
+            hint = f"use at least {needed:.4g}"
         except PrivacyPlanError:
             hint = "no multiplier up to 100 reaches it: plan fewer rounds or a smaller rate"
         raise PrivacyPlanError(f"noise multiplier {multiplier:g} spends epsilon {spent:.3g} in {rounds} rounds at rate "
@@ -175,21 +176,23 @@ class SplitPlan:
 
 
 def plan_blocks(multiplier: float, clip: float, block_devices: Sequence[tuple[str, int]], q: float, rounds: int,
-                delta: float, *, accountant: str = "pld") -> list[BlockPlan]:
+                delta: float, *, accountant: str = "pld", fleet: int | None = None) -> list[BlockPlan]:
     """Per-layer clipping of the blocks some device trains (``block_devices``: block name and the
-    number of devices able to train it, in model order), for a model multiplier ``multiplier``."""
+    number of devices able to train it, in model order), for a model multiplier ``multiplier``.
+    With ``fleet`` (fixed-size cohorts of the whole fleet), each block's release is accounted as
+    that sample of the fleet: devices that do not train a block add a zero vector to its sum."""
     released = [(b, n) for b, n in block_devices if n > 0]
     if not released:
         raise PrivacyPlanError("no device trains any block")
     scale = math.sqrt(len(released))
     z_b, c_b = multiplier * scale, clip / scale
-    eps = epsilon_for(z_b, q, rounds, delta, accountant=accountant)
+    eps = epsilon_for(z_b, q, rounds, delta, accountant=accountant, fleet=fleet)
     return [BlockPlan(b, n, q * n, c_b, z_b, z_b * c_b, noise_per_coordinate(z_b, c_b, q * n), eps)
             for b, n in released]
 
 
 def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q: float, rounds: int, delta: float,
-                *, accountant: str = "pld") -> list[SplitPlan]:
+                *, accountant: str = "pld", fleet: int | None = None) -> list[SplitPlan]:
     """Each split's devices (``splits``: split -> devices) under :func:`plan_blocks`'s per-layer
     clipping of a model of ``num_blocks`` blocks."""
     low = min(splits)
@@ -198,7 +201,7 @@ def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q
     for s in sorted(splits):
         k = num_blocks - s
         z = multiplier * math.sqrt(released / k)
-        out.append(SplitPlan(s, splits[s], k, z, epsilon_for(z, q, rounds, delta, accountant=accountant)))
+        out.append(SplitPlan(s, splits[s], k, z, epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)))
     return out
 
 
@@ -212,8 +215,8 @@ def check_strategy(strategy: str, options: Mapping[str, Any] | None = None) -> N
     calibration does not cover (and secure aggregation hides them)."""
     aggregation = str((options or {}).get("aggregation", "mean"))
     if strategy not in DP_STRATEGIES:
-        raise PrivacyPlanError(f"differential privacy is accounted for the clipped sums of {' and '.join(DP_STRATEGIES)}, "
-                               f"not for strategy {strategy!r}")
+        raise PrivacyPlanError(f"differential privacy is accounted for the clipped sums of "
+                               f"{' and '.join(DP_STRATEGIES)}, not for strategy {strategy!r}")
     if aggregation != "mean":
         raise PrivacyPlanError(f"differential privacy needs a clipped sum, not aggregation={aggregation}: a robust "
                                f"statistic reads individual updates")

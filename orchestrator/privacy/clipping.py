@@ -93,7 +93,9 @@ class AdaptiveClip:
         returns the estimated unclipped fraction b~."""
         if expected_cohort <= 0:
             raise ValueError(f"the expected cohort must be > 0, got {expected_cohort}")
-        noisy = centred_sum if noised or self.count_stddev == 0 else centred_sum + float(gaussian(1, self.count_stddev)[0])
+        noisy = centred_sum
+        if not noised and self.count_stddev > 0:
+            noisy += float(gaussian(1, self.count_stddev)[0])
         below = min(1.0, max(0.0, noisy / expected_cohort + 0.5))
         self.clip *= math.exp(-self.learning_rate * (below - self.target_quantile))
         return below
