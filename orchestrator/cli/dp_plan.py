@@ -187,8 +187,8 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
 
     delta = f"{plan['delta']:.3g}" + (" (1/N^1.1)" if plan["delta_is_default"] else "")
     console.print(f"{plan['devices']} devices, rate {plan['rate']:.4g} ({plan['sampling']} sampling, expected "
-                  f"cohort {plan['expected_cohort']:.4g}), {plan['rounds']} rounds, target epsilon "
-                  f"{plan['target_epsilon']:g} at delta {delta}, accountant {plan['accountant']}")
+                  f"cohort {plan['expected_cohort']:.4g}), {plan['rounds']} rounds")
+    console.print(f"target epsilon {plan['target_epsilon']:g} at delta {delta}, accountant {plan['accountant']}")
     console.print(f"noise multiplier [bold]{plan['noise_multiplier']:.4f}[/bold]: epsilon {plan['epsilon']:.3f}; "
                   f"noise std {plan['sum_stddev']:.4g} on a sum clipped to {plan['clip']:g}, "
                   f"[bold]{plan['mean_stddev']:.4g}[/bold] per coordinate of the mean update")

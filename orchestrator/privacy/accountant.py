@@ -25,7 +25,7 @@ per-layer clipping with equal noise on every layer, ``orchestrator.privacy.calib
 
 Accountant. Privacy loss distributions (``dp_accounting.pld.PLDAccountant``, pessimistic estimate,
 discretisation 1e-3) by default: an upper bound, tighter than RDP (q = 0.1, z = 1, 100 rounds,
-delta 1e-5: 7.05 against 7.90) at 0.05-0.2 s per evaluation on the shared 2-core machine (the
+delta 1e-5: 7.05 against 7.90) at 0.1-0.3 s per evaluation on the shared 2-core machine (the
 default discretisation, 1e-4, gives the same epsilon to 1e-3 and takes 10 times as long). RDP
 (``rdp.RdpAccountant``) on request, and for fixed-size sampling, which the PLD accountant does not
 support: a cohort of exactly K of N devices is ``SampledWithoutReplacementDpEvent`` under the
