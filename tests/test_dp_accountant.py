@@ -185,8 +185,12 @@ def test_would_exceed_stops_before_the_round_that_passes_the_target() -> None:
       "rounds": [{"q": 1.5, "blocks": {"a": {"z": 1.0}}}]}, "sampling rate must be in"),
     ({"version": 1, "blocks": ["a"], "delta": 1e-5, "accountant": "pld", "sampling": "poisson",
       "rounds": [{"q": 0.1, "blocks": {"a": {"z": "nan"}}}]}, "finite number > 0"),
+    ({"version": 1, "blocks": ["a"], "delta": 1e-5, "accountant": "pld", "sampling": "poisson",
+      "rounds": [{"q": 0.1, "blocks": {"a": {"z": 1.0, "count_stddev": "x"}}}]}, "count_stddev must be a number"),
     ({"version": 1, "blocks": ["a"], "delta": 2, "accountant": "pld", "sampling": "poisson", "rounds": []},
      "delta must be in"),
+    ({"version": 1, "blocks": ["a"], "delta": 1e-5, "accountant": "exact", "sampling": "poisson", "rounds": []},
+     "accountant must be one of pld, rdp"),
 ])
 def test_a_bad_state_is_refused_in_one_line(state: dict, message: str) -> None:
     with pytest.raises(LedgerError, match=message):

@@ -161,8 +161,10 @@ class RoundEvent:
         for name, b in data["blocks"].items():
             if not isinstance(b, Mapping):
                 raise LedgerError(f"block {name!r} of a round must be an object, got {b!r}")
-            blocks[str(name)] = BlockRelease(_positive(b.get("z"), f"block {name!r}'s z"),
-                                             float(b.get("count_stddev", 0.0)))
+            count = b.get("count_stddev", 0.0)
+            if not isinstance(count, (int, float)) or isinstance(count, bool):
+                raise LedgerError(f"block {name!r}'s count_stddev must be a number, got {count!r}")
+            blocks[str(name)] = BlockRelease(_positive(b.get("z"), f"block {name!r}'s z"), float(count))
         if data.get("fleet") is not None:
             return cls.fixed(int(data["fleet"]), int(data["cohort"]), blocks)
         return cls(_positive(data.get("q"), "q"), blocks)
