@@ -11,7 +11,8 @@ Per block. Only devices whose split is at most b train block b, and each of them
 with probability q, so block b's release is a Poisson-sampled Gaussian with rate q (the block's
 expected cohort over the devices able to train it) and the multiplier of everything released about
 it, z_b' = (z_b^-2 + (2 sigma_c)^-2)^-1/2 (Gaussians on the same sample compose into one Gaussian
-whose inverse squared multiplier is the sum of theirs: Mironov, Talwar, Zhang, 2019, Section 3;
+whose inverse squared multiplier is the sum of theirs: McMahan, Andrew et al., 2018, "A General
+Approach to Adding Differential Privacy to Iterative Training Procedures", Section 3;
 ``dp_accounting``'s RDP accountant does the same for composed Gaussians). Devices outside block b's
 population are not in its release at all: its epsilon is for the devices that train it.
 
