@@ -17,3 +17,4 @@ export * from "./backends/index.js";
 export * from "./client.js";
 export * from "./pending.js";
 export * as codecs from "./codecs/index.js";
+export * from "./dp.js";

@@ -1,0 +1,215 @@
+"""``edgetrain dp-plan``: before a run, the noise a target epsilon needs and what it costs, per block.
+
+For a fleet of N devices sampled at rate q (each device independently, Poisson; or exactly K per
+round with ``--sampling fixed``) over R rounds, the smallest noise multiplier z whose epsilon at the
+target delta meets the target (``orchestrator.privacy.calibrate``), and the noise it puts on each
+coordinate of the mean update, z C / (q N). With ``--blocks-from-fleet``, the fleet file's device
+groups are planned (``force_split``, or the planner's split at the group's budget) and each block
+gets its cohort, its clip and noise under per-layer clipping, and its epsilon; each split its
+devices' epsilon. Numbers only: nothing is trained or served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from orchestrator.cli import app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.emulation.fleet import Fleet
+
+
+@dataclass(frozen=True)
+class FleetBlocks:
+    """What a fleet file says about DP: the model's blocks, devices per split, and its schedule."""
+
+    name: str
+    blocks: list[str]
+    splits: dict[int, int]
+    rounds: int
+    rate: float
+    strategy: str
+    options: dict[str, Any]
+
+
+def fleet_blocks(path: str) -> FleetBlocks:
+    """The fleet's blocks and its devices per split: a group's ``force_split``, else the planner's
+    split for the group's budget and batch (its local samples counted when the group caps them)."""
+    from edge_sdk.models.zoo import build_model
+    from orchestrator.emulation.fleet import load_fleet
+    from profiles.accounting import measure_model
+    from profiles.planner import plan_split
+
+    fleet = load_fleet(path)
+    model = build_model(fleet.model)
+    cost = measure_model(model)
+    splits: dict[int, int] = {}
+    split_of: dict[str, int] = {}
+    for d in fleet.devices():
+        if d.group not in split_of:
+            split_of[d.group] = d.force_split if d.force_split is not None else plan_split(
+                cost, d.budget_bytes, fleet.training.batch_size, local_samples=_group_samples(fleet, d.group)).split
+        splits[split_of[d.group]] = splits.get(split_of[d.group], 0) + 1
+    return FleetBlocks(fleet.name, list(model.block_names), splits, fleet.training.rounds, fleet.training.fraction,
+                       fleet.training.strategy, dict(fleet.strategy_options))
+
+
+def _group_samples(fleet: Fleet, group: str) -> int:
+    return next((g.samples or 0) for g in fleet.groups if g.name == group)
+
+
+def _scaled(splits: dict[int, int], devices: int) -> dict[int, int]:
+    """The fleet's split shares applied to ``devices`` devices (largest remainders)."""
+    total = sum(splits.values())
+    exact = {s: devices * n / total for s, n in splits.items()}
+    out = {s: math.floor(x) for s, x in exact.items()}
+    for s in sorted(exact, key=lambda s: out[s] - exact[s])[: devices - sum(out.values())]:
+        out[s] += 1
+    return {s: n for s, n in out.items() if n > 0}
+
+
+def _schedule(devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
+              fleet: FleetBlocks | None) -> tuple[int, float, int]:
+    from orchestrator.privacy.calibrate import PrivacyPlanError
+
+    n = devices if devices is not None else (sum(fleet.splits.values()) if fleet else None)
+    if n is None or n < 1:
+        raise PrivacyPlanError("give --devices (or --blocks-from-fleet)")
+    if per_round is not None and rate is not None:
+        raise PrivacyPlanError("give --per-round or --rate, not both")
+    if per_round is not None:
+        if not 1 <= per_round <= n:
+            raise PrivacyPlanError(f"--per-round must be between 1 and the {n} devices, got {per_round}")
+        q = per_round / n
+    else:
+        q = rate if rate is not None else (fleet.rate if fleet else None)
+        if q is None:
+            raise PrivacyPlanError("give --per-round or --rate")
+    r = rounds if rounds is not None else (fleet.rounds if fleet else None)
+    if r is None:
+        raise PrivacyPlanError("give --rounds")
+    return n, q, r
+
+
+def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
+                 target_epsilon: float, delta: Optional[float], clip: float, fleet: FleetBlocks | None,
+                 sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10) -> dict[str, Any]:
+    """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
+    ``refusals``, each one line."""
+    from orchestrator.privacy import calibrate as cal
+    from orchestrator.privacy.accountant import epsilon_for
+
+    n, q, r = _schedule(devices, per_round, rate, rounds, fleet)
+    if not clip > 0:
+        raise cal.PrivacyPlanError(f"--clip must be > 0, got {clip:g}")
+    if sampling not in ("poisson", "fixed"):
+        raise cal.PrivacyPlanError(f"--sampling must be poisson or fixed, got {sampling!r}")
+    d = cal.check_delta(delta if delta is not None else cal.default_delta(n), n)
+    fixed = n if sampling == "fixed" else None
+    z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
+    plan: dict[str, Any] = {
+        "devices": n, "rate": q, "expected_cohort": q * n, "rounds": r, "target_epsilon": target_epsilon,
+        "delta": d, "delta_is_default": delta is None, "sampling": sampling,
+        "accountant": "rdp" if fixed else accountant, "clip": clip, "noise_multiplier": z,
+        "epsilon": epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
+        "sum_stddev": z * clip, "mean_stddev": cal.noise_per_coordinate(z, clip, q * n),
+        "fleet": None, "blocks": [], "splits": [], "refusals": [],
+    }
+    checks: list[tuple[float, str]] = [(q * n, "the round")]
+    if fleet is not None:
+        splits = _scaled(fleet.splits, n) if devices is not None else fleet.splits
+        per_block = [(b, sum(c for s, c in splits.items() if s <= i)) for i, b in enumerate(fleet.blocks)]
+        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed)
+        plan.update(fleet=fleet.name, blocks=[asdict(b) for b in blocks],
+                    splits=[asdict(s) for s in cal.plan_splits(z, len(fleet.blocks), splits, q, r, d,
+                                                               accountant=accountant, fleet=fixed)])
+        checks += [(b.cohort, f"block {b.block}") for b in blocks]
+        try:
+            cal.check_strategy(fleet.strategy, fleet.options)
+        except cal.PrivacyPlanError as exc:
+            plan["refusals"].append(str(exc))
+    for cohort, what in checks:
+        try:
+            cal.check_cohort(cohort, what, min_cohort)
+        except cal.PrivacyPlanError as exc:
+            plan["refusals"].append(str(exc))
+    return plan
+
+
+@app.command("dp-plan", epilog="Examples: edgetrain dp-plan --devices 10000 --per-round 500 --rounds 200 "
+                               "--target-epsilon 8; edgetrain dp-plan --blocks-from-fleet embracingfl-16s-112w "
+                               "--devices 10000 --rate 0.05 --rounds 300 --target-epsilon 8 --clip 0.5")
+def dp_plan(
+    devices: Optional[int] = typer.Option(None, help="Devices in the fleet (N). With --blocks-from-fleet: its "
+                                                     "devices, or this many in the fleet's proportions."),
+    per_round: Optional[int] = typer.Option(None, "--per-round", help="Devices per round (K): rate K / N."),
+    rate: Optional[float] = typer.Option(None, help="Sampling rate q: each device's chance of being in a round."),
+    rounds: Optional[int] = typer.Option(None, help="Rounds (R). Default with a fleet: its rounds."),
+    target_epsilon: float = typer.Option(..., "--target-epsilon", help="Epsilon the whole run may spend."),
+    delta: Optional[float] = typer.Option(None, help="Delta (default 1 / N^1.1; must be below 1 / N)."),
+    clip: float = typer.Option(1.0, help="L2 clip C of one device's whole update (split over the blocks)."),
+    blocks_from_fleet: Optional[str] = typer.Option(None, "--blocks-from-fleet",
+                                                    help="A fleet file (or shipped fleet name): plan per block."),
+    sampling: str = typer.Option("poisson", help="poisson (each device independently) or fixed (exactly K)."),
+    accountant: str = typer.Option("pld", help="pld (tighter) or rdp; fixed sampling always uses rdp."),
+    min_cohort: int = typer.Option(10, help="Refuse blocks expecting fewer devices per round."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
+    from orchestrator.cli import console as wide_console
+    from orchestrator.privacy.calibrate import PrivacyPlanError
+
+    fleet = fleet_blocks(blocks_from_fleet) if blocks_from_fleet else None
+    plan = privacy_plan(devices=devices, per_round=per_round, rate=rate, rounds=rounds, target_epsilon=target_epsilon,
+                        delta=delta, clip=clip, fleet=fleet, sampling=sampling, accountant=accountant,
+                        min_cohort=min_cohort)
+    if as_json:
+        typer.echo(json.dumps(plan, indent=2))
+        if plan["refusals"]:
+            raise typer.Exit(code=1)
+        return
+    _print(wide_console(), plan)
+    if plan["refusals"]:
+        more = f" (and {len(plan['refusals']) - 1} more above)" if len(plan["refusals"]) > 1 else ""
+        raise PrivacyPlanError(plan["refusals"][0] + more)
+
+
+def _print(console: Console, plan: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    delta = f"{plan['delta']:.3g}" + (" (1/N^1.1)" if plan["delta_is_default"] else "")
+    console.print(f"{plan['devices']} devices, rate {plan['rate']:.4g} ({plan['sampling']} sampling, expected "
+                  f"cohort {plan['expected_cohort']:.4g}), {plan['rounds']} rounds")
+    console.print(f"target epsilon {plan['target_epsilon']:g} at delta {delta}, accountant {plan['accountant']}")
+    console.print(f"noise multiplier [bold]{plan['noise_multiplier']:.4f}[/bold]: epsilon {plan['epsilon']:.3f}; "
+                  f"noise std {plan['sum_stddev']:.4g} on a sum clipped to {plan['clip']:g}, "
+                  f"[bold]{plan['mean_stddev']:.4g}[/bold] per coordinate of the mean update")
+    if plan["blocks"]:
+        table = Table(title=f"Per block (fleet {plan['fleet']}): per-layer clipping, equal noise on every block",
+                      title_justify="left", box=box.SIMPLE_HEAVY)
+        for col in ("block", "devices", "cohort", "clip", "multiplier", "noise std (sum)", "noise std (mean)",
+                    "epsilon"):
+            table.add_column(col, justify="left" if col == "block" else "right")
+        for b in plan["blocks"]:
+            table.add_row(b["block"], str(b["devices"]), f"{b['cohort']:.4g}", f"{b['clip']:.4g}",
+                          f"{b['noise_multiplier']:.4g}", f"{b['sum_stddev']:.4g}", f"{b['mean_stddev']:.4g}",
+                          f"{b['epsilon']:.3f}")
+        console.print(table)
+        splits = Table(title="Per split: a device training blocks [split, L)", title_justify="left",
+                       box=box.SIMPLE_HEAVY)
+        for col in ("split", "devices", "blocks trained", "multiplier", "epsilon"):
+            splits.add_column(col, justify="right")
+        for s in plan["splits"]:
+            splits.add_row(str(s["split"]), str(s["devices"]), str(s["blocks"]), f"{s['noise_multiplier']:.4g}",
+                           f"{s['epsilon']:.3f}")
+        console.print(splits)
+    for refusal in plan["refusals"]:
+        console.print(f"[red]refused:[/red] {refusal}")

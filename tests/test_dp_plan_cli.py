@@ -1,0 +1,94 @@
+"""``edgetrain dp-plan``: the multiplier and the noise it costs, for people and for scripts, per block
+from a fleet file, and one-line refusals of plans that cannot work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.privacy.accountant import epsilon_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FLEET = """
+[fleet]
+model = "digits_mlp"
+
+[training]
+strategy = "embracingfl"
+rounds = 50
+fraction = 0.05
+
+[[groups]]
+name = "strong"
+class = "mid-phone"
+count = 30
+force_split = 0
+
+[[groups]]
+name = "weak"
+class = "entry-phone"
+count = 70
+force_split = 2
+"""
+
+
+def edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "dp-plan", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_plan_for_scripts_names_the_multiplier_and_the_noise_on_the_mean() -> None:
+    out = edgetrain("--devices", "10000", "--per-round", "500", "--rounds", "100", "--target-epsilon", "4",
+                    "--clip", "0.5", "--accountant", "rdp", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    z = plan["noise_multiplier"]
+    assert plan["rate"] == 0.05 and plan["expected_cohort"] == 500 and plan["delta"] == pytest.approx(10000**-1.1)
+    assert plan["delta_is_default"] is True and plan["refusals"] == []
+    assert plan["epsilon"] == pytest.approx(epsilon_for(z, 0.05, 100, 10000**-1.1, accountant="rdp"))
+    assert plan["epsilon"] <= 4 < epsilon_for(z * 0.995, 0.05, 100, 10000**-1.1, accountant="rdp")
+    assert plan["mean_stddev"] == pytest.approx(z * 0.5 / 500) and plan["sum_stddev"] == pytest.approx(z * 0.5)
+
+
+def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
+    from orchestrator.cli.dp_plan import fleet_blocks, privacy_plan
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    plan = privacy_plan(devices=10000, per_round=None, rate=None, rounds=None, target_epsilon=4.0, delta=None,
+                        clip=1.0, fleet=fleet_blocks(str(fleet)), accountant="rdp")
+    assert (plan["rate"], plan["rounds"], plan["fleet"]) == (0.05, 50, "fleet")  # from the fleet file
+    blocks = {b["block"]: b for b in plan["blocks"]}
+    assert {b: blocks[b]["devices"] for b in blocks} == {"fc1": 3000, "fc2": 3000, "fc3": 10000, "head": 10000}
+    assert blocks["fc1"]["cohort"] == pytest.approx(150) and blocks["head"]["cohort"] == pytest.approx(500)
+    assert blocks["fc1"]["mean_stddev"] / blocks["head"]["mean_stddev"] == pytest.approx(500 / 150)
+    splits = {s["split"]: s for s in plan["splits"]}
+    assert (splits[0]["devices"], splits[2]["devices"]) == (3000, 7000)  # the fleet's 30/70, scaled to 10,000
+    assert splits[0]["epsilon"] == pytest.approx(plan["epsilon"]) and splits[2]["epsilon"] < plan["epsilon"]
+    assert plan["refusals"] == [] and json.loads(json.dumps(plan)) == plan
+
+
+def test_plans_that_cannot_work_are_refused_in_one_line(tmp_path: Path) -> None:
+    out = edgetrain("--devices", "1000", "--rate", "1", "--rounds", "1000", "--target-epsilon", "0.05")
+    assert out.returncode == 1
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("edgetrain dp-plan: target epsilon 0.05 cannot be reached in 1000 rounds at rate 1")
+    assert "Traceback" not in out.stderr
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET.replace("fraction = 0.05", "fraction = 0.1"))  # 100 devices: 10 a round, 3 of them strong
+    small = edgetrain("--blocks-from-fleet", str(fleet), "--target-epsilon", "8", "--accountant", "rdp")
+    assert small.returncode == 1
+    assert small.stderr.splitlines()[0].startswith(
+        "edgetrain dp-plan: block fc1 expects 3 devices per round, under the 10 a noised mean needs")
+    # The plan is printed for people first: the multiplier, the table per block and per split, the refusals.
+    assert "noise multiplier" in small.stdout and "per coordinate of the mean update" in small.stdout
+    assert "fc1" in small.stdout and "Per split" in small.stdout and "refused:" in small.stdout
+
+    delta = edgetrain("--devices", "100", "--rate", "0.5", "--rounds", "10", "--target-epsilon", "8", "--delta", "0.05")
+    assert delta.returncode == 1 and "delta 0.05 is not below 1/N = 0.01" in delta.stderr
