@@ -55,14 +55,14 @@ def test_an_update_landing_while_the_round_aggregates_is_late(tmp_path: Path) ->
         orch, server = await start_orchestrator(_config(tmp_path), lambda kind, data: events.append((kind, data)))
         loop = asyncio.get_running_loop()
         closing, release = asyncio.Event(), threading.Event()
-        check_state = orch.loop.check_state
+        check_state = orch.loop.checks.check_state
 
         def held(state):  # runs in a worker thread once the round has stopped waiting and aggregated
             loop.call_soon_threadsafe(closing.set)
             release.wait(30)
             return check_state(state)
 
-        orch.loop.check_state = held
+        orch.loop.checks.check_state = held
         url = f"ws://127.0.0.1:{orch.port}"
         now = asyncio.Event()
         now.set()
