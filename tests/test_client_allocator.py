@@ -19,6 +19,7 @@ import pytest
 from edge_sdk.memory import KEEP_HEADROOM, _libc, may_keep_freed_buffers
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
+from tests.factories import server_config
 
 needs_glibc = pytest.mark.skipif(_libc() is None, reason="no glibc-style allocator controls on this C library")
 
@@ -160,9 +161,8 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
             if kind in ("round_start", "round_end"):
                 held[(kind, data["round"])] = orch.loop.heap.held
 
-        orch, server = await start_orchestrator(ServerConfig(
-            model="tiny", eval_data="synthetic", store_dir=tmp_path / "s", rounds=3, min_devices=2, local_steps=1,
-            wait_devices_s=60, deadline_s=120), on_event)
+        orch, server = await start_orchestrator(server_config(tmp_path / "s", rounds=3, min_devices=2, local_steps=1,
+                                                              wait_devices_s=60, deadline_s=120), on_event)
         await asyncio.sleep(0.3)
         waiting = orch.loop.heap.held  # no device yet: the first round waits for two
         devices = []

@@ -19,11 +19,12 @@ from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 
 def _config(tmp_path: Path) -> ServerConfig:
-    return ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=tmp_path / "store",
-                        deadline_s=60, straggler_policy="grace", straggler_grace_s=0.0)
+    return server_config(tmp_path / "store", min_devices=2, deadline_s=60, straggler_policy="grace",
+                         straggler_grace_s=0.0)
 
 
 async def _device(url: str, orch, device_id: str, ready: asyncio.Event, seed: int) -> list[p.Message]:
