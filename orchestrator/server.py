@@ -91,11 +91,7 @@ class Orchestrator:
                                        current_round=self._round_number, close=self._close, emit=emit)
         evaluator, heap = Evaluator(config, self.model), RoundHeap()
         start = start_run(config, self.store, self.strategy.name, self.model)
-        # Report intake, from an upload's first byte to the fold: chosen here, once (docs/architecture.md).
-        self.intake: ReportIntake = PlainIntake(
-            config, self.model, self.strategy, self.store, reference=ReferenceUpdate(config, self.model, evaluator, heap),
-            uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=emit),
-            check_revoked=self.revocations.check, limits=self.limits)
+        self.intake = self.report_intake(evaluator, heap)
         self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
                               start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
                               emit=emit)
@@ -107,6 +103,16 @@ class Orchestrator:
             from orchestrator.web import WebSite
 
             self.web = WebSite(self)
+
+    def report_intake(self, evaluator: Evaluator, heap: RoundHeap) -> ReportIntake:
+        """Report intake, from an upload's first byte to the fold: the one place it is chosen
+        (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
+        bound measures them against the server's own update on ``evaluator``'s held-out data."""
+        config = self.config
+        return PlainIntake(config, self.model, self.strategy, self.store,
+                           reference=ReferenceUpdate(config, self.model, evaluator, heap),
+                           uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
+                           check_revoked=self.revocations.check, limits=self.limits)
 
     def _emit(self, kind: str, data: dict) -> None:
         self.on_event(kind, data)
