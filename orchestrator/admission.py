@@ -17,7 +17,6 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from types import MappingProxyType
 
@@ -27,7 +26,6 @@ from websockets.asyncio.server import ServerConnection
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, parse_proof, verify_proof
 from edge_sdk.models import LayeredModel
-from edge_sdk.transport import Channel
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import data_mismatch
 from orchestrator.store import Store
@@ -35,7 +33,7 @@ from orchestrator.strategies import DeviceInfo, Strategy
 from orchestrator.strategies.base import HelloContext
 from profiles.planner import Plan
 
-__all__ = ["Admission", "MAX_BUDGET_BYTES", "Session", "check_hello_bounds", "check_hello_data", "device_info", "model_context",
+__all__ = ["Admission", "MAX_BUDGET_BYTES", "check_hello_bounds", "check_hello_data", "device_info", "model_context",
            "parse_hello_ext", "plan_summary"]
 
 log = logging.getLogger("edgetrain.server")
@@ -44,23 +42,6 @@ log = logging.getLogger("edgetrain.server")
 MAX_BUDGET_BYTES = 1 << 40  # 1 TiB: more is no device's app budget
 MAX_LABELS, MAX_LABEL_CHARS = 32, 256
 MAX_RUNTIMES = 8
-
-
-@dataclass
-class Session:
-    """A connected device: its hello, its plan, what strategies see of it, and its channel."""
-
-    device_id: str
-    channel: Channel
-    hello: p.Hello
-    plan: Plan
-    info: DeviceInfo
-    enrolled_samples: int | None = None  # fixed at enrollment, when the device has a credential
-    revoked: bool = False  # its credential was revoked while connected: nothing it sends is taken
-
-    @property
-    def ws(self) -> ServerConnection:
-        return self.channel.ws
 
 
 def check_hello_bounds(hello: p.Hello) -> None:
@@ -149,7 +130,8 @@ class Admission:
     def __init__(self, config: ServerConfig, store: Store) -> None:
         self.config = config
         self.store = store
-        self.open = [0, 0]  # connections open, of which still to say hello
+        self.connections = 0  # open
+        self.pending = 0  # of which still to say hello
         self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
         # The replay cache lives in the store too: a proof captured before a restart stays refused.
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
@@ -162,9 +144,9 @@ class Admission:
 
     def over_capacity(self) -> str | None:
         """Why a new connection cannot be taken now (connections held, or still to say hello), if so."""
-        if self.open[0] >= self.config.max_connections:
+        if self.connections >= self.config.max_connections:
             return f"the server holds its maximum of {self.config.max_connections} connections; retry later"
-        if self.open[1] >= self.config.max_pending_hellos:
+        if self.pending >= self.config.max_pending_hellos:
             return "too many connections are still to say hello; retry later"
         return None
 
@@ -183,11 +165,21 @@ class Admission:
         """Count a new connection (still to say hello); why it must go, if over capacity (a burst
         admitted together may overshoot the caps)."""
         reason = self.over_capacity()
-        self.open[0] += 1
-        self.open[1] += 1
+        self.connections += 1
+        self.pending += 1
         if reason is not None:
             self.note_refusal(reason)
         return reason
+
+    def hello_done(self) -> None:
+        """A counted connection said hello (or gave up before it): it is no longer pending."""
+        self.pending -= 1
+
+    def disconnect(self, *, pending: bool) -> None:
+        """A counted connection closed; ``pending``: before :meth:`hello_done` was called for it."""
+        self.connections -= 1
+        if pending:
+            self.hello_done()
 
     def note_refusal(self, reason: str) -> None:
         """Count a connection turned away for capacity; logged at most every 10 s, not per connection."""

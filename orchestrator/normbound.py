@@ -3,10 +3,11 @@
 A device's update is split by block (the model's layer groups: what partial training hands out
 whole). Each block's norm is bounded by ``norm_bound`` times a reference for that block, the larger of:
 
-- the norm of the server's own reference update of that block, computed every round: the global
-  model trained from the round's state on the server's held-out data with the round's learning
-  rate, local steps and batch size (Cao et al., 2021, "FLTrust", Section 4.2: client updates are
-  normalised to the magnitude of an update the server computes on a small root dataset it holds).
+- the norm of the server's own reference update of that block (:mod:`orchestrator.reference`),
+  computed every round: the global model trained from the round's state on the server's held-out
+  data with the round's learning rate, local steps and batch size (Cao et al., 2021, "FLTrust",
+  Section 4.2: client updates are normalised to the magnitude of an update the server computes on
+  a small root dataset it holds).
   It exists before any history, so round 1, and blocks only one device trains, are bounded too,
   and it follows the norms' change from round to round (they grow early in training);
 - the median norm of earlier rounds' accepted updates at the same block **and split**, once they
@@ -28,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from orchestrator.config import ServerConfig
+from orchestrator.parts import Reference
 from orchestrator.store import Store
 
 __all__ = ["HISTORY", "MIN_PEERS", "Bounded", "NormBound", "block_norms", "update_norm"]
@@ -46,9 +48,6 @@ log = logging.getLogger("edgetrain.server")
 HISTORY = 200
 #: Distinct devices whose norms a history median needs: with 3, one hostile device is a minority.
 MIN_PEERS = 3
-
-Reference = Callable[[Mapping[str, np.ndarray], int], dict[str, np.ndarray]]
-
 
 def update_norm(tensors: Mapping[str, object]) -> float:
     """L2 norm of an update's float tensors (row-sparse ones over their rows)."""
@@ -79,7 +78,7 @@ class Bounded:
     """What the bound did to one update: the tensors to fold, the blocks it clipped (block name ->
     the factor its delta was multiplied by) and, with ``reject``, why it is refused."""
 
-    tensors: dict
+    tensors: Mapping[str, object]
     clipped: dict[str, float] = field(default_factory=dict)
     refusal: str | None = None
 
@@ -135,7 +134,7 @@ class NormBound:
                 break
         return (best, which) if best > 0 else (math.inf, "no reference")
 
-    def bound(self, device: str, split: int, tensors: dict) -> Bounded:
+    def bound(self, device: str, split: int, tensors: Mapping[str, object]) -> Bounded:
         """Clip (or refuse) ``tensors`` block by block against :meth:`reference` x ``norm_bound``."""
         if not self.enabled or not tensors:
             return Bounded(tensors)

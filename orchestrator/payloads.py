@@ -16,7 +16,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,8 +26,8 @@ from edge_sdk.models import LayeredModel
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Session
 from orchestrator.config import ServerConfig
+from orchestrator.parts import Payload, Prepared, Session, Work
 from orchestrator.planning import Planning
 from orchestrator.selection import Selection
 from orchestrator.strategies import Broadcast, Instruction, Strategy
@@ -36,40 +36,7 @@ from profiles.accounting import ModelCost
 from profiles.planner import Plan
 from profiles.runtime import RUNTIMES
 
-__all__ = ["FetchLimits", "Payload", "Payloads", "Prepared", "Work", "chunk_ranges", "exceeds_rows", "model_at",
-           "selection_rows", "state_version"]
-
-
-@dataclass
-class Work:
-    """One instruction out in the current round: what the strategy asked and what went on the wire."""
-
-    instruction: Instruction
-    selection: Selection
-    wire: p.Instruction
-    names: tuple[str, ...]  # state entries of the selected tail
-
-    @property
-    def payload_ids(self) -> tuple[str, ...]:
-        """Every payload the instruction names: chunks, model, broadcast and training graph."""
-        graph = self.wire.config.get(p.TRAIN_GRAPH_KEY)
-        extra = tuple(str(i) for i in (self.wire.broadcast_id, graph) if i)
-        return (*self.wire.chunk_ids, self.wire.model_id, *extra)
-
-
-@dataclass(frozen=True)
-class Payload:
-    """One encoded payload of the round: sent to every device that fetches its id, hashed once."""
-
-    kind: str  # chunk | model | broadcast | train_graph
-    data: bytes
-    sha256: str
-    meta: dict[str, p.Scalar] = field(default_factory=dict)
-
-
-#: One prepared instruction: ``(None, ins, None)`` for a device gone, ``(session, ins, None)`` for
-#: one whose budget (or runtime) cannot take it, else the work to send.
-Prepared = tuple[Session | None, Instruction, Work | None]
+__all__ = ["FetchLimits", "Payloads", "chunk_ranges", "exceeds_rows", "model_at", "selection_rows", "state_version"]
 
 
 def state_version(state: Mapping[str, np.ndarray]) -> str:
@@ -165,6 +132,10 @@ class Payloads:
         (within ``chunk_disk_bytes``) and the next version's are exported into memory anew."""
         self.cache.clear()
 
+    def prune_disk(self, max_bytes: int) -> None:
+        """Chunks of past versions are never asked for again: keep the chunks on disk within a byte budget."""
+        self.cache.prune_disk(max_bytes)
+
     def model_for(self, version: str, state: Mapping[str, np.ndarray]) -> LayeredModel:
         """The model the chunks of ``version`` export from (built once per version)."""
         with self._lock:
@@ -225,7 +196,7 @@ class Payloads:
             config={"seed": self.config.seed * 100_003 + round_no,
                     **({} if self.config.loss_after else {"loss_after": False}), **dict(ins.config), **extra},
         )
-        return Work(ins, selection, wire, names)
+        return Work(ins, selection, wire, names, len(self.by_id[wire.model_id].data))
 
     def _affordable(self, session: Session, selection: Selection, ranges: list[tuple[int, int]],
                     other: SelectionCost | None) -> bool:

@@ -12,35 +12,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
 
 from edge_sdk import protocol as p
-from orchestrator.admission import Admission, Session
 from orchestrator.config import ServerConfig
+from orchestrator.parts import Emit, Session
 from orchestrator.store import Store
-
-if TYPE_CHECKING:
-    from orchestrator.roundloop import RoundLoop
 
 __all__ = ["Revocations"]
 
 log = logging.getLogger(__name__)
 
 Close = Callable[[object, str, str], Awaitable[None]]
+#: Journal a connection ended for cause: (device, kind, reason, round) (``Admission.note_closure``).
+NoteClosure = Callable[[str, str, str, "int | None"], None]
 
 
 class Revocations:
     """Closes revoked devices' connections and refuses their reports."""
 
-    def __init__(self, config: ServerConfig, store: Store, sessions: dict[str, Session], admission: Admission,
-                 loop: "RoundLoop", close: Close, emit: Callable[[str, dict], None]) -> None:
-        self.config, self.store, self.sessions, self.admission = config, store, sessions, admission
-        self.loop, self.close, self.emit = loop, close, emit
-
-    def _round(self) -> int | None:
-        rs = self.loop.round
-        return None if rs is None else rs.round
+    def __init__(self, config: ServerConfig, store: Store, sessions: Mapping[str, Session], *,
+                 note_closure: NoteClosure, current_round: Callable[[], int | None], close: Close,
+                 emit: Emit) -> None:
+        self.config, self.store, self.sessions = config, store, sessions
+        self.note_closure, self._round, self.close, self.emit = note_closure, current_round, close, emit
 
     async def watch(self) -> None:
         """Poll the store for credentials revoked since the server started (runs until cancelled)."""
@@ -69,7 +64,7 @@ class Revocations:
         if session is None or session.revoked:
             return
         session.revoked = True
-        self.admission.note_closure(device_id, "revoked", "credential revoked while connected", self._round())
+        self.note_closure(device_id, "revoked", "credential revoked while connected", self._round())
         self.emit("revoked", {"device": device_id})
         await self.close(session.ws, "unauthorized", "this device's credential was revoked")
 
@@ -78,6 +73,5 @@ class Revocations:
         if session.revoked or (self.config.require_credentials
                                and (self.store.credential(session.device_id) or {}).get("revoked") is not None):
             session.revoked = True
-            self.admission.note_closure(session.device_id, "revoked", "report refused: credential revoked",
-                                        self._round())
+            self.note_closure(session.device_id, "revoked", "report refused: credential revoked", self._round())
             raise p.ProtocolError("unauthorized", "this device's credential was revoked")

@@ -2,14 +2,15 @@
 
 One round (docs/architecture.md, "One round"): the strategy's :meth:`~Strategy.configure` chooses
 instructions over the idle devices; :meth:`RoundLoop.dispatch` has their payloads prepared
-(:mod:`orchestrator.payloads`) and sends them; each report, checked and bounded
-(:mod:`orchestrator.reports`), goes to :meth:`~Strategy.on_report` (:meth:`RoundLoop.take_report`),
-whose follow-ups are dispatched in turn; the round closes when nothing is outstanding, at its
-deadline, or when :meth:`~Strategy.round_complete` says so; :meth:`~Strategy.aggregate` gives the
-new state, which is committed only if it passes :meth:`RoundLoop.check_state` and its validation
-loss did not jump (:mod:`orchestrator.validation`); else the round runs again from the last good
-state (``round_retries`` times, then it is journaled as failed). Each update is bounded in norm per
-layer group before the strategy sees it (:mod:`orchestrator.normbound`).
+(:mod:`orchestrator.payloads`) and sends them; each report is taken in by report intake
+(:mod:`orchestrator.intake`: received, checked, bounded and folded by :meth:`~Strategy.on_report`),
+and its follow-ups are dispatched in turn (:meth:`RoundLoop.take_report`); the round closes when
+nothing is outstanding, at its deadline, or when :meth:`~Strategy.round_complete` says so; the
+aggregate (:meth:`ReportIntake.aggregate`) gives the new state, which is committed only if it
+passes its checks (:class:`~orchestrator.validation.CommitCheck`: finite, its chunks export, its
+validation loss did not jump); else the round runs again from the last good state
+(``round_retries`` times, then it is journaled as failed). Between rounds the heap is kept or
+handed back (:mod:`orchestrator.heap`); where the rounds begin is :mod:`orchestrator.resume`'s.
 """
 
 from __future__ import annotations
@@ -18,34 +19,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
-import torch
 from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
-from edge_sdk.memory import KeptHeap, release_memory, rss_bytes
 from edge_sdk.models import LayeredModel
-from edge_sdk.trainer import train_tail
-from edge_sdk.training import TrainConfig
-from orchestrator.admission import Session
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
-from orchestrator.normbound import NormBound
-from orchestrator.payloads import Payloads, Work, model_at
-from orchestrator.reports import Reports, report_info
+from orchestrator.heap import RoundHeap
+from orchestrator.intake import ReportIntake
+from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
+from orchestrator.payloads import Payloads
 from orchestrator.rounds import RoundState
 from orchestrator.store import Store
-from orchestrator.strategies import DeviceReport, Instruction, Refused, RoundContext, RoundResult, Strategy
-from orchestrator.validation import RoundValidation
+from orchestrator.strategies import Instruction, RoundContext, RoundResult, Strategy
+from orchestrator.validation import CommitCheck
 
 __all__ = ["RoundLoop", "role_counts"]
 
 log = logging.getLogger("edgetrain.server")
-
-Send = Callable[[Session, p.Message], Awaitable[None]]
 
 
 def role_counts(sessions: Mapping[str, Session], reported: set[str]) -> dict[str, int]:
@@ -57,67 +52,25 @@ def role_counts(sessions: Mapping[str, Session], reported: set[str]) -> dict[str
     return counts
 
 
-#: How much a server keeping its heap between back-to-back rounds may grow past its size after the
-#: last trim before the end of a round trims again (RoundLoop._trim_after_round).
-ROUND_HEAP_SLACK = 64 << 20
-
-
 class RoundLoop:
     """The rounds, their bookkeeping and the global state; devices are reached through ``send``."""
 
     def __init__(self, config: ServerConfig, strategy: Strategy, store: Store, template: LayeredModel,
-                 sessions: Mapping[str, Session], payloads: Payloads, reports: Reports, *, send: Send,
-                 emit: Callable[[str, dict], None]) -> None:
+                 sessions: Mapping[str, Session], payloads: Payloads, intake: ReportIntake, *, start: RunStart,
+                 evaluator: Evaluator, heap: RoundHeap, traffic: Traffic, send: Send, emit: Emit) -> None:
         self.config, self.strategy, self.store, self.template = config, strategy, store, template
-        self.sessions, self.payloads, self.reports = sessions, payloads, reports
+        self.sessions, self.payloads, self.intake = sessions, payloads, intake
+        self.heap, self.traffic = heap, traffic
         self.send, self.emit = send, emit
-        self.evaluator = Evaluator(config, template)
-        # The server's own torch work (the reference update, the chunks' check, validation, evaluation)
-        # reuses freed buffers while it runs: with a mapping per buffer (the server's setting, so its
-        # memory stays flat) every activation is faulted in anew, 3x a ResNet20 evaluation's time.
-        self.kept_heap = KeptHeap()
-        self._heap_held = False  # kept across back-to-back rounds (_round_heap)
-        self._trimmed_rss: int | None = None  # the resident size after the last trim (_trim_after_round)
-        self.validator = self.evaluator.subset(config.validation_samples, config.seed)
-        self.global_state = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
-        self.start_round = 1
-        self.history: list[dict] = []
+        self.checks = CommitCheck(config, template, strategy, payloads, sessions, evaluator, heap)
+        self.global_state = start.state
+        self.start_round = start.round
+        self.history: list[dict] = start.history
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
         self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         self.changed = asyncio.Event()
-        self.bytes = [0, 0]  # sent, received this round
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
-        self.prepare_store()
-        self.norms = NormBound(config, template, store, self.reference_update)
-        self.validation = RoundValidation(config.max_loss_rise)
-
-    # -- persistence ----------------------------------------------------------------------------
-    def prepare_store(self) -> None:
-        """Check the store belongs to this run; with ``resume``, continue after its last round."""
-        identity = {"model": self.config.model, "strategy": self.strategy.name, "seed": str(self.config.seed)}
-        if self.config.resume:
-            for key, value in identity.items():
-                stored = self.store.get_meta(key)
-                if stored is not None and stored != value:
-                    raise ValueError(f"--resume: the store at {self.config.store_dir} was a run with {key}={stored}, "
-                                     f"not {value}")
-            last = self.store.last_completed()
-            if last is not None:
-                done, state = last
-                missing = set(self.global_state) - set(state)
-                if missing:
-                    raise ValueError(f"checkpoint of round {done} lacks {sorted(missing)[:3]}")
-                self.global_state = {k: np.asarray(state[k]).copy() for k in self.global_state}
-                self.start_round = done + 1
-                self.history = [r.get("metrics", {}) for r in self.store.rounds() if r.get("metrics")]
-                log.info("resuming after round %d", done)
-        elif any(r["complete"] for r in self.store.rounds()):
-            raise ValueError(
-                f"{self.config.store_dir} already holds a run; pass --resume to continue it or choose a fresh --store"
-            )
-        for key, value in identity.items():
-            self.store.set_meta(key, value)
 
     # -- devices --------------------------------------------------------------------------------
     def idle(self) -> list[str]:
@@ -149,51 +102,23 @@ class RoundLoop:
             while r <= self.config.rounds:
                 needed = self.config.min_devices if r == self.start_round and not attempt else 1
                 if self.idle_count() < needed or (start is not None and not start.is_set()):
-                    self._round_heap(False)  # about to wait: the kept buffers go back to the OS first
+                    self.heap.keep(False)  # about to wait: the kept buffers go back to the OS first
                 await self.wait_for_devices(needed)
                 if start is not None:
                     await start.wait()
-                self._round_heap(True)
+                self.heap.keep(True)
                 if await self.run_round(r, attempt=attempt, last_try=attempt >= self.config.round_retries):
                     r, attempt = r + 1, 0
                 else:
                     attempt += 1
         finally:
-            self._round_heap(False)
-
-    def _trim_after_round(self) -> None:
-        """The round's payloads and reports are gone: hand their heap back to the OS, unless the
-        heap is kept for the next round and the process has grown less than
-        :data:`ROUND_HEAP_SLACK` since the last trim (what a steady run keeps is one round's
-        buffers; exports and checks of new chunks leave freed memory the next round may not fit
-        in, and that is handed back)."""
-        if self._heap_held:
-            rss = rss_bytes()
-            if self._trimmed_rss is not None and rss <= self._trimmed_rss + ROUND_HEAP_SLACK:
-                return
-        release_memory()
-        self._trimmed_rss = rss_bytes() if self._heap_held else None
-
-    def _round_heap(self, keep: bool) -> None:
-        """Keep the freed buffers of one round for the next while rounds follow back to back, or hand
-        them back (when the server waits, and when it stops). A round's receive buffers are live at
-        once (its devices upload together) and, trimmed at every round's end, were faulted in anew
-        each round: 9,000 page faults a round of ten mnist_cnn reports, about 3.6 us each. Rounds
-        of one run reuse buffers of the same sizes, so what is kept is about one round's working set,
-        and never more than :data:`ROUND_HEAP_SLACK` of growth (:meth:`_trim_after_round`)."""
-        if keep and not self._heap_held:
-            self.kept_heap.acquire()
-        elif not keep and self._heap_held:
-            self.kept_heap.release()
-        self._heap_held = keep
-        if not keep:
-            self._trimmed_rss = None
+            self.heap.keep(False)
 
     async def run_round(self, r: int, *, attempt: int = 0, last_try: bool = True) -> bool:
         """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         rs, ctx = self._open(r, attempt)
-        await asyncio.to_thread(self.norms.begin_round, self.global_state, r)
+        await asyncio.to_thread(self.intake.begin_round, self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
@@ -203,14 +128,13 @@ class RoundLoop:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
-        result = self.strategy.aggregate(ctx)
+        result = self.intake.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
-        failure = await asyncio.to_thread(self.check_state, candidate)
+        failure = await asyncio.to_thread(self.checks.check_state, candidate)
         scored: dict[str, float] = {}
         if failure is None:
-            failure, scored = await asyncio.to_thread(self.validate, candidate)
-        self._journal_capped(r, result)
+            failure, scored = await asyncio.to_thread(self.checks.validate, candidate, self.global_state)
         if failure is None:
             self.global_state = candidate
         else:
@@ -220,7 +144,7 @@ class RoundLoop:
         self.round = self.ctx = None
         self.payloads.clear()
         self.work = {}
-        self.reports.partial.clear()
+        self.intake.end_round()
         metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by}
         if failure is not None and not last_try:
             self.retried.append(failure)
@@ -248,7 +172,8 @@ class RoundLoop:
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
         self.payloads.begin(self.global_state)
-        self.work, self.bytes = {}, [0, 0]
+        self.work = {}
+        self.traffic.restart()
         rs = RoundState(r, deadline=time.monotonic() + self.config.deadline_s, quorum=self.config.quorum)
         ctx = RoundContext(
             round=r, global_state=MappingProxyType(self.global_state),
@@ -265,7 +190,7 @@ class RoundLoop:
             "round": rs.round, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
             "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
             "roles": role_counts(self.sessions, rs.reported("train") or reported),
-            "bytes_sent": self.bytes[0], "bytes_received": self.bytes[1],
+            "bytes_sent": self.traffic.sent, "bytes_received": self.traffic.received,
             # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
             **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
                                  ("loss_steps", result.mean_loss_steps)) if v is not None},
@@ -281,9 +206,7 @@ class RoundLoop:
         eval_s = eval_cpu = 0.0
         if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
             te, tc = time.monotonic(), time.process_time()
-            state = self.global_state
-            reuse = scored if self.validator is self.evaluator else {}  # validation scored the whole set
-            metrics.update(reuse or await asyncio.to_thread(self._score, self.evaluator, state))
+            metrics.update(await asyncio.to_thread(self.checks.evaluation, self.global_state, scored))
             eval_s, eval_cpu = time.monotonic() - te, time.process_time() - tc
         metrics.update({
             "round_wall_s": time.monotonic() - t0,
@@ -294,72 +217,14 @@ class RoundLoop:
             "server_cpu_s": time.process_time() - cpu0 - eval_cpu,
         })
         if "failed" not in metrics:
-            self.norms.commit(r)
-            self.validation.committed(scored)
+            self.intake.commit(r)
+            self.checks.committed(scored)
         self.store.complete_round(r, self.global_state, metrics)
-        self._trim_after_round()
-        # Chunks of past versions are never asked for again: the store on disk keeps a byte budget.
-        await asyncio.to_thread(self.payloads.cache.prune_disk, self.config.chunk_disk_bytes)
+        self.heap.trim_after_round()
+        await asyncio.to_thread(self.payloads.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
         self.retried = []
         self.emit("round_end", metrics)
-
-    def _score(self, evaluator: Evaluator, state: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """``evaluator``'s scores of the model at ``state`` (blocking)."""
-        with self.kept_heap:
-            return evaluator.evaluate(model_at(self.template, state))
-
-    def check_state(self, state: dict[str, np.ndarray]) -> str | None:
-        """None if ``state`` may become the global model, else why not: every value finite, and
-        the frozen chunks the connected devices will need export and verify against torch (they
-        are then cached for the next round). Checked before the checkpoint is written, so a
-        resumed server never starts from a state that cannot be served."""
-        for name, value in state.items():
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
-                return f"non-finite values in {name}"
-        ranges = sorted({(int(a), int(b)) for s in list(self.sessions.values()) for a, b in s.plan.chunks})
-        if not ranges or not self.strategy.sends_chunks:  # width reduction sends none
-            return None
-        with self.kept_heap:  # torch exports and runs the chunks
-            return self.payloads.check_chunks(state, ranges)
-
-    def validate(self, state: dict[str, np.ndarray]) -> tuple[str | None, dict[str, float]]:
-        """Score ``state`` on the validation samples (blocking): (why it may not be committed, or None;
-        its scores). The committed model is scored first if it has not been (round 1, --resume)."""
-        if not self.validation.enabled:
-            return None, {}
-        try:
-            if self.validation.loss is None:
-                self.validation.committed(self._score(self.validator, self.global_state))
-            scored = self._score(self.validator, state)
-        except (RuntimeError, ValueError) as exc:  # held-out data the model cannot take: no validation
-            log.warning("round validation is off: the model cannot be scored on --data (%s)", exc)
-            self.validation.max_rise = 0.0
-            return None, {}
-        return self.validation.judge(scored), scored
-
-    def reference_update(self, state: Mapping[str, np.ndarray], round: int) -> dict[str, np.ndarray]:
-        """The server's own update of the whole model from ``state``, trained on its held-out data
-        with the round's settings: the norm reference of layer groups without history
-        (:mod:`orchestrator.normbound`; FLTrust's root-dataset update, Cao et al., 2021)."""
-        c = self.config
-        config = TrainConfig(local_steps=c.local_steps, batch_size=c.batch_size, lr=c.lr_at(round),
-                             momentum=c.momentum, weight_decay=c.weight_decay, seed=c.seed + round, eval_samples=64,
-                             threads=torch.get_num_threads())
-        x, y = self.evaluator.x, self.evaluator.y
-        with self.kept_heap:
-            return train_tail(model_at(self.template, state), 0, x, y, config).deltas
-
-    def _journal_capped(self, r: int, result: RoundResult) -> None:
-        """Mark the reports the weight cap reduced as such in the journal."""
-        capped = result.extra.get("weight_capped")
-        if not isinstance(capped, dict) or not capped:
-            return
-        for row in self.store.updates(r):
-            if row["device_id"] in capped and row.get("accepted"):
-                info = {k: v for k, v in row.items() if k not in ("round", "device_id", "phase", "received")}
-                bounded = {**(info.get("bounded") or {}), "weight_kept": capped[row["device_id"]]}
-                self.store.record_update(r, row["device_id"], {**info, "bounded": bounded}, phase=row["phase"])
 
     # -- instructions ---------------------------------------------------------------------------
     async def dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
@@ -407,6 +272,10 @@ class RoundLoop:
         await self.send(session, p.Instruction(**{**work.wire.__dict__,
                                                   "deadline_s": max(0.0, rs.deadline - time.monotonic())}))
 
+    def work_of(self, device_id: str) -> list[Work]:
+        """The instructions out to ``device_id`` this round."""
+        return list(self.work.get(device_id, {}).values())
+
     def resend(self, session: Session) -> list[Work]:
         """The work a device that came back this round still owes (after a reconnect)."""
         rs = self.round
@@ -415,8 +284,21 @@ class RoundLoop:
         return [w for w in self.work.get(session.device_id, {}).values() if rs.expects(session.device_id, w.wire.phase)]
 
     # -- reports --------------------------------------------------------------------------------
-    async def take_report(self, session: Session, msg: p.Report, tensors: dict) -> None:
-        """Check a report against the instruction it answers, hand it to the strategy, ack, dispatch follow-ups."""
+    async def take_report(self, session: Session, msg: p.Report) -> None:
+        """A report from a device: taken in by report intake (its upload received and decoded),
+        then folded if this round awaits it. A report that breaks the protocol is journaled
+        (:meth:`journal_refusal`) and its error raised: the device is disconnected."""
+        work = self.work.get(session.device_id, {}).get(msg.phase)
+        try:
+            tensors = await self.intake.receive(session, msg, work, self.round)
+            await self._fold(session, msg, tensors)
+        except p.ProtocolError as exc:  # too large, a broken checksum, garbage, NaN/Inf, ...: journaled
+            self.journal_refusal(session.device_id, msg, exc)
+            raise
+
+    async def _fold(self, session: Session, msg: p.Report, tensors: Mapping[str, object]) -> None:
+        """Fold a received report into the round (report intake checks, bounds and hands it to the
+        strategy), journal it, ack it and dispatch its follow-ups; a late one is only acked."""
         rs, ctx = self.round, self.ctx
         work = self.work.get(session.device_id, {}).get(msg.phase)
         if rs is None or ctx is None or msg.round != rs.round or work is None \
@@ -424,18 +306,16 @@ class RoundLoop:
             await self.send(session, p.Ack(msg.round, False, "late: the round is closed", msg.phase))
             self.emit("late", {"device": session.device_id, "round": msg.round, "phase": msg.phase})
             return
-        self.reports.check(msg, work, tensors, self.global_state)  # raises: journaled by journal_refusal
-        report, follow, accepted, reason, bounded = self._fold(session, msg, work, tensors, ctx)
-        rs.on_report(session.device_id, msg.phase, accepted)
-        for ins in follow:  # entered before any await: the round is not settled while they are prepared
+        folded = self.intake.fold(session, msg, work, tensors, ctx)  # raises: journaled by journal_refusal
+        rs.on_report(session.device_id, msg.phase, folded.accepted)
+        for ins in folded.follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
-        self.store.record_update(rs.round, session.device_id, {**report_info(report), "accepted": accepted,
-                                                               "reason": reason, **bounded}, phase=msg.phase)
-        await self.send(session, p.Ack(rs.round, accepted, reason, msg.phase))
+        self.store.record_update(rs.round, session.device_id, folded.journal, phase=msg.phase)
+        await self.send(session, p.Ack(rs.round, folded.accepted, folded.reason, msg.phase))
         self.emit("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
-                             "phase": msg.phase, "accepted": accepted, "reason": reason,
+                             "phase": msg.phase, "accepted": folded.accepted, "reason": folded.reason,
                              "reported": rs.num_reported(), "selected": rs.num_selected})
-        await self.dispatch(follow, issued=True)
+        await self.dispatch(folded.follow, issued=True)
         self.changed.set()
 
     def journal_refusal(self, device_id: str, msg: p.Report, exc: p.ProtocolError) -> None:
@@ -454,44 +334,32 @@ class RoundLoop:
         self.emit("rejected", {"device": device_id, "round": rs.round, "refusal": exc.code, "reason": exc.message})
         self.changed.set()
 
-    def _fold(self, session: Session, msg: p.Report, work: Work, tensors: dict,
-              ctx: RoundContext) -> tuple[DeviceReport, Sequence[Instruction], bool, str, dict]:
-        """Bound a checked report and hand it to the strategy: (report, follow-ups, accepted, reason,
-        what the bounds changed, for the journal: ``{"bounded": {...}}`` or nothing)."""
-        # Bounded influence: the weight is at most the sample count registered for the device.
-        samples = min(msg.num_samples, self.reports.registered_samples(session))
-        bound = self.norms.bound(session.device_id, work.selection.split, tensors)
-        changed: dict[str, object] = {}
-        if bound.clipped:
-            changed["clipped"] = bound.clipped
-        if samples < msg.num_samples:
-            changed["samples"] = {"claimed": msg.num_samples, "weighed": samples}
-        report = DeviceReport(
-            device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
-            num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
-            tensors=MappingProxyType(bound.tensors), selection=work.selection,
-        )
-        try:
-            if bound.refusal is not None:
-                raise Refused(bound.refusal)
-            return report, self.strategy.on_report(report, ctx), True, "", {"bounded": changed} if changed else {}
-        except Refused as exc:
-            self.norms.discard(session.device_id)
-            log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, ctx.round, exc.reason)
-            return report, (), False, exc.reason, {}
+    # -- arrivals and departures ----------------------------------------------------------------
+    async def arrived(self, session: Session) -> None:
+        """A device was welcomed. One that drops mid-round and comes back resumes that round: the
+        upload it was sending when its connection dropped, else the work it still owes."""
+        rs = self.round
+        if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
+            rs.on_back(session.device_id)
+            resumed = await self.intake.resume(session, rs)
+            if resumed is not None:
+                await self._fold(session, *resumed)
+            else:
+                for work in self.resend(session):
+                    await self.send_instruction(session, work)
+        self.changed.set()
 
-    # -- departures -----------------------------------------------------------------------------
     async def on_disconnect(self, device_id: str) -> None:
         """A device's connection ended: its open instructions are missing, unless an upload it was
         sending was cut (then it is awaited for ``upload_resume_s`` to come back and resume)."""
         rs = self.round
-        if rs is None or not rs.expects(device_id):
-            return
-        if device_id in self.reports.partial:
-            asyncio.get_running_loop().call_later(self.config.upload_resume_s, self._give_up_upload, device_id,
-                                                  rs.round)
-            return
-        await self.gone(device_id)
+        if rs is not None and rs.expects(device_id):
+            if self.intake.holds_upload(device_id):
+                asyncio.get_running_loop().call_later(self.config.upload_resume_s, self._give_up_upload, device_id,
+                                                      rs.round)
+            else:
+                await self.gone(device_id)
+        self.changed.set()
 
     async def gone(self, device_id: str) -> None:
         rs, ctx = self.round, self.ctx
@@ -505,6 +373,6 @@ class RoundLoop:
         """The device whose upload was cut has not come back in time: stop waiting for it."""
         rs = self.round
         if rs is not None and rs.round == round and device_id not in self.sessions:
-            self.reports.partial.pop(device_id, None)
+            self.intake.drop_upload(device_id)
             asyncio.ensure_future(self.gone(device_id))
             self.changed.set()

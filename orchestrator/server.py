@@ -3,9 +3,11 @@
 This module does the I/O and wires the parts, each one job (docs/architecture.md, "The server"):
 admission and identity (:mod:`orchestrator.admission`), planning, the one owner of budget
 arithmetic (:mod:`orchestrator.planning` over :mod:`profiles.planner`), payload preparation and
-caching (:mod:`orchestrator.payloads`), report checks and bounds (:mod:`orchestrator.reports`) and
-the round loop that drives the strategy (:mod:`orchestrator.roundloop`). The session state machine
-(:mod:`edge_sdk.protocol.session`) checks every message against the conversation so far.
+caching (:mod:`orchestrator.payloads`), report intake, from an upload's first byte to the fold
+(:mod:`orchestrator.intake`, chosen here once), and the round loop that drives the strategy
+(:mod:`orchestrator.roundloop`). The parts share the records of :mod:`orchestrator.parts`. The
+session state machine (:mod:`edge_sdk.protocol.session`) checks every message against the
+conversation so far.
 """
 
 from __future__ import annotations
@@ -25,20 +27,25 @@ from edge_sdk import protocol as p
 from edge_sdk.memory import tune_allocator
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
-from edge_sdk.transport import Channel, Pace, recv_msg, recv_payload, send_msg, send_payload, server_tls, ws_options
+from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import (Admission, Session, check_hello_bounds, check_hello_data, device_info,
-                                    model_context)
+from orchestrator.admission import Admission, check_hello_bounds, check_hello_data, device_info, model_context
 from orchestrator.config import ServerConfig
+from orchestrator.evaluate import Evaluator
+from orchestrator.heap import RoundHeap
+from orchestrator.intake import PlainIntake, ReportIntake
 from orchestrator.limits import raise_fd_limit
+from orchestrator.parts import Session, Traffic
 from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
 from orchestrator.planning import Planning
-from orchestrator.reports import PartialUpload, Reports
+from orchestrator.reference import ReferenceUpdate
+from orchestrator.resume import start_run
 from orchestrator.revocation import Revocations
 from orchestrator.roundloop import RoundLoop
 from orchestrator.store import Store
+from orchestrator.uploads import Uploads
 from orchestrator.strategies import Strategy, make_strategy
 from profiles.accounting import measure_model
 from profiles.planner import Plan
@@ -77,13 +84,17 @@ class Orchestrator:
                                  selects_rows=self.strategy.selects_rows, emit=emit)
         self.admission = Admission(config, self.store)
         self.payloads = Payloads(config, self.model, self.strategy, self.planning, self.cache, self.train_graphs)
-        self.reports = Reports(config, len(self.model))
-        self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads,
-                              self.reports, send=self._send, emit=emit)
         self.pace = Pace(config.transfer_stall_s, config.transfer_min_rate, config.transfer_grace_s)
         self.fetches = FetchLimits(config.fetch_rate, config.fetch_repeats)
-        self.revocations = Revocations(config, self.store, self.sessions, self.admission, self.loop, self._close,
-                                       emit)
+        self.traffic = Traffic()
+        self.revocations = Revocations(config, self.store, self.sessions, note_closure=self.admission.note_closure,
+                                       current_round=self._round_number, close=self._close, emit=emit)
+        evaluator, heap = Evaluator(config, self.model), RoundHeap()
+        start = start_run(config, self.store, self.strategy.name, self.model)
+        self.intake = self.report_intake(evaluator, heap)
+        self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
+                              start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
+                              emit=emit)
         self.port: int | None = None
         # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
         self.process_request: Callable[..., object] = self.admission.admit
@@ -93,8 +104,22 @@ class Orchestrator:
 
             self.web = WebSite(self)
 
+    def report_intake(self, evaluator: Evaluator, heap: RoundHeap) -> ReportIntake:
+        """Report intake, from an upload's first byte to the fold: the one place it is chosen
+        (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
+        bound measures them against the server's own update on ``evaluator``'s held-out data."""
+        config = self.config
+        return PlainIntake(config, self.model, self.strategy, self.store,
+                           reference=ReferenceUpdate(config, self.model, evaluator, heap),
+                           uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
+                           check_revoked=self.revocations.check, limits=self.limits)
+
     def _emit(self, kind: str, data: dict) -> None:
         self.on_event(kind, data)
+
+    def _round_number(self) -> int | None:
+        rs = self.loop.round
+        return None if rs is None else rs.round
 
     # What other code reads of a server: the global state, the run's progress, the plans.
     @property
@@ -184,7 +209,7 @@ class Orchestrator:
             try:
                 hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
             finally:
-                self.admission.open[1] -= 1
+                self.admission.hello_done()
                 pending = False
             hello_at = time.monotonic()
             if not isinstance(hello, p.Hello):
@@ -202,15 +227,12 @@ class Orchestrator:
             log.exception("closing %s after an internal error", session.device_id if session else ws.remote_address)
             await self._close(ws, "internal", f"the server failed handling this device: {type(exc).__name__}")
         finally:
-            self.admission.open[0] -= 1
-            if pending:
-                self.admission.open[1] -= 1
+            self.admission.disconnect(pending=pending)
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 self.fetches.forget(session.device_id)
                 await self.loop.on_disconnect(session.device_id)
                 self.on_event("disconnected", {"device": session.device_id})
-                self.loop.changed.set()
 
     @staticmethod
     async def _close(ws: ServerConnection, code: str, message: str) -> None:
@@ -250,22 +272,13 @@ class Orchestrator:
         if hello_at is not None:  # hello read to welcome written: planning, journaling, queueing
             self.on_event("welcomed", {"device": session.device_id, "latency_s": time.monotonic() - hello_at})
         # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept").
-        rs = self.loop.round
-        if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
-            rs.on_back(session.device_id)
-            partial = self.reports.resumable(session.device_id, rs.round)
-            if partial is not None:
-                await self._resume_upload(session, partial)
-            else:
-                for work in self.loop.resend(session):
-                    await self.loop.send_instruction(session, work)
-        self.loop.changed.set()
+        await self.loop.arrived(session)
         while True:
             msg = await recv_msg(session.channel)
             if isinstance(msg, p.Fetch):
                 await self._on_fetch(session, msg)
             elif isinstance(msg, p.Report):
-                await self._on_report(session, msg)
+                await self.loop.take_report(session, msg)
             elif isinstance(msg, p.Bye):
                 return
             elif isinstance(msg, p.Error):  # the device gives up on an error of its own: say why, end it
@@ -298,73 +311,15 @@ class Orchestrator:
             except asyncio.TimeoutError:
                 raise p.ProtocolError("timeout", f"{msg.payload_id[:64]!r} not taken within {allowed:.0f} s") from None
         sent = len(payload.data) - msg.offset
-        self.loop.bytes[0] += sent
+        self.traffic.count_sent(sent)
         self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
                                "payload": msg.payload_id, "bytes": sent})
 
     def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
         """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""
-        named = [len(payload.data) for work in self.loop.work.get(session.device_id, {}).values()
+        named = [len(payload.data) for work in self.loop.work_of(session.device_id)
                  for payload in map(self.payloads.get, work.payload_ids) if payload is not None]
         reason = self.fetches.charge(session.device_id, round_no, nbytes, named)
         if reason is not None:
             self.admission.note_closure(session.device_id, "fetch_limit", reason, round_no)
             raise p.ProtocolError("refused", f"fetch limit: {reason}")
-
-    async def _on_report(self, session: Session, msg: p.Report) -> None:
-        try:
-            await self._take_report(session, msg)
-        except p.ProtocolError as exc:  # too large, a broken checksum, garbage, NaN/Inf, ...: journaled
-            self.loop.journal_refusal(session.device_id, msg, exc)
-            raise
-
-    async def _take_report(self, session: Session, msg: p.Report) -> None:
-        if not msg.transfer_id:
-            self.revocations.check(session)
-            await self.loop.take_report(session, msg, {})
-            return
-        begin = await recv_msg(session.channel)
-        if not isinstance(begin, p.TransferBegin) or begin.transfer_id != msg.transfer_id or begin.kind != "update":
-            raise p.ProtocolError("unexpected", "a report with tensors must be followed by their transfer")
-        bound = self._update_bound(session, msg.phase)
-        if begin.total_size > bound:
-            # Refused at its first message, before anything is allocated for it.
-            raise p.ProtocolError("too_large", f"an update of {begin.total_size} bytes, but deltas of what this "
-                                               f"device was sent take at most {bound}")
-        await self._receive_update(session, msg, begin, p.IncomingTransfer(begin, self.limits, hash_in_feed=False))
-
-    def _update_bound(self, session: Session, phase: str) -> int:
-        """The largest update the device may send for its ``phase`` instruction (Reports.update_bound)."""
-        work = self.loop.work.get(session.device_id, {}).get(phase)
-        names = self.model.state_names(session.plan.split)
-        state = self.global_state
-        return self.reports.update_bound(None if work is None else self.payloads.get(work.wire.model_id),
-                                         sum(state[n].nbytes for n in names), len(names))
-
-    async def _resume_upload(self, session: Session, partial: PartialUpload) -> None:
-        """Ask a reconnected device for the rest of the update it was sending when its connection dropped."""
-        transfer_id, offset = partial.report.transfer_id, partial.incoming.offset
-        await self._send(session, p.Resume(transfer_id, offset))
-        begin = await recv_msg(session.channel)
-        if not isinstance(begin, p.TransferBegin) or begin.transfer_id != transfer_id:
-            raise p.ProtocolError("unexpected", f"resume of {transfer_id[:64]!r} must be answered by its transfer")
-        self.on_event("upload_resumed", {"device": session.device_id, "round": partial.report.round, "offset": offset,
-                                         "total": partial.incoming.total_size})
-        await self._receive_update(session, partial.report, begin, partial.incoming)
-
-    async def _receive_update(self, session: Session, msg: p.Report, begin: p.TransferBegin,
-                              incoming: p.IncomingTransfer) -> None:
-        """Receive a report's tensors (``begin`` starts or resumes ``incoming``), then take the report."""
-        try:
-            payload = await recv_payload(session.channel, begin, self.limits, incoming=incoming, pace=self.pace)
-        except ConnectionClosed:
-            rs = self.loop.round
-            if rs is not None and msg.round == rs.round and rs.expects(session.device_id, msg.phase) \
-                    and not session.revoked:
-                self.reports.cut(session.device_id, msg, incoming)
-                self.on_event("upload_cut", {"device": session.device_id, "round": msg.round,
-                                             "offset": incoming.offset, "total": incoming.total_size})
-            raise
-        self.loop.bytes[1] += len(payload)
-        self.revocations.check(session)
-        await self.loop.take_report(session, msg, p.decode_tensors(payload, self.limits))

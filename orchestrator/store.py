@@ -333,6 +333,21 @@ class Store:
                  _dumps(info)),
             )
 
+    def mark_weight_capped(self, round: int, kept: Mapping[str, float]) -> None:
+        """Mark the accepted reports of round ``round`` whose weight the strategy's cap reduced:
+        ``kept`` is device -> the fraction of its weight it kept (``bounded.weight_kept``)."""
+        round = _round_number(round)
+        with self._lock, self._transaction():
+            rows = self._db.execute("SELECT device_id, phase, info FROM reports WHERE round = ? AND accepted = 1",
+                                    (round,)).fetchall()
+            for row in rows:
+                if row["device_id"] not in kept:
+                    continue
+                info = json.loads(row["info"])
+                info["bounded"] = {**(info.get("bounded") or {}), "weight_kept": kept[row["device_id"]]}
+                self._db.execute("UPDATE reports SET info = ? WHERE round = ? AND device_id = ? AND phase = ?",
+                                 (_dumps(info), round, row["device_id"], row["phase"]))
+
     def complete_round(self, round: int, state: Mapping[str, np.ndarray], metrics: Mapping[str, object]) -> None:
         """Write the round's checkpoint durably, then mark the round complete in the journal."""
         round = _round_number(round)

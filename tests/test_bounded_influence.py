@@ -11,6 +11,7 @@ import numpy as np
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 HONEST = {"h1": 0.01, "h2": -0.02, "h3": 0.03}
@@ -32,8 +33,8 @@ def _run(tmp_path: Path, config: ServerConfig, attacker_delta, attacker_samples:
 
 
 def test_a_sample_claim_weighs_no_more_than_the_policy_allows(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=1, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, max_device_samples=100, norm_bound=0)  # the weights alone
+    config = server_config(tmp_path / "s", min_devices=4, deadline_s=30, max_device_samples=100,
+                           norm_bound=0)  # the weights alone
     initial, final, _, history = _run(tmp_path, config, lambda n, shape: np.full(shape, 1.0, np.float32),
                                       1_000_000, claimed=10**12)
     # Every device weighs 100: the attacker's claims (10^6 at registration, 10^12 in its update)
@@ -45,8 +46,8 @@ def test_a_sample_claim_weighs_no_more_than_the_policy_allows(tmp_path: Path) ->
 
 
 def test_with_the_norm_bound_a_scaled_update_is_refused_and_journaled(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=2, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, norm_bound=3.0, norm_bound_action="reject")
+    config = server_config(tmp_path / "s", rounds=2, min_devices=4, deadline_s=30, norm_bound=3.0,
+                           norm_bound_action="reject")
     # Honest in round 1, 100x the largest honest update in round 2 (over 3x the server's reference update too).
     initial, final, acks, history = _run(tmp_path, config,
                                          lambda n, shape: np.full(shape, 0.02 if n == 0 else 3.0, np.float32), 100)
@@ -68,8 +69,8 @@ def test_a_device_alone_at_its_split_is_bounded_from_round_1(tmp_path: Path) -> 
     # head update far larger than theirs. Round 1 has no history: its head is bounded by the
     # server's own reference update; later rounds by the larger of that and the head's peers
     # (the weak devices, whose small updates do not loosen it). Its fc1 update is small and passes.
-    config = ServerConfig(model="tiny", rounds=3, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, norm_bound=2.0, norm_bound_action="reject", allow_forced_split=True)
+    config = server_config(tmp_path / "s", rounds=3, min_devices=4, deadline_s=30, norm_bound=2.0,
+                           norm_bound_action="reject", allow_forced_split=True)
 
     def strong(n: int, shape) -> np.ndarray:
         return np.full(shape, 1.0 if shape[0] == 2 else 0.001, np.float32)  # head entries: 2 outputs
@@ -94,8 +95,7 @@ def test_a_down_weighted_report_is_journaled_as_such(tmp_path: Path) -> None:
     # and claims 10^12 in its report: the claim is cut to its registered count (capped at 100,000),
     # then the cap gives it the weight of an honest device (4 contributors cannot meet a share of
     # 1/5 otherwise: they are averaged with equal weights).
-    config = ServerConfig(model="tiny", rounds=1, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, norm_bound=0)  # the weights alone
+    config = server_config(tmp_path / "s", min_devices=4, deadline_s=30, norm_bound=0)  # the weights alone
     initial, final, acks, _ = _run(tmp_path, config, lambda n, shape: np.full(shape, 1.0, np.float32),
                                    1_000_000, claimed=10**12)
     assert all(a.accepted for device_acks in acks for a in device_acks)

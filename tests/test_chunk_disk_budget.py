@@ -9,8 +9,8 @@ import numpy as np
 
 from edge_sdk.models import build_model
 from exporters.onnx_export import export_chunk
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 
@@ -20,9 +20,8 @@ def test_the_chunk_store_stays_within_its_budget(tmp_path: Path) -> None:
     budget = int(2.5 * chunk)
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=rounds, min_devices=1, eval_data="synthetic", eval_every=0,
-                              store_dir=tmp_path / "s", deadline_s=30, allow_forced_split=True,
-                              chunk_disk_bytes=budget)
+        config = server_config(tmp_path / "s", rounds=rounds, eval_every=0, deadline_s=30, allow_forced_split=True,
+                               chunk_disk_bytes=budget)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         # A weak device (block 0 frozen): every round exports a new version of chunk [0, 1).

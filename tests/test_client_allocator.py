@@ -19,6 +19,7 @@ import pytest
 from edge_sdk.memory import KEEP_HEADROOM, _libc, may_keep_freed_buffers
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
+from tests.factories import server_config
 
 needs_glibc = pytest.mark.skipif(_libc() is None, reason="no glibc-style allocator controls on this C library")
 
@@ -144,7 +145,7 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
     """The rounds of a run follow each other with buffers of the same sizes (its devices upload
     together, so a round's receive buffers are live at once): kept from one round to the next they
     are not faulted in anew each round. Waiting for devices, and once the run is over, the server
-    holds none (RoundLoop._round_heap)."""
+    holds none (RoundHeap.keep)."""
     import numpy as np
 
     from edge_sdk.cli import load_shard
@@ -158,20 +159,19 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
 
         def on_event(kind: str, data: dict) -> None:
             if kind in ("round_start", "round_end"):
-                held[(kind, data["round"])] = orch.loop.kept_heap.held
+                held[(kind, data["round"])] = orch.loop.heap.held
 
-        orch, server = await start_orchestrator(ServerConfig(
-            model="tiny", eval_data="synthetic", store_dir=tmp_path / "s", rounds=3, min_devices=2, local_steps=1,
-            wait_devices_s=60, deadline_s=120), on_event)
+        orch, server = await start_orchestrator(server_config(tmp_path / "s", rounds=3, min_devices=2, local_steps=1,
+                                                              wait_devices_s=60, deadline_s=120), on_event)
         await asyncio.sleep(0.3)
-        waiting = orch.loop.kept_heap.held  # no device yet: the first round waits for two
+        waiting = orch.loop.heap.held  # no device yet: the first round waits for two
         devices = []
         for i in range(2):
             x, y = load_shard("synthetic", client=i, num_clients=2)
             config = DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False)
             devices.append(DeviceClient(config, np.asarray(x), np.asarray(y)).run())
         await asyncio.gather(server, *devices)
-        return waiting, orch.loop.kept_heap.held
+        return waiting, orch.loop.heap.held
 
     waiting, after = asyncio.run(main())
     assert not waiting and not after

@@ -12,8 +12,8 @@ from websockets.exceptions import InvalidStatus
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 
 def _hello(device_id: str) -> p.Hello:
@@ -22,8 +22,8 @@ def _hello(device_id: str) -> p.Hello:
 
 def test_connections_beyond_the_caps_are_refused(tmp_path: Path) -> None:
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=9, eval_data="synthetic", store_dir=tmp_path / "s",
-                              max_connections=3, max_pending_hellos=2, hello_timeout_s=1.0, wait_devices_s=30)
+        config = server_config(tmp_path / "s", min_devices=9, max_connections=3, max_pending_hellos=2,
+                               hello_timeout_s=1.0, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         opts = ws_options()

@@ -13,9 +13,9 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, derive_key, make_proof, verify_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 
 
 def test_a_proof_holds_only_for_its_device_key_time_and_once():
@@ -54,8 +54,7 @@ def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> No
             return await recv_msg(ws)
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic", store_dir=store_dir,
-                              require_credentials=True, wait_devices_s=30)
+        config = server_config(store_dir, min_devices=5, require_credentials=True, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         out = {}
@@ -102,8 +101,7 @@ def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) 
     (tmp_path / "forged.secret").write_text("not-the-secret\n")
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=store_dir,
-                              require_credentials=True, local_steps=2)
+        config = server_config(store_dir, min_devices=2, require_credentials=True, local_steps=2)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
 

@@ -22,7 +22,6 @@ from edge_sdk.algorithms import DEFAULT_REGISTRY
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.phases import BUILTIN_REGISTRY, PhaseContext, PhaseResult, SelectionKind
-from orchestrator.config import ServerConfig
 from orchestrator.selection import Selection
 from orchestrator.server import Orchestrator
 from orchestrator.strategies import (
@@ -35,6 +34,7 @@ from orchestrator.strategies import (
     WeightedSums,
 )
 from orchestrator.strategies.base import HelloContext, HelloField
+from tests.factories import server_config
 
 CENSUS = "label_census"
 CLASSES = "census.classes"  # the hello field: how many classes the device's census counts
@@ -108,8 +108,8 @@ class CensusThenTrain(Strategy):
 
 
 async def _run(tmp_path: Path) -> tuple[CensusThenTrain, list[dict], list[DeviceClient], dict, dict]:
-    config = ServerConfig(model="tiny", rounds=2, min_devices=3, local_steps=3, batch_size=8, lr=0.1,
-                          deadline_s=60, store_dir=tmp_path / "store", eval_data="synthetic")
+    config = server_config(tmp_path / "store", rounds=2, min_devices=3, local_steps=3, batch_size=8, lr=0.1,
+                           deadline_s=60)
     strategy = CensusThenTrain()
     orch = Orchestrator(config, strategy=strategy)
     initial = {k: v.copy() for k, v in orch.global_state.items()}
@@ -157,8 +157,7 @@ def test_a_device_without_the_step_refuses_the_phase_by_name(tmp_path: Path) -> 
     the phase (sent to the server as an ``Error`` message too); the device that knows it finishes the round."""
 
     async def run() -> tuple[list[dict], BaseException | None, CensusThenTrain]:
-        config = ServerConfig(model="tiny", rounds=1, min_devices=2, local_steps=2, batch_size=8, lr=0.1,
-                              deadline_s=60, store_dir=tmp_path / "store", eval_data="synthetic")
+        config = server_config(tmp_path / "store", min_devices=2, local_steps=2, batch_size=8, lr=0.1, deadline_s=60)
         strategy = CensusThenTrain()
         orch = Orchestrator(config, strategy=strategy)
         ready = asyncio.Event()

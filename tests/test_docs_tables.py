@@ -33,3 +33,17 @@ def test_every_registered_strategy_is_in_the_architecture_table() -> None:
 def test_every_runtime_of_the_registry_is_in_the_protocol_table() -> None:
     names = table_names("protocol.md", "Runtimes")
     assert set(RUNTIMES) <= names, sorted(set(RUNTIMES) - names)
+
+
+def test_every_server_part_is_in_the_server_table() -> None:
+    """docs/architecture.md, "The server": one row per part, and no row for a module that is gone."""
+    from tests.test_ownership import SERVER_PARTS
+
+    text = (DOCS / "architecture.md").read_text()
+    start = text.index("### The server")
+    body = text[start:text.index("#### Report intake", start)]
+    rows = set(re.findall(r"^\| `([^`]+)` \|", body, flags=re.M))
+    orchestrator = DOCS.parent / "orchestrator"
+    assert rows == {f"{name}.py" for name in SERVER_PARTS if name not in ("server", "plancache")}
+    assert all((orchestrator / row).is_file() for row in rows)
+    assert "`orchestrator/parts.py`" in body and (orchestrator / "parts.py").is_file()

@@ -25,6 +25,7 @@ from orchestrator.config import ServerConfig
 from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
 from orchestrator.emulation.localfleet import device_env, role_budgets, run_local_fleet
 from orchestrator.store import Store
+from tests.factories import server_config
 
 pytestmark = pytest.mark.slow
 
@@ -99,9 +100,8 @@ def test_partial_average_matches_a_hand_computed_one(tmp_path: Path) -> None:
     (block head) over every device, each weighted by its sample count (section 3.1 update rules).
     """
     # The paper's rule exactly: no norm bound, weight cap or validation before commit (docs/security.md).
-    config = ServerConfig(model="tiny", rounds=1, min_devices=3, local_steps=3, lr=0.1,
-                          store_dir=tmp_path / "store", eval_data="synthetic", norm_bound=0, max_loss_rise=0,
-                          strategy_options={"max_weight_share": 1.0})
+    config = server_config(tmp_path / "store", min_devices=3, local_steps=3, lr=0.1, norm_bound=0, max_loss_rise=0,
+                           strategy_options={"max_weight_share": 1.0})
     # The tiny model fits anywhere; the weak device asks for split 1 (it trains only the head).
     launches = [
         DeviceLaunch(f"{role}-{i}", 512 << 20, client=i, num_clients=3, data="synthetic",

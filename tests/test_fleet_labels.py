@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.device import build_client, shape_data
 from orchestrator.emulation.fleet import FleetError, parse_fleet
 from orchestrator.emulation.launch import DeviceLaunch
@@ -29,6 +28,7 @@ from orchestrator.emulation.schedule import device_launch
 from orchestrator.emulation.localfleet import device_env
 from orchestrator.server import Orchestrator
 from tests.shared_data import SHARED
+from tests.factories import server_config
 
 MNIST = SHARED / "mnist"
 
@@ -63,9 +63,8 @@ def test_build_client_puts_fleet_labels_and_force_split_in_the_config() -> None:
 
 async def _round(tmp: Path) -> list[tuple[str, str]]:
     launches = _launches()
-    config = ServerConfig(model="tiny", strategy="fedalign", strategy_options={"epsilon": "0", "warmup": "0"},
-                          rounds=1, min_devices=len(launches), local_steps=2, batch_size=8, lr=0.1,
-                          store_dir=tmp / "store", eval_data="synthetic", deadline_s=60)
+    config = server_config(tmp / "store", strategy="fedalign", strategy_options={"epsilon": "0", "warmup": "0"},
+                           min_devices=len(launches), local_steps=2, batch_size=8, lr=0.1, deadline_s=60)
     events: list[tuple[str, dict]] = []
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)))
     ready = asyncio.Event()

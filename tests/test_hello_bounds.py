@@ -11,9 +11,9 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 
 GOOD = dict(device_id="d", token="", budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)
 
@@ -28,8 +28,7 @@ GOOD = dict(device_id="d", token="", budget_bytes=2 << 30, cores=1, runtimes=["t
 ])
 def test_an_implausible_hello_is_refused(tmp_path: Path, changes, code, fragment) -> None:
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=1, eval_data="synthetic", store_dir=tmp_path / "s",
-                              deadline_s=10, wait_devices_s=10)
+        config = server_config(tmp_path / "s", deadline_s=10, wait_devices_s=10)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         async with connect(url, **ws_options()) as ws:

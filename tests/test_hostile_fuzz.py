@@ -27,6 +27,7 @@ from edge_sdk import protocol as p
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from test_protocol_messages import any_message
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 CASES = int(os.environ.get("EDGETRAIN_FUZZ_CASES", "2000"))
@@ -70,8 +71,7 @@ class _Server:
 
 def _honest_run(tmp_path: Path, server: _Server | None):
     """Two honest scripted devices train two rounds; returns the final model."""
-    config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic", token=TOKEN,
-                          store_dir=tmp_path / "s", deadline_s=60)
+    config = server_config(tmp_path / "s", rounds=2, min_devices=2, token=TOKEN, deadline_s=60)
     server = server or _Server(config)
     orch = server.orch
     url = f"ws://127.0.0.1:{orch.port}"
@@ -88,8 +88,8 @@ def _honest_run(tmp_path: Path, server: _Server | None):
 
 
 def test_a_hostile_client_never_breaks_the_server(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic", token=TOKEN,
-                          store_dir=tmp_path / "fuzzed" / "s", deadline_s=60, wait_devices_s=3600)
+    config = server_config(tmp_path / "fuzzed" / "s", rounds=2, min_devices=2, token=TOKEN, deadline_s=60,
+                           wait_devices_s=3600)
     server = _Server(config)
     url = f"ws://127.0.0.1:{server.orch.port}"
     closed_by_server = [0]

@@ -19,11 +19,12 @@ from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 
 def _config(tmp_path: Path) -> ServerConfig:
-    return ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=tmp_path / "store",
-                        deadline_s=60, straggler_policy="grace", straggler_grace_s=0.0)
+    return server_config(tmp_path / "store", min_devices=2, deadline_s=60, straggler_policy="grace",
+                         straggler_grace_s=0.0)
 
 
 async def _device(url: str, orch, device_id: str, ready: asyncio.Event, seed: int) -> list[p.Message]:
@@ -55,14 +56,14 @@ def test_an_update_landing_while_the_round_aggregates_is_late(tmp_path: Path) ->
         orch, server = await start_orchestrator(_config(tmp_path), lambda kind, data: events.append((kind, data)))
         loop = asyncio.get_running_loop()
         closing, release = asyncio.Event(), threading.Event()
-        check_state = orch.loop.check_state
+        check_state = orch.loop.checks.check_state
 
         def held(state):  # runs in a worker thread once the round has stopped waiting and aggregated
             loop.call_soon_threadsafe(closing.set)
             release.wait(30)
             return check_state(state)
 
-        orch.loop.check_state = held
+        orch.loop.checks.check_state = held
         url = f"ws://127.0.0.1:{orch.port}"
         now = asyncio.Event()
         now.set()

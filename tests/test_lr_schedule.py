@@ -16,6 +16,7 @@ from orchestrator.cli import app
 from orchestrator.cli import commands  # noqa: F401  (registers the commands)
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 
@@ -35,8 +36,8 @@ def test_devices_are_sent_the_decayed_rate_and_a_resumed_run_continues_the_sched
         seen: list[p.Instruction] = []
 
         async def main():
-            config = ServerConfig(model="tiny", rounds=rounds, min_devices=1, eval_data="synthetic", store_dir=store,
-                                  deadline_s=30, lr=0.2, lr_decay_at=(1, 2), lr_decay=0.5, resume=resume)
+            config = server_config(store, rounds=rounds, deadline_s=30, lr=0.2, lr_decay_at=(1, 2), lr_decay=0.5,
+                                   resume=resume)
             orch, server = await start_orchestrator(config, lambda kind, data: None)
             await asyncio.gather(scripted_device(f"ws://127.0.0.1:{orch.port}", orch, "d", {},
                                                  lambda n, shape: np.full(shape, 0.01, np.float32),

@@ -17,6 +17,7 @@ from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.normbound import HISTORY, NormBound, block_norms
 from orchestrator.store import Store
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 HONEST = {"h1": 0.01, "h2": -0.02, "h3": 0.03}
@@ -37,8 +38,7 @@ def _fleet(config: ServerConfig, attacker_delta) -> tuple[dict, dict, list, list
 
 
 def test_round_one_is_bounded_by_the_servers_reference_update(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=1, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, norm_bound=3.0, max_loss_rise=0)
+    config = server_config(tmp_path / "s", min_devices=4, deadline_s=30, norm_bound=3.0, max_loss_rise=0)
     initial, final, acks, _ = _fleet(config, lambda n, shape: np.full(shape, 100.0, np.float32))
     assert all(a.accepted for device_acks in acks for a in device_acks)
     with Store(tmp_path / "s") as store:
@@ -54,8 +54,8 @@ def test_round_one_is_bounded_by_the_servers_reference_update(tmp_path: Path) ->
 
 
 def test_norm_history_survives_a_restart(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=2, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                          deadline_s=30, norm_bound=3.0, norm_bound_action="reject")
+    config = server_config(tmp_path / "s", rounds=2, min_devices=4, deadline_s=30, norm_bound=3.0,
+                           norm_bound_action="reject")
     _fleet(config, lambda n, shape: np.full(shape, 0.02, np.float32))
     with Store(tmp_path / "s") as store:
         rows = store.norm_history(HISTORY)
@@ -67,8 +67,8 @@ def test_norm_history_survives_a_restart(tmp_path: Path) -> None:
         assert 0 < bound.reference(0, 0)[0] < 1
 
     # The resumed server bounds its first round (3): 100x the honest norms is refused.
-    resumed = ServerConfig(model="tiny", rounds=3, min_devices=4, eval_data="synthetic", store_dir=tmp_path / "s",
-                           deadline_s=30, norm_bound=3.0, norm_bound_action="reject", resume=True)
+    resumed = server_config(tmp_path / "s", rounds=3, min_devices=4, deadline_s=30, norm_bound=3.0,
+                            norm_bound_action="reject", resume=True)
     _, _, acks, history = _fleet(resumed, lambda n, shape: np.full(shape, 2.0, np.float32))
     assert [h["round"] for h in history] == [1, 2, 3]
     assert not acks[-1][0].accepted and "exceeds" in acks[-1][0].reason

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 2
@@ -27,9 +27,8 @@ NUM_CLIENTS = 5
 
 
 async def _run(tmp: Path, strategy: str, options: dict, devices: dict[int, list[str]]):
-    config = ServerConfig(model="tiny", strategy=strategy, strategy_options=options, rounds=ROUNDS,
-                          min_devices=len(devices), local_steps=5, batch_size=16, lr=0.1, store_dir=tmp / "store",
-                          eval_data="synthetic", deadline_s=120)
+    config = server_config(tmp / "store", strategy=strategy, strategy_options=options, rounds=ROUNDS,
+                           min_devices=len(devices), local_steps=5, batch_size=16, lr=0.1, deadline_s=120)
     events: list[tuple[str, dict]] = []
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)))
     ready = asyncio.Event()

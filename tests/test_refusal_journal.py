@@ -15,9 +15,9 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 
@@ -66,8 +66,7 @@ KINDS = ("non_finite", "checksum", "garbage", "too_large", "unknown_name", "wron
 
 
 def test_every_refused_report_is_journaled_with_its_kind(tmp_path: Path) -> None:
-    config = ServerConfig(model="tiny", rounds=1, min_devices=len(KINDS) + 1, eval_data="synthetic",
-                          store_dir=tmp_path / "s", deadline_s=30)
+    config = server_config(tmp_path / "s", min_devices=len(KINDS) + 1, deadline_s=30)
 
     async def main():
         orch, server = await start_orchestrator(config, lambda kind, data: None)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 from tests.scripted import scripted_device as _device
 
 
@@ -28,9 +28,9 @@ def test_a_huge_update_is_not_committed_and_training_goes_on(tmp_path: Path) -> 
         return np.full(shape, -0.03, np.float32)
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic", store_dir=store_dir,
-                              deadline_s=30, allow_forced_split=True, round_retries=2,
-                              norm_bound=0)  # the export check alone (the norm bound would clip the update)
+        # The export check alone (the norm bound would clip the update).
+        config = server_config(store_dir, rounds=2, min_devices=2, deadline_s=30, allow_forced_split=True,
+                               round_retries=2, norm_bound=0)
         orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
         initial = {k: v.copy() for k, v in orch.global_state.items()}
         url = f"ws://127.0.0.1:{orch.port}"
@@ -59,8 +59,7 @@ def test_a_huge_update_is_not_committed_and_training_goes_on(tmp_path: Path) -> 
     assert done == 2 and all(np.isfinite(v).all() for v in state.values())
 
     async def resumed():
-        config = ServerConfig(model="tiny", rounds=3, min_devices=1, eval_data="synthetic", store_dir=store_dir,
-                              deadline_s=30, resume=True)
+        config = server_config(store_dir, rounds=3, deadline_s=30, resume=True)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         await asyncio.gather(_device(url, orch, "honest", {}, honest), server)

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 
@@ -30,9 +31,8 @@ def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path, validation_sa
 
     async def main():
         # The norm bound off: this round's poison must get past every other bound to reach the check.
-        config = ServerConfig(model="tiny", rounds=2, min_devices=2, eval_data="synthetic",
-                              store_dir=tmp_path / "s", deadline_s=30, norm_bound=0,
-                              validation_samples=validation_samples)
+        config = server_config(tmp_path / "s", rounds=2, min_devices=2, deadline_s=30, norm_bound=0,
+                               validation_samples=validation_samples)
         orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
         initial = {k: v.copy() for k, v in orch.global_state.items()}
         url = f"ws://127.0.0.1:{orch.port}"

@@ -12,9 +12,9 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.plancache import PlanCache
+from tests.factories import server_config
 
 resource = pytest.importorskip("resource")
 
@@ -26,8 +26,7 @@ def _hello(device_id: str, budget: int = 2 << 30, **changes) -> p.Hello:
 
 def test_hellos_of_one_profile_are_planned_once(tmp_path: Path) -> None:
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=99, eval_data="synthetic", store_dir=tmp_path / "s",
-                              wait_devices_s=30)
+        config = server_config(tmp_path / "s", min_devices=99, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         conns, replies = [], []
@@ -86,8 +85,7 @@ def test_the_descriptor_limit_is_raised_to_the_hard_limit(tmp_path: Path, where:
             assert raise_fd_limit() == (low, hard)
         else:  # a real orchestrator raises it when it starts serving
             async def main():
-                config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic",
-                                      store_dir=tmp_path / "s", wait_devices_s=30)
+                config = server_config(tmp_path / "s", min_devices=5, wait_devices_s=30)
                 _, server = await start_orchestrator(config, lambda kind, data: None)
                 server.cancel()
 
@@ -121,9 +119,8 @@ def test_hundreds_of_lightweight_devices_are_held_sampled_and_sent_off(tmp_path:
             lives[data["ended"]] = lives.get(data["ended"], 0) + 1
 
     async def main():
-        config = ServerConfig(model="tiny", strategy="fedavg", rounds=1, fraction=10 / n, min_devices=n,
-                              eval_every=0, eval_data="synthetic", store_dir=tmp_path / "s", local_steps=1,
-                              batch_size=4, wait_devices_s=120, deadline_s=60)
+        config = server_config(tmp_path / "s", strategy="fedavg", fraction=10 / n, min_devices=n, eval_every=0,
+                               local_steps=1, batch_size=4, wait_devices_s=120, deadline_s=60)
         orch, server = await start_orchestrator(config, on_server)
         spec = WorkerSpec(0, tuple(WorkerDevice(DeviceLaunch(f"d{i:03d}", 512 << 20, client=i % 100, num_clients=100,
                                                              data="synthetic", backend="torch"))
@@ -144,8 +141,7 @@ def test_a_burst_of_hellos_is_journaled_in_one_commit_each_turn(tmp_path: Path) 
     from orchestrator.store import Store
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=99, eval_data="synthetic", store_dir=tmp_path / "s",
-                              wait_devices_s=30)
+        config = server_config(tmp_path / "s", min_devices=99, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         conns = await asyncio.gather(*(connect(url, **ws_options()) for _ in range(40)))
@@ -228,8 +224,7 @@ def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
         pytest.skip("ss (iproute2) is not installed")
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic", store_dir=tmp_path / "s",
-                              max_pending_hellos=700, wait_devices_s=30)
+        config = server_config(tmp_path / "s", min_devices=5, max_pending_hellos=700, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         out = subprocess.run(["ss", "-Hltn", f"sport = :{orch.port}"], capture_output=True, text=True, timeout=30)
         server.cancel()
@@ -249,8 +244,8 @@ def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -
     from edge_sdk.client import DeviceClient, DeviceConfig
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=9, eval_data="synthetic", store_dir=tmp_path / "s",
-                              max_pending_hellos=2, hello_timeout_s=1.5, wait_devices_s=30)
+        config = server_config(tmp_path / "s", min_devices=9, max_pending_hellos=2, hello_timeout_s=1.5,
+                               wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         silent = [await connect(url, **ws_options()) for _ in range(2)]  # room for no one until they time out

@@ -12,8 +12,8 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 from tests.scripted import scripted_device
 
 
@@ -39,8 +39,8 @@ async def _trickler(url: str, orch) -> p.Message:
 
 def test_a_trickled_update_times_out_and_the_round_goes_on(tmp_path: Path) -> None:
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic", store_dir=tmp_path / "s",
-                              deadline_s=120, transfer_stall_s=5, transfer_min_rate=1024, transfer_grace_s=1)
+        config = server_config(tmp_path / "s", min_devices=2, deadline_s=120, transfer_stall_s=5,
+                               transfer_min_rate=1024, transfer_grace_s=1)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
         t0 = time.monotonic()

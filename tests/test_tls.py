@@ -20,14 +20,15 @@ from edge_sdk.data import load_dataset
 from edge_sdk.transport import client_tls
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 DATA = Path(__file__).parent / "data"
 CERT, KEY = DATA / "localhost-cert.pem", DATA / "localhost-key.pem"
 
 
 def _config(tmp_path: Path) -> ServerConfig:
-    return ServerConfig(model="tiny", rounds=1, min_devices=1, local_steps=2, lr=0.1, eval_data="synthetic",
-                        store_dir=tmp_path / "store", token="s3cret", tls_cert=str(CERT), tls_key=str(KEY))
+    return server_config(tmp_path / "store", local_steps=2, lr=0.1, token="s3cret", tls_cert=str(CERT),
+                         tls_key=str(KEY))
 
 
 def _device(url: str, **kwargs) -> DeviceClient:

@@ -11,16 +11,15 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 
 def test_an_oversized_update_is_refused_before_it_is_received(tmp_path: Path) -> None:
     events: list[tuple[str, dict]] = []
 
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=1, eval_data="synthetic",
-                              store_dir=tmp_path / "store", deadline_s=20)
+        config = server_config(tmp_path / "store", deadline_s=20)
         orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
         before = {k: v.copy() for k, v in orch.global_state.items()}
         rss_before = psutil.Process().memory_info().rss
@@ -46,8 +45,7 @@ def test_an_oversized_update_is_refused_before_it_is_received(tmp_path: Path) ->
 
 def test_an_upload_from_an_unselected_device_is_refused_at_its_first_message(tmp_path: Path) -> None:
     async def main():
-        config = ServerConfig(model="tiny", rounds=1, min_devices=2, eval_data="synthetic",
-                              store_dir=tmp_path / "store", deadline_s=20, wait_devices_s=20)
+        config = server_config(tmp_path / "store", min_devices=2, deadline_s=20, wait_devices_s=20)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         rss_before = psutil.Process().memory_info().rss
         async with connect(f"ws://127.0.0.1:{orch.port}", **ws_options()) as ws:

@@ -14,13 +14,13 @@ from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
+from tests.factories import server_config
 
 FRAME = 64  # many frames for the tiny model's update
 
 
 def _config(tmp_path: Path) -> ServerConfig:
-    return ServerConfig(model="tiny", rounds=1, min_devices=1, eval_data="synthetic", store_dir=tmp_path / "store",
-                        deadline_s=60, upload_resume_s=30)
+    return server_config(tmp_path / "store", deadline_s=60, upload_resume_s=30)
 
 
 def _hello(resume_round: int = -1) -> p.Hello:

@@ -21,6 +21,7 @@ from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from orchestrator.web.terminal import announce, page_url
+from tests.factories import server_config
 
 
 def _sdk(root: Path) -> Path:
@@ -44,8 +45,8 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str
 
 
 def _config(tmp_path: Path, **kw: object) -> ServerConfig:
-    return ServerConfig(model="tiny", rounds=1, min_devices=5, eval_data="synthetic", store_dir=tmp_path / "store",
-                        wait_devices_s=60, web_sdk=str(_sdk(tmp_path / "sdk")), **kw)
+    return server_config(tmp_path / "store", min_devices=5, wait_devices_s=60,
+                         web_sdk=str(_sdk(tmp_path / "sdk")), **kw)
 
 
 async def _hello(url: str, device_id: str, token: str) -> p.Message:
