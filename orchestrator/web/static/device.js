@@ -1,7 +1,7 @@
 // The device page: joins this server's run as a browser device (onnxruntime-web) and trains the
 // demo's shard. Query: ?id=&budget=&shard=&autostart=1; fragment: #token= or #secret= (kept out of requests).
 import * as ort from "/sdk/ort/ort.wasm.min.mjs";
-import { DeviceClient, decodeTensors, indexedDbStore, makeRuntime } from "/sdk/dist/index.js";
+import { DeviceClient, decodeTensors, indexedDbStore, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
 
 ort.env.wasm.wasmPaths = "/sdk/ort/";
 const $ = (id) => document.getElementById(id);
