@@ -22,4 +22,5 @@ export * from "./algorithms/index.js";
 export * from "./backends/index.js";
 export * from "./client.js";
 export * from "./pending.js";
+export * from "./local-data.js";
 export * as codecs from "./codecs/index.js";
