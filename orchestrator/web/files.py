@@ -136,10 +136,10 @@ class SdkFiles:
                                 cache=KEEP_A_DAY if root == "ort" else REVALIDATE)
 
     def precache(self) -> list[str]:
-        """The URLs the device page's service worker keeps from its install on: the page, its files,
-        the SDK bundle and the onnxruntime-web files the page loads."""
+        """The URLs the device page's service worker keeps from its install on: the page, the run, the
+        page's files, the SDK bundle and the onnxruntime-web files the page loads."""
         static = sorted(f"/static/{p.name}" for p in STATIC.iterdir() if p.is_file() and p.name != "sw.js")
-        return ["/", *static, f"/sdk/{BUNDLE}", *(f"/sdk/ort/{name}" for name in ORT_FILES)]
+        return ["/", "/web.json", *static, f"/sdk/{BUNDLE}", *(f"/sdk/ort/{name}" for name in ORT_FILES)]
 
     def version(self) -> str:
         """A digest of the precached files as they are now (size and time of change): the service worker's

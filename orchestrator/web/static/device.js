@@ -232,8 +232,25 @@ async function runInfo() {
   }
 }
 
+/**
+ * Install the service worker and wait (a few seconds at most) until it serves this page, so that the run,
+ * the budget and the data this visit fetches are kept too: a reload with the server gone opens the page.
+ */
+async function controlled() {
+  if (!navigator.serviceWorker) return;
+  try {
+    await navigator.serviceWorker.register("/sw.js");
+  } catch (exc) {
+    log("service_worker", { error: String(exc) });
+    return;
+  }
+  if (navigator.serviceWorker.controller) return;
+  await Promise.race([new Promise((resolve) => navigator.serviceWorker.addEventListener("controllerchange", resolve, { once: true })),
+    new Promise((resolve) => setTimeout(resolve, 30_000))]);
+}
+
 async function main() {
-  navigator.serviceWorker?.register("/sw.js").catch((e) => log("service_worker", { error: String(e) }));
+  await controlled();
   set("isolated", isolationNote());
   $("threads-note").textContent = isolationNote();
   const info = await runInfo();
