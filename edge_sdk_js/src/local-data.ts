@@ -35,8 +35,8 @@ function fields(line: string): string[] {
 }
 
 /**
- * Rows of numbers, one sample per row, and a label column (numbers or names). A first row that is
- * not all numbers is the header. Labels that are integers 0..k-1 are the classes as they are;
+ * Rows of numbers, one sample per row, and a label column (numbers or names). A first row with a word
+ * where the next row has a number is the header. Labels that are integers 0..k-1 are the classes as they are;
  * others (names) are numbered in sorted order.
  */
 export function csvData(text: string, options: CsvOptions = {}): LabelledData {
@@ -44,7 +44,8 @@ export function csvData(text: string, options: CsvOptions = {}): LabelledData {
   if (lines.length === 0) throw new Error("the CSV file is empty");
   let rows = lines.map(fields);
   const numeric = (f: string) => f !== "" && Number.isFinite(Number(f));
-  const header = rows[0]!.every(numeric) ? null : rows[0]!;
+  // A header: a first row with a word where the next row has a number (a label column may hold words).
+  const header = rows[0]!.some((f, i) => !numeric(f) && (rows.length === 1 || numeric(rows[1]![i] ?? ""))) ? rows[0]! : null;
   if (header !== null) rows = rows.slice(1);
   const width = (header ?? rows[0]!).length;
   if (width < 2) throw new Error("a CSV sample needs at least one feature column and a label column");
