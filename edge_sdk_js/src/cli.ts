@@ -9,7 +9,7 @@ import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
 import { fileStore } from "./pending-file.js";
-import { loadRuntime } from "./runtime.js";
+import { loadRuntime } from "./load-runtime.js";
 import { readConfig } from "./config.js";
 import { loadShard, parseSize } from "./shard.js";
 import type { WebSocketLike } from "./transport.js";

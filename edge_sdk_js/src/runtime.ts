@@ -29,16 +29,6 @@ export function makeRuntime(name: "onnxruntime-node" | "onnxruntime-web", ort: O
   return { name, ort, executionProviders: name === "onnxruntime-web" ? ["wasm"] : ["cpu"] };
 }
 
-/** Import `onnxruntime-node` or `onnxruntime-web` (Node only: a page passes its own `ort`). */
-export async function loadRuntime(kind: "node" | "web", threads = 1): Promise<Runtime> {
-  if (kind === "node") {
-    const ort = (await import("onnxruntime-node")) as unknown as OrtApi;
-    return makeRuntime("onnxruntime-node", ort, threads);
-  }
-  const ort = (await import("onnxruntime-web")) as unknown as OrtApi;
-  return makeRuntime("onnxruntime-web", ort, threads);
-}
-
 /**
  * A session with the small-device settings of the Python device (edge_sdk.forward.ChunkRunner):
  * a fixed number of intra-op threads, sequential execution, no memory-pattern planning.

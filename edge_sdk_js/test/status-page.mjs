@@ -7,9 +7,9 @@ import { journal } from "./fleet.mjs";
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** A headless Chromium whose tabs all keep their timers (the status page polls while another tab trains). */
-export async function launchBrowser(extraArgs = []) {
+export async function launchBrowser(extraArgs = [], env = process.env) {
   const { default: puppeteer } = await import("puppeteer-core");
-  return puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: [...CHROMIUM_FLAGS, ...extraArgs,
+  return puppeteer.launch({ executablePath: CHROMIUM, headless: true, env, protocolTimeout: 600_000, args: [...CHROMIUM_FLAGS, ...extraArgs,
     "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"] });
 }
 

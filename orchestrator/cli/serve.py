@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 def serve(**options: Any) -> None:
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
     check = options.pop("check")
+    web_options = {k: options.pop(k) for k in WEB_OPTIONS}
     config, strategy = _configure(options, options.pop("strategy_option"))
+    authority = _web_authority(config, **web_options)
     if check:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
                                "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
@@ -40,13 +42,17 @@ def serve(**options: Any) -> None:
     if config.web:  # not a line per page and file a browser loads
         logging.getLogger("websockets.server").setLevel(logging.WARNING)
 
+    install = None  # the plain-http install page of a local certificate authority
+
     def on_event(kind: str, payload: dict) -> None:
         print(json.dumps({"event": kind, **payload}, default=str), flush=True)
         if kind == "listening" and config.web:
-            from orchestrator.web.terminal import announce, page_url
+            from orchestrator.web.terminal import announce, page_url, url_host
 
             token = "" if config.require_credentials else config.token
-            announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr)
+            announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr,
+                     install_url=None if install is None else f"http://{url_host(config.host)}:{install.port}/",
+                     fingerprint=None if authority is None else authority.fingerprint)
 
     from orchestrator.evaluate import NO_EVALUATION
 
@@ -54,7 +60,22 @@ def serve(**options: Any) -> None:
         typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
                    "the devices' own losses are in the round events", err=True)
     orchestrator = Orchestrator(config, on_event=on_event, strategy=strategy)  # refuses data the model cannot take
-    history = asyncio.run(orchestrator.run())
+    if orchestrator.web is not None:
+        orchestrator.web.conditions = tuple(web_options["web_condition"])
+        orchestrator.web.authority = authority
+    if authority is None:
+        history = asyncio.run(orchestrator.run())
+    else:
+        from orchestrator.web.install import InstallSite
+
+        install = InstallSite(authority, lambda: orchestrator.port)
+
+        async def run_beside_install_page() -> list[dict]:
+            http_port = web_options["web_http_port"]
+            async with install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
+                return await orchestrator.run()
+
+        history = asyncio.run(run_beside_install_page())
     if history:
         last = history[-1]
         score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
@@ -79,6 +100,41 @@ def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[Ser
         raise typer.Exit(2) from None
 
 
+#: serve's options for the device page on a LAN (docs/web.md), beside the settings of ServerConfig.
+WEB_OPTIONS = ("web_tls", "web_ca", "web_http_port", "web_condition")
+
+
+def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, web_http_port: int,
+                   web_condition: list[str]) -> Any:
+    """With ``--web`` beyond this machine (``--web-tls auto``) or ``--web-tls local-ca``: the local
+    certificate authority kept in ``--web-ca`` and a certificate for this machine's addresses, which the
+    port then serves TLS with (docs/web.md, "A phone on the LAN"). None: the port serves as configured."""
+    from orchestrator.web.site import CONDITIONS
+
+    def fail(message: str) -> None:
+        typer.echo(f"edgetrain serve: {message}", err=True)
+        raise typer.Exit(2)
+
+    if web_tls not in ("auto", "local-ca", "off"):
+        fail(f"--web-tls is auto, local-ca or off, not {web_tls!r}")
+    for condition in web_condition:
+        if condition not in CONDITIONS:
+            fail(f"--web-condition is one of {', '.join(CONDITIONS)}, not {condition!r}")
+    if web_condition and not config.web:
+        fail("--web-condition applies to the device page: add --web")
+    if web_tls == "local-ca" and (not config.web or config.tls_cert):
+        fail("--web-tls local-ca serves the device page over TLS with its own certificate: add --web, leave out "
+             "--tls-cert")
+    loopback = config.host in ("localhost", "::1") or config.host.startswith("127.")
+    if not config.web or config.tls_cert or web_tls == "off" or (web_tls == "auto" and loopback):
+        return None
+    from orchestrator.web.certs import local_authority, machine_addresses
+
+    authority = local_authority(web_ca or config.store_dir / "web-ca", machine_addresses(config.host))
+    config.tls_cert, config.tls_key = str(authority.cert_file), str(authority.key_file)
+    return authority
+
+
 def _store(config: ServerConfig) -> Path:
     """The store of this run. Without ``--store``, a new folder per run (``runs/serve-<time>``), so a
     second ``serve`` never meets the first one's journal; ``--resume`` continues a run, so it needs the
@@ -98,6 +154,21 @@ serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         [], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable, typed by its constructor "
                                             "(e.g. -O epsilon=0.3 -O warmup=5 for fedalign, -O correction=false for "
                                             "fedsubavg; docs/architecture.md, \"Strategies\").")),
+    inspect.Parameter("web_tls", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
+        "auto", "--web-tls", help="With --web: local-ca serves the port over TLS with a certificate from a "
+                                  "certificate authority made here and kept in --web-ca, which a phone installs "
+                                  "from a plain-http page (a LAN page is a secure context only over https); auto: "
+                                  "local-ca when --host reaches beyond this machine and --tls-cert is not given; "
+                                  "off: never (docs/web.md).")),
+    inspect.Parameter("web_ca", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
+        None, "--web-ca", help="Folder of the local certificate authority (default: --store/web-ca); keep one "
+                               "folder for all runs so that a phone installs it once.")),
+    inspect.Parameter("web_http_port", inspect.Parameter.KEYWORD_ONLY, annotation=int, default=typer.Option(
+        -1, "--web-http-port", help="Plain-http port of the authority's install page (default: --port + 1; 0: any "
+                                    "free port).")),
+    inspect.Parameter("web_condition", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=typer.Option(
+        [], "--web-condition", help="What the device page waits for before it trains, repeatable: charging, "
+                                    "unmetered (where the browser tells; docs/web.md).")),
     inspect.Parameter("check", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
                                "without listening.")),

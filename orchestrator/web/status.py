@@ -27,6 +27,9 @@ class Served(Protocol):
     store: Any
     sessions: Mapping[str, Any]
     loop: Any
+    model: Any  # the layered model: its input shape and classes, for the device page
+    planning: Any  # the budget arithmetic (orchestrator.planning.Planning): the page's least budget
+    port: int | None
     on_event: Callable[[str, dict], None]
     process_request: Callable[..., object]
 

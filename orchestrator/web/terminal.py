@@ -13,12 +13,15 @@ __all__ = ["announce", "page_url"]
 def page_url(host: str, port: int, *, tls: bool, token: str = "") -> str:
     """The device page's URL. A wildcard host is shown as this machine's address on its network; the
     token, when devices need one, rides in the fragment (the browser keeps it: it is never sent in a request)."""
+    fragment = f"#token={quote(token, safe='')}" if token else ""
+    return f"{'https' if tls else 'http'}://{url_host(host)}:{port}/{fragment}"
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL names it: a wildcard as this machine's address on its network, IPv6 bracketed."""
     if host in ("", "0.0.0.0", "::"):
         host = lan_address()
-    if ":" in host:
-        host = f"[{host}]"
-    fragment = f"#token={quote(token, safe='')}" if token else ""
-    return f"{'https' if tls else 'http'}://{host}:{port}/{fragment}"
+    return f"[{host}]" if ":" in host else host
 
 
 def lan_address() -> str:
@@ -31,10 +34,16 @@ def lan_address() -> str:
             return "127.0.0.1"
 
 
-def announce(url: str, stream: TextIO) -> None:
-    """Print the device page's and the status page's URLs, and the device page's QR code."""
+def announce(url: str, stream: TextIO, *, install_url: str | None = None, fingerprint: str | None = None) -> None:
+    """Print the device page's and the status page's URLs, and a QR code: of the device page, or with a
+    local certificate authority (``install_url``) of the plain-http page that installs it and then
+    opens the device page (docs/web.md, "A phone on the LAN")."""
     status = url.split("#", 1)[0] + "status"
     stream.write(f"device page: {url}\nstatus page: {status}\n")
+    if install_url is not None:
+        stream.write(f"a phone trusts this server once it installs its local certificate authority: {install_url}\n"
+                     f"authority's SHA-256 fingerprint: {fingerprint}\n")
+        url = install_url + (f"#{url.split('#', 1)[1]}" if "#" in url else "")
     if "//127." in url or "//[::1]" in url or "//localhost" in url:
         stream.write("(this machine only: --host 0.0.0.0 lets a phone on the same network open the page)\n")
     try:

@@ -1,6 +1,6 @@
 // The status page: polls /status.json (read-only) and draws it. The token (#token= or the form) or an
 // enrolled device's credential (a fresh proof per request, never the secret) rides in Authorization.
-import { makeProof } from "/sdk/dist/index.js";
+import { makeProof } from "/sdk/dist/edgetrain.browser.mjs";
 
 const $ = (id) => document.getElementById(id);
 const fragment = new URLSearchParams(location.hash.slice(1));
