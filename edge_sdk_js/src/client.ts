@@ -10,7 +10,8 @@ import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
 import { makeProof } from "./credentials.js";
-import { gather, type DataSource, type DeviceData } from "./data.js";
+import { backoffDelay, sleep } from "./backoff.js";
+import { declaredData, gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { DEFAULT_LIMITS, type Instruction, type Limits, type Report, type Scalar, type Welcome } from "./messages.js";
 import type { PendingStore } from "./pending.js";
@@ -18,6 +19,7 @@ import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
 import { RoundProgress, phaseReport, type EventSink, type WorkingDevice } from "./roundwork.js";
 import type { Runtime } from "./runtime.js";
+import { FOREVER, settingDefault } from "./settings.js";
 import { DEFAULT_FRAME_SIZE, frames } from "./transfer.js";
 import { Channel, ConnectionLost, type WebSocketFactory } from "./transport.js";
 
@@ -43,7 +45,9 @@ export interface DeviceOptions {
   /** Batch of the multi-step forward pass; 0: the planned batch size. */
   forwardBatch?: number;
   reconnect?: boolean;
+  /** Reconnect attempts in a row before `run()` gives up; -1 (`FOREVER`, the default): never (a service). */
   maxRetries?: number;
+  /** The longest wait between two attempts, in seconds (default 30: the key table's `reconnect-max-delay`). */
   maxBackoffS?: number;
   frameSize?: number;
   limits?: Limits;
@@ -75,6 +79,8 @@ export class DeviceClient {
   readonly registry: DeviceRegistry;
   readonly backend: TrainingBackend;
   private data: DeviceData | null = null;
+  /** What the hello declares of the data: one sample's shape, the label count. */
+  private declared = { input_shape: [] as number[], num_classes: -1 };
   private progress: RoundProgress | null = null;
   private readonly limits: Limits;
   private readonly emit: EventSink;
@@ -93,6 +99,7 @@ export class DeviceClient {
     if (this.data.x.shape[0] !== this.data.y.shape[0] || this.data.x.shape[0] === 0) {
       throw new Error("a device needs a non-empty local dataset with one label per sample");
     }
+    this.declared = declaredData(this.data);
     await this.restorePending();
     let attempt = 0;
     for (;;) {
@@ -108,13 +115,14 @@ export class DeviceClient {
           throw exc;
         }
         if (!(exc instanceof ConnectionLost)) { ch?.close(); throw exc; }
-        if (o.reconnect === false || attempt >= (o.maxRetries ?? 30)) {
-          throw new ConnectionLost(`${o.deviceId}: lost the server after ${attempt} retries: ${exc.message}`);
+        const retries = o.maxRetries ?? settingDefault("reconnect-retries") as number;
+        if (o.reconnect === false || (retries !== FOREVER && attempt >= retries)) {
+          throw new ConnectionLost(`${o.deviceId}: lost the server ${o.server} after ${attempt} retries: ${exc.message}`);
         }
-        const delay = Math.min(o.maxBackoffS ?? 5, 0.2 * 2 ** attempt) * (0.5 + Math.random() / 2);
+        const delay = backoffDelay(attempt, o.maxBackoffS ?? settingDefault("reconnect-max-delay") as number);
         attempt += 1;
-        this.emit("reconnect", { device: o.deviceId, attempt, delay_s: delay });
-        await new Promise((resolve) => setTimeout(resolve, delay * 1000));
+        this.emit("reconnect", { device: o.deviceId, server: o.server, attempt, delay_s: Math.round(delay * 100) / 100, error: exc.message });
+        await sleep(delay);
       }
     }
   }
@@ -136,7 +144,7 @@ export class DeviceClient {
       t: "hello", device_id: o.deviceId, token: o.secret ? makeProof(o.deviceId, o.secret) : (o.token ?? ""),
       budget_bytes: o.budgetBytes, cores: o.cores ?? 1, runtimes: [...this.backend.runtimes], num_samples: this.data!.x.shape[0]!,
       device_class: o.deviceClass ?? "", labels: { ...(o.labels ?? {}) }, resume_round: this.progress?.round ?? -1,
-      rows: {}, ext: { ...(o.helloExt ?? {}) },
+      rows: {}, ext: { ...(o.helloExt ?? {}) }, ...this.declared,
     });
     try {
       const welcome = await nextReply(ch);
