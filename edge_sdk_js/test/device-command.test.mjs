@@ -114,3 +114,24 @@ test("errors are one line with the Python device's exit status", { timeout: 120_
   assert.equal(retries.length, 2, "one line per attempt");
   for (const line of retries) assert.ok(JSON.parse(line.slice("reconnect: ".length)).delay_s <= 0.2, line);
 });
+
+test("install-service writes a systemd unit that runs the Node device from its config file", () => {
+  const dir = tempDir("edgetrain-js-unit-");
+  const config = join(dir, "device.toml");
+  writeFileSync(config, 'server = "ws://10.0.0.2:8765"\nid = "board-7"\nbudget = "300MiB"\ndata = "/var/lib/edgetrain/samples.csv"\n');
+  const unit = join(dir, "edgetrain-device.service");
+  const out = spawnSync(process.execPath, [CLI, "install-service", "--config", config, "--user", "edgetrain", "-o", unit], { encoding: "utf8" });
+  assert.equal(out.status, 0, out.stderr);
+  const fields = Object.fromEntries(readFileSync(unit, "utf8").split("\n").filter((l) => l.includes("=") && !l.startsWith("#"))
+    .map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]));
+  assert.equal(fields.User, "edgetrain");
+  assert.equal(fields.ExecStart, `${process.execPath} ${CLI} --config ${config}`);
+  assert.equal(fields.Restart, "on-failure");
+  assert.equal(fields.RestartPreventExitStatus, "2 3", "a bad config or a refusal is not restarted");
+  assert.match(fields.After, /network-online\.target/);
+  const analyze = spawnSync("systemd-analyze", ["verify", unit], { encoding: "utf8" });
+  if (analyze.error === undefined) assert.equal(analyze.status, 0, analyze.stderr);
+  const root = spawnSync(process.execPath, [CLI, "install-service", "--config", config, "--user", "root"], { encoding: "utf8" });
+  assert.equal(root.status, 2);
+  assert.equal(root.stderr.trim(), "error: --user: a device runs as an unprivileged user, not root");
+});
