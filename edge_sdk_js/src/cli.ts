@@ -17,9 +17,10 @@ import { freemem } from "node:os";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
+import { declaredData } from "./data.js";
 import { readConfig, strerror } from "./config.js";
 import { DeviceRefused, UsageError } from "./errors.js";
-import { readLocalData } from "./localdata.js";
+import { readLocalData } from "./data-file.js";
 import { fileStore } from "./pending-file.js";
 import { pyRepr } from "./pyformat.js";
 import type { EventSink } from "./roundwork.js";
@@ -114,26 +115,32 @@ function eventPrinter(json: boolean): EventSink {
   };
 }
 
-/** Run the device the settings describe: a service, or one run with `once`. */
-async function runDevice(s: Settings): Promise<void> {
+/** Clients as the settings describe them, one per run; what cannot work (data, secret, labels) fails here, before any connection. */
+async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceClient> {
   const labels = pairs(s["label"] as string[], "--label");
   const secret = readSecret(s["secret-file"] as string);
   const ca = s["tls-ca"] ? readFor("--tls-ca", s["tls-ca"] as string) : undefined;
   const data = () => readLocalData(s["data"] as string, s["label-column"] as string);
-  const first = [data()]; // data that cannot be read fails here, before any connection
+  const first = [data()];
   const threads = s["threads"] as number;
   const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
+  const webSocket = (url: string, maxPayload: number) =>
+    new WebSocket(url, { maxPayload, perMessageDeflate: false, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
+  return () => {
+    const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
+    return new DeviceClient({
+      server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(),
+      runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
+      threads, cores: threads, deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
+      maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
+    });
+  };
+}
+
+/** Run the device the settings describe: a service, or one run with `once`. */
+async function runDevice(s: Settings): Promise<void> {
   const onEvent = eventPrinter(s["json-events"] === true);
-  const make = () => new DeviceClient({
-    server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(), runtime,
-    data: first.pop() ?? data(),
-    webSocket: (url, maxMessageBytes) => new WebSocket(url, { maxPayload: maxMessageBytes, perMessageDeflate: false, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike,
-    token: s["token"] as string, secret, threads, cores: threads, deviceClass: s["device-class"] as string, labels,
-    maxRetries: s["reconnect-retries"] as number, maxBackoffS: s["reconnect-max-delay"] as number,
-    ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}),
-    onEvent,
-  });
-  await runService(make, { once: s["once"] === true, maxDelayS: s["reconnect-max-delay"] as number, onEvent });
+  await runService(await clients(s, onEvent), { once: s["once"] === true, maxDelayS: s["reconnect-max-delay"] as number, onEvent });
   if (s["json-events"] !== true) console.error("stopped");
 }
 

@@ -11,7 +11,7 @@ import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
 import { makeProof } from "./credentials.js";
 import { backoffDelay, sleep } from "./backoff.js";
-import { declaredData, gather, type DataSource, type DeviceData } from "./data.js";
+import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { DEFAULT_LIMITS, type Instruction, type Limits, type Report, type Scalar, type Welcome } from "./messages.js";
 import type { PendingStore } from "./pending.js";
@@ -62,6 +62,9 @@ export interface DeviceOptions {
    * the server's training graphs in `runtime`. Its runtimes are what the hello declares. */
   backend?: TrainingBackend;
   onEvent?: EventSink;
+  /** The data's label count, declared in the hello (`num_classes`) beside the samples' shape, so a
+   * server whose model takes other data refuses it before sending any of the model. */
+  numClasses?: number;
 }
 
 export interface RoundReport {
@@ -79,8 +82,6 @@ export class DeviceClient {
   readonly registry: DeviceRegistry;
   readonly backend: TrainingBackend;
   private data: DeviceData | null = null;
-  /** What the hello declares of the data: one sample's shape, the label count. */
-  private declared = { input_shape: [] as number[], num_classes: -1 };
   private progress: RoundProgress | null = null;
   private readonly limits: Limits;
   private readonly emit: EventSink;
@@ -99,7 +100,6 @@ export class DeviceClient {
     if (this.data.x.shape[0] !== this.data.y.shape[0] || this.data.x.shape[0] === 0) {
       throw new Error("a device needs a non-empty local dataset with one label per sample");
     }
-    this.declared = declaredData(this.data);
     await this.restorePending();
     let attempt = 0;
     for (;;) {
@@ -144,7 +144,7 @@ export class DeviceClient {
       t: "hello", device_id: o.deviceId, token: o.secret ? makeProof(o.deviceId, o.secret) : (o.token ?? ""),
       budget_bytes: o.budgetBytes, cores: o.cores ?? 1, runtimes: [...this.backend.runtimes], num_samples: this.data!.x.shape[0]!,
       device_class: o.deviceClass ?? "", labels: { ...(o.labels ?? {}) }, resume_round: this.progress?.round ?? -1,
-      rows: {}, ext: { ...(o.helloExt ?? {}) }, ...this.declared,
+      rows: {}, ext: { ...(o.helloExt ?? {}) }, input_shape: this.data!.x.shape.slice(1), num_classes: o.numClasses ?? -1,
     });
     try {
       const welcome = await nextReply(ch);

@@ -50,9 +50,9 @@ export interface Hello {
   rows: Record<string, number[]>;
   /** Extension fields a strategy declares (docs/protocol.md, "Extension fields"): `namespace.name` -> value. */
   ext: Record<string, unknown>;
-  /** Optional: one local sample's shape (`[]`: not declared). */
+  /** Optional (left out while `[]`): one sample's shape, as the device's data declares it. */
   input_shape?: number[];
-  /** Optional: the local labels' count (-1: not declared, or a regression target). */
+  /** Optional (left out while -1): the data's label count. */
   num_classes?: number;
 }
 export interface Welcome {
@@ -91,7 +91,7 @@ type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "list_int"
 const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   hello: [["device_id", "str"], ["token", "str"], ["budget_bytes", "int"], ["cores", "int"],
     ["runtimes", "list_str"], ["num_samples", "int"], ["device_class", "str"], ["labels", "dict_str"],
-    ["resume_round", "int"], ["rows", "dict_ints"], ["ext", "ext"], ["input_shape", "list_int"], ["num_classes", "int"]],
+    ["resume_round", "int"], ["rows", "dict_ints"], ["ext", "ext"]],
   welcome: [["device_id", "str"], ["role", "str"], ["split", "int"], ["num_blocks", "int"], ["chunks", "list_pair"],
     ["model", "str"], ["model_version", "int"], ["batch_size", "int"], ["local_steps", "int"],
     ["config", "dict_scalar"]],
@@ -111,11 +111,15 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   resume: [["transfer_id", "str"], ["offset", "int"]],
 };
 
-/**
- * Fields a peer may leave out, with their defaults (the Python `Message.OPTIONAL`): `decode` fills
- * them in, `encode` leaves them out while they hold their default (docs/protocol.md, "Optional fields").
- */
-const OPTIONAL: Partial<Record<Message["t"], Record<string, unknown>>> = { hello: { input_shape: [], num_classes: -1 } };
+/** Optional fields (docs/protocol.md, "Optional fields"): left out of a message while they hold their
+ * default, taken as the default when absent, so a peer that predates them exchanges it as before. */
+const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
+  hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
+};
+
+function isDefault(value: unknown, fallback: unknown): boolean {
+  return value === undefined || JSON.stringify(value) === JSON.stringify(fallback);
+}
 
 const SHA256_HEX = /^[0-9a-f]{64}$/;
 
@@ -194,7 +198,7 @@ function checkKind(where: string, kind: Kind, value: unknown, limits: Limits): u
       checkItems(where, value.length, limits);
       return value.map((v) => checkStr(where, v, limits));
     case "list_int":
-      if (!Array.isArray(value)) throw bad(where, "expected a list of ints");
+      if (!Array.isArray(value)) throw bad(where, "expected a list");
       checkItems(where, value.length, limits);
       return value.map((v) => checkInt(where, v));
     case "pair": return checkPair(where, value);
@@ -265,7 +269,8 @@ function checkValues(msg: Message): void {
       require(msg.budget_bytes >= 0 && msg.cores >= 0 && msg.num_samples >= 0, `${t}: a count is negative`);
       require(msg.resume_round >= -1, "hello.resume_round is below -1");
       for (const values of Object.values(msg.rows)) require(increasing(values) && (values[0] ?? 0) >= 0, "hello.rows is not strictly increasing");
-      require((msg.input_shape ?? []).length <= 8 && (msg.input_shape ?? []).every((d) => d >= 1), "hello.input_shape has more than 8 axes or an axis below 1");
+      require((msg.input_shape ?? []).length <= 8 && (msg.input_shape ?? []).every((d) => d >= 1),
+        "hello.input_shape has more than 8 axes or an axis below 1");
       require((msg.num_classes ?? -1) >= -1, "hello.num_classes is below -1");
       break;
     case "welcome":
@@ -318,11 +323,12 @@ export function encode(msg: Message): Uint8Array {
   if (schema === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `cannot encode ${String(msg.t)}`);
   const body: Record<string, unknown> = { t: msg.t, v: PROTOCOL_VERSION };
   const unbounded = makeLimits({ maxFrameBytes: 2 ** 52, maxItems: 2 ** 52, maxStrLen: 2 ** 52 });
-  const optional = OPTIONAL[msg.t] ?? {};
   for (const [name, kind] of schema) {
+    body[name] = checkKind(`${msg.t}.${name}`, kind, (msg as unknown as Record<string, unknown>)[name], unbounded);
+  }
+  for (const [name, kind, fallback] of OPTIONAL[msg.t] ?? []) {
     const value = (msg as unknown as Record<string, unknown>)[name];
-    if (Object.hasOwn(optional, name) && (value === undefined || JSON.stringify(value) === JSON.stringify(optional[name]))) continue;
-    body[name] = checkKind(`${msg.t}.${name}`, kind, value, unbounded);
+    if (!isDefault(value, fallback)) body[name] = checkKind(`${msg.t}.${name}`, kind, value, unbounded);
   }
   checkValues(msg);
   return encoder.encode(body);
@@ -350,16 +356,17 @@ export function decode(data: Uint8Array, limits: Limits = DEFAULT_LIMITS): Messa
   const t = obj["t"];
   const schema = typeof t === "string" && Object.hasOwn(SCHEMAS, t) ? SCHEMAS[t as Message["t"]] : undefined;
   if (schema === undefined) throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `unknown message type ${String(t).slice(0, 64)}`);
-  const optional = OPTIONAL[t as Message["t"]] ?? {};
+  const optional = OPTIONAL[t as Message["t"]] ?? [];
   const expected = new Set(["t", "v", ...schema.map(([n]) => n)]);
-  const keys = Object.keys(obj);
-  const missing = [...expected].filter((k) => !(k in obj) && !Object.hasOwn(optional, k));
-  if (missing.length > 0 || keys.some((k) => !expected.has(k))) {
+  const keys = Object.keys(obj).filter((k) => !optional.some(([n]) => n === k));
+  if (keys.length !== expected.size || keys.some((k) => !expected.has(k))) {
+    const missing = [...expected].filter((k) => !(k in obj));
     const extra = keys.filter((k) => !expected.has(k)).map((k) => k.slice(0, 40));
     throw new ProtocolError(ErrorCode.MALFORMED, `${t}: missing fields [${missing.join(", ")}], unexpected fields [${extra.join(", ")}]`);
   }
   const msg: Record<string, unknown> = { t };
-  for (const [name, kind] of schema) msg[name] = name in obj ? checkKind(`${t}.${name}`, kind, obj[name], limits) : structuredClone(optional[name]);
+  for (const [name, kind] of schema) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits);
+  for (const [name, kind, fallback] of optional) msg[name] = name in obj ? checkKind(`${t}.${name}`, kind, obj[name], limits) : fallback;
   checkValues(msg as unknown as Message);
   return msg as unknown as Message;
 }

@@ -8,7 +8,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { decode, encode } from "../dist/messages.js";
-import { readLocalData } from "../dist/localdata.js";
+import { readLocalData } from "../dist/data-file.js";
 import { loadShard } from "../dist/shard.js";
 import { HERE } from "./cases.mjs";
 import { freePort, journal, start, startServer, tempDir, writeShards } from "./fleet.mjs";
