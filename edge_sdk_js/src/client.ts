@@ -11,6 +11,7 @@ import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
 import { makeProof } from "./credentials.js";
+import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { DEFAULT_LIMITS, type Instruction, type Limits, type Message, type Report, type Scalar, type Welcome } from "./messages.js";
@@ -19,6 +20,7 @@ import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
 import { RoundProgress, phaseReport, type EventSink, type WorkingDevice } from "./roundwork.js";
 import type { Runtime } from "./runtime.js";
+import { FOREVER, settingDefault } from "./settings.js";
 import { DEFAULT_FRAME_SIZE, frames } from "./transfer.js";
 import { Channel, ConnectionLost, type WebSocketFactory } from "./transport.js";
 
@@ -44,7 +46,9 @@ export interface DeviceOptions {
   /** Batch of the multi-step forward pass; 0: the planned batch size. */
   forwardBatch?: number;
   reconnect?: boolean;
+  /** Reconnect attempts in a row before `run()` gives up; -1 (`FOREVER`, the default): never (a service). */
   maxRetries?: number;
+  /** The longest wait between two attempts, in seconds (default 30: the key table's `reconnect-max-delay`). */
   maxBackoffS?: number;
   frameSize?: number;
   limits?: Limits;
@@ -158,12 +162,13 @@ export class DeviceClient {
           throw exc;
         }
         if (!(exc instanceof ConnectionLost)) { ch?.close(); throw exc; }
-        if (o.reconnect === false || attempt >= (o.maxRetries ?? 30)) {
-          throw new ConnectionLost(`${o.deviceId}: lost the server after ${attempt} retries: ${exc.message}`);
+        const retries = o.maxRetries ?? settingDefault("reconnect-retries") as number;
+        if (o.reconnect === false || (retries !== FOREVER && attempt >= retries)) {
+          throw new ConnectionLost(`${o.deviceId}: lost the server ${o.server} after ${attempt} retries: ${exc.message}`);
         }
-        const delay = Math.min(o.maxBackoffS ?? 5, 0.2 * 2 ** attempt) * (0.5 + Math.random() / 2);
+        const delay = backoffDelay(attempt, o.maxBackoffS ?? settingDefault("reconnect-max-delay") as number);
         attempt += 1;
-        this.emit("reconnect", { device: o.deviceId, attempt, delay_s: delay });
+        this.emit("reconnect", { device: o.deviceId, server: o.server, attempt, delay_s: Math.round(delay * 100) / 100, error: exc.message });
         await this.backoff(delay * 1000);
       }
     }

@@ -65,7 +65,7 @@ export function writeShards(dir, clients, numClients, data = "digits") {
 /** A Node device (dist/cli.js); `args` more options, `env` more environment (NODE_EXTRA_CA_CERTS for wss://). */
 export function nodeDevice(dir, url, id, budget, shard, runtime, args = [], env = {}) {
   return start(dir, id, process.execPath, [join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", budget,
-    "--data", shard, "--runtime", runtime, "--json-events", ...args], { ...process.env, ...env });
+    "--data", shard, "--runtime", runtime, "--json-events", "--once", ...args], { ...process.env, ...env }); // one run, then exit
 }
 
 export function pythonDevice(dir, url, id, budget, client, numClients) {

@@ -18,7 +18,7 @@ const TOKEN = "web-test-token";
 function deviceConfig(dir, url, shard) {
   const file = join(dir, "node-2.toml");
   writeFileSync(file, `server = "${url}"\nid = "node-2"\nbudget = "185MiB"\ndata = ${JSON.stringify(shard)}\n`
-    + `runtime = "node"\ntoken = "${TOKEN}"\njson-events = true\n`); // weak, as the tab: one training graph to export
+    + `runtime = "node"\ntoken = "${TOKEN}"\njson-events = true\nonce = true\n`); // weak, as the tab: one training graph to export
   return file;
 }
 
