@@ -98,7 +98,8 @@ def export(
     exported = export_model(model, metadata, settings=settings, version=chosen)
     folder = out if out is not None else directory / "exports" / f"round-{chosen:06d}"
     _write(folder, exported.onnx, model, metadata)
-    wide_console().print(_summary(folder, metadata, len(exported.onnx), exported.max_abs_diff), markup=False)
+    wide_console().print(_summary(folder, metadata, len(exported.onnx), exported.max_abs_diff), markup=False,
+                              soft_wrap=True)
 
 
 def _store_dir(given: Path) -> Path:

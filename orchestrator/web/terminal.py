@@ -105,7 +105,7 @@ class ServeView(FleetView):
             self.progress.update(self.conn_task, total=len(self.connected))
         line = self._line(kind, data)
         if line:
-            self.console.print(line, markup=False, highlight=False)
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _line(self, kind: str, data: dict) -> str | None:
         if kind == "listening":
