@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -128,6 +129,17 @@ def test_the_exported_model_scores_what_the_server_scored(served: dict, round_: 
     again = Evaluator.evaluate(evaluator, model)
     assert again["accuracy"] == metrics["accuracy"]
     assert again["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_the_docs_app_snippet_runs_on_an_exported_model(served: dict, tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "web.md").read_text()
+    section = page[page.index("## After the run: the trained model in an app"):]
+    snippet = re.search(r"^```python\n(.*?)^```", section, flags=re.S | re.M).group(1)
+    assert _edgetrain("export", "--store", str(served["store"]), "--out", str(tmp_path)).returncode == 0
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith(f"digits_mlp after round {ROUNDS} scored {{'accuracy': ") and "class " in out.stdout
 
 
 @pytest.mark.slow
