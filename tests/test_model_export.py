@@ -208,6 +208,7 @@ def test_the_view_prints_a_line_per_round_and_per_refusal(tmp_path: Path) -> Non
         ("round_start", {"round": 1, "selected": 3}),
         ("update", {"device": "b", "round": 1, "role": "weak", "phase": "train", "accepted": False,
                     "reason": "loss not within epsilon", "reported": 1, "selected": 3}),
+        ("round_failed", {"round": 1, "attempt": 1, "reason": "validation loss rose", "devices": ["a", "b"]}),
         ("round_end", {"round": 1, "selected": 3, "reported": 3, "accuracy": 0.5, "test_loss": 1.25,
                        "round_wall_s": 2.04, "stragglers": []}),
         ("round_end", {"round": 2, "selected": 3, "reported": 2, "loss_after": 0.75, "round_wall_s": 1.0,
@@ -218,8 +219,9 @@ def test_the_view_prints_a_line_per_round_and_per_refusal(tmp_path: Path) -> Non
     assert lines[0].startswith("listening on ws://127.0.0.1:8765; store ") and "waiting for 2 devices" in lines[0]
     assert lines[1] == "closed: d: digits_mlp does not fit a budget of 1 MiB"
     assert lines[2] == "refused: b's train report of round 1: loss not within epsilon"
-    assert lines[3] == "round 1/3, 3 of 3 reported, accuracy 0.5000, loss 1.2500, 2.0 s, 2 refused"
-    assert lines[4] == ("round 2/3, 2 of 3 reported, devices' loss 0.7500, 1.0 s, stragglers c, "
+    assert lines[3] == "round failed: - (round 1): validation loss rose"  # shown, not a device's refusal
+    assert lines[4] == "round 1/3, 3 of 3 reported, accuracy 0.5000, loss 1.2500, 2.0 s, 2 refused"
+    assert lines[5] == ("round 2/3, 2 of 3 reported, devices' loss 0.7500, 1.0 s, stragglers c, "
                         "not committed: non-finite values in fc.weight")
     assert view.progress.tasks[view.conn_task].total == 3  # more devices than --min-devices joined
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ServeOutput", "ServeView", "announce", "page_url", "round_line"]
 
+#: Notices that are the server's own, not a device's refusal: shown, not counted in a round's line.
+SERVER_NOTICES = ("round_failed", "train_graph_refused")
+
+
 def page_url(host: str, port: int, *, tls: bool, token: str = "") -> str:
     """The device page's URL. A wildcard host is shown as this machine's address on its network; the
     token, when devices need one, rides in the fragment (the browser keeps it: it is never sent in a request)."""
@@ -117,7 +121,7 @@ class ServeView(FleetView):
             refused, self.refused = self.refused, 0
             return round_line(data, self.config.rounds, refused)
         if kind in NOTICES:
-            self.refused += 1
+            self.refused += kind not in SERVER_NOTICES
             n = self.feed.notices[-1]
             at = f" (round {n.round})" if n.round is not None else ""
             return f"{n.kind.replace('_', ' ')}: {n.device or '-'}{at}: {n.message}"
