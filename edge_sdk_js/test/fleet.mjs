@@ -47,11 +47,12 @@ export async function waitForPort(port, child, timeoutMs = 120_000) {
   throw new Error(`nothing listens on port ${port}`);
 }
 
-/** `edgetrain serve` on a free port; resolves once it listens. */
+/** `edgetrain serve` on a free port; resolves once it listens. Its log (`<dir>/server.log`) is what tools read:
+ * the events as JSON lines and every log line (`--json-events`), not the progress a person reads. */
 export async function startServer(dir, args) {
   const port = await freePort();
   const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
-    "--store", join(dir, "store"), ...args]);
+    "--store", join(dir, "store"), "--json-events", ...args]);
   await waitForPort(port, server);
   return { server, url: `ws://127.0.0.1:${port}` };
 }
@@ -143,7 +144,7 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
-    ...(web ? ["--web"] : [])]);
+    "--json-events", ...(web ? ["--web"] : [])]);
   const started = performance.now();
   const fleet = { procs: [], pages: [] };
   let seen;

@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -28,7 +26,7 @@ if TYPE_CHECKING:
 
 def serve(**options: Any) -> None:
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
-    check = options.pop("check")
+    check, json_events, log_file = options.pop("check"), options.pop("json_events"), options.pop("log_file")
     web_options = {k: options.pop(k) for k in WEB_OPTIONS}
     config, strategy = _configure(options, options.pop("strategy_option"))
     authority = _web_authority(config, **web_options)
@@ -36,50 +34,37 @@ def serve(**options: Any) -> None:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
                                "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
         return
-    from orchestrator.server import Orchestrator
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    if config.web:  # not a line per page and file a browser loads
-        logging.getLogger("websockets.server").setLevel(logging.WARNING)
-
-    install = None  # the plain-http install page of a local certificate authority
-
-    def on_event(kind: str, payload: dict) -> None:
-        print(json.dumps({"event": kind, **payload}, default=str), flush=True)
-        if kind == "listening" and config.web:
-            from orchestrator.web.terminal import announce, page_url, url_host
-
-            token = "" if config.require_credentials else config.token
-            announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr,
-                     install_url=None if install is None else f"http://{url_host(config.host)}:{install.port}/",
-                     fingerprint=None if authority is None else authority.fingerprint)
-
+    from orchestrator.cli import console
+    from orchestrator.cli.export import record_settings
     from orchestrator.evaluate import NO_EVALUATION
+    from orchestrator.server import Orchestrator
+    from orchestrator.web.terminal import ServeOutput
 
     if config.eval_source.strip().lower() == NO_EVALUATION:
         typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
                    "the devices' own losses are in the round events", err=True)
-    orchestrator = Orchestrator(config, on_event=on_event, strategy=strategy)  # refuses data the model cannot take
+    output = ServeOutput(config, console(), json_events=json_events, log_file=log_file)
+    output.authority = authority
+    orchestrator = Orchestrator(config, on_event=output.on_event, strategy=strategy)  # refuses data the model cannot take
+    record_settings(orchestrator.store, config)  # what `edgetrain export` writes beside the model
     if orchestrator.web is not None:
         orchestrator.web.conditions = tuple(web_options["web_condition"])
         orchestrator.web.authority = authority
-    if authority is None:
-        history = asyncio.run(orchestrator.run())
-    else:
-        from orchestrator.web.install import InstallSite
+    with output:
+        if authority is None:
+            history = asyncio.run(orchestrator.run())
+        else:
+            from orchestrator.web.install import InstallSite
 
-        install = InstallSite(authority, lambda: orchestrator.port)
+            output.install = InstallSite(authority, lambda: orchestrator.port)
 
-        async def run_beside_install_page() -> list[dict]:
-            http_port = web_options["web_http_port"]
-            async with install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
-                return await orchestrator.run()
+            async def run_beside_install_page() -> list[dict]:
+                http_port = web_options["web_http_port"]
+                async with output.install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
+                    return await orchestrator.run()
 
-        history = asyncio.run(run_beside_install_page())
-    if history:
-        last = history[-1]
-        score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
-        typer.echo(f"finished round {last['round']}{score}", err=True)
+            history = asyncio.run(run_beside_install_page())
+    output.finished(history)
 
 
 def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
@@ -172,6 +157,11 @@ serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("check", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
                                "without listening.")),
+    inspect.Parameter("json_events", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--json-events", help="Print the server's events as JSON lines on standard output (for tools) "
+                                     "instead of the progress a person reads.")),
+    inspect.Parameter("log_file", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
+        None, "--log-file", help="Also append the server's events and log to this file, one JSON object a line.")),
 ])
 app.command(epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
 
