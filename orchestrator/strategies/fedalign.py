@@ -61,7 +61,9 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
-from orchestrator.strategies.groups import PriorityRule, json_ready, number_option, parse_ids, weighted_metrics
+from orchestrator.strategies.groups import (
+    PRIORITIZED_SERVER_SETTINGS, PriorityRule, json_ready, number_option, parse_ids, weighted_metrics,
+)
 from orchestrator.values import NonNegative, NonNegativeInt, Unit
 
 __all__ = ["DEFAULT_EVAL_SAMPLES", "DEFAULT_RELATIVE_EPSILON", "DEFAULT_WARMUP", "FedALIGN"]
@@ -128,6 +130,8 @@ class FedALIGN(Strategy):
     """
 
     name = "fedalign"
+    #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
+    server_settings = PRIORITIZED_SERVER_SETTINGS
 
     def __init__(self, epsilon: NonNegative | Callable[[int], float] | None = None,
                  warmup: NonNegativeInt = DEFAULT_WARMUP, *,
