@@ -2,7 +2,8 @@
 # The checks that need a GPU, as one short script for a GPU machine without internet access:
 #
 #   1. tests/test_cuda.py: the server's evaluation on CUDA scores what the CPU scores (they are
-#      skipped, one line each, where torch sees no GPU);
+#      skipped, one line each, where torch sees no GPU); bench/device_round_cuda.py: one device's
+#      round of ResNet20 on the GPU against a CPU thread;
 #   2. EmbracingFL's CIFAR-10 table at the paper's scale (bench/embracing.py --paper-scale: 128
 #      clients over all 50,000 training images, every client in every round, tau = 10, batch 32),
 #      cases 1 and 6, both methods, for $ROUNDS rounds (default 6: a timing run; 1000 is the paper's),
@@ -14,7 +15,7 @@
 # dependency GPU images tend to lack. Wheels of what is missing go in $WHEELS (default runs/gpu/whl:
 # README.md, "On a GPU machine", says how to fetch them), the CIFAR-10 archive under $EDGETRAIN_DATA
 # (default runs/gpu/data/cifar10_jpg/cifar10_jpg.tar.gz). Results go to $RESULTS (default
-# runs/gpu/out). About 6 minutes on one H100 with 16 cores at the default $ROUNDS.
+# runs/gpu/out). About 6 minutes on one H200 machine with 16 cores at the default $ROUNDS (340 s, 2026-11-27).
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-runs/gpu/whl}
@@ -41,6 +42,8 @@ echo "== decoding CIFAR-10 once (every worker then reads the cache)"
 $PY -c "from edge_sdk.data import load_dataset; [load_dataset('cifar10', split=s) for s in ('train', 'test')]" || exit 1
 echo "== tests/test_cuda.py"
 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$RESULTS/test_cuda.log"
+echo "== bench/device_round_cuda.py"
+$PY bench/device_round_cuda.py 2>&1 | tee "$RESULTS/device_round_cuda.log"
 echo "== bench/embracing.py --paper-scale --rounds $ROUNDS"
 $PY bench/embracing.py --paper-scale --device "${DEVICE:-cuda}" --cases 1,6 --seeds 0 --rounds "$ROUNDS" \
     --eval-every "${EVAL_EVERY:-3}" --workdir /tmp/edgetrain-paper-runs --out "$RESULTS/embracing-paper.json" \

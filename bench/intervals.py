@@ -19,9 +19,10 @@ Scores:
 
 :func:`paired_draws` makes the draws of every method of one comparison.
 
-Where a run kept only its score per seed (older results), :func:`seed_draws` resamples the seeds and
-adds each seed's test-set noise as a binomial draw of its accuracy (``n`` examples); two methods'
-draws are then independent, wider than the paired interval a rerun that keeps predictions gives.
+Where a run kept only its score per seed (older results), :func:`seed_draws` resamples the seeds
+(paired across methods) and adds each seed's test-set noise as a binomial draw of its accuracy (``n``
+examples), independent across methods: wider than the paired interval of a rerun that keeps its
+per-example results.
 
 Percentile intervals, 95 % and 4,000 draws by default, from a fixed seed (the same numbers on
 every run).
@@ -132,15 +133,19 @@ def paired_draws(results: Mapping[str, Sequence[object]], test_sets: Sequence[Ha
     return out
 
 
-def seed_draws(per_seed: Sequence[float], examples: int | None, draws: int = DRAWS, rng_seed: int = 0) -> np.ndarray:
-    """Draws of the seed-mean accuracy from per-seed accuracies only: seeds resampled, each drawn
-    seed's accuracy redrawn as Binomial(examples, p) / examples (None: seeds only)."""
+def seed_draws(per_seed: Sequence[float], examples: int | None, draws: int = DRAWS, rng_seed: int = 0,
+               noise_seed: int | None = None) -> np.ndarray:
+    """Draws of the seed-mean accuracy from per-seed accuracies only: the seeds resampled (from
+    ``rng_seed``: two methods' calls with the same one draw the same seeds, paired), each drawn
+    seed's accuracy redrawn as Binomial(examples, p) / examples (from ``noise_seed``: give two
+    methods different ones, so their test-set noise is independent, wider than the paired noise of
+    the same test images; None: seeds only)."""
     p = np.asarray(per_seed, np.float64)
-    rng = np.random.default_rng(rng_seed)
-    pick = rng.integers(0, len(p), size=(draws, len(p)))
+    pick = np.random.default_rng(rng_seed).integers(0, len(p), size=(draws, len(p)))
     values = p[pick]
     if examples:
-        values = rng.binomial(examples, np.clip(values, 0, 1)) / examples
+        noise = np.random.default_rng(rng_seed + 1 if noise_seed is None else noise_seed)
+        values = noise.binomial(examples, np.clip(values, 0, 1)) / examples
     return values.mean(axis=1)
 
 
