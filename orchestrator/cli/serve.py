@@ -28,7 +28,9 @@ def serve(**options: Any) -> None:
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
     check, json_events, log_file = options.pop("check"), options.pop("json_events"), options.pop("log_file")
     web_options = {k: options.pop(k) for k in WEB_OPTIONS}
-    config, strategy = _configure(options, options.pop("strategy_option"))
+    ctx: typer.Context = options.pop("ctx")
+    given = {name for name in options if ctx.get_parameter_source(name).name != "DEFAULT"}
+    config, strategy = _configure(options, options.pop("strategy_option"), given)
     authority = _web_authority(config, **web_options)
     if check:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
@@ -67,14 +69,21 @@ def serve(**options: Any) -> None:
     output.finished(history)
 
 
-def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
+def _configure(options: dict[str, Any], strategy_option: list[str],
+               given: set[str] = frozenset()) -> tuple[ServerConfig, Strategy]:
     """The settings and the strategy the options give, built once; a bad value ends the command with
-    one line naming the option, exit status 2, before anything listens."""
+    one line naming the option, exit status 2, before anything listens. ``given``: the settings the
+    command line named (a strategy's server settings leave them as given)."""
+    from orchestrator.cli.settings import option_spelling
     from orchestrator.strategies import make_strategy, strategy_options
+    from orchestrator.strategies.server_settings import apply_server_settings
 
     try:
         config = config_from_options(options, strategy_options=parse_strategy_options(strategy_option))
         config.strategy_options = strategy_options(config.strategy, config.strategy_options)
+        config, notes = apply_server_settings(config, given, option_spelling)
+        for line in notes:  # which server defaults the strategy changes, and why
+            typer.echo(f"edgetrain serve: {line}", err=True)
         config.store_dir = _store(config)
         from edge_sdk.models.zoo import model_spec
 
@@ -134,6 +143,7 @@ def _store(config: ServerConfig) -> Path:
 
 
 serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
     *config_parameters(),
     inspect.Parameter("strategy_option", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=typer.Option(
         [], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable, typed by its constructor "
