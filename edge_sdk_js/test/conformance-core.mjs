@@ -22,8 +22,11 @@ function planOf(c) {
   return { evalIdx: ints(c.plan.eval), batches };
 }
 
-/** Worst relative error per quantity for case `c` (see test/cases.mjs loadCase) in `runtime`. */
-export async function runConformance(runtime, c) {
+/**
+ * Worst relative error per quantity for case `c` (see test/cases.mjs loadCase): the frozen chunks
+ * in `runtime`, the tail in `tailRuntime` (default the same; a WebGPU backend's GPU runtime).
+ */
+export async function runConformance(runtime, c, tailRuntime = runtime) {
   const s = c.summary;
   const cfg = { localSteps: s.train.local_steps, batchSize: s.train.batch_size, lr: s.train.lr, momentum: s.train.momentum,
     weightDecay: s.train.weight_decay, seed: s.train.seed, evalSamples: s.train.eval_samples, proxMu: 0, threads: 1 };
@@ -33,7 +36,7 @@ export async function runConformance(runtime, c) {
   const forwardMs = performance.now() - started;
   const err = { activations: rel(acts.data, c.expected.activations.data) };
   const graph = parseTrainGraph(c.graph);
-  const tail = new OrtTail(runtime, graph);
+  const tail = new OrtTail(tailRuntime, graph);
   const plan = planOf(c);
   const weights = {}, shapes = {};
   for (const n of tail.names) { weights[n] = Float32Array.from(c.state[n].data); shapes[n] = c.state[n].shape; }
