@@ -1,14 +1,14 @@
 // The device page: joins this server's run as a browser device (onnxruntime-web) and trains the
-// demo's shard. Query: ?id=&budget=&shard=&autostart=1; fragment: #token= or #secret= (kept out of requests).
-import * as ort from "/sdk/ort/ort.wasm.min.mjs";
-import { DeviceClient, decodeTensors, indexedDbStore, makeRuntime } from "/sdk/dist/index.js";
+// demo's shard, on the GPU (WebGPU) where the browser has one and the person leaves it on.
+// Query: ?id=&budget=&shard=&webgpu=0&autostart=1; fragment: #token= or #secret= (kept out of requests).
+import { DeviceClient, decodeTensors, indexedDbStore, makeBackend, makeRuntime } from "/sdk/dist/index.js";
 
-ort.env.wasm.wasmPaths = "/sdk/ort/";
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
 const fragment = new URLSearchParams(location.hash.slice(1));
 const MiB = 2 ** 20;
-const state = { state: "not started", role: null, split: null, rounds: 0, reports: [], events: [], error: null };
+const state = { state: "not started", role: null, split: null, rounds: 0, reports: [], events: [], error: null, backend: null,
+  adapter: null };
 window.edgetrain = state; // for scripts driving the page
 
 function set(key, value) {
@@ -59,10 +59,10 @@ async function train(info) {
   const data = decodeTensors(new Uint8Array(await res.arrayBuffer()));
   set("samples", data.x.shape[0]);
   const threads = crossOriginIsolated ? Math.max(1, Math.min(4, navigator.hardwareConcurrency || 1)) : 1;
-  set("runtime", `onnxruntime-web, ${threads} thread${threads > 1 ? "s" : ""}`);
+  const { runtime, backend } = await trainingPath(threads);
   const server = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`;
   const client = new DeviceClient({
-    server, deviceId, budgetBytes, runtime: makeRuntime("onnxruntime-web", ort, threads), cores: threads,
+    server, deviceId, budgetBytes, runtime, backend, cores: threads,
     webSocket: (url) => new WebSocket(url), data: { x: data.x, y: data.y },
     token: fragment.get("token") ?? "", secret: $("secret").value || fragment.get("secret") || "",
     labels: { page: "web" },
@@ -73,6 +73,7 @@ async function train(info) {
       if (kind === "welcome") { set("role", d.role); set("split", d.split); set("state", "waiting for a round"); }
       if (kind === "round_done") {
         state.reports.push(d);
+        if (d.backend && d.backend !== state.backend) showPath(d.backend, backend?.fallback ?? null, threads);
         set("rounds", state.reports.filter((r) => r.accepted).length);
         $("progress").value = Math.min(1, state.rounds / info.rounds);
         set("state", `round ${d.round} ${d.accepted ? "accepted" : `not accepted: ${d.reason}`}`);
@@ -85,6 +86,37 @@ async function train(info) {
   await client.run();
   set("state", "finished");
   $("progress").value = 1;
+}
+
+/**
+ * What trains: onnxruntime-web's WebGPU build on the GPU (operators without a WebGPU kernel on
+ * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter or with
+ * WebGPU turned off, its WebAssembly build. The frozen chunks run on WebAssembly either way.
+ */
+async function trainingPath(threads) {
+  const wanted = $("webgpu").checked;
+  const adapter = wanted ? await navigator.gpu.requestAdapter().catch(() => null) : null;
+  const ort = await import(adapter ? "/sdk/ort/ort.webgpu.min.mjs" : "/sdk/ort/ort.wasm.min.mjs");
+  ort.env.wasm.wasmPaths = "/sdk/ort/";
+  const runtime = makeRuntime("onnxruntime-web", ort, threads);
+  if (!adapter) {
+    showPath(runtime.name, !navigator.gpu ? "this browser has no WebGPU" : wanted ? "no WebGPU adapter" : "WebGPU turned off", threads);
+    return { runtime, backend: undefined };
+  }
+  set("state", "looking for the GPU");
+  const backend = makeBackend("onnxruntime-webgpu", runtime, threads);
+  const probe = await backend.probe();
+  state.adapter = backend.adapter;
+  showPath(backend.name, probe.off ?? null, threads);
+  return { runtime, backend };
+}
+
+function showPath(backend, fallback, threads) {
+  state.backend = backend;
+  const cpu = `WebAssembly, ${threads} thread${threads > 1 ? "s" : ""}`;
+  const adapter = state.adapter ? [state.adapter.vendor, state.adapter.architecture].filter(Boolean).join(" ") : "";
+  set("runtime", backend === "onnxruntime-webgpu" ? `onnxruntime-web on the GPU (WebGPU${adapter ? `: ${adapter}` : ""})`
+    : `onnxruntime-web (${cpu}${fallback ? `; ${fallback}` : ""})`);
 }
 
 async function main() {
@@ -101,6 +133,9 @@ async function main() {
   $("shard").value = query.get("shard") ?? "";
   $("shard").max = String(info.shards - 1);
   $("shard").placeholder = `0–${info.shards - 1} (default: from the id)`;
+  $("webgpu").disabled = !navigator.gpu;
+  $("webgpu").checked = Boolean(navigator.gpu) && query.get("webgpu") !== "0";
+  $("webgpu-note").textContent = navigator.gpu ? "" : "(this browser has no WebGPU: WebAssembly)";
   const start = () => {
     $("start").disabled = true;
     train(info).catch(fail);
