@@ -1,6 +1,9 @@
 // Headless Chromium (Debian's `chromium`, driven by puppeteer-core: no browser download) and a
 // page served from 127.0.0.1 with the cross-origin isolation headers that give WebAssembly
-// threads, loading the built SDK and onnxruntime-web as ES modules from local files.
+// threads, loading the built SDK and onnxruntime-web as ES modules from local files. For a
+// benchmark on a phone: EDGETRAIN_BROWSER_URL (its Chrome's DevTools endpoint, forwarded by
+// `adb forward tcp:9222 localabstract:chrome_devtools_remote`) opens the page there instead, and
+// EDGETRAIN_PAGE_PORT fixes the page's port for `adb reverse` (bench/README.md).
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { createServer } from "node:http";
 import { basename, extname, join, normalize, resolve } from "node:path";
@@ -60,7 +63,8 @@ export function servePage(extra = {}) {
     }
     res.writeHead(200, { ...headers, "Content-Type": TYPES[extname(file)] ?? "application/octet-stream" }).end(readFileSync(file));
   });
-  return new Promise((resolvePage) => server.listen(0, "127.0.0.1", () => {
+  // EDGETRAIN_PAGE_PORT: a fixed port, for a phone that reaches it through `adb reverse`.
+  return new Promise((resolvePage) => server.listen(Number(process.env.EDGETRAIN_PAGE_PORT ?? 0), "127.0.0.1", () => {
     resolvePage({ url: `http://127.0.0.1:${server.address().port}/`, close: () => new Promise((r) => server.close(r)) });
   }));
 }
@@ -72,9 +76,11 @@ export function servePage(extra = {}) {
 export async function openPage(url, { webgpu = false, adapter = webgpu } = {}) {
   const { default: puppeteer } = await import("puppeteer-core");
   // A device page may train for many minutes inside one evaluate: the callers bound it with their own timeouts.
-  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: adapter ? WEBGPU_FLAGS : CHROMIUM_FLAGS,
-    protocolTimeout: 0 });
+  const remote = process.env.EDGETRAIN_BROWSER_URL;
+  const browser = remote ? await puppeteer.connect({ browserURL: remote, protocolTimeout: 0 })
+    : await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: adapter ? WEBGPU_FLAGS : CHROMIUM_FLAGS, protocolTimeout: 0 });
   const page = await browser.newPage();
+  if (remote) browser.close = async () => { await page.close(); await browser.disconnect(); }; // a phone's browser stays open
   page.on("pageerror", (err) => console.error(`# page error: ${err.message}`));
   await page.goto(webgpu ? `${url}?ort=webgpu` : url);
   await page.waitForFunction(() => window.ready === true, { timeout: 60_000 });

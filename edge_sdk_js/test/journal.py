@@ -1,5 +1,5 @@
 """Print what an orchestrator's journal says about a run, as JSON: each device's runtimes, role
-and split, the rounds and how many finished, and every report."""
+and split, the rounds and how many finished, and every report (with the runtime it says trained it)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ def main() -> None:
                               "backend": plan.get("backend")}
     rounds = [{"round": r, "finished": f is not None, "metrics": json.loads(m) if m else {}}
               for r, f, m in db.execute("SELECT round, finished, metrics FROM rounds ORDER BY round")]
-    reports = [{"round": r, "device": d, "phase": ph, "accepted": a}
-               for r, d, ph, a in db.execute("SELECT round, device_id, phase, accepted FROM reports")]
+    reports = [{"round": r, "device": d, "phase": ph, "accepted": a,
+                "backend": (json.loads(info).get("metrics") or {}).get("backend")}
+               for r, d, ph, a, info in db.execute("SELECT round, device_id, phase, accepted, info FROM reports")]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 
 
