@@ -46,9 +46,10 @@ function watchStatus(startReference) {
       const page = await browser.newPage();
       await page.goto(`${site}/status`);
       await page.waitForFunction(() => Boolean(window.edgetrainStatus?.current || window.edgetrainStatus?.rounds_done),
-        { timeout: 240_000, polling: 500 });
+        { timeout: 600_000, polling: 500 });
       startReference();
-      await waitForRounds(page, 2);
+      // The GPU tab's rounds take minutes on SwiftShader (a CPU emulation: 10 steps of a 4M-parameter tail).
+      await waitForRounds(page, 2, 1_200_000);
       const { shown } = await statusMatchesJournal(page, dir);
       return { roundsDone: shown.roundsDone, devices: Object.keys(shown.devices).sort(),
         trainedOn: Object.fromEntries(Object.entries(shown.devices).map(([id, cells]) => [id, cells[7]])) };

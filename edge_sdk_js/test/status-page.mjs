@@ -13,7 +13,8 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 export async function launchBrowser(extraArgs = [], { webgpu = false } = {}) {
   const { default: puppeteer } = await import("puppeteer-core");
   return puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: [...(webgpu ? WEBGPU_FLAGS : CHROMIUM_FLAGS), ...extraArgs,
-    "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"] });
+    "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"],
+    protocolTimeout: 0 }); // a wait for the rounds of a fleet with a GPU tab on SwiftShader outlasts the default 180 s
 }
 
 /** What the status page's DOM shows: device rows (id -> cells) and the rounds done. */
