@@ -311,6 +311,7 @@ export class DeviceClient {
     const role = this.welcome?.role ?? "";
     this.reports.push({ round: report.round, role, phase: report.phase, trained: report.trained, accepted: ack.accepted, metrics: report.metrics });
     this.emit("round_done", { device: this.options.deviceId, round: report.round, phase: report.phase, accepted: ack.accepted,
-      reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name, ...prog.timings });
+      reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name,
+      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }), ...prog.timings });
   }
 }

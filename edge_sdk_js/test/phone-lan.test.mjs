@@ -70,7 +70,7 @@ test("a phone on the LAN: https from a local authority, isolated, its own budget
       const install = await (await fetch(first.install)).text();
       assert.match(install, /SHA-256 fingerprint/);
       assert.match(first.log, /fingerprint: ([0-9A-F]{2}:){31}[0-9A-F]{2}/);
-      browser = await launchBrowser(trust.args, trust.env);
+      browser = await launchBrowser(trust.args, { env: trust.env });
       const tab = await browser.newPage();
       await tab.setViewport({ width: 390, height: 844, isMobile: true });
       tab.on("pageerror", (err) => console.error(`# device page error: ${err.message}`));

@@ -1,19 +1,18 @@
 // The device page: joins this server's run as a browser device (onnxruntime-web) and trains the demo's
-// shard or the person's own data (a CSV file, a folder of images: read here, never uploaded).
-// Query: ?id=&budget=&shard=&autostart=1; fragment: #token= or #secret= (kept out of requests).
+// shard or the person's own data (a CSV file, a folder of images: read here, never uploaded), on the
+// GPU (WebGPU) where the browser has one and the person leaves it on.
+// Query: ?id=&budget=&shard=&webgpu=0&autostart=1; fragment: #token= or #secret= (kept out of requests).
 // Pauses while hidden, while a condition is not met (charging, unmetered network) or when the person
 // says; holds a screen wake lock while it trains. docs/web.md says what each part does.
-import * as ort from "/sdk/ort/ort.wasm.min.mjs";
-import { DeviceClient, csvData, decodeTensors, imageData, indexedDbStore, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
+import { DeviceClient, csvData, decodeTensors, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
 
-ort.env.wasm.wasmPaths = "/sdk/ort/";
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
 const fragment = new URLSearchParams(location.hash.slice(1));
 const MiB = 2 ** 20;
 const JOINED = "edgetrain-joined"; // set while the person wants this device in the run: a reload joins again
 const state = { state: "not started", role: null, split: null, rounds: 0, reports: [], events: [], error: null,
-  paused: [], budgetSource: null, conditions: {} };
+  paused: [], budgetSource: null, conditions: {}, backend: null, adapter: null };
 window.edgetrain = state; // for scripts driving the page
 let client = null;
 let wakeLock = null;
@@ -94,12 +93,13 @@ async function journalRounds(deviceId) {
   if (res.ok) set("rounds", (await res.json()).rounds);
 }
 
-function onEvent(info, deviceId) {
+function onEvent(info, deviceId, path) {
   return (kind, d) => {
     log(kind, d);
     if (kind === "welcome") { set("role", d.role); set("split", d.split); set("state", "waiting for a round"); journalRounds(deviceId).catch(() => {}); }
     if (kind === "round_done") {
       state.reports.push(d);
+      if (d.backend && d.backend !== state.backend) showPath(d.backend, path.backend?.fallback ?? null, path.threads);
       $("progress").value = Math.min(1, d.round / info.rounds);
       set("state", `round ${d.round} ${d.accepted ? "accepted" : `not accepted: ${d.reason}`}`);
       if (d.accepted) { set("rounds", state.rounds + 1); journalRounds(deviceId).catch(() => {}); }
@@ -121,20 +121,20 @@ async function train(info) {
   if ($("budget").dataset.auto === "1" || !$("budget").value.trim()) await showBudget(data.x.shape[0]);
   const budgetBytes = parseBudget($("budget").value);
   const threads = crossOriginIsolated ? Math.max(1, Math.min(4, navigator.hardwareConcurrency || 1)) : 1;
-  set("runtime", `onnxruntime-web, ${threads} thread${threads > 1 ? "s" : ""}`);
+  const { runtime, backend } = await trainingPath(threads);
   const labels = data.y.data;
   let top = -1n;
   for (const v of labels) if (v > top) top = v;
   client = new DeviceClient({
     server: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`, deviceId, budgetBytes,
-    runtime: makeRuntime("onnxruntime-web", ort, threads), cores: threads,
+    runtime, backend, cores: threads,
     webSocket: (url) => new WebSocket(url), data: { x: data.x, y: data.y },
     numClasses: Math.max(data.classes?.length ?? 0, Number(top) + 1),
     token: fragment.get("token") ?? "", secret: $("secret").value || fragment.get("secret") || "",
     labels: { page: "web" }, maxRetries: Infinity, // a phone that goes offline comes back whenever the server answers
     // An update not yet acknowledged survives closing the tab: reopened, the page finishes its upload.
     pending: indexedDbStore(deviceId),
-    onEvent: onEvent(info, deviceId),
+    onEvent: onEvent(info, deviceId, { backend, threads }),
   });
   localStorage.setItem(JOINED, "1");
   setButtons(true);
@@ -147,6 +147,37 @@ async function train(info) {
   client = null;
   setButtons(false);
   releaseWakeLock();
+}
+
+/**
+ * What trains: onnxruntime-web's WebGPU build on the GPU (operators without a WebGPU kernel on
+ * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter or with
+ * WebGPU turned off, its WebAssembly build. The frozen chunks run on WebAssembly either way.
+ */
+async function trainingPath(threads) {
+  const wanted = $("webgpu").checked;
+  const adapter = wanted ? await navigator.gpu.requestAdapter().catch(() => null) : null;
+  const ort = await import(adapter ? "/sdk/ort/ort.webgpu.min.mjs" : "/sdk/ort/ort.wasm.min.mjs");
+  ort.env.wasm.wasmPaths = "/sdk/ort/";
+  const runtime = makeRuntime("onnxruntime-web", ort, threads);
+  if (!adapter) {
+    showPath(runtime.name, !navigator.gpu ? "this browser has no WebGPU" : wanted ? "no WebGPU adapter" : "WebGPU turned off", threads);
+    return { runtime, backend: undefined };
+  }
+  set("state", "looking for the GPU");
+  const backend = makeBackend("onnxruntime-webgpu", runtime, threads);
+  const probe = await backend.probe();
+  state.adapter = backend.adapter;
+  showPath(backend.name, probe.off ?? null, threads);
+  return { runtime, backend };
+}
+
+function showPath(backend, fallback, threads) {
+  state.backend = backend;
+  const cpu = `WebAssembly, ${threads} thread${threads > 1 ? "s" : ""}`;
+  const adapter = state.adapter ? [state.adapter.vendor, state.adapter.architecture].filter(Boolean).join(" ") : "";
+  set("runtime", backend === "onnxruntime-webgpu" ? `onnxruntime-web on the GPU (WebGPU${adapter ? `: ${adapter}` : ""})`
+    : `onnxruntime-web (${cpu}${fallback ? `; ${fallback}` : ""})`);
 }
 
 function setButtons(running) {
@@ -261,6 +292,9 @@ async function main() {
   $("device-id").value = query.get("id") ?? localStorage.getItem("edgetrain-device-id")
     ?? `web-${Math.random().toString(16).slice(2, 8)}`;
   $("shard").value = query.get("shard") ?? "";
+  $("webgpu").disabled = !navigator.gpu;
+  $("webgpu").checked = Boolean(navigator.gpu) && query.get("webgpu") !== "0";
+  $("webgpu-note").textContent = navigator.gpu ? "" : "(this browser has no WebGPU: WebAssembly)";
   $("shard").max = String(info.shards - 1);
   $("shard").placeholder = `0–${info.shards - 1} (default: from the id)`;
   $("budget").addEventListener("input", () => { $("budget").dataset.auto = "0"; $("budget-source").textContent = ""; });
