@@ -3,8 +3,6 @@
  * outside the browser entry (src/browser.ts): a page imports onnxruntime-web itself and passes it to
  * `makeRuntime`, so a browser build never meets `onnxruntime-node`, an optional peer dependency.
  */
-import { setFlagsFromString } from "node:v8";
-import { runInNewContext } from "node:vm";
 import { makeRuntime, type OrtApi, type Runtime } from "./runtime.js";
 
 /**
@@ -13,7 +11,9 @@ import { makeRuntime, type OrtApi, type Runtime } from "./runtime.js";
  * which the typed arrays outside it do little to raise: a weak digits_mlp device at 185 MiB downloads
  * two 17 MB chunks a round and its resident memory grew by about 17 MiB a round without it.
  */
-function nodeCollector(): () => void {
+async function nodeCollector(): Promise<() => void> {
+  // Imported here, not at the top: pages that import this package's Node entry must still load.
+  const [{ setFlagsFromString }, { runInNewContext }] = await Promise.all([import("node:v8"), import("node:vm")]);
   setFlagsFromString("--expose-gc");
   const gc = runInNewContext("gc") as () => void;
   return () => gc();
@@ -29,8 +29,8 @@ export async function loadRuntime(kind: "node" | "web", threads = 1): Promise<Ru
       throw new Error("the node runtime needs onnxruntime-node: npm install onnxruntime-node "
         + `(or --runtime web: onnxruntime-web in WebAssembly): ${(exc as Error).message}`);
     }
-    return { ...makeRuntime("onnxruntime-node", ort, threads), collect: nodeCollector() };
+    return { ...makeRuntime("onnxruntime-node", ort, threads), collect: await nodeCollector() };
   }
   const ort = (await import("onnxruntime-web")) as unknown as OrtApi;
-  return { ...makeRuntime("onnxruntime-web", ort, threads), collect: nodeCollector() };
+  return { ...makeRuntime("onnxruntime-web", ort, threads), collect: await nodeCollector() };
 }

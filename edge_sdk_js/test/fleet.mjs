@@ -100,7 +100,7 @@ export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = f
     const reports = await client.run();
     return { reports: reports.length, events: window.events, probe };
   }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu);
-  return { done, close: async () => { await browser.close(); await site.close(); } };
+  return { done, browser, close: async () => { await browser.close(); await site.close(); } };
 }
 
 /**
