@@ -32,7 +32,7 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
   });
 }
 
-for (const [budget, role] of [[330, "weak"], [400, "moderate"]]) {
+for (const [budget, role] of [[375, "weak"], [400, "moderate"]]) {
   test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000 }, async (t) => {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
     assertKept(await tabDevice("digits_mlp", budget, ROUNDS), role);
