@@ -47,8 +47,8 @@ def measure(row: str, rounds: int) -> dict:
 def _print(rows: list[dict]) -> None:
     print(f"{'runtime':32} {'model':11} {'budget':>7} {'role':9} {'split':>5} {'rounds':>6} {'peak':>8} {'peak/budget':>11}")
     for r in rows:
-        if "error" in r or "skipped" in r:
-            print(f"{r['row']:32} {r.get('error') or r.get('skipped')}")
+        if "error" in r or "skipped" in r or r.get("role") is None:
+            print(f"{r['row']:32} {r.get('error') or r.get('skipped') or 'not planned: ' + str(r.get('cap'))}")
             continue
         print(f"{RUNTIME[r['kind']]:32} {r['model']:11} {r['budget'] / MiB:6.0f}M {r['role'] or '-':9} {r['split']!s:>5} "
               f"{r['accepted']:>3}/{r['finished']:<2} {r['peak'] / MiB:7.1f}M {r['peak'] / r['budget']:11.2f}")
@@ -61,9 +61,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_budgets.json")
     args = ap.parse_args()
     rows = [measure(row, args.rounds) for row in args.rows.split(",")]
-    _print(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds, "rows": rows}, indent=1))
+    _print(rows)
     print(f"wrote {args.out}")
 
 

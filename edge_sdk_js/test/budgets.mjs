@@ -33,11 +33,12 @@ function outcome(dir, id) {
     reportedPeak: Math.max(0, ...mine.map((r) => r.peak_rss_bytes ?? 0)) };
 }
 
-/** The command of a device: `node` (dist/cli.js on onnxruntime-node) or `python` (python -m edge_sdk). */
+/** The command of a device: `node` (dist/cli.js on onnxruntime-node) or `python` (python -m edge_sdk on
+ * ONNX Runtime training graphs, as the Node device trains: torch alone takes more than a weak budget). */
 function deviceArgv(kind, url, id, budgetMiB, model, dir) {
   if (kind === "python") {
     return [python(), "-m", "edge_sdk", "--server", url, "--id", id, "--budget", `${budgetMiB}MiB`, "--data", DATA[model],
-      "--client", String(CLIENT), "--num-clients", String(CLIENTS), "--json-events", "--once"];
+      "--client", String(CLIENT), "--num-clients", String(CLIENTS), "--backend", "onnxruntime", "--json-events", "--once"];
   }
   const shard = writeShards(dir, [CLIENT], CLIENTS, DATA[model])[CLIENT];
   return [process.execPath, join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", `${budgetMiB}MiB`,
