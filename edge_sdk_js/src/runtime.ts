@@ -59,7 +59,12 @@ export function makeRuntime(name: RuntimeName, ort: OrtApi, threads = 1): Runtim
  * exists, and collected before the session runs.
  */
 export async function openSession(runtime: Runtime, model: Uint8Array | (() => Promise<Uint8Array>), threads = 1): Promise<OrtSession> {
-  const session = await runtime.ort.InferenceSession.create(typeof model === "function" ? await model() : model, {
+  let bytes: Uint8Array;
+  if (typeof model === "function") {
+    bytes = await model();
+    runtime.collect?.(); // the download's frames, garbage now, go before the session's copies of the model arrive
+  } else bytes = model;
+  const session = await runtime.ort.InferenceSession.create(bytes, {
     executionProviders: runtime.executionProviders,
     intraOpNumThreads: Math.max(1, threads),
     interOpNumThreads: 1,
@@ -71,6 +76,7 @@ export async function openSession(runtime: Runtime, model: Uint8Array | (() => P
     extra: { session: { disable_prepacking: "1" } },
     logSeverityLevel: 3,
   });
+  bytes = new Uint8Array(0); // the model's bytes are the session's now: held here no longer
   runtime.collect?.();
   return session;
 }
