@@ -32,15 +32,17 @@ def dp_config(store: Path, **overrides: object):
     return server_config(store, **{**MODEL, "dp": True, "dp_delta": 1e-5, "dp_min_cohort": 1, **overrides})
 
 
-async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list | None = None):
-    """Run a server with scripted devices answering every instruction with deltas of ``delta``;
-    the first round starts once every device is connected."""
+async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list | None = None,
+                 labels: dict[str, dict[str, str]] | None = None):
+    """Run a server with scripted devices answering every instruction with deltas of ``delta``
+    (``labels``: a device's hello labels); the first round starts once every device is connected."""
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)) if events is not None else None)
     ready, start = asyncio.Event(), asyncio.Event()
     server = asyncio.create_task(orch.run(ready=ready, start=start))
     await ready.wait()
     url = f"ws://127.0.0.1:{orch.port}"
-    tasks = [asyncio.create_task(scripted_device(url, orch, d, {}, lambda n, shape: np.full(shape, delta, np.float32)))
+    tasks = [asyncio.create_task(scripted_device(url, orch, d, (labels or {}).get(d, {}),
+                                                 lambda n, shape: np.full(shape, delta, np.float32)))
              for d in devices]
     while len(orch.sessions) < len(devices):
         await asyncio.sleep(0.05)
@@ -52,7 +54,8 @@ async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list
 
 def test_each_blocks_noise_through_the_intake_is_z_c_over_its_cohort(tmp_path: Path) -> None:
     """Three devices send a constant update far over the clip: each block's new value is the clipped
-    mean (C_b / sqrt(d_b) per value) plus noise whose empirical std is z C / n over its values."""
+    mean (C_b / sqrt(d_b) per value) plus noise whose empirical std is z C / m over its values (m:
+    the block's expected cohort, here the three devices, all able to train every block)."""
     z, clip, n = 1.5, 2.0, 3
     config = dp_config(tmp_path / "s", min_devices=n, dp_noise_multiplier=z, dp_clip=clip)
     initial = {k: v.detach().numpy().copy() for k, v in build_model(config.model, seed=config.seed).state_dict().items()}
@@ -69,8 +72,24 @@ def test_each_blocks_noise_through_the_intake_is_z_c_over_its_cohort(tmp_path: P
         assert abs(noise.mean()) < 5 * expected / math.sqrt(size)
         assert noise.std() == pytest.approx(expected, rel=0.1 if size > 1000 else 0.2), block
     privacy = history[0]["privacy"]
-    assert privacy["cohorts"] == dict.fromkeys(blocks, n)
+    assert privacy["cohorts"] == dict.fromkeys(blocks, n) and privacy["expected_cohorts"] == dict.fromkeys(blocks, n)
     assert privacy["noise_stddev"] == pytest.approx(dict.fromkeys(blocks, z * clip / n))
+
+
+def test_under_partial_training_each_block_is_noised_over_its_own_cohort(tmp_path: Path) -> None:
+    """Two strong devices train both blocks, two weak ones the head only (EmbracingFL): the input-side
+    block's mean is over 2 devices, the head's over 4, so its noise per value is twice the head's;
+    each block alone spends less than the model, whose strong devices train both."""
+    z, clip = 1.0, 1.0
+    labels = {"w0": {"force_split": "1"}, "w1": {"force_split": "1"}}
+    config = dp_config(tmp_path / "s", min_devices=4, dp_noise_multiplier=z, dp_clip=clip, allow_forced_split=True)
+    orch, history = asyncio.run(_serve(config, ["s0", "s1", "w0", "w1"], labels=labels))
+    first, head = orch.model.block_names
+    privacy = history[0]["privacy"]
+    assert privacy["cohorts"] == {first: 2, head: 4} and privacy["expected_cohorts"] == {first: 2, head: 4}
+    assert privacy["noise_stddev"] == pytest.approx({first: z * clip / 2, head: z * clip / 4})
+    assert privacy["blocks"][first] == pytest.approx(privacy["blocks"][head])
+    assert privacy["blocks"][head] < privacy["epsilon"]
 
 
 def _ledger_of(n_rounds: int, z: float, blocks: list[str], fleet: int, cohort: int) -> PrivacyLedger:
@@ -136,6 +155,7 @@ def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_pa
     ({"dp_noise_multiplier": None}, "dp needs dp_noise_multiplier or dp_target_epsilon"),
     ({"dp_delta": 0.3}, "not below 1/N"),
     ({"dp_adaptive_clip": True, "dp_count_stddev": 0.1}, "adaptive clipping: the count's noise"),
+    ({"dp_adaptive_clip": True, "dp_count_stddev": 0.0}, "an un-noised count is not private"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line_before_the_run(tmp_path: Path, overrides, says) -> None:
     config = dp_config(tmp_path / "s", **{"min_devices": 4, "dp_noise_multiplier": 1.0, **overrides})

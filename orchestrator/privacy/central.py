@@ -93,6 +93,8 @@ def plan_central(config: ServerConfig, num_blocks: int) -> CentralPlan:
         check_noise(z, target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=fleet)
     plan = CentralPlan(float(z), float(delta), target, fleet, cohort, num_blocks, config.dp_clip,
                        config.dp_count_stddev)
-    if config.dp_adaptive_clip:  # the count must leave the sum some budget, at the smallest cohort
+    if config.dp_adaptive_clip:  # the count must be noised, and leave the sum some budget
+        if plan.count_noise(cohort) <= 0:
+            raise PrivacyPlanError("adaptive clipping needs dp_count_stddev > 0: an un-noised count is not private")
         plan.sum_multiplier(plan.count_noise(cohort))
     return plan

@@ -10,11 +10,12 @@ Models", Algorithm 1, per layer as in its Section 3):
    (``orchestrator.privacy.clipping.clip_blocks``, the devices' rule), and the strategy folds the
    clipped update (its checks, refusals, roles and losses stay its own);
 2. the clipped updates are summed per block over the block's cohort: under EmbracingFL's partial
-   training the devices that trained it, n_b of them;
+   training the devices that trained it;
 3. when the round closes, N(0, (z_sum_b C_b)^2) is added to every coordinate of each block's sum
-   (``orchestrator.privacy.noise``) and the mean update is the noised sum over n_b, unweighted: the
-   strategies DP allows (FedAvg, EmbracingFL) average each entry over its contributors, and a
-   weight per sample count would let one device's weight, and so its sensitivity, grow;
+   (``orchestrator.privacy.noise``) and the mean update is the noised sum over the block's expected
+   cohort m_b (:meth:`CentralDPIntake.expected_cohorts`), unweighted: the strategies DP allows
+   (FedAvg, EmbracingFL) average each entry over its contributors, and a weight per sample count
+   would let one device's weight, and so its sensitivity, grow;
 4. with adaptive clipping, each block's clip moves towards the target quantile of its norms
    (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
 5. the round's release goes to the :class:`~orchestrator.privacy.accountant.PrivacyLedger` (fixed-size
@@ -22,8 +23,9 @@ Models", Algorithm 1, per layer as in its Section 3):
    the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
    resumed run continues them.
 
-The cohort sizes n_b are treated as public, as the fixed-size sample K is: which sampled devices
-train a block is their planned role, fixed by their memory, not by their data. A round that would
+The fleet's composition (N, and N_b: the devices able to train block b, by their planned roles,
+fixed by their memory, not their data) and the sample size K are public, as the accountant assumes;
+who was sampled, how many of them trained a block and who dropped out are not released. A round that would
 take the model past ``dp_target_epsilon`` is never released: the run ends before it
 (:class:`PrivacyBudgetSpent`), with the round that would have passed it named.
 """
@@ -136,27 +138,37 @@ class CentralDPIntake(PlainIntake):
                     for b, n in sorted(self._counts.items()) if n > 0}
         if not released:
             return replace(result, extra={**result.extra, "privacy": self.summary({})})
-        event = RoundEvent.fixed(max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected, released)
+        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
+        event = RoundEvent.fixed(fleet, cohort, released)
         if self.target is not None and self.ledger.would_exceed(self.target, event):
             raise PrivacyBudgetSpent(self._over_target(ctx.round, event))
+        expected = self.expected_cohorts(ctx, cohort)
         state = dict(result.state)
         noise = {}
         for name, acc in self._sums.items():
             block = self.block_of[name]
-            n, sigma = self._counts[block], self.sum_multiplier * self.clipping.blocks[block].clip
+            m, sigma = expected[block], self.sum_multiplier * self.clipping.blocks[block].clip
             old = ctx.global_state[name]
-            state[name] = np.asarray(old.astype(np.float64) + (acc + gaussian(acc.shape, sigma)) / n, dtype=old.dtype)
-            noise[self.blocks[block]] = sigma / n
+            state[name] = np.asarray(old.astype(np.float64) + (acc + gaussian(acc.shape, sigma)) / m, dtype=old.dtype)
+            noise[self.blocks[block]] = sigma / m
         clips_used = {self.blocks[b]: c for b, c in self.clipping.clips.items() if b in self._counts}
-        if self.count_stddev > 0:
-            self.clipping.update({b: self._bits[b] for b in self._counts}, self._counts)
+        if self.config.dp_adaptive_clip:
+            self.clipping.update({b: self._bits[b] for b in self._counts}, expected)
         self.ledger.record(event)
         self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json()})
         self._check_next(ctx.round, event)
-        cohorts = {self.blocks[b]: n for b, n in self._counts.items()}
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
-            {"clips": clips_used, "cohorts": cohorts, "noise_stddev": noise, "fleet": event.fleet,
-             "cohort": event.cohort})})
+            {"clips": clips_used, "cohorts": {self.blocks[b]: n for b, n in self._counts.items()},
+             "expected_cohorts": {self.blocks[b]: expected[b] for b in self._counts}, "noise_stddev": noise,
+             "fleet": fleet, "cohort": cohort})})
+
+    def expected_cohorts(self, ctx: RoundContext, cohort: int) -> dict[int, float]:
+        """m_b = K N_b / N for each block: the K sampled of the N idle devices, N_b of which can train
+        it (their planned split is at most b). The mean's fixed denominator (McMahan et al., 2018,
+        estimator f~_f): how many sampled devices trained a block, and who dropped out, stay unsaid."""
+        splits = [info.split for info in ctx.devices.values()]
+        fleet = max(1, len(splits))
+        return {b: max(1.0, cohort * sum(s <= b for s in splits) / fleet) for b in range(len(self.blocks))}
 
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
