@@ -2,7 +2,8 @@
 
 Each update is clipped per block, each block's sum noised with z C (C_b = C / sqrt(L), z_b = z sqrt(L)),
 the mean taken over the block's cohort, and the ledger's (epsilon, delta) after every round is in
-the round's metrics, the journal and the status data; a resumed run continues the ledger; a round
+the round's metrics, the journal, the status data, the round's line and the exported model's
+metadata; a resumed run continues the ledger; a round
 over dp_target_epsilon is never run; settings that cannot work are refused before anything listens.
 """
 
@@ -11,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from edge_sdk.models import build_model
+from orchestrator.cli.export import model_metadata
 from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
 from orchestrator.privacy.calibrate import PrivacyPlanError
 from orchestrator.privacy.intake import CentralDPIntake
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
+from orchestrator.web.status import StatusFeed, snapshot
+from orchestrator.web.terminal import round_line
 from tests.factories import server_config
 from tests.scripted import scripted_device
 
@@ -123,10 +128,16 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
         try:
             journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds()]
             saved = PrivacyLedger.from_json(store.privacy_state()["ledger"])
+            status = snapshot(SimpleNamespace(config=orch.config, loop=SimpleNamespace(round=None), store=store,
+                                              sessions={}), StatusFeed())
+            exported = model_metadata(store, store_dir, 3)["privacy"]
         finally:
             store.close()
         assert journaled == [h["privacy"]["epsilon"] for h in straight]
         assert saved.spent().epsilon == pytest.approx(straight[-1]["privacy"]["epsilon"], rel=1e-12)
+        assert status["privacy"]["epsilon"] == exported["epsilon"] == straight[-1]["privacy"]["epsilon"]
+        assert status["privacy"]["blocks"] == exported["blocks"] and exported["delta"] == 1e-5
+    assert f"epsilon {straight[-1]['privacy']['epsilon']:.4g} (delta 1e-05)" in round_line(straight[-1], 3)
 
 
 def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_path: Path) -> None:
