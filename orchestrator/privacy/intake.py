@@ -131,44 +131,51 @@ class CentralDPIntake(PlainIntake):
             self._bits[block] = self._bits.get(block, 0.0) + self.clipping.blocks[block].bit(norm)
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
-        """The strategy's round with each released block's mean replaced by its noised clipped sum
-        over its cohort (step 3), the clips moved (step 4) and the round accounted (step 5)."""
+        """The strategy's round with each block's mean replaced by its noised clipped sum over its
+        expected cohort (step 3), the clips moved (step 4) and the round accounted (step 5). Every
+        block some idle device can train is released, noised, whether or not a sampled device
+        trained it this round: the accountant's mechanism is the sum plus noise, a zero sum included
+        (an untouched block would tell that none of its devices was sampled)."""
         result = super().aggregate(ctx)
-        released = {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev)
-                    for b, n in sorted(self._counts.items()) if n > 0}
-        if not released:
-            return replace(result, extra={**result.extra, "privacy": self.summary({})})
         fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
-        event = RoundEvent.fixed(fleet, cohort, released)
+        expected = self.expected_cohorts(ctx, cohort)
+        if not expected or cohort < 1:
+            return replace(result, extra={**result.extra, "privacy": self.summary({})})
+        event = RoundEvent.fixed(fleet, cohort, {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev)
+                                                 for b in expected})
         if self.target is not None and self.ledger.would_exceed(self.target, event):
             raise PrivacyBudgetSpent(self._over_target(ctx.round, event))
-        expected = self.expected_cohorts(ctx, cohort)
-        state = dict(result.state)
-        noise = {}
-        for name, acc in self._sums.items():
+        state, noise = dict(result.state), {}
+        for name, old in ctx.global_state.items():
             block = self.block_of[name]
+            if old.dtype.kind != "f" or block not in expected:
+                continue
             m, sigma = expected[block], self.sum_multiplier * self.clipping.blocks[block].clip
-            old = ctx.global_state[name]
-            state[name] = np.asarray(old.astype(np.float64) + (acc + gaussian(acc.shape, sigma)) / m, dtype=old.dtype)
+            total = gaussian(old.shape, sigma)
+            if name in self._sums:
+                total += self._sums[name]
+            state[name] = np.asarray(old.astype(np.float64) + total / m, dtype=old.dtype)
             noise[self.blocks[block]] = sigma / m
-        clips_used = {self.blocks[b]: c for b, c in self.clipping.clips.items() if b in self._counts}
+        clips_used = {self.blocks[b]: self.clipping.blocks[b].clip for b in expected}
         if self.config.dp_adaptive_clip:
-            self.clipping.update({b: self._bits[b] for b in self._counts}, expected)
+            self.clipping.update({b: self._bits.get(b, 0.0) for b in expected}, expected)
         self.ledger.record(event)
         self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json()})
         self._check_next(ctx.round, event)
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
-            {"clips": clips_used, "cohorts": {self.blocks[b]: n for b, n in self._counts.items()},
-             "expected_cohorts": {self.blocks[b]: expected[b] for b in self._counts}, "noise_stddev": noise,
+            {"clips": clips_used, "cohorts": {self.blocks[b]: self._counts.get(b, 0) for b in expected},
+             "expected_cohorts": {self.blocks[b]: m for b, m in expected.items()}, "noise_stddev": noise,
              "fleet": fleet, "cohort": cohort})})
 
     def expected_cohorts(self, ctx: RoundContext, cohort: int) -> dict[int, float]:
-        """m_b = K N_b / N for each block: the K sampled of the N idle devices, N_b of which can train
-        it (their planned split is at most b). The mean's fixed denominator (McMahan et al., 2018,
-        estimator f~_f): how many sampled devices trained a block, and who dropped out, stay unsaid."""
+        """m_b = K N_b / N for each block some idle device can train: the K sampled of the N idle
+        devices, N_b of which can train it (their planned split is at most b). The mean's fixed
+        denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices trained a block,
+        and who dropped out, stay unsaid."""
         splits = [info.split for info in ctx.devices.values()]
         fleet = max(1, len(splits))
-        return {b: max(1.0, cohort * sum(s <= b for s in splits) / fleet) for b in range(len(self.blocks))}
+        able = {b: sum(s <= b for s in splits) for b in range(len(self.blocks))}
+        return {b: cohort * n / fleet for b, n in able.items() if n > 0}
 
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
