@@ -22,6 +22,7 @@ from orchestrator.cli.export import model_metadata
 from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
 from orchestrator.privacy.calibrate import PrivacyPlanError
 from orchestrator.privacy.intake import CentralDPIntake
+from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
 from orchestrator.web.status import StatusFeed, snapshot
@@ -138,6 +139,26 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
         assert status["privacy"]["epsilon"] == exported["epsilon"] == straight[-1]["privacy"]["epsilon"]
         assert status["privacy"]["blocks"] == exported["blocks"] and exported["delta"] == 1e-5
     assert f"epsilon {straight[-1]['privacy']['epsilon']:.4g} (delta 1e-05)" in round_line(straight[-1], 3)
+
+
+def test_with_poisson_sampling_each_device_is_in_a_round_by_its_own_coin_and_accounted_so(tmp_path: Path) -> None:
+    """dp_sampling=poisson: each round's cohort is each idle device's own coin at rate q (its size
+    varies, empty rounds included), and the ledger accounts Poisson-sampled rounds at q."""
+    z, q, rounds, devices = 1.5, 0.2, 4, [f"d{i}" for i in range(6)]  # rounds 3 and 4 draw nobody
+    config = dp_config(tmp_path / "s", rounds=rounds, min_devices=6, fraction=q, dp_noise_multiplier=z,
+                       dp_sampling="poisson")
+    orch, history = asyncio.run(_serve(config, devices))
+    drawn = [sample_devices(devices, q, r, config.seed, poisson=True) for r in range(1, rounds + 1)]
+    assert [h["selected"] for h in history] == [len(d) for d in drawn]
+    assert [len(d) for d in drawn] == [1, 3, 0, 0]  # not a fixed size; an empty round is still noised
+    blocks = orch.model.block_names
+    ledger = PrivacyLedger(blocks, 1e-5, sampling="poisson")
+    for r, h in enumerate(history):
+        ledger.record(RoundEvent(q, dict.fromkeys(blocks, BlockRelease(z * math.sqrt(len(blocks))))))
+        assert h["privacy"]["sampling"] == "poisson" and h["privacy"]["rounds"] == r + 1
+        assert h["privacy"]["epsilon"] == pytest.approx(ledger.spent().epsilon, rel=1e-9)
+        assert h["privacy"]["expected_cohorts"] == pytest.approx(dict.fromkeys(blocks, q * 6))
+    assert history[2]["privacy"]["noise_stddev"] == pytest.approx(dict.fromkeys(blocks, z * config.dp_clip / (q * 6)))
 
 
 def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_path: Path) -> None:

@@ -3,9 +3,12 @@ the delta, the per-block clips and multipliers, and the settings refused in one 
 
 The planned schedule. The server waits for ``min_devices`` (N) before its first round and samples
 K = ceil(fraction x N) of its idle devices each round, uniformly without replacement: fixed-size
-sampling, which the ledger accounts as such (``orchestrator.privacy.accountant``: replace-one, RDP).
-Every round's actual N and K are accounted as they were; the plan's are what the up-front checks
-(cohort, multiplier against the target) and the calibration from ``dp_target_epsilon`` use.
+sampling, which the ledger accounts as such (``orchestrator.privacy.accountant``: replace-one, RDP);
+with ``dp_sampling = "poisson"`` each idle device is in a round with probability q = fraction,
+independently (``orchestrator.rounds.sample_devices``), accounted as Poisson-sampled Gaussians
+(add/remove, PLD by default). Every round's actual N and K are accounted as they were; the plan's
+are what the up-front checks (cohort, multiplier against the target) and the calibration from
+``dp_target_epsilon`` use.
 
 Per block (``orchestrator.privacy.calibrate``, McMahan et al., 2018, Section 3): each of the model's
 L blocks is clipped to C_b = C / sqrt(L) and its sum noised with multiplier z_b = z sqrt(L), so a
@@ -39,7 +42,7 @@ class CentralPlan:
     delta: float
     target_epsilon: float | None
     fleet: int  # N planned
-    cohort: int  # K planned
+    cohort: float  # K planned (Poisson sampling: expected, fraction x N)
     num_blocks: int  # L
     clip: float  # C, overall
     count_stddev: float | None  # adaptive clipping's count noise (None: the default m_b / 20)
@@ -75,22 +78,19 @@ def plan_central(config: ServerConfig, num_blocks: int) -> CentralPlan:
     """The plan of a run with ``config.dp`` on over a model of ``num_blocks`` blocks; raises
     :class:`PrivacyPlanError` (one line) for settings that cannot work."""
     check_strategy(config.strategy, config.strategy_options)
-    if config.dp_sampling != "fixed":
-        raise PrivacyPlanError("dp_sampling=poisson: the server draws fixed-size cohorts (ceil(fraction x N) of the "
-                               "idle devices), so its rounds are accounted as dp_sampling=fixed")
-    fleet = max(1, config.min_devices)
-    cohort = min(fleet, max(1, math.ceil(config.fraction * fleet)))
+    fleet, poisson = max(1, config.min_devices), config.dp_sampling == "poisson"
+    cohort = config.fraction * fleet if poisson else min(fleet, max(1, math.ceil(config.fraction * fleet)))
     check_cohort(cohort, f"fraction {config.fraction:g} of --min-devices {fleet}", minimum=config.dp_min_cohort)
     delta = config.dp_delta if config.dp_delta is not None else min(DEFAULT_DELTA, default_delta(fleet))
     check_delta(delta, fleet)
     z, target = config.dp_noise_multiplier, config.dp_target_epsilon
-    q = cohort / fleet
+    q, accounted = (config.fraction, None) if poisson else (cohort / fleet, fleet)
     if z is None and target is None:
         raise PrivacyPlanError("dp needs dp_noise_multiplier or dp_target_epsilon (or both)")
     if z is None:
-        z = noise_multiplier(target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=fleet)
+        z = noise_multiplier(target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=accounted)
     elif target is not None:
-        check_noise(z, target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=fleet)
+        check_noise(z, target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=accounted)
     plan = CentralPlan(float(z), float(delta), target, fleet, cohort, num_blocks, config.dp_clip,
                        config.dp_count_stddev)
     if config.dp_adaptive_clip:  # the count must be noised, and leave the sum some budget

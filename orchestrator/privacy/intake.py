@@ -19,7 +19,7 @@ Models", Algorithm 1, per layer as in its Section 3):
 4. with adaptive clipping, each block's clip moves towards the target quantile of its norms
    (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
 5. the round's release goes to the :class:`~orchestrator.privacy.accountant.PrivacyLedger` (fixed-size
-   sampling: K of the N idle devices), whose (epsilon, delta), per block and for the model, goes into
+   sampling: K of the N idle devices; or Poisson sampling at rate q = fraction), whose (epsilon, delta), per block and for the model, goes into
    the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
    resumed run continues them.
 
@@ -73,7 +73,9 @@ class CentralDPIntake(PlainIntake):
         self.sum_multiplier = self.plan.sum_multiplier(count)
         self.clipping = AdaptiveClipping({i: AdaptiveClip(self.plan.block_clip, config.dp_target_quantile,
                                                           config.dp_clip_lr, count) for i in range(len(self.blocks))})
-        self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant, sampling="fixed")
+        self.poisson = config.dp_sampling == "poisson"
+        self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant,
+                                    sampling=config.dp_sampling)
         if config.resume:
             self._restore(store.privacy_state())
         self.stop_reason: str | None = None
@@ -138,11 +140,12 @@ class CentralDPIntake(PlainIntake):
         (an untouched block would tell that none of its devices was sampled)."""
         result = super().aggregate(ctx)
         fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
-        expected = self.expected_cohorts(ctx, cohort)
-        if not expected or cohort < 1:
+        rate = self.config.fraction if self.poisson else cohort / fleet
+        expected = self.expected_cohorts(ctx, rate)
+        if not expected or rate <= 0:
             return replace(result, extra={**result.extra, "privacy": self.summary({})})
-        event = RoundEvent.fixed(fleet, cohort, {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev)
-                                                 for b in expected})
+        blocks = {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev) for b in expected}
+        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
         if self.target is not None and self.ledger.would_exceed(self.target, event):
             raise PrivacyBudgetSpent(self._over_target(ctx.round, event))
         state, noise = dict(result.state), {}
@@ -167,15 +170,14 @@ class CentralDPIntake(PlainIntake):
              "expected_cohorts": {self.blocks[b]: m for b, m in expected.items()}, "noise_stddev": noise,
              "fleet": fleet, "cohort": cohort})})
 
-    def expected_cohorts(self, ctx: RoundContext, cohort: int) -> dict[int, float]:
-        """m_b = K N_b / N for each block some idle device can train: the K sampled of the N idle
-        devices, N_b of which can train it (their planned split is at most b). The mean's fixed
-        denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices trained a block,
-        and who dropped out, stay unsaid."""
+    def expected_cohorts(self, ctx: RoundContext, rate: float) -> dict[int, float]:
+        """m_b = q N_b for each block some idle device can train: N_b of the idle devices can train
+        it (their planned split is at most b), each sampled with probability q (K / N for K of N).
+        The mean's fixed denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices
+        trained a block, and who dropped out, stay unsaid."""
         splits = [info.split for info in ctx.devices.values()]
-        fleet = max(1, len(splits))
         able = {b: sum(s <= b for s in splits) for b in range(len(self.blocks))}
-        return {b: cohort * n / fleet for b, n in able.items() if n > 0}
+        return {b: rate * n for b, n in able.items() if n > 0}
 
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
