@@ -98,6 +98,30 @@ def test_under_partial_training_each_block_is_noised_over_its_own_cohort(tmp_pat
     assert privacy["blocks"][head] < privacy["epsilon"]
 
 
+def test_adaptive_clips_grow_towards_updates_over_them_and_a_resumed_run_continues_them(tmp_path: Path) -> None:
+    """Every update is far over its clip: the noised count of unclipped updates is about 0, under
+    the target quantile 0.5, so each block's clip grows every round (Andrew et al., 2021); the
+    round's sum carries the noise the count leaves it, and --resume starts from the journaled clips."""
+    z, devices = 1.0, [f"d{i}" for i in range(12)]
+    settings = {"min_devices": 12, "dp_noise_multiplier": z, "dp_adaptive_clip": True, "dp_count_stddev": 1.0}
+    asyncio.run(_serve(dp_config(tmp_path / "s", rounds=2, **settings), devices))
+    store = Store(tmp_path / "s")
+    saved = store.privacy_state()["clips"]
+    store.close()
+    orch, history = asyncio.run(_serve(dp_config(tmp_path / "s", rounds=3, resume=True, **settings), devices))
+    store = Store(tmp_path / "s")
+    clips = [r["metrics"]["privacy"]["clips"] for r in store.rounds()]
+    store.close()
+    blocks = orch.model.block_names
+    start = 1.0 / math.sqrt(len(blocks))
+    for b, block in enumerate(blocks):
+        seen = [c[block] for c in clips]  # the clip each round used
+        assert seen[0] == start and all(later > earlier for earlier, later in zip(seen, seen[1:])), seen
+        assert clips[2][block] == saved[str(b)]["clip"]  # the resumed round clipped with the journal's clip
+    z_sum = ((z * math.sqrt(2)) ** -2 - 2.0**-2) ** -0.5  # z_b = z sqrt(2); the count's multiplier 2 sigma_c = 2
+    assert history[-1]["privacy"]["noise_stddev"][blocks[1]] == pytest.approx(z_sum * clips[2][blocks[1]] / 12)
+
+
 def _ledger_of(n_rounds: int, z: float, blocks: list[str], fleet: int, cohort: int) -> PrivacyLedger:
     ledger = PrivacyLedger(blocks, 1e-5, sampling="fixed")
     zb = z * math.sqrt(len(blocks))
