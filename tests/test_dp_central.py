@@ -203,6 +203,19 @@ def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_pa
     assert f"round {len(history) + 1} would take epsilon" in spent[0] and "over the target" in spent[0]
 
 
+def test_resuming_with_dp_a_run_without_it_or_at_other_settings_is_refused(tmp_path: Path) -> None:
+    """Rounds that ran without dp have no epsilon: --resume with dp refuses their run; a ledger kept at
+    another delta is not continued at this one."""
+    devices = [f"d{i}" for i in range(2)]
+    asyncio.run(_serve(server_config(tmp_path / "plain", **MODEL, min_devices=2), devices))
+    with pytest.raises(PrivacyPlanError, match="kept no privacy ledger"):
+        Orchestrator(dp_config(tmp_path / "plain", rounds=2, resume=True, min_devices=2, dp_noise_multiplier=1.0))
+    asyncio.run(_serve(dp_config(tmp_path / "dp", min_devices=2, dp_noise_multiplier=1.0), devices))
+    with pytest.raises(PrivacyPlanError, match="kept at delta 1e-05"):
+        Orchestrator(dp_config(tmp_path / "dp", rounds=2, resume=True, min_devices=2, dp_noise_multiplier=1.0,
+                               dp_delta=1e-6))
+
+
 @pytest.mark.parametrize(("overrides", "says"), [
     ({"strategy": "fedavg", "strategy_options": {"aggregation": "median"}}, "aggregation=median"),
     ({"strategy": "fedsubavg"}, "not for strategy 'fedsubavg'"),

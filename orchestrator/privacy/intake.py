@@ -43,6 +43,7 @@ from edge_sdk.models import LayeredModel
 from orchestrator.config import ServerConfig
 from orchestrator.intake import PlainIntake
 from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
+from orchestrator.privacy.calibrate import PrivacyPlanError
 from orchestrator.privacy.central import CentralPlan, plan_central
 from orchestrator.privacy.clipping import AdaptiveClip, AdaptiveClipping, clip_blocks
 from orchestrator.privacy.noise import gaussian
@@ -77,16 +78,24 @@ class CentralDPIntake(PlainIntake):
         self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant,
                                     sampling=config.dp_sampling)
         if config.resume:
-            self._restore(store.privacy_state())
+            self._restore(store.privacy_state(), store.completed_rounds())
         self.stop_reason: str | None = None
-        self._round = 0
         self._begin_sums()
 
-    def _restore(self, saved: Mapping[str, Any] | None) -> None:
-        """Continue the ledger and the clips of the run's last completed round."""
+    def _restore(self, saved: Mapping[str, Any] | None, completed: int) -> None:
+        """Continue the ledger and the clips of the run's last completed round; refuse a run whose
+        rounds were not accounted, or were accounted at other settings."""
         if saved is None:
+            if completed:
+                raise PrivacyPlanError(f"--resume with dp: the run's {completed} completed rounds kept no privacy "
+                                       f"ledger (they ran without dp), so no epsilon covers its model")
             return
-        self.ledger = PrivacyLedger.from_json(saved["ledger"])
+        ledger = PrivacyLedger.from_json(saved["ledger"])
+        kept = (ledger.delta, ledger.accountant, ledger.sampling, ledger.blocks)
+        if kept != (self.ledger.delta, self.ledger.accountant, self.ledger.sampling, self.ledger.blocks):
+            raise PrivacyPlanError(f"--resume with dp: the run's ledger was kept at delta {ledger.delta:g}, accountant "
+                                   f"{ledger.accountant}, sampling {ledger.sampling}; resume it with those settings")
+        self.ledger = ledger
         clips = AdaptiveClipping.from_json(saved["clips"])
         self.clipping = AdaptiveClipping({int(b): a for b, a in clips.blocks.items()})
         log.info("privacy ledger resumed after %d rounds: epsilon %.4g", len(self.ledger.rounds),
@@ -102,7 +111,6 @@ class CentralDPIntake(PlainIntake):
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
         if self.stop_reason is not None:
             raise PrivacyBudgetSpent(self.stop_reason)
-        self._round = round
         self._begin_sums()
         super().begin_round(state, round)
 
