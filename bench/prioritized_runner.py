@@ -167,7 +167,7 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
     rounds = [{k: h.get(k) for k in KEPT if k in h} for h in history]
     return {"algorithm": algorithm, "seed": seed, "devices": len(fleet), "options": dict(options),
             "server_defaults": server_defaults, "priority_score": curve, "final": curve[-1] if curve else None,
-            "final_detail": score.detail(), "seconds": time.monotonic() - started, "rounds": rounds,
+            "final_detail": score.detail() if isinstance(score, Scorer) else None, "seconds": time.monotonic() - started, "rounds": rounds,
             "defences": defences_seen(store / algorithm, history, {d.device_id for d in fleet if d.priority})}
 
 

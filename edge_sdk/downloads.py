@@ -87,6 +87,10 @@ class Downloads:
         self.held = None if bundle is None else _open_bundle(bundle)
         self.welcome: p.Welcome | None = None
 
+    def welcomed(self, welcome: p.Welcome) -> None:
+        """The server welcomed the device (at each hello): held payloads are checked against its model."""
+        self.welcome = welcome
+
     async def fetch(self, ch: Channel, round_no: int, payload_id: str, partial: dict[str, p.IncomingTransfer],
                     timings: dict[str, float], *, block_range: tuple[int, int] | None = None) -> memoryview:
         """Download one payload; ``partial`` holds the round's cut downloads (resumed from their
