@@ -21,6 +21,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -52,6 +53,7 @@ class WebSite:
         self.server = server
         self.config = server.config
         self.files = SdkFiles(sdk_dir or (Path(self.config.web_sdk) if self.config.web_sdk else default_sdk_dir()))
+        threading.Thread(target=self.files.warm, name="web files", daemon=True).start()
         self.feed = StatusFeed()
         self._replay = ReplayWindow(window_s=2 * self.config.credential_skew_s)
         self._shards: dict[int, bytes] = {}
