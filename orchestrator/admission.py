@@ -26,8 +26,9 @@ from websockets.asyncio.server import ServerConnection
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, parse_proof, verify_proof
 from edge_sdk.models import LayeredModel
+from edge_sdk.settings import device_id_problem
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import data_mismatch
+from orchestrator.evaluate import data_mismatch, model_classes
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceInfo, Strategy
 from orchestrator.strategies.base import HelloContext
@@ -45,10 +46,10 @@ MAX_RUNTIMES = 8
 
 
 def check_hello_bounds(hello: p.Hello) -> None:
-    """Refuse a hello whose declarations no device makes (a budget of 0 or of petabytes, kilobytes
-    of labels), before it is planned or journaled."""
-    if not hello.device_id or len(hello.device_id) > 128:
-        raise p.ProtocolError("malformed", "device_id must be 1-128 characters")
+    """Refuse a hello whose declarations no device makes (an id outside the documented character set,
+    a budget of 0 or of petabytes, kilobytes of labels), before it is planned or journaled."""
+    if (problem := device_id_problem(hello.device_id)) is not None:
+        raise p.ProtocolError("malformed", problem)
     if not 0 < hello.budget_bytes <= MAX_BUDGET_BYTES:
         raise p.ProtocolError("refused", f"budget of {hello.budget_bytes} bytes is outside (0, {MAX_BUDGET_BYTES}]")
     if hello.num_samples < 1:
@@ -59,14 +60,24 @@ def check_hello_bounds(hello: p.Hello) -> None:
         raise p.ProtocolError("malformed", f"at most {MAX_RUNTIMES} runtimes of at most 64 characters")
 
 
+def journaled_id(device_id: str) -> str:
+    """How a hello's device id is journaled: as it is when it is a device id, else as its escaped
+    ``ascii()`` form, so a NUL or U+202E never reaches the journal or the status page."""
+    return device_id if device_id_problem(device_id) is None else ascii(device_id[:64])
+
+
 def check_hello_data(hello: p.Hello, model: LayeredModel) -> None:
     """Refuse a device whose declared samples (``Hello.input_shape``, ``num_classes``) the model cannot
-    take, naming both shapes: it would download the model only to fail on its first batch. A hello
-    that declares nothing (an older device) is not checked."""
-    if not hello.input_shape:
-        return
-    problem = data_mismatch(model, tuple(hello.input_shape), hello.num_classes if hello.num_classes >= 0 else None,
-                            "this device's data")
+    take, naming both shapes: it would download the model only to fail on its first batch. Each
+    declared field is checked whatever else is present (labels beyond the model's classes are refused
+    without a shape too); a hello that declares neither (an older device) is not checked."""
+    num_classes = hello.num_classes if hello.num_classes >= 0 else None
+    if hello.input_shape:
+        problem = data_mismatch(model, tuple(hello.input_shape), num_classes, "this device's data")
+    elif num_classes is not None and (classes := model_classes(model)) is not None and num_classes > classes:
+        problem = f"model {model.name} takes {classes} classes, but this device's data has labels 0..{num_classes - 1}"
+    else:
+        problem = None
     if problem is not None:
         raise p.ProtocolError("refused", problem)
 
@@ -201,7 +212,18 @@ class Admission:
         try:
             return self._check_credential(hello)
         except p.ProtocolError as exc:
-            self.note_closure(hello.device_id[:128], "unauthorized", exc.message)
+            self.note_closure(journaled_id(hello.device_id), "unauthorized", exc.message)
+            raise
+
+    def check_hello(self, hello: p.Hello, model: LayeredModel) -> None:
+        """Bound the hello's declarations and check its data against ``model``
+        (:func:`check_hello_bounds`, :func:`check_hello_data`); a refusal is journaled (kind
+        ``hello_refused``) with its reason before it is raised."""
+        try:
+            check_hello_bounds(hello)
+            check_hello_data(hello, model)
+        except p.ProtocolError as exc:
+            self.note_closure(journaled_id(hello.device_id), "hello_refused", f"{exc.code}: {exc.message}")
             raise
 
     def _check_credential(self, hello: p.Hello) -> int | None:

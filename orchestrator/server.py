@@ -30,7 +30,7 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Admission, check_hello_bounds, check_hello_data, device_info, model_context
+from orchestrator.admission import Admission, device_info, journaled_id, model_context
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
 from orchestrator.heap import RoundHeap
@@ -218,7 +218,7 @@ class Orchestrator:
             await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
-            self.on_event("closed", {"device": str(getattr(hello, "device_id", None) or ws.remote_address)[:128],
+            self.on_event("closed", {"device": journaled_id(str(getattr(hello, "device_id", None) or ws.remote_address)),
                                       "code": exc.code, "message": exc.message[:256]})
             await self._close(ws, exc.code, exc.message)
         except (ConnectionClosed, asyncio.TimeoutError):
@@ -243,8 +243,7 @@ class Orchestrator:
     async def _register(self, channel: Channel, hello: p.Hello) -> Session:
         """Authenticate, bound, plan and register a hello (a reconnect replaces the old connection)."""
         enrolled_samples = self.admission.authenticate(hello)
-        check_hello_bounds(hello)
-        check_hello_data(hello, self.model)
+        self.admission.check_hello(hello, self.model)
         plan = await self.planning.shippable_plan(hello)
         info = device_info(hello, plan, self.hello_context, self.strategy)
         old = self.sessions.get(hello.device_id)
