@@ -127,7 +127,12 @@ class ServerConfig:
         1.0, "How often the server looks for credentials revoked (edgetrain device revoke) while it runs, to "
              "close their connections.", cli=False)
     max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
-    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
+    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once (those proven "
+                                               "in their upgrade request's Authorization header not counted).",
+                                        cli=False)
+    max_pending_per_address: Count = setting(
+        16, "Connections from one IP address not yet past their hello, and not proven in their upgrade request, "
+            "held at once; more get HTTP 429 (docs/security.md, \"The door\").", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
     norm_bound: NonNegative = setting(
         1.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "

@@ -201,7 +201,7 @@ class Orchestrator:
         hello: p.Message | None = None
         pending = True
         try:
-            reason = self.admission.connect()
+            reason = self.admission.connect(ws)
             if reason is not None:
                 await ws.close(1013, reason[:120])  # 1013: try again later (a device reconnects)
                 return
@@ -209,7 +209,7 @@ class Orchestrator:
             try:
                 hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
             finally:
-                self.admission.hello_done()
+                self.admission.hello_done(ws)
                 pending = False
             hello_at = time.monotonic()
             if not isinstance(hello, p.Hello):
@@ -227,7 +227,7 @@ class Orchestrator:
             log.exception("closing %s after an internal error", session.device_id if session else ws.remote_address)
             await self._close(ws, "internal", f"the server failed handling this device: {type(exc).__name__}")
         finally:
-            self.admission.disconnect(pending=pending)
+            self.admission.disconnect(ws, pending=pending)
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 self.fetches.forget(session.device_id)
@@ -242,7 +242,7 @@ class Orchestrator:
 
     async def _register(self, channel: Channel, hello: p.Hello) -> Session:
         """Authenticate, bound, plan and register a hello (a reconnect replaces the old connection)."""
-        enrolled_samples = self.admission.authenticate(hello)
+        enrolled_samples = self.admission.authenticate(hello, self.admission.proven_id(channel.ws))
         self.admission.check_hello(hello, self.model)
         plan = await self.planning.shippable_plan(hello)
         info = device_info(hello, plan, self.hello_context, self.strategy)
