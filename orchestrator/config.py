@@ -58,7 +58,9 @@ class ServerConfig:
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
-    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices before giving up.", cli=False)
+    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices (for any selectable device, in a "
+                                                  "later round) before giving up; inf: never, saying so every 10 s.",
+                                            cli=False)
     local_steps: Count = setting(10, "Local steps per round (tau).")
     batch_size: Count = setting(32, "Local mini-batch size.")
     lr: Positive = setting(0.05, "Local learning rate.")

@@ -88,10 +88,21 @@ class RoundLoop:
         return len(self.idle())
 
     async def wait_for_devices(self, needed: int) -> None:
-        deadline = time.monotonic() + self.config.wait_devices_s
+        """Wait until ``needed`` devices are selectable, saying so every 10 s (a log line and a
+        ``waiting`` event); give up after ``wait_devices_s`` (``inf``: never, a service's setting)."""
+        start = time.monotonic()
+        deadline, said = start + self.config.wait_devices_s, start
         while self.idle_count() < needed:  # woken by every hello: O(1) between rounds
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"only {self.idle_count()} of {needed} devices were ready in time")
+            if now - said >= 10.0:
+                said = now
+                log.warning("waiting for devices: %d of %d ready, %d held out as silent; waited %.0f s of %s",
+                            self.idle_count(), needed, self.attendance.held_out(), now - start,
+                            f"{self.config.wait_devices_s:.0f} s" if self.config.wait_devices_s != float("inf")
+                            else "no limit")
+                self.emit("waiting", {"ready": self.idle_count(), "needed": needed, "waited_s": round(now - start, 1)})
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.5)

@@ -102,6 +102,23 @@ def test_one_address_holds_at_most_its_share_of_pending_connections(tmp_path: Pa
     assert asyncio.run(main()) == [429, 101, 101, 101]
 
 
+def test_a_server_short_of_devices_waits_and_says_so(tmp_path: Path) -> None:
+    events: list[tuple[str, dict]] = []
+
+    async def main():
+        config = server_config(tmp_path / "s", wait_devices_s=float("inf"))
+        orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
+        await asyncio.sleep(10.5)  # longer than a server without devices used to say nothing for
+        waiting = server.done()
+        x, y = load_shard("synthetic", client=0, num_clients=2)
+        await DeviceClient(DeviceConfig(f"ws://127.0.0.1:{orch.port}", "late-0", 2 << 30), x, y).run()
+        return waiting, await server
+
+    waiting, history = asyncio.run(main())
+    assert not waiting and [h["reported"] for h in history] == [1]
+    assert ("waiting", {"ready": 0, "needed": 1, "waited_s": pytest.approx(10, abs=0.6)}) in events
+
+
 async def _flood_one(url: str, local: str, opened: list[int]) -> None:
     while True:
         try:
