@@ -174,7 +174,7 @@ class DeviceClient:
         (docs/security.md, "The door"); the hello still carries its own proof."""
         c = self.config
         if c.secret:
-            return {"Authorization": f"Proof {c.device_id} {make_proof(c.device_id, c.secret)}"}
+            return {"Authorization": f"Edgetrain {c.device_id} {make_proof(c.device_id, c.secret)}"}
         return {"Authorization": f"Bearer {c.token}"} if c.token else {}
 
     def _tls(self) -> ssl.SSLContext | None:

@@ -213,15 +213,14 @@ class Admission:
 
     def prove(self, header: str) -> str | None:
         """Check an upgrade request's ``Authorization`` header: ``Bearer <token>`` (the shared
-        token) or ``Proof <device_id> <proof>`` (a credential proof, spent like a hello's and in the
+        token) or ``Edgetrain <device_id> <proof>`` (a credential proof, spent like a hello's and in the
         same replay record). Returns the device id it proves ("" for the token), None for a scheme
         this server does not use (ignored: the hello still proves itself); a header of the scheme
         it uses that proves nothing is ``unauthorized``."""
         scheme, _, rest = header.strip().partition(" ")
-        if scheme == "Proof" and self.config.require_credentials:
+        if scheme == "Edgetrain" and self.config.require_credentials:
             device_id, _, token = rest.strip().partition(" ")
-            self._check_credential(p.Hello(device_id=device_id, token=token.strip(), budget_bytes=1, cores=0,
-                                           runtimes=[], num_samples=1))
+            self.spend_proof(device_id, token.strip())
             return device_id
         if scheme == "Bearer" and self.config.token and not self.config.require_credentials:
             if hmac.compare_digest(rest.strip().encode(), self.config.token.encode()):
@@ -308,21 +307,28 @@ class Admission:
 
     def _check_credential(self, hello: p.Hello) -> int | None:
         if self.config.require_credentials:
-            cred = self.store.credential(hello.device_id)
-            if cred is None or cred["revoked"] is not None:
-                raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
-            now = time.time()
-            try:
-                verify_proof(hello.device_id, hello.token, cred["key"], self._replay, now=now,
-                             max_skew_s=self.config.credential_skew_s)
-            except CredentialError as exc:
-                raise p.ProtocolError("unauthorized", str(exc)) from None
-            self._proof_rows.append((hello.device_id, parse_proof(hello.token).nonce, now))
-            self._flush_soon()
-            return cred["samples"]
+            return self.spend_proof(hello.device_id, hello.token)
         if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
         return None
+
+    def spend_proof(self, device_id: str, proof: str) -> int | None:
+        """Check a credential proof of ``device_id`` and spend it: one replay record (this window,
+        kept in the store's ``proofs`` table) serves every door that takes a proof (the hello, the
+        upgrade request, the status page), so a proof spent at one is refused at every other.
+        Returns the enrolled sample count; an unknown, revoked, stale, forged or spent proof is
+        ``unauthorized``."""
+        cred = self.store.credential(device_id)
+        if cred is None or cred["revoked"] is not None:
+            raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
+        now = time.time()
+        try:
+            verify_proof(device_id, proof, cred["key"], self._replay, now=now, max_skew_s=self.config.credential_skew_s)
+        except CredentialError as exc:
+            raise p.ProtocolError("unauthorized", str(exc)) from None
+        self._proof_rows.append((device_id, parse_proof(proof).nonce, now))
+        self._flush_soon()
+        return cred["samples"]
 
     def note_closure(self, device_id: str, kind: str, reason: str, round: int | None = None) -> None:
         """Journal a connection refused or ended for cause (batched per turn, as registrations are)."""

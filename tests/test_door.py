@@ -49,7 +49,7 @@ def test_a_wrong_token_in_the_upgrade_request_is_refused_before_the_websocket_op
         orch, server = await start_orchestrator(server_config(tmp_path / "s", token="s3cret", wait_devices_s=30),
                                                 lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
-        statuses = [await _status(url, h) for h in ("Bearer wrong", "Bearer s3cret", "Proof d x", None)]
+        statuses = [await _status(url, h) for h in ("Bearer wrong", "Bearer s3cret", "Edgetrain d x", None)]
         x, y = load_shard("synthetic", client=0, num_clients=2)
         with pytest.raises(DeviceRefused, match="unauthorized"):  # final: the device does not retry a 401
             await DeviceClient(DeviceConfig(url, "d", 2 << 30, token="wrong"), x, y).run()
@@ -69,10 +69,10 @@ def test_a_credential_proof_in_the_upgrade_request_is_checked_and_binds_the_hell
         config = server_config(store_dir, require_credentials=True, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
-        spent = f"Proof dev-0 {make_proof('dev-0', secret)}"
-        statuses = [await _status(url, f"Proof dev-0 {make_proof('dev-0', 'forged')}"), await _status(url, spent),
-                    await _status(url, spent), await _status(url, f"Proof nobody {make_proof('nobody', secret)}")]
-        async with connect(url, additional_headers={"Authorization": f"Proof dev-0 {make_proof('dev-0', secret)}"},
+        spent = f"Edgetrain dev-0 {make_proof('dev-0', secret)}"
+        statuses = [await _status(url, f"Edgetrain dev-0 {make_proof('dev-0', 'forged')}"), await _status(url, spent),
+                    await _status(url, spent), await _status(url, f"Edgetrain nobody {make_proof('nobody', secret)}")]
+        async with connect(url, additional_headers={"Authorization": f"Edgetrain dev-0 {make_proof('dev-0', secret)}"},
                            **ws_options()) as ws:  # proven as dev-0, the hello may not name another device
             await send_msg(ws, _hello("dev-1", make_proof("dev-1", secret)))
             other = await recv_msg(ws)
