@@ -42,8 +42,8 @@ from edge_sdk.phases import DeviceRegistry
 from edge_sdk.privacy import PrivateHeat
 from edge_sdk.values import ByteSize, Range, SettingError, convert, split_annotated
 
-__all__ = ["FOREVER", "SDKS", "TABLE_FILE", "DeviceConfig", "DeviceSettings",
-           "SettingError", "check_setting", "load_settings", "option_flag", "setting", "setting_default",
+__all__ = ["DEVICE_ID_PATTERN", "FOREVER", "SDKS", "TABLE_FILE", "DeviceConfig", "DeviceSettings",
+           "SettingError", "check_setting", "device_id_problem", "load_settings", "option_flag", "setting", "setting_default",
            "setting_key", "settings_fields", "settings_json", "settings_table"]
 
 #: ``reconnect-retries`` that never gives up (the default: a device is a service).
@@ -329,6 +329,21 @@ def load_settings(given: Mapping[str, Any], config: str | Path | None = None, *,
     return settings
 
 
+#: The characters a device id may use (docs/protocol.md, "Device ids"): ASCII letters and digits, then
+#: also ``. _ - : @ + =``, 1-128 characters, starting with a letter or digit. An id is journaled, shown on
+#: the status page and names files, so no control character (NUL), no bidi control (U+202E), no space
+#: and no path piece ("/", "\\", a leading ".") can be part of one.
+DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}")
+
+
+def device_id_problem(device_id: str) -> str | None:
+    """Why ``device_id`` is not a device id (:data:`DEVICE_ID_PATTERN`), naming it safely; None if it is."""
+    if DEVICE_ID_PATTERN.fullmatch(device_id):
+        return None
+    return (f"device id {ascii(device_id[:64])} is not 1-128 of A-Z a-z 0-9 . _ - : @ + = "
+            "starting with a letter or digit")
+
+
 def _check(s: DeviceSettings, where: Mapping[str, str]) -> None:
     """What one value alone cannot say: a missing id, a CA file without TLS."""
     def name(field_name: str) -> str:
@@ -336,6 +351,8 @@ def _check(s: DeviceSettings, where: Mapping[str, str]) -> None:
 
     if not s.device_id.strip():
         raise SettingError(name("device_id"), "every device needs an id (--id, or id = \"...\" in the config file)")
+    if (problem := device_id_problem(s.device_id)) is not None:
+        raise SettingError(name("device_id"), problem)
     if s.tls_ca and not s.server.lower().startswith("wss://"):
         raise SettingError(name("tls_ca"), f"is for a wss:// server, and {s.server!r} is not one")
 
@@ -397,6 +414,8 @@ class DeviceConfig:
             setattr(self, name, check_setting(name, getattr(self, name), name))
         if isinstance(self.backend, str):
             check_setting("backend", self.backend, "backend")
+        if (problem := device_id_problem(self.device_id)) is not None:
+            raise SettingError("device_id", problem)
 
 
 def main(argv: list[str] | None = None) -> int:

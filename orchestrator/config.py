@@ -58,7 +58,9 @@ class ServerConfig:
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
-    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices before giving up.", cli=False)
+    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices (for any selectable device, in a "
+                                                  "later round) before giving up; inf: never, saying so every 10 s.",
+                                            cli=False)
     local_steps: Count = setting(10, "Local steps per round (tau).")
     batch_size: Count = setting(32, "Local mini-batch size.")
     lr: Positive = setting(0.05, "Local learning rate.")
@@ -127,7 +129,12 @@ class ServerConfig:
         1.0, "How often the server looks for credentials revoked (edgetrain device revoke) while it runs, to "
              "close their connections.", cli=False)
     max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
-    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
+    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once (those proven "
+                                               "in their upgrade request's Authorization header not counted).",
+                                        cli=False)
+    max_pending_per_address: Count = setting(
+        16, "Connections from one IP address not yet past their hello, and not proven in their upgrade request, "
+            "held at once; more get HTTP 429 (docs/security.md, \"The door\").", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
     norm_bound: NonNegative = setting(
         1.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "

@@ -124,8 +124,8 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
   const first = [data()];
   const threads = s["threads"] as number;
   const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
-  const webSocket = (url: string, maxPayload: number) =>
-    new WebSocket(url, { maxPayload, perMessageDeflate: false, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
+  const webSocket = (url: string, maxPayload: number, headers?: Record<string, string>) =>
+    new WebSocket(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
   return () => {
     const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
     return new DeviceClient({

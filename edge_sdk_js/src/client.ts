@@ -10,7 +10,7 @@
 import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
-import { makeProof } from "./credentials.js";
+import { authorizationHeader, makeProof } from "./credentials.js";
 import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
@@ -150,7 +150,7 @@ export class DeviceClient {
       if (this.leaving === "stop") return this.stopped();
       let ch: Channel | null = null;
       try {
-        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits);
+        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits, authorizationHeader(o.deviceId, o.secret, o.token));
         attempt = 0;
         if (await this.session(ch)) { ch.close(); return this.reports; }
         continue; // left between instructions (stop or pause)

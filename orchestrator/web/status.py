@@ -25,6 +25,7 @@ class Served(Protocol):
 
     config: Any
     store: Any
+    admission: Any  # who may connect: its replay record spends the status page's proofs too
     sessions: Mapping[str, Any]
     loop: Any
     model: Any  # the layered model: its input shape and classes, for the device page
