@@ -158,7 +158,8 @@ class RoundWork:
     async def fetch(self, ch: Channel, ins: p.Instruction, prog: RoundProgress, payload_id: str, *,
                     block_range: tuple[int, int] | None = None) -> memoryview:
         """One of the instruction's payloads, resumed within the round."""
-        return await self.downloads.fetch(ch, ins.round, payload_id, prog.partial, prog.timings, block_range=block_range)
+        return await self.downloads.fetch(ch, ins.round, payload_id, prog.partial, prog.timings, block_range=block_range,
+                                          sha256=ins.digests.get(payload_id, ""))
 
     async def tail(self, ch: Channel, ins: p.Instruction, prog: RoundProgress) -> tuple[TrainingBackend, Tail]:
         """The instruction's backend and the tail it prepared."""

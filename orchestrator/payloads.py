@@ -16,7 +16,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -196,7 +196,9 @@ class Payloads:
             config={"seed": self.config.seed * 100_003 + round_no,
                     **({} if self.config.loss_after else {"loss_after": False}), **dict(ins.config), **extra},
         )
-        return Work(ins, selection, wire, names, len(self.by_id[wire.model_id].data))
+        work = Work(ins, selection, wire, names, len(self.by_id[wire.model_id].data))
+        # What each payload's bytes hash to: a device holding them fetches with Fetch.held, and is sent none.
+        return replace(work, wire=replace(wire, digests={pid: self.by_id[pid].sha256 for pid in work.payload_ids}))
 
     def _affordable(self, session: Session, selection: Selection, ranges: list[tuple[int, int]],
                     other: SelectionCost | None) -> bool:
