@@ -8,6 +8,7 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
+import { folderPayloadStore } from "./payload-store-file.js";
 import { fileStore } from "./pending-file.js";
 import { loadRuntime } from "./runtime.js";
 import { readConfig } from "./config.js";
@@ -16,12 +17,14 @@ import type { WebSocketLike } from "./transport.js";
 
 const USAGE = `usage: edgetrain-device --server ws://host:8765 --id ID --budget SIZE --data shard.npz|shard.json
   [--config device.toml] [--runtime node|web] [--token TOKEN | --secret-file FILE] [--threads N]
-  [--device-class NAME] [--label KEY=VALUE ...] [--reconnect-retries N] [--pending FILE] [--json-events]
+  [--device-class NAME] [--label KEY=VALUE ...] [--reconnect-retries N] [--pending FILE] [--payload-cache DIR]
+  [--payload-cache-size SIZE] [--json-events]
   (--url is --server; the config file holds the same settings without their dashes, as the Python device's)
-  --pending FILE: keep an unacknowledged update there, so a restarted device finishes its round`;
+  --pending FILE: keep an unacknowledged update there, so a restarted device finishes its round
+  --payload-cache DIR: keep downloaded payloads there by sha256; none held is downloaded again`;
 
 const DEFAULTS = { server: "ws://127.0.0.1:8765", runtime: "node", token: "", threads: "1", "device-class": "",
-  label: [] as string[], "reconnect-retries": "30", "json-events": false };
+  label: [] as string[], "reconnect-retries": "30", "json-events": false, "payload-cache-size": "256MiB" };
 
 /** The settings: the command line's, then the config file's, then the defaults. */
 function settings() {
@@ -31,7 +34,7 @@ function settings() {
       budget: { type: "string" }, data: { type: "string" }, runtime: { type: "string" }, token: { type: "string" },
       "secret-file": { type: "string" }, threads: { type: "string" }, "device-class": { type: "string" },
       label: { type: "string", multiple: true }, "reconnect-retries": { type: "string" }, pending: { type: "string" },
-      "json-events": { type: "boolean" }, help: { type: "boolean", default: false },
+      "payload-cache": { type: "string" }, "payload-cache-size": { type: "string" }, "json-events": { type: "boolean" }, help: { type: "boolean", default: false },
     },
   });
   const { url, config, ...rest } = given;
@@ -62,6 +65,9 @@ async function main(): Promise<void> {
     token: values.token, secret: values["secret-file"] ? readFileSync(String(values["secret-file"]), "utf8").trim() : "",
     threads, cores: threads, deviceClass: values["device-class"], labels, maxRetries: Number(values["reconnect-retries"]),
     ...(values.pending ? { pending: fileStore(String(values.pending)) } : {}),
+    ...(values["payload-cache"]
+      ? { payloadStore: folderPayloadStore(String(values["payload-cache"]), parseSize(String(values["payload-cache-size"]))) }
+      : {}),
     onEvent: (kind, data) => {
       if (json) console.log(JSON.stringify({ event: kind, ...data }));
       else console.error(`${kind}: ${JSON.stringify(data)}`);

@@ -9,7 +9,7 @@ export type ConfigValue = string | boolean | string[];
 
 /** The keys a device config file may hold here: the Python device's, and `runtime`. */
 export const CONFIG_KEYS = ["server", "id", "budget", "data", "runtime", "token", "secret-file", "threads",
-  "device-class", "label", "reconnect-retries", "json-events"] as const;
+  "device-class", "label", "reconnect-retries", "json-events", "payload-cache", "payload-cache-size"] as const;
 
 /** Parse a config file's text; an unknown key or a line that is not `key = value` is an error naming its line. */
 export function parseConfig(text: string, where = "config"): Record<string, ConfigValue> {

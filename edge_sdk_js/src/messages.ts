@@ -59,8 +59,14 @@ export interface Instruction {
   t: "instruction"; round: number; phase: string; model_version: number; split: number; chunk_ids: string[];
   model_id: string; selection: string; broadcast_id: string; local_steps: number; lr: number; deadline_s: number;
   config: Record<string, Scalar>;
+  /** Optional: payload id -> sha256 of each payload named (docs/protocol.md, "Held payloads"). */
+  digests?: Record<string, string>;
 }
-export interface Fetch { t: "fetch"; round: number; payload_id: string; offset: number }
+export interface Fetch {
+  t: "fetch"; round: number; payload_id: string; offset: number;
+  /** Optional: the sha256 of the payload this device holds; the server then sends none of it. */
+  held?: string;
+}
 export interface TransferBegin {
   t: "transfer_begin"; transfer_id: string; kind: string; total_size: number; sha256: string; frame_size: number;
   offset: number; meta: Record<string, Scalar>;
@@ -93,8 +99,9 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
     ["config", "dict_scalar"]],
   instruction: [["round", "int"], ["phase", "str"], ["model_version", "int"], ["split", "int"],
     ["chunk_ids", "list_str"], ["model_id", "str"], ["selection", "str"], ["broadcast_id", "str"],
-    ["local_steps", "int"], ["lr", "float"], ["deadline_s", "float"], ["config", "dict_scalar"]],
-  fetch: [["round", "int"], ["payload_id", "str"], ["offset", "int"]],
+    ["local_steps", "int"], ["lr", "float"], ["deadline_s", "float"], ["config", "dict_scalar"],
+    ["digests", "dict_str"]],
+  fetch: [["round", "int"], ["payload_id", "str"], ["offset", "int"], ["held", "str"]],
   transfer_begin: [["transfer_id", "str"], ["kind", "str"], ["total_size", "int"], ["sha256", "str"],
     ["frame_size", "int"], ["offset", "int"], ["meta", "dict_scalar"]],
   transfer_frame: [["transfer_id", "str"], ["offset", "int"], ["data", "bytes"]],
@@ -106,6 +113,17 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   bye: [["reason", "str"]],
   resume: [["transfer_id", "str"], ["offset", "int"]],
 };
+
+/** Fields a peer may leave out (left out on the wire when empty; absent when decoded without them),
+ * as the Python dataclasses' `OPTIONAL`. */
+const OPTIONAL: Partial<Record<Message["t"], Set<string>>> = {
+  instruction: new Set(["digests"]),
+  fetch: new Set(["held"]),
+};
+
+function atDefault(value: unknown): boolean {
+  return value === undefined || value === "" || (isPlainObject(value) && Object.keys(value).length === 0);
+}
 
 const SHA256_HEX = /^[0-9a-f]{64}$/;
 
@@ -264,9 +282,11 @@ function checkValues(msg: Message): void {
       require(msg.chunk_ids.every((c) => c !== ""), "instruction.chunk_ids holds an empty id");
       require((SELECTIONS as readonly string[]).includes(msg.selection), `instruction.selection ${msg.selection} is not one of ${SELECTIONS.join(", ")}`);
       require(msg.lr >= 0 && msg.deadline_s >= 0, "instruction.lr or deadline_s is negative");
+      require(Object.values(msg.digests ?? {}).every((d) => SHA256_HEX.test(d)), "instruction.digests holds a value that is not 64 lowercase hex digits");
       break;
     case "fetch":
       require(msg.round >= 0 && msg.offset >= 0 && msg.payload_id !== "", "fetch: bad round, offset or payload_id");
+      require(!msg.held || SHA256_HEX.test(msg.held), "fetch.held is neither empty nor 64 lowercase hex digits");
       break;
     case "transfer_begin":
       require(msg.transfer_id !== "" && msg.kind !== "", "transfer_begin: empty transfer_id or kind");
@@ -302,8 +322,11 @@ export function encode(msg: Message): Uint8Array {
   if (schema === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `cannot encode ${String(msg.t)}`);
   const body: Record<string, unknown> = { t: msg.t, v: PROTOCOL_VERSION };
   const unbounded = makeLimits({ maxFrameBytes: 2 ** 52, maxItems: 2 ** 52, maxStrLen: 2 ** 52 });
+  const optional = OPTIONAL[msg.t];
   for (const [name, kind] of schema) {
-    body[name] = checkKind(`${msg.t}.${name}`, kind, (msg as unknown as Record<string, unknown>)[name], unbounded);
+    const value = (msg as unknown as Record<string, unknown>)[name];
+    if (optional?.has(name) && atDefault(value)) continue;
+    body[name] = checkKind(`${msg.t}.${name}`, kind, value, unbounded);
   }
   checkValues(msg);
   return encoder.encode(body);
@@ -331,15 +354,18 @@ export function decode(data: Uint8Array, limits: Limits = DEFAULT_LIMITS): Messa
   const t = obj["t"];
   const schema = typeof t === "string" && Object.hasOwn(SCHEMAS, t) ? SCHEMAS[t as Message["t"]] : undefined;
   if (schema === undefined) throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `unknown message type ${String(t).slice(0, 64)}`);
+  const optional = OPTIONAL[t as Message["t"]];
   const expected = new Set(["t", "v", ...schema.map(([n]) => n)]);
   const keys = Object.keys(obj);
-  if (keys.length !== expected.size || keys.some((k) => !expected.has(k))) {
-    const missing = [...expected].filter((k) => !(k in obj));
+  const missing = [...expected].filter((k) => !(k in obj) && !optional?.has(k));
+  if (missing.length > 0 || keys.some((k) => !expected.has(k))) {
     const extra = keys.filter((k) => !expected.has(k)).map((k) => k.slice(0, 40));
     throw new ProtocolError(ErrorCode.MALFORMED, `${t}: missing fields [${missing.join(", ")}], unexpected fields [${extra.join(", ")}]`);
   }
   const msg: Record<string, unknown> = { t };
-  for (const [name, kind] of schema) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits);
+  for (const [name, kind] of schema) {
+    if (name in obj) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits); // an optional one left out stays absent
+  }
   checkValues(msg as unknown as Message);
   return msg as unknown as Message;
 }

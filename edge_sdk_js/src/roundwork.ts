@@ -14,6 +14,7 @@ import { fetchPayload } from "./downloads.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import { multiStepForward } from "./forward.js";
 import type { Instruction, Limits, Report, Scalar, Welcome } from "./messages.js";
+import type { PayloadStore } from "./payload-store.js";
 import type { DeviceRegistry, Metrics, PhaseContext, TrainedUpdate } from "./phases.js";
 import type { Runtime } from "./runtime.js";
 import { deviceSeed } from "./sampling.js";
@@ -57,6 +58,8 @@ export interface WorkingDevice {
   readonly forwardBatch: number;
   readonly limits: Limits;
   readonly emit: EventSink;
+  /** Payloads kept by sha256 (src/payload-store.ts): none it holds is downloaded again. */
+  readonly payloadStore?: PayloadStore;
 }
 
 /** Resident memory of this process at its peak, where the platform tells (Node); else 0. */
@@ -129,6 +132,8 @@ class RoundWork implements PhaseContext {
     const data = await fetchPayload(this.ch, this.instruction.round, payloadId, {
       limits: device.limits, partial: this.prog.partial,
       onResumed: (resumed) => device.emit("download_resumed", { device: device.deviceId, ...resumed }),
+      digest: this.instruction.digests?.[payloadId] ?? "", ...(device.payloadStore ? { store: device.payloadStore } : {}),
+      onHeld: (held) => device.emit("from_store", { device: device.deviceId, ...held }),
     });
     this.prog.timings["download_s"]! += seconds(t);
     return data;
