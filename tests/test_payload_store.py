@@ -18,7 +18,9 @@ from edge_sdk.data import load_dataset
 from edge_sdk.payload_store import PayloadStore
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
+from orchestrator.report import write_metrics
 from orchestrator.store import Store
+from orchestrator.wirebytes import round_bytes, run_bytes
 
 
 def _sha(data: bytes) -> str:
@@ -48,6 +50,20 @@ def test_held_and_digests_are_optional_fields_that_round_trip() -> None:
     assert b"held" not in p.encode(p.Fetch(3, "chunk-x"))  # left out at its default: old peers read it
     with pytest.raises(p.ProtocolError):
         p.Fetch(3, "chunk-x", held="not-a-digest").check()
+
+
+def test_bytes_per_device_round_reach_the_run_summary(tmp_path: Path) -> None:
+    rounds = [{"round": 1, "bytes": {"a": {"down": {"chunk": 100, "model": 10}, "up": {"update": 10}, "held": {}},
+                                     "b": {"down": {"model": 10}, "up": {"update": 10}, "held": {"chunk": 100}}}},
+              {"round": 2, "bytes": {"a": {"down": {"chunk": 0, "model": 10}, "up": {"update": 10},
+                                           "held": {"chunk": 100}}}}]
+    assert round_bytes(rounds[0]) == {"down": 120, "up": 20, "held": 100, "devices": 2, "per_device": 70.0}
+    assert run_bytes(rounds) == {"down": 130, "up": 30, "held": 200, "device_rounds": 3, "per_device_round": 160 / 3}
+    write_metrics(tmp_path, {"rounds": rounds})
+    summary = (tmp_path / "metrics.json").read_text()
+    assert '"per_device_round"' in summary
+    lines = (tmp_path / "rounds.csv").read_text().splitlines()
+    assert lines[0] == "round,bytes_down,bytes_up,bytes_held,bytes_per_device" and lines[2] == "2,10,10,100,20.0"
 
 
 class _Connections:
@@ -115,6 +131,8 @@ def test_a_reconnected_device_and_one_in_its_second_round_download_no_byte_they_
         r2 = history[1]["bytes"][device]
         assert r2["down"]["chunk"] == 0 and r2["held"]["chunk"] == history[0]["bytes"][device]["down"]["chunk"]
         assert r2["down"]["model"] > 0 and r2["up"]["update"] > 0
+    assert round_bytes(history[1])["held"] == round_bytes(history[0])["down"] - sum(
+        history[0]["bytes"][d]["down"]["model"] for d in ("back", "stays"))  # every chunk byte of round 1, held
     with Store(tmp_path / "store") as store:
         rows = store.transfers(2)
     from_store = {(r["device_id"], r["kind"]) for r in rows if r["from_device_store"]}
