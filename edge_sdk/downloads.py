@@ -22,6 +22,7 @@ from typing import Any
 from edge_sdk import protocol as p
 from edge_sdk.payload_store import PayloadStore
 from edge_sdk.transport import Channel, recv_msg, recv_payload, send_msg
+from edge_sdk.wire_codecs import CODEC_META, decode_payload
 
 __all__ = ["DeviceRefused", "Downloads", "RoundAborted", "drain", "expect", "next_reply"]
 
@@ -118,7 +119,7 @@ class Downloads:
                     self.on_event("from_store", {"device": self.device_id, "round": round_no, "payload": payload_id,
                                                  "kind": begin.kind, "bytes": len(stored)})
                     timings["download_s"] += time.monotonic() - t
-                    return memoryview(stored)
+                    return self._decoded(memoryview(stored), begin)
                 stored = None  # the server's bytes differ: it sends them from 0
             if incoming is None:
                 incoming = p.IncomingTransfer(begin, self.limits)
@@ -137,7 +138,15 @@ class Downloads:
         data = await recv_payload(ch, incoming.begin, self.limits, incoming=incoming)
         del partial[payload_id]
         timings["download_s"] += time.monotonic() - t
-        return self._keep(data, incoming.begin.sha256)
+        return self._decoded(self._keep(data, incoming.begin.sha256), incoming.begin)
+
+    def _decoded(self, data: memoryview, begin: p.TransferBegin) -> memoryview:
+        """The payload's bytes as its consumer reads them: through the codec ``begin.meta`` names
+        (edge_sdk.wire_codecs), if any. The store keeps what travelled, under the server's sha256."""
+        name = begin.meta.get(CODEC_META, "none")
+        if name == "none":
+            return data
+        return memoryview(decode_payload(data, str(name), begin.kind, self.limits))
 
     def _keep(self, data: memoryview, sha256: str) -> memoryview:
         """Keep a verified payload of digest ``sha256`` in the device's store for later rounds."""

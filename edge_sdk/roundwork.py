@@ -33,6 +33,7 @@ from edge_sdk.memory import peak_rss_bytes
 from edge_sdk.memory_policy import MemoryPolicy
 from edge_sdk.phases import DeviceRegistry, PhaseResult, Tensors, TrainedUpdate
 from edge_sdk.transport import Channel
+from edge_sdk.wire_codecs import UpdateEncoder
 
 __all__ = ["RoundProgress", "RoundWork", "device_seed"]
 
@@ -83,6 +84,7 @@ class RoundWork:
         self.welcome: p.Welcome | None = None  # the server's latest, set by the client at each hello
         self.progress: RoundProgress | None = None
         self._backends: dict[type[TrainingBackend], TrainingBackend] = {}
+        self.updates = UpdateEncoder()  # the update codec's error feedback lives across rounds
 
     def round(self, round_no: int) -> RoundProgress:
         """The progress of ``round_no``; the previous round's activations and updates are freed first."""
@@ -105,7 +107,7 @@ class RoundWork:
         if ins.phase not in prog.reports:
             self.memory.busy()
             result: PhaseResult = await self.device.registry.run(_Phase(self, ch, ins, prog))
-            payload = None if result.tensors is None else p.encode_tensors(result.tensors)
+            payload = None if result.tensors is None else self.updates.encode(result.tensors, ins.config)
             num_samples = len(self.device.x) if result.num_samples is None else result.num_samples
             prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, num_samples, result.trained,
                                                 "" if payload is None else uuid.uuid4().hex, result.metrics), payload)
