@@ -14,6 +14,7 @@ import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { DEFAULT_LIMITS, type Instruction, type Limits, type Report, type Scalar, type Welcome } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
+import { UpdateEncoder } from "./wire-codecs.js";
 import type { PendingStore } from "./pending.js";
 import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
@@ -83,6 +84,7 @@ export class DeviceClient {
   private progress: RoundProgress | null = null;
   private readonly limits: Limits;
   private readonly emit: EventSink;
+  private readonly updates = new UpdateEncoder();
 
   constructor(readonly options: DeviceOptions) {
     this.limits = options.limits ?? DEFAULT_LIMITS;
@@ -180,7 +182,7 @@ export class DeviceClient {
   private working(welcome: Welcome): WorkingDevice {
     const o = this.options;
     return { deviceId: o.deviceId, data: this.data!, welcome, runtime: o.runtime, backend: this.backend, registry: this.registry,
-      threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit,
+      threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit, updates: this.updates,
       ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}) };
   }
 

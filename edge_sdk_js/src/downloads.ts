@@ -12,6 +12,7 @@ import type { PayloadStore } from "./payload-store.js";
 import { nextReply } from "./replies.js";
 import { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
+import { decodePayload } from "./wire-codecs.js";
 
 export interface DownloadOptions {
   limits: Limits;
@@ -40,7 +41,7 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
     if (stored !== undefined) {
       if (begin.offset === begin.total_size && begin.total_size === stored.byteLength && begin.sha256 === digest) {
         opts.onHeld?.({ round, payload: payloadId, kind: begin.kind, bytes: stored.byteLength });
-        return stored;
+        return decodePayload(stored, begin.meta, begin.kind, opts.limits);
       }
       stored = undefined; // the server's bytes differ: it sends them from 0
     }
@@ -64,7 +65,7 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   const data = incoming.result();
   opts.partial.delete(payloadId);
   if (opts.store && incoming.begin.sha256) await opts.store.put(incoming.begin.sha256, data);
-  return data;
+  return decodePayload(data, incoming.begin.meta, incoming.begin.kind, opts.limits); // the store keeps what travelled
 }
 
 /** Read and discard the frames of a transfer this device no longer wants. */

@@ -17,5 +17,6 @@ export * from "./backends/index.js";
 export * from "./client.js";
 export * from "./pending.js";
 export * from "./payload-store.js";
+export * from "./wire-codecs.js";
 export * as codecs from "./codecs/index.js";
 export * from "./dp.js";
