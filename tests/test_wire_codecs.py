@@ -86,8 +86,10 @@ def tamper_update(payload: bytes, how: str) -> bytes:
     record = np.asarray(tensors[name])
     if how == "cut":
         tensors[name] = record[: len(record) // 2]
-    else:
-        tensors[name] = np.frombuffer(CODECS["float16"].encode(np.full(4, np.inf, np.float32)), dtype=np.uint8)
+    else:  # a float16 record whose last value is +inf (0x7C00): the encoder itself refuses to write one
+        spoiled = bytearray(CODECS["float16"].encode(np.ones(4, np.float32)))
+        spoiled[-2:] = b"\x00\x7c"
+        tensors[name] = np.frombuffer(bytes(spoiled), dtype=np.uint8)
     return p.encode_tensors(tensors)
 
 
@@ -105,8 +107,8 @@ def test_each_update_codec_round_trips_in_a_real_run(tmp_path: Path, update_code
     floats = history[0]["bytes"]["a"]["down"]["model"] / 4  # the float32 tail the update is a delta of
     bits = {"float16": 16, "int8": 8, "sr8": 8, "sr4": 4, "sr2": 2, "sr1": 1, "eden4": 4, "eden3": 3, "eden2": 2,
             "eden1": 1}.get(update_codec)
-    if bits is not None:  # at most the codec's bits a coordinate, plus headers and block scales (~1/8)
-        assert all(u <= floats * bits / 8 * 1.2 + 8192 for u in up), (up, floats)
+    if bits is not None:  # the codec's bits a coordinate, plus the grid's block scales (64 bits a 256-block)
+        assert all(u <= floats * (bits + 0.25) / 8 * 1.05 + 8192 for u in up), (up, floats)
 
 
 @pytest.mark.slow
@@ -134,7 +136,7 @@ def test_downloads_travel_through_the_codec_of_their_kind(tmp_path: Path, chunk_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how,code", [("cut", "malformed"), ("inf", "non_finite")])
+@pytest.mark.parametrize("how,code", [("cut", "malformed"), ("inf", "malformed")])  # the record decoder refuses inf
 def test_a_bad_encoded_update_is_refused_with_an_error_frame(tmp_path: Path, how: str, code: str) -> None:
     config = ServerConfig(model="digits_mlp", rounds=1, min_devices=2, local_steps=2, lr=0.1,
                           store_dir=tmp_path / "store", deadline_s=60, update_codec="float16")
