@@ -63,6 +63,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -184,6 +186,38 @@ SETUPS = {
 }
 
 
+#: CIFAR-10 at the paper's scale (Table 6; appendices 6.1, 6.2 and 6.4): 128 clients over the whole
+#: training set (Dirichlet 0.1 shards of all 50,000 images), every client in every round, tau = 10
+#: local steps of batch 32, lr 0.4 decayed tenfold after 80% and 90% of the rounds (the paper's 800
+#: and 900 of 1,000), scored on the whole test set. The roles are forced to Table 1's splits (moderate
+#: 4, weak 7) over generous budgets: a Dirichlet shard holds from a few to over 2,000 images, and the
+#: paper gives a role the same split whatever its data (budgets steer only the planner here).
+PAPER_CIFAR10 = Setup(
+    dataset="cifar10", model="resnet20", devices=128, fraction=1.0, rounds=1000, lr=0.4, eval_every=10,
+    eval_limit=None, partition='scheme = "dirichlet"\nalpha = 0.1', samples=None,
+    groups={
+        "strong": 'class = "mid-phone"\nbudget = "runtime+2GiB"',
+        "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+2GiB"\nforce_split = 4',
+        "weak": 'class = "entry-phone"\nbudget = "runtime+2GiB"\nforce_split = 7',
+    },
+    lr_decay_at=(800, 900),
+    note="The paper's scale: 128 clients over all 50,000 training images (Dirichlet 0.1), every client in every "
+         "round (Table 6), lr 0.4, tenfold less after 80% and 90% of the rounds (appendix 6.2); scored on the "
+         "10,000 test images.")
+
+
+def setup_of(dataset: str, paper: bool) -> Setup:
+    """The dataset's bench setting, or (``paper``, CIFAR-10 only) the paper's scale."""
+    if paper and dataset != "cifar10":
+        raise ValueError("--paper-scale is CIFAR-10's (Table 6); FEMNIST's paper scale needs 3,500 writers")
+    return PAPER_CIFAR10 if paper else SETUPS[dataset]
+
+
+def paper_decay(rounds: int) -> tuple[int, int]:
+    """Appendix 6.2's milestones, 800 and 900 of 1,000 rounds, for a run of ``rounds``."""
+    return max(1, round(0.8 * rounds)), max(2, round(0.9 * rounds))
+
+
 def fleet_name(dataset: str, case: Case) -> str:
     return f"embracing-{dataset}-{case.slug}"
 
@@ -292,12 +326,14 @@ class RunSpec:
     data_root: str | None
     workdir: str
     lr_decay_at: tuple[int, ...] = ()
+    paper: bool = False  # PAPER_CIFAR10's fleet (forced splits, whole test set)
+    torch_device: str = ""  # EDGETRAIN_TORCH_DEVICE for the run's server and workers ("": their defaults)
 
     @property
     def setting(self) -> str:
         return f"{self.dataset}-d{self.devices}-f{self.fraction:g}-lr{self.lr:g}" + (
             f"-n{self.samples}" if self.samples else "") + (
-            "-decay" + "_".join(map(str, self.lr_decay_at)) if self.lr_decay_at else "")
+            "-decay" + "_".join(map(str, self.lr_decay_at)) if self.lr_decay_at else "") + ("-paper" if self.paper else "")
 
     @property
     def folder(self) -> Path:
@@ -353,7 +389,11 @@ def run_one(spec: RunSpec) -> dict:
     from orchestrator.emulation.runner import completed_rounds, run_emulation
     from orchestrator.emulation.schedule import server_config
 
-    setup = SETUPS[spec.dataset]
+    if spec.torch_device:
+        from edge_sdk.accelerator import ENV
+
+        os.environ[ENV] = spec.torch_device  # this run's server and, inherited, its workers
+    setup = setup_of(spec.dataset, spec.paper)
     case = CASES[spec.case]
     text = render_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
                         samples=spec.samples, lr_decay_at=spec.lr_decay_at)
@@ -405,6 +445,7 @@ def run_one(spec: RunSpec) -> dict:
         "roles": {k: {"devices": v["devices"], "splits": sorted(x for x in v["splits"] if x is not None)}
                   for k, v in roles.items()},
         "wall_s": round(sum(s["wall_s"] for s in sessions), 1), "sessions": sessions,
+        "final_correct": final_correct(config, store), "eval_set": f"seed{spec.seed}" if setup.eval_limit else "all",
     }
     tmp = folder / "result.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
@@ -414,6 +455,22 @@ def run_one(spec: RunSpec) -> dict:
     for sub in ("chunks", "train_graphs"):
         shutil.rmtree(store / sub, ignore_errors=True)
     return result
+
+
+def final_correct(config, store: Path) -> str:
+    """Per held-out image, whether the run's last model classifies it right ("0"/"1"), scored as the
+    server scores it (the same images): what the report's bootstrap intervals resample."""
+    from edge_sdk.models import build_model
+    from orchestrator.evaluate import Evaluator
+    from orchestrator.payloads import model_at
+    from orchestrator.store import Store
+
+    with Store.open_readonly(store) as journal:
+        last = journal.last_completed()
+    if last is None:
+        return ""
+    template = build_model(config.model, seed=config.seed)
+    return "".join("1" if c else "0" for c in Evaluator(config, template).correct(model_at(template, last[1])))
 
 
 def launch(spec: RunSpec) -> dict | None:
@@ -474,7 +531,7 @@ def truncate(result: dict, rounds: int) -> dict:
         return result
     kept = [h for h in result["history"] if h["round"] <= rounds]
     startup = result["wall_s"] - sum(h.get("round_wall_s", 0) for h in result["history"])
-    return {**result, "rounds": rounds, "history": kept, "extended_to": result["rounds"],
+    return {**result, "rounds": rounds, "history": kept, "extended_to": result["rounds"], "final_correct": "",
             "wall_s": round(max(0.0, startup) + sum(h.get("round_wall_s", 0) for h in kept), 1)}
 
 
@@ -487,6 +544,32 @@ def rounds_to(result: dict, target: float) -> int | None:
 
 def pct(x: float) -> str:
     return f"{100 * x:.2f}"
+
+
+def final_intervals(lanes: dict[str, list[dict]]) -> dict:
+    """Final accuracy of each lane (``embracingfl``, ``width``, ``allstrong``) with its 95% bootstrap
+    interval over seeds and test images, and EmbracingFL's paired differences to the others, with
+    whether each is a win or within noise (``bench/intervals.py``). Empty unless every run kept its
+    per-image results (``final_correct``) and the lanes ran the same seeds."""
+    import numpy as np
+
+    from bench.intervals import accuracy_of, difference, interval, paired_draws, verdict
+
+    lanes = {k: sorted(v, key=lambda r: r["spec"]["seed"]) for k, v in lanes.items() if v}
+    seeds = {tuple(r["spec"]["seed"] for r in rs) for rs in lanes.values()}
+    if "embracingfl" not in lanes or len(seeds) != 1 or not all(r.get("final_correct") for rs in lanes.values()
+                                                                  for r in rs):
+        return {}
+    results = {k: [np.frombuffer(r["final_correct"].encode(), np.uint8) - ord("0") for r in rs]
+               for k, rs in lanes.items()}
+    draws = paired_draws(results, [r.get("eval_set", "all") for r in lanes["embracingfl"]], accuracy_of)
+    est = {k: float(np.mean([c.mean() for c in v])) for k, v in results.items()}
+    out: dict = {k: interval(draws[k], est[k]).to_dict() for k in lanes}
+    for other in ("width", "allstrong"):
+        if other in lanes:
+            diff = difference(draws["embracingfl"], draws[other], est["embracingfl"], est[other])
+            out[f"embracingfl_minus_{other}"] = {**diff.to_dict(), "verdict": verdict(diff)}
+    return out
 
 
 def build_report(dataset: str, setting: dict, runs: dict[tuple[int, str], list[dict]]) -> dict:
@@ -522,6 +605,10 @@ def build_report(dataset: str, setting: dict, runs: dict[tuple[int, str], list[d
         if number in PAPER_ROUNDS and dataset == "cifar10":
             entry["paper_rounds"] = dict(zip(("target", "width", "embracingfl"), PAPER_ROUNDS[number]))
         entry["wall_s"] = sum(r["wall_s"] for (c, _), rs in runs.items() if c == number for r in rs)
+        entry["final_intervals"] = final_intervals({
+            "embracingfl": runs.get((number, "embracingfl"), []),
+            "width": runs.get((number, "width"), []) if number != 1 else [],
+            "allstrong": runs.get((1, "embracingfl"), []) if number != 1 else []})
         cases[number] = entry
     # The issue's check, per case: EmbracingFL against all strong (case 1) and against width reduction,
     # in accuracy points of the means over seeds.
@@ -557,7 +644,8 @@ def markdown(dataset: str, report: dict) -> str:
     tenth = max(1, st["rounds"] // 10)
     lines = [
         f"### {dataset}: {st['model']}, {st['devices']} devices ({st['per_round']} per round), {st['rounds']} rounds "
-        f"(paper: 128 clients, 32 per round, {PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}"
+        f"(paper: 128 clients, {'32 (Table 4)' if dataset == 'femnist' else 'all 128 (Table 6)'} per round, "
+        f"{PAPER_ROUNDS_TOTAL[dataset]} rounds), lr {st['lr']}"
         + (f" (tenfold less after rounds {', '.join(map(str, st['lr_decay_at']))})" if st.get("lr_decay_at") else "")
         + ", mode lightweight",
         "",
@@ -591,6 +679,7 @@ def markdown(dataset: str, report: dict) -> str:
     if gap_lines:
         lines += ["", "Differences of the means over seeds, in points (best; end: the last "
                       f"{tenth} rounds' mean; final: the last round):", "", *gap_lines]
+    lines += interval_lines(report)
     lines += ["", f"Rounds to the target accuracy (Table 7 shape; mean over seeds, evaluated every "
                   f"{st['eval_every']} rounds; '-' if a seed never reached it):", "",
               "| case | target | width reduction (ours) | EmbracingFL (ours) | paper: target | paper: width reduction "
@@ -608,6 +697,65 @@ def markdown(dataset: str, report: dict) -> str:
         pr = e.get("paper_rounds")
         paper = [f"{pr['target']}%", str(pr["width"]), str(pr["embracingfl"])] if pr else ["-", "-", "-"]
         lines.append(f"| {number} | {pct(e['target'])}% | {cells[0]} | {cells[1]} | {' | '.join(paper)} |")
+    return "\n".join(lines) + "\n"
+
+
+def interval_lines(report: dict) -> list[str]:
+    """The final accuracies with their 95% bootstrap intervals (seeds and test images), and
+    EmbracingFL's paired differences: a win only where the interval excludes 0."""
+    from bench.intervals import Interval
+
+    rows = []
+    for number, e in sorted(report["cases"].items()):
+        fi = e.get("final_intervals") or {}
+        if not fi:
+            continue
+        cells = [Interval(**fi[k]).scaled(100).text() if k in fi else "-" for k in ("width", "embracingfl")]
+        diffs = []
+        for other in ("width", "allstrong"):
+            d = fi.get(f"embracingfl_minus_{other}")
+            word = {"wins": "**win**", "loses": "**loss**"}.get(d["verdict"], "within noise") if d else ""
+            diffs.append(f"{Interval(d['estimate'], d['low'], d['high']).scaled(100).text(sign=True)} {word}"
+                         if d else "-")
+        rows.append(f"| {number} | {cells[0]} | {cells[1]} | {diffs[0]} | {diffs[1]} |")
+    if not rows:
+        return []
+    return ["", "Final accuracy in %, mean over seeds [95% bootstrap interval over seeds and test images]; "
+                "EmbracingFL's differences paired on the same seeds and images, a win only where the interval "
+                "excludes 0:", "", "| case | width reduction | EmbracingFL | EmbracingFL - width reduction "
+                "| EmbracingFL - all strong |", "|---|---|---|---|---|", *rows]
+
+
+def restate(path: Path) -> str:
+    """The gaps of a results file written before runs kept per-image results, with intervals: per
+    case and measure (end, final), EmbracingFL's difference to width reduction and to all strong,
+    the seeds resampled in pairs (the same seed is the same devices and data for every method) and
+    each seed's test-set noise drawn as a binomial of its accuracy, independently per method (wider
+    than the paired interval a rerun gives). A win only where the interval excludes 0."""
+    from bench.intervals import difference, interval, seed_draws, verdict
+
+    lines = [f"{path.name}: difference in points [95% interval over seeds and test images, unpaired images]", "",
+             "| dataset | case | measure | EmbracingFL | EmbracingFL - width reduction | EmbracingFL - all strong |",
+             "|---|---|---|---|---|---|"]
+    for dataset, rep in json.loads(path.read_text())["datasets"].items():
+        n = rep["setting"].get("eval_limit") or {"femnist": 1695, "cifar10": 10000}[dataset]
+        cases = rep["cases"]
+        for number, e in sorted(cases.items(), key=lambda kv: int(kv[0])):
+            if number == "1":
+                continue
+            lanes = {"embracingfl": e["methods"].get("embracingfl"), "width": e["methods"].get("width"),
+                     "allstrong": cases.get("1", {}).get("methods", {}).get("embracingfl")}
+            for measure in ("end", "final"):
+                draws = {k: seed_draws(v[measure], n, noise_seed=i + 7) for i, (k, v) in enumerate(lanes.items()) if v}
+                est = {k: float(np.mean(v[measure])) for k, v in lanes.items() if v}
+                cells = [interval(draws["embracingfl"], est["embracingfl"]).scaled(100).text()]
+                for other in ("width", "allstrong"):
+                    if other not in draws:
+                        cells.append("-")
+                        continue
+                    d = difference(draws["embracingfl"], draws[other], est["embracingfl"], est[other])
+                    cells.append(f"{d.scaled(100).text(sign=True)} {verdict(d)}")
+                lines.append(f"| {dataset} | {number} | {measure} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -647,7 +795,7 @@ def plot_case(dataset: str, report: dict, number: int, runs: dict[tuple[int, str
 
 
 def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> dict:
-    setup = SETUPS[args.dataset]
+    setup = setup_of(args.dataset, args.paper_scale)
     runs: dict[tuple[int, str], list[dict]] = {}
     for spec in specs:
         r = load_result(spec)
@@ -691,6 +839,40 @@ def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> 
     return report
 
 
+def resolve(args: argparse.Namespace) -> None:
+    """Fill the options left out from the dataset's setting (or the paper's scale, or --quick)."""
+    if args.paper_scale:
+        args.dataset = "cifar10"
+        args.rounds = args.rounds or PAPER_CIFAR10.rounds
+        if args.lr_decay_at is None:
+            args.lr_decay_at = ",".join(map(str, paper_decay(args.rounds)))
+        args.workers = args.workers if args.workers > 1 else default_workers()
+    setup = setup_of(args.dataset, args.paper_scale)
+    if args.quick:
+        args.cases, args.seeds = "1,6", "0"
+        args.rounds, args.devices = args.rounds or 6, args.devices or 16
+        args.fraction = args.fraction or 0.25
+        args.out = args.out or str(RESULTS / "embracing-quick.json")
+    args.cases = sorted(CASES) if args.cases == "all" else [int(c) for c in args.cases.split(",")]
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.rounds = args.rounds or setup.rounds
+    args.devices = args.devices or setup.devices
+    args.fraction = args.fraction or setup.fraction
+    args.lr = args.lr or setup.lr
+    args.lr_decay_at = setup.lr_decay_at if args.lr_decay_at is None else tuple(
+        int(r) for r in args.lr_decay_at.split(",") if r.strip())
+    args.samples = args.samples if args.samples is not None else setup.samples
+    args.eval_every = args.eval_every or setup.eval_every
+    if args.data_root is None:
+        args.data_root = os.environ.get("EDGETRAIN_DATA")
+
+
+def default_workers() -> int:
+    """Worker processes for a paper-scale run: one per core but one (the server's), at least 2."""
+    return max(2, (os.cpu_count() or 2) - 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", choices=sorted(SETUPS), default="femnist")
@@ -716,8 +898,20 @@ def main() -> None:
                     help="only render the tables and plots: from finished runs, or the journals of runs that have "
                          "completed at least --rounds rounds")
     ap.add_argument("--write-fleets", action="store_true", help="write profiles/fleets/embracing-*.toml and exit")
+    ap.add_argument("--paper-scale", action="store_true",
+                    help="CIFAR-10 at the paper's scale: 128 clients over all 50,000 images, all of them every round, "
+                         "lr 0.4 decayed after 80%% and 90%% of --rounds (default 1000), the whole test set "
+                         "(README.md, \"EmbracingFL's CIFAR-10 table at the paper's scale\")")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
+                    help="torch device of the server's evaluation and the emulated devices (EDGETRAIN_TORCH_DEVICE; "
+                         "default: a GPU where torch sees one)")
+    ap.add_argument("--restate", nargs="+", type=Path, default=None,
+                    help="print the gaps of these results files (runs without per-image results) with intervals")
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.restate:
+        print("\n".join(restate(p) for p in args.restate))
+        return
     if args.run_one:
         fields = json.loads(args.run_one)
         run_one(RunSpec(**{**fields, "lr_decay_at": tuple(fields.get("lr_decay_at", ()))}))
@@ -726,28 +920,11 @@ def main() -> None:
         for p in write_fleets(sorted(SETUPS)):
             print(p.relative_to(ROOT))
         return
-    setup = SETUPS[args.dataset]
-    if args.quick:
-        args.cases, args.seeds = "1,6", "0"
-        args.rounds, args.devices = args.rounds or 6, args.devices or 16
-        args.fraction = args.fraction or 0.25
-        args.out = args.out or str(RESULTS / "embracing-quick.json")
-    args.cases = sorted(CASES) if args.cases == "all" else [int(c) for c in args.cases.split(",")]
-    args.methods = [m for m in args.methods.split(",") if m]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.rounds = args.rounds or setup.rounds
-    args.devices = args.devices or setup.devices
-    args.fraction = args.fraction or setup.fraction
-    args.lr = args.lr or setup.lr
-    args.lr_decay_at = setup.lr_decay_at if args.lr_decay_at is None else tuple(
-        int(r) for r in args.lr_decay_at.split(",") if r.strip())
-    args.samples = args.samples if args.samples is not None else setup.samples
-    args.eval_every = args.eval_every or setup.eval_every
-    if args.data_root is None:
-        args.data_root = os.environ.get("EDGETRAIN_DATA")
-    out = Path(args.out or RESULTS / "embracing.json")
+    resolve(args)
+    out = Path(args.out or RESULTS / ("embracing-paper.json" if args.paper_scale else "embracing.json"))
     specs = [RunSpec(args.dataset, c, m, s, args.rounds, args.devices, args.fraction, args.lr, args.eval_every,
-                     args.samples, args.workers, args.data_root, args.workdir, args.lr_decay_at)
+                     args.samples, args.workers, args.data_root, args.workdir, args.lr_decay_at, args.paper_scale,
+                     args.device or "")
              for s in args.seeds for c in args.cases for m in args.methods if not (c == 1 and m != "embracingfl")]
     todo = [s for s in specs if (r := load_result(s)) is None or r["rounds"] < s.rounds]
     per_round = max(1, round(args.devices * args.fraction))

@@ -10,9 +10,22 @@ is never seen. Grid values: ``rel:c`` (epsilon_t = c F(w_t), the ``relative_epsi
 ``abs:e`` (a constant loss gap, the ``epsilon`` option; ``abs:inf`` is FedAvg on all, ``abs:0``
 FedAvg on the priority devices). The chosen value is the best mean over choices and seeds.
 
-Writes ``bench/results/fedalign-epsilon-<task>.json`` and prints the table and the chosen value.
+Every grid value runs with FedALIGN's default warm-up (``--warmup`` to change it), and the grid
+always holds the default threshold (rel:0.5), so the table says how the shipped default compares.
 
-Usage: ``python bench/fedalign_epsilon.py --task tcga [--grid rel:0.05,rel:0.1,abs:0.5] [--seeds 0]``
+**Your own task.** ``--fleet FILE --held-out DATA`` runs the grid on a fleet file of yours (its
+groups, data, model and ``[training]`` settings; the groups with ``priority = true`` are FedALIGN's
+priority devices) through the emulator (``edgetrain emulate``'s code, the fleet's emulation mode),
+and scores each run's final model on ``DATA``: a held-out set of the priority devices' own kind of
+data that no device trains on (a ``.npz``/``.npy``/``.csv`` file, or ``package.module:function``,
+as ``edgetrain serve --eval-data`` takes it). The score is the accuracy, or, for a model without
+classes, the negated test loss (higher is better either way).
+
+Writes ``bench/results/fedalign-epsilon-<task>.json`` (``-<fleet name>`` for a fleet) and prints the
+table and the chosen value.
+
+Usage: ``python bench/fedalign_epsilon.py --task tcga [--grid rel:0.05,rel:0.1,abs:0.5] [--seeds 0]``;
+``python bench/fedalign_epsilon.py --fleet my-fleet.toml --held-out priority-holdout.npz [--rounds 20]``
 """
 
 from __future__ import annotations
@@ -34,11 +47,13 @@ import numpy as np
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.prioritized_runner import run_algorithm  # noqa: E402
+from bench.prioritized_runner import run_algorithm, strategy_options  # noqa: E402
 from bench.prioritized_tasks import add_task_arguments, choices, instance  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_GRID = "rel:0.02,rel:0.05,rel:0.1,rel:0.2,rel:0.5,abs:0.1,abs:0.5"
+#: The grid: FedALIGN's default threshold (rel:0.5, ``DEFAULT_RELATIVE_EPSILON``) among smaller and
+#: larger ones, relative and absolute.
+DEFAULT_GRID = "rel:0.02,rel:0.05,rel:0.1,rel:0.2,rel:0.5,rel:1,abs:0.1,abs:0.5"
 
 
 def parse_grid(text: str) -> list[tuple[str, float]]:
@@ -56,7 +71,43 @@ def label(option: str, value: float) -> str:
     return f"{'rel' if option == 'relative_epsilon' else 'abs'}:{value:g}"
 
 
+def grid_options(args: argparse.Namespace, option: str, value: float) -> dict[str, object]:
+    """FedALIGN's options for one grid value: the value, and what the command line set."""
+    return strategy_options("fedalign", 0, warmup=args.warmup, eval_samples=args.eval_samples, **{option: value})
+
+
+async def fleet_run(args: argparse.Namespace, option: str, value: float, seed: int, store: Path) -> float:
+    """One FedALIGN run of the user's fleet at one grid value: the final model's score on --held-out."""
+    import dataclasses
+
+    from orchestrator.emulation.fleet import load_fleet
+    from orchestrator.emulation.runner import run_emulation
+    from orchestrator.emulation.schedule import server_config
+    from orchestrator.strategies import FedALIGN
+    from orchestrator.strategies.options import option_specs
+
+    fleet = load_fleet(args.fleet)
+    if not any(g.priority for g in fleet.groups):
+        raise SystemExit(f"{args.fleet}: no group has priority = true; FedALIGN needs priority devices")
+    fleet = dataclasses.replace(fleet, seed=seed, partition=dataclasses.replace(fleet.partition, seed=seed))
+    config = server_config(fleet, rounds=args.rounds or None, store_dir=store, data_root=args.data_root)
+    # The fleet's own FedALIGN options (priority label, warm-up ...) stay, but for the threshold.
+    kept = {k: v for k, v in fleet.strategy_options.items()
+            if k in option_specs(FedALIGN) and k not in ("epsilon", "relative_epsilon")}
+    config = dataclasses.replace(config, strategy="fedalign", eval_source=args.held_out, eval_every=config.rounds,
+                                 strategy_options={**kept, **grid_options(args, option, value)}, seed=seed)
+    run = await run_emulation(fleet, config, data_root=args.data_root)
+    last = run.history[-1] if run.history else {}
+    if "accuracy" in last:
+        return float(last["accuracy"])
+    if "test_loss" in last:
+        return -float(last["test_loss"])
+    raise SystemExit(f"{args.fleet}: the last round has no score on {args.held_out} (did every round fail?)")
+
+
 async def grid_search(args: argparse.Namespace) -> dict:
+    if args.fleet:
+        return await fleet_grid(args)
     grid = parse_grid(args.grid)
     scores: dict[str, list[float]] = {label(o, v): [] for o, v in grid}
     per_choice: dict[str, dict[str, list[float]]] = {}
@@ -65,37 +116,67 @@ async def grid_search(args: argparse.Namespace) -> dict:
             for seed in args.seeds:
                 inst = instance(args.task, choice, seed, "validation", args)
                 for option, value in grid:
-                    opts = {"warmup": args.warmup, "eval_samples": args.eval_samples, option: value}
-                    run = await run_algorithm("fedalign", inst.devices, inst.training, opts, seed,
-                                              Path(tmp) / f"{choice}-{seed}-{label(option, value)}", inst.scorer)
+                    run = await run_algorithm("fedalign", inst.devices, inst.training, grid_options(args, option, value),
+                                              seed, Path(tmp) / f"{choice}-{seed}-{label(option, value)}", inst.scorer)
                     key = label(option, value)
                     scores[key].append(run["final"])
                     per_choice.setdefault(choice, {}).setdefault(key, []).append(run["final"])
                     print(f"{choice:24s} seed {seed} {key:10s} validation {run['final']:.4f} ({run['seconds']:.0f} s)",
                           flush=True)
+    return choose(args.task, scores, args.seeds, per_choice)
+
+
+def choose(task: str, scores: dict[str, list[float]], seeds: list[int], per_choice: dict | None = None) -> dict:
+    """The grid's table: mean and std per value, and the value of the best mean."""
     means = {k: float(np.nanmean(v)) for k, v in scores.items() if v}
     best = max(means, key=lambda k: means[k] if math.isfinite(means[k]) else -math.inf)
-    return {"task": args.task, "grid": list(scores), "seeds": args.seeds, "scores": scores, "per_choice": per_choice,
+    return {"task": task, "grid": list(scores), "seeds": seeds, "scores": scores, "per_choice": per_choice or {},
             "mean": means, "std": {k: float(np.nanstd(v)) for k, v in scores.items() if v}, "chosen": best}
 
 
-def main() -> None:
+async def fleet_grid(args: argparse.Namespace) -> dict:
+    """The grid on the user's fleet (``--fleet``), scored on ``--held-out``."""
+    grid = parse_grid(args.grid)
+    scores: dict[str, list[float]] = {label(o, v): [] for o, v in grid}
+    with TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for option, value in grid:
+                key = label(option, value)
+                scores[key].append(await fleet_run(args, option, value, seed, Path(tmp) / f"{seed}-{key}"))
+                print(f"seed {seed} {key:10s} held-out score {scores[key][-1]:.4f}", flush=True)
+    return choose(Path(args.fleet).stem, scores, args.seeds)
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_task_arguments(ap)
+    add_task_arguments(ap, required=False)
+    ap.add_argument("--fleet", default=None, help="your own task: a fleet file whose priority groups are FedALIGN's")
+    ap.add_argument("--held-out", default=None,
+                    help="with --fleet: held-out data of the priority devices' kind (.npz/.npy/.csv or module:function)")
+    ap.add_argument("--data-root", default=None, help="with --fleet: where its dataset lives (default $EDGETRAIN_DATA)")
     ap.add_argument("--grid", default=DEFAULT_GRID)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--choices", type=lambda s: [c.strip() for c in s.split(";") if c.strip()], default=None)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--eval-samples", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: FedALIGN's default)")
+    ap.add_argument("--eval-samples", type=int, default=None, help="samples per loss (default: FedALIGN's default)")
     ap.add_argument("--out", default=None)
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     args = ap.parse_args()
+    if bool(args.fleet) == bool(args.task):
+        ap.error("give --task (a built-in task) or --fleet with --held-out (your own), not both")
+    if args.fleet and not args.held_out:
+        ap.error("--fleet needs --held-out: the priority devices' held-out data the grid is scored on")
     args.seeds = [int(s) for s in args.seeds.split(",")]
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
     result = asyncio.run(grid_search(args))
     result["wall_seconds"] = time.monotonic() - started
     result["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out = Path(args.out or RESULTS / f"fedalign-epsilon-{args.task}.json")
+    out = Path(args.out or RESULTS / f"fedalign-epsilon-{result['task']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print("| epsilon | validation score (mean ± std) |\n|---|---|")

@@ -18,10 +18,19 @@
    where a tab's time goes.
 5. Accuracy (`--parts accuracy`, not run by default: minutes per fleet): digits_mlp on six devices
    against one orchestrator, the same shards and server seed, as an all-Python fleet and as a mixed
-   fleet (two Python devices, a moderate and a weak Node device, two Chromium tabs, one weak), for
-   each of `--seeds`; the all-Python runs over the seeds give the workload's chance spread.
+   fleet (two Python devices, a moderate and a weak Node device, two Chromium tabs: a moderate one
+   on WebGPU, a weak one on WebAssembly), for each of `--seeds`; the all-Python runs over the seeds
+   give the workload's chance spread.
+6. WebGPU (`--webgpu`, beside the parts run): a Chromium tab training on its GPU (onnxruntime-web's
+   WebGPU build, the WebGPU backend): conformance rows, a speed row (`--gpu-steps` after
+   `--gpu-warmup`, one run: each step is slow on a CPU emulation), its memory (renderer and GPU
+   process) per phase and as a runtime, naming the adapter; and `--parts placements`: which of each
+   graph's operators ONNX Runtime puts on WebAssembly, and why. Headless Chromium's adapter here is
+   SwiftShader, a CPU emulation of a GPU: its times say nothing of a GPU's. On a machine with a GPU
+   (Linux with Vulkan drivers), `--chromium-flags=--enable-features=Vulkan` may be needed for
+   Chromium to pick it; the adapter the rows name says which ran.
 
-    PYTHONPATH=. python bench/js_devices.py [--models digits_mlp,resnet20] [--steps 30] [--no-browser]
+    PYTHONPATH=. python bench/js_devices.py [--models digits_mlp,resnet20] [--steps 30] [--no-browser] [--webgpu]
 
 Needs `npm ci` and `npm run build` in edge_sdk_js/ first (make test-js does both).
 """
@@ -155,7 +164,8 @@ def _conformance(args: argparse.Namespace, tmp: Path, run: list[str], browser: b
         refused: list[dict] = []
     else:
         folders, refused = _cases(tmp / "conformance", _splits(args.models.split(",")))
-    rows = _json([*run, "conformance", *map(str, folders), *(["--browser"] if browser else [])], timeout=7200)
+    flags = [*(["--browser"] if browser else []), *(["--webgpu"] if browser and args.webgpu else [])]
+    rows = _json([*run, "conformance", *map(str, folders), *flags], timeout=4 * 7200)
     return {"refused": refused, "conformance": rows}
 
 
@@ -170,10 +180,25 @@ def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -
     speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
     for i, row in enumerate(speed):
         row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
+    if browser and args.webgpu:  # one run of a few steps: on a CPU emulation each step takes seconds
+        gpu = _json([*run, "step", str(case), "webgpu", str(args.gpu_steps), str(args.gpu_warmup), str(args.threads)],
+                    extra_env=env, timeout=7200)
+        speed.append({**gpu, "msPerStepRuns": [gpu["msPerStep"]]})
+    for row in speed:
         row["timeRatio"] = row["msPerStep"] / speed[0]["msPerStep"]
         row["memoryRatio"] = row["peakRss"] / speed[0]["peakRss"]
     return {"case": args.case, "batch": args.batch, "samples": args.samples, "steps": args.steps,
-            "warmup": args.warmup, "threads": args.threads, "chromium_flags": args.chromium_flags, "rows": speed}
+            "warmup": args.warmup, "threads": args.threads, "chromium_flags": args.chromium_flags, "rows": speed,
+            **({"gpu_steps": args.gpu_steps, "gpu_warmup": args.gpu_warmup} if browser and args.webgpu else {})}
+
+
+def _placements(args: argparse.Namespace, tmp: Path, run: list[str]) -> list[dict]:
+    """Which operators of each graph ONNX Runtime Web runs on WebAssembly beside WebGPU, and why."""
+    if args.cases is not None:
+        folders = sorted(p for p in args.cases.iterdir() if (p / "expected.json").exists())
+    else:
+        folders, _ = _cases(tmp / "placements", _splits(args.models.split(",")))
+    return _json([*run, "placements", *map(str, folders)], timeout=7200)
 
 
 def _profile(args: argparse.Namespace, tmp: Path, run: list[str]) -> dict[str, object]:
@@ -213,6 +238,10 @@ def main() -> None:
                     help="speed: extra Chromium switches, for diagnosis only (a page cannot set them)")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--webgpu", action="store_true",
+                    help="also a Chromium tab training on its GPU (WebGPU): conformance, speed and memory rows")
+    ap.add_argument("--gpu-steps", type=int, default=5, help="speed: timed steps of the WebGPU tab")
+    ap.add_argument("--gpu-warmup", type=int, default=2, help="speed: steps of the WebGPU tab's untimed first round")
     ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
     ap.add_argument("--cases", type=Path, default=None, help="reuse the conformance cases exported into this folder")
     ap.add_argument("--seeds", default="0,1,2", help="accuracy: server seeds, one all-Python and one mixed fleet each")
@@ -232,9 +261,11 @@ def main() -> None:
             result["speed"] = _speed(args, Path(tmp), run, browser)
         if "profile" in parts and browser:
             result["profile"] = _profile(args, Path(tmp), run)
+        if "placements" in parts and browser:
+            result["placements"] = _placements(args, Path(tmp), run)
         if "memory" in parts:
             memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
-            for kind in ("node", "web", *(["browser"] if browser else [])):
+            for kind in ("node", "web", *(["browser"] if browser else []), *(["webgpu"] if browser and args.webgpu else [])):
                 memory.append(_json([*run, "runtime", kind]))
             result["runtime_memory"] = memory
         if "accuracy" in parts:
@@ -263,11 +294,16 @@ def _print(result: dict) -> None:
               f"{s['threads']} thread(s)")
         for row in s["rows"]:
             print(f"  {row['runtime']:28s} {row['msPerStep']:8.2f} ms/step ({row['timeRatio']:.2f}x; first round "
-                  f"{row['firstRoundMsPerStep']:.0f})  peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)")
+                  f"{row['firstRoundMsPerStep']:.0f})  peak {row['peakRss'] / mib:7.1f} MiB ({row['memoryRatio']:.2f}x)"
+                  + (f"  GPU process peak {row['gpuProcessPeak'] / mib:.1f} MiB" if "gpuProcessPeak" in row else "")
+                  + (f"  adapter {_adapter(row['adapter'])}" if "adapter" in row else ""))
             for phase in row.get("phases", []):
-                print(f"    {phase['name']:14s} largest {phase['maxRss'] / mib:7.1f} MiB, at its end {phase['rss'] / mib:7.1f} MiB")
+                print(f"    {phase['name']:14s} largest {phase['maxRss'] / mib:7.1f} MiB, at its end {phase['rss'] / mib:7.1f} MiB"
+                      f"; GPU process largest {phase.get('gpuMaxRss', 0) / mib:7.1f} MiB")
     if "profile" in result:
         _print_profile(result["profile"])
+    if "placements" in result:
+        _print_placements(result["placements"])
     if "accuracy" in result:
         a = result["accuracy"]
         print(f"accuracy after {a['rounds']} rounds: all-Python spread over seeds {a['python_spread']:.4f}, "
@@ -276,7 +312,26 @@ def _print(result: dict) -> None:
         print("runtime memory (one tiny session run)")
         for row in result["runtime_memory"]:
             print(f"  {row['runtime']:36s} rss {row['rss'] / mib:7.1f} MiB  peak {row['peakRss'] / mib:7.1f} MiB"
-                  + (f"  pss {row['pss'] / mib:7.1f} MiB  idle page {row['idleRendererRss'] / mib:7.1f} MiB" if "pss" in row else ""))
+                  + (f"  pss {row['pss'] / mib:7.1f} MiB  idle page {row['idleRendererRss'] / mib:7.1f} MiB" if "pss" in row else "")
+                  + (f"  GPU process {row['gpuProcessIdleRss'] / mib:.1f} -> {row['gpuProcessRss'] / mib:.1f} MiB"
+                     if "gpuProcessRss" in row else "")
+                  + (f"  adapter {_adapter(row['adapter'])}" if "adapter" in row else ""))
+
+
+def _adapter(adapter: dict | None) -> str:
+    """The adapter a WebGPU row ran on, labelled where it is SwiftShader (a CPU emulation of a GPU)."""
+    if not adapter:
+        return "none"
+    name = " ".join(v for v in (adapter.get("vendor"), adapter.get("architecture"), adapter.get("device")) if v)
+    return f"{name} (SwiftShader: a CPU emulation, not a GPU's speed)" if adapter.get("architecture") == "swiftshader" else name
+
+
+def _print_placements(rows: list[dict]) -> None:
+    print("WebGPU placements: nodes on the GPU, and operators on WebAssembly (count: why)")
+    for row in rows:
+        for graph, p in row["graphs"].items():
+            cpu = "; ".join(f"{op} {e['nodes']} ({', '.join(e['why'])})" for op, e in sorted(p["cpu"].items()))
+            print(f"  {row['case']:16s} {graph:8s} GPU {p['gpu']:4d}  WebAssembly: {cpu or 'none'}")
 
 
 def _print_profile(p: dict) -> None:

@@ -8,12 +8,15 @@ over several seeds (tasks: ``bench/prioritized_tasks.py``; runs: ``bench/priorit
 - ``--task tcga``: priority = one region of Fed-TCGA-BRCA (each of the 6 in turn), a linear Cox
   model, scored by the C-index on the region's test patients (FLamby's task).
 
-Every algorithm runs at its defaults unless told otherwise: FedALIGN's threshold relative to the
-priority loss, ``--warmup`` rounds; VaRSeL's budget K = 0.25 N (``budget_fraction``). The seed
-changes the initial model and every device's mini-batches; the devices' data is the natural one.
+Every algorithm runs at ``make_strategy``'s defaults (``bench/validated.toml``) unless a command
+line option says otherwise. The seed changes the initial model and every device's mini-batches; the
+devices' data is the natural one (``--priority-labels swapped``: the priority group's labels made to
+differ from the others', ``bench/prioritized_tasks.py``). ``--server-defaults`` keeps the server's
+defences on, as ``edgetrain serve`` has them.
 
-Writes ``bench/results/natural-<task>.json`` (after every run, so a cut run keeps what it did) and
-prints the table BENCHMARKS.md shows.
+Writes ``bench/results/natural-<task>[-swapped][-defaults].json`` (after every run, so a cut run
+keeps what it did) and ``.md``: each final score and FedALIGN's and VaRSeL's differences to both
+baselines with 95 % bootstrap intervals over seeds and held-out examples (``bench/prioritized_report.py``).
 
 Usage: ``python bench/natural_groups.py --task shakespeare [--seeds 0,1,2] [--choices ...]``
 """
@@ -31,65 +34,24 @@ import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-import numpy as np
-
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.prioritized_runner import ALGORITHMS, included_kinds, run_algorithm  # noqa: E402
+from bench.prioritized_report import markdown, summarise  # noqa: E402
+from bench.prioritized_runner import ALGORITHMS, included_kinds, run_algorithm, strategy_options  # noqa: E402
 from bench.prioritized_tasks import add_task_arguments, choices, instance  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def options(algorithm: str, args: argparse.Namespace, seed: int) -> dict[str, object]:
-    """The strategy options of ``algorithm`` (typed, as the strategies annotate them)."""
+    """The strategy options of ``algorithm``: its defaults, but for what the command line set."""
     if algorithm == "fedalign":
-        out: dict[str, object] = {"warmup": args.warmup, "eval_samples": args.eval_samples}
-        if args.epsilon is not None:
-            out["epsilon"] = args.epsilon
-        if args.relative_epsilon is not None:
-            out["relative_epsilon"] = args.relative_epsilon
-        return out
+        return strategy_options(algorithm, seed, warmup=args.warmup, eval_samples=args.eval_samples,
+                                epsilon=args.epsilon, relative_epsilon=args.relative_epsilon)
     if algorithm == "varsel":
-        return {"budget_fraction": args.budget_fraction, "seed": seed, "evaluate": False}
-    return {}
-
-
-def summarise(runs: list[dict]) -> dict:
-    """Per priority choice and algorithm: mean, spread (std) and per-seed final scores, and whether
-    FedALIGN / VaRSeL beat both baselines (mean above both means) or fell below FedAvg over the
-    priority devices by more than its seed spread."""
-    table: dict[str, dict] = {}
-    for choice in dict.fromkeys(r["choice"] for r in runs):
-        row: dict[str, dict] = {}
-        for algorithm in ALGORITHMS:
-            finals = [r["final"] for r in runs if r["choice"] == choice and r["algorithm"] == algorithm]
-            if finals:
-                row[algorithm] = {"mean": float(np.mean(finals)), "std": float(np.std(finals)), "per_seed": finals}
-        for algorithm in ("fedalign", "varsel"):
-            if algorithm in row and "fedavg-priority" in row and "fedavg-all" in row:
-                base = row["fedavg-priority"]
-                row[algorithm]["beats_both"] = row[algorithm]["mean"] > max(base["mean"], row["fedavg-all"]["mean"])
-                row[algorithm]["below_priority_by_more_than_spread"] = (
-                    row[algorithm]["mean"] < base["mean"] - base["std"])
-        table[choice] = row
-    return table
-
-
-def markdown(table: dict, metric: str) -> str:
-    head = f"| priority group | {' | '.join(ALGORITHMS)} |\n|---|" + "---|" * len(ALGORITHMS) + "\n"
-    lines = []
-    for choice, row in table.items():
-        cells = []
-        for a in ALGORITHMS:
-            if a not in row:
-                cells.append("")
-                continue
-            mark = " **+**" if row[a].get("beats_both") else (" **-**" if row[a].get("below_priority_by_more_than_spread") else "")
-            cells.append(f"{100 * row[a]['mean']:.2f} ± {100 * row[a]['std']:.2f}{mark}")
-        lines.append(f"| {choice} | {' | '.join(cells)} |")
-    return f"{metric} (mean ± std over seeds, x100)\n\n" + head + "\n".join(lines) + "\n"
+        return strategy_options(algorithm, seed, budget_fraction=args.budget_fraction)
+    return strategy_options(algorithm, seed)
 
 
 async def main_async(args: argparse.Namespace, out: Path) -> dict:
@@ -109,7 +71,8 @@ async def main_async(args: argparse.Namespace, out: Path) -> dict:
                 inst = instance(args.task, choice, seed, "test", args)
                 for algorithm in args.algorithms:
                     run = await run_algorithm(algorithm, inst.devices, inst.training, options(algorithm, args, seed),
-                                              seed, Path(tmp) / f"{choice}-{seed}", inst.scorer)
+                                              seed, Path(tmp) / f"{choice}-{seed}", inst.scorer,
+                                              server_defaults=args.server_defaults)
                     run["choice"] = choice
                     run["included_per_round"] = included_kinds(run, inst.devices)
                     results["runs"].append(run)
@@ -126,7 +89,7 @@ def report(results: dict, out: Path) -> None:
     """Write the results and their table (``.md`` beside them) and print the table."""
     out.write_text(json.dumps(results, indent=1, default=str))
     metric = ("C-index on the region's test patients" if results["task"] == "tcga"
-              else "accuracy on the priority group's held-out data")
+              else "Accuracy on the priority group's held-out data")
     table = markdown(results["summary"], metric)
     out.with_suffix(".md").write_text(table)
     print(table)
@@ -141,27 +104,34 @@ def merge(task: str, files: list[Path], out: Path) -> dict:
             "wall_seconds": sum(float(p.get("wall_seconds", 0.0)) for p in parts)}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_task_arguments(ap)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--choices", type=lambda s: [c.strip() for c in s.split(";") if c.strip()], default=None,
                     help="priority choices separated by ';' (default: every one)")
-    ap.add_argument("--warmup", type=int, default=3, help="FedALIGN's warm-up rounds (Section 4)")
+    ap.add_argument("--warmup", type=int, default=None, help="FedALIGN's warm-up rounds (default: its default)")
     ap.add_argument("--epsilon", type=float, default=None, help="FedALIGN's threshold as a loss gap")
     ap.add_argument("--relative-epsilon", type=float, default=None, help="FedALIGN's c of epsilon_t = c F(w_t)")
-    ap.add_argument("--eval-samples", type=int, default=256, help="FedALIGN's samples per loss (0: all)")
-    ap.add_argument("--budget-fraction", type=float, default=0.25, help="VaRSeL's K / N")
+    ap.add_argument("--eval-samples", type=int, default=None, help="FedALIGN's samples per loss (0: all)")
+    ap.add_argument("--budget-fraction", type=float, default=None, help="VaRSeL's K / N (default: its default)")
+    ap.add_argument("--server-defaults", action="store_true",
+                    help="keep the server's defences on (norm bound, validation before commit, FedAvg's weight cap)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (other algorithms ...)")
     ap.add_argument("--merge", nargs="+", type=Path, default=None,
                     help="run nothing: merge these result files into --out and print the table")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.algorithms = [a for a in args.algorithms.split(",") if a]
     logging.basicConfig(level=logging.WARNING)
-    out = Path(args.out or RESULTS / f"natural-{args.task}.json")
+    variant = ("-swapped" if args.priority_labels == "swapped" else "") + ("-defaults" if args.server_defaults else "")
+    out = Path(args.out or RESULTS / f"natural-{args.task}{variant}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge:
         report(merge(args.task, args.merge, out), out)

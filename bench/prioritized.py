@@ -17,17 +17,24 @@ Setting (one seed; the class choices and shards are drawn from it):
   FedALIGN's synthetic experiment (1));
 - ``--irrelevant`` non-priority devices with images of the other 5 classes (irrelevant data points
   from another distribution, FedALIGN's synthetic experiment (2)).
+- ``--nonpriority-labels other``: the aligned and noisy devices, too, hold images of the other 5
+  classes, so no non-priority device shares a label with the priority devices (a priority group on
+  another label pair: the case a selection rule must not let in early).
 
 Algorithms, all through the real orchestrator (``Orchestrator``, the strategies chosen by name with
 options as ``edgetrain serve -O`` gives them) and the real device client (``DeviceClient``), every
 device with its own websocket on 127.0.0.1, all in this one process (in-process clients, not the
 emulator): ``fedavg-priority`` (FedAvg, only the priority devices connect), ``fedavg-all`` (FedAvg,
-every device), ``fedalign`` (epsilon, warm-up rounds), ``varsel`` (budget K). Model: the zoo's
-``mnist_2nn`` (784-64-10). Every round's global model is scored on the priority test set.
+every device), ``fedalign`` and ``varsel``, each at ``make_strategy``'s defaults (``--epsilon``,
+``--relative-epsilon``, ``--warmup``, ``--budget`` override them). Model: the zoo's ``mnist_2nn``
+(784-64-10). Every round's global model is scored on the priority test set; the table gives each
+final score and FedALIGN's and VaRSeL's differences to both baselines with 95 % bootstrap intervals
+(``bench/prioritized_report.py``). ``--server-defaults`` keeps the server's defences on (norm bound,
+validation before commit, FedAvg's weight cap), as ``edgetrain serve`` has them.
 
-Writes ``bench/results/prioritized.json`` and ``bench/results/prioritized.png``.
+Writes ``bench/results/prioritized.json``, ``.md`` and ``.png``.
 
-Usage: ``python bench/prioritized.py [--seeds 0,1,2] [--rounds 30]``
+Usage: ``python bench/prioritized.py [--seeds 0,1,2] [--rounds 30] [--server-defaults]``
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ import numpy as np
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.prioritized_runner import Device, Scorer, Training, accuracy, included_kinds, run_algorithm  # noqa: E402
+from bench.prioritized_report import markdown, summarise  # noqa: E402
+from bench.prioritized_runner import (  # noqa: E402
+    Device, Scorer, Training, accuracy, included_kinds, run_algorithm, strategy_options,
+)
 from edge_sdk.data import load_dataset  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,12 +90,13 @@ def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[
         idx = take(cs, args.priority_samples)
         shards.append((f"prio-{i}", "priority", train.x[idx], train.y[idx]))
     spare_classes = {f"prio-{i}": cs for i, cs in enumerate(prio_sets)}
+    helped = other if args.nonpriority_labels == "other" else prio  # the aligned and noisy devices' classes
     for i in range(args.aligned):
-        cs = sorted(rng.choice(prio, size=args.nonpriority_classes, replace=False).tolist())
+        cs = sorted(rng.choice(helped, size=args.nonpriority_classes, replace=False).tolist())
         idx = take(cs, args.samples)
         shards.append((f"aligned-{i}", "aligned", train.x[idx], train.y[idx]))
     for i in range(args.noisy):
-        cs = sorted(rng.choice(prio, size=args.nonpriority_classes, replace=False).tolist())
+        cs = sorted(rng.choice(helped, size=args.nonpriority_classes, replace=False).tolist())
         idx = take(cs, args.samples)
         y = train.y[idx].copy()
         flip = rng.random(len(y)) < args.noise
@@ -100,19 +111,23 @@ def make_shards(args: argparse.Namespace, seed: int, train) -> tuple[list[tuple[
     return shards, prio, spare
 
 
+def bench_options(algorithm: str, args: argparse.Namespace, seed: int) -> dict[str, object]:
+    """The strategy's options: its defaults, but for what the command line set."""
+    if algorithm == "fedalign":
+        return strategy_options(algorithm, seed, epsilon=args.epsilon, relative_epsilon=args.relative_epsilon,
+                                warmup=args.warmup)
+    if algorithm == "varsel":
+        return strategy_options(algorithm, seed, budget=args.budget)
+    return strategy_options(algorithm, seed)
+
+
 async def run_one(algorithm: str, shards, args: argparse.Namespace, seed: int, tmp: Path,
                   test_x: np.ndarray, test_y: np.ndarray) -> dict:
     devices = [Device(d, kind, x, y, priority=kind == "priority") for d, kind, x, y in shards]
-    options: dict[str, object] = {
-        "fedavg-priority": {}, "fedavg-all": {},
-        "fedalign": {"warmup": args.warmup, **({"epsilon": args.epsilon} if args.epsilon is not None else {}),
-                     **({"relative_epsilon": args.relative_epsilon} if args.relative_epsilon is not None else {})},
-        "varsel": {"budget": args.budget, "seed": seed},
-    }[algorithm]
     training = Training(model=MODEL, rounds=args.rounds, local_steps=args.local_steps, batch_size=args.batch_size,
                         lr=args.lr, eval_data="mnist", eval_every=args.rounds)
-    run = await run_algorithm(algorithm, devices, training, options, seed, tmp,
-                              Scorer(MODEL, test_x, test_y, accuracy))
+    run = await run_algorithm(algorithm, devices, training, bench_options(algorithm, args, seed), seed, tmp,
+                              Scorer(MODEL, test_x, test_y, accuracy), server_defaults=args.server_defaults)
     run["priority_accuracy"], run["final_priority_accuracy"] = run.pop("priority_score"), run.pop("final")
     return run
 
@@ -161,18 +176,15 @@ async def main_async(args: argparse.Namespace) -> dict:
                 runs.append(run)
                 print(f"seed {seed} {algorithm:16s} final priority accuracy {run['final_priority_accuracy']:.4f} "
                       f"({run['seconds']:.0f} s)", flush=True)
-    summary = {}
-    for algorithm in args.algorithms:
-        finals = [r["final_priority_accuracy"] for r in runs if r["algorithm"] == algorithm]
-        summary[algorithm] = {"mean": float(np.mean(finals)), "std": float(np.std(finals)),
-                              "per_seed": finals}
+    summary = summarise([{**r, "final": r["final_priority_accuracy"]} for r in runs]).get("", {})
     return {"setting": {"priority": 3, "priority_samples": args.priority_samples, "priority_iid": args.priority_iid,
                         "nonpriority_classes": args.nonpriority_classes, "aligned": args.aligned,
                         "noisy": args.noisy, "irrelevant": args.irrelevant, "samples": args.samples,
                         "noise": args.noise, "rounds": args.rounds, "local_steps": args.local_steps,
                         "batch_size": args.batch_size, "lr": args.lr, "epsilon": args.epsilon,
                         "relative_epsilon": args.relative_epsilon,
-                        "warmup": args.warmup, "budget": args.budget, "model": MODEL},
+                        "warmup": args.warmup, "budget": args.budget, "model": MODEL,
+                        "nonpriority_labels": args.nonpriority_labels, "server_defaults": args.server_defaults},
             "seeds": args.seeds, "summary": summary, "included_per_round": kinds, "runs": runs}
 
 
@@ -193,8 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--epsilon", type=float, default=None,
                     help="FedALIGN's threshold as a loss gap (default: its default, relative to the priority loss)")
     ap.add_argument("--relative-epsilon", type=float, default=None, help="FedALIGN's c of epsilon_t = c F(w_t)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=6, help="VaRSeL's K (expected externals per round)")
+    ap.add_argument("--warmup", type=int, default=None, help="FedALIGN's warm-up rounds (default: its default)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="VaRSeL's K, expected externals per round (default: its default, 0.25 of the externals)")
+    ap.add_argument("--nonpriority-labels", choices=("same", "other"), default="same",
+                    help="other: the aligned and noisy devices hold the other 5 classes (no label shared with the "
+                         "priority devices)")
+    ap.add_argument("--server-defaults", action="store_true",
+                    help="keep the server's defences on (norm bound, validation before commit, FedAvg's weight cap)")
     ap.add_argument("--nonpriority-classes", type=int, default=5, choices=range(1, 6),
                     help="priority classes each aligned or noisy device holds (5: the priority devices' whole "
                          "distribution, as FedALIGN's synthetic experiment)")
@@ -223,8 +241,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     plot(results, out.with_suffix(".png"))
-    print(json.dumps(results["summary"], indent=1))
-    print(f"wall {results['wall_seconds']:.0f} s; wrote {out} and {out.with_suffix('.png')}")
+    table = markdown({"MNIST, 5 priority classes": results["summary"]}, "Final accuracy on the priority test set")
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wall {results['wall_seconds']:.0f} s; wrote {out} and its .md and .png")
 
 
 if __name__ == "__main__":

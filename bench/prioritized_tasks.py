@@ -15,6 +15,13 @@ and scores on it (``bench/fedalign_epsilon.py``'s grid), so choosing epsilon nev
   over 3 the same way), priority = one region; the linear Cox model ``cox_linear`` (FLamby's task)
   scored by the C-index on the region's test patients (FLamby's split).
 - ``mnist``: ``bench/prioritized.py``'s constructed setting (one choice: the seed's 5 priority classes).
+
+``--priority-labels swapped`` builds, from the same natural data, a priority group whose labels differ
+from every other device's (the case a selection rule must not let in before it can tell devices
+apart): Shakespeare's priority roles speak in swapped case (``str.swapcase``: the characters to predict
+are capitals where every other role's are small letters, and the reverse), TCGA-BRCA's priority
+region has its survival times reversed (t -> T - t: a longer life now ranks as the higher risk, the
+opposite of every other region's).
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ def shakespeare(choice: str, seed: int, held_out: HeldOut, args: argparse.Namesp
         cast = sorted((r for r in roles if r.play == play), key=lambda r: -len(r.text))[: args.roles]
         for role in cast:
             validation = 0.1 if held_out == "validation" else 0.0
-            train, val, test = role_split(role.text, test=0.2, validation=validation)
+            text = role.text.swapcase() if play == choice and args.priority_labels == "swapped" else role.text
+            train, val, test = role_split(text, test=0.2, validation=validation)
             x, y = windows(vocab.encode(train), seq)
             devices.append(Device(role.device_id, play, x, y, priority=play == choice))
             if play == choice:
@@ -87,6 +95,9 @@ def tcga(choice: str, seed: int, held_out: HeldOut, args: argparse.Namespace) ->
     if choice not in REGIONS:
         raise ValueError(f"priority region {choice!r} is not one of {REGIONS}")
     train = load_tcga_brca("train")
+    test = load_tcga_brca("test")
+    if args.priority_labels == "swapped":
+        train, test = _reversed_times(train, choice), _reversed_times(test, choice)
     devices = []
     score_x = score_y = None
     for region in REGIONS:
@@ -98,11 +109,26 @@ def tcga(choice: str, seed: int, held_out: HeldOut, args: argparse.Namespace) ->
         for i, idx in enumerate(np.array_split(order, 3)):
             devices.append(Device(f"{region.lower()}-{i}", region, part.x[idx], part.y[idx], priority=region == choice))
     if held_out == "test":
-        test = load_tcga_brca("test").of(choice)
-        score_x, score_y = test.x, test.y
+        mine = test.of(choice)
+        score_x, score_y = mine.x, mine.y
     assert score_x is not None and score_y is not None
     scorer = Scorer("cox_linear", score_x, score_y, lambda out, y: concordance_index(out.reshape(-1), y))
     return Instance(devices, scorer, tcga_training(args))
+
+
+#: The time survival times are reversed from (``--priority-labels swapped``): above every time in
+#: Fed-TCGA-BRCA (its longest follow-up is 8,605 days), so reversed times stay positive.
+REVERSED_FROM = 10_000.0
+
+
+def _reversed_times(patients, region: str):
+    """``patients`` with ``region``'s survival times reversed (t -> REVERSED_FROM - t), events kept."""
+    from dataclasses import replace
+
+    y = patients.y.copy()
+    mine = patients.region == region
+    y[mine, 1] = REVERSED_FROM - y[mine, 1]
+    return replace(patients, y=y)
 
 
 def mnist(choice: str, seed: int, held_out: HeldOut, args: argparse.Namespace) -> Instance:
@@ -112,6 +138,8 @@ def mnist(choice: str, seed: int, held_out: HeldOut, args: argparse.Namespace) -
     from edge_sdk.data import load_dataset
 
     settings = default_args()
+    if args.priority_labels == "swapped":
+        settings.nonpriority_labels = "other"  # no non-priority device holds a priority class
     train = load_dataset("mnist", split="train")
     shards, prio, spare = make_shards(settings, seed, train)
     devices = [Device(d, kind, x, y, priority=kind == "priority") for d, kind, x, y in shards]
@@ -144,9 +172,9 @@ def instance(task: str, choice: str, seed: int, held_out: HeldOut, args: argpars
     return builders[task](choice, seed, held_out, args)
 
 
-def add_task_arguments(ap: argparse.ArgumentParser) -> None:
+def add_task_arguments(ap: argparse.ArgumentParser, required: bool = True) -> None:
     """The options every prioritized benchmark command takes (0: the task's default)."""
-    ap.add_argument("--task", choices=TASKS, required=True)
+    ap.add_argument("--task", choices=TASKS, required=required)
     ap.add_argument("--rounds", type=int, default=0)
     ap.add_argument("--local-steps", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=0)
@@ -155,3 +183,6 @@ def add_task_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--plays", type=lambda s: tuple(p.strip() for p in s.split(";") if p.strip()), default=None,
                     help="shakespeare: the plays, separated by ';' (default: 3 plays)")
     ap.add_argument("--score-samples", type=int, default=2000, help="shakespeare: held-out windows scored")
+    ap.add_argument("--priority-labels", choices=("natural", "swapped"), default="natural",
+                    help="swapped: a priority group whose labels differ from the others' (shakespeare: its roles' "
+                         "text in swapped case; tcga: its survival times reversed)")

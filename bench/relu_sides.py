@@ -2,13 +2,14 @@
 
 For each ResNet20 split, the conformance case's first batch (edge_sdk_js/test/reference.py: 96
 samples from seed 3, batch 16, the activations from the exported chunk) runs one training step in
-Python ONNX Runtime, onnxruntime-node and onnxruntime-web (under Node), with every ``Relu`` output
+Python ONNX Runtime, onnxruntime-node and onnxruntime-web (under Node), and with ``--runtimes
+...,webgpu`` on a Chromium tab's GPU (onnxruntime-web's WebGPU build), with every ``Relu`` output
 added to the graph's outputs. Each runtime's gradients are compared with float64 torch autograd
 twice: with float64's own side at every ReLU, and with the runtime's own side where the float64
 input is within float32 rounding of zero (the export check's rule, exporters.train_export). Also
-counted: ReLU units where onnxruntime-web and Python ONNX Runtime take different sides.
+counted: ReLU units where each JavaScript runtime and Python ONNX Runtime take different sides.
 
-    PYTHONPATH=. python bench/relu_sides.py [--splits 0,1,2,3,4,5,6,7,8,9,10]
+    PYTHONPATH=. python bench/relu_sides.py [--splits 0,1,2,3,4,5,6,7,8,9,10] [--runtimes node,web,webgpu]
 
 Needs `npm ci` and `npm run build` in edge_sdk_js/ (make test-js does both). Results in
 bench/results/relu_sides.json.
@@ -49,19 +50,20 @@ def _batch(model, split: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.ascontiguousarray(acts[first])), torch.from_numpy(ys[first])
 
 
-def _run(folder: Path, proto: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+def _run(folder: Path, proto: onnx.ModelProto, feed: dict[str, np.ndarray],
+         kinds: tuple[str, ...] = ("node", "web")) -> dict[str, dict[str, np.ndarray]]:
     (folder / "graph.onnx").write_bytes(proto.SerializeToString())
     (folder / "feed.bin").write_bytes(encode_tensors(feed))
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = {"python": dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))}
-    for kind in ("node", "web"):
+    for kind in kinds:
         subprocess.run(["node", str(ROOT / "edge_sdk_js" / "bench" / "graph-run.mjs"), str(folder), kind], check=True)
         outs[kind] = {k: np.asarray(v.data).reshape(v.shape)
                       for k, v in decode_tensors((folder / f"out-{kind}.bin").read_bytes()).items()}
     return outs
 
 
-def measure(model, split: int, cache: TrainGraphCache, folder: Path) -> dict:
+def measure(model, split: int, cache: TrainGraphCache, folder: Path, kinds: tuple[str, ...] = ("node", "web")) -> dict:
     from edge_sdk.ort_trainer import TrainGraph
 
     graph = TrainGraph.from_bytes(cache.get_or_export(model, split)[1])
@@ -74,7 +76,7 @@ def measure(model, split: int, cache: TrainGraphCache, folder: Path) -> dict:
     named = dict(tail.named_parameters()) | dict(tail.named_buffers())
     feed = {"input": x.numpy(), "target": y.numpy(),
             **{_state_name(model, split, n): named[n].detach().numpy().copy() for n in params + buffers}}
-    outs = _run(folder, proto, feed)
+    outs = _run(folder, proto, feed, kinds)
     loss = lambda o, t: _loss64(model.task, o, t)  # noqa: E731
     with _ReluSides() as float32:
         _torch_step(copy.deepcopy(tail), loss, x, y, params, [])
@@ -93,13 +95,17 @@ def measure(model, split: int, cache: TrainGraphCache, folder: Path) -> dict:
         sides = _ReluSides([got[r] for r in relus], float32.inputs)
         row[runtime] = {"float64_sides": worst(got, own), "own_sides": worst(got, reference(sides)),
                         "sides_taken": sides.taken}
-    row["web_python_side_differences"] = int(sum(((outs["web"][r] > 0) != (outs["python"][r] > 0)).sum() for r in relus))
+    for kind in kinds:
+        row[f"{kind}_python_side_differences"] = int(sum(((outs[kind][r] > 0) != (outs["python"][r] > 0)).sum()
+                                                         for r in relus))
     return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--splits", default="0,1,2,3,4,5,6,7,8,9,10")
+    ap.add_argument("--runtimes", default="node,web",
+                    help="JavaScript runtimes beside Python: node, web (under Node), webgpu (a Chromium tab's GPU)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "relu_sides.json")
     args = ap.parse_args()
     model = build_model("resnet20", seed=0)
@@ -109,7 +115,7 @@ def main() -> None:
         for split in (int(s) for s in args.splits.split(",")):
             folder = Path(tmp) / f"s{split}"
             folder.mkdir()
-            rows.append(measure(model, split, cache, folder))
+            rows.append(measure(model, split, cache, folder, tuple(args.runtimes.split(","))))
             print(json.dumps(rows[-1]), flush=True)
     args.out.write_text(json.dumps({"model": "resnet20", "rows": rows}, indent=1))
 

@@ -196,7 +196,9 @@ class DeviceClient:
             input_shape=list(self.input_shape), num_classes=-1 if self.num_classes is None else self.num_classes,
         ))
         welcome = await expect(ch, p.Welcome)
-        self.welcome = self.work.welcome = self.downloads.welcome = welcome
+        self.welcome = welcome
+        self.work.welcomed(welcome)
+        self.downloads.welcomed(welcome)
         self.memory.plan(welcome)
         self.on_event("welcome", {"device": c.device_id, "role": welcome.role, "split": welcome.split,
                                   "chunks": [list(ch) for ch in welcome.chunks],

@@ -92,6 +92,10 @@ class Downloads:
         self.store = store
         self.welcome: p.Welcome | None = None
 
+    def welcomed(self, welcome: p.Welcome) -> None:
+        """The server welcomed the device (at each hello): held payloads are checked against its model."""
+        self.welcome = welcome
+
     async def fetch(self, ch: Channel, round_no: int, payload_id: str, partial: dict[str, p.IncomingTransfer],
                     timings: dict[str, float], *, block_range: tuple[int, int] | None = None,
                     sha256: str = "") -> memoryview:

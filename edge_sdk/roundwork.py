@@ -81,10 +81,14 @@ class RoundWork:
     def __init__(self, device: DeviceWork, *, limits: p.Limits, downloads: Downloads, memory: MemoryPolicy,
                  on_event: Callable[[str, dict], None]) -> None:
         self.device, self.limits, self.downloads, self.memory, self.on_event = device, limits, downloads, memory, on_event
-        self.welcome: p.Welcome | None = None  # the server's latest, set by the client at each hello
+        self.welcome: p.Welcome | None = None  # the server's latest (welcomed)
         self.progress: RoundProgress | None = None
         self._backends: dict[type[TrainingBackend], TrainingBackend] = {}
         self.updates = UpdateEncoder()  # the update codec's error feedback lives across rounds
+
+    def welcomed(self, welcome: p.Welcome) -> None:
+        """The server welcomed the device (at each hello): its plan is what the next rounds follow."""
+        self.welcome = welcome
 
     def round(self, round_no: int) -> RoundProgress:
         """The progress of ``round_no``; the previous round's activations and updates are freed first."""

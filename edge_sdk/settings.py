@@ -103,7 +103,7 @@ class DeviceSettings:
                                   "package.module:function returning batches or a source, or a research dataset "
                                   "name (split by --client/--num-clients, for emulation)", metavar="SOURCE", sdks=BOTH)
     label_column: str = setting("-1", "for a .csv/.npy table: the label column, an index or a header name",
-                                metavar="COLUMN")
+                                metavar="COLUMN", sdks=BOTH)
     image_size: str = setting("", "for an image folder: resize every image to WIDTHxHEIGHT (default: the first "
                                   "image's size)", metavar="WxH", check=_image_size)
     image_mode: Literal["RGB", "L"] = setting("RGB", "for an image folder: RGB (3 channels) or L (grey, 1 channel)")
@@ -125,7 +125,7 @@ class DeviceSettings:
                                    "each hello proves it without sending it", metavar="FILE", sdks=BOTH)
     token: str = setting("", "shared token the server expects (a lab setting)", sdks=BOTH)
     tls_ca: str = setting("", "for wss://: trust only this PEM file (a private CA or the server's self-signed "
-                              "certificate); default: the system's", metavar="FILE")
+                              "certificate); default: the system's", metavar="FILE", sdks=BOTH)
     threads: Count = setting(1, "threads for ONNX Runtime and torch", sdks=BOTH)
     storage: Literal["auto", "memory", "disk"] = setting("auto", "where cached activations live")
     work_dir: str = setting("", "folder for activations kept on disk (default: a temporary folder)", metavar="DIR")
@@ -148,9 +148,9 @@ class DeviceSettings:
         sdks=BOTH)
     reconnect_max_delay: Annotated[float, Range(0.1)] = setting(
         30.0, "longest wait between reconnect attempts, in seconds (the wait doubles from 0.2 s, with jitter)",
-        metavar="SECONDS")
-    once: bool = setting(False, "exit when the server ends the run instead of waiting for the next one")
-    debug: bool = setting(False, "show the traceback of an error")
+        metavar="SECONDS", sdks=BOTH)
+    once: bool = setting(False, "exit when the server ends the run instead of waiting for the next one", sdks=BOTH)
+    debug: bool = setting(False, "show the traceback of an error", sdks=BOTH)
     device_class: str = setting("", "a device class (profiles/devices), sent in the hello; edgetrain device "
                                     "declares its budget unless --budget is given", metavar="CLASS", sdks=BOTH,
                                 wrapper=True)

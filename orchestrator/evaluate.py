@@ -4,6 +4,11 @@ that a model can take a set of data at all (its evaluation set at start, a devic
 The held-out set is the user's (``--eval-data``: a ``.npz``/``.npy``/``.csv`` file read by
 :class:`~edge_sdk.data.sources.TabularSource`, or ``package.module:function`` returning arrays
 ``(x, y)``, a data source or batches), the test split of a built-in dataset (``--data``), or none.
+
+The model is scored on a CUDA GPU when torch sees one (``EDGETRAIN_TORCH_DEVICE``, default
+``auto``: :mod:`edge_sdk.accelerator`), else on the CPU; the scores are the same either way up to
+floating-point rounding (``tests/test_cuda.py``). The model is moved there for the evaluation and
+back: the server's model stays on the CPU, where the rest of the server works on it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edge_sdk.accelerator import torch_device
 from edge_sdk.data import load_dataset
 from edge_sdk.data.sources import DataSourceError, TabularSource, as_source, source_arrays
 from edge_sdk.models import LayeredModel
@@ -101,20 +107,38 @@ class Evaluator:
         """The model's mean loss (and accuracy, for classes) on the held-out set; nothing without one."""
         if not self.enabled:
             return {}
-        model.eval()
-        loss_sum, correct = 0.0, 0
-        with torch.no_grad():
-            for i in range(0, len(self.x), batch):
-                xb = torch.from_numpy(np.ascontiguousarray(self.x[i : i + batch])).to(model.input_dtype)
-                yb = torch.from_numpy(np.ascontiguousarray(self.y[i : i + batch]))
-                out = model(xb)
-                loss_sum += float(model.loss(out, yb)) * len(xb)
-                if model.task == "classification":
-                    correct += int((out.argmax(dim=1) == yb).sum())
-                elif model.task == "binary":
-                    correct += int(((out.squeeze(-1) > 0).long() == yb.long()).sum())
+        loss_sum, correct = self._pass(model, batch)
         n = max(len(self.x), 1)
         result = {"test_loss": loss_sum / n, "test_samples": float(len(self.x))}
         if model.task in ("classification", "binary"):
-            result["accuracy"] = correct / n
+            result["accuracy"] = float(correct.sum()) / n
         return result
+
+    def correct(self, model: LayeredModel, batch: int = 256) -> np.ndarray:
+        """Per held-out sample, whether the model classifies it right (what a benchmark's bootstrap
+        intervals resample); empty without a held-out set or for a model without classes."""
+        if not self.enabled or model.task not in ("classification", "binary"):
+            return np.zeros(0, bool)
+        return self._pass(model, batch)[1]
+
+    def _pass(self, model: LayeredModel, batch: int) -> tuple[float, np.ndarray]:
+        """One pass over the held-out set on the evaluation device: the summed loss, and per sample
+        whether it was classified right (all False for a model without classes)."""
+        device = torch_device(default="auto")
+        model.eval()
+        loss_sum, correct = 0.0, np.zeros(len(self.x), bool)
+        model.to(device)
+        try:
+            with torch.no_grad():
+                for i in range(0, len(self.x), batch):
+                    xb = torch.from_numpy(np.ascontiguousarray(self.x[i : i + batch])).to(device, model.input_dtype)
+                    yb = torch.from_numpy(np.ascontiguousarray(self.y[i : i + batch])).to(device)
+                    out = model(xb)
+                    loss_sum += float(model.loss(out, yb)) * len(xb)
+                    if model.task == "classification":
+                        correct[i : i + batch] = (out.argmax(dim=1) == yb).cpu().numpy()
+                    elif model.task == "binary":
+                        correct[i : i + batch] = ((out.squeeze(-1) > 0).long() == yb.long()).cpu().numpy()
+        finally:
+            model.to("cpu")
+        return loss_sum, correct

@@ -425,32 +425,54 @@ class Store:
             ).fetchall()
         if not rows:
             return None
-        last = rows[0]
-        path = self.checkpoints / last["checkpoint"]
+        return rows[0]["round"], self._verified(rows[0], rows)
+
+    def checkpoint(self, round: int) -> dict[str, np.ndarray]:
+        """The model of completed round ``round``, verified against the journal's sha256. A LookupError
+        when the round is not complete or its checkpoint was pruned (only the last ``keep`` are kept);
+        :class:`CheckpointCorrupted` when the last completed round's is missing, or any is damaged."""
+        round = _round_number(round)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT round, checkpoint, sha256 FROM rounds WHERE finished IS NOT NULL ORDER BY round DESC"
+            ).fetchall()
+        row = next((r for r in rows if r["round"] == round), None)
+        if row is None:
+            done = f"the last completed round is {rows[0]['round']}" if rows else "no round is complete"
+            raise LookupError(f"round {round} is not a completed round of {self.directory} ({done})")
+        if row is not rows[0] and not (self.checkpoints / row["checkpoint"]).is_file():
+            kept = sorted(r["round"] for r in rows if (self.checkpoints / r["checkpoint"]).is_file())
+            raise LookupError(f"the checkpoint of round {round} is no longer in {self.checkpoints} (a store keeps "
+                              f"the last few; rounds with one: {', '.join(map(str, kept)) or 'none'})")
+        return self._verified(row, rows)
+
+    def _verified(self, row: sqlite3.Row, rows: list[sqlite3.Row]) -> dict[str, np.ndarray]:
+        """The checkpoint of journal row ``row``, read and checked against its sha256."""
+        path = self.checkpoints / row["checkpoint"]
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise CheckpointCorrupted(self._corruption(last["round"], path, "is missing", rows)) from None
+            raise CheckpointCorrupted(self._corruption(row["round"], path, "is missing", rows)) from None
         actual = hashlib.sha256(data).hexdigest()
-        if actual != last["sha256"]:
+        if actual != row["sha256"]:
             raise CheckpointCorrupted(
                 self._corruption(
-                    last["round"], path, f"has sha256 {actual[:12]}..., the journal recorded {last['sha256'][:12]}...", rows
+                    row["round"], path, f"has sha256 {actual[:12]}..., the journal recorded {row['sha256'][:12]}...", rows
                 )
             )
-        return last["round"], _read_checkpoint(data, path)
+        return _read_checkpoint(data, path)
 
     def _corruption(self, round: int, path: Path, what: str, rows: list[sqlite3.Row]) -> str:
         intact = [
             r["round"]
-            for r in rows[1:]
-            if (self.checkpoints / r["checkpoint"]).is_file()
+            for r in rows
+            if r["round"] != round and (self.checkpoints / r["checkpoint"]).is_file()
             and _sha256_file(self.checkpoints / r["checkpoint"]) == r["sha256"]
         ]
         hint = (
             f"intact checkpoints remain for rounds {sorted(intact)}"
             if intact
-            else "no intact earlier checkpoint remains"
+            else "no other intact checkpoint remains"
         )
         return (
             f"checkpoint of completed round {round} ({path}) {what}; it was changed or removed after it was written, "

@@ -2,8 +2,10 @@
 devices will need export and verify (:meth:`CommitCheck.check_state`), and its loss on the server's
 held-out data did not jump (:meth:`CommitCheck.validate`).
 
-The bound: the candidate's validation loss may be at most ``(1 + max_loss_rise) x L + SLACK``,
-L the validation loss of the model it would replace (the last committed one). Honest rounds lower
+The bound: the candidate's validation loss may be at most ``L + max_loss_rise x |L| + SLACK``,
+L the validation loss of the model it would replace (the last committed one); for a loss >= 0, as a
+classifier's, that is ``(1 + max_loss_rise) x L + SLACK``, and a loss that may be negative (the Cox
+partial likelihood's mean over risk sets) is bounded by the same margin above it. Honest rounds lower
 the loss or raise it a little (a noisy round of partial training); a poisoned one, whose update
 was scaled, flipped or shifted past every other bound, multiplies it (from 0.5 to 10 and more
 for a classifier). A refused round is not committed, so it never reaches a checkpoint and
@@ -48,7 +50,7 @@ class RoundValidation:
         return self.max_rise > 0
 
     def limit(self) -> float:
-        return math.inf if self.loss is None else (1 + self.max_rise) * self.loss + SLACK
+        return math.inf if self.loss is None else self.loss + self.max_rise * abs(self.loss) + SLACK
 
     def judge(self, metrics: Mapping[str, float]) -> str | None:
         """None if a candidate scored ``metrics`` (with ``test_loss``) may be committed, else why not."""
@@ -59,7 +61,7 @@ class RoundValidation:
             return f"validation loss is {loss}"
         if loss > self.limit():
             return (f"validation loss rose from {self.loss:.4g} to {loss:.4g}, over the bound "
-                    f"(1 + {self.max_rise:g}) x {self.loss:.4g} + {SLACK:g} = {self.limit():.4g}")
+                    f"{self.loss:.4g} + {self.max_rise:g} x |{self.loss:.4g}| + {SLACK:g} = {self.limit():.4g}")
         return None
 
     def disable(self) -> None:

@@ -121,6 +121,7 @@ class Runtime:
 JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
     "onnxruntime-node": 82 * _MiB,
     "onnxruntime-web": 223 * _MiB,
+    "onnxruntime-webgpu": 281 * _MiB,
 })
 
 #: The training runtimes, in the order the planner prefers them (a device that names several is
@@ -136,6 +137,11 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # Node takes 122-136 MiB). Not in it: while a tab trains its first steps, V8 compiles ONNX Runtime's
     # hot kernels to optimised code, which holds about 120 MiB more for a few seconds (ResNet20's tail).
     Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
+    # A tab training on its GPU (onnxruntime-web's WebGPU build) names this and onnxruntime-web, and is
+    # planned on this: its renderer with the WebGPU build and a first WebGPU session (259 MiB) and what
+    # the GPU process grew by for it (22 MiB; on SwiftShader, docs/js-device.md "WebGPU" says what a page
+    # cannot see). Before the web entry: it costs more, and covers the tab falling back to WebAssembly.
+    Runtime("onnxruntime-webgpu", memory=JS_RUNTIME_MEMORY["onnxruntime-webgpu"], backend="graph"),
     Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph"),
 )})
 

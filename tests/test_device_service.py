@@ -53,7 +53,8 @@ def _device(tmp: Path, device_id: str, port: int, **extra: object) -> tuple[subp
 def _server(tmp: Path, port: int, store: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "tiny", "--data", "synthetic", "--port",
-         str(port), "--store", str(store), "--min-devices", "2", "--local-steps", "2", "--deadline", "60", *extra],
+         str(port), "--store", str(store), "--min-devices", "2", "--local-steps", "2", "--deadline", "60", "--json-events",
+         *extra],
         cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 

@@ -151,7 +151,7 @@ def _free_port() -> int:
 
 def _serve(port: int, store: Path, rounds: int, *, resume: bool) -> subprocess.Popen:
     argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "digits_mlp", "--rounds", str(rounds),
-            "--min-devices", "2", "--local-steps", "5", "--port", str(port), "--store", str(store)]
+            "--min-devices", "2", "--local-steps", "5", "--port", str(port), "--store", str(store), "--json-events"]
     return subprocess.Popen(argv + (["--resume"] if resume else []), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=device_env(), text=True)
 

@@ -69,7 +69,11 @@ SPEC = {
 }
 
 
-def run(strategy, spec=SPEC, round=1):
+#: The first round after FedALIGN's default warm-up: the selection rule runs.
+AFTER_WARMUP = FedALIGN().warmup + 1
+
+
+def run(strategy, spec=SPEC, round=AFTER_WARMUP):
     fleet = Fleet(spec)
     ctx = context(state(), fleet.infos(), BLOCKS, round=round)
     return drive(strategy, ctx, fleet.respond)
@@ -140,7 +144,7 @@ def test_a_device_the_rule_admits_is_admitted_whatever_its_training_batch_loss()
 def test_a_train_report_from_a_device_the_rule_did_not_admit_is_refused():
     strategy = FedALIGN(epsilon=0.5)
     fleet = Fleet(SPEC)
-    ctx = context(state(), fleet.infos(), BLOCKS)
+    ctx = context(state(), fleet.infos(), BLOCKS, round=AFTER_WARMUP)
     strategy.configure(ctx)
     with pytest.raises(Refused, match="did not admit"):
         strategy.on_report(fleet.respond(Instruction("b0", "train")), ctx)
@@ -160,7 +164,7 @@ def _with_verdict(fleet: Fleet, verdicts: dict[str, dict[str, int]]):
 def test_a_device_whose_own_check_fails_declines_and_is_not_asked_to_train():
     # a0 is within 0.5 by the server's numbers, but its own check says no (Section 3.1, the device's incentive).
     fleet = Fleet(SPEC)
-    result, issued, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS),
+    result, issued, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS, round=AFTER_WARMUP),
                                      _with_verdict(fleet, {"a0": {"evaluate": 0}, "a1": {"evaluate": 1}}))
     assert ("a0", "train") not in [(i.device_id, i.phase) for i in issued]
     assert set(result.devices) == {"p0", "p1", "a1"} and refusals == []
@@ -171,7 +175,7 @@ def test_a_train_report_that_says_outside_is_refused_and_one_the_rule_admitted_i
     fleet = Fleet(dict(SPEC, b0={**SPEC["b0"], "loss": 1.7, "train_loss": 3.0}))
     # a0 trains but says it is outside; b0's evaluated loss is within (its training batch's is not).
     verdicts = {"a0": {"evaluate": 1, "train": 0}, "b0": {"evaluate": 1, "train": 1}}
-    result, _, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS),
+    result, _, refusals = drive(FedALIGN(epsilon=0.5), context(state(), fleet.infos(), BLOCKS, round=AFTER_WARMUP),
                                 _with_verdict(fleet, verdicts))
     assert "a0" not in result.devices and {"b0", "a1"} <= set(result.devices)
     assert [r.split(":")[0] for r in refusals] == ["the device declined"]
@@ -217,6 +221,16 @@ def test_the_default_threshold_is_relative():
     assert not FedALIGN(epsilon=0.3).relative
     with pytest.raises(ValueError, match="not both"):
         FedALIGN(epsilon=0.3, relative_epsilon=0.1)
+
+
+def test_the_default_warmup_trains_the_priority_devices_alone_first():
+    # Round 1's model fits nobody: every loss is alike and the rule would admit everyone, so by
+    # default the first rounds train the priority devices only (DEFAULT_WARMUP's docstring).
+    for r in range(1, AFTER_WARMUP):
+        result, issued, _ = run(FedALIGN(epsilon=math.inf), round=r)
+        assert set(result.devices) == {"p0", "p1"} and {i.device_id for i in issued} == {"p0", "p1"}
+    result, _, _ = run(FedALIGN(epsilon=math.inf), round=AFTER_WARMUP)
+    assert set(result.devices) == set(SPEC)
 
 
 def test_every_evaluate_asks_the_same_sample_count():

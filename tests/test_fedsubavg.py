@@ -150,7 +150,7 @@ def test_untouched_rows_are_bit_identical_and_the_old_state_is_not_modified():
 def test_partial_participation_scales_by_n_over_n_m_k():
     # Five registered devices, K = 2 sampled: row m moves by N / (n_m K) * sum over the sampled.
     devices = {**HAND_DEVICES, "e": info("e", [0, 5], samples=5)}
-    strategy = FedSubAvg(k=2)
+    strategy = FedSubAvg(k=2, weighting="uniform")
     state = hand_state()
     instructions, result = run_round(strategy, state, devices, lambda d, ins: {
         TABLE: np.ones((len(ins.selection.rows[TABLE]), 2), np.float32), BIAS: np.zeros(2, np.float32)})
@@ -170,7 +170,7 @@ def test_partial_participation_scales_by_n_over_n_m_k():
 # -- heat bookkeeping --------------------------------------------------------------------------------
 def test_heat_follows_registrations_and_departures():
     state = hand_state()
-    strategy = FedSubAvg()
+    strategy = FedSubAvg(weighting="uniform")
     run_round(strategy, state, HAND_DEVICES, hand_delta)
     assert strategy.heat is not None
     np.testing.assert_array_equal(strategy.heat[TABLE].counts, [1, 4, 2, 1, 0, 0])
@@ -186,7 +186,7 @@ def test_heat_follows_registrations_and_departures():
 def test_embracingfl_roles_a_device_that_freezes_the_table_is_not_in_its_heat():
     devices = {"a": HAND_DEVICES["a"], "b": HAND_DEVICES["b"],
                "w": info("w", [1, 2, 3], split=1, role="weak")}  # plan freezes block 0, the table
-    strategy = FedSubAvg()
+    strategy = FedSubAvg(weighting="uniform")
     state = hand_state()
 
     def delta(d, ins):

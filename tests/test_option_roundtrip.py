@@ -46,7 +46,7 @@ def sample(spec: OptionSpec) -> Any:
     if base is bool:
         return not spec.default
     if base is int:
-        return int(low) + 3
+        return int(low) + 3 if int(low) + 3 != spec.default else int(low) + 4
     if base is float:
         value = (low + high) / 2 if high is not None else low + 0.75
         return value if value != spec.default else value / 2

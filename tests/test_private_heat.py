@@ -94,7 +94,7 @@ def test_row_bits_are_bounded_by_the_limits():
 async def _run(tmp_path) -> tuple[Orchestrator, FedSubAvg, list[dict[str, np.ndarray]], list]:
     config = ServerConfig(model="recommender", rounds=1, min_devices=DEVICES, local_steps=3, batch_size=8,
                           lr=0.05, store_dir=tmp_path / "store", eval_data="synthetic_ratings", deadline_s=120)
-    strategy = Recording()
+    strategy = Recording(weighting="uniform")  # heat in devices (line 9 as written)
     orch = Orchestrator(config, strategy=strategy)
     initial = {k: v.copy() for k, v in orch.global_state.items()}
     ready = asyncio.Event()

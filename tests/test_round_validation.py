@@ -68,3 +68,17 @@ def test_validation_scores_a_fixed_subset_of_the_held_out_set() -> None:
     rows = {r.tobytes() for r in full.x}
     assert all(r.tobytes() in rows for r in part.x)
     assert full.subset(0, seed=3) is full and full.subset(len(full.x), seed=3) is full
+
+
+def test_the_bound_holds_for_a_negative_loss() -> None:
+    """A loss that may be negative (a Cox model's) gets the same margin above it, not a bound below it."""
+    from orchestrator.validation import SLACK, RoundValidation
+
+    v = RoundValidation(max_rise=0.5)
+    v.committed({"test_loss": -2.0})
+    assert v.limit() == pytest.approx(-2.0 + 0.5 * 2.0 + SLACK)
+    assert v.judge({"test_loss": -2.1}) is None  # better
+    assert v.judge({"test_loss": -1.5}) is None  # a little worse, inside the margin
+    assert "rose" in v.judge({"test_loss": -0.5})  # past it
+    v.committed({"test_loss": 2.0})
+    assert v.limit() == pytest.approx(3.0 + SLACK)  # a loss >= 0: (1 + rise) x L + slack, as before

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_registry_names_each_runtime_once() -> None:
     # The planner's order of preference: torch, then the Python and JavaScript graph runtimes.
-    assert list(RUNTIMES) == ["torch", "onnxruntime", "onnxruntime-node", "onnxruntime-web"]
+    assert list(RUNTIMES) == ["torch", "onnxruntime", "onnxruntime-node", "onnxruntime-webgpu", "onnxruntime-web"]
     assert RUNTIMES["torch"].backend == "torch" and not RUNTIMES["torch"].needs_graph
     assert RUNTIMES["onnxruntime"].needs_graph
     assert RUNTIMES["onnxruntime"].can_train(2, {2}) and not RUNTIMES["onnxruntime"].can_train(1, {2})
@@ -35,7 +35,11 @@ def test_the_registry_names_each_runtime_once() -> None:
     assert device_runtime(["onnxruntime", "torch"]).name == "torch"
     assert device_runtime(["onnxruntime"]).name == "onnxruntime"
     assert device_runtime(["onnxruntime-web"]).needs_graph and device_runtime(["onnxruntime-node"]).needs_graph
-    with pytest.raises(UnknownRuntime, match="known: torch, onnxruntime, onnxruntime-node, onnxruntime-web"):
+    # A tab with a GPU names both browser runtimes and is planned (and charged) on the GPU's.
+    webgpu = device_runtime(["onnxruntime-webgpu", "onnxruntime-web"])
+    assert webgpu.name == "onnxruntime-webgpu" and webgpu.needs_graph
+    assert FALLBACK.for_backend("onnxruntime-webgpu") > FALLBACK.for_backend("onnxruntime-web")
+    with pytest.raises(UnknownRuntime, match="known: torch, onnxruntime, onnxruntime-node, onnxruntime-webgpu, onnxruntime-web"):
         device_runtime(["tensorflow"])
     # Memory: a RuntimeMemory figure by name, or bytes measured elsewhere (a browser's runtime).
     assert FALLBACK.for_backend("torch") == FALLBACK.training

@@ -25,10 +25,10 @@ from tests.factories import server_config
 
 
 def _sdk(root: Path) -> Path:
-    """A JavaScript SDK folder as the site reads it: a build and the browser's three packages."""
+    """A JavaScript SDK folder as the site reads it: a build (its browser bundle) and onnxruntime-web."""
     for name, text in {"dist/index.js": "export const sdk = 1;\n", "package.json": "{}",
+                       "dist/edgetrain.browser.mjs": "export const sdk = 1;\n",
                        "node_modules/@msgpack/msgpack/dist.esm/index.mjs": "export {};\n",
-                       "node_modules/@noble/hashes/sha2.js": "export {};\n",
                        "node_modules/onnxruntime-web/dist/ort.wasm.min.mjs": "export {};\n",
                        "node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded.wasm": "\0asm"}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
         assert headers["Cross-Origin-Embedder-Policy"] == "require-corp", path
     assert out["/sdk/ort/ort-wasm-simd-threaded.wasm"][1]["Content-Type"] == "application/wasm"
     assert out["/sdk/dist/index.js"][2] == b"export const sdk = 1;\n"
-    assert b'<script type="importmap">' in out["/"][2]
+    assert b"/sdk/dist/edgetrain.browser.mjs" in out["/static/device.js"][2]  # one bundle: no import map
     for path in ("/sdk/dist/../package.json", "/sdk/dist/%2e%2e/package.json", "/sdk/node_modules/x", "/shard/99.bin"):
         assert out[path][0] == 404, path
     info = json.loads(out["/web.json"][2])

@@ -1,83 +1,195 @@
 #!/usr/bin/env node
 /**
- * A device without Python: `node dist/cli.js --url ws://host:8765 --id board-1 --budget 300MiB --data shard.npz`
- * (docs/js-device.md). Trains on onnxruntime-node, or on onnxruntime-web with `--runtime web`
- * (boards onnxruntime-node has no build for, such as armv7).
+ * `edgetrain-device` (`node dist/cli.js`): a device without Python, from a one-off run to a service
+ * on a board, as `python -m edge_sdk` is (docs/js-device.md). Its options and config-file keys are
+ * the shared key table's that this device honours (src/settings.ts); `--print-settings` prints the
+ * settings resolved, as the Python device prints them, and exits. The device keeps running
+ * (reconnecting with backoff, waiting for the next run) unless `once`; `install-service` writes its
+ * systemd unit. Trains on onnxruntime-node, or on onnxruntime-web with `--runtime web` (boards
+ * onnxruntime-node has no build for, such as armv7).
+ *
+ * Errors print one line and exit as the Python device's do: 2 for a bad option, config file or data
+ * source, 3 when the server refuses the device, 1 for the rest (a server lost for good, an internal
+ * error; `--debug` adds the stack), 130 when interrupted.
  */
 import { readFileSync } from "node:fs";
-import { parseArgs } from "node:util";
+import { freemem } from "node:os";
+import { parseArgs, type ParseArgsConfig } from "node:util";
 import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
+import { declaredData } from "./data.js";
+import { readConfig, strerror } from "./config.js";
+import { DeviceRefused, UsageError } from "./errors.js";
+import { readLocalData } from "./data-file.js";
 import { folderPayloadStore } from "./payload-store-file.js";
 import { fileStore } from "./pending-file.js";
-import { loadRuntime } from "./runtime.js";
-import { readConfig } from "./config.js";
-import { loadShard, parseSize } from "./shard.js";
+import { pyRepr } from "./pyformat.js";
+import type { EventSink } from "./roundwork.js";
+import { loadRuntime } from "./load-runtime.js";
+import { runService } from "./service.js";
+import { resolveSettings, settingRow, settingRows, settingsJson, THIS_SDK, type Settings } from "./settings.js";
+import { installService } from "./systemd.js";
 import type { WebSocketLike } from "./transport.js";
 
-const USAGE = `usage: edgetrain-device --server ws://host:8765 --id ID --budget SIZE --data shard.npz|shard.json
-  [--config device.toml] [--runtime node|web] [--token TOKEN | --secret-file FILE] [--threads N]
-  [--device-class NAME] [--label KEY=VALUE ...] [--reconnect-retries N] [--pending FILE] [--payload-cache DIR]
-  [--payload-cache-size SIZE] [--json-events]
-  (--url is --server; the config file holds the same settings without their dashes, as the Python device's)
-  --pending FILE: keep an unacknowledged update there, so a restarted device finishes its round
-  --payload-cache DIR: keep downloaded payloads there by sha256; none held is downloaded again`;
+const EXIT_USAGE = 2;
+const EXIT_REFUSED = 3;
+const PROG = "edgetrain-device";
 
-const DEFAULTS = { server: "ws://127.0.0.1:8765", runtime: "node", token: "", threads: "1", "device-class": "",
-  label: [] as string[], "reconnect-retries": "30", "json-events": false, "payload-cache-size": "256MiB" };
-
-/** The settings: the command line's, then the config file's, then the defaults. */
-function settings() {
-  const { values: given } = parseArgs({
-    options: {
-      config: { type: "string" }, server: { type: "string" }, url: { type: "string" }, id: { type: "string" },
-      budget: { type: "string" }, data: { type: "string" }, runtime: { type: "string" }, token: { type: "string" },
-      "secret-file": { type: "string" }, threads: { type: "string" }, "device-class": { type: "string" },
-      label: { type: "string", multiple: true }, "reconnect-retries": { type: "string" }, pending: { type: "string" },
-      "payload-cache": { type: "string" }, "payload-cache-size": { type: "string" }, "json-events": { type: "boolean" }, help: { type: "boolean", default: false },
-    },
-  });
-  const { url, config, ...rest } = given;
-  const file = config ? readConfig(config) : {};
-  const cli = Object.fromEntries(Object.entries({ ...rest, server: rest.server ?? url }).filter(([, v]) => v !== undefined));
-  return { ...DEFAULTS, ...file, ...cli } as typeof DEFAULTS & Record<string, string | boolean | string[] | undefined>;
+/** The command line's options: the table's keys this device honours, and the command's own. */
+function options(): NonNullable<ParseArgsConfig["options"]> {
+  const out: NonNullable<ParseArgsConfig["options"]> = {
+    config: { type: "string" }, "print-settings": { type: "boolean" }, help: { type: "boolean", short: "h" },
+    url: { type: "string" }, // the server's older name
+  };
+  for (const r of settingRows(THIS_SDK)) out[r.key] = r.type === "bool" ? { type: "boolean" } : { type: "string", multiple: r.type === "list" };
+  return out;
 }
 
-async function main(): Promise<void> {
-  const values = settings();
-  if (values.help || !values.id || !values.budget || !values.data) {
-    console.error(USAGE);
-    process.exit(values.help ? 0 : 2);
+function usage(): string {
+  const lines = settingRows(THIS_SDK).map((r) => {
+    const shown = r.default === null || r.default === "" || r.default === false || Array.isArray(r.default) ? "" : ` (default: ${r.default})`;
+    return `  --${r.key}${r.type === "bool" ? "" : ` ${r.choices.length ? r.choices.join("|") : r.type.toUpperCase()}`}\n      ${r.help}${shown}`;
+  });
+  return [`usage: ${PROG} [--config FILE] [--print-settings] [OPTIONS]`, `       ${PROG} install-service --config FILE [--user USER] [-o FILE]`,
+    "Run a device: say hello to the server, train its share each round, reconnect when the connection drops,",
+    "and wait for the next run when one ends.",
+    "  --config FILE\n      TOML file of settings: every option below without its dashes (the Python device's file works too)",
+    "  --print-settings\n      print the resolved settings as one JSON object (keyed by the config file's keys) and exit", ...lines].join("\n");
+}
+
+/** The command line's values by key (undefined: not given), `--config` and `--print-settings`; null after `--help`. */
+function parse(argv: string[]): { given: Record<string, unknown>; config?: string; print: boolean } | null {
+  const known = options();
+  // `--reconnect-retries -1`: a negative number is the option's value, as the Python device reads it.
+  const args = argv.flatMap((a, i) => known[a.slice(2)]?.type === "string" && a.startsWith("--") && /^-\d/.test(argv[i + 1] ?? "")
+    ? [] : i > 0 && /^-\d/.test(a) && known[argv[i - 1]!.slice(2)]?.type === "string" ? [`${argv[i - 1]}=${a}`] : [a]);
+  let values: Record<string, unknown>;
+  try {
+    ({ values } = parseArgs({ args, options: known, strict: true, allowPositionals: false }));
+  } catch (exc) {
+    const other = /^Unknown option '--([^']+)'/.exec((exc as Error).message)?.[1];
+    const row = other === undefined ? undefined : settingRow(other);
+    throw new UsageError(row ? `--${other}: a setting of the ${row.sdks.join(" and ")} device only; this device does not take it (see ${PROG} --help)`
+      : `${(exc as Error).message.replace(/\s*\n\s*/g, " ")} (see ${PROG} --help)`);
   }
-  if (values.runtime !== "node" && values.runtime !== "web") throw new Error(`--runtime must be node or web, not ${values.runtime}`);
-  const threads = Number(values.threads);
-  const runtime = await loadRuntime(values.runtime, threads);
-  const labels = Object.fromEntries((Array.isArray(values.label) ? values.label : [String(values.label)]).map((l) => {
-    const at = l.indexOf("=");
-    if (at < 1) throw new Error(`a label is KEY=VALUE, got ${l}`);
-    return [l.slice(0, at), l.slice(at + 1)];
-  }));
-  const json = values["json-events"] === true;
-  const client = new DeviceClient({
-    server: values.server, deviceId: String(values.id), budgetBytes: parseSize(String(values.budget)), runtime,
-    data: loadShard(String(values.data)),
-    webSocket: (url, maxMessageBytes) => new WebSocket(url, { maxPayload: maxMessageBytes, perMessageDeflate: false }) as unknown as WebSocketLike,
-    token: values.token, secret: values["secret-file"] ? readFileSync(String(values["secret-file"]), "utf8").trim() : "",
-    threads, cores: threads, deviceClass: values["device-class"], labels, maxRetries: Number(values["reconnect-retries"]),
-    ...(values.pending ? { pending: fileStore(String(values.pending)) } : {}),
-    ...(values["payload-cache"]
-      ? { payloadStore: folderPayloadStore(String(values["payload-cache"]), parseSize(String(values["payload-cache-size"]))) }
-      : {}),
-    onEvent: (kind, data) => {
-      if (json) console.log(JSON.stringify({ event: kind, ...data }));
-      else console.error(`${kind}: ${JSON.stringify(data)}`);
-    },
-  });
-  const reports = await client.run();
-  if (!json) console.error(`done: ${reports.length} reports`);
+  if (values["help"]) return null;
+  const { config, "print-settings": print, help: _, url, ...given } = values;
+  given["server"] ??= url;
+  return { given, config: config as string | undefined, print: print === true };
 }
 
-main().catch((exc: unknown) => {
-  console.error(exc instanceof Error ? `${exc.name}: ${exc.message}` : String(exc));
-  process.exit(1);
-});
+/** KEY=VALUE pairs of `option`. */
+function pairs(items: string[], option: string): Record<string, string> {
+  return Object.fromEntries(items.map((text) => {
+    const at = text.indexOf("=");
+    if (at < 0 || text.slice(0, at).trim() === "") throw new UsageError(`${option}: expected KEY=VALUE, got ${pyRepr(text)}`);
+    return [text.slice(0, at).trim(), text.slice(at + 1).trim()];
+  }));
+}
+
+/** A file's text for `option`, a `UsageError` naming it when it cannot be read. */
+function readFor(option: string, path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch (exc) {
+    throw new UsageError(`${option}: cannot read ${path}: ${strerror(exc)}`);
+  }
+}
+
+/** The credential in `--secret-file` ("" without one). */
+function readSecret(path: string): string {
+  if (!path) return "";
+  const secret = readFor("--secret-file", path).trim();
+  if (!secret) throw new UsageError(`--secret-file: ${path} holds no credential`);
+  return secret;
+}
+
+/** What this machine offers when no budget is given: its available memory, within its cgroup's limit (Node's view). */
+function machineBudget(): number {
+  return typeof process.availableMemory === "function" ? process.availableMemory() : freemem();
+}
+
+function eventPrinter(json: boolean): EventSink {
+  return (kind, data) => {
+    if (json) console.log(JSON.stringify({ event: kind, ...data }));
+    else console.error(`${kind}: ${JSON.stringify(data)}`);
+  };
+}
+
+/** Clients as the settings describe them, one per run; what cannot work (data, secret, labels) fails here, before any connection. */
+async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceClient> {
+  const labels = pairs(s["label"] as string[], "--label");
+  const secret = readSecret(s["secret-file"] as string);
+  const ca = s["tls-ca"] ? readFor("--tls-ca", s["tls-ca"] as string) : undefined;
+  const data = () => readLocalData(s["data"] as string, s["label-column"] as string);
+  const first = [data()];
+  const threads = s["threads"] as number;
+  const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
+  const webSocket = (url: string, maxPayload: number) =>
+    new WebSocket(url, { maxPayload, perMessageDeflate: false, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
+  return () => {
+    const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
+    return new DeviceClient({
+      server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(),
+      runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
+      threads, cores: threads, deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
+      maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
+      ...(s["payload-cache"]
+        ? { payloadStore: folderPayloadStore(s["payload-cache"] as string, s["payload-cache-size"] as number) }
+        : {}),
+    });
+  };
+}
+
+/** Run the device the settings describe: a service, or one run with `once`. */
+async function runDevice(s: Settings): Promise<void> {
+  const onEvent = eventPrinter(s["json-events"] === true);
+  await runService(await clients(s, onEvent), { once: s["once"] === true, maxDelayS: s["reconnect-max-delay"] as number, onEvent });
+  if (s["json-events"] !== true) console.error("stopped");
+}
+
+async function device(argv: string[]): Promise<number> {
+  const parsed = parse(argv);
+  if (parsed === null) {
+    console.log(usage());
+    return 0;
+  }
+  const settings = resolveSettings(parsed.given, parsed.config === undefined ? null : readConfig(parsed.config));
+  if (parsed.print) {
+    console.log(settingsJson(settings));
+    return 0;
+  }
+  await runDevice(settings);
+  return 0;
+}
+
+/** One line on standard error and the exit status for what ended the device. */
+function failure(exc: unknown, debug: boolean): number {
+  if (debug && exc instanceof Error) console.error(exc.stack);
+  if (exc instanceof DeviceRefused) return fail(`the server refused this device: ${exc.message}`, EXIT_REFUSED);
+  if (exc instanceof UsageError) return fail(exc.message, EXIT_USAGE);
+  const text = exc instanceof Error ? exc.message.split("\n")[0] || exc.name : String(exc);
+  return fail(debug ? text : `${text} (--debug shows the stack)`, 1);
+}
+
+function fail(message: string, status: number): number {
+  console.error(`error: ${message}`);
+  return status;
+}
+
+/** Run the command and exit with its status once what it printed is written. */
+async function main(argv: string[] = process.argv.slice(2)): Promise<never> {
+  process.on("SIGINT", () => process.exit(130));
+  let status: number;
+  if (argv[0] === "install-service") status = installService(argv.slice(1));
+  else {
+    try {
+      status = await device(argv);
+    } catch (exc) {
+      status = failure(exc, argv.includes("--debug"));
+    }
+  }
+  return new Promise<never>(() => process.stdout.write("", () => process.stderr.write("", () => process.exit(status))));
+}
+
+await main();

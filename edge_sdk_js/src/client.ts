@@ -5,14 +5,16 @@
  * for is the round's work (src/roundwork.ts): its phase from the device's registry
  * (src/phases.ts, src/algorithms/), its tail from the device's training backend (src/backends/).
  * Reports are kept until acknowledged, across a restart too, given a `pending` store.
+ * `stop()` and `pause()` leave with a goodbye between instructions (docs/js-device.md, "Stop and pause").
  */
 import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
 import { makeProof } from "./credentials.js";
+import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
-import { DEFAULT_LIMITS, type Instruction, type Limits, type Report, type Scalar, type Welcome } from "./messages.js";
+import { DEFAULT_LIMITS, type Instruction, type Limits, type Message, type Report, type Scalar, type Welcome } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
 import { UpdateEncoder } from "./wire-codecs.js";
 import type { PendingStore } from "./pending.js";
@@ -20,6 +22,7 @@ import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
 import { RoundProgress, phaseReport, type EventSink, type WorkingDevice } from "./roundwork.js";
 import type { Runtime } from "./runtime.js";
+import { FOREVER, settingDefault } from "./settings.js";
 import { DEFAULT_FRAME_SIZE, frames } from "./transfer.js";
 import { Channel, ConnectionLost, type WebSocketFactory } from "./transport.js";
 
@@ -45,7 +48,9 @@ export interface DeviceOptions {
   /** Batch of the multi-step forward pass; 0: the planned batch size. */
   forwardBatch?: number;
   reconnect?: boolean;
+  /** Reconnect attempts in a row before `run()` gives up; -1 (`FOREVER`, the default): never (a service). */
   maxRetries?: number;
+  /** The longest wait between two attempts, in seconds (default 30: the key table's `reconnect-max-delay`). */
   maxBackoffS?: number;
   frameSize?: number;
   limits?: Limits;
@@ -64,7 +69,14 @@ export interface DeviceOptions {
    * the server's training graphs in `runtime`. Its runtimes are what the hello declares. */
   backend?: TrainingBackend;
   onEvent?: EventSink;
+  /** The data's label count, declared in the hello (`num_classes`) beside the samples' shape, so a
+   * server whose model takes other data refuses it before sending any of the model. */
+  numClasses?: number;
 }
+
+/** How the device leaves: `now` cuts the instruction at hand (it is not reported), otherwise the
+ * device finishes it (trained, reported, acknowledged) and leaves before the next. */
+export interface LeaveOptions { now?: boolean }
 
 export interface RoundReport {
   round: number;
@@ -85,6 +97,12 @@ export class DeviceClient {
   private readonly limits: Limits;
   private readonly emit: EventSink;
   private readonly updates = new UpdateEncoder();
+  /** What the device was asked to do between instructions: leave for good, or for a while. */
+  private leaving: "stop" | "pause" | null = null;
+  /** Ends a wait (for an instruction, or a reconnect's backoff) when the device is asked to leave. */
+  private wake: (() => void) | null = null;
+  private resumed: (() => void) | null = null;
+  private channel: Channel | null = null;
 
   constructor(readonly options: DeviceOptions) {
     this.limits = options.limits ?? DEFAULT_LIMITS;
@@ -93,7 +111,39 @@ export class DeviceClient {
     this.backend = options.backend ?? makeBackend(DEFAULT_BACKEND, options.runtime, options.threads ?? 1);
   }
 
-  /** Connect (and reconnect with exponential backoff) until the server says goodbye. */
+  /** Stop for good: the device says goodbye (now, or once the instruction at hand is acknowledged) and
+   * `run()` resolves with the reports made. The server sees a device that left between rounds. */
+  stop(options: LeaveOptions = {}): void {
+    this.leave("stop", options);
+  }
+
+  /** Leave for a while: as `stop()`, but `run()` waits, disconnected, until `resume()`, then says
+   * hello again (the same id: the server plans it again and may select it in the next round). */
+  pause(options: LeaveOptions = {}): void {
+    if (this.leaving !== "stop") this.leave("pause", options);
+  }
+
+  /** Come back after `pause()` (or take back a pause not yet carried out). */
+  resume(): void {
+    if (this.leaving !== "pause") return;
+    this.leaving = null;
+    this.resumed?.();
+  }
+
+  /** Whether the device is paused or on its way to pausing. */
+  get paused(): boolean {
+    return this.leaving === "pause";
+  }
+
+  private leave(how: "stop" | "pause", options: LeaveOptions): void {
+    this.leaving = how;
+    this.emit(how === "stop" ? "stopping" : "pausing", { device: this.options.deviceId, now: options.now === true });
+    this.wake?.();
+    if (how === "stop") this.resumed?.();
+    if (options.now) this.channel?.close(); // the instruction at hand fails with ConnectionLost: not reported
+  }
+
+  /** Connect (and reconnect with exponential backoff) until the server says goodbye or `stop()`. */
   async run(): Promise<RoundReport[]> {
     const o = this.options;
     this.data = await gather(o.data);
@@ -103,27 +153,64 @@ export class DeviceClient {
     await this.restorePending();
     let attempt = 0;
     for (;;) {
+      if (this.leaving === "pause") await this.pausedUntilResumed();
+      if (this.leaving === "stop") return this.stopped();
       let ch: Channel | null = null;
       try {
-        ch = await Channel.open(o.webSocket, o.server, this.limits);
+        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits);
         attempt = 0;
         if (await this.session(ch)) { ch.close(); return this.reports; }
+        continue; // left between instructions (stop or pause)
       } catch (exc) {
+        if (this.leaving !== null && exc instanceof ConnectionLost) { ch?.close(); continue; } // cut by stop/pause({ now })
         if (exc instanceof ProtocolError && !exc.remote) {
           ch?.sendError(exc); // a bad frame from the server, or an instruction this device cannot carry out: say so and close
           this.emit("error", { device: o.deviceId, code: exc.code, message: exc.message });
           throw exc;
         }
         if (!(exc instanceof ConnectionLost)) { ch?.close(); throw exc; }
-        if (o.reconnect === false || attempt >= (o.maxRetries ?? 30)) {
-          throw new ConnectionLost(`${o.deviceId}: lost the server after ${attempt} retries: ${exc.message}`);
+        const retries = o.maxRetries ?? settingDefault("reconnect-retries") as number;
+        if (o.reconnect === false || (retries !== FOREVER && attempt >= retries)) {
+          throw new ConnectionLost(`${o.deviceId}: lost the server ${o.server} after ${attempt} retries: ${exc.message}`);
         }
-        const delay = Math.min(o.maxBackoffS ?? 5, 0.2 * 2 ** attempt) * (0.5 + Math.random() / 2);
+        const delay = backoffDelay(attempt, o.maxBackoffS ?? settingDefault("reconnect-max-delay") as number);
         attempt += 1;
-        this.emit("reconnect", { device: o.deviceId, attempt, delay_s: delay });
-        await new Promise((resolve) => setTimeout(resolve, delay * 1000));
+        this.emit("reconnect", { device: o.deviceId, server: o.server, attempt, delay_s: Math.round(delay * 100) / 100, error: exc.message });
+        await this.backoff(delay * 1000);
       }
     }
+  }
+
+  private stopped(): RoundReport[] {
+    this.emit("stopped", { device: this.options.deviceId, reports: this.reports.length });
+    return this.reports;
+  }
+
+  private async pausedUntilResumed(): Promise<void> {
+    this.emit("paused", { device: this.options.deviceId });
+    await new Promise<void>((resolve) => { this.resumed = resolve; });
+    this.resumed = null;
+    this.emit("resumed", { device: this.options.deviceId });
+  }
+
+  /** Wait for the server's next instruction, unless the device is asked to leave first (then null). */
+  private async nextOrLeave(ch: Channel): Promise<Message | null> {
+    if (this.leaving !== null) return null;
+    const asked = new Promise<null>((resolve) => { this.wake = () => resolve(null); });
+    try {
+      return await Promise.race([nextReply(ch, true), asked]);
+    } finally {
+      this.wake = null;
+    }
+  }
+
+  /** Wait `ms`, or less if the device is asked to leave meanwhile. */
+  private async backoff(ms: number): Promise<void> {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.wake = () => { clearTimeout(timer); resolve(); };
+    });
+    this.wake = null;
   }
 
   /** A report a previous run left unacknowledged: held as this round's, so the server's `resume` finds it. */
@@ -143,7 +230,7 @@ export class DeviceClient {
       t: "hello", device_id: o.deviceId, token: o.secret ? makeProof(o.deviceId, o.secret) : (o.token ?? ""),
       budget_bytes: o.budgetBytes, cores: o.cores ?? 1, runtimes: [...this.backend.runtimes], num_samples: this.data!.x.shape[0]!,
       device_class: o.deviceClass ?? "", labels: { ...(o.labels ?? {}) }, resume_round: this.progress?.round ?? -1,
-      rows: {}, ext: { ...(o.helloExt ?? {}) },
+      rows: {}, ext: { ...(o.helloExt ?? {}) }, input_shape: this.data!.x.shape.slice(1), num_classes: o.numClasses ?? -1,
     });
     try {
       const welcome = await nextReply(ch);
@@ -151,7 +238,12 @@ export class DeviceClient {
       this.welcome = welcome;
       this.emit("welcome", { device: o.deviceId, role: welcome.role, split: welcome.split, chunks: welcome.chunks, runtime: o.runtime.name });
       for (;;) {
-        const msg = await nextReply(ch, true);
+        const msg = await this.nextOrLeave(ch);
+        if (msg === null) {
+          await ch.send({ t: "bye", reason: this.leaving === "stop" ? "device stopped" : "device paused" });
+          ch.close();
+          return false;
+        }
         let ins: Instruction | null;
         if (msg.t === "resume") {
           await this.resumeUpload(ch, msg.transfer_id, msg.offset);
@@ -169,7 +261,7 @@ export class DeviceClient {
             this.emit("aborted", { device: o.deviceId, round: ins.round });
             this.progress = null;
           }
-          ins = ch.session.nextInstruction();
+          ins = this.leaving === null ? ch.session.nextInstruction() : null; // asked to leave: not the rest
         }
       }
     } catch (exc) {
@@ -227,6 +319,7 @@ export class DeviceClient {
     const role = this.welcome?.role ?? "";
     this.reports.push({ round: report.round, role, phase: report.phase, trained: report.trained, accepted: ack.accepted, metrics: report.metrics });
     this.emit("round_done", { device: this.options.deviceId, round: report.round, phase: report.phase, accepted: ack.accepted,
-      reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name, ...prog.timings });
+      reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name,
+      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }), ...prog.timings });
   }
 }

@@ -26,3 +26,16 @@ export async function gather(source: DataSource): Promise<DeviceData> {
   };
   return { x: join(parts.map((p) => p.x)), y: join(parts.map((p) => p.y)) };
 }
+
+/**
+ * What the hello declares of the data (`Hello.input_shape`, `num_classes`, as the Python device's
+ * data sources do): one sample's shape, and for integer labels their count (largest + 1; -1 for a
+ * regression target). The server refuses data its model cannot take before sending any of it.
+ */
+export function declaredData(data: DeviceData): { input_shape: number[]; num_classes: number } {
+  let largest = -1;
+  if (data.y.dtype === "int64" || data.y.dtype === "int32" || data.y.dtype === "uint8") {
+    for (const v of data.y.data as Iterable<number | bigint>) largest = Math.max(largest, Number(v));
+  }
+  return { input_shape: data.x.shape.slice(1), num_classes: largest < 0 ? -1 : largest + 1 };
+}

@@ -48,3 +48,23 @@ export class RoundAborted extends Error {
     this.name = "RoundAborted";
   }
 }
+
+/** A setting, option, config file or data source that does not work (the command exits with 2): retrying will not help. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+/**
+ * A setting's value that cannot be used: `name` is how the user named it (`--budget`,
+ * `device.toml: budget`), `problem` what is wrong with it, in the Python device's words
+ * (edge_sdk.values.SettingError).
+ */
+export class SettingError extends UsageError {
+  constructor(readonly setting: string, readonly problem: string) {
+    super(`${setting}: ${problem}`);
+    this.name = "SettingError";
+  }
+}

@@ -1,22 +1,4 @@
-/** The edgetrain device SDK for JavaScript (docs/js-device.md). */
-export * from "./errors.js";
-export * from "./messages.js";
-export * from "./tensors.js";
-export * from "./transfer.js";
-export * from "./session.js";
-export * from "./runtime.js";
-export * from "./sampling.js";
-export * from "./trainer.js";
-export * from "./forward.js";
-export * from "./credentials.js";
-export * from "./transport.js";
-export * from "./data.js";
-export * from "./phases.js";
-export * from "./algorithms/index.js";
-export * from "./backends/index.js";
-export * from "./client.js";
-export * from "./pending.js";
-export * from "./payload-store.js";
-export * from "./wire-codecs.js";
-export * as codecs from "./codecs/index.js";
-export * from "./dp.js";
+/** The edgetrain device SDK for JavaScript (docs/js-device.md): the Node entry, the browser entry's
+ * API (src/browser.ts) and `loadRuntime`, which imports an ONNX Runtime package by name. */
+export * from "./browser.js";
+export { loadRuntime } from "./load-runtime.js";

@@ -50,6 +50,10 @@ export interface Hello {
   rows: Record<string, number[]>;
   /** Extension fields a strategy declares (docs/protocol.md, "Extension fields"): `namespace.name` -> value. */
   ext: Record<string, unknown>;
+  /** Optional (left out while `[]`): one sample's shape, as the device's data declares it. */
+  input_shape?: number[];
+  /** Optional (left out while -1): the data's label count. */
+  num_classes?: number;
 }
 export interface Welcome {
   t: "welcome"; device_id: string; role: string; split: number; num_blocks: number; chunks: Pair[];
@@ -59,12 +63,12 @@ export interface Instruction {
   t: "instruction"; round: number; phase: string; model_version: number; split: number; chunk_ids: string[];
   model_id: string; selection: string; broadcast_id: string; local_steps: number; lr: number; deadline_s: number;
   config: Record<string, Scalar>;
-  /** Optional: payload id -> sha256 of each payload named (docs/protocol.md, "Held payloads"). */
+  /** Optional (left out while `{}`): payload id -> sha256 of each payload named (docs/protocol.md, "Held payloads"). */
   digests?: Record<string, string>;
 }
 export interface Fetch {
   t: "fetch"; round: number; payload_id: string; offset: number;
-  /** Optional: the sha256 of the payload this device holds; the server then sends none of it. */
+  /** Optional (left out while `""`): the sha256 of the payload this device holds; the server then sends none of it. */
   held?: string;
 }
 export interface TransferBegin {
@@ -86,7 +90,7 @@ export type Message =
   | Hello | Welcome | Instruction | Fetch | TransferBegin | TransferFrame | TransferEnd | Report | Ack | ErrorMsg
   | Bye | Resume;
 
-type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "pair" | "list_pair" | "dict_str"
+type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "list_int" | "pair" | "list_pair" | "dict_str"
   | "dict_scalar" | "dict_ints" | "dict_bytes" | "ext";
 
 /** Field names and kinds of every message, in wire order (the Python dataclasses' order). */
@@ -99,9 +103,8 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
     ["config", "dict_scalar"]],
   instruction: [["round", "int"], ["phase", "str"], ["model_version", "int"], ["split", "int"],
     ["chunk_ids", "list_str"], ["model_id", "str"], ["selection", "str"], ["broadcast_id", "str"],
-    ["local_steps", "int"], ["lr", "float"], ["deadline_s", "float"], ["config", "dict_scalar"],
-    ["digests", "dict_str"]],
-  fetch: [["round", "int"], ["payload_id", "str"], ["offset", "int"], ["held", "str"]],
+    ["local_steps", "int"], ["lr", "float"], ["deadline_s", "float"], ["config", "dict_scalar"]],
+  fetch: [["round", "int"], ["payload_id", "str"], ["offset", "int"]],
   transfer_begin: [["transfer_id", "str"], ["kind", "str"], ["total_size", "int"], ["sha256", "str"],
     ["frame_size", "int"], ["offset", "int"], ["meta", "dict_scalar"]],
   transfer_frame: [["transfer_id", "str"], ["offset", "int"], ["data", "bytes"]],
@@ -114,15 +117,16 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   resume: [["transfer_id", "str"], ["offset", "int"]],
 };
 
-/** Fields a peer may leave out (left out on the wire when empty; absent when decoded without them),
- * as the Python dataclasses' `OPTIONAL`. */
-const OPTIONAL: Partial<Record<Message["t"], Set<string>>> = {
-  instruction: new Set(["digests"]),
-  fetch: new Set(["held"]),
+/** Optional fields (docs/protocol.md, "Optional fields"): left out of a message while they hold their
+ * default, taken as the default when absent, so a peer that predates them exchanges it as before. */
+const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
+  hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
+  instruction: [["digests", "dict_str", {}]],
+  fetch: [["held", "str", ""]],
 };
 
-function atDefault(value: unknown): boolean {
-  return value === undefined || value === "" || (isPlainObject(value) && Object.keys(value).length === 0);
+function isDefault(value: unknown, fallback: unknown): boolean {
+  return value === undefined || JSON.stringify(value) === JSON.stringify(fallback);
 }
 
 const SHA256_HEX = /^[0-9a-f]{64}$/;
@@ -201,6 +205,10 @@ function checkKind(where: string, kind: Kind, value: unknown, limits: Limits): u
       if (!Array.isArray(value)) throw bad(where, "expected a list");
       checkItems(where, value.length, limits);
       return value.map((v) => checkStr(where, v, limits));
+    case "list_int":
+      if (!Array.isArray(value)) throw bad(where, "expected a list");
+      checkItems(where, value.length, limits);
+      return value.map((v) => checkInt(where, v));
     case "pair": return checkPair(where, value);
     case "list_pair":
       if (!Array.isArray(value)) throw bad(where, "expected a list");
@@ -269,6 +277,9 @@ function checkValues(msg: Message): void {
       require(msg.budget_bytes >= 0 && msg.cores >= 0 && msg.num_samples >= 0, `${t}: a count is negative`);
       require(msg.resume_round >= -1, "hello.resume_round is below -1");
       for (const values of Object.values(msg.rows)) require(increasing(values) && (values[0] ?? 0) >= 0, "hello.rows is not strictly increasing");
+      require((msg.input_shape ?? []).length <= 8 && (msg.input_shape ?? []).every((d) => d >= 1),
+        "hello.input_shape has more than 8 axes or an axis below 1");
+      require((msg.num_classes ?? -1) >= -1, "hello.num_classes is below -1");
       break;
     case "welcome":
       require(msg.num_blocks >= 0 && msg.split >= 0 && msg.split <= msg.num_blocks, "welcome.split is outside [0, num_blocks]");
@@ -322,11 +333,12 @@ export function encode(msg: Message): Uint8Array {
   if (schema === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `cannot encode ${String(msg.t)}`);
   const body: Record<string, unknown> = { t: msg.t, v: PROTOCOL_VERSION };
   const unbounded = makeLimits({ maxFrameBytes: 2 ** 52, maxItems: 2 ** 52, maxStrLen: 2 ** 52 });
-  const optional = OPTIONAL[msg.t];
   for (const [name, kind] of schema) {
+    body[name] = checkKind(`${msg.t}.${name}`, kind, (msg as unknown as Record<string, unknown>)[name], unbounded);
+  }
+  for (const [name, kind, fallback] of OPTIONAL[msg.t] ?? []) {
     const value = (msg as unknown as Record<string, unknown>)[name];
-    if (optional?.has(name) && atDefault(value)) continue;
-    body[name] = checkKind(`${msg.t}.${name}`, kind, value, unbounded);
+    if (!isDefault(value, fallback)) body[name] = checkKind(`${msg.t}.${name}`, kind, value, unbounded);
   }
   checkValues(msg);
   return encoder.encode(body);
@@ -354,18 +366,17 @@ export function decode(data: Uint8Array, limits: Limits = DEFAULT_LIMITS): Messa
   const t = obj["t"];
   const schema = typeof t === "string" && Object.hasOwn(SCHEMAS, t) ? SCHEMAS[t as Message["t"]] : undefined;
   if (schema === undefined) throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `unknown message type ${String(t).slice(0, 64)}`);
-  const optional = OPTIONAL[t as Message["t"]];
+  const optional = OPTIONAL[t as Message["t"]] ?? [];
   const expected = new Set(["t", "v", ...schema.map(([n]) => n)]);
-  const keys = Object.keys(obj);
-  const missing = [...expected].filter((k) => !(k in obj) && !optional?.has(k));
-  if (missing.length > 0 || keys.some((k) => !expected.has(k))) {
+  const keys = Object.keys(obj).filter((k) => !optional.some(([n]) => n === k));
+  if (keys.length !== expected.size || keys.some((k) => !expected.has(k))) {
+    const missing = [...expected].filter((k) => !(k in obj));
     const extra = keys.filter((k) => !expected.has(k)).map((k) => k.slice(0, 40));
     throw new ProtocolError(ErrorCode.MALFORMED, `${t}: missing fields [${missing.join(", ")}], unexpected fields [${extra.join(", ")}]`);
   }
   const msg: Record<string, unknown> = { t };
-  for (const [name, kind] of schema) {
-    if (name in obj) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits); // an optional one left out stays absent
-  }
+  for (const [name, kind] of schema) msg[name] = checkKind(`${t}.${name}`, kind, obj[name], limits);
+  for (const [name, kind, fallback] of optional) msg[name] = name in obj ? checkKind(`${t}.${name}`, kind, obj[name], limits) : fallback;
   checkValues(msg as unknown as Message);
   return msg as unknown as Message;
 }

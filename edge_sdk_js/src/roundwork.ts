@@ -115,7 +115,8 @@ class RoundWork implements PhaseContext {
     this.prog.timings["train_s"]! += seconds(t);
     const update: TrainedUpdate = { deltas: result.deltas, numSamples: result.numSamples,
       trained: [ins.split, this.device.welcome.num_blocks],
-      metrics: { loss_before: result.lossBefore, loss_after: result.lossAfter, steps: result.steps, backend: this.device.backend.name } };
+      metrics: { loss_before: result.lossBefore, loss_after: result.lossAfter, steps: result.steps, backend: this.device.backend.name,
+        ...result.metrics } };
     this.prog.trained.set(ins.model_id, update);
     return update;
   }

@@ -1,7 +1,9 @@
 /**
- * The ONNX Runtime a device runs on, injected: `onnxruntime-node` (native, x64/arm64 boards) or
- * `onnxruntime-web` (WebAssembly, in a browser or under Node). Both implement the API of
- * `onnxruntime-common`, which is all this SDK uses, so the same code trains on either.
+ * The ONNX Runtime a device runs on, injected: `onnxruntime-node` (native, x64/arm64 boards),
+ * `onnxruntime-web` (WebAssembly, in a browser or under Node) or `onnxruntime-webgpu` (the same
+ * package's WebGPU build, `ort.webgpu.min.mjs`, in a browser with a WebGPU adapter: its sessions
+ * run on the GPU, each operator without a WebGPU kernel on WebAssembly). All implement the API of
+ * `onnxruntime-common`, which is all this SDK uses, so the same code trains on any of them.
  */
 import type * as ortCommon from "onnxruntime-common";
 
@@ -17,26 +19,30 @@ export interface Runtime {
   /** The name the device's hello declares in `runtimes` (docs/protocol.md, "Runtimes"). */
   name: string;
   ort: OrtApi;
-  /** Execution providers for every session: `cpu` (node) or `wasm` (web). */
+  /** Execution providers for every session, in order of preference: ONNX Runtime places each
+   * operator on the first that has a kernel for it. */
   executionProviders: string[];
 }
 
-/** A runtime from an already imported ONNX Runtime package (a page passes `globalThis.ort`). */
-export function makeRuntime(name: "onnxruntime-node" | "onnxruntime-web", ort: OrtApi, threads = 1): Runtime {
-  if (name === "onnxruntime-web") {
-    ort.env.wasm.numThreads = Math.max(1, threads);
-  }
-  return { name, ort, executionProviders: name === "onnxruntime-web" ? ["wasm"] : ["cpu"] };
-}
+export type RuntimeName = "onnxruntime-node" | "onnxruntime-web" | "onnxruntime-webgpu";
 
-/** Import `onnxruntime-node` or `onnxruntime-web` (Node only: a page passes its own `ort`). */
-export async function loadRuntime(kind: "node" | "web", threads = 1): Promise<Runtime> {
-  if (kind === "node") {
-    const ort = (await import("onnxruntime-node")) as unknown as OrtApi;
-    return makeRuntime("onnxruntime-node", ort, threads);
-  }
-  const ort = (await import("onnxruntime-web")) as unknown as OrtApi;
-  return makeRuntime("onnxruntime-web", ort, threads);
+/** Each runtime's execution providers: `cpu` (node), `wasm` (web), `webgpu` then `wasm` (webgpu). */
+export const EXECUTION_PROVIDERS: Readonly<Record<RuntimeName, readonly string[]>> = Object.freeze({
+  "onnxruntime-node": ["cpu"],
+  "onnxruntime-web": ["wasm"],
+  "onnxruntime-webgpu": ["webgpu", "wasm"],
+});
+
+/**
+ * A runtime from an already imported ONNX Runtime package (a page passes its `ort`). The two
+ * browser runtimes may share one `ort`: the WebGPU build (`ort.webgpu.min.mjs`) runs `wasm`
+ * sessions too.
+ */
+export function makeRuntime(name: RuntimeName, ort: OrtApi, threads = 1): Runtime {
+  const providers = EXECUTION_PROVIDERS[name];
+  if (providers === undefined) throw new Error(`unknown runtime '${name}' (known: ${Object.keys(EXECUTION_PROVIDERS).join(", ")})`);
+  if (name !== "onnxruntime-node") ort.env.wasm.numThreads = Math.max(1, threads);
+  return { name, ort, executionProviders: [...providers] };
 }
 
 /**

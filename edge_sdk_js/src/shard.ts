@@ -96,13 +96,4 @@ export function loadShard(path: string): DeviceData {
   return { x: parseNpy(x), y: parseNpy(y) };
 }
 
-const UNITS: Record<string, number> = { "": 1, b: 1, k: 1024, kib: 1024, kb: 1000, m: 1024 ** 2, mib: 1024 ** 2, mb: 1000 ** 2,
-  g: 1024 ** 3, gib: 1024 ** 3, gb: 1000 ** 3, t: 1024 ** 4, tib: 1024 ** 4, tb: 1000 ** 4 };
-
-/** Bytes in a size such as `512MiB`, `1.5GiB`, `300MB` or `4096` (as edge_sdk.units.parse_size). */
-export function parseSize(text: string): number {
-  const m = /^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$/.exec(text);
-  const unit = m?.[2]?.toLowerCase() ?? "";
-  if (m === null || !(unit in UNITS)) throw new Error(`not a memory size: ${text}; write e.g. 512MiB, 1.5GiB, 300MB or 4096`);
-  return Math.round(Number(m[1]) * UNITS[unit]!);
-}
+export { parseSize } from "./units.js";

@@ -8,6 +8,7 @@
  */
 import { Decoder } from "@msgpack/msgpack";
 import { ErrorCode, ProtocolError } from "./errors.js";
+import type { Scalar } from "./messages.js";
 import { nextTask, openSession, type OrtSession, type OrtTensor, type Runtime } from "./runtime.js";
 import { samplePlan, type SamplePlan } from "./sampling.js";
 import { isRowSparse, numel, tensor, type Tensor, type TensorValue } from "./tensors.js";
@@ -48,6 +49,8 @@ export interface TrainResult {
   lossBefore: number;
   lossAfter: number;
   steps: number;
+  /** What the backend adds to the report's metrics (e.g. the runtime that trained: `backend`). */
+  metrics?: Record<string, Scalar>;
 }
 
 /** Parse a `train_graph` payload (a msgpack map, docs/protocol.md, "Training graphs"). */
@@ -94,6 +97,23 @@ function cpuData(t: OrtTensor): Float32Array {
   return data;
 }
 
+/** The element type a session's `target` input takes (`float32` labels for binary and regression, `int64` classes). */
+function targetType(session: OrtSession): string | undefined {
+  const meta = session.inputMetadata?.find((m) => m.name === "target");
+  return meta?.isTensor ? meta.type : undefined;
+}
+
+/**
+ * Labels as the graph's `target` takes them, as the Python device casts them (edge_sdk.ort_trainer):
+ * a shard's 0/1 labels may come as integers to a graph whose binary loss takes floats.
+ */
+function asType(y: Tensor, dtype: string | undefined): Tensor {
+  if (dtype === undefined || dtype === y.dtype) return y;
+  if (dtype === "float32") return tensor("float32", y.shape, Float32Array.from(y.data as ArrayLike<number | bigint>, Number));
+  if (dtype === "int64") return tensor("int64", y.shape, BigInt64Array.from(y.data as ArrayLike<number | bigint>, (v) => BigInt(Math.round(Number(v)))));
+  return y;
+}
+
 /** The tail's two graphs in ONNX Runtime sessions; weights are passed in on every call. */
 export class OrtTail {
   private train: OrtSession | null = null;
@@ -118,7 +138,7 @@ export class OrtTail {
   async step(x: Tensor, y: Tensor, state: Record<string, Float32Array>, shapes: Record<string, number[]>) {
     this.train ??= await openSession(this.runtime, this.graph.trainOnnx, this.threads);
     const feeds = this.feed(state, shapes, x);
-    feeds["target"] = this.ortTensor(y);
+    feeds["target"] = this.ortTensor(asType(y, targetType(this.train)));
     const out = await this.train.run(feeds);
     const loss = Number((out["loss"]!.data as Float32Array)[0]);
     const grads: Record<string, Float32Array> = {};

@@ -22,16 +22,19 @@ export function pythonEnv() {
   return { ...process.env, PYTHONPATH: [REPO, process.env.PYTHONPATH].filter(Boolean).join(":") };
 }
 
-/** Folders of the cases `model:split`, exported and run by the Python device when not cached. */
-export function referenceCases(cases) {
+/**
+ * Folders of the cases `model:split`, exported and run by the Python device when not cached;
+ * `options`: reference.py's (`["--samples", "32", "--steps", "2"]`: smaller cases).
+ */
+export function referenceCases(cases, options = []) {
   const script = join(HERE, "reference.py");
-  const key = createHash("sha256").update(readFileSync(script)).update(cases.join(",")).digest("hex").slice(0, 16);
+  const key = createHash("sha256").update(readFileSync(script)).update([...cases, ...options].join(",")).digest("hex").slice(0, 16);
   const out = join(process.env.EDGETRAIN_JS_CASES ?? tmpdir(), `edgetrain-js-cases-${key}`);
   const folders = cases.map((c) => join(out, c.replace(":", "-")));
   if (!folders.every((f) => existsSync(join(f, "expected.json")))) {
     // Written aside and moved into place: test files running at the same time never read half a case.
     const staging = mkdtempSync(`${out}.staging-`);
-    execFileSync(python(), [script, "--out", staging, ...cases], { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
+    execFileSync(python(), [script, "--out", staging, ...options, ...cases], { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
     if (existsSync(out) && !folders.every((f) => existsSync(join(f, "expected.json")))) rmSync(out, { recursive: true, force: true });
     try {
       renameSync(staging, out);

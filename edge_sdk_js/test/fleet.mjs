@@ -47,11 +47,12 @@ export async function waitForPort(port, child, timeoutMs = 120_000) {
   throw new Error(`nothing listens on port ${port}`);
 }
 
-/** `edgetrain serve` on a free port; resolves once it listens. */
+/** `edgetrain serve` on a free port; resolves once it listens. Its log (`<dir>/server.log`) is what tools read:
+ * the events as JSON lines and every log line (`--json-events`), not the progress a person reads. */
 export async function startServer(dir, args) {
   const port = await freePort();
   const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
-    "--store", join(dir, "store"), ...args]);
+    "--store", join(dir, "store"), "--json-events", ...args]);
   await waitForPort(port, server);
   return { server, url: `ws://127.0.0.1:${port}` };
 }
@@ -65,7 +66,7 @@ export function writeShards(dir, clients, numClients, data = "digits") {
 /** A Node device (dist/cli.js); `args` more options, `env` more environment (NODE_EXTRA_CA_CERTS for wss://). */
 export function nodeDevice(dir, url, id, budget, shard, runtime, args = [], env = {}) {
   return start(dir, id, process.execPath, [join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", budget,
-    "--data", shard, "--runtime", runtime, "--json-events", ...args], { ...process.env, ...env });
+    "--data", shard, "--runtime", runtime, "--json-events", "--once", ...args], { ...process.env, ...env }); // one run, then exit
 }
 
 export function pythonDevice(dir, url, id, budget, client, numClients) {
@@ -78,21 +79,27 @@ export function journal(dir) {
   return JSON.parse(execFileSync(python(), [join(HERE, "journal.py"), join(dir, "store")], { env: pythonEnv() }).toString());
 }
 
-/** A device in a headless Chromium tab: the page fetches its shard and trains on onnxruntime-web. */
-export async function browserDevice(dir, url, id, shard, budgetMiB) {
+/**
+ * A device in a headless Chromium tab: the page fetches its shard and trains on onnxruntime-web;
+ * `webgpu`: its tail on the browser's GPU (the WebGPU backend; SwiftShader's adapter here).
+ */
+export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = false } = {}) {
   const data = loadShard(shard);
   writeFileSync(join(dir, `${id}.bin`), encodeTensors({ x: data.x, y: data.y }));
   const site = await servePage({ shards: dir });
-  const { browser, page } = await openPage(site.url);
-  const done = page.evaluate(async (server, shardUrl, deviceId, budgetBytes) => {
-    const { DeviceClient, decodeTensors, makeRuntime } = window.sdk;
+  const { browser, page } = await openPage(site.url, { webgpu });
+  const done = page.evaluate(async (server, shardUrl, deviceId, budgetBytes, webgpu) => {
+    const { DeviceClient, decodeTensors, makeBackend, makeRuntime } = window.sdk;
     const t = decodeTensors(new Uint8Array(await (await fetch(shardUrl)).arrayBuffer()));
     window.events = [];
-    const client = new DeviceClient({ server, deviceId, budgetBytes, runtime: makeRuntime("onnxruntime-web", window.ort, 2),
+    const runtime = makeRuntime("onnxruntime-web", window.ort, 2);
+    const backend = webgpu ? makeBackend("onnxruntime-webgpu", runtime, 2) : undefined;
+    const probe = await backend?.probe();
+    const client = new DeviceClient({ server, deviceId, budgetBytes, runtime, backend,
       webSocket: (u) => new WebSocket(u), data: { x: t.x, y: t.y }, onEvent: (kind, d) => window.events.push({ event: kind, ...d }) });
     const reports = await client.run();
-    return { reports: reports.length, events: window.events };
-  }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20);
+    return { reports: reports.length, events: window.events, probe };
+  }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu);
   return { done, close: async () => { await browser.close(); await site.close(); } };
 }
 
@@ -107,8 +114,8 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * Start the devices of one fleet of the workload into `fleet` (its processes and pages, so that the
  * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
  * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
- * onnxruntime-web devices at 400 MiB and 330 MiB (the second weak): headless Chromium tabs when
- * `tabs`, else under Node.
+ * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 420 MiB, on the GPU:
+ * WebGPU, moderate; the second, at 330 MiB, on WebAssembly, weak), else under Node (400 MiB, 330 MiB).
  */
 async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const N = WORKLOAD.devices;
@@ -120,7 +127,7 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const shards = writeShards(dir, [2, 3, 4, 5], N);
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
-    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 400));
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 420, { webgpu: true }));
     pages.push(await browserDevice(dir, url, "tab-5", shards[5], 330));
   } else {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "330MiB", shards[5], "web"));
@@ -143,7 +150,7 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
-    ...(web ? ["--web"] : [])]);
+    "--json-events", ...(web ? ["--web"] : [])]);
   const started = performance.now();
   const fleet = { procs: [], pages: [] };
   let seen;

@@ -1,5 +1,5 @@
 """Print what an orchestrator's journal says about a run, as JSON: each device's runtimes, role
-and split, the rounds and how many finished, and every report. Read through the store's own
+and split, the rounds and how many finished, and every report (with the runtime it says trained it). Read through the store's own
 read-only view (orchestrator/store.py owns the journal's schema), so the run may still be going."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def main() -> None:
                    for d in store.devices()}
         rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
-                    "accepted": None if u.get("accepted") is None else int(bool(u["accepted"]))}
+                    "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
+                    "backend": (u.get("metrics") or {}).get("backend")}
                    for u in store.updates()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { readFileSync, readdirSync, statSync } from "node:fs";
 import { dirname, join, normalize, relative } from "node:path";
 import { test } from "node:test";
-import { BACKENDS, BUILTIN_REGISTRY, DEFAULT_REGISTRY, GraphBackend, ProtocolError, fedalign, loadRuntime, makeBackend,
+import { BACKENDS, BUILTIN_REGISTRY, DEFAULT_REGISTRY, GraphBackend, ProtocolError, WebGpuBackend, fedalign, loadRuntime, makeBackend,
   width } from "../dist/index.js";
 import { HERE } from "./cases.mjs";
 
@@ -99,8 +99,25 @@ test("the backend table: training graphs in ONNX Runtime, declared by the runtim
   assert.deepEqual([...backend.runtimes], ["onnxruntime-node"]);
   assert.equal(backend.name, "onnxruntime-node");
   assert.throws(() => backend.check({ config: {} }), (exc) => exc.code === "unexpected" && /training graphs only/.test(exc.message));
-  assert.throws(() => makeBackend("tflite", runtime), /unknown training backend 'tflite' \(known: onnxruntime\)/);
-  assert.deepEqual([...BACKENDS.keys()], ["onnxruntime"]);
+  assert.throws(() => makeBackend("tflite", runtime), /unknown training backend 'tflite' \(known: onnxruntime, onnxruntime-webgpu\)/);
+  assert.deepEqual([...BACKENDS.keys()], ["onnxruntime", "onnxruntime-webgpu"]);
+});
+
+test("the WebGPU backend declares the GPU first, and WebAssembly alone where there is no GPU", async () => {
+  const backend = makeBackend("onnxruntime-webgpu", await loadRuntime("web"), 1);
+  assert.ok(backend instanceof WebGpuBackend && backend.needsGraph);
+  assert.deepEqual(backend.gpu.executionProviders, ["webgpu", "wasm"]);
+  assert.deepEqual(backend.wasm.executionProviders, ["wasm"]);
+  // Before the probe the hello offers both (a server that does not know the GPU runtime plans WebAssembly).
+  assert.deepEqual([...backend.runtimes], ["onnxruntime-webgpu", "onnxruntime-web"]);
+  assert.equal(backend.name, "onnxruntime-webgpu");
+  assert.throws(() => backend.check({ config: {} }), (exc) => exc.code === "unexpected" && /training graphs only/.test(exc.message));
+  // Node has no navigator.gpu: the probe says so, and the device trains (and is planned) on WebAssembly.
+  const probe = await backend.probe();
+  assert.match(probe.off, /no WebGPU/);
+  assert.deepEqual([...backend.runtimes], ["onnxruntime-web"]);
+  assert.equal(backend.name, "onnxruntime-web");
+  assert.deepEqual(backend.metrics(), { backend: "onnxruntime-web", webgpu_fallback: probe.off });
 });
 
 /** Every .ts file under src/ with the modules it imports (relative imports only). */

@@ -1,16 +1,20 @@
 // The status page (`serve --web`, /status) in headless Chromium, read from its DOM and compared
 // with the server's journal.
 import assert from "node:assert/strict";
-import { CHROMIUM, CHROMIUM_FLAGS } from "./browser.mjs";
+import { CHROMIUM, CHROMIUM_FLAGS, WEBGPU_FLAGS } from "./browser.mjs";
 import { journal } from "./fleet.mjs";
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** A headless Chromium whose tabs all keep their timers (the status page polls while another tab trains). */
-export async function launchBrowser(extraArgs = []) {
+/**
+ * A headless Chromium whose tabs all keep their timers (the status page polls while another tab
+ * trains); `webgpu`: one that offers its tabs a WebGPU adapter (SwiftShader); `env`: its environment.
+ */
+export async function launchBrowser(extraArgs = [], { webgpu = false, env = process.env } = {}) {
   const { default: puppeteer } = await import("puppeteer-core");
-  return puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: [...CHROMIUM_FLAGS, ...extraArgs,
-    "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"] });
+  return puppeteer.launch({ executablePath: CHROMIUM, headless: true, env, args: [...(webgpu ? WEBGPU_FLAGS : CHROMIUM_FLAGS), ...extraArgs,
+    "--disable-background-timer-throttling", "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"],
+    protocolTimeout: 0 }); // a wait for the rounds of a fleet with a GPU tab on SwiftShader outlasts the default 180 s
 }
 
 /** What the status page's DOM shows: device rows (id -> cells) and the rounds done. */

@@ -5,5 +5,6 @@ from orchestrator.cli import bundle  # noqa: F401
 from orchestrator.cli import demo  # noqa: F401
 from orchestrator.cli import dp_plan  # noqa: F401
 from orchestrator.cli import emulate  # noqa: F401
+from orchestrator.cli import export  # noqa: F401
 from orchestrator.cli import profile  # noqa: F401
 from orchestrator.cli import serve  # noqa: F401

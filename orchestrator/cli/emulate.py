@@ -171,9 +171,29 @@ def _server_config(spec: Fleet, run_dir: Path, *, rounds: int | None, data_root:
             raise typer.BadParameter(str(e), param_hint="--strategy") from None
         kept = {k: v for k, v in config.strategy_options.items() if k in takes}
         config = dataclasses.replace(config, strategy=strategy, strategy_options=kept)
+    config = _strategy_settings(spec, config)
     if not resume:
         return config, 0
     return dataclasses.replace(config, resume=True), completed_rounds(config.store_dir)
+
+
+def _strategy_settings(spec: Fleet, config: ServerConfig) -> ServerConfig:
+    """The server settings the strategy needs (``Strategy.server_settings``) where the fleet's [training]
+    table left the default, said in one line each."""
+    from orchestrator.strategies.server_settings import apply_server_settings
+
+    given: set[str] = set()
+    if spec.path is not None:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+
+        given = set(tomllib.loads(spec.path.read_text()).get("training", {}))
+    config, notes = apply_server_settings(config, given, lambda name: f"training.{name}")
+    for line in notes:
+        typer.echo(f"edgetrain emulate: {line}", err=True)
+    return config
 
 
 def _how(spec: Fleet, config: ServerConfig, n_devices: int, workers: int | None, backend: str,

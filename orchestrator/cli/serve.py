@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 import os
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -28,47 +26,64 @@ if TYPE_CHECKING:
 
 def serve(**options: Any) -> None:
     """Run the orchestrator: register devices, plan their splits, run rounds, checkpoint each one."""
-    check = options.pop("check")
-    config, strategy = _configure(options, options.pop("strategy_option"))
+    check, json_events, log_file = options.pop("check"), options.pop("json_events"), options.pop("log_file")
+    web_options = {k: options.pop(k) for k in WEB_OPTIONS}
+    ctx: typer.Context = options.pop("ctx")
+    given = {name for name in options if ctx.get_parameter_source(name).name != "DEFAULT"}
+    config, strategy = _configure(options, options.pop("strategy_option"), given)
+    authority = _web_authority(config, **web_options)
     if check:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
                                "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
         return
-    from orchestrator.server import Orchestrator
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    if config.web:  # not a line per page and file a browser loads
-        logging.getLogger("websockets.server").setLevel(logging.WARNING)
-
-    def on_event(kind: str, payload: dict) -> None:
-        print(json.dumps({"event": kind, **payload}, default=str), flush=True)
-        if kind == "listening" and config.web:
-            from orchestrator.web.terminal import announce, page_url
-
-            token = "" if config.require_credentials else config.token
-            announce(page_url(config.host, payload["port"], tls=payload["tls"], token=token), sys.stderr)
-
+    from orchestrator.cli import console
+    from orchestrator.cli.export import record_settings
     from orchestrator.evaluate import NO_EVALUATION
+    from orchestrator.server import Orchestrator
+    from orchestrator.web.terminal import ServeOutput
 
     if config.eval_source.strip().lower() == NO_EVALUATION:
         typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
                    "the devices' own losses are in the round events", err=True)
-    orchestrator = Orchestrator(config, on_event=on_event, strategy=strategy)  # refuses data the model cannot take
-    history = asyncio.run(orchestrator.run())
-    if history:
-        last = history[-1]
-        score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
-        typer.echo(f"finished round {last['round']}{score}", err=True)
+    output = ServeOutput(config, console(), json_events=json_events, log_file=log_file)
+    output.authority = authority
+    orchestrator = Orchestrator(config, on_event=output.on_event, strategy=strategy)  # refuses data the model cannot take
+    record_settings(orchestrator.store, config)  # what `edgetrain export` writes beside the model
+    if orchestrator.web is not None:
+        orchestrator.web.conditions = tuple(web_options["web_condition"])
+        orchestrator.web.authority = authority
+    with output:
+        if authority is None:
+            history = asyncio.run(orchestrator.run())
+        else:
+            from orchestrator.web.install import InstallSite
+
+            output.install = InstallSite(authority, lambda: orchestrator.port)
+
+            async def run_beside_install_page() -> list[dict]:
+                http_port = web_options["web_http_port"]
+                async with output.install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
+                    return await orchestrator.run()
+
+            history = asyncio.run(run_beside_install_page())
+    output.finished(history)
 
 
-def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[ServerConfig, Strategy]:
+def _configure(options: dict[str, Any], strategy_option: list[str],
+               given: set[str] = frozenset()) -> tuple[ServerConfig, Strategy]:
     """The settings and the strategy the options give, built once; a bad value ends the command with
-    one line naming the option, exit status 2, before anything listens."""
+    one line naming the option, exit status 2, before anything listens. ``given``: the settings the
+    command line named (a strategy's server settings leave them as given)."""
+    from orchestrator.cli.settings import option_spelling
     from orchestrator.strategies import make_strategy, strategy_options
+    from orchestrator.strategies.server_settings import apply_server_settings
 
     try:
         config = config_from_options(options, strategy_options=parse_strategy_options(strategy_option))
         config.strategy_options = strategy_options(config.strategy, config.strategy_options)
+        config, notes = apply_server_settings(config, given, option_spelling)
+        for line in notes:  # which server defaults the strategy changes, and why
+            typer.echo(f"edgetrain serve: {line}", err=True)
         config.store_dir = _store(config)
         from edge_sdk.models.zoo import model_spec
 
@@ -77,6 +92,41 @@ def _configure(options: dict[str, Any], strategy_option: list[str]) -> tuple[Ser
     except ValueError as e:
         typer.echo(f"edgetrain serve: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+#: serve's options for the device page on a LAN (docs/web.md), beside the settings of ServerConfig.
+WEB_OPTIONS = ("web_tls", "web_ca", "web_http_port", "web_condition")
+
+
+def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, web_http_port: int,
+                   web_condition: list[str]) -> Any:
+    """With ``--web`` beyond this machine (``--web-tls auto``) or ``--web-tls local-ca``: the local
+    certificate authority kept in ``--web-ca`` and a certificate for this machine's addresses, which the
+    port then serves TLS with (docs/web.md, "A phone on the LAN"). None: the port serves as configured."""
+    from orchestrator.web.site import CONDITIONS
+
+    def fail(message: str) -> None:
+        typer.echo(f"edgetrain serve: {message}", err=True)
+        raise typer.Exit(2)
+
+    if web_tls not in ("auto", "local-ca", "off"):
+        fail(f"--web-tls is auto, local-ca or off, not {web_tls!r}")
+    for condition in web_condition:
+        if condition not in CONDITIONS:
+            fail(f"--web-condition is one of {', '.join(CONDITIONS)}, not {condition!r}")
+    if web_condition and not config.web:
+        fail("--web-condition applies to the device page: add --web")
+    if web_tls == "local-ca" and (not config.web or config.tls_cert):
+        fail("--web-tls local-ca serves the device page over TLS with its own certificate: add --web, leave out "
+             "--tls-cert")
+    loopback = config.host in ("localhost", "::1") or config.host.startswith("127.")
+    if not config.web or config.tls_cert or web_tls == "off" or (web_tls == "auto" and loopback):
+        return None
+    from orchestrator.web.certs import local_authority, machine_addresses
+
+    authority = local_authority(web_ca or config.store_dir / "web-ca", machine_addresses(config.host))
+    config.tls_cert, config.tls_key = str(authority.cert_file), str(authority.key_file)
+    return authority
 
 
 def _store(config: ServerConfig) -> Path:
@@ -93,14 +143,35 @@ def _store(config: ServerConfig) -> Path:
 
 
 serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
     *config_parameters(),
     inspect.Parameter("strategy_option", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=typer.Option(
         [], "--strategy-option", "-O", help="KEY=VALUE option of the strategy, repeatable, typed by its constructor "
                                             "(e.g. -O epsilon=0.3 -O warmup=5 for fedalign, -O correction=false for "
                                             "fedsubavg; docs/architecture.md, \"Strategies\").")),
+    inspect.Parameter("web_tls", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
+        "auto", "--web-tls", help="With --web: local-ca serves the port over TLS with a certificate from a "
+                                  "certificate authority made here and kept in --web-ca, which a phone installs "
+                                  "from a plain-http page (a LAN page is a secure context only over https); auto: "
+                                  "local-ca when --host reaches beyond this machine and --tls-cert is not given; "
+                                  "off: never (docs/web.md).")),
+    inspect.Parameter("web_ca", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
+        None, "--web-ca", help="Folder of the local certificate authority (default: --store/web-ca); keep one "
+                               "folder for all runs so that a phone installs it once.")),
+    inspect.Parameter("web_http_port", inspect.Parameter.KEYWORD_ONLY, annotation=int, default=typer.Option(
+        -1, "--web-http-port", help="Plain-http port of the authority's install page (default: --port + 1; 0: any "
+                                    "free port).")),
+    inspect.Parameter("web_condition", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=typer.Option(
+        [], "--web-condition", help="What the device page waits for before it trains, repeatable: charging, "
+                                    "unmetered (where the browser tells; docs/web.md).")),
     inspect.Parameter("check", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--check", help="Check every option, print the settings and the strategy as JSON, and exit "
                                "without listening.")),
+    inspect.Parameter("json_events", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--json-events", help="Print the server's events as JSON lines on standard output (for tools) "
+                                     "instead of the progress a person reads.")),
+    inspect.Parameter("log_file", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
+        None, "--log-file", help="Also append the server's events and log to this file, one JSON object a line.")),
 ])
 app.command(epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
 

@@ -195,9 +195,15 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _load_runtimes() -> None:
-    """Import torch and ONNX Runtime once, on one thread each, before any device connects."""
+    """Import torch and ONNX Runtime once, on one thread each, before any device connects. The
+    worker's devices share one GPU where torch sees one (``EDGETRAIN_TORCH_DEVICE``, here ``auto``
+    unless set: :mod:`edge_sdk.accelerator`): one CUDA context per worker, not per device."""
     import onnxruntime  # noqa: F401
     import torch
+
+    from edge_sdk.accelerator import ENV
+
+    os.environ.setdefault(ENV, "auto")
 
     torch.set_num_threads(1)
     with contextlib.suppress(RuntimeError):  # only settable before torch's first parallel work

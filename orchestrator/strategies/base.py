@@ -54,8 +54,8 @@ WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
     "AGGREGATIONS", "DEFAULT_WEIGHT_SHARE", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport",
-    "HelloContext", "HelloField", "Instruction", "Refused", "RoundContext", "RoundResult", "SelectionCost", "Strategy",
-    "WeightedSums",
+    "HelloContext", "HelloField", "Instruction", "Refused", "RoundContext", "RoundResult", "SelectionCost",
+    "ServerSetting", "Strategy", "WeightedSums",
 ]
 
 
@@ -91,6 +91,16 @@ class HelloContext:
 
     columns: Mapping[str, str]
     shapes: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    """A server setting (a :class:`~orchestrator.config.ServerConfig` field) a strategy's algorithm
+    needs other than the server's default: the ``value`` it needs and ``why``, which ``edgetrain
+    serve`` and ``edgetrain emulate`` print when they apply it (:mod:`orchestrator.strategies.server_settings`)."""
+
+    value: object
+    why: str
 
 
 @dataclass(frozen=True)
@@ -253,6 +263,9 @@ class Strategy(ABC):
     sends_chunks: ClassVar[bool] = True
     #: Per-device values the strategy needs from the hello (``Hello.ext``), by key.
     hello_fields: ClassVar[Mapping[str, HelloField]] = MappingProxyType({})
+    #: Server settings the algorithm needs other than the server's defaults, by field name; applied
+    #: where the user left the default (a setting the user gave is kept, with a warning).
+    server_settings: ClassVar[Mapping[str, ServerSetting]] = MappingProxyType({})
 
     def selection_cost(self, instruction: Instruction, selection: Selection, model: str) -> SelectionCost | None:
         """For a selection whose device-side model is not a tail of ``model`` (the served zoo

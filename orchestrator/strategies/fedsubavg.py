@@ -162,7 +162,9 @@ class FedSubAvg(Strategy):
     """Submodel averaging with the heat correction N / n_m per row (Algorithm 1, line 9).
 
     ``k``: devices per round (line 3's K; None: the server's ``fraction``). ``weighting``:
-    ``"uniform"`` (line 9 as written) or ``"samples"`` (appendix D.4's weighted form).
+    ``"samples"`` (appendix D.4's weighted form, the default: what the MovieLens benchmarks ran,
+    whose devices hold from tens to thousands of ratings, ``bench/validated.toml``) or ``"uniform"``
+    (line 9 as written: every sampled device weighs the same, however little data it holds).
     ``split``: ``"planned"`` trains each device's planned tail (EmbracingFL roles; tables outside it
     are frozen there and the device is not in their heat) or ``"zero"`` (every device trains every
     block; the server checks its budget for the submodel's rows and skips a device that cannot
@@ -177,7 +179,7 @@ class FedSubAvg(Strategy):
     selects_rows = True
     hello_fields = HELLO_FIELDS
 
-    def __init__(self, k: Count | None = None, weighting: Weighting = "uniform", split: Split = "planned",
+    def __init__(self, k: Count | None = None, weighting: Weighting = "samples", split: Split = "planned",
                  correction: bool = True) -> None:
         self.k, self.weighting, self.split, self.correction = k, weighting, split, correction
         self.heat: RowHeat | None = None

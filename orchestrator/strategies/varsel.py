@@ -76,7 +76,9 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
-from orchestrator.strategies.groups import PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics
+from orchestrator.strategies.groups import (
+    PRIORITIZED_SERVER_SETTINGS, PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics,
+)
 from orchestrator.values import NonNegative, NonNegativeInt
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
@@ -242,6 +244,8 @@ class VaRSeL(Strategy):
     """
 
     name = "varsel"
+    #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
+    server_settings = PRIORITIZED_SERVER_SETTINGS
 
     def __init__(self, budget: NonNegative | None = None, budget_fraction: NonNegative = 0.25, *,
                  exact: bool = True, evaluate: bool = True, internal: tuple[str, ...] | None = None,

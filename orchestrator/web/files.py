@@ -1,18 +1,29 @@
 """Files the web pages load: the pages themselves (beside this module) and, from the JavaScript SDK's
-folder, its build and the three packages a browser needs (msgpack, hashes, onnxruntime-web). Nothing
-else under that folder is served: a path outside these roots is not found."""
+folder, its build (the browser bundle, ``dist/edgetrain.browser.mjs``) and onnxruntime-web's ``dist/``.
+Nothing else under that folder is served: a path outside these roots is not found.
+
+Each file is read and gzip-compressed once (compression level 9, in a worker thread on its first
+request) and served compressed to a browser whose ``Accept-Encoding`` takes gzip (onnxruntime-web's
+WebAssembly: 14.2 MB, 3.6 MB gzipped). Every response carries an ``ETag``; a request that names it
+(``If-None-Match``) gets ``304 Not Modified`` and no body. Pages and the SDK are revalidated on each
+load (``no-cache``: a rebuilt SDK is seen at once), onnxruntime-web's files are kept a day; the device
+page's service worker (``static/sw.js``) keeps all of them for the visits after the first."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import functools
+import gzip
+import hashlib
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-__all__ = ["ISOLATION", "SdkFiles", "default_sdk_dir", "respond"]
+__all__ = ["ISOLATION", "Asset", "SdkFiles", "default_sdk_dir", "respond"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -22,11 +33,20 @@ ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
          ".css": "text/css", ".json": "application/json", ".wasm": "application/wasm",
-         ".svg": "image/svg+xml", ".map": "application/json"}
+         ".svg": "image/svg+xml", ".map": "application/json", ".png": "image/png",
+         ".webmanifest": "application/manifest+json"}
 
 #: URL prefix under /sdk/ -> folder under the SDK's root.
-SDK_ROOTS = {"dist": "dist", "msgpack": "node_modules/@msgpack/msgpack", "hashes": "node_modules/@noble/hashes",
-             "ort": "node_modules/onnxruntime-web/dist"}
+SDK_ROOTS = {"dist": "dist", "ort": "node_modules/onnxruntime-web/dist"}
+#: The browser bundle the pages import (``npm run build`` writes it).
+BUNDLE = "dist/edgetrain.browser.mjs"
+#: The onnxruntime-web files the device page loads (its WebAssembly build, threads and SIMD).
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+#: Types worth compressing (WebAssembly and text); images and shards are sent as they are.
+COMPRESSIBLE = (".html", ".js", ".mjs", ".css", ".json", ".wasm", ".svg", ".map", ".webmanifest")
+#: Cache-Control of what is revalidated on every load, and of onnxruntime-web's files.
+REVALIDATE = "no-cache"
+KEEP_A_DAY = "public, max-age=86400"
 
 
 def default_sdk_dir() -> Path:
@@ -34,15 +54,60 @@ def default_sdk_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "edge_sdk_js"
 
 
-def respond(status: int, body: bytes, content_type: str, *, cache: bool = False,
-            extra: dict[str, str] | None = None) -> Response:
-    """An HTTP response with the isolation headers every page and file of the site carries."""
+def respond(status: int, body: bytes, content_type: str, *, cache: str = "no-store",
+            extra: dict[str, str] | None = None, isolated: bool = True) -> Response:
+    """An HTTP response with the isolation headers every page and file of the site carries (``extra``
+    may replace one; ``isolated=False``: none, as for the plain-http install page)."""
     code = HTTPStatus(status)
+    fields = {**(ISOLATION if isolated else {}), **(extra or {})}
     headers = Headers([("Date", email.utils.formatdate(usegmt=True)), ("Connection", "close"),
                        ("Content-Length", str(len(body))), ("Content-Type", content_type),
-                       ("Cache-Control", "max-age=3600" if cache else "no-store"),
-                       *ISOLATION.items(), *(extra or {}).items()])
+                       ("Cache-Control", cache), *fields.items()])
     return Response(code.value, code.phrase, headers, body)
+
+
+@dataclass(frozen=True)
+class Asset:
+    """A file as served: its bytes, their gzip form (None where it does not pay) and its ETag."""
+
+    body: bytes
+    gzipped: bytes | None
+    etag: str
+    content_type: str
+
+    @classmethod
+    def of(cls, path: Path) -> Asset:
+        body = path.read_bytes()
+        packed = gzip.compress(body, 9, mtime=0) if path.suffix in COMPRESSIBLE and len(body) > 1024 else None
+        return cls(body, packed if packed is not None and len(packed) < len(body) else None,
+                   f'"{hashlib.sha256(body).hexdigest()[:20]}"', TYPES.get(path.suffix, "application/octet-stream"))
+
+    def response(self, accept_encoding: str, if_none_match: str, cache: str) -> Response:
+        """200 with the body (gzipped where the browser takes it), or 304 when it holds this version."""
+        gz = self.gzipped is not None and accepts_gzip(accept_encoding)
+        etag = self.etag[:-1] + '-gz"' if gz else self.etag
+        extra = {"ETag": etag, "Vary": "Accept-Encoding"}
+        if etag in {t.strip() for t in if_none_match.split(",")} or if_none_match.strip() == "*":
+            response = respond(304, b"", self.content_type, cache=cache, extra=extra)
+            del response.headers["Content-Length"]
+            return response
+        if gz:
+            extra["Content-Encoding"] = "gzip"
+        return respond(200, self.gzipped if gz else self.body, self.content_type, cache=cache,  # type: ignore[arg-type]
+                       extra=extra)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header takes gzip (``gzip`` or ``*``, not at ``q=0``)."""
+    for part in accept_encoding.lower().split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=")
+            try:
+                return not params or float(q) > 0
+            except ValueError:
+                return False
+    return False
 
 
 class SdkFiles:
@@ -53,29 +118,51 @@ class SdkFiles:
 
     def missing(self) -> str | None:
         """Why the device page cannot work (the SDK is not built or its packages not installed), if so."""
-        for need in ("dist/index.js", "node_modules/onnxruntime-web/dist", "node_modules/@msgpack/msgpack"):
+        for need in (BUNDLE, "node_modules/onnxruntime-web/dist"):
             if not (self.sdk_dir / need).exists():
                 return (f"{self.sdk_dir / need} is missing: build the JavaScript SDK first "
                         f"(cd edge_sdk_js && ONNXRUNTIME_NODE_INSTALL=skip npm ci && npm run build)")
         return None
 
-    def page(self, name: str) -> Response | None:
-        return self._file(STATIC, name)
+    async def page(self, name: str, headers: Headers | None = None) -> Response | None:
+        return await self._file(STATIC, name, headers)
 
-    def sdk(self, rest: str) -> Response | None:
+    async def sdk(self, rest: str, headers: Headers | None = None) -> Response | None:
         """``/sdk/<root>/<path>``: a file under one of :data:`SDK_ROOTS`."""
         root, _, path = rest.partition("/")
         if root not in SDK_ROOTS or not path:
             return None
-        return self._file((self.sdk_dir / SDK_ROOTS[root]).resolve(), path, cache=root != "dist")
+        return await self._file((self.sdk_dir / SDK_ROOTS[root]).resolve(), path, headers,
+                                cache=KEEP_A_DAY if root == "ort" else REVALIDATE)
+
+    def precache(self) -> list[str]:
+        """The URLs the device page's service worker keeps from its install on: the page, the run, the
+        page's files, the SDK bundle and the onnxruntime-web files the page loads."""
+        static = sorted(f"/static/{p.name}" for p in STATIC.iterdir() if p.is_file() and p.name != "sw.js")
+        return ["/", "/web.json", *static, f"/sdk/{BUNDLE}", *(f"/sdk/ort/{name}" for name in ORT_FILES)]
+
+    def version(self) -> str:
+        """A digest of the precached files as they are now (size and time of change): the service worker's
+        cache is named by it, so a changed page or SDK replaces every cached copy."""
+        digest = hashlib.sha256()
+        paths = [p for p in STATIC.iterdir() if p.is_file()] + [self.sdk_dir / BUNDLE] + [
+            self.sdk_dir / SDK_ROOTS["ort"] / name for name in ORT_FILES]
+        for path in sorted(paths):
+            if path.is_file():
+                stat = path.stat()
+                digest.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()[:16]
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
-    def _read(path: Path) -> bytes:
-        return path.read_bytes()
+    def _asset(path: Path, mtime_ns: int) -> Asset:  # keyed by mtime: a rebuilt file is read again
+        return Asset.of(path)
 
-    def _file(self, base: Path, relative: str, *, cache: bool = False) -> Response | None:
+    async def _file(self, base: Path, relative: str, headers: Headers | None, *,
+                    cache: str = REVALIDATE) -> Response | None:
         path = (base / relative).resolve()
         if not path.is_relative_to(base) or not path.is_file():
             return None
-        return respond(200, self._read(path), TYPES.get(path.suffix, "application/octet-stream"), cache=cache)
+        asset = await asyncio.to_thread(self._asset, path, path.stat().st_mtime_ns)
+        h = headers or Headers()
+        return asset.response(h.get("Accept-Encoding", ""), h.get("If-None-Match", ""), cache)

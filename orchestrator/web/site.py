@@ -3,8 +3,12 @@
 Served with ``--web`` only, each response with the cross-origin isolation headers (WebAssembly threads):
 
 - ``/``: the device page (a phone joins by opening it), ``/web.json`` what it needs to know of the run,
-  ``/shard/<k>.bin`` the demo's shards (the training split of ``--data``, cut as the Python device's
-  ``--client k --num-clients n``), ``/sdk/...`` the built JavaScript SDK and onnxruntime-web;
+  ``/budget.json`` the least budget the server plans a browser device for, ``/device.json`` the rounds
+  a device trained (the journal's), ``/shard/<k>.bin`` the demo's shards (the training split of
+  ``--data``, cut as the Python device's ``--client k --num-clients n``), ``/sdk/...`` the built
+  JavaScript SDK and onnxruntime-web, ``/sw.js`` the page's service worker (an installable page);
+- ``/install``, ``/ca.crt``: with a local certificate authority (:mod:`~orchestrator.web.certs`), how a
+  phone installs it, and its certificate (the plain-http side serves them too: :mod:`~orchestrator.web.install`);
 - ``/status``: the read-only status page, whose data (``/status.json``) needs the devices' token, or with
   ``--require-credentials`` an enrolled device's credential proof, in its ``Authorization`` header.
 
@@ -18,19 +22,26 @@ import hmac
 import json
 import logging
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
-from orchestrator.web.files import SdkFiles, default_sdk_dir, respond
+from orchestrator.web.certs import LocalAuthority
+from orchestrator.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
+from orchestrator.web.install import ca_response, install_page, trust_response
 from orchestrator.web.status import Served, StatusFeed, snapshot
 
 __all__ = ["WebSite"]
 
 log = logging.getLogger("edgetrain.web")
 JSON = "application/json"
+#: What the device page can wait for before it trains (where the browser tells: docs/web.md).
+CONDITIONS = ("charging", "unmetered")
+#: The runtime the device page declares; budgets are offered for it.
+WEB_RUNTIME = "onnxruntime-web"
 
 
 class WebSite:
@@ -44,6 +55,11 @@ class WebSite:
         self.feed = StatusFeed()
         self._replay = ReplayWindow(window_s=2 * self.config.credential_skew_s)
         self._shards: dict[int, bytes] = {}
+        self._budgets: dict[int, dict[str, object]] = {}
+        #: Conditions the server asks of every device page (``serve --web-condition``).
+        self.conditions: tuple[str, ...] = ()
+        #: The local certificate authority the port serves TLS from, if any (``serve --web-tls``).
+        self.authority: LocalAuthority | None = None
         self._admit = server.process_request
         server.process_request = self.process_request
         server.on_event = self.feed.tee(server.on_event)
@@ -58,31 +74,108 @@ class WebSite:
             return respond(500, b"internal error\n", "text/plain; charset=utf-8")
 
     async def route(self, request: Request) -> Response:
-        path = urlsplit(request.path).path
+        url = urlsplit(request.path)
+        path, query, headers = url.path, parse_qs(url.query), request.headers
         found: Response | None = None
         if path in ("/", "/index.html"):
-            found = self.files.page("device.html")
+            found = await self.files.page("device.html", headers)
         elif path == "/status":
-            found = self.files.page("status.html")
+            found = await self.files.page("status.html", headers)
         elif path.startswith("/static/"):
-            found = self.files.page(path.removeprefix("/static/"))
+            found = await self.files.page(path.removeprefix("/static/"), headers)
         elif path.startswith("/sdk/"):
-            found = self.files.sdk(path.removeprefix("/sdk/"))
+            found = await self.files.sdk(path.removeprefix("/sdk/"), headers)
+        elif path == "/sw.js":
+            found = self.service_worker()
+        elif path == "/trust.json":
+            found = trust_response()
         elif path == "/web.json":
             found = self._json(200, self.run_info())
-        elif path == "/status.json":
-            refused = self.refusal(request.headers.get("Authorization", ""))
-            found = self._json(401, {"error": refused}) if refused else self._json(200, snapshot(self.server, self.feed))
+        elif path == "/budget.json":
+            found = await self.budget(query.get("samples", ["0"])[0])
+        elif path in ("/status.json", "/device.json"):
+            refused = self.refusal(headers.get("Authorization", ""))
+            if refused:
+                found = self._json(401, {"error": refused})
+            elif path == "/status.json":
+                found = self._json(200, snapshot(self.server, self.feed))
+            else:
+                found = self._json(200, await asyncio.to_thread(self.device_rounds, query.get("id", [""])[0]))
         elif path.startswith("/shard/") and path.endswith(".bin"):
             found = await self.shard(path.removeprefix("/shard/").removesuffix(".bin"))
+        elif self.authority is not None and path in ("/ca.crt", "/ca.pem", "/install"):
+            found = install_page(self.authority, self._https_url(headers)) if path == "/install" \
+                else ca_response(self.authority, pem=path == "/ca.pem")
         return found or respond(404, b"not found\n", "text/plain; charset=utf-8")
+
+    def _https_url(self, headers: Headers) -> str:
+        host = headers.get("Host", "") or f"127.0.0.1:{self.server.port}"
+        return f"https://{host}/"
+
+    def service_worker(self) -> Response:
+        """``/sw.js`` at the site's root (its scope is the whole site): the script, told its cache's name
+        (the files' version) and the files to keep from its install on."""
+        preamble = (f"const VERSION = {json.dumps(self.files.version())};\n"
+                    f"const PRECACHE = {json.dumps(self.files.precache())};\n")
+        body = preamble.encode() + (STATIC / "sw.js").read_bytes()
+        return respond(200, body, "text/javascript", cache=REVALIDATE)
 
     def run_info(self) -> dict[str, object]:
         """What the device page needs: the run's model and rounds, the demo's shards, how devices prove themselves."""
         c = self.config
         auth = "credentials" if c.require_credentials else "token" if c.token else "none"
+        from orchestrator.evaluate import model_classes
+
+        model = getattr(self.server, "model", None)
         return {"model": c.model, "rounds": c.rounds, "local_steps": c.local_steps, "data": c.eval_data,
-                "shards": c.web_demo_shards, "auth": auth, "sdk_missing": self.files.missing()}
+                "shards": c.web_demo_shards, "auth": auth, "sdk_missing": self.files.missing(),
+                "input_shape": list(model.input_shape) if model is not None else None,
+                "num_classes": model_classes(model) if model is not None else None,
+                "conditions": list(self.conditions), "tls": self.authority is not None}
+
+    async def budget(self, samples: str) -> Response:
+        """The least budget the server plans a browser device with ``samples`` local samples for, and
+        that plan: what the device page offers when the browser reports no memory size. The server's
+        own plan arithmetic (``profiles.planner.plan_split`` over the model, the splits with a training
+        graph and the planner's batch, as a hello is planned), without an export: it answers at once."""
+        if not samples.isdigit() or int(samples) > self.config.max_device_samples:
+            return self._json(400, {"error": f"samples must be a count up to {self.config.max_device_samples}"})
+        n = int(samples)
+        if n not in self._budgets:
+            if len(self._budgets) > 64:
+                self._budgets.clear()
+            self._budgets[n] = await asyncio.to_thread(self._least_budget, n)
+        found = self._budgets[n]
+        return self._json(409 if "error" in found else 200, found)
+
+    def _least_budget(self, samples: int) -> dict[str, object]:
+        from edge_sdk import protocol as p
+        from profiles.planner import PlanError, plan_split
+
+        planning = self.server.planning
+        hello = p.Hello(device_id="web-budget", token="", budget_bytes=1, cores=1, runtimes=[WEB_RUNTIME],
+                        num_samples=samples)
+
+        def plan(budget: int):  # as Planning plans a hello of this budget
+            return plan_split(planning.cost, budget, self.config.planner_batch, local_samples=samples,
+                              backends=(planning.runtime(hello).name,), graph_splits=planning.graph_splits,
+                              rows=planning.planned_rows(hello))
+        try:
+            least = plan(1).budget_bytes
+        except PlanError as exc:
+            if exc.needed_bytes <= 0:
+                return {"error": str(exc)[:512]}
+            least = exc.needed_bytes
+        found = plan(least)
+        return {"budget_bytes": least, "role": found.role, "split": found.split, "num_blocks": found.num_blocks,
+                "samples": samples}
+
+    def device_rounds(self, device_id: str) -> dict[str, object]:
+        """The rounds whose train report of ``device_id`` the journal holds as accepted: what a reopened
+        device page shows as this device's rounds (a tab counts only its own otherwise)."""
+        rounds = sorted({u["round"] for u in self.server.store.updates()
+                         if u["device_id"] == device_id and u.get("phase", "train") == "train" and u.get("accepted")})
+        return {"device": device_id, "rounds": len(rounds), "last_round": rounds[-1] if rounds else None}
 
     def refusal(self, authorization: str) -> str | None:
         """Why ``authorization`` does not open the status (None: it does). The token as ``Bearer <token>``;

@@ -29,6 +29,9 @@ class Served(Protocol):
     store: Any
     sessions: Mapping[str, Any]
     loop: Any
+    model: Any  # the layered model: its input shape and classes, for the device page
+    planning: Any  # the budget arithmetic (orchestrator.planning.Planning): the page's least budget
+    port: int | None
     on_event: Callable[[str, dict], None]
     process_request: Callable[..., object]
 
@@ -100,9 +103,23 @@ def _last_bytes(rounds: list[dict]) -> dict[str, dict[str, object]]:
     return out
 
 
+def _trained_on(server: Served, feed: StatusFeed) -> dict[str, str]:
+    """The runtime each device's last report says it trained on (its ``backend`` metric: a browser
+    tab planned on WebGPU may have trained on WebAssembly), read from the journal's rounds of the
+    devices' last reports."""
+    out: dict[str, str] = {}
+    for rnd in sorted({r["round"] for r in feed.last_report.values() if isinstance(r.get("round"), int)}):
+        for update in server.store.updates(rnd):
+            backend = (update.get("metrics") or {}).get("backend")
+            if isinstance(backend, str):
+                out[update["device_id"]] = backend
+    return out
+
+
 def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, object]]) -> list[dict[str, object]]:
     """Journaled devices, the connected ones with what they said in this connection's hello, and
     what their last round cost them in bytes."""
+    trained_on = _trained_on(server, feed)
     out = []
     for d in server.store.devices():
         device_id, profile, plan = d["device_id"], d["profile"], d["plan"]
@@ -113,7 +130,7 @@ def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, obj
         out.append({"id": device_id, "connected": session is not None, "runtimes": profile.get("runtimes") or [],
                     "device_class": profile.get("device_class", ""), "budget_bytes": profile.get("budget_bytes"),
                     "samples": profile.get("num_samples"), "role": plan.get("role"), "split": plan.get("split"),
-                    "backend": plan.get("backend"), "last_seen": d["last_seen"],
+                    "backend": plan.get("backend"), "trained_on": trained_on.get(device_id), "last_seen": d["last_seen"],
                     "last_report": feed.last_report.get(device_id), "bytes": spent.get(device_id)})
     return out
 

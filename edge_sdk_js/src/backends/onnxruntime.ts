@@ -8,7 +8,7 @@ import { ErrorCode, ProtocolError } from "../errors.js";
 import { TRAIN_GRAPH_KEY, type Instruction } from "../messages.js";
 import type { Runtime } from "../runtime.js";
 import type { Tensor, TensorValue } from "../tensors.js";
-import { OrtTail, evaluateTail, parseTrainGraph, trainTail, type TrainConfig } from "../trainer.js";
+import { OrtTail, evaluateTail, parseTrainGraph, trainTail, type TrainConfig, type TrainGraph } from "../trainer.js";
 import type { PreparedTail, TailRequest, TrainingBackend } from "./backend.js";
 
 /** The instruction's training graph payload id (a backend on graphs needs one). */
@@ -18,6 +18,11 @@ function graphId(ins: Instruction): string {
     throw new ProtocolError(ErrorCode.UNEXPECTED, "this device trains from training graphs only, and the instruction names none");
   }
   return id;
+}
+
+/** Refuse an instruction that names no training graph (every backend on graphs does). */
+export function checkGraphInstruction(ins: Instruction): void {
+  graphId(ins);
 }
 
 class GraphTail implements PreparedTail {
@@ -39,17 +44,21 @@ export class GraphBackend implements TrainingBackend {
   }
 
   check(ins: Instruction): void {
-    graphId(ins);
+    checkGraphInstruction(ins);
   }
 
-  /** The graph first (checked against the plan), then the state it is fed. */
   async prepare(req: TailRequest): Promise<PreparedTail> {
-    const ins = req.instruction;
-    const graph = parseTrainGraph(await req.fetch(graphId(ins)));
-    if (graph.model !== req.welcome.model || graph.split !== ins.split) {
-      throw new ProtocolError(ErrorCode.MALFORMED, `training graph of ${graph.model} split ${graph.split}, instruction for ${req.welcome.model} split ${ins.split}`);
-    }
-    const state = await req.fetchTensors(ins.model_id);
+    const { graph, state } = await receiveTail(req);
     return new GraphTail(new OrtTail(this.runtime, graph, this.threads), state);
   }
+}
+
+/** The instruction's training graph (checked against the plan) and then the state it is fed. */
+export async function receiveTail(req: TailRequest): Promise<{ graph: TrainGraph; state: Record<string, TensorValue> }> {
+  const ins = req.instruction;
+  const graph = parseTrainGraph(await req.fetch(graphId(ins)));
+  if (graph.model !== req.welcome.model || graph.split !== ins.split) {
+    throw new ProtocolError(ErrorCode.MALFORMED, `training graph of ${graph.model} split ${graph.split}, instruction for ${req.welcome.model} split ${ins.split}`);
+  }
+  return { graph, state: await req.fetchTensors(ins.model_id) };
 }

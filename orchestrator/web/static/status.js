@@ -1,6 +1,6 @@
 // The status page: polls /status.json (read-only) and draws it. The token (#token= or the form) or an
 // enrolled device's credential (a fresh proof per request, never the secret) rides in Authorization.
-import { makeProof } from "/sdk/dist/index.js";
+import { makeProof } from "/sdk/dist/edgetrain.browser.mjs";
 
 const $ = (id) => document.getElementById(id);
 const fragment = new URLSearchParams(location.hash.slice(1));
@@ -64,7 +64,7 @@ function draw(s) {
   $("device-count").textContent = s.devices.length;
   $("updated").textContent = new Date(s.time * 1000).toLocaleTimeString();
   rows($("devices"), s.devices, "device", (d) => [d.id, d.connected ? "yes" : "no", d.runtimes.join(", ") || "torch",
-    d.role, d.split, fmtBytes(d.budget_bytes), lastReport(d.last_report)]);
+    d.role, d.split, fmtBytes(d.budget_bytes), lastReport(d.last_report), d.trained_on]);
   rows($("rounds"), [...s.rounds].reverse(), "round", (r) => [r.round, r.complete ? "done" : "running", r.selected,
     r.reported, fmt(r.accuracy), fmt(r.loss), r.finished ? (r.finished - r.started).toFixed(1) : "–"]);
   curve(s.rounds, s.rounds_total);

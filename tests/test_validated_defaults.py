@@ -1,0 +1,83 @@
+"""Shipped defaults are the validated ones: ``make_strategy(name)`` gives exactly the settings
+``bench/validated.toml`` records beside the benchmarks, and the benchmarks run those settings (they
+set only their task's options, and the papers' aggregation where the record says so)."""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+
+import pytest
+
+from orchestrator.strategies import STRATEGY_NAMES, make_strategy, strategy_class
+from orchestrator.strategies.options import option_specs
+from tests.shared_data import REPO
+
+RECORD = tomllib.loads((REPO / "bench" / "validated.toml").read_text())
+
+
+def _value(v: object) -> object:
+    return None if v == "none" else v
+
+
+def test_every_registered_strategy_has_a_validated_record():
+    assert set(RECORD) == set(STRATEGY_NAMES)
+
+
+@pytest.mark.parametrize("name", STRATEGY_NAMES)
+def test_make_strategy_defaults_are_the_validated_settings(name):
+    record = RECORD[name]
+    specs = option_specs(strategy_class(name))
+    settings = {k: _value(v) for k, v in record["settings"].items()}
+    # Every option is either a validated default or the task's own, never neither.
+    assert set(specs) == set(settings) | set(record["task"]), name
+    assert set(record["papers"]) <= set(settings)
+    for option, value in settings.items():
+        default = specs[option].default
+        assert default is not inspect.Parameter.empty, f"{name}.{option} has no default"
+        assert default == value, f"make_strategy({name!r}).{option} is {default!r}; validated: {value!r}"
+    make_strategy(name)  # the defaults build
+
+
+def test_fedalign_warms_up_by_default_and_its_threshold_is_the_validated_one():
+    s = make_strategy("fedalign")
+    assert s.warmup == 3 and s.relative and s.epsilon == 0.5 and s.eval_samples == 256
+
+
+def _only(options: dict, allowed: set[str], what: str) -> None:
+    assert set(options) <= allowed, f"{what} sets {sorted(set(options) - allowed)}, which are validated defaults"
+
+
+def test_the_prioritized_benchmarks_run_the_defaults():
+    from bench import natural_groups, prioritized
+    from bench.prioritized_runner import ALGORITHMS, PAPERS_OPTIONS, STRATEGY
+
+    mnist = prioritized.default_args()
+    natural = natural_groups.build_parser().parse_args(["--task", "tcga"])
+    for algorithm in ALGORITHMS:
+        name = STRATEGY[algorithm]
+        task = set(RECORD[name]["task"])
+        _only(prioritized.bench_options(algorithm, mnist, 0), task, f"bench/prioritized.py ({algorithm})")
+        _only(natural_groups.options(algorithm, natural, 0), task, f"bench/natural_groups.py ({algorithm})")
+    for name, options in PAPERS_OPTIONS.items():
+        _only(options, set(RECORD[name]["papers"]), "the papers' aggregation of bench/prioritized_runner.py")
+
+
+def test_the_epsilon_grid_holds_the_default_and_runs_the_default_warmup():
+    from bench import fedalign_epsilon
+    from orchestrator.strategies.fedalign import DEFAULT_RELATIVE_EPSILON
+
+    assert f"rel:{DEFAULT_RELATIVE_EPSILON:g}" in fedalign_epsilon.DEFAULT_GRID.split(",")
+    args = fedalign_epsilon.build_parser().parse_args(["--task", "mnist"])
+    for option, value in fedalign_epsilon.parse_grid(fedalign_epsilon.DEFAULT_GRID):
+        _only(fedalign_epsilon.grid_options(args, option, value), {option}, "bench/fedalign_epsilon.py")
+
+
+def test_the_embracing_fleets_set_only_the_papers_aggregation():
+    from bench import embracing
+
+    for setup in embracing.SETUPS.values():
+        text = embracing.render_fleet(setup, embracing.CASES[6])
+        options = tomllib.loads(text).get("strategy", {})
+        for name in ("embracingfl", "width"):
+            _only(options, set(RECORD[name]["papers"]), f"bench/embracing.py's {setup.dataset} fleets")
