@@ -21,7 +21,7 @@ Reported per setting (mean over seeds): bytes down and up per device-round
 share of the float32 run's, and the final round's test accuracy beside the float32 run's.
 
 ``python bench/round_bytes.py [--models digits_mlp,leaf_cnn] [--settings float32,held,...] [--seeds 0]
-[--rounds 5] [--devices 6]`` writes bench/results/round_bytes.json and prints a markdown table.
+[--rounds 5] [--devices 6] [--roles strong,moderate,weak]`` writes bench/results/round_bytes.json and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class Run:
     rounds: int
     devices: int
     local_steps: int
+    roles: tuple[str, ...] = ("strong", "moderate", "weak")
 
 
 def run_one(spec: Run, data_root: str | None) -> dict:
@@ -76,7 +77,7 @@ def run_one(spec: Run, data_root: str | None) -> dict:
     ds = load_dataset(train, root=data_root)
     parts = partition(ds.groups if scheme == "natural" else ds.y, spec.devices, scheme, seed=spec.seed)
     budgets = role_budgets(spec.model)
-    roles = [("strong", "moderate", "weak")[i % 3] for i in range(spec.devices)]
+    roles = [spec.roles[i % len(spec.roles)] for i in range(spec.devices)]
     with tempfile.TemporaryDirectory(prefix="round-bytes-") as tmp:
         config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
                               lr=lr, seed=spec.seed, eval_every=spec.rounds, eval_data=evaluation, data_root=data_root,
@@ -130,6 +131,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--devices", type=int, default=6)
     ap.add_argument("--local-steps", type=int, default=5)
+    ap.add_argument("--roles", default="strong,moderate,weak",
+                    help="the devices' roles, in turn (moderate,weak: a fleet where nobody trains the frozen blocks)")
     ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "round_bytes.json")
     args = ap.parse_args()
@@ -137,7 +140,8 @@ def main() -> None:
     for model in args.models.split(","):
         for setting in args.settings.split(","):
             for seed in map(int, args.seeds.split(",")):
-                r = run_one(Run(model, setting, seed, args.rounds, args.devices, args.local_steps), args.data_root)
+                r = run_one(Run(model, setting, seed, args.rounds, args.devices, args.local_steps,
+                                tuple(args.roles.split(","))), args.data_root)
                 print(json.dumps(r), flush=True)
                 results.append(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
