@@ -76,7 +76,8 @@ def run_one(spec: Run, data_root: str | None) -> dict:
     train, scheme, evaluation, lr = MODELS[spec.model]
     ds = load_dataset(train, root=data_root)
     parts = partition(ds.groups if scheme == "natural" else ds.y, spec.devices, scheme, seed=spec.seed)
-    budgets = role_budgets(spec.model)
+    # role_budgets are the least each role needs: 1% and 4 MiB more leave the planner a margin for its batch.
+    budgets = {role: int(b * 1.01) + (4 << 20) for role, b in role_budgets(spec.model).items()}
     roles = [spec.roles[i % len(spec.roles)] for i in range(spec.devices)]
     with tempfile.TemporaryDirectory(prefix="round-bytes-") as tmp:
         config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
@@ -144,8 +145,9 @@ def main() -> None:
                                 tuple(args.roles.split(","))), args.data_root)
                 print(json.dumps(r), flush=True)
                 results.append(r)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+                args.out.parent.mkdir(parents=True, exist_ok=True)  # after every run: a stopped bench keeps them
+                args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                               indent=2))
     print(table(results))
 
 
