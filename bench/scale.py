@@ -129,12 +129,12 @@ def serve(args: argparse.Namespace) -> None:
 # -- a worker process of devices ---------------------------------------------------------------------
 def work(args: argparse.Namespace) -> None:
     """The lightweight worker (run_worker), with each device's connect-to-welcome time kept here."""
-    from orchestrator.emulation.lightweight import WorkerSpec, _load_runtimes, run_worker
+    from orchestrator.emulation.lightweight import WorkerSpec, load_runtimes, run_worker
     from orchestrator.limits import raise_fd_limit
 
     raise_fd_limit()
     spec = WorkerSpec.from_json(Path(args.spec_file).read_text())
-    _load_runtimes()
+    load_runtimes()
     started: dict[str, float] = {}
     latency: list[float] = []
     lost: dict[str, int] = {}

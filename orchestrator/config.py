@@ -169,6 +169,33 @@ class ServerConfig:
                                      cli=False)
     web_sdk: str | None = setting(None, "The JavaScript SDK folder --web serves its build and onnxruntime-web from "
                                         "(default: edge_sdk_js beside the orchestrator package).", cli=False)
+    # User-level central differential privacy (docs/security.md, "Differential privacy").
+    dp: bool = setting(False, "Central differential privacy: each device's update clipped per block, Gaussian noise on "
+                              "each block's sum, (epsilon, delta) accounted after every round (docs/security.md).")
+    dp_noise_multiplier: Positive | None = setting(
+        None, "Noise multiplier z of the model (noise standard deviation over the clip); none: the smallest that "
+              "keeps --dp-target-epsilon over --rounds.")
+    dp_target_epsilon: Positive | None = setting(
+        None, "Epsilon the run may spend: it ends, with a message, before a round that would exceed it.")
+    dp_delta: Annotated[float, Range(0, 1, low_open=True, high_open=True)] | None = setting(
+        None, "Delta of the accounting; none: min(1e-5, 1/N^1.1) for N = --min-devices.")
+    dp_clip: Positive = setting(1.0, "L2 clip C of one device's whole update: each of the model's L blocks is "
+                                     "clipped to C/sqrt(L) (the initial clips with --dp-adaptive-clip).")
+    dp_adaptive_clip: bool = setting(False, "Move each block's clip towards --dp-target-quantile of its update norms "
+                                            "(Andrew et al., 2021), with a noised count of its own.")
+    dp_target_quantile: Annotated[float, Range(0, 1, low_open=True, high_open=True)] = setting(
+        0.5, "Share of updates adaptive clipping aims to leave unclipped.", cli=False)
+    dp_clip_lr: Positive = setting(0.2, "Learning rate of adaptive clipping's geometric update.", cli=False)
+    dp_count_stddev: NonNegative | None = setting(
+        None, "Noise on adaptive clipping's count of unclipped updates; none: the block's expected cohort / 20.",
+        cli=False)
+    dp_accountant: Literal["pld", "rdp"] = setting("pld", "Privacy accountant (dp-accounting): pld or rdp; fixed-size "
+                                                          "sampling is always accounted with rdp.")
+    dp_sampling: Literal["fixed", "poisson"] = setting(
+        "fixed", "How the accountant takes each round's cohort: fixed (ceil(--fraction x N) of the N idle devices, "
+                 "as the server draws it) or poisson (each device independently with probability --fraction).")
+    dp_min_cohort: Count = setting(10, "Fewest devices a round may sample under DP: a noised mean of fewer is "
+                                       "mostly noise.", cli=False)
     train_graph_dir: Path | None = setting(
         None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
               "may share it.", cli=False)
@@ -198,7 +225,10 @@ class ServerConfig:
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
                                       "lr_decay_at", "lr_decay", "momentum", "weight_decay", "eval_source",
-                                      "norm_bound", "max_loss_rise", "validation_samples", "loss_after")
+                                      "norm_bound", "max_loss_rise", "validation_samples", "loss_after", "dp",
+                                      "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
+                                      "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
+                                      "dp_accountant", "dp_sampling", "dp_min_cohort")
 
 
 @functools.cache

@@ -197,6 +197,14 @@ class PlainIntake(ReportIntake):
             limit = min(limit, session.enrolled_samples)
         return min(session.hello.num_samples, limit)
 
+    def bounded(self, device_id: str, tensors: Tensors) -> Tensors:
+        """What the strategy folds of an update within the norm bound: the update itself here (the DP
+        intake clips it)."""
+        return tensors
+
+    def taken(self, report: DeviceReport) -> None:
+        """A hook on a report the strategy folded. None here."""
+
     def fold(self, session: Session, msg: p.Report, work: Work, tensors: Tensors, ctx: RoundContext) -> Folded:
         """Check, weigh and bound a report, then hand it to the strategy's ``on_report``."""
         self.check(msg, work, tensors, ctx.global_state)
@@ -211,12 +219,13 @@ class PlainIntake(ReportIntake):
         report = DeviceReport(
             device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
             num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
-            tensors=MappingProxyType(bound.tensors), selection=work.selection,
+            tensors=MappingProxyType(self.bounded(session.device_id, bound.tensors)), selection=work.selection,
         )
         try:
             if bound.refusal is not None:
                 raise Refused(bound.refusal)
             follow = tuple(self.strategy.on_report(report, ctx))
+            self.taken(report)
         except Refused as exc:
             self.norms.discard(session.device_id)
             log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, ctx.round, exc.reason)

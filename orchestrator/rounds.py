@@ -21,12 +21,19 @@ OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refu
 
 
 def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1,
-                   k: int | None = None) -> list[str]:
+                   k: int | None = None, poisson: bool = False) -> list[str]:
     """Sample ``k`` (default ``ceil(fraction * n)``, at least ``minimum``) of ``candidates``,
-    reproducibly per (seed, round), returned sorted."""
+    reproducibly per (seed, round), returned sorted. ``poisson``: each candidate independently with
+    probability ``fraction`` instead (no minimum: the sample may be empty), the sampling a DP
+    accountant of Poisson rounds assumes."""
     pool = sorted(candidates)
     if not pool:
         return []
+    if poisson and k is None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        coins = np.random.default_rng([seed, round]).random(len(pool))
+        return [d for d, c in zip(pool, coins) if c < fraction]
     if k is None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")

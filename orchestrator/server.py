@@ -39,6 +39,7 @@ from orchestrator.limits import raise_fd_limit
 from orchestrator.parts import Session, Traffic
 from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
+from orchestrator.privacy.intake import CentralDPIntake, PrivacyBudgetSpent
 from orchestrator.planning import Planning
 from orchestrator.reference import ReferenceUpdate
 from orchestrator.resume import start_run
@@ -109,10 +110,11 @@ class Orchestrator:
         (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
         bound measures them against the server's own update on ``evaluator``'s held-out data."""
         config = self.config
-        return PlainIntake(config, self.model, self.strategy, self.store,
-                           reference=ReferenceUpdate(config, self.model, evaluator, heap),
-                           uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
-                           check_revoked=self.revocations.check, limits=self.limits)
+        intake = CentralDPIntake if config.dp else PlainIntake  # dp: clipped, noised, accounted (orchestrator.privacy)
+        return intake(config, self.model, self.strategy, self.store,
+                      reference=ReferenceUpdate(config, self.model, evaluator, heap),
+                      uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
+                      check_revoked=self.revocations.check, limits=self.limits)
 
     def _emit(self, kind: str, data: dict) -> None:
         self.on_event(kind, data)
@@ -167,6 +169,9 @@ class Orchestrator:
                 watch = asyncio.create_task(self.revocations.watch())
                 try:
                     await self.loop.run(start)
+                except PrivacyBudgetSpent as spent:  # dp_target_epsilon: the run ends before the round over it
+                    log.warning("%s", spent)
+                    self.on_event("privacy_budget_spent", {"message": str(spent)})
                 finally:
                     watch.cancel()
                     await self._say_bye("training finished")

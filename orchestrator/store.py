@@ -114,6 +114,13 @@ CREATE TABLE IF NOT EXISTS norm_history (
     PRIMARY KEY (round, device_id, block)
 )"""
 
+#: The privacy ledger after each round's release (orchestrator/privacy/intake.py); created on first use.
+_PRIVACY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS privacy (
+    round INTEGER PRIMARY KEY,
+    state TEXT NOT NULL
+)"""
+
 
 class StoreError(RuntimeError):
     """The journal and the caller disagree (e.g. completing a round that was never begun)."""
@@ -541,6 +548,28 @@ class Store:
                    WHERE k <= ? ORDER BY round, device_id, block""", (per_block,)).fetchall()
         return [{"round": r["round"], "device_id": r["device_id"], "block": r["block"], "split": r["split"],
                  "norm": r["norm"]} for r in rows]
+
+    # -- privacy ledger (orchestrator/privacy/intake.py) ----------------------------------------
+    def _privacy_table(self) -> None:
+        self._db.execute(_PRIVACY_SCHEMA)
+
+    def record_privacy(self, round: int, state: Mapping[str, object]) -> None:
+        """Journal the privacy ledger (and clips) as they stand after round ``round``'s release.
+        Recording a round again (a retried attempt, or a crash before its completion) replaces it."""
+        round = _round_number(round)
+        with self._lock, self._transaction():
+            self._privacy_table()
+            self._db.execute("INSERT OR REPLACE INTO privacy(round, state) VALUES (?, ?)", (round, _dumps(state)))
+
+    def privacy_state(self) -> dict | None:
+        """The privacy state journaled with the last completed round (None: none yet), which a
+        resumed run continues: a round cut before its completion is run again, and accounted again."""
+        with self._lock, self._transaction():
+            self._privacy_table()
+            row = self._db.execute(
+                """SELECT p.state FROM privacy p JOIN rounds r ON r.round = p.round
+                   WHERE r.finished IS NOT NULL ORDER BY p.round DESC LIMIT 1""").fetchone()
+        return None if row is None else json.loads(row["state"])
 
     # -- reading a run from outside (the store owns its schema: nobody else writes SQL) ---------
     @classmethod

@@ -29,7 +29,8 @@ const TYPES = { ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "a
 export const page = (build = "wasm") => `<!doctype html><html><head><meta charset="utf-8"><title>edgetrain device</title>
 <script type="importmap">{"imports": {
   "@msgpack/msgpack": "/node_modules/@msgpack/msgpack/dist.esm/index.mjs",
-  "@noble/hashes/": "/node_modules/@noble/hashes/"
+  "@noble/hashes/": "/node_modules/@noble/hashes/",
+  "fflate": "/node_modules/fflate/esm/browser.js"
 }}</script>
 <script type="module">
   import * as ort from "/node_modules/onnxruntime-web/dist/ort.${build === "webgpu" ? "webgpu" : "wasm"}.min.mjs";

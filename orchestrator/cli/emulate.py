@@ -51,7 +51,9 @@ def emulate(
         None, help="Folder holding the research datasets (default: the fleet's [fleet] data_root, else "
                    "$EDGETRAIN_DATA); digits and the synthetic sets need none."),
     deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
-    rss_guard: bool = typer.Option(True, help="Also kill a device whose resident set passes its budget."),
+    rss_guard: Optional[bool] = typer.Option(
+        None, "--rss-guard/--no-rss-guard",
+        help="Process mode: also kill a device whose resident set passes its budget (default: on)."),
     workers: Optional[int] = typer.Option(
         None, help="Lightweight mode: worker processes the devices share (default: one per core, 2-4)."),
     resume: Optional[Path] = typer.Option(
@@ -87,7 +89,7 @@ def emulate(
         spec = load_fleet(fleet)
     except FleetError as e:
         raise typer.BadParameter(str(e), param_hint="--fleet") from None
-    _check_flags(spec, rounds=rounds, workers=workers, backend=backend, resume=resume,
+    _check_flags(spec, rounds=rounds, workers=workers, backend=backend, resume=resume, rss_guard=rss_guard,
                  ray_only={"--address": address, "--host": host, "--advertise-host": advertise_host, "--port": port})
     data_root = _data_root(spec, data_root)
     run_dir = resume if resume is not None else new_run_dir(out)
@@ -116,9 +118,9 @@ def emulate(
 
 
 def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backend: str, resume: Path | None,
-                 ray_only: dict[str, object]) -> None:
+                 rss_guard: bool | None, ray_only: dict[str, object]) -> None:
     """Refuse flags that do not apply to the fleet's mode or the backend, before anything starts."""
-    from orchestrator.emulation.runner import BACKENDS
+    from orchestrator.emulation.backends import emulation_backend
 
     mode = spec.emulation.mode
     if rounds is not None and rounds < 1:
@@ -128,11 +130,13 @@ def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backen
                                  "--workers applies to mode \"lightweight\"", param_hint="--workers")
     if workers is not None and not 1 <= workers <= spec.num_devices:
         raise typer.BadParameter(f"must be between 1 and the fleet's {spec.num_devices} devices", param_hint="--workers")
-    if backend not in BACKENDS:
-        raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
-    if backend == "ray" and mode != "lightweight":
-        raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one capped process per device; "
-                                 "--backend ray runs the workers of mode \"lightweight\"", param_hint="--backend")
+    try:
+        chosen = emulation_backend(mode, backend)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{spec.name}: {exc}", param_hint="--backend") from None
+    if rss_guard is not None and "rss_guard" not in chosen.options:
+        raise typer.BadParameter(f"{spec.name} runs on the {chosen.name} emulation backend ({chosen.summary}): "
+                                 "no memory caps to guard", param_hint="--rss-guard")
     for name, value in ray_only.items():
         if value is not None and backend != "ray":
             raise typer.BadParameter("applies to --backend ray", param_hint=name)

@@ -2,6 +2,8 @@
 
 One module per job, each importing only those listed before it:
 
+- :mod:`~orchestrator.emulation.backends`: the emulation backends, one table (capped processes, lightweight
+  workers, Ray actors), which a fleet's mode and ``--backend`` choose from.
 - :mod:`~orchestrator.emulation.cgroups`: where cgroups live; making, removing and cleaning up a device's.
 - :mod:`~orchestrator.emulation.capping`: one process under a hard memory cap (cgroup v2/v1, or RLIMIT_AS
   plus an RSS watchdog), with its measured peak and how it ended.
@@ -14,7 +16,7 @@ One module per job, each importing only those listed before it:
 - :mod:`~orchestrator.emulation.recorder`: what a run learns about its devices, the same in both modes.
 - :mod:`~orchestrator.emulation.supervisor`: the process mode (capped processes, RSS guard, restarts).
 - :mod:`~orchestrator.emulation.lightweight`: the lightweight mode (many devices per worker process).
-- :mod:`~orchestrator.emulation.runner`: a fleet run in the mode its file names.
+- :mod:`~orchestrator.emulation.runner`: a fleet run on the backend its mode and ``--backend`` name.
 
 Importing this package imports neither torch nor onnx.
 """

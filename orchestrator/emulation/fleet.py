@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING, Any
 from edge_sdk.data import DATASETS, dataset_spec
 from edge_sdk.references import is_reference
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
+from orchestrator.emulation.backends import emulation_modes
 
 if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
@@ -113,7 +114,6 @@ __all__ = [
 FLEETS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "fleets"
 PARTITION_SCHEMES = ("iid", "dirichlet", "natural")
 ROLES = ("strong", "moderate", "weak")
-EMULATION_MODES = ("processes", "lightweight")
 MEMORY_CAPS = ("auto", "cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _RELATIVE = re.compile(r"^\s*runtime\s*\+\s*(.+)$")
@@ -462,8 +462,8 @@ def _emulation(r: _Reader, t: Mapping[str, Any]) -> EmulationSettings:
     d = EmulationSettings()
     r.keys(t, "emulation", set(EmulationSettings.__dataclass_fields__))
     mode = r.string(t, "emulation.mode", d.mode)
-    if mode not in EMULATION_MODES:
-        r.fail("emulation.mode", f"unknown mode {mode!r}; known: {', '.join(EMULATION_MODES)}")
+    if mode not in emulation_modes():
+        r.fail("emulation.mode", f"unknown mode {mode!r}; known: {', '.join(emulation_modes())}")
     cap = r.string(t, "emulation.memory_cap", d.memory_cap)
     if cap not in MEMORY_CAPS:
         r.fail("emulation.memory_cap", f"unknown mechanism {cap!r}; known: {', '.join(MEMORY_CAPS)}")

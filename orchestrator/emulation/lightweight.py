@@ -194,7 +194,7 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _load_runtimes() -> None:
+def load_runtimes() -> None:
     """Import torch and ONNX Runtime once, on one thread each, before any device connects. The
     worker's devices share one GPU where torch sees one (``EDGETRAIN_TORCH_DEVICE``, here ``auto``
     unless set: :mod:`edge_sdk.accelerator`): one CUDA context per worker, not per device."""
@@ -210,7 +210,7 @@ def _load_runtimes() -> None:
         torch.set_num_interop_threads(1)
 
 
-def _cpu_and_memory() -> dict[str, float | int]:
+def cpu_and_memory() -> dict[str, float | int]:
     """This process's CPU (user + system, all threads), resident set and its high-water mark."""
     from edge_sdk.memory import cpu_seconds, process_memory
 
@@ -320,7 +320,7 @@ async def run_worker(spec: WorkerSpec, url: str | None, *, emit: Callable[[str, 
                                                             warm))
              for d in spec.devices}
     stopper = asyncio.create_task((stop or _wait_for_stdin_eof)())
-    emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **_cpu_and_memory()})
+    emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **cpu_and_memory()})
     everyone = asyncio.gather(*tasks.values(), return_exceptions=True)
     await asyncio.wait({stopper, everyone}, return_when=asyncio.FIRST_COMPLETED)
     if not everyone.done():
@@ -334,7 +334,7 @@ async def run_worker(spec: WorkerSpec, url: str | None, *, emit: Callable[[str, 
     stopper.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await stopper
-    emit("worker_exit", {"worker": spec.index, "pid": os.getpid(), **_cpu_and_memory()})
+    emit("worker_exit", {"worker": spec.index, "pid": os.getpid(), **cpu_and_memory()})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from orchestrator.limits import raise_fd_limit
 
     raise_fd_limit()  # a socket per device: thousands per worker need more than a 1,024 soft limit
-    _load_runtimes()
+    load_runtimes()
     # torch's and ONNX Runtime's objects live as long as the worker: out of the collector's reach
     # (gc.freeze), a full collection walks only what the devices allocate, not the runtimes again.
     gc.collect()
@@ -386,7 +386,7 @@ class WorkerStats:
         return asdict(self)
 
 
-class _Worker:
+class WorkerHandle:
     """The emulator's handle on one worker process."""
 
     def __init__(self, index: int, devices: list[WorkerDevice]) -> None:
@@ -431,10 +431,10 @@ class _Worker:
         return seen.rss_bytes or None
 
 
-class _LightweightEmulator:
+class LightweightEmulator:
     """The state of one lightweight run; lives inside :func:`run_lightweight`'s event loop."""
 
-    def __init__(self, specs: list[DeviceSpec], workers: list[_Worker], recorder: Recorder) -> None:
+    def __init__(self, specs: list[DeviceSpec], workers: list[WorkerHandle], recorder: Recorder) -> None:
         self.workers, self.recorder = workers, recorder
         self.finished = False  # set when the emulator ends the run: workers ending now were stopped
         self.worker_failed = asyncio.Event()  # a worker ended before the run did: the run cannot go on
@@ -466,7 +466,7 @@ class _LightweightEmulator:
                 w.sample_rss()
         self.recorder.on_server_event(kind, data)
 
-    def on_worker_event(self, worker: _Worker, event: dict) -> None:
+    def on_worker_event(self, worker: WorkerHandle, event: dict) -> None:
         kind = str(event.get("event"))
         device = event.get("device")
         if kind == "worker_ready":
@@ -492,7 +492,7 @@ class _LightweightEmulator:
             # peak_rss_bytes in its events is the whole worker's, not this device's.
             self.recorder.on_device_event(device, event, own_peak=False)
 
-    def on_worker_gone(self, worker: _Worker, returncode: int | None, *, stopped: bool) -> None:
+    def on_worker_gone(self, worker: WorkerHandle, returncode: int | None, *, stopped: bool) -> None:
         """A worker ended: devices whose life it did not close ended with it."""
         worker.stats.returncode = returncode
         ended = "stopped" if stopped else "failed"
@@ -506,7 +506,7 @@ class _LightweightEmulator:
                                      error=f"worker exited with {returncode}")
 
 
-async def _watch(emu: _LightweightEmulator, worker: _Worker) -> None:
+async def _watch(emu: LightweightEmulator, worker: WorkerHandle) -> None:
     """Read a worker's events until its stdout closes, then record how it ended."""
     proc = worker.proc
     assert proc is not None and proc.stdout is not None
@@ -522,7 +522,7 @@ async def _watch(emu: _LightweightEmulator, worker: _Worker) -> None:
         emu.worker_failed.set()
 
 
-async def _sample_rss(workers: list[_Worker], interval_s: float = 0.5) -> None:
+async def sample_rss(workers: list[WorkerHandle], interval_s: float = 0.5) -> None:
     while True:
         for w in workers:
             if not w.exited:
@@ -559,10 +559,10 @@ async def run_lightweight(
         raise ValueError(f"threads must be at least 1, got {threads}")
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
     devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
-    handles = [_Worker(i, [devices[s.id] for s in share])
+    handles = [WorkerHandle(i, [devices[s.id] for s in share])
                for i, share in enumerate(split_devices(specs, n_workers))]
     recorder = Recorder(on_event)
-    emu = _LightweightEmulator(specs, handles, recorder)
+    emu = LightweightEmulator(specs, handles, recorder)
 
     tmp = None
     if stderr_dir is None:  # spec files and worker logs still need a home
@@ -571,7 +571,7 @@ async def run_lightweight(
         tmp = tempfile.TemporaryDirectory(prefix="edgetrain-lightweight-")
     run_files = Path(tmp.name) if tmp is not None else Path(stderr_dir)
     run_files.mkdir(parents=True, exist_ok=True)
-    sampler = asyncio.create_task(_sample_rss(handles))
+    sampler = asyncio.create_task(sample_rss(handles))
     server_task: asyncio.Task | None = None
     try:
         # The workers start first: they load their runtimes and shards while the orchestrator
@@ -607,7 +607,7 @@ async def run_lightweight(
     return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=[w.stats.to_dict() for w in handles])
 
 
-async def _spawn(emu: _LightweightEmulator, w: _Worker, spec: WorkerSpec, run_files: Path, env: dict[str, str]) -> None:
+async def _spawn(emu: LightweightEmulator, w: WorkerHandle, spec: WorkerSpec, run_files: Path, env: dict[str, str]) -> None:
     """Start one worker process (it reads the orchestrator's address from its stdin) and watch it."""
     spec_file = run_files / f"worker-{spec.index}.json"
     spec_file.write_text(spec.to_json())
@@ -622,7 +622,7 @@ async def _spawn(emu: _LightweightEmulator, w: _Worker, spec: WorkerSpec, run_fi
     emu.recorder.emit("emulator:worker_started", {"worker": spec.index, "pid": w.proc.pid, "devices": len(w.devices)})
 
 
-async def _stop_workers(emu: _LightweightEmulator, handles: list[_Worker], *, grace_s: float) -> None:
+async def _stop_workers(emu: LightweightEmulator, handles: list[WorkerHandle], *, grace_s: float) -> None:
     """Close every worker's stdin (its signal to stop), wait for it, kill it if it does not go."""
     emu.finished = True
     for w in handles:

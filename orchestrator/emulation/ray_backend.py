@@ -12,7 +12,7 @@ Events go back to the emulator in batches: the emulator keeps one call to the ac
 :meth:`WorkerActor.next_events` outstanding per worker; it returns as soon as the worker has emitted
 anything (or after ``poll_s``, the length of an idle call), with every event so far as the JSON
 lines a local worker prints, plus the actor process's CPU and memory. The emulator feeds them to the same
-:class:`~orchestrator.emulation.lightweight._LightweightEmulator` and
+:class:`~orchestrator.emulation.lightweight.LightweightEmulator` and
 :class:`~orchestrator.emulation.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
 the same (``backend: ray`` added by the command). Stopping is a call to :meth:`WorkerActor.stop` (a
 local worker's stdin closing); an actor that dies (its process killed, its node lost) stops the run
@@ -45,11 +45,11 @@ from orchestrator.emulation.fleet import DeviceSpec, Fleet
 from orchestrator.emulation.lightweight import (
     WorkerFailed,
     WorkerSpec,
-    _cpu_and_memory,
-    _LightweightEmulator,
-    _load_runtimes,
-    _sample_rss,
-    _Worker,
+    cpu_and_memory,
+    LightweightEmulator,
+    load_runtimes,
+    sample_rss,
+    WorkerHandle,
     default_workers,
     run_worker,
     split_devices,
@@ -109,7 +109,7 @@ class WorkerActor:
         from orchestrator.limits import raise_fd_limit
 
         raise_fd_limit()  # a socket per device, as a local worker (main) does
-        _load_runtimes()
+        load_runtimes()
         node = ""
         with contextlib.suppress(Exception):
             import ray
@@ -122,7 +122,7 @@ class WorkerActor:
         spec = WorkerSpec.from_json(spec_json)
         if self._thread is not None:
             raise RuntimeError("this worker has started already")
-        _load_runtimes()  # done by prepare() already, unless it was not called
+        load_runtimes()  # done by prepare() already, unless it was not called
         self._thread = threading.Thread(target=self._run, args=(spec, url), name=f"edgetrain-worker-{spec.index}",
                                         daemon=True)
         self._thread.start()
@@ -171,7 +171,7 @@ class WorkerActor:
             batch, self._events = self._events[:max_events], self._events[max_events:]
             done = self._done and not self._events
             error = self._error if done else ""
-        return {"events": batch, "done": done, "error": error, **_cpu_and_memory()}
+        return {"events": batch, "done": done, "error": error, **cpu_and_memory()}
 
 
 # -- Ray itself -----------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def worker_host(bind_host: str, advertise_host: str | None) -> str:
 
 
 # -- the emulator's side ----------------------------------------------------------------------------
-class _RayWorker(_Worker):
+class _RayWorker(WorkerHandle):
     """The emulator's handle on one worker actor."""
 
     def __init__(self, index: int, devices: list) -> None:
@@ -268,7 +268,7 @@ class _RayWorker(_Worker):
         return self.last.get("rss_bytes")
 
 
-class _RayEmulator(_LightweightEmulator):
+class _RayEmulator(LightweightEmulator):
     """The local mode's emulator state, with one difference: a worker's events arrive one call later
     than through a pipe, so a device's ``life_start`` may come after the server registered it. The
     workers' resident set "with every device connected" is therefore sampled when every device has
@@ -281,7 +281,7 @@ class _RayEmulator(_LightweightEmulator):
         self.seen: set[str] = set()
         self.dropped_in: dict[str, int | None] = {}  # device -> the round its last "dropped" event named
 
-    def on_worker_event(self, worker: _Worker, event: dict) -> None:
+    def on_worker_event(self, worker: WorkerHandle, event: dict) -> None:
         kind, device = event.get("event"), str(event.get("device"))
         if kind == "dropped":
             self.dropped_in[device] = event.get("round")
@@ -304,7 +304,7 @@ class _RayEmulator(_LightweightEmulator):
         super().on_server_event(kind, data)
 
 
-async def _pump(emu: _LightweightEmulator, worker: _RayWorker, poll_s: float) -> None:
+async def _pump(emu: LightweightEmulator, worker: _RayWorker, poll_s: float) -> None:
     """Take a worker's events until its last batch, then record how it ended."""
     returncode: int | None = None
     try:
@@ -391,7 +391,7 @@ async def run_ray(
             ray.shutdown()
 
 
-async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet: Fleet, config: ServerConfig,
+async def _run(ray, emu: LightweightEmulator, handles: list[_RayWorker], fleet: Fleet, config: ServerConfig,
                recorder: Recorder, specs: list[DeviceSpec], start_orchestrator, *, advertise_host: str | None,
                data_root: str | None, stderr_dir: Path | None, threads: int, stop_grace_s: float,
                cpus_per_worker: float, poll_s: float) -> EmulationRun:
@@ -406,7 +406,7 @@ async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet:
         w.actor = actor_class.remote()
     prepared = asyncio.ensure_future(asyncio.gather(*(w.actor.prepare.remote() for w in handles)))
     pumps: list[asyncio.Task] = []
-    sampler = asyncio.create_task(_sample_rss(handles))
+    sampler = asyncio.create_task(sample_rss(handles))
     server_task: asyncio.Task | None = None
     history: list[dict] = []
     try:
@@ -458,7 +458,7 @@ async def _run(ray, emu: _LightweightEmulator, handles: list[_RayWorker], fleet:
     return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=workers)
 
 
-async def _stop_actors(emu: _LightweightEmulator, handles: list[_RayWorker], pumps: list[asyncio.Task], *,
+async def _stop_actors(emu: LightweightEmulator, handles: list[_RayWorker], pumps: list[asyncio.Task], *,
                        grace_s: float) -> None:
     """Ask every actor to stop, take its last events, then end it (an actor never outlives the run)."""
     emu.finished = True

@@ -198,13 +198,14 @@ class RoundContext:
     blocks: tuple[str, ...] = ()
     fraction: float = 1.0
     seed: int = 0
+    poisson: bool = False  # a fraction samples each device independently (dp_sampling = "poisson")
 
     def sample(self, candidates: Iterable[str] | None = None, *, fraction: float | None = None,
                k: int | None = None, salt: int = 0) -> list[str]:
         """Reproducible sample of ``candidates`` (default: every device), by fraction or count."""
         pool = self.devices if candidates is None else candidates
         return sample_devices(pool, self.fraction if fraction is None else fraction, self.round,
-                              self.seed + salt, k=k)
+                              self.seed + salt, k=k, poisson=self.poisson)
 
     @property
     def num_blocks(self) -> int:

@@ -91,7 +91,17 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
     return {"model": config.model, "strategy": config.strategy, "rounds_total": config.rounds,
             "rounds_done": sum(r["complete"] for r in rounds), "current": current, "rounds": rounds,
             "devices": _devices(server, feed, _last_bytes(journaled)), "notices": [asdict(n) for n in reversed(feed.notices)],
-            "time": time.time()}
+            "privacy": _privacy(journaled), "time": time.time()}
+
+
+def _privacy(rounds: list[dict]) -> dict[str, object] | None:
+    """The privacy spent after the last completed round of a DP run (epsilon per block and for the
+    model, delta), as its round's metrics say; None for a run without DP."""
+    for r in reversed(rounds):
+        privacy = (r["metrics"] or {}).get("privacy")
+        if r["complete"] and isinstance(privacy, dict):
+            return {k: privacy.get(k) for k in ("epsilon", "delta", "blocks", "rounds", "accountant", "target_epsilon")}
+    return None
 
 
 def _last_bytes(rounds: list[dict]) -> dict[str, dict[str, object]]:

@@ -79,6 +79,11 @@ def announce(url: str, stream: TextIO, *, install_url: str | None = None, finger
     stream.flush()
 
 
+def privacy_words(privacy: Mapping[str, Any]) -> str:
+    """The privacy a DP run has spent (orchestrator.privacy.intake), in a few words."""
+    return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g})"
+
+
 def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str:
     """One line for a finished round: reports, the server's accuracy and loss (else the devices' own
     loss), its time, stragglers, refusals, and why it was not committed if it was not."""
@@ -91,6 +96,8 @@ def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str
     elif "loss_after" in m:
         parts.append(f"devices' loss {m['loss_after']:.4f}")
     parts.append(f"{float(m.get('round_wall_s', 0.0)):.1f} s")
+    if isinstance(m.get("privacy"), Mapping):
+        parts.append(privacy_words(m["privacy"]))
     if m.get("stragglers"):
         parts.append(f"stragglers {', '.join(map(str, m['stragglers']))}")
     if refused:
@@ -129,6 +136,8 @@ class ServeView(FleetView):
         if kind == "round_end":
             refused, self.refused = self.refused, 0
             return round_line(data, self.config.rounds, refused)
+        if kind == "privacy_budget_spent":
+            return str(data["message"])
         if kind in NOTICES:
             self.refused += kind not in SERVER_NOTICES
             n = self.feed.notices[-1]
@@ -233,6 +242,8 @@ class ServeOutput:
             return
         last = history[-1]
         score = f": accuracy {last['accuracy']:.4f}" if "accuracy" in last else ""
+        if isinstance(last.get("privacy"), Mapping):
+            score += f"{',' if score else ':'} {privacy_words(last['privacy'])}"
         if self.view is None:
             sys.stderr.write(f"finished round {last['round']}{score}\n")
             return

@@ -1,0 +1,207 @@
+"""Central differential privacy in a running server: the report intake that clips, sums, noises and
+accounts (docs/security.md, "Differential privacy"; docs/architecture.md, "Report intake").
+
+:class:`CentralDPIntake` is :class:`~orchestrator.intake.PlainIntake` with the norm bound replaced by
+the DP clip (the bound's reference is the median of earlier devices' norms: data that no accountant
+covers). Each round (McMahan et al., 2018, "Learning Differentially Private Recurrent Language
+Models", Algorithm 1, per layer as in its Section 3):
+
+1. each folded report's update is clipped per block to the block's clip C_b
+   (``orchestrator.privacy.clipping.clip_blocks``, the devices' rule), and the strategy folds the
+   clipped update (its checks, refusals, roles and losses stay its own);
+2. the clipped updates are summed per block over the block's cohort: under EmbracingFL's partial
+   training the devices that trained it;
+3. when the round closes, N(0, (z_sum_b C_b)^2) is added to every coordinate of each block's sum
+   (``orchestrator.privacy.noise``) and the mean update is the noised sum over the block's expected
+   cohort m_b (:meth:`CentralDPIntake.expected_cohorts`), unweighted: the strategies DP allows
+   (FedAvg, EmbracingFL) average each entry over its contributors, and a weight per sample count
+   would let one device's weight, and so its sensitivity, grow;
+4. with adaptive clipping, each block's clip moves towards the target quantile of its norms
+   (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
+5. the round's release goes to the :class:`~orchestrator.privacy.accountant.PrivacyLedger` (fixed-size
+   sampling: K of the N idle devices; or Poisson sampling at rate q = fraction), whose (epsilon, delta), per block and for the model, goes into
+   the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
+   resumed run continues them.
+
+The fleet's composition (N, and N_b: the devices able to train block b, by their planned roles,
+fixed by their memory, not their data) and the sample size K are public, as the accountant assumes;
+who was sampled, how many of them trained a block and who dropped out are not released. A round that would
+take the model past ``dp_target_epsilon`` is never released: the run ends before it
+(:class:`PrivacyBudgetSpent`), with the round that would have passed it named.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.models import LayeredModel
+from orchestrator.config import ServerConfig
+from orchestrator.intake import PlainIntake
+from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
+from orchestrator.privacy.calibrate import PrivacyPlanError
+from orchestrator.privacy.central import CentralPlan, plan_central
+from orchestrator.privacy.clipping import AdaptiveClip, AdaptiveClipping, clip_blocks
+from orchestrator.privacy.noise import gaussian
+from orchestrator.store import Store
+from orchestrator.strategies import DeviceReport, RoundContext, RoundResult, Strategy
+
+__all__ = ["CentralDPIntake", "PrivacyBudgetSpent"]
+
+log = logging.getLogger("edgetrain.server")
+
+
+class PrivacyBudgetSpent(Exception):
+    """The next round would take the model's epsilon past the run's target: the run ends here."""
+
+
+class CentralDPIntake(PlainIntake):
+    """Plain intake with per-block clipping, Gaussian noise on each block's sum and a privacy ledger."""
+
+    def __init__(self, config: ServerConfig, template: LayeredModel, strategy: Strategy, store: Store,
+                 **parts: Any) -> None:
+        self.plan: CentralPlan = plan_central(config, len(template))
+        super().__init__(replace(config, norm_bound=0.0), template, strategy, store, **parts)
+        self.target = config.dp_target_epsilon
+        self.blocks = tuple(template.block_names)
+        self.block_of = {name: template.block_of(name) for name in template.state_dict()}
+        count = self.plan.count_noise(self.plan.cohort) if config.dp_adaptive_clip else 0.0
+        self.count_stddev = count
+        self.sum_multiplier = self.plan.sum_multiplier(count)
+        self.clipping = AdaptiveClipping({i: AdaptiveClip(self.plan.block_clip, config.dp_target_quantile,
+                                                          config.dp_clip_lr, count) for i in range(len(self.blocks))})
+        self.poisson = config.dp_sampling == "poisson"
+        self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant,
+                                    sampling=config.dp_sampling)
+        if config.resume:
+            self._restore(store.privacy_state(), store.completed_rounds())
+        self.stop_reason: str | None = None
+        self._begin_sums()
+
+    def _restore(self, saved: Mapping[str, Any] | None, completed: int) -> None:
+        """Continue the ledger and the clips of the run's last completed round; refuse a run whose
+        rounds were not accounted, or were accounted at other settings."""
+        if saved is None:
+            if completed:
+                raise PrivacyPlanError(f"--resume with dp: the run's {completed} completed rounds kept no privacy "
+                                       f"ledger (they ran without dp), so no epsilon covers its model")
+            return
+        ledger = PrivacyLedger.from_json(saved["ledger"])
+        kept = (ledger.delta, ledger.accountant, ledger.sampling, ledger.blocks)
+        if kept != (self.ledger.delta, self.ledger.accountant, self.ledger.sampling, self.ledger.blocks):
+            raise PrivacyPlanError(f"--resume with dp: the run's ledger was kept at delta {ledger.delta:g}, accountant "
+                                   f"{ledger.accountant}, sampling {ledger.sampling}; resume it with those settings")
+        self.ledger = ledger
+        clips = AdaptiveClipping.from_json(saved["clips"])
+        self.clipping = AdaptiveClipping({int(b): a for b, a in clips.blocks.items()})
+        log.info("privacy ledger resumed after %d rounds: epsilon %.4g", len(self.ledger.rounds),
+                 self.ledger.spent().epsilon)
+
+    def _begin_sums(self) -> None:
+        self._sums: dict[str, np.ndarray] = {}
+        self._counts: dict[int, int] = {}
+        self._bits: dict[int, float] = {}
+        self._norms: dict[str, dict[int, float]] = {}
+
+    # -- a round's life -------------------------------------------------------------------------
+    def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
+        if self.stop_reason is not None:
+            raise PrivacyBudgetSpent(self.stop_reason)
+        self._begin_sums()
+        super().begin_round(state, round)
+
+    def bounded(self, device_id: str, tensors: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The update clipped per block to its clip (step 1); its norms wait for :meth:`taken`."""
+        if not tensors:
+            return tensors
+        clipped = clip_blocks(tensors, self.block_of, self.clipping.clips)
+        self._norms[device_id] = clipped.norms
+        return clipped.tensors
+
+    def taken(self, report: DeviceReport) -> None:
+        """Add a folded report's clipped update to its blocks' sums (step 2)."""
+        norms = self._norms.pop(report.device_id, {})
+        for name, delta in report.tensors.items():
+            a = np.asarray(delta)
+            if a.dtype.kind != "f":
+                continue
+            if report.selection.region(name) is not None:
+                raise ValueError(f"central DP sums whole-entry updates; {name!r} came as a slice or rows")
+            acc = self._sums.get(name)
+            if acc is None:
+                self._sums[name] = a.astype(np.float64)
+            else:
+                np.add(acc, a, out=acc)
+        for block, norm in norms.items():
+            self._counts[block] = self._counts.get(block, 0) + 1
+            self._bits[block] = self._bits.get(block, 0.0) + self.clipping.blocks[block].bit(norm)
+
+    def aggregate(self, ctx: RoundContext) -> RoundResult:
+        """The strategy's round with each block's mean replaced by its noised clipped sum over its
+        expected cohort (step 3), the clips moved (step 4) and the round accounted (step 5). Every
+        block some idle device can train is released, noised, whether or not a sampled device
+        trained it this round: the accountant's mechanism is the sum plus noise, a zero sum included
+        (an untouched block would tell that none of its devices was sampled)."""
+        result = super().aggregate(ctx)
+        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
+        rate = self.config.fraction if self.poisson else cohort / fleet
+        expected = self.expected_cohorts(ctx, rate)
+        if not expected or rate <= 0:
+            return replace(result, extra={**result.extra, "privacy": self.summary({})})
+        blocks = {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev) for b in expected}
+        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
+        if self.target is not None and self.ledger.would_exceed(self.target, event):
+            raise PrivacyBudgetSpent(self._over_target(ctx.round, event))
+        state, noise = dict(result.state), {}
+        for name, old in ctx.global_state.items():
+            block = self.block_of[name]
+            if old.dtype.kind != "f" or block not in expected:
+                continue
+            m, sigma = expected[block], self.sum_multiplier * self.clipping.blocks[block].clip
+            total = gaussian(old.shape, sigma)
+            if name in self._sums:
+                total += self._sums[name]
+            state[name] = np.asarray(old.astype(np.float64) + total / m, dtype=old.dtype)
+            noise[self.blocks[block]] = sigma / m
+        clips_used = {self.blocks[b]: self.clipping.blocks[b].clip for b in expected}
+        if self.config.dp_adaptive_clip:
+            self.clipping.update({b: self._bits.get(b, 0.0) for b in expected}, expected)
+        self.ledger.record(event)
+        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json()})
+        self._check_next(ctx.round, event)
+        return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
+            {"clips": clips_used, "cohorts": {self.blocks[b]: self._counts.get(b, 0) for b in expected},
+             "expected_cohorts": {self.blocks[b]: m for b, m in expected.items()}, "noise_stddev": noise,
+             "fleet": fleet, "cohort": cohort})})
+
+    def expected_cohorts(self, ctx: RoundContext, rate: float) -> dict[int, float]:
+        """m_b = q N_b for each block some idle device can train: N_b of the idle devices can train
+        it (their planned split is at most b), each sampled with probability q (K / N for K of N).
+        The mean's fixed denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices
+        trained a block, and who dropped out, stay unsaid."""
+        splits = [info.split for info in ctx.devices.values()]
+        able = {b: sum(s <= b for s in splits) for b in range(len(self.blocks))}
+        return {b: rate * n for b, n in able.items() if n > 0}
+
+    def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
+        """The privacy spent so far (per block and for the model) and what this round released."""
+        return {**self.ledger.spent().to_dict(), "noise_multiplier": self.plan.multiplier,
+                "target_epsilon": self.target, **round_info}
+
+    def _check_next(self, round: int, event: RoundEvent) -> None:
+        """Before another round: would one like this one take the model past the target?"""
+        if self.target is not None and round < self.config.rounds and self.ledger.would_exceed(self.target, event):
+            self.stop_reason = self._over_target(round + 1, event)
+
+    def _over_target(self, round: int, event: RoundEvent) -> str:
+        after = self.ledger.spent_after(event).epsilon
+        return (f"privacy budget spent: round {round} would take epsilon from {self.ledger.spent().epsilon:.4g} "
+                f"to {after:.4g}, over the target {self.target:g} (delta {self.plan.delta:g}); the run ends here")
+
+    def end_round(self) -> None:
+        super().end_round()
+        self._begin_sums()
