@@ -36,6 +36,7 @@ from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.downloads import DeviceRefused, Downloads, RoundAborted, expect
 from edge_sdk.memory import peak_rss_bytes
 from edge_sdk.memory_policy import MemoryPolicy
+from edge_sdk.payload_store import PayloadStore
 from edge_sdk.privacy import private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.roundwork import DeviceWork, RoundProgress, RoundWork, device_seed
@@ -129,7 +130,8 @@ class DeviceClient:
         self.memory = MemoryPolicy(device_id=config.device_id, budget_bytes=config.budget_bytes, storage=config.storage,
                                    trim_memory=config.trim_memory, idle_trim_s=config.idle_trim_s,
                                    work_dir=config.work_dir)
-        self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle)
+        store = None if config.payload_cache is None else PayloadStore(config.payload_cache, config.payload_cache_bytes)
+        self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle, store)
         self.work = RoundWork(
             DeviceWork(config.device_id, x, y, config.registry, self.backend, threads=config.threads,
                        forward_batch=config.forward_batch, warm_tails=config.warm_tails),

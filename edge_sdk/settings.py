@@ -116,6 +116,11 @@ class DeviceSettings:
     seed: int = setting(0, "split seed (the same on every device)")
     bundle: str = setting("", "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are "
                               "used instead of downloads wherever the server's have the same bytes", metavar="FILE")
+    payload_cache: str = setting("", "folder where downloaded payloads (chunks, training graphs, weights) are kept by "
+                                      "sha256, so that a payload held from an earlier round or connection is never "
+                                      "downloaded again (default: not kept)", metavar="DIR", sdks=BOTH)
+    payload_cache_size: Size = setting(256 << 20, "the most bytes --payload-cache keeps (least recently used "
+                                                  "dropped first)", metavar="SIZE", sdks=BOTH)
     secret_file: str = setting("", "file holding this device's enrolled credential (edgetrain device enroll); "
                                    "each hello proves it without sending it", metavar="FILE", sdks=BOTH)
     token: str = setting("", "shared token the server expects (a lab setting)", sdks=BOTH)
@@ -407,6 +412,10 @@ class DeviceConfig:
     #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
     #: of downloads whenever the server's payloads have the same bytes (sha256).
     bundle: Path | None = None
+    #: Where payloads downloaded are kept by sha256 (edge_sdk.payload_store), so that none the
+    #: device holds is downloaded again; None: not kept. ``payload_cache_bytes`` bounds it.
+    payload_cache: Path | None = None
+    payload_cache_bytes: int = setting_default("payload_cache_size")
 
     def __post_init__(self) -> None:
         for name in ("server", "device_class", "token", "storage", "threads", "reconnect_retries",
@@ -414,6 +423,7 @@ class DeviceConfig:
             setattr(self, name, check_setting(name, getattr(self, name), name))
         if isinstance(self.backend, str):
             check_setting("backend", self.backend, "backend")
+        self.payload_cache_bytes = check_setting("payload_cache_size", self.payload_cache_bytes, "payload_cache_bytes")
         if (problem := device_id_problem(self.device_id)) is not None:
             raise SettingError("device_id", problem)
 

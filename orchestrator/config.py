@@ -155,6 +155,19 @@ class ServerConfig:
     chunk_disk_bytes: Annotated[int, Range(0), ByteSize()] = setting(
         1 << 30, "Disk kept for exported chunks in --store (oldest removed first).", cli="--chunk-disk",
         cli_default="1GiB")
+    chunk_codec: Literal["none", "zlib", "shuffle"] = setting(
+        "none", "Codec the frozen chunks (ONNX) travel through: none, or lossless zlib or shuffle (byte planes, then "
+                "deflate); docs/protocol.md, \"Codecs on the wire\".")
+    tail_codec: Literal["none", "zlib", "shuffle", "float16", "int8"] = setting(
+        "none", "Codec the trainable tail's weights travel to the device through: lossless none/zlib/shuffle, or "
+                "lossy float16 or int8 (blockwise 8-bit grid, nearest).")
+    graph_codec: Literal["none", "zlib", "shuffle"] = setting(
+        "none", "Codec the training graphs (ONNX) travel through: none, zlib or shuffle.")
+    update_codec: Literal["none", "zlib", "shuffle", "float16", "int8", "sr8", "sr4", "sr2", "sr1", "eden4", "eden3",
+                          "eden2", "eden1"] = setting(
+        "none", "Codec the devices' updates travel through: lossless none/zlib/shuffle; float16 and int8 (biased: "
+                "the device keeps error feedback); sr8..sr1 (stochastic rounding on a blockwise grid, unbiased) or "
+                "eden4..eden1 (random rotation, 4 to 1 bits a coordinate, unbiased).")
     web: bool = setting(False, "Also serve, on the same port, a device page (a phone or a browser joins by "
                                "opening it) and a read-only status page behind the devices' token or credentials "
                                "(docs/web.md).")

@@ -209,6 +209,8 @@ class RoundLoop:
             "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
             "roles": role_counts(self.sessions, rs.reported("train") or reported),
             "bytes_sent": self.traffic.sent, "bytes_received": self.traffic.received,
+            # Per device: bytes down and up by payload kind, and those it held and was not sent.
+            "bytes": {d: {k: dict(v) for k, v in by.items()} for d, by in self.traffic.by_device.items()},
             # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
             **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
                                  ("loss_steps", result.mean_loss_steps)) if v is not None},
@@ -237,6 +239,7 @@ class RoundLoop:
         if "failed" not in metrics:
             self.intake.commit(r)
             self.checks.committed(scored)
+        self.store.record_transfers(r, self.traffic.transfers)
         self.store.complete_round(r, self.global_state, metrics)
         self.heap.trim_after_round()
         await asyncio.to_thread(self.payloads.prune_disk, self.config.chunk_disk_bytes)

@@ -300,24 +300,28 @@ class Orchestrator:
             return
         if not 0 <= msg.offset <= len(payload.data):
             raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
-        self._charge_fetch(session, rs.round, len(payload.data) - msg.offset)
+        size = len(payload.data)
+        # A payload the device holds by content (Fetch.held) costs it no byte; a stale one is sent whole.
+        offset = (size if msg.held == payload.sha256 else 0) if msg.held else msg.offset
+        self._charge_fetch(session, rs.round, size - offset)
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer
         # than its payload takes at the slowest pace allowed.
-        allowed = self.pace.stall_s + (len(payload.data) - msg.offset) / self.pace.min_rate
+        allowed = self.pace.stall_s + (size - offset) / self.pace.min_rate
         async with session.channel.send_lock:
             try:
                 await asyncio.wait_for(
                     send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
                                  meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
-                                 offset=msg.offset, sha256=payload.sha256),
+                                 offset=offset, sha256=payload.sha256),
                     timeout=allowed)
             except asyncio.TimeoutError:
                 raise p.ProtocolError("timeout", f"{msg.payload_id[:64]!r} not taken within {allowed:.0f} s") from None
-        sent = len(payload.data) - msg.offset
-        self.traffic.count_sent(sent)
+        sent = size - offset
+        held = size if offset == size and size else 0  # from the device's store or bundle
+        self.traffic.count_sent(sent, session.device_id, payload.kind, msg.payload_id, held=held)
         self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
-                               "payload": msg.payload_id, "bytes": sent})
+                               "payload": msg.payload_id, "bytes": sent, **({"held": True} if held else {})})
 
     def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
         """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""

@@ -72,6 +72,8 @@ debug = false
 device-class = "pi-zero-2w"
 runtime = "web"
 pending = "/var/lib/edgetrain/pending.bin"
+payload-cache = "/var/lib/edgetrain/held"
+payload-cache-size = "64MiB"
 `;
 
 test("settings: the package's key table is the Python declaration's, and the build checks it", () => {
