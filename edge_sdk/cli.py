@@ -233,7 +233,8 @@ def device_config(s: Any, *, budget_bytes: int | None = None):
                         reconnect_retries=s.reconnect_retries, reconnect_max_delay=s.reconnect_max_delay,
                         tls_ca=s.tls_ca or None,
                         labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
-                        bundle=_bundle(s.bundle), **_registry(s.registry))
+                        bundle=_bundle(s.bundle), payload_cache=Path(s.payload_cache) if s.payload_cache else None,
+                        payload_cache_bytes=s.payload_cache_size, **_registry(s.registry))
 
 
 def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None, bool]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from edge_sdk import protocol as p
 from edge_sdk.backends import backend_class
@@ -36,6 +36,7 @@ from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.downloads import DeviceRefused, Downloads, RoundAborted, expect
 from edge_sdk.memory import peak_rss_bytes
 from edge_sdk.memory_policy import MemoryPolicy
+from edge_sdk.payload_store import PayloadStore
 from edge_sdk.privacy import private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.roundwork import DeviceWork, RoundProgress, RoundWork, device_seed
@@ -129,7 +130,8 @@ class DeviceClient:
         self.memory = MemoryPolicy(device_id=config.device_id, budget_bytes=config.budget_bytes, storage=config.storage,
                                    trim_memory=config.trim_memory, idle_trim_s=config.idle_trim_s,
                                    work_dir=config.work_dir)
-        self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle)
+        store = None if config.payload_cache is None else PayloadStore(config.payload_cache, config.payload_cache_bytes)
+        self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle, store)
         self.work = RoundWork(
             DeviceWork(config.device_id, x, y, config.registry, self.backend, threads=config.threads,
                        forward_batch=config.forward_batch, warm_tails=config.warm_tails),
@@ -142,11 +144,14 @@ class DeviceClient:
         try:
             while True:
                 try:
-                    async with self._connect(self.config.server, ssl=self._tls(), **ws_options(self.limits)) as ws:
+                    async with self._connect(self.config.server, ssl=self._tls(), additional_headers=self._authorization(),
+                                             **ws_options(self.limits)) as ws:
                         attempt = 0
                         if await self._serve(Channel(ws, DeviceSession(), self.limits)):
                             return self.reports
                 except (ConnectionClosed, OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
+                    if isinstance(exc, InvalidStatus) and exc.response.status_code == 401:  # the door's refusal
+                        raise DeviceRefused(f"unauthorized: {exc.response.body.decode(errors='replace').strip()}") from exc
                     await self._before_retry(attempt, exc)
                     attempt += 1
         finally:
@@ -163,6 +168,16 @@ class DeviceClient:
         self.on_event("reconnect", {"device": c.device_id, "server": c.server, "attempt": attempt + 1,
                                     "delay_s": round(delay, 2), "error": _reason(exc)})
         await asyncio.sleep(delay)
+
+    def _authorization(self) -> dict[str, str]:
+        """The upgrade request's ``Authorization`` header: a fresh credential proof, or the shared
+        token. A server proves the connection before the websocket opens (HTTP 401 if wrong), so a
+        flood of connections that never say hello cannot hold the door against this device
+        (docs/security.md, "The door"); the hello still carries its own proof."""
+        c = self.config
+        if c.secret:
+            return {"Authorization": f"Edgetrain {c.device_id} {make_proof(c.device_id, c.secret)}"}
+        return {"Authorization": f"Bearer {c.token}"} if c.token else {}
 
     def _tls(self) -> ssl.SSLContext | None:
         """The TLS settings for a ``wss://`` server (None for ``ws://``)."""

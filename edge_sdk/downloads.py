@@ -3,7 +3,9 @@
 A payload (a frozen chunk, the trainable tail, a training graph, a broadcast) moves as frames under
 one sha256 (docs/protocol.md, "Transfers"). A download cut by a dropped connection resumes from the
 bytes already held (``Fetch.offset``); a payload the device's offline bundle holds with the same
-size and sha256 is not downloaded at all (:class:`edge_sdk.bundle.HeldPayloads`); the frames of a
+size and sha256 is not downloaded at all (:class:`edge_sdk.bundle.HeldPayloads`), nor is one the
+device's own store holds by the sha256 its instruction names (:class:`edge_sdk.payload_store.PayloadStore`,
+asked with ``Fetch.held``: the server sends no byte of it); the frames of a
 transfer the device no longer wants are drained. :func:`next_reply` reads the server's next answer,
 leaving follow-up instructions queued in the session, and turns an ``Error`` or ``Bye`` into
 :class:`DeviceRefused` or :class:`RoundAborted`.
@@ -18,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk import protocol as p
+from edge_sdk.payload_store import PayloadStore
 from edge_sdk.transport import Channel, recv_msg, recv_payload, send_msg
+from edge_sdk.wire_codecs import CODEC_META, decode_payload
 
 __all__ = ["DeviceRefused", "Downloads", "RoundAborted", "drain", "expect", "next_reply"]
 
@@ -82,9 +86,10 @@ class Downloads:
     payloads of the model and depth it was written for."""
 
     def __init__(self, device_id: str, limits: p.Limits, on_event: Callable[[str, dict], None],
-                 bundle: Path | None = None) -> None:
+                 bundle: Path | None = None, store: PayloadStore | None = None) -> None:
         self.device_id, self.limits, self.on_event = device_id, limits, on_event
         self.held = None if bundle is None else _open_bundle(bundle)
+        self.store = store
         self.welcome: p.Welcome | None = None
 
     def welcomed(self, welcome: p.Welcome) -> None:
@@ -92,10 +97,12 @@ class Downloads:
         self.welcome = welcome
 
     async def fetch(self, ch: Channel, round_no: int, payload_id: str, partial: dict[str, p.IncomingTransfer],
-                    timings: dict[str, float], *, block_range: tuple[int, int] | None = None) -> memoryview:
+                    timings: dict[str, float], *, block_range: tuple[int, int] | None = None,
+                    sha256: str = "") -> memoryview:
         """Download one payload; ``partial`` holds the round's cut downloads (resumed from their
         offset), ``timings["download_s"]`` counts the time. A payload the device's bundle holds with
-        the same bytes is not downloaded."""
+        the same bytes is not downloaded, nor one of ``sha256`` (the instruction's digest) that the
+        device's store holds."""
         t = time.monotonic()
         incoming = partial.get(payload_id)
         held = None
@@ -105,10 +112,19 @@ class Downloads:
         if held is not None:
             data = await self._fetch_held(ch, round_no, payload_id, held)
             if data is not None:
-                return data
+                return self._keep(data, held.sha256)
+        stored = self.store.get(sha256) if self.store is not None and sha256 and incoming is None else None
         while True:
-            await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0))
+            await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0,
+                                       held=sha256 if stored is not None else ""))
             begin = await _transfer_begin(ch)
+            if stored is not None:
+                if begin.offset == begin.total_size == len(stored) and begin.sha256 == sha256:
+                    self.on_event("from_store", {"device": self.device_id, "round": round_no, "payload": payload_id,
+                                                 "kind": begin.kind, "bytes": len(stored)})
+                    timings["download_s"] += time.monotonic() - t
+                    return self._decoded(memoryview(stored), begin)
+                stored = None  # the server's bytes differ: it sends them from 0
             if incoming is None:
                 incoming = p.IncomingTransfer(begin, self.limits)
                 break
@@ -126,6 +142,20 @@ class Downloads:
         data = await recv_payload(ch, incoming.begin, self.limits, incoming=incoming)
         del partial[payload_id]
         timings["download_s"] += time.monotonic() - t
+        return self._decoded(self._keep(data, incoming.begin.sha256), incoming.begin)
+
+    def _decoded(self, data: memoryview, begin: p.TransferBegin) -> memoryview:
+        """The payload's bytes as its consumer reads them: through the codec ``begin.meta`` names
+        (edge_sdk.wire_codecs), if any. The store keeps what travelled, under the server's sha256."""
+        name = begin.meta.get(CODEC_META, "none")
+        if name == "none":
+            return data
+        return memoryview(decode_payload(data, str(name), begin.kind, self.limits))
+
+    def _keep(self, data: memoryview, sha256: str) -> memoryview:
+        """Keep a verified payload of digest ``sha256`` in the device's store for later rounds."""
+        if self.store is not None and sha256:
+            self.store.put(sha256, data)
         return data
 
     async def _fetch_held(self, ch: Channel, round_no: int, payload_id: str, held: Any) -> memoryview | None:

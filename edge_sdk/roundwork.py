@@ -33,6 +33,7 @@ from edge_sdk.memory import peak_rss_bytes
 from edge_sdk.memory_policy import MemoryPolicy
 from edge_sdk.phases import DeviceRegistry, PhaseResult, Tensors, TrainedUpdate
 from edge_sdk.transport import Channel
+from edge_sdk.wire_codecs import UpdateEncoder
 
 __all__ = ["RoundProgress", "RoundWork", "device_seed"]
 
@@ -83,6 +84,7 @@ class RoundWork:
         self.welcome: p.Welcome | None = None  # the server's latest (welcomed)
         self.progress: RoundProgress | None = None
         self._backends: dict[type[TrainingBackend], TrainingBackend] = {}
+        self.updates = UpdateEncoder()  # the update codec's error feedback lives across rounds
 
     def welcomed(self, welcome: p.Welcome) -> None:
         """The server welcomed the device (at each hello): its plan is what the next rounds follow."""
@@ -109,7 +111,7 @@ class RoundWork:
         if ins.phase not in prog.reports:
             self.memory.busy()
             result: PhaseResult = await self.device.registry.run(_Phase(self, ch, ins, prog))
-            payload = None if result.tensors is None else p.encode_tensors(result.tensors)
+            payload = None if result.tensors is None else self.updates.encode(result.tensors, ins.config)
             num_samples = len(self.device.x) if result.num_samples is None else result.num_samples
             prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, num_samples, result.trained,
                                                 "" if payload is None else uuid.uuid4().hex, result.metrics), payload)
@@ -162,7 +164,8 @@ class RoundWork:
     async def fetch(self, ch: Channel, ins: p.Instruction, prog: RoundProgress, payload_id: str, *,
                     block_range: tuple[int, int] | None = None) -> memoryview:
         """One of the instruction's payloads, resumed within the round."""
-        return await self.downloads.fetch(ch, ins.round, payload_id, prog.partial, prog.timings, block_range=block_range)
+        return await self.downloads.fetch(ch, ins.round, payload_id, prog.partial, prog.timings, block_range=block_range,
+                                          sha256=ins.digests.get(payload_id, ""))
 
     async def tail(self, ch: Channel, ins: p.Instruction, prog: RoundProgress) -> tuple[TrainingBackend, Tail]:
         """The instruction's backend and the tail it prepared."""

@@ -42,8 +42,8 @@ from edge_sdk.phases import DeviceRegistry
 from edge_sdk.privacy import PrivateHeat
 from edge_sdk.values import ByteSize, Range, SettingError, convert, split_annotated
 
-__all__ = ["FOREVER", "SDKS", "TABLE_FILE", "DeviceConfig", "DeviceSettings",
-           "SettingError", "check_setting", "load_settings", "option_flag", "setting", "setting_default",
+__all__ = ["DEVICE_ID_PATTERN", "FOREVER", "SDKS", "TABLE_FILE", "DeviceConfig", "DeviceSettings",
+           "SettingError", "check_setting", "device_id_problem", "load_settings", "option_flag", "setting", "setting_default",
            "setting_key", "settings_fields", "settings_json", "settings_table"]
 
 #: ``reconnect-retries`` that never gives up (the default: a device is a service).
@@ -116,6 +116,11 @@ class DeviceSettings:
     seed: int = setting(0, "split seed (the same on every device)")
     bundle: str = setting("", "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are "
                               "used instead of downloads wherever the server's have the same bytes", metavar="FILE")
+    payload_cache: str = setting("", "folder where downloaded payloads (chunks, training graphs, weights) are kept by "
+                                      "sha256, so that a payload held from an earlier round or connection is never "
+                                      "downloaded again (default: not kept)", metavar="DIR", sdks=BOTH)
+    payload_cache_size: Size = setting(256 << 20, "the most bytes --payload-cache keeps (least recently used "
+                                                  "dropped first)", metavar="SIZE", sdks=BOTH)
     secret_file: str = setting("", "file holding this device's enrolled credential (edgetrain device enroll); "
                                    "each hello proves it without sending it", metavar="FILE", sdks=BOTH)
     token: str = setting("", "shared token the server expects (a lab setting)", sdks=BOTH)
@@ -329,6 +334,21 @@ def load_settings(given: Mapping[str, Any], config: str | Path | None = None, *,
     return settings
 
 
+#: The characters a device id may use (docs/protocol.md, "Device ids"): ASCII letters and digits, then
+#: also ``. _ - : @ + =``, 1-128 characters, starting with a letter or digit. An id is journaled, shown on
+#: the status page and names files, so no control character (NUL), no bidi control (U+202E), no space
+#: and no path piece ("/", "\\", a leading ".") can be part of one.
+DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}")
+
+
+def device_id_problem(device_id: str) -> str | None:
+    """Why ``device_id`` is not a device id (:data:`DEVICE_ID_PATTERN`), naming it safely; None if it is."""
+    if DEVICE_ID_PATTERN.fullmatch(device_id):
+        return None
+    return (f"device id {ascii(device_id[:64])} is not 1-128 of A-Z a-z 0-9 . _ - : @ + = "
+            "starting with a letter or digit")
+
+
 def _check(s: DeviceSettings, where: Mapping[str, str]) -> None:
     """What one value alone cannot say: a missing id, a CA file without TLS."""
     def name(field_name: str) -> str:
@@ -336,6 +356,8 @@ def _check(s: DeviceSettings, where: Mapping[str, str]) -> None:
 
     if not s.device_id.strip():
         raise SettingError(name("device_id"), "every device needs an id (--id, or id = \"...\" in the config file)")
+    if (problem := device_id_problem(s.device_id)) is not None:
+        raise SettingError(name("device_id"), problem)
     if s.tls_ca and not s.server.lower().startswith("wss://"):
         raise SettingError(name("tls_ca"), f"is for a wss:// server, and {s.server!r} is not one")
 
@@ -390,6 +412,10 @@ class DeviceConfig:
     #: A bundle (edge_sdk.bundle) provisioned offline: its chunks and training graph are used instead
     #: of downloads whenever the server's payloads have the same bytes (sha256).
     bundle: Path | None = None
+    #: Where payloads downloaded are kept by sha256 (edge_sdk.payload_store), so that none the
+    #: device holds is downloaded again; None: not kept. ``payload_cache_bytes`` bounds it.
+    payload_cache: Path | None = None
+    payload_cache_bytes: int = setting_default("payload_cache_size")
 
     def __post_init__(self) -> None:
         for name in ("server", "device_class", "token", "storage", "threads", "reconnect_retries",
@@ -397,6 +423,9 @@ class DeviceConfig:
             setattr(self, name, check_setting(name, getattr(self, name), name))
         if isinstance(self.backend, str):
             check_setting("backend", self.backend, "backend")
+        self.payload_cache_bytes = check_setting("payload_cache_size", self.payload_cache_bytes, "payload_cache_bytes")
+        if (problem := device_id_problem(self.device_id)) is not None:
+            raise SettingError("device_id", problem)
 
 
 def main(argv: list[str] | None = None) -> int:

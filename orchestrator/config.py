@@ -58,7 +58,9 @@ class ServerConfig:
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
-    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices before giving up.", cli=False)
+    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices (for any selectable device, in a "
+                                                  "later round) before giving up; inf: never, saying so every 10 s.",
+                                            cli=False)
     local_steps: Count = setting(10, "Local steps per round (tau).")
     batch_size: Count = setting(32, "Local mini-batch size.")
     lr: Positive = setting(0.05, "Local learning rate.")
@@ -127,7 +129,12 @@ class ServerConfig:
         1.0, "How often the server looks for credentials revoked (edgetrain device revoke) while it runs, to "
              "close their connections.", cli=False)
     max_connections: Count = setting(20_000, "Connections held at once; more are refused.")
-    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once.", cli=False)
+    max_pending_hellos: Count = setting(1_000, "Connections not yet past their hello held at once (those proven "
+                                               "in their upgrade request's Authorization header not counted).",
+                                        cli=False)
+    max_pending_per_address: Count = setting(
+        16, "Connections from one IP address not yet past their hello, and not proven in their upgrade request, "
+            "held at once; more get HTTP 429 (docs/security.md, \"The door\").", cli=False)
     hello_timeout_s: Positive = setting(30.0, "Seconds a connection has to say its hello.", cli=False)
     norm_bound: NonNegative = setting(
         1.0, "Clip (or refuse, --norm-bound-action reject) an update whose norm at any layer group exceeds this "
@@ -148,6 +155,19 @@ class ServerConfig:
     chunk_disk_bytes: Annotated[int, Range(0), ByteSize()] = setting(
         1 << 30, "Disk kept for exported chunks in --store (oldest removed first).", cli="--chunk-disk",
         cli_default="1GiB")
+    chunk_codec: Literal["none", "zlib", "shuffle"] = setting(
+        "none", "Codec the frozen chunks (ONNX) travel through: none, or lossless zlib or shuffle (byte planes, then "
+                "deflate); docs/protocol.md, \"Codecs on the wire\".")
+    tail_codec: Literal["none", "zlib", "shuffle", "float16", "int8"] = setting(
+        "none", "Codec the trainable tail's weights travel to the device through: lossless none/zlib/shuffle, or "
+                "lossy float16 or int8 (blockwise 8-bit grid, nearest).")
+    graph_codec: Literal["none", "zlib", "shuffle"] = setting(
+        "none", "Codec the training graphs (ONNX) travel through: none, zlib or shuffle.")
+    update_codec: Literal["none", "zlib", "shuffle", "float16", "int8", "sr8", "sr4", "sr2", "sr1", "eden4", "eden3",
+                          "eden2", "eden1"] = setting(
+        "none", "Codec the devices' updates travel through: lossless none/zlib/shuffle; float16 and int8 (biased: "
+                "the device keeps error feedback); sr8..sr1 (stochastic rounding on a blockwise grid, unbiased) or "
+                "eden4..eden1 (random rotation, 4 to 1 bits a coordinate, unbiased).")
     web: bool = setting(False, "Also serve, on the same port, a device page (a phone or a browser joins by "
                                "opening it) and a read-only status page behind the devices' token or credentials "
                                "(docs/web.md).")

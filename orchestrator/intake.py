@@ -32,6 +32,7 @@ import numpy as np
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
+from edge_sdk.wire_codecs import decode_state
 from orchestrator.config import ServerConfig
 from orchestrator.normbound import NormBound
 from orchestrator.parts import Folded, Reference, Session, Work
@@ -159,10 +160,13 @@ class PlainIntake(ReportIntake):
         return None if resumed is None else (resumed[0], self._decoded(session, resumed[1]))
 
     def _decoded(self, session: Session, data: bytes) -> Tensors:
-        """A revoked device's upload is refused once received; anyone else's is decoded, its
-        values checked (NaN, infinity, sizes over the limits are refused)."""
+        """A revoked device's upload is refused once received; anyone else's is decoded (through
+        the configured update codec's records, edge_sdk.wire_codecs), its values checked (NaN,
+        infinity, sizes over the limits, a record that does not decode are refused)."""
         self.check_revoked(session)
-        return p.decode_tensors(data, self.limits)
+        if self.config.update_codec == "none":
+            return p.decode_tensors(data, self.limits)
+        return decode_state(data, self.limits)
 
     def holds_upload(self, device_id: str) -> bool:
         return self.uploads.holds(device_id)

@@ -108,20 +108,41 @@ class RunStart:
 class Traffic:
     """Bytes sent to and received from devices this round: counted by the part that moves them
     (fetches are sent by the server, updates received by report intake), read and started afresh
-    by the round loop for each round's metrics."""
+    by the round loop for each round's metrics and journal.
+
+    Per device and payload kind: bytes down (``down``), up (``up``), and the bytes of payloads the
+    device took from its own store or bundle instead (``held``: sent as zero bytes). ``transfers``
+    lists each movement (device, payload id, kind, direction, bytes, whether it came from the
+    device's store) for the journal (``Store.record_transfers``)."""
 
     def __init__(self) -> None:
-        self.sent = 0
-        self.received = 0
+        self.restart()
 
-    def count_sent(self, nbytes: int) -> None:
+    def count_sent(self, nbytes: int, device_id: str = "", kind: str = "", payload_id: str = "", *,
+                   held: int = 0) -> None:
+        """``nbytes`` of payload ``payload_id`` sent to ``device_id``; ``held``: bytes of it the
+        device already held and was not sent (the whole payload when it came from its store)."""
         self.sent += nbytes
+        if device_id:
+            self._add(device_id, "down", kind, nbytes)
+            if held:
+                self._add(device_id, "held", kind, held)
+            self.transfers.append((device_id, payload_id, kind, "down", nbytes, held))
 
-    def count_received(self, nbytes: int) -> None:
+    def count_received(self, nbytes: int, device_id: str = "", kind: str = "update") -> None:
         self.received += nbytes
+        if device_id:
+            self._add(device_id, "up", kind, nbytes)
+            self.transfers.append((device_id, "", kind, "up", nbytes, 0))
+
+    def _add(self, device_id: str, direction: str, kind: str, nbytes: int) -> None:
+        by_kind = self.by_device.setdefault(device_id, {"down": {}, "up": {}, "held": {}})[direction]
+        by_kind[kind] = by_kind.get(kind, 0) + nbytes
 
     def restart(self) -> None:
         self.sent = self.received = 0
+        self.by_device: dict[str, dict[str, dict[str, int]]] = {}
+        self.transfers: list[tuple[str, str, str, str, int, int]] = []
 
 
 #: How a part sends a device a message (the server's send, under the connection's send lock).

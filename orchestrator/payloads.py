@@ -16,13 +16,14 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
+from edge_sdk.wire_codecs import CODEC_META, FEEDBACK_KEY, UPDATE_CODEC_KEY, encode_payload, needs_feedback
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
@@ -194,9 +195,13 @@ class Payloads:
             local_steps=self.config.local_steps if ins.local_steps is None else int(ins.local_steps),
             lr=self.config.lr_at(round_no) if ins.lr is None else float(ins.lr), deadline_s=0.0,
             config={"seed": self.config.seed * 100_003 + round_no,
-                    **({} if self.config.loss_after else {"loss_after": False}), **dict(ins.config), **extra},
+                    **({} if self.config.loss_after else {"loss_after": False}), **self._update_codec,
+                    **dict(ins.config), **extra},
         )
-        return Work(ins, selection, wire, names, len(self.by_id[wire.model_id].data))
+        model = self.by_id[wire.model_id]  # its decoded size bounds the update that answers it
+        work = Work(ins, selection, wire, names, int(model.meta.get("decoded_size", len(model.data))))
+        # What each payload's bytes hash to: a device holding them fetches with Fetch.held, and is sent none.
+        return replace(work, wire=replace(wire, digests={pid: self.by_id[pid].sha256 for pid in work.payload_ids}))
 
     def _affordable(self, session: Session, selection: Selection, ranges: list[tuple[int, int]],
                     other: SelectionCost | None) -> bool:
@@ -212,12 +217,28 @@ class Payloads:
             return fits(session.device_id, session.hello, plan, selection.split, ranges, rows)
         return True
 
+    @property
+    def _update_codec(self) -> dict[str, p.Scalar]:
+        """The instruction ``config`` entries that tell a device its update's codec (none: nothing)."""
+        name = self.config.update_codec
+        return {} if name == "none" else {UPDATE_CODEC_KEY: name, FEEDBACK_KEY: needs_feedback(name)}
+
+    def _payload(self, kind: str, data: bytes, meta: dict[str, p.Scalar]) -> Payload:
+        """A payload as it travels: through the codec the configuration names for its kind
+        (``meta["codec"]`` says which), hashed once."""
+        name = {"chunk": self.config.chunk_codec, "model": self.config.tail_codec,
+                "train_graph": self.config.graph_codec}.get(kind, "none")
+        if name != "none":
+            meta = {**meta, CODEC_META: name, "decoded_size": len(data)}
+            data = encode_payload(data, name, kind)
+        return Payload(kind, data, p.sha256_hex(data), meta)
+
     def _chunks(self, ranges: Sequence[tuple[int, int]]) -> list[str]:
         chunk_ids = []
         for a, b in ranges:
             cid, data = self.cache.get_or_export(self.model_for(self.version, self.state), self.version, a, b)
             if cid not in self.by_id:
-                self.by_id[cid] = Payload("chunk", data, p.sha256_hex(data), {"chunk_id": cid, "start": a, "stop": b})
+                self.by_id[cid] = self._payload("chunk", data, {"chunk_id": cid, "start": a, "stop": b})
             chunk_ids.append(cid)
         return chunk_ids
 
@@ -225,9 +246,8 @@ class Payloads:
         model_id = f"model-{self.version}-{selection.key()}"
         if model_id not in self.by_id:
             data = p.encode_tensors(selection.cut(self.state, names))
-            self.by_id[model_id] = Payload("model", data, p.sha256_hex(data),
-                                           {"split": selection.split, "selection": selection.kind,
-                                            "version": self.version})
+            self.by_id[model_id] = self._payload("model", data, {"split": selection.split,
+                                                                 "selection": selection.kind, "version": self.version})
         return model_id
 
     def _broadcast(self, broadcast: Broadcast | None, round_no: int) -> str:
@@ -256,7 +276,7 @@ class Payloads:
             self.planning.refuse_graph(selection.split, str(exc))
             return None
         if gid not in self.by_id:
-            self.by_id[gid] = Payload("train_graph", data, p.sha256_hex(data), {"split": selection.split})
+            self.by_id[gid] = self._payload("train_graph", data, {"split": selection.split})
         return gid
 
 

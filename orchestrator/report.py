@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.wirebytes import round_bytes, run_bytes
+
 
 def new_run_dir(base: Path = Path("runs")) -> Path:
     """``runs/<UTC timestamp>``, unique even for two runs in the same second."""
@@ -22,11 +24,18 @@ def new_run_dir(base: Path = Path("runs")) -> Path:
 
 
 def write_metrics(run_dir: Path, payload: Mapping[str, object]) -> Path:
+    """``metrics.json`` (with the run's bytes per device-round, :func:`orchestrator.wirebytes.run_bytes`)
+    and ``rounds.csv`` (one row per round, with its bytes down and up and per device)."""
     path = run_dir / "metrics.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
     rounds = payload.get("rounds")
     if isinstance(rounds, Sequence) and rounds:
-        keys = [k for k in ("round", "selected", "reported", "accuracy", "test_loss", "round_wall_s", "server_cpu_s") if k in rounds[0]]
+        spent = run_bytes(rounds)
+        payload = {**payload, **({"bytes": spent} if spent is not None and "bytes" not in payload else {})}
+        rounds = [{**r, **{f"bytes_{k}": v for k, v in (round_bytes(r) or {}).items() if k != "devices"}} for r in rounds]
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    if isinstance(rounds, Sequence) and rounds:
+        keys = [k for k in ("round", "selected", "reported", "accuracy", "test_loss", "round_wall_s", "server_cpu_s",
+                            "bytes_down", "bytes_up", "bytes_held", "bytes_per_device") if k in rounds[0]]
         with open(run_dir / "rounds.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()

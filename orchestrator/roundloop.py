@@ -33,7 +33,7 @@ from orchestrator.heap import RoundHeap
 from orchestrator.intake import ReportIntake
 from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
 from orchestrator.payloads import Payloads
-from orchestrator.rounds import RoundState
+from orchestrator.rounds import Attendance, RoundState
 from orchestrator.store import Store
 from orchestrator.strategies import Instruction, RoundContext, RoundResult, Strategy
 from orchestrator.validation import CommitCheck
@@ -71,21 +71,38 @@ class RoundLoop:
         self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         self.changed = asyncio.Event()
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
+        self.attendance = Attendance()  # who missed a report: not selected until seen alive
 
     # -- devices --------------------------------------------------------------------------------
     def idle(self) -> list[str]:
-        rs = self.round
-        return [d for d in self.sessions if rs is None or not rs.expects(d)]
+        """Connected devices a new round may select: none it awaits, none known to be silent
+        (:class:`~orchestrator.rounds.Attendance`)."""
+        rs, attendance = self.round, self.attendance
+        return [d for d in self.sessions if (rs is None or not rs.expects(d)) and attendance.selectable(d)]
 
     def idle_count(self) -> int:
-        """``len(self.idle())``, without a scan of the registry while no round is open."""
-        return len(self.sessions) if self.round is None else len(self.idle())
+        """``len(self.idle())``, without a scan of the registry while no round is open and no
+        device is held out."""
+        if self.round is None and not self.attendance.held_out():
+            return len(self.sessions)
+        return len(self.idle())
 
     async def wait_for_devices(self, needed: int) -> None:
-        deadline = time.monotonic() + self.config.wait_devices_s
+        """Wait until ``needed`` devices are selectable, saying so every 10 s (a log line and a
+        ``waiting`` event); give up after ``wait_devices_s`` (``inf``: never, a service's setting)."""
+        start = time.monotonic()
+        deadline, said = start + self.config.wait_devices_s, start
         while self.idle_count() < needed:  # woken by every hello: O(1) between rounds
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"only {self.idle_count()} of {needed} devices were ready in time")
+            if now - said >= 10.0:
+                said = now
+                log.warning("waiting for devices: %d of %d ready, %d held out as silent; waited %.0f s of %s",
+                            self.idle_count(), needed, self.attendance.held_out(), now - start,
+                            f"{self.config.wait_devices_s:.0f} s" if self.config.wait_devices_s != float("inf")
+                            else "no limit")
+                self.emit("waiting", {"ready": self.idle_count(), "needed": needed, "waited_s": round(now - start, 1)})
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.5)
@@ -128,6 +145,7 @@ class RoundLoop:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
+        self.attendance.round_closed(rs.stragglers(), rs.reported())
         result = self.intake.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
@@ -191,6 +209,8 @@ class RoundLoop:
             "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
             "roles": role_counts(self.sessions, rs.reported("train") or reported),
             "bytes_sent": self.traffic.sent, "bytes_received": self.traffic.received,
+            # Per device: bytes down and up by payload kind, and those it held and was not sent.
+            "bytes": {d: {k: dict(v) for k, v in by.items()} for d, by in self.traffic.by_device.items()},
             # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
             **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
                                  ("loss_steps", result.mean_loss_steps)) if v is not None},
@@ -219,6 +239,7 @@ class RoundLoop:
         if "failed" not in metrics:
             self.intake.commit(r)
             self.checks.committed(scored)
+        self.store.record_transfers(r, self.traffic.transfers)
         self.store.complete_round(r, self.global_state, metrics)
         self.heap.trim_after_round()
         await asyncio.to_thread(self.payloads.prune_disk, self.config.chunk_disk_bytes)
@@ -303,6 +324,7 @@ class RoundLoop:
         work = self.work.get(session.device_id, {}).get(msg.phase)
         if rs is None or ctx is None or msg.round != rs.round or work is None \
                 or not rs.expects(session.device_id, msg.phase):
+            self.attendance.alive(session.device_id)  # late, but not silent
             await self.send(session, p.Ack(msg.round, False, "late: the round is closed", msg.phase))
             self.emit("late", {"device": session.device_id, "round": msg.round, "phase": msg.phase})
             return
@@ -337,7 +359,9 @@ class RoundLoop:
     # -- arrivals and departures ----------------------------------------------------------------
     async def arrived(self, session: Session) -> None:
         """A device was welcomed. One that drops mid-round and comes back resumes that round: the
-        upload it was sending when its connection dropped, else the work it still owes."""
+        upload it was sending when its connection dropped, else the work it still owes. A device
+        that was silent is selectable again (after its rest, if it stalled repeatedly)."""
+        self.attendance.alive(session.device_id)
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
             rs.on_back(session.device_id)

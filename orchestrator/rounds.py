@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED"]
+__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED"]
 
 # SKIPPED: never sent (the device could not hold what was asked); not a straggler.
 OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refused", "gone", "skipped"
@@ -191,3 +191,64 @@ class RoundState:
     def stragglers(self) -> set[str]:
         """Devices with an instruction that was never answered."""
         return {d for (d, _), s in self.status.items() if s in (OUTSTANDING, GONE)}
+
+
+#: The most rounds a device that stalled again and again sits out once it is back (:class:`Attendance`).
+MAX_REST_ROUNDS = 15
+
+
+class Attendance:
+    """Who missed a report they were asked for, so that selection remembers (docs/architecture.md,
+    "One round, step by step"): a device that was selected and did not answer is *silent*, not
+    selectable again until it shows it is alive (it reconnects, or a late report of it arrives), so
+    a round's straggler grace is never spent waiting for a device already known to be silent. Each
+    miss adds a stall and each accepted report takes one away; a device back from its ``n``-th
+    stall in a row sits out ``min(2**(n-1) - 1, MAX_REST_ROUNDS)`` more rounds (none after one
+    stall, 1 after two, 3 after three, ...): repeated stalls lower its priority.
+
+    Without I/O: the round loop tells it of each round's close and of each sign of life.
+    """
+
+    def __init__(self) -> None:
+        self._stalls: dict[str, int] = {}  # device -> misses not yet paid off by accepted reports
+        self._silent: set[str] = set()  # missed its last report and not seen alive since
+        self._rest: dict[str, int] = {}  # device -> rounds it still sits out, once alive again
+
+    def round_closed(self, stragglers: Iterable[str], reported: Iterable[str]) -> None:
+        """A round stopped waiting: its ``stragglers`` missed a report, ``reported`` answered."""
+        for device_id in list(self._rest):
+            left = self._rest[device_id] - 1
+            if left > 0:
+                self._rest[device_id] = left
+            else:
+                del self._rest[device_id]
+        for device_id in reported:
+            left = self._stalls.get(device_id, 0) - 1
+            if left > 0:
+                self._stalls[device_id] = left
+            else:
+                self._stalls.pop(device_id, None)
+        for device_id in stragglers:
+            self._stalls[device_id] = self._stalls.get(device_id, 0) + 1
+            self._silent.add(device_id)
+            self._rest.pop(device_id, None)
+
+    def alive(self, device_id: str) -> None:
+        """The device showed it is alive: selectable again, after its rest if it stalled repeatedly."""
+        if device_id in self._silent:
+            self._silent.discard(device_id)
+            rest = min(2 ** (self._stalls.get(device_id, 1) - 1) - 1, MAX_REST_ROUNDS)
+            if rest > 0:
+                self._rest[device_id] = rest
+
+    def selectable(self, device_id: str) -> bool:
+        """True unless the device is silent or sitting out its rest."""
+        return device_id not in self._silent and device_id not in self._rest
+
+    def silent(self) -> set[str]:
+        """Devices that missed their last report and have not shown they are alive since."""
+        return set(self._silent)
+
+    def held_out(self) -> int:
+        """How many devices are not selectable now (silent or resting)."""
+        return len(self._silent | self._rest.keys())

@@ -30,7 +30,7 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Admission, check_hello_bounds, check_hello_data, device_info, model_context
+from orchestrator.admission import Admission, device_info, journaled_id, model_context
 from orchestrator.config import ServerConfig
 from orchestrator.evaluate import Evaluator
 from orchestrator.heap import RoundHeap
@@ -206,7 +206,7 @@ class Orchestrator:
         hello: p.Message | None = None
         pending = True
         try:
-            reason = self.admission.connect()
+            reason = self.admission.connect(ws)
             if reason is not None:
                 await ws.close(1013, reason[:120])  # 1013: try again later (a device reconnects)
                 return
@@ -214,7 +214,7 @@ class Orchestrator:
             try:
                 hello = await asyncio.wait_for(recv_msg(channel), timeout=self.config.hello_timeout_s)
             finally:
-                self.admission.hello_done()
+                self.admission.hello_done(ws)
                 pending = False
             hello_at = time.monotonic()
             if not isinstance(hello, p.Hello):
@@ -223,7 +223,7 @@ class Orchestrator:
             await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
-            self.on_event("closed", {"device": str(getattr(hello, "device_id", None) or ws.remote_address)[:128],
+            self.on_event("closed", {"device": journaled_id(str(getattr(hello, "device_id", None) or ws.remote_address)),
                                       "code": exc.code, "message": exc.message[:256]})
             await self._close(ws, exc.code, exc.message)
         except (ConnectionClosed, asyncio.TimeoutError):
@@ -232,7 +232,7 @@ class Orchestrator:
             log.exception("closing %s after an internal error", session.device_id if session else ws.remote_address)
             await self._close(ws, "internal", f"the server failed handling this device: {type(exc).__name__}")
         finally:
-            self.admission.disconnect(pending=pending)
+            self.admission.disconnect(ws, pending=pending)
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 self.fetches.forget(session.device_id)
@@ -247,9 +247,8 @@ class Orchestrator:
 
     async def _register(self, channel: Channel, hello: p.Hello) -> Session:
         """Authenticate, bound, plan and register a hello (a reconnect replaces the old connection)."""
-        enrolled_samples = self.admission.authenticate(hello)
-        check_hello_bounds(hello)
-        check_hello_data(hello, self.model)
+        enrolled_samples = self.admission.authenticate(hello, self.admission.proven_id(channel.ws))
+        self.admission.check_hello(hello, self.model)
         plan = await self.planning.shippable_plan(hello)
         info = device_info(hello, plan, self.hello_context, self.strategy)
         old = self.sessions.get(hello.device_id)
@@ -301,24 +300,28 @@ class Orchestrator:
             return
         if not 0 <= msg.offset <= len(payload.data):
             raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
-        self._charge_fetch(session, rs.round, len(payload.data) - msg.offset)
+        size = len(payload.data)
+        # A payload the device holds by content (Fetch.held) costs it no byte; a stale one is sent whole.
+        offset = (size if msg.held == payload.sha256 else 0) if msg.held else msg.offset
+        self._charge_fetch(session, rs.round, size - offset)
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer
         # than its payload takes at the slowest pace allowed.
-        allowed = self.pace.stall_s + (len(payload.data) - msg.offset) / self.pace.min_rate
+        allowed = self.pace.stall_s + (size - offset) / self.pace.min_rate
         async with session.channel.send_lock:
             try:
                 await asyncio.wait_for(
                     send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
                                  meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
-                                 offset=msg.offset, sha256=payload.sha256),
+                                 offset=offset, sha256=payload.sha256),
                     timeout=allowed)
             except asyncio.TimeoutError:
                 raise p.ProtocolError("timeout", f"{msg.payload_id[:64]!r} not taken within {allowed:.0f} s") from None
-        sent = len(payload.data) - msg.offset
-        self.traffic.count_sent(sent)
+        sent = size - offset
+        held = size if offset == size and size else 0  # from the device's store or bundle
+        self.traffic.count_sent(sent, session.device_id, payload.kind, msg.payload_id, held=held)
         self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
-                               "payload": msg.payload_id, "bytes": sent})
+                               "payload": msg.payload_id, "bytes": sent, **({"held": True} if held else {})})
 
     def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
         """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""

@@ -91,6 +91,16 @@ CREATE TABLE IF NOT EXISTS reports (
     info TEXT NOT NULL,
     PRIMARY KEY (round, device_id, phase)
 );
+CREATE TABLE IF NOT EXISTS transfers (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    payload_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    direction TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    held INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transfers_round ON transfers(round);
 """
 
 #: Per-block update norms of committed rounds (orchestrator/normbound.py); created on first use.
@@ -339,6 +349,29 @@ class Store:
                 (round, device_id, phase, time.time(), None if accepted is None else int(bool(accepted)),
                  _dumps(info)),
             )
+
+    def record_transfers(self, round: int, rows: Iterable[tuple[str, str, str, str, int, int]]) -> None:
+        """Journal a round's payload movements: (device, payload id, kind, ``down``/``up``, bytes
+        sent, bytes the device held and was not sent). A payload with ``held`` > 0 and no byte sent
+        came from the device's own store (or its bundle). Replaces what an earlier try of the round
+        journaled."""
+        round = _round_number(round)
+        with self._lock, self._transaction():
+            self._db.execute("DELETE FROM transfers WHERE round = ?", (round,))
+            self._db.executemany(
+                "INSERT INTO transfers(round, device_id, payload_id, kind, direction, bytes, held) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(round, d, pid, kind, direction, int(n), int(held)) for d, pid, kind, direction, n, held in rows])
+
+    def transfers(self, round: int | None = None) -> list[dict]:
+        """The journaled payload movements, of one round or all, in the order they happened."""
+        sql = "SELECT round, device_id, payload_id, kind, direction, bytes, held FROM transfers"
+        args: tuple = ()
+        if round is not None:
+            sql, args = sql + " WHERE round = ?", (_round_number(round),)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY rowid", args).fetchall()
+        return [{**dict(r), "from_device_store": bool(r["held"]) and r["bytes"] == 0} for r in rows]
 
     def mark_weight_capped(self, round: int, kept: Mapping[str, float]) -> None:
         """Mark the accepted reports of round ``round`` whose weight the strategy's cap reduced:

@@ -67,7 +67,7 @@ class Uploads:
                 self.emit("upload_cut", {"device": session.device_id, "round": msg.round,
                                          "offset": incoming.offset, "total": incoming.total_size})
             raise
-        self.traffic.count_received(len(payload))
+        self.traffic.count_received(len(payload), session.device_id, begin.kind)
         return payload
 
     def holds(self, device_id: str) -> bool:

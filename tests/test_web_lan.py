@@ -193,3 +193,24 @@ def test_files_are_gzipped_once_and_revalidated_by_etag(tmp_path: Path) -> None:
     assert out["bundle"][1]["Cache-Control"] == "no-cache" and out["bundle"][1]["Content-Encoding"] == "gzip"
     assert out["again"][0] == 304 and out["again"][2] == b""
     assert out["other"][0] == 200  # the identity copy has its own tag: not the gzipped one's
+
+
+def test_a_large_file_is_served_at_once_and_compressed_in_the_background(tmp_path: Path) -> None:
+    """A file over COMPRESS_NOW (the WebGPU build's WebAssembly is 27 MB) is not compressed inside a
+    request: its plain bytes serve until the background thread's gzip form is ready, then that."""
+    import time
+
+    from orchestrator.web.files import COMPRESS_NOW, Asset
+
+    path = tmp_path / "big.wasm"
+    path.write_bytes(WASM * (COMPRESS_NOW // len(WASM) + 3))
+    asset = Asset.of(path)
+    first = asset.response("gzip", "", "no-cache")
+    body = gzip.decompress(first.body) if first.headers.get("Content-Encoding") == "gzip" else first.body
+    assert first.status_code == 200 and body == path.read_bytes()
+    deadline = time.monotonic() + 60
+    while asset.gzipped is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    later = asset.response("gzip", "", "no-cache")
+    assert later.headers["Content-Encoding"] == "gzip" and gzip.decompress(later.body) == path.read_bytes()
+    assert later.headers["ETag"] != asset.response("identity", "", "no-cache").headers["ETag"]

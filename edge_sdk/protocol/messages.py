@@ -210,9 +210,17 @@ class Instruction(Message):
     lr: float
     deadline_s: float
     config: dict[str, Scalar]
+    #: Optional: payload id -> sha256 of each payload the instruction names. A device that holds a
+    #: payload of that content (from an earlier round or connection) fetches it with ``Fetch.held``
+    #: and is sent no byte of it (docs/protocol.md, "Held payloads").
+    digests: dict[str, str] = field(default_factory=dict)
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"digests"})
 
     def check(self) -> None:
         _require(self.round >= 0, "instruction.round is negative")
+        _require(all(_SHA256_HEX.fullmatch(d) is not None for d in self.digests.values()),
+                 "instruction.digests holds a value that is not 64 lowercase hex digits")
         _require(self.phase != "", "instruction.phase is empty")
         _require(self.model_version >= 0, "instruction.model_version is negative")
         _require(self.split >= 0, "instruction.split is negative")
@@ -235,9 +243,17 @@ class Fetch(Message):
     round: int
     payload_id: str
     offset: int = 0
+    #: Optional: the sha256 of the payload's bytes the device already holds (``Instruction.digests``),
+    #: or ``""``. When it is the server's, the server answers with a ``TransferBegin`` at
+    #: ``offset == total_size`` and no frame; otherwise it sends the whole payload from 0.
+    held: str = ""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"held"})
 
     def check(self) -> None:
         _require(self.round >= 0, "fetch.round is negative")
+        _require(self.held == "" or _SHA256_HEX.fullmatch(self.held) is not None,
+                 "fetch.held is neither empty nor 64 lowercase hex digits")
         _require(self.payload_id != "", "fetch.payload_id is empty")
         _require(self.offset >= 0, "fetch.offset is negative")
 

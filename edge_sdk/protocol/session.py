@@ -363,7 +363,9 @@ class _Session:
         if msg.kind not in kinds:
             raise _unexpected(f"transfer of kind {msg.kind!r} answers the fetch of {_short(fetch.payload_id)}, "
                               f"a payload of kind {'/'.join(sorted(kinds))}")
-        if msg.offset not in (0, fetch.offset):
+        # A held payload (Fetch.held) is answered at its end, no frame following.
+        held = fetch.held != "" and msg.offset == msg.total_size and msg.sha256 == fetch.held
+        if msg.offset not in (0, fetch.offset) and not held:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, f"transfer starts at offset {msg.offset}, but the fetch "
                                                         f"asked for {fetch.offset}")
         self._fetch = None

@@ -22,6 +22,8 @@ export * from "./algorithms/index.js";
 export * from "./backends/index.js";
 export * from "./client.js";
 export * from "./pending.js";
+export * from "./payload-store.js";
+export * from "./wire-codecs.js";
 export * from "./local-data.js";
 export * as codecs from "./codecs/index.js";
 export * from "./dp.js";

@@ -21,6 +21,7 @@ import { declaredData } from "./data.js";
 import { readConfig, strerror } from "./config.js";
 import { DeviceRefused, UsageError } from "./errors.js";
 import { readLocalData } from "./data-file.js";
+import { folderPayloadStore } from "./payload-store-file.js";
 import { fileStore } from "./pending-file.js";
 import { pyRepr } from "./pyformat.js";
 import type { EventSink } from "./roundwork.js";
@@ -124,8 +125,8 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
   const first = [data()];
   const threads = s["threads"] as number;
   const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
-  const webSocket = (url: string, maxPayload: number) =>
-    new WebSocket(url, { maxPayload, perMessageDeflate: false, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
+  const webSocket = (url: string, maxPayload: number, headers?: Record<string, string>) =>
+    new WebSocket(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
   return () => {
     const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
     return new DeviceClient({
@@ -133,6 +134,9 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
       runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
       threads, cores: threads, deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
       maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
+      ...(s["payload-cache"]
+        ? { payloadStore: folderPayloadStore(s["payload-cache"] as string, s["payload-cache-size"] as number) }
+        : {}),
     });
   };
 }

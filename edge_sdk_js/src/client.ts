@@ -10,11 +10,13 @@
 import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
-import { makeProof } from "./credentials.js";
+import { authorizationHeader, makeProof } from "./credentials.js";
 import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import { DEFAULT_LIMITS, type Instruction, type Limits, type Message, type Report, type Scalar, type Welcome } from "./messages.js";
+import type { PayloadStore } from "./payload-store.js";
+import { UpdateEncoder } from "./wire-codecs.js";
 import type { PendingStore } from "./pending.js";
 import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
@@ -56,6 +58,10 @@ export interface DeviceOptions {
    * finishes that round (`indexedDbStore` in a page, `fileStore` in Node); without one, uploads
    * resume only within one run. */
   pending?: PendingStore;
+  /** Where downloaded payloads are kept by sha256, so that none the device holds is downloaded again
+   * (docs/protocol.md, "Held payloads"): `folderPayloadStore` in Node, `memoryPayloadStore` in a
+   * page; without one, every payload is downloaded each time it is named. */
+  payloadStore?: PayloadStore;
   /** The phases, report hooks and selection kinds this device knows (src/phases.ts); default
    * `DEFAULT_REGISTRY`: the built-in phases and every algorithm's of src/algorithms/. */
   registry?: DeviceRegistry;
@@ -90,6 +96,7 @@ export class DeviceClient {
   private progress: RoundProgress | null = null;
   private readonly limits: Limits;
   private readonly emit: EventSink;
+  private readonly updates = new UpdateEncoder();
   /** What the device was asked to do between instructions: leave for good, or for a while. */
   private leaving: "stop" | "pause" | null = null;
   /** Ends a wait (for an instruction, or a reconnect's backoff) when the device is asked to leave. */
@@ -150,7 +157,7 @@ export class DeviceClient {
       if (this.leaving === "stop") return this.stopped();
       let ch: Channel | null = null;
       try {
-        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits);
+        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits, authorizationHeader(o.deviceId, o.secret, o.token));
         attempt = 0;
         if (await this.session(ch)) { ch.close(); return this.reports; }
         continue; // left between instructions (stop or pause)
@@ -267,7 +274,8 @@ export class DeviceClient {
   private working(welcome: Welcome): WorkingDevice {
     const o = this.options;
     return { deviceId: o.deviceId, data: this.data!, welcome, runtime: o.runtime, backend: this.backend, registry: this.registry,
-      threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit };
+      threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit, updates: this.updates,
+      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}) };
   }
 
   /** Do the instruction's phase and report; a report already made (before a reconnect) is sent again. */

@@ -22,3 +22,14 @@ export function makeProof(deviceId: string, secret: string, now?: number, nonce?
   const mac = bytesToHex(hmac(sha256, key, text.encode(`${deviceId}|${seconds}|${n}`)));
   return `${PROOF_SCHEME}:${seconds}:${n}:${mac}`;
 }
+
+/**
+ * The websocket upgrade request's `Authorization` header (as edge_sdk.client.DeviceClient sends it): a fresh
+ * proof of `secret` (`Edgetrain <id> <proof>`, another than the hello's), else the shared `token` (`Bearer`),
+ * else none. A server proves the connection before the websocket opens, so a flood of connections that never
+ * say hello cannot keep this device out; where the platform cannot set headers (a browser), it is left out.
+ */
+export function authorizationHeader(deviceId: string, secret?: string, token?: string): Record<string, string> {
+  if (secret) return { Authorization: `Edgetrain ${deviceId} ${makeProof(deviceId, secret)}` };
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}

@@ -3,12 +3,16 @@
  * one payload at a time, its sha256 checked as the frames land. A download cut by a dropped
  * connection continues after the reconnect from the bytes already received, kept in the round's
  * partial transfers; a payload whose bytes changed meanwhile is drained and fetched again from 0.
+ * A payload the device's store holds by the sha256 its instruction names is fetched with
+ * `Fetch.held`, and the server sends none of its bytes (docs/protocol.md, "Held payloads").
  */
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import type { Limits, TransferBegin } from "./messages.js";
+import type { PayloadStore } from "./payload-store.js";
 import { nextReply } from "./replies.js";
 import { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
+import { decodePayload } from "./wire-codecs.js";
 
 export interface DownloadOptions {
   limits: Limits;
@@ -16,16 +20,31 @@ export interface DownloadOptions {
   partial: Map<string, IncomingTransfer>;
   /** Told when a download continues from a partial one (the `download_resumed` event). */
   onResumed?: (resumed: { round: number; payload: string; offset: number; total: number }) => void;
+  /** The sha256 the instruction names for the payload (`Instruction.digests`), or "". */
+  digest?: string;
+  /** Payloads kept by sha256 across rounds and reconnects; downloads are added to it. */
+  store?: PayloadStore;
+  /** Told when a payload came from the store (the `from_store` event). */
+  onHeld?: (held: { round: number; payload: string; kind: string; bytes: number }) => void;
 }
 
 /** Download one payload of the current instruction; `RoundAborted` when the server closed the round. */
 export async function fetchPayload(ch: Channel, round: number, payloadId: string, opts: DownloadOptions): Promise<Uint8Array> {
   let incoming = opts.partial.get(payloadId);
+  const digest = opts.digest ?? "";
+  let stored = incoming === undefined && digest && opts.store ? await opts.store.get(digest) : undefined;
   for (;;) {
-    await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0 });
+    await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0, ...(stored ? { held: digest } : {}) });
     const begin = await nextReply(ch);
     if (begin.t === "ack" && !begin.accepted) throw new RoundAborted(begin.reason);
     if (begin.t !== "transfer_begin") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected a transfer, got ${begin.t}`);
+    if (stored !== undefined) {
+      if (begin.offset === begin.total_size && begin.total_size === stored.byteLength && begin.sha256 === digest) {
+        opts.onHeld?.({ round, payload: payloadId, kind: begin.kind, bytes: stored.byteLength });
+        return decodePayload(stored, begin.meta, begin.kind, opts.limits);
+      }
+      stored = undefined; // the server's bytes differ: it sends them from 0
+    }
     if (incoming === undefined) { incoming = new IncomingTransfer(begin, opts.limits); break; }
     if (incoming.begin.sha256 === begin.sha256 && begin.offset === incoming.offset) {
       incoming.resume(begin);
@@ -45,7 +64,8 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   }
   const data = incoming.result();
   opts.partial.delete(payloadId);
-  return data;
+  if (opts.store && incoming.begin.sha256) await opts.store.put(incoming.begin.sha256, data);
+  return decodePayload(data, incoming.begin.meta, incoming.begin.kind, opts.limits); // the store keeps what travelled
 }
 
 /** Read and discard the frames of a transfer this device no longer wants. */

@@ -63,8 +63,14 @@ export interface Instruction {
   t: "instruction"; round: number; phase: string; model_version: number; split: number; chunk_ids: string[];
   model_id: string; selection: string; broadcast_id: string; local_steps: number; lr: number; deadline_s: number;
   config: Record<string, Scalar>;
+  /** Optional (left out while `{}`): payload id -> sha256 of each payload named (docs/protocol.md, "Held payloads"). */
+  digests?: Record<string, string>;
 }
-export interface Fetch { t: "fetch"; round: number; payload_id: string; offset: number }
+export interface Fetch {
+  t: "fetch"; round: number; payload_id: string; offset: number;
+  /** Optional (left out while `""`): the sha256 of the payload this device holds; the server then sends none of it. */
+  held?: string;
+}
 export interface TransferBegin {
   t: "transfer_begin"; transfer_id: string; kind: string; total_size: number; sha256: string; frame_size: number;
   offset: number; meta: Record<string, Scalar>;
@@ -115,6 +121,8 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
  * default, taken as the default when absent, so a peer that predates them exchanges it as before. */
 const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
+  instruction: [["digests", "dict_str", {}]],
+  fetch: [["held", "str", ""]],
 };
 
 function isDefault(value: unknown, fallback: unknown): boolean {
@@ -285,9 +293,11 @@ function checkValues(msg: Message): void {
       require(msg.chunk_ids.every((c) => c !== ""), "instruction.chunk_ids holds an empty id");
       require((SELECTIONS as readonly string[]).includes(msg.selection), `instruction.selection ${msg.selection} is not one of ${SELECTIONS.join(", ")}`);
       require(msg.lr >= 0 && msg.deadline_s >= 0, "instruction.lr or deadline_s is negative");
+      require(Object.values(msg.digests ?? {}).every((d) => SHA256_HEX.test(d)), "instruction.digests holds a value that is not 64 lowercase hex digits");
       break;
     case "fetch":
       require(msg.round >= 0 && msg.offset >= 0 && msg.payload_id !== "", "fetch: bad round, offset or payload_id");
+      require(!msg.held || SHA256_HEX.test(msg.held), "fetch.held is neither empty nor 64 lowercase hex digits");
       break;
     case "transfer_begin":
       require(msg.transfer_id !== "" && msg.kind !== "", "transfer_begin: empty transfer_id or kind");

@@ -14,13 +14,15 @@ import { fetchPayload } from "./downloads.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import { runChunk } from "./forward.js";
 import type { Instruction, Limits, Report, Scalar, Welcome } from "./messages.js";
+import type { PayloadStore } from "./payload-store.js";
 import type { DeviceRegistry, Metrics, PhaseContext, TrainedUpdate } from "./phases.js";
 import type { Runtime } from "./runtime.js";
 import { deviceSeed } from "./sampling.js";
-import { decodeTensors, encodeTensors, type Tensor, type TensorValue } from "./tensors.js";
+import { decodeTensors, type Tensor, type TensorValue } from "./tensors.js";
 import type { TrainConfig } from "./trainer.js";
 import type { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
+import type { UpdateEncoder } from "./wire-codecs.js";
 
 export type EventSink = (kind: string, data: Record<string, unknown>) => void;
 
@@ -57,6 +59,10 @@ export interface WorkingDevice {
   readonly forwardBatch: number;
   readonly limits: Limits;
   readonly emit: EventSink;
+  /** Encodes updates through the instruction's codec, its error feedback kept across rounds. */
+  readonly updates: UpdateEncoder;
+  /** Payloads kept by sha256 (src/payload-store.ts): none it holds is downloaded again. */
+  readonly payloadStore?: PayloadStore;
 }
 
 /** Resident memory of this process at its peak, where the platform tells (Node); else 0. */
@@ -72,7 +78,7 @@ function seconds(since: number): number {
 /** Do the instruction's phase (and the hooks after it) and make its report. */
 export async function phaseReport(device: WorkingDevice, ch: Channel, ins: Instruction, prog: RoundProgress): Promise<HeldReport> {
   const result = await device.registry.run(new RoundWork(device, ch, ins, prog));
-  const payload = result.tensors === undefined ? null : encodeTensors(result.tensors);
+  const payload = result.tensors === undefined ? null : device.updates.encode(result.tensors, ins.config);
   return [{ t: "report", round: ins.round, phase: ins.phase, num_samples: result.numSamples ?? device.data.x.shape[0]!,
     trained: result.trained ?? [0, 0], transfer_id: payload === null ? "" : randomHex(16), metrics: result.metrics }, payload];
 }
@@ -130,6 +136,8 @@ class RoundWork implements PhaseContext {
     const data = await fetchPayload(this.ch, this.instruction.round, payloadId, {
       limits: device.limits, partial: this.prog.partial,
       onResumed: (resumed) => device.emit("download_resumed", { device: device.deviceId, ...resumed }),
+      digest: this.instruction.digests?.[payloadId] ?? "", ...(device.payloadStore ? { store: device.payloadStore } : {}),
+      onHeld: (held) => device.emit("from_store", { device: device.deviceId, ...held }),
     });
     this.prog.timings["download_s"]! += seconds(t);
     return data;

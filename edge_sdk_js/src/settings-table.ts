@@ -227,6 +227,32 @@ export const SETTINGS_TABLE: SettingsTable = {
       ]
     },
     {
+      "key": "payload-cache",
+      "field": "payload_cache",
+      "type": "str",
+      "default": "",
+      "choices": [],
+      "min": null,
+      "help": "folder where downloaded payloads (chunks, training graphs, weights) are kept by sha256, so that a payload held from an earlier round or connection is never downloaded again (default: not kept)",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "payload-cache-size",
+      "field": "payload_cache_size",
+      "type": "size",
+      "default": 268435456,
+      "choices": [],
+      "min": 1,
+      "help": "the most bytes --payload-cache keeps (least recently used dropped first)",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
       "key": "secret-file",
       "field": "secret_file",
       "type": "str",

@@ -183,10 +183,29 @@ export function resolveSettings(given: Record<string, unknown>, file: ConfigFile
   if (!String(settings["id"]).trim()) {
     throw new SettingError(where["id"] ?? "--id", 'every device needs an id (--id, or id = "..." in the config file)');
   }
+  const idProblem = deviceIdProblem(String(settings["id"]));
+  if (idProblem !== null) throw new SettingError(where["id"] ?? "--id", idProblem);
   if (settings["tls-ca"] && !String(settings["server"]).toLowerCase().startsWith("wss://")) {
     throw new SettingError(where["tls-ca"] ?? "--tls-ca", `is for a wss:// server, and ${pyRepr(settings["server"])} is not one`);
   }
   return settings;
+}
+
+/**
+ * The characters a device id may use (docs/protocol.md, "Device ids"), as edge_sdk.settings.DEVICE_ID_PATTERN:
+ * no control or bidi character, no space, no path piece.
+ */
+export const DEVICE_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$/;
+
+/** Why `id` is not a device id, as edge_sdk.settings.device_id_problem says it; null if it is. */
+export function deviceIdProblem(id: string): string | null {
+  if (DEVICE_ID_PATTERN.test(id)) return null;
+  const shown = pyRepr(id.slice(0, 64)).replace(/[^\x20-\x7e]/gu, (c) => {
+    const code = c.codePointAt(0)!;
+    return code <= 0xff ? `\\x${code.toString(16).padStart(2, "0")}`
+      : code <= 0xffff ? `\\u${code.toString(16).padStart(4, "0")}` : `\\U${code.toString(16).padStart(8, "0")}`;
+  });
+  return `device id ${shown} is not 1-128 of A-Z a-z 0-9 . _ - : @ + = starting with a letter or digit`;
 }
 
 /** The settings as `--print-settings` prints them: the Python device's `json.dumps(..., indent=2)`, byte for byte. */

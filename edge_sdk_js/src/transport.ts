@@ -17,8 +17,11 @@ export interface WebSocketLike {
   addEventListener(type: string, listener: (event: any) => void): void;
 }
 
-/** Opens a websocket to `url`; `maxMessageBytes` bounds one incoming message where the implementation can. */
-export type WebSocketFactory = (url: string, maxMessageBytes: number) => WebSocketLike;
+/**
+ * Opens a websocket to `url`; `maxMessageBytes` bounds one incoming message where the implementation can, and
+ * `headers` (the upgrade request's `Authorization`) go with the request where it can set them (Node's `ws`).
+ */
+export type WebSocketFactory = (url: string, maxMessageBytes: number, headers?: Record<string, string>) => WebSocketLike;
 
 /** The connection ended (closed by the peer, or lost): the device reconnects. */
 export class ConnectionLost extends Error {
@@ -50,8 +53,8 @@ export class Channel {
   }
 
   /** Connect; resolves once the websocket is open. */
-  static open(factory: WebSocketFactory, url: string, limits: Limits): Promise<Channel> {
-    const ws = factory(url, limits.maxMessageBytes);
+  static open(factory: WebSocketFactory, url: string, limits: Limits, headers: Record<string, string> = {}): Promise<Channel> {
+    const ws = factory(url, limits.maxMessageBytes, headers);
     ws.binaryType = "arraybuffer";
     return new Promise((resolve, reject) => {
       ws.addEventListener("open", () => resolve(new Channel(ws, limits)));

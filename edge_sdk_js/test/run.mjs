@@ -6,7 +6,8 @@ import { readdirSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service", "webgpu-conformance", "budgets"]);
+export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service", "webgpu-conformance",
+  "wire-codecs", "budgets"]);
 
 const tier = process.argv[2] ?? "quick";
 if (tier !== "quick" && tier !== "slow") {

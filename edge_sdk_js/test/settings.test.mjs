@@ -72,6 +72,8 @@ debug = false
 device-class = "pi-zero-2w"
 runtime = "web"
 pending = "/var/lib/edgetrain/pending.bin"
+payload-cache = "/var/lib/edgetrain/held"
+payload-cache-size = "64MiB"
 `;
 
 test("settings: the package's key table is the Python declaration's, and the build checks it", () => {
@@ -127,7 +129,7 @@ test("settings: a bad value is refused by both devices in the same words, with s
     url: 'id = "d"\nserver = "localhost:8765"\n', unknown: 'id = "d"\nbakcend = "torch"\n', noid: "threads = 2\n",
     tls: 'id = "d"\ntls-ca = "ca.pem"\n', delay: 'id = "d"\nreconnect-max-delay = 0.05\n', retries: 'id = "d"\nreconnect-retries = -2\n',
     choice: 'id = "d"\nstorage = "cloud"\n', list: 'id = "d"\nlabel = [3]\n', bool: 'id = "d"\nonce = "maybe"\n',
-    toml: "id = d\n",
+    toml: "id = d\n", path: 'id = "a/../b"\n', bidi: 'id = "evil\\u202Etxt"\n', nul: 'id = "bad\\u0000id"\n',
   };
   const files = Object.fromEntries(Object.entries(cases).map(([name, text]) => {
     const file = join(dir, `${name}.toml`);

@@ -33,6 +33,7 @@ test("serve --web: a tab trains from the device page; the status page shows the 
     const site = url.replace("ws://", "http://");
     const browser = await launchBrowser();
     const gpuBrowser = await launchBrowser([], { webgpu: true });
+    const browsers = [];
     const devices = [];
     try {
       // The page and the SDK's files carry the isolation headers; the status needs the token.
@@ -46,7 +47,11 @@ test("serve --web: a tab trains from the device page; the status page shows the 
       assert.equal((await fetch(`${site}/status.json`)).status, 401);
       assert.equal((await fetch(`${site}/status.json`, { headers: { Authorization: "Bearer wrong" } })).status, 401);
 
-      const status = await browser.newPage();
+      // The status page in a browser of its own: brought to the front in the device tabs' browser it would
+      // hide them, and a hidden device page pauses (leaves between rounds).
+      const statusBrowser = await launchBrowser();
+      browsers.push(statusBrowser);
+      const status = await statusBrowser.newPage();
       await status.goto(`${site}/status#token=${TOKEN}`);
       const tab = await browser.newPage();
       tab.on("pageerror", (err) => console.error(`# device page error: ${err.message}`));
@@ -103,5 +108,6 @@ test("serve --web: a tab trains from the device page; the status page shows the 
       for (const p of [server, ...devices]) if (p.exitCode === null) p.kill();
       await browser.close();
       await gpuBrowser.close();
+      for (const b of browsers) await b.close();
     }
   });

@@ -2,9 +2,13 @@
 folder, its build (the browser bundle, ``dist/edgetrain.browser.mjs``) and onnxruntime-web's ``dist/``.
 Nothing else under that folder is served: a path outside these roots is not found.
 
-Each file is read and gzip-compressed once (compression level 9, in a worker thread on its first
-request) and served compressed to a browser whose ``Accept-Encoding`` takes gzip (onnxruntime-web's
-WebAssembly: 14.2 MB, 3.6 MB gzipped). Every response carries an ``ETag``; a request that names it
+Each file is read and gzip-compressed once and served compressed to a browser whose
+``Accept-Encoding`` takes gzip (onnxruntime-web's WebAssembly: 14.2 MB, 3.6 MB gzipped). A small
+file is compressed on its first request; a large one (over :data:`COMPRESS_NOW`, such as the WebGPU
+build's 27 MB WebAssembly) in a background thread, its plain bytes served until that is done: a
+request must not wait seconds of compression, since websockets closes a connection whose HTTP
+handling outlasts its opening timeout (the browser sees an empty response). The files the device
+page's service worker keeps are compressed when the site starts (:meth:`SdkFiles.warm`). Every response carries an ``ETag``; a request that names it
 (``If-None-Match``) gets ``304 Not Modified`` and no body. Pages and the SDK are revalidated on each
 load (``no-cache``: a rebuilt SDK is seen at once), onnxruntime-web's files are kept a day; the device
 page's service worker (``static/sw.js``) keeps all of them for the visits after the first."""
@@ -16,7 +20,8 @@ import email.utils
 import functools
 import gzip
 import hashlib
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
@@ -44,6 +49,8 @@ BUNDLE = "dist/edgetrain.browser.mjs"
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 #: Types worth compressing (WebAssembly and text); images and shards are sent as they are.
 COMPRESSIBLE = (".html", ".js", ".mjs", ".css", ".json", ".wasm", ".svg", ".map", ".webmanifest")
+#: Files up to this size are compressed on their first request; larger ones in the background.
+COMPRESS_NOW = 1 << 20
 #: Cache-Control of what is revalidated on every load, and of onnxruntime-web's files.
 REVALIDATE = "no-cache"
 KEEP_A_DAY = "public, max-age=86400"
@@ -66,21 +73,33 @@ def respond(status: int, body: bytes, content_type: str, *, cache: str = "no-sto
     return Response(code.value, code.phrase, headers, body)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Asset:
-    """A file as served: its bytes, their gzip form (None where it does not pay) and its ETag."""
+    """A file as served: its bytes, their gzip form (None where it does not pay, or until it is made)
+    and its ETag."""
 
     body: bytes
-    gzipped: bytes | None
     etag: str
     content_type: str
+    gzipped: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, path: Path) -> Asset:
         body = path.read_bytes()
-        packed = gzip.compress(body, 9, mtime=0) if path.suffix in COMPRESSIBLE and len(body) > 1024 else None
-        return cls(body, packed if packed is not None and len(packed) < len(body) else None,
-                   f'"{hashlib.sha256(body).hexdigest()[:20]}"', TYPES.get(path.suffix, "application/octet-stream"))
+        asset = cls(body, f'"{hashlib.sha256(body).hexdigest()[:20]}"', TYPES.get(path.suffix, "application/octet-stream"))
+        if path.suffix in COMPRESSIBLE and len(body) > 1024:
+            if len(body) <= COMPRESS_NOW:
+                asset._pack()
+            else:
+                threading.Thread(target=asset._pack, name=f"gzip {path.name}", daemon=True).start()
+        return asset
+
+    def _pack(self) -> None:
+        """Its gzip form, kept where it is smaller (level 9 for small files, 6 for large: nearly as small,
+        several times faster)."""
+        packed = gzip.compress(self.body, 9 if len(self.body) <= COMPRESS_NOW else 6, mtime=0)
+        if len(packed) < len(self.body):
+            self.gzipped = packed  # one assignment: a request sees the plain bytes or this
 
     def response(self, accept_encoding: str, if_none_match: str, cache: str) -> Response:
         """200 with the body (gzipped where the browser takes it), or 304 when it holds this version."""
@@ -115,6 +134,13 @@ class SdkFiles:
 
     def __init__(self, sdk_dir: Path) -> None:
         self.sdk_dir = sdk_dir
+
+    def warm(self) -> None:
+        """Read (and start compressing) the files the device page loads, so its first visit need not wait."""
+        paths = [self.sdk_dir / BUNDLE, *(self.sdk_dir / SDK_ROOTS["ort"] / name for name in ORT_FILES)]
+        for path in paths:
+            if path.is_file():
+                self._asset(path.resolve(), path.stat().st_mtime_ns)
 
     def missing(self) -> str | None:
         """Why the device page cannot work (the SDK is not built or its packages not installed), if so."""

@@ -21,6 +21,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -28,7 +29,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
+from edge_sdk.protocol import ProtocolError
 from orchestrator.web.certs import LocalAuthority
 from orchestrator.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
 from orchestrator.web.install import ca_response, install_page, trust_response
@@ -52,8 +53,8 @@ class WebSite:
         self.server = server
         self.config = server.config
         self.files = SdkFiles(sdk_dir or (Path(self.config.web_sdk) if self.config.web_sdk else default_sdk_dir()))
+        threading.Thread(target=self.files.warm, name="web files", daemon=True).start()
         self.feed = StatusFeed()
-        self._replay = ReplayWindow(window_s=2 * self.config.credential_skew_s)
         self._shards: dict[int, bytes] = {}
         self._budgets: dict[int, dict[str, object]] = {}
         #: Conditions the server asks of every device page (``serve --web-condition``).
@@ -187,10 +188,10 @@ class WebSite:
             cred = self.server.store.credential(device_id) if scheme == "Edgetrain" else None
             if cred is None or cred["revoked"] is not None:
                 return "the status needs an enrolled device's credential"
-            try:
-                verify_proof(device_id, proof, cred["key"], self._replay, max_skew_s=c.credential_skew_s)
-            except CredentialError as exc:
-                return str(exc)
+            try:  # spent in admission's replay record: a proof spent here is refused as a hello, and back
+                self.server.admission.spend_proof(device_id, proof)
+            except ProtocolError as exc:
+                return exc.message
             return None
         if c.token and not (scheme == "Bearer" and hmac.compare_digest(value.strip().encode(), c.token.encode())):
             return "the status needs the devices' token"

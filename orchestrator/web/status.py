@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from orchestrator.wirebytes import device_bytes, round_bytes
+
 __all__ = ["Notice", "Served", "StatusFeed", "snapshot"]
 
 #: Server events the page lists as refusals and errors.
@@ -25,6 +27,7 @@ class Served(Protocol):
 
     config: Any
     store: Any
+    admission: Any  # who may connect: its replay record spends the status page's proofs too
     sessions: Mapping[str, Any]
     loop: Any
     model: Any  # the layered model: its input shape and classes, for the device page
@@ -80,14 +83,16 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
     rs = server.loop.round
     current = None if rs is None else {"round": rs.round, "selected": rs.num_selected, "reported": rs.num_reported(),
                                        "deadline_s": max(0.0, rs.deadline - time.monotonic())}
+    journaled = server.store.rounds()
     rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
                "reported": r["reported"], "started": r["started"], "finished": r["finished"],
-               "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss")}
-              for r in server.store.rounds()]
+               "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss"),
+               "bytes": round_bytes(r["metrics"])}
+              for r in journaled]
     return {"model": config.model, "strategy": config.strategy, "rounds_total": config.rounds,
             "rounds_done": sum(r["complete"] for r in rounds), "current": current, "rounds": rounds,
-            "devices": _devices(server, feed), "notices": [asdict(n) for n in reversed(feed.notices)],
-            "privacy": _privacy(server.store.rounds()), "time": time.time()}
+            "devices": _devices(server, feed, _last_bytes(journaled)), "notices": [asdict(n) for n in reversed(feed.notices)],
+            "privacy": _privacy(journaled), "time": time.time()}
 
 
 def _privacy(rounds: list[dict]) -> dict[str, object] | None:
@@ -98,6 +103,15 @@ def _privacy(rounds: list[dict]) -> dict[str, object] | None:
         if r["complete"] and isinstance(privacy, dict):
             return {k: privacy.get(k) for k in ("epsilon", "delta", "blocks", "rounds", "accountant", "target_epsilon")}
     return None
+
+
+def _last_bytes(rounds: list[dict]) -> dict[str, dict[str, object]]:
+    """Each device's bytes down, up and held in the last completed round it took part in."""
+    out: dict[str, dict[str, object]] = {}
+    for r in rounds:
+        for device, by in ((r["metrics"] or {}).get("bytes") or {}).items():
+            out[device] = {"round": r["round"], **device_bytes(by)}
+    return out
 
 
 def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
@@ -116,8 +130,9 @@ def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
     return out
 
 
-def _devices(server: Served, feed: StatusFeed) -> list[dict[str, object]]:
-    """Journaled devices, the connected ones with what they said in this connection's hello."""
+def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, object]]) -> list[dict[str, object]]:
+    """Journaled devices, the connected ones with what they said in this connection's hello, and
+    what their last round cost them in bytes."""
     reported = _reported(server, feed)
     out = []
     for d in server.store.devices():
@@ -131,7 +146,7 @@ def _devices(server: Served, feed: StatusFeed) -> list[dict[str, object]]:
                     "samples": profile.get("num_samples"), "role": plan.get("role"), "split": plan.get("split"),
                     "backend": plan.get("backend"), "trained_on": reported.get(device_id, {}).get("backend"),
                     "peak_bytes": reported.get(device_id, {}).get("peak"), "last_seen": d["last_seen"],
-                    "last_report": feed.last_report.get(device_id)})
+                    "last_report": feed.last_report.get(device_id), "bytes": spent.get(device_id)})
     return out
 
 

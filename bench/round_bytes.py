@@ -1,0 +1,155 @@
+"""Bytes per device per round, and the accuracy they buy: held payloads and wire codecs in real runs.
+
+For each model (``digits_mlp`` on digits, the LEAF CNN ``leaf_cnn`` on FEMNIST writers, natural
+split) it runs EmbracingFL's mixed fleet (strong, moderate and weak devices, two of each by default:
+their roles come from their budgets, ``role_budgets``) through the real orchestrator and real
+device clients over websockets on 127.0.0.1 (devices as asyncio tasks in one process), once per
+setting and seed:
+
+- ``float32``: what a device costs without any of this: every payload sent each time it is named,
+  chunks and tails as they are, updates in float32;
+- ``held``: devices keep their payloads by sha256 (``payload_cache``): a chunk or training graph whose
+  bytes did not change is never sent again;
+- ``lossless``: held, and chunks, graphs, tails and updates through ``shuffle`` (byte planes, deflate);
+- ``float16``: held, chunks and graphs ``shuffle``, tails and updates ``float16`` (error feedback);
+- ``8bit``: held, chunks and graphs ``shuffle``, tails ``int8``, updates ``sr8`` (stochastic rounding);
+- ``eden2``/``eden4``/``eden1``: held, chunks and graphs ``shuffle``, tails ``int8``, updates through
+  EDEN at that many bits a coordinate (random rotation, unbiased).
+
+Reported per setting (mean over seeds): bytes down and up per device-round
+(:func:`orchestrator.wirebytes.run_bytes`: every device that took part in a round counts once), their
+share of the float32 run's, and the final round's test accuracy beside the float32 run's.
+
+``python bench/round_bytes.py [--models digits_mlp,leaf_cnn] [--settings float32,held,...] [--seeds 0]
+[--rounds 5] [--devices 6] [--roles strong,moderate,weak]`` writes bench/results/round_bytes.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edge_sdk.client import DeviceClient, DeviceConfig  # noqa: E402
+from edge_sdk.data import load_dataset, partition  # noqa: E402
+from orchestrator.config import ServerConfig  # noqa: E402
+from orchestrator.emulation.localfleet import role_budgets, start_orchestrator  # noqa: E402
+from orchestrator.wirebytes import run_bytes  # noqa: E402
+
+#: (held payloads, chunk codec, tail codec, graph codec, update codec) of each setting.
+SETTINGS: dict[str, tuple[bool, str, str, str, str]] = {
+    "float32": (False, "none", "none", "none", "none"),
+    "held": (True, "none", "none", "none", "none"),
+    "lossless": (True, "shuffle", "shuffle", "shuffle", "shuffle"),
+    "float16": (True, "shuffle", "float16", "shuffle", "float16"),
+    "8bit": (True, "shuffle", "int8", "shuffle", "sr8"),
+    "eden4": (True, "shuffle", "int8", "shuffle", "eden4"),
+    "eden2": (True, "shuffle", "int8", "shuffle", "eden2"),
+    "eden1": (True, "shuffle", "int8", "shuffle", "eden1"),
+}
+#: model -> (training data, partition scheme, evaluation data, local learning rate)
+MODELS = {"digits_mlp": ("digits", "iid", "digits", 0.1), "leaf_cnn": ("femnist", "natural", "femnist", 0.04)}
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    setting: str
+    seed: int
+    rounds: int
+    devices: int
+    local_steps: int
+    roles: tuple[str, ...] = ("strong", "moderate", "weak")
+
+
+def run_one(spec: Run, data_root: str | None) -> dict:
+    held, chunk, tail, graph, update = SETTINGS[spec.setting]
+    train, scheme, evaluation, lr = MODELS[spec.model]
+    ds = load_dataset(train, root=data_root)
+    parts = partition(ds.groups if scheme == "natural" else ds.y, spec.devices, scheme, seed=spec.seed)
+    # role_budgets are the least each role needs: 1% and 4 MiB more leave the planner a margin for its batch.
+    budgets = {role: int(b * 1.01) + (4 << 20) for role, b in role_budgets(spec.model).items()}
+    roles = [spec.roles[i % len(spec.roles)] for i in range(spec.devices)]
+    with tempfile.TemporaryDirectory(prefix="round-bytes-") as tmp:
+        config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
+                              lr=lr, seed=spec.seed, eval_every=spec.rounds, eval_data=evaluation, data_root=data_root,
+                              store_dir=Path(tmp) / "store", deadline_s=600, chunk_codec=chunk, tail_codec=tail,
+                              graph_codec=graph, update_codec=update)
+
+        async def go() -> list[dict]:
+            orch, server = await start_orchestrator(config, lambda kind, data: None)
+            url = f"ws://127.0.0.1:{orch.port}"
+            clients = [DeviceClient(DeviceConfig(url, f"{role}-{i}", budgets[role], backend="torch",
+                                                 payload_cache=Path(tmp) / f"held-{i}" if held else None),
+                                    ds.x[parts[i]], ds.y[parts[i]]) for i, role in enumerate(roles)]
+            await asyncio.gather(*(c.run() for c in clients))
+            return await asyncio.wait_for(server, timeout=3600)
+
+        t = time.monotonic()
+        history = asyncio.run(go())
+    spent = run_bytes(history) or {}
+    rounds = max(1, spent.get("device_rounds", 1))
+    return {**spec.__dict__, "wall_s": time.monotonic() - t, "accuracy": history[-1].get("accuracy"),
+            "down_per_device_round": spent.get("down", 0) / rounds, "up_per_device_round": spent.get("up", 0) / rounds,
+            "held_per_device_round": spent.get("held", 0) / rounds,
+            "bytes_per_device_round": spent.get("per_device_round"), "codecs": SETTINGS[spec.setting]}
+
+
+def table(results: list[dict]) -> str:
+    """One markdown row per model and setting: means over seeds, shares of the float32 run's bytes."""
+    rows = ["| model | setting | seeds | down MB / device-round | up MB / device-round | of float32's bytes | "
+            "accuracy | float32's accuracy |", "|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in results):
+        mine = [r for r in results if r["model"] == model]
+        base = [r for r in mine if r["setting"] == "float32"]
+        base_bytes = sum(r["bytes_per_device_round"] for r in base) / len(base) if base else None
+        base_acc = sum(r["accuracy"] for r in base) / len(base) if base else None
+        for setting in dict.fromkeys(r["setting"] for r in mine):
+            rs = [r for r in mine if r["setting"] == setting]
+            mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("down_per_device_round", "up_per_device_round",
+                                                                 "bytes_per_device_round", "accuracy")}
+            share = f"{mean['bytes_per_device_round'] / base_bytes:.3f}" if base_bytes else "-"
+            rows.append(f"| {model} | {setting} | {len(rs)} | {mean['down_per_device_round'] / 1e6:.2f} | "
+                        f"{mean['up_per_device_round'] / 1e6:.3f} | {share} | {mean['accuracy']:.4f} | "
+                        + (f"{base_acc:.4f} |" if base_acc is not None else "- |"))
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="digits_mlp,leaf_cnn")
+    ap.add_argument("--settings", default="float32,held,lossless,float16,8bit,eden2")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--devices", type=int, default=6)
+    ap.add_argument("--local-steps", type=int, default=5)
+    ap.add_argument("--roles", default="strong,moderate,weak",
+                    help="the devices' roles, in turn (moderate,weak: a fleet where nobody trains the frozen blocks)")
+    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "round_bytes.json")
+    args = ap.parse_args()
+    results = []
+    for model in args.models.split(","):
+        for setting in args.settings.split(","):
+            for seed in map(int, args.seeds.split(",")):
+                r = run_one(Run(model, setting, seed, args.rounds, args.devices, args.local_steps,
+                                tuple(args.roles.split(","))), args.data_root)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+                args.out.parent.mkdir(parents=True, exist_ok=True)  # after every run: a stopped bench keeps them
+                args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                               indent=2))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

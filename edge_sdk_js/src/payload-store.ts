@@ -1,0 +1,55 @@
+/**
+ * The payloads a device keeps by sha256, so that none is downloaded twice (docs/protocol.md, "Held
+ * payloads"; the Python twin is edge_sdk/payload_store.py). An instruction names each payload's
+ * digest; a payload the store holds is fetched with `Fetch.held` and the server sends none of its
+ * bytes. `memoryPayloadStore` keeps them for the life of the page or process (what a browser device
+ * has: no IndexedDB store yet); `folderPayloadStore` (./payload-store-file.js) keeps them in a folder
+ * across restarts, for Node. Both drop the least recently used first once over their byte budget.
+ */
+import { sha256 } from "@noble/hashes/sha2.js";
+import { bytesToHex } from "@noble/hashes/utils.js";
+
+export interface PayloadStore {
+  /** The held bytes of `digest`, checked against it; undefined if not held (or damaged). */
+  get(digest: string): Promise<Uint8Array | undefined>;
+  /** Keep `data`, whose sha256 the caller verified is `digest`. */
+  put(digest: string, data: Uint8Array): Promise<void>;
+}
+
+/** Whether `data` hashes to `digest`. */
+export function holdsDigest(data: Uint8Array, digest: string): boolean {
+  return bytesToHex(sha256(data)) === digest;
+}
+
+/** Least recently used first: which digests to drop for `incoming` more bytes within `maxBytes`. */
+export function evictions(sizes: Map<string, number>, incoming: number, maxBytes: number): string[] {
+  let total = [...sizes.values()].reduce((a, b) => a + b, 0);
+  const out: string[] = [];
+  for (const [digest, size] of sizes) {
+    if (total + incoming <= maxBytes) break;
+    out.push(digest);
+    total -= size;
+  }
+  return out;
+}
+
+/** Payloads held in memory, at most `maxBytes` of them. */
+export function memoryPayloadStore(maxBytes: number): PayloadStore {
+  const held = new Map<string, Uint8Array>();
+  const sizes = new Map<string, number>();
+  return {
+    get: async (digest) => {
+      const data = held.get(digest);
+      if (data === undefined) return undefined;
+      sizes.delete(digest);
+      sizes.set(digest, data.byteLength); // most recently used
+      return data;
+    },
+    put: async (digest, data) => {
+      if (data.byteLength > maxBytes || held.has(digest)) return;
+      for (const d of evictions(sizes, data.byteLength, maxBytes)) { sizes.delete(d); held.delete(d); }
+      held.set(digest, data.slice());
+      sizes.set(digest, data.byteLength);
+    },
+  };
+}
