@@ -117,10 +117,21 @@ class Runtime:
 
 
 #: Resident memory of the JavaScript runtimes with the SDK loaded and a first session run, in bytes
-#: (``bench/js_devices.py``; Node 20, onnxruntime-node/-web 1.30).
+#: (Node 20, onnxruntime-node/-web 1.30). Re-measured on the shared 2-core machine, 2026-11-28, with the
+#: SDK's session options (no CPU arena, no prepacked weights): ``node edge_sdk_js/bench/run.mjs runtime node``
+#: (87-88 MiB) and ``... runtime browser`` (a renderer's peak, 224 MiB); ``bench/js_budgets.py`` runs devices
+#: on plans made with these and reports their peaks. onnxruntime-node stays at 82 MiB: with the planner's
+#: process allowance (24 MiB) it covers what a running device holds between phases (111-115 MiB), and Node
+#: devices keep their plans with it (a weak digits_mlp device peaked at 168-174 MiB on a plan of 179 MiB, a
+#: strong one at 358 MiB at 400). onnxruntime-web adds 46 MiB to the renderer's 224: a WebAssembly heap never
+#: shrinks, so the largest session a tab has created (a frozen chunk's: its bytes copied into the heap,
+#: parsed, its initializers) stays resident, which the planner's frozen-chunk copies, sized for a native
+#: runtime that frees them, leave out (a weak digits_mlp tab, two 17 MB chunks, peaked 365 MiB on a plan
+#: of 320 MiB). onnxruntime-webgpu is the WebGPU build's measurement of ``bench/js_devices.py --webgpu``,
+#: not re-measured; it stays above onnxruntime-web, whose fallback it covers.
 JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
     "onnxruntime-node": 82 * _MiB,
-    "onnxruntime-web": 223 * _MiB,
+    "onnxruntime-web": 270 * _MiB,
     "onnxruntime-webgpu": 281 * _MiB,
 })
 

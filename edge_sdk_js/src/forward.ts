@@ -3,11 +3,13 @@
  * opened, run over the current activations in batches, and released before the next one is
  * fetched; only the activations at the split are kept (cached for the round).
  */
-import { nextTask, openSession, type Runtime } from "./runtime.js";
+import { closeSession, nextTask, openSession, type Runtime } from "./runtime.js";
 import { numel, tensor, type Tensor } from "./tensors.js";
 
-/** Run one chunk (an ONNX model with a dynamic batch axis) over `x` in batches of `batch`. */
-export async function runChunk(runtime: Runtime, chunk: Uint8Array, x: Tensor, batch: number, threads = 1): Promise<Tensor> {
+/** Run one chunk (an ONNX model with a dynamic batch axis) over `x` in batches of `batch`; `chunk` may be
+ * a function that downloads it, so its bytes go once the session exists (src/runtime.ts, `openSession`). */
+export async function runChunk(runtime: Runtime, chunk: Uint8Array | (() => Promise<Uint8Array>), x: Tensor, batch: number,
+  threads = 1): Promise<Tensor> {
   const session = await openSession(runtime, chunk, threads);
   try {
     const input = session.inputNames[0]!;
@@ -32,7 +34,7 @@ export async function runChunk(runtime: Runtime, chunk: Uint8Array, x: Tensor, b
     }
     return tensor("float32", shape, result ?? new Float32Array(0));
   } finally {
-    await session.release();
+    await closeSession(runtime, session);
   }
 }
 

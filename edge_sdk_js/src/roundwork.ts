@@ -12,7 +12,7 @@ import { randomHex } from "./credentials.js";
 import type { DeviceData } from "./data.js";
 import { fetchPayload } from "./downloads.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
-import { multiStepForward } from "./forward.js";
+import { runChunk } from "./forward.js";
 import type { Instruction, Limits, Report, Scalar, Welcome } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
 import type { DeviceRegistry, Metrics, PhaseContext, TrainedUpdate } from "./phases.js";
@@ -167,11 +167,12 @@ class RoundWork implements PhaseContext {
     }
     const batch = device.forwardBatch || device.welcome.batch_size;
     for (const id of ins.chunk_ids.slice(prog.chunksDone.length)) {
-      const chunk = await this.fetch(id);
+      const downloaded = prog.timings["download_s"]!;
       const t = performance.now();
-      prog.activations = await multiStepForward(device.runtime, [chunk], prog.activations, batch, device.threads);
+      // The chunk is downloaded as its session opens, and its bytes are held only until then.
+      prog.activations = await runChunk(device.runtime, () => this.fetch(id), prog.activations, batch, device.threads);
       prog.chunksDone = [...prog.chunksDone, id];
-      prog.timings["forward_s"]! += seconds(t);
+      prog.timings["forward_s"]! += seconds(t) - (prog.timings["download_s"]! - downloaded);
     }
     return prog.activations;
   }

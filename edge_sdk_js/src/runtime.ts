@@ -22,6 +22,11 @@ export interface Runtime {
   /** Execution providers for every session, in order of preference: ONNX Runtime places each
    * operator on the first that has a kernel for it. */
   executionProviders: string[];
+  /** A full garbage collection, where the platform offers one (Node: src/load-runtime.ts); a tab's
+   * V8 collects on its own between the tasks `nextTask` yields to. Called after a session is made or
+   * released, so the downloaded model bytes and the session's freed buffers go before the next phase
+   * grows (docs/js-device.md, "Memory"). */
+  collect?: () => void;
 }
 
 export type RuntimeName = "onnxruntime-node" | "onnxruntime-web" | "onnxruntime-webgpu";
@@ -47,17 +52,39 @@ export function makeRuntime(name: RuntimeName, ort: OrtApi, threads = 1): Runtim
 
 /**
  * A session with the small-device settings of the Python device (edge_sdk.forward.ChunkRunner):
- * a fixed number of intra-op threads, sequential execution, no memory-pattern planning.
+ * a fixed number of intra-op threads, sequential execution, no memory-pattern planning, no CPU
+ * memory arena (an arena keeps the largest step's buffers for the session's life) and no prepacked
+ * weights.
+ * `model` may be a function that downloads it: its bytes are then held only until the session
+ * exists, and collected before the session runs.
  */
-export async function openSession(runtime: Runtime, model: Uint8Array, threads = 1): Promise<OrtSession> {
-  return runtime.ort.InferenceSession.create(model, {
+export async function openSession(runtime: Runtime, model: Uint8Array | (() => Promise<Uint8Array>), threads = 1): Promise<OrtSession> {
+  let bytes: Uint8Array;
+  if (typeof model === "function") {
+    bytes = await model();
+    runtime.collect?.(); // the download's frames, garbage now, go before the session's copies of the model arrive
+  } else bytes = model;
+  const session = await runtime.ort.InferenceSession.create(bytes, {
     executionProviders: runtime.executionProviders,
     intraOpNumThreads: Math.max(1, threads),
     interOpNumThreads: 1,
     executionMode: "sequential",
     enableMemPattern: false,
+    enableCpuMemArena: false,
+    // Prepacked weights are a second copy of every matrix multiplication's weights, made while the
+    // graph's own copy is still held: +15 MiB at the creation of a 17 MB chunk's session.
+    extra: { session: { disable_prepacking: "1" } },
     logSeverityLevel: 3,
   });
+  bytes = new Uint8Array(0); // the model's bytes are the session's now: held here no longer
+  runtime.collect?.();
+  return session;
+}
+
+/** Release a session and collect what it leaves to the garbage collector (`Runtime.collect`). */
+export async function closeSession(runtime: Runtime, session: OrtSession): Promise<void> {
+  await session.release();
+  runtime.collect?.();
 }
 
 /**

@@ -100,7 +100,7 @@ export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = f
     const reports = await client.run();
     return { reports: reports.length, events: window.events, probe };
   }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu);
-  return { done, close: async () => { await browser.close(); await site.close(); } };
+  return { done, browser, close: async () => { await browser.close(); await site.close(); } };
 }
 
 /**
@@ -115,7 +115,7 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
  * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
  * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 420 MiB, on the GPU:
- * WebGPU, moderate; the second, at 330 MiB, on WebAssembly, weak), else under Node (400 MiB, 330 MiB).
+ * WebGPU, moderate; the second, at 375 MiB, on WebAssembly, weak), else under Node (400 MiB, 375 MiB).
  */
 async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const N = WORKLOAD.devices;
@@ -128,9 +128,9 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
     pages.push(await browserDevice(dir, url, "tab-4", shards[4], 420, { webgpu: true }));
-    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 330));
+    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 375));
   } else {
-    procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "330MiB", shards[5], "web"));
+    procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "375MiB", shards[5], "web"));
   }
 }
 

@@ -18,7 +18,8 @@ def main() -> None:
         rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
                     "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
-                    "backend": (u.get("metrics") or {}).get("backend")}
+                    "backend": (u.get("metrics") or {}).get("backend"),
+                    "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes")}
                    for u in store.updates()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 

@@ -114,23 +114,26 @@ def _last_bytes(rounds: list[dict]) -> dict[str, dict[str, object]]:
     return out
 
 
-def _trained_on(server: Served, feed: StatusFeed) -> dict[str, str]:
-    """The runtime each device's last report says it trained on (its ``backend`` metric: a browser
-    tab planned on WebGPU may have trained on WebAssembly), read from the journal's rounds of the
-    devices' last reports."""
-    out: dict[str, str] = {}
+def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
+    """What each device's last report says: the runtime it trained on (its ``backend`` metric: a
+    browser tab planned on WebGPU may have trained on WebAssembly) and the most memory it held
+    (``peak_rss_bytes``; a tab cannot read its own), from the journal's rounds of the devices' last reports."""
+    out: dict[str, dict[str, object]] = {}
     for rnd in sorted({r["round"] for r in feed.last_report.values() if isinstance(r.get("round"), int)}):
         for update in server.store.updates(rnd):
-            backend = (update.get("metrics") or {}).get("backend")
-            if isinstance(backend, str):
-                out[update["device_id"]] = backend
+            metrics, mine = update.get("metrics") or {}, out.setdefault(update["device_id"], {})
+            if isinstance(metrics.get("backend"), str):
+                mine["backend"] = metrics["backend"]
+            peak = metrics.get("peak_rss_bytes")
+            if isinstance(peak, (int, float)) and peak > 0:
+                mine["peak"] = int(peak)
     return out
 
 
 def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, object]]) -> list[dict[str, object]]:
     """Journaled devices, the connected ones with what they said in this connection's hello, and
     what their last round cost them in bytes."""
-    trained_on = _trained_on(server, feed)
+    reported = _reported(server, feed)
     out = []
     for d in server.store.devices():
         device_id, profile, plan = d["device_id"], d["profile"], d["plan"]
@@ -141,7 +144,8 @@ def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, obj
         out.append({"id": device_id, "connected": session is not None, "runtimes": profile.get("runtimes") or [],
                     "device_class": profile.get("device_class", ""), "budget_bytes": profile.get("budget_bytes"),
                     "samples": profile.get("num_samples"), "role": plan.get("role"), "split": plan.get("split"),
-                    "backend": plan.get("backend"), "trained_on": trained_on.get(device_id), "last_seen": d["last_seen"],
+                    "backend": plan.get("backend"), "trained_on": reported.get(device_id, {}).get("backend"),
+                    "peak_bytes": reported.get(device_id, {}).get("peak"), "last_seen": d["last_seen"],
                     "last_report": feed.last_report.get(device_id), "bytes": spent.get(device_id)})
     return out
 

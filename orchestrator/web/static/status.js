@@ -64,7 +64,8 @@ function draw(s) {
   $("device-count").textContent = s.devices.length;
   $("updated").textContent = new Date(s.time * 1000).toLocaleTimeString();
   rows($("devices"), s.devices, "device", (d) => [d.id, d.connected ? "yes" : "no", d.runtimes.join(", ") || "torch",
-    d.role, d.split, fmtBytes(d.budget_bytes), lastReport(d.last_report), d.trained_on]);
+    d.role, d.split, d.peak_bytes ? `${fmtBytes(d.peak_bytes)} of ${fmtBytes(d.budget_bytes)}` : fmtBytes(d.budget_bytes),
+    lastReport(d.last_report), d.trained_on]);
   rows($("rounds"), [...s.rounds].reverse(), "round", (r) => [r.round, r.complete ? "done" : "running", r.selected,
     r.reported, fmt(r.accuracy), fmt(r.loss), r.finished ? (r.finished - r.started).toFixed(1) : "–"]);
   curve(s.rounds, s.rounds_total);

@@ -1,0 +1,71 @@
+"""Peak memory against the declared budget, per runtime and split (docs/js-device.md, "Memory").
+
+Each row is one device against a real orchestrator for ``--rounds`` rounds (10 local steps each):
+the Python device and a Node device (onnxruntime-node) under a hard memory cap equal to their budget
+(a cgroup memory controller, orchestrator.emulation.capping: over the budget is a kill), their peak
+the process's resident high-water mark, and a headless Chromium tab (onnxruntime-web), its peak the
+renderer's. The role and split are what the server planned for the budget; ``rounds`` and
+``accepted`` come from its journal. The work is edge_sdk_js/test/budgets.mjs, the budgets test's.
+
+    PYTHONPATH=. python bench/js_budgets.py [--rounds 5] [--rows node:digits_mlp:185,tab:digits_mlp:375]
+
+Needs `npm ci` and `npm run build` in edge_sdk_js/ first, root (for the cap) and Debian's chromium (tabs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "edge_sdk_js"
+MiB = 1 << 20
+
+#: kind:model:budget MiB. The Node and Python devices at a weak and a strong budget (digits_mlp and a
+#: CNN), the tabs at a weak and a moderate one.
+ROWS = ("python:digits_mlp:185", "node:digits_mlp:185", "node:digits_mlp:400", "node:mnist_cnn:185",
+        "tab:digits_mlp:375", "tab:digits_mlp:400")
+RUNTIME = {"python": "python (edge_sdk)", "node": "onnxruntime-node", "tab": "onnxruntime-web (Chromium tab)"}
+
+
+def measure(row: str, rounds: int) -> dict:
+    kind, model, budget = row.split(":")
+    env = {**os.environ, "EDGETRAIN_PYTHON": sys.executable}
+    out = subprocess.run(["node", str(JS / "bench" / "budgets.mjs"), kind, model, budget, str(rounds)], cwd=JS, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        return {"row": row, "error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"row": row, **r}
+
+
+def _print(rows: list[dict]) -> None:
+    print(f"{'runtime':32} {'model':11} {'budget':>7} {'role':9} {'split':>5} {'rounds':>6} {'peak':>8} {'peak/budget':>11}")
+    for r in rows:
+        if "error" in r or "skipped" in r or r.get("role") is None:
+            print(f"{r['row']:32} {r.get('error') or r.get('skipped') or 'not planned: ' + str(r.get('cap'))}")
+            continue
+        print(f"{RUNTIME[r['kind']]:32} {r['model']:11} {r['budget'] / MiB:6.0f}M {r['role'] or '-':9} {r['split']!s:>5} "
+              f"{r['accepted']:>3}/{r['finished']:<2} {r['peak'] / MiB:7.1f}M {r['peak'] / r['budget']:11.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", default=",".join(ROWS), help="kind:model:budget_mib, comma-separated (kind: python, node, tab)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_budgets.json")
+    args = ap.parse_args()
+    rows = [measure(row, args.rounds) for row in args.rows.split(",")]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds, "rows": rows}, indent=1))
+    _print(rows)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+// One device held to its budget, as JSON on stdout (bench/js_budgets.py runs it; test/budgets.mjs does
+// the work): `node bench/budgets.mjs node|python|tab MODEL BUDGET_MIB ROUNDS`.
+import { cappedDevice, tabDevice } from "../test/budgets.mjs";
+
+const [kind, model, budget, rounds] = process.argv.slice(2);
+const r = kind === "tab" ? await tabDevice(model, Number(budget), Number(rounds))
+  : await cappedDevice(kind, model, Number(budget), Number(rounds));
+console.log(JSON.stringify(r));

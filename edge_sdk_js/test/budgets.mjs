@@ -1,0 +1,89 @@
+// Devices held to the budget they declare (docs/js-device.md, "Memory"): one device of a runtime
+// against a real orchestrator for a few rounds, and the most memory it held. A Node device (or the
+// Python device, for comparison) runs under a hard memory cap equal to its budget (test/capped.py:
+// the cgroup memory controller, so going over is a kill, not a number); a tab runs in headless
+// Chromium, its renderer's resident high-water mark read from /proc (test/browser.mjs). Used by
+// test/budgets.test.mjs and bench/js_budgets.py.
+import { execFile } from "node:child_process";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { rendererMemory } from "./browser.mjs";
+import { HERE, python, pythonEnv } from "./cases.mjs";
+import { browserDevice, journal, startServer, tempDir, writeShards } from "./fleet.mjs";
+
+const MiB = 2 ** 20;
+/** test/capped.py's exit status where this machine has no cgroup memory controller to cap with. */
+export const NO_CAP = 77;
+/** The dataset each model's devices train on (their shards, the server's evaluation data). */
+export const DATA = { digits_mlp: "digits", mnist_cnn: "mnist" };
+const CLIENTS = 4;
+const CLIENT = 1;
+
+async function server(dir, model, rounds) {
+  return startServer(dir, ["--model", model, "--data", DATA[model], "--rounds", String(rounds), "--min-devices", "1",
+    "--local-steps", "10", "--deadline", "300", "--straggler-policy", "deadline"]);
+}
+
+/** What the journal says of the one device `id`: its role and split, rounds finished, reports accepted, its reported peak. */
+function outcome(dir, id) {
+  const j = journal(dir);
+  const mine = j.reports.filter((r) => r.device === id);
+  return { role: j.devices[id]?.role, split: j.devices[id]?.split, runtime: j.devices[id]?.backend,
+    finished: j.rounds.filter((r) => r.finished).length, accepted: mine.filter((r) => r.accepted === 1).length,
+    reportedPeak: Math.max(0, ...mine.map((r) => r.peak_rss_bytes ?? 0)) };
+}
+
+/** The command of a device: `node` (dist/cli.js on onnxruntime-node) or `python` (python -m edge_sdk on
+ * ONNX Runtime training graphs, as the Node device trains: torch alone takes more than a weak budget). */
+function deviceArgv(kind, url, id, budgetMiB, model, dir) {
+  if (kind === "python") {
+    return [python(), "-m", "edge_sdk", "--server", url, "--id", id, "--budget", `${budgetMiB}MiB`, "--data", DATA[model],
+      "--client", String(CLIENT), "--num-clients", String(CLIENTS), "--backend", "onnxruntime", "--json-events", "--once"];
+  }
+  const shard = writeShards(dir, [CLIENT], CLIENTS, DATA[model])[CLIENT];
+  return [process.execPath, join(HERE, "..", "dist", "cli.js"), "--url", url, "--id", id, "--budget", `${budgetMiB}MiB`,
+    "--data", shard, "--runtime", "node", "--json-events", "--once"];
+}
+
+/**
+ * One device of `kind` (node, python) at `budgetMiB` under a hard cap of its budget for `rounds`
+ * rounds of `model`. Resolves `{ skipped }` (why) where nothing can cap, else the journal's outcome
+ * with `cap` (test/capped.py's result: exit status, OOM kill, cgroup and resident peaks).
+ */
+export async function cappedDevice(kind, model, budgetMiB, rounds) {
+  const dir = tempDir(`edgetrain-budget-${kind}-`);
+  const { server: srv, url } = await server(dir, model, rounds);
+  try {
+    const argv = deviceArgv(kind, url, `${kind}-1`, budgetMiB, model, dir);
+    let out;
+    try {
+      ({ stdout: out } = await promisify(execFile)(python(), [join(HERE, "capped.py"), String(budgetMiB * MiB), "--", ...argv],
+        { env: pythonEnv(), maxBuffer: 64 * MiB }));
+    } catch (exc) {
+      if (exc.code === NO_CAP) return { skipped: exc.stdout.trim() };
+      throw exc;
+    }
+    const cap = JSON.parse(out.trim().split("\n").at(-1));
+    await srv.done;
+    return { kind, model, budget: budgetMiB * MiB, logs: dir, cap, peak: cap.rss_peak_bytes, ...outcome(dir, `${kind}-1`) };
+  } finally {
+    if (srv.exitCode === null) srv.kill();
+  }
+}
+
+/** One headless Chromium tab (onnxruntime-web) at `budgetMiB` for `rounds` rounds; `peak`: its renderer's VmHWM. */
+export async function tabDevice(model, budgetMiB, rounds) {
+  const dir = tempDir("edgetrain-budget-tab-");
+  const { server: srv, url } = await server(dir, model, rounds);
+  const shard = writeShards(dir, [CLIENT], CLIENTS, DATA[model])[CLIENT];
+  const tab = await browserDevice(dir, url, "tab-1", shard, budgetMiB);
+  try {
+    const { reports } = await tab.done;
+    const peak = Math.max(0, ...rendererMemory(tab.browser).map((m) => m.peak));
+    await srv.done;
+    return { kind: "tab", model, budget: budgetMiB * MiB, logs: dir, reports, peak, ...outcome(dir, "tab-1") };
+  } finally {
+    await tab.close();
+    if (srv.exitCode === null) srv.kill();
+  }
+}

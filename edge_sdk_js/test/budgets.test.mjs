@@ -1,0 +1,51 @@
+// JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
+// a Node device under a hard memory cap equal to its budget, weak and strong, and a Chromium tab at
+// a weak and a moderate budget (todos: see TAB_TODO) each train five rounds of digits_mlp against a real orchestrator,
+// every round's report accepted, in the role their budget buys, and their resident peak (the
+// device's own, as reported; the tab's renderer's) stays under the budget. Skipped with one line
+// where there is no cgroup memory controller to cap with (not root) or no Chromium. In `make test-slow`.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { CHROMIUM } from "./browser.mjs";
+import { cappedDevice, tabDevice } from "./budgets.mjs";
+
+const ROUNDS = 5;
+const MiB = 2 ** 20;
+
+function assertKept(r, role) {
+  const where = `(logs in ${r.logs})`;
+  assert.equal(r.role, role, `planned ${r.role}, expected ${role} ${where}`);
+  assert.equal(r.finished, ROUNDS, `${r.finished} of ${ROUNDS} rounds finished ${where}`);
+  assert.equal(r.accepted, ROUNDS, `${r.accepted} of ${ROUNDS} reports accepted ${where}`);
+  assert.ok(r.peak > 50 * MiB, `a peak of ${r.peak} bytes is no reading ${where}`);
+  assert.ok(r.peak <= r.budget, `peak ${(r.peak / MiB).toFixed(1)} MiB over the budget of ${r.budget / MiB} MiB ${where}`);
+}
+
+for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
+  test(`a ${role} Node device under a hard cap of its ${budget} MiB budget trains ${ROUNDS} rounds`, { timeout: 600_000 }, async (t) => {
+    const r = await cappedDevice("node", "digits_mlp", budget, ROUNDS);
+    if (r.skipped) { t.skip(r.skipped); return; }
+    assert.equal(r.cap.returncode, 0, `exit ${r.cap.returncode}, OOM-killed: ${r.cap.oom_killed} (logs in ${r.logs})`);
+    assert.ok(!r.cap.oom_killed && r.cap.cgroup_peak_bytes <= r.budget);
+    assert.ok(r.reportedPeak > 0 && r.reportedPeak <= r.budget, `the device reported a peak of ${r.reportedPeak} bytes`);
+    assertKept(r, role);
+  });
+}
+
+/**
+ * Tabs do not reliably keep their budgets yet (docs/js-device.md, "Memory"): on the shared 2-core machine
+ * (2026-11-28) the weak tab's renderer peaked at 364-365 MiB at 375 MiB in five runs and at 381.9 MiB in
+ * one; the moderate one at 486-524 MiB at 400 MiB in four runs (once 325 MiB). They run and report as
+ * todos until they do.
+ */
+const TAB_TODO = {
+  weak: "the weak tab's renderer peaks at its 375 MiB budget (364-382 MiB measured)",
+  moderate: "the moderate tab's renderer peaks over its 400 MiB budget (486-524 MiB measured)",
+};
+
+for (const [budget, role] of [[375, "weak"], [400, "moderate"]]) {
+  test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000, todo: TAB_TODO[role] }, async (t) => {
+    if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
+    assertKept(await tabDevice("digits_mlp", budget, ROUNDS), role);
+  });
+}
