@@ -139,6 +139,7 @@ class RoundLoop:
         instructions = list(self.strategy.configure(ctx))
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
+        self.attendance.round_opened({i.device_id for i in instructions})
         await self.dispatch(instructions)
         while (closed_by := self._closes(rs, ctx, t0)) is None:
             self.changed.clear()

@@ -213,9 +213,17 @@ class Attendance:
         self._stalls: dict[str, int] = {}  # device -> misses not yet paid off by accepted reports
         self._silent: set[str] = set()  # missed its last report and not seen alive since
         self._rest: dict[str, int] = {}  # device -> rounds it still sits out, once alive again
+        self._asked: set[str] = set()  # the open round's selected devices
+        self._back: set[str] = set()  # of those, the ones that reconnected during the round
+
+    def round_opened(self, selected: Iterable[str]) -> None:
+        """A round asked ``selected`` for their work."""
+        self._asked, self._back = set(selected), set()
 
     def round_closed(self, stragglers: Iterable[str], reported: Iterable[str]) -> None:
-        """A round stopped waiting: its ``stragglers`` missed a report, ``reported`` answered."""
+        """A round stopped waiting: its ``stragglers`` missed a report, ``reported`` answered. A
+        straggler that reconnected while the round was open has shown it is alive: its miss counts,
+        but it is not silent."""
         for device_id in list(self._rest):
             left = self._rest[device_id] - 1
             if left > 0:
@@ -230,11 +238,16 @@ class Attendance:
                 self._stalls.pop(device_id, None)
         for device_id in stragglers:
             self._stalls[device_id] = self._stalls.get(device_id, 0) + 1
-            self._silent.add(device_id)
             self._rest.pop(device_id, None)
+            self._silent.add(device_id)
+            if device_id in self._back:
+                self.alive(device_id)
+        self._asked, self._back = set(), set()
 
     def alive(self, device_id: str) -> None:
         """The device showed it is alive: selectable again, after its rest if it stalled repeatedly."""
+        if device_id in self._asked:
+            self._back.add(device_id)
         if device_id in self._silent:
             self._silent.discard(device_id)
             rest = min(2 ** (self._stalls.get(device_id, 1) - 1) - 1, MAX_REST_ROUNDS)

@@ -29,6 +29,19 @@ def test_a_straggler_is_held_out_until_it_is_seen_alive() -> None:
     assert seen.selectable("quiet") and seen.held_out() == 0
 
 
+def test_a_straggler_that_reconnected_during_the_round_is_not_silent() -> None:
+    """A device that drops mid-round and comes back before the round closes (a phone that lost its
+    network for a moment) missed the report, but has shown it is alive: selectable next round."""
+    seen = Attendance()
+    seen.round_opened({"flaky", "a"})
+    seen.alive("flaky")  # it reconnected while the round was still open
+    seen.round_closed(stragglers={"flaky"}, reported={"a"})
+    assert seen.selectable("flaky") and seen.silent() == set()
+    seen.round_opened({"flaky", "a"})
+    seen.round_closed(stragglers={"flaky"}, reported={"a"})  # this time it stayed away
+    assert not seen.selectable("flaky")
+
+
 def test_repeated_stalls_lower_a_devices_priority() -> None:
     seen = Attendance()
     rests = []
