@@ -39,7 +39,7 @@ from orchestrator.limits import raise_fd_limit
 from orchestrator.parts import Session, Traffic
 from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
-from orchestrator.privacy.intake import CentralDPIntake, PrivacyBudgetSpent
+from orchestrator.privacy import PrivacyBudgetSpent
 from orchestrator.planning import Planning
 from orchestrator.reference import ReferenceUpdate
 from orchestrator.resume import start_run
@@ -110,7 +110,11 @@ class Orchestrator:
         (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
         bound measures them against the server's own update on ``evaluator``'s held-out data."""
         config = self.config
-        intake = CentralDPIntake if config.dp else PlainIntake  # dp: clipped, noised, accounted (orchestrator.privacy)
+        intake: type[PlainIntake] = PlainIntake
+        if config.dp:  # clipped, noised, accounted (orchestrator.privacy; dp-accounting loads only then)
+            from orchestrator.privacy.intake import CentralDPIntake
+
+            intake = CentralDPIntake
         return intake(config, self.model, self.strategy, self.store,
                       reference=ReferenceUpdate(config, self.model, evaluator, heap),
                       uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),

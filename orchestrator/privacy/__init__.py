@@ -12,3 +12,10 @@
 The devices' side (their clip and their discrete noise shares under secure aggregation) is
 :mod:`edge_sdk.dp`.
 """
+
+__all__ = ["PrivacyBudgetSpent"]
+
+
+class PrivacyBudgetSpent(Exception):
+    """The next round would take the model's epsilon past the run's target: the run ends here.
+    (Here, not beside the ledger, so the server catches it without importing ``dp-accounting``.)"""

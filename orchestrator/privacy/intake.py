@@ -42,6 +42,7 @@ import numpy as np
 from edge_sdk.models import LayeredModel
 from orchestrator.config import ServerConfig
 from orchestrator.intake import PlainIntake
+from orchestrator.privacy import PrivacyBudgetSpent
 from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
 from orchestrator.privacy.calibrate import PrivacyPlanError
 from orchestrator.privacy.central import CentralPlan, plan_central
@@ -53,10 +54,6 @@ from orchestrator.strategies import DeviceReport, RoundContext, RoundResult, Str
 __all__ = ["CentralDPIntake", "PrivacyBudgetSpent"]
 
 log = logging.getLogger("edgetrain.server")
-
-
-class PrivacyBudgetSpent(Exception):
-    """The next round would take the model's epsilon past the run's target: the run ends here."""
 
 
 class CentralDPIntake(PlainIntake):
