@@ -71,7 +71,7 @@ class Recorder:
         monkeypatch.setattr(SecureRound, "finish", finishing)
 
 
-def _run_fleet(tmp_path: Path, rounds: int, **overrides) -> tuple[list[dict], Path]:
+def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, **overrides) -> tuple[list[dict], Path]:
     store_dir = tmp_path / "store"
     with Store(store_dir) as store:
         secrets = {d: store.enroll(d) for d in FLEET}
@@ -88,7 +88,7 @@ def _run_fleet(tmp_path: Path, rounds: int, **overrides) -> tuple[list[dict], Pa
         for i, (d, (role, backend)) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
             cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[backend][role],
-                               backend=backend, secret=secrets[d], reconnect_retries=0)
+                               backend=backend, secret=secrets[d], reconnect_retries=reconnect_retries)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=900)
         await asyncio.gather(*devices, return_exceptions=True)
@@ -143,3 +143,51 @@ def test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact(tmp_p
 def _clipped(x: np.ndarray, clip: float) -> np.ndarray:
     norm = float(np.linalg.norm(x))
     return x * (1.0 if norm <= clip else clip / norm)
+
+
+class Killed(RuntimeError):
+    """The device process is gone (its client task ends; its connection closes)."""
+
+
+@pytest.mark.slow
+def test_dropouts_after_keys_and_after_upload_are_survived_and_a_returning_device_refused(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """Round 1: weak-4's connection drops after it shared its keys (it reconnects at once and is
+    refused for the round), moderate-2 is killed after its masked upload (never answers the
+    unmasking). The round completes with every block revealed, weak-4's masks removed from its
+    shares; round 2 trains with weak-4 back and without moderate-2."""
+    from websockets.exceptions import ConnectionClosedError
+
+    from edge_sdk.roundwork import RoundWork
+
+    rec = Recorder(monkeypatch)
+    mask, reveal = DeviceRound.mask, RoundWork.reveal
+
+    def dropping(rnd, blocks, num_samples):
+        if (rnd.device_id, rnd.scope.round) == ("weak-4", 1):
+            raise ConnectionClosedError(None, None)  # the connection drops; the client reconnects
+        return mask(rnd, blocks, num_samples)
+
+    async def dying(work, ch, msg):
+        if work.device.device_id == "moderate-2":
+            raise Killed("moderate-2 killed after its masked upload")
+        return await reveal(work, ch, msg)
+
+    monkeypatch.setattr(DeviceRound, "mask", dropping)
+    monkeypatch.setattr(RoundWork, "reveal", dying)
+    history, store_dir = _run_fleet(tmp_path, rounds=2, reconnect_retries=3)
+    assert [h["round"] for h in history] == [1, 2]
+    first = history[0]["secure"]
+    assert all(b["revealed"] for b in first["blocks"].values()), first
+    assert first["recovered"] == ["weak-4"] and first["masked"] == len(FLEET) - 1
+    fixed, outcomes = rec.outcomes[1]
+    uploaded = {d: p for (r, d), p in rec.plain.items() if r == 1 and (r, d) in rec.received}
+    assert "moderate-2" in uploaded and "weak-4" not in uploaded
+    for out in outcomes:
+        cohort = {d: p for d, p in uploaded.items() if p["split"] <= out.block}
+        total = sum(p["words"][out.block - p["split"]].astype(np.uint64) for p in cohort.values())
+        assert np.array_equal(fixed.decode((total % (1 << fixed.ring_bits)).astype(np.uint32)).values, out.values)
+    assert {d for (r, d) in rec.received if r == 2} == set(FLEET) - {"moderate-2"}
+    with Store(store_dir) as store:
+        refused = [u for u in store.updates(1) if u["device_id"] == "weak-4" and not u.get("accepted")]
+    assert refused and "secure round" in refused[-1]["reason"], refused
