@@ -191,3 +191,57 @@ def test_dropouts_after_keys_and_after_upload_are_survived_and_a_returning_devic
     with Store(store_dir) as store:
         refused = [u for u in store.updates(1) if u["device_id"] == "weak-4" and not u.get("accepted")]
     assert refused and "secure round" in refused[-1]["reason"], refused
+
+
+@pytest.mark.slow
+def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: Path) -> None:
+    """Real device processes (``python -m edge_sdk``, torch and ONNX Runtime) with their credential
+    files; one is SIGKILLed as soon as the server folded its round-1 masked upload. Round 1 still
+    reveals every block (its self mask rebuilt from its neighbours' shares); round 2 trains without it."""
+    import os
+    import signal
+    import sys
+
+    from orchestrator.emulation.localfleet import device_env
+
+    fleet = {d: FLEET[d] for d in ("strong-0", "strong-1", "moderate-2", "weak-3")}
+    victim = "moderate-2"
+    store_dir = tmp_path / "store"
+    with Store(store_dir) as store:
+        secrets = {d: store.enroll(d) for d in fleet}
+    for d, s in secrets.items():
+        record_identity(store_dir, d, s)
+        (tmp_path / f"{d}.secret").write_text(s + "\n")
+    config = ServerConfig(model="digits_mlp", rounds=2, min_devices=len(fleet), local_steps=5, lr=0.1,
+                          store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=True,
+                          secure_clip=20.0, eval_every=2)
+    budgets = {b: role_budgets("digits_mlp", backend=b) for b in ("torch", "onnxruntime")}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "update" and data.get("device") == victim and data.get("round") == 1 and victim in procs:
+            os.kill(procs[victim].pid, signal.SIGKILL)
+
+    async def main() -> list[dict]:
+        orch, server = await start_orchestrator(config, on_event)
+        for i, (d, (role, backend)) in enumerate(fleet.items()):
+            procs[d] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{orch.port}", "--id", d,
+                "--budget", str(budgets[backend][role]), "--backend", backend, "--data", "digits", "--client", str(i),
+                "--num-clients", str(len(fleet)), "--secret-file", str(tmp_path / f"{d}.secret"), "--once",
+                "--reconnect-retries", "3", env=device_env(), stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL)
+        try:
+            return await asyncio.wait_for(server, timeout=900)
+        finally:
+            for proc in procs.values():
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+
+    history = asyncio.run(main())
+    assert [h["round"] for h in history] == [1, 2]
+    first, second = history[0]["secure"], history[1]["secure"]
+    assert first["masked"] == 4 and all(b["revealed"] for b in first["blocks"].values()), first
+    assert second["masked"] == 3 and all(b["revealed"] for b in second["blocks"].values()), second
+    assert history[-1]["accuracy"] > 0.3, history[-1]  # 10 classes: chance is 0.1; 2 rounds
