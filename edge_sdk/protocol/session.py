@@ -177,6 +177,7 @@ class _Session:
         self._resumed = False
         self._close: Error | Bye | None = None
         self._secagg_due: type[Message] | None = None  # the server's answer a secure round's step awaits
+        self._secagg_next: type[Message] | None = None  # the device's next step of a secure round
         self._unmask_due = -1  # the round whose SecAggUnmask awaits the device's SecAggReveal
 
     # -- what the session knows ----------------------------------------------------------------
@@ -384,12 +385,17 @@ class _Session:
             raise _unexpected(f"{msg.TYPE} of round {msg.round} during the instruction of round {instruction.round}")
         if self._secagg_due is not None:
             raise self._not_allowed(msg, f"the server's {self._secagg_due.TYPE} is awaited first")
+        if type(msg) is not self._secagg_next:
+            step = self._secagg_next.TYPE if self._secagg_next is not None else "the report"
+            raise self._not_allowed(msg, f"the secure round's next step is {step}")
         self._secagg_due = SecAggPeers if isinstance(msg, SecAggKeys) else SecAggInbox
+        self._secagg_next = None
 
     def _secagg_answer(self, msg: SecAggPeers | SecAggInbox) -> None:
         if self._state is not SessionState.WORKING or self._secagg_due is not type(msg) or msg.round != self._round:
             raise self._not_allowed(msg, "it answers the device's step of the current secure round")
         self._secagg_due = None
+        self._secagg_next = SecAggShares if isinstance(msg, SecAggPeers) else None
 
     def _on_unmask(self, msg: SecAggUnmask) -> None:
         if self._state not in _AFTER_WELCOME or self._flow is not None:
@@ -465,6 +471,7 @@ class _Session:
     # instructions
     def _start(self, instruction: Instruction) -> None:
         self._instruction = instruction
+        self._secagg_next = SecAggKeys  # checked against the instruction when a step comes
         self._round = instruction.round
         self._state = SessionState.WORKING
 
