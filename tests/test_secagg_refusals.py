@@ -41,6 +41,10 @@ async def _secure_device(url: str, orch, device_id: str, secret: str, hostile: s
         welcome = await recv_msg(ws)
         ins = await recv_msg(ws)
         assert isinstance(ins, p.Instruction) and ins.config.get(p.SECAGG_KEY), ins
+        if hostile == "silent":  # trains forever: never advertises
+            while not isinstance(msg := await recv_msg(ws), p.Bye):
+                got.append(msg)
+            return got
         rnd = start(device_id, secret, ins, welcome.num_blocks)
         keys = rnd.advertise()
         seen[device_id] = keys
@@ -118,3 +122,28 @@ def test_hostile_devices_are_refused_and_the_secure_round_completes(tmp_path: Pa
     with Store(store_dir) as store:
         refused = {u["device_id"]: u["reason"] for u in store.updates(1) if not u.get("accepted")}
     assert {"c", "d", "e"} <= set(refused) and all("secure round" in refused[d] for d in "cde"), refused
+
+
+def test_a_round_that_closes_before_its_keys_are_in_releases_the_devices_waiting(tmp_path: Path) -> None:
+    """One device never advertises; the round's deadline closes it in the key stage: the devices
+    waiting for their peers get a negative ack (their instruction ends), nothing is revealed."""
+    store_dir = tmp_path / "s"
+    devices = {"a": None, "b": None, "z": "silent"}
+    with Store(store_dir) as store:
+        secrets = {d: store.enroll(d) for d in devices}
+    for d, s in secrets.items():
+        record_identity(store_dir, d, s)
+    config = server_config(store_dir, min_devices=3, require_credentials=True, secure_aggregation=True,
+                           secure_stage_s=60.0, deadline_s=4, local_steps=1)
+
+    async def main():
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        got = await asyncio.gather(*(_secure_device(url, orch, d, secrets[d], h, {}) for d, h in devices.items()))
+        return dict(zip(devices, got)), await asyncio.wait_for(server, 120)
+
+    got, history = asyncio.run(main())
+    for d in ("a", "b"):
+        ack = got[d][-1]
+        assert isinstance(ack, p.Ack) and not ack.accepted and "closed in its keys stage" in ack.reason, got[d]
+    assert history[0]["closed_by"] == "deadline" and history[0]["secure"]["masked"] == 0

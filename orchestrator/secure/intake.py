@@ -269,7 +269,11 @@ class SecureIntake(PlainIntake):
         secure, started = self.secure, time.monotonic()
         if secure is None:
             return
-        if secure.stage in ("keys", "shares"):  # nobody got as far as a masked upload
+        if secure.stage in ("keys", "shares"):  # nobody got as far as a masked upload: release who waits
+            waiting = secure.keys if secure.stage == "keys" else secure.shared
+            for device in list(waiting):
+                await self._send(device, p.Ack(ctx.round, False, f"secure round: the round closed in its "
+                                                                 f"{secure.stage} stage", "train"))
             secure.stage = "done"
             self.outcomes = secure.finish()
             return
