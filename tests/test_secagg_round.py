@@ -264,3 +264,17 @@ def _raw(kind, a, b, ids, n) -> bytes:
               "weight_scale": 1.0, "threshold": 2}
     fields = [name for name, _ in m.schema(kind)]
     return msgpack.packb({"v": p.PROTOCOL_VERSION, "t": kind.TYPE, **{f: values[f] for f in fields}})
+
+
+def test_the_terminal_line_and_status_json_say_a_round_was_secure():
+    from orchestrator.web.status import _secure
+    from orchestrator.web.terminal import round_line
+
+    metrics = {"round": 2, "reported": 4, "selected": 5, "secure": {
+        "blocks": {"fc1": {"cohort": 1, "revealed": False, "reason": "1 masked updates"},
+                   "head": {"cohort": 4, "revealed": True}}, "cohort": 5, "masked": 4, "recovered": ["d"],
+        "presumed_dropped": ["d"], "messages_in": 14, "bytes_in": 5120, "unmask_s": 0.2}}
+    assert "secure: 1 of 2 blocks revealed, 1 dropouts recovered" in round_line(metrics, 3)
+    shown = _secure(metrics)["secure"]
+    assert shown["blocks"]["fc1"]["cohort"] == 1 and shown["recovered"] == ["d"] and shown["bytes_in"] == 5120
+    assert _secure({"round": 1}) == {} and "secure" not in round_line({"round": 1}, 3)
