@@ -158,8 +158,10 @@ class DeviceRound:
     # -- 3: Unmasking ----------------------------------------------------------------------------
     def reveal(self, survivors: Sequence[str], dropped: Sequence[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
         """(seed shares of the survivors, key shares of the dropped), once. The survivors name this
-        device and at least t - 1 of its neighbours (SecAgg+: fewer, and the round aborts); every
-        other id must be a neighbour whose shares it holds."""
+        device; every other id must be a neighbour whose shares it holds. Fewer than t survivors
+        are answered too (the server then cannot rebuild those secrets, and leaves the blocks
+        hidden): what keeps a device's update hidden is that no device's two secrets are ever
+        revealed together, which is checked here."""
         self._expect("reveal", "done")
         alive, gone = set(survivors), set(dropped)
         if alive & gone:
@@ -169,8 +171,6 @@ class DeviceRound:
         unknown = (alive | gone) - set(self._held) - {self.device_id}
         if unknown:
             raise SecAggError(f"{self.device_id}: asked for shares of {sorted(unknown)[:3]}, which it was not given")
-        if len(alive) < self.threshold:
-            raise SecAggError(f"{self.device_id}: {len(alive)} survivors, fewer than the threshold {self.threshold}")
         assert self._own is not None
         held = {**self._held, self.device_id: self._own}
         return {v: held[v][0] for v in sorted(alive)}, {v: held[v][1] for v in sorted(gone)}
