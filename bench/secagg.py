@@ -5,8 +5,8 @@ runs one secure round of ``n`` devices over a model of ``--params`` float32 coor
 ``--blocks`` equal blocks (every device trains every block; a dropped device vanishes after sharing
 its keys), through the real messages' codec, and the plain round beside it: each device encodes its
 float32 update (``encode_tensors``) and the server decodes and sums them. It reports per device the
-CPU seconds of its steps and the bytes it sends, and for the server the CPU seconds of its stages and
-the largest memory it holds for the round (the running sums and the keys and shares, not the devices'
+CPU seconds of its steps and the bytes it sends, and for the server the CPU seconds of its stages
+(the JSON adds the bytes of its running sums: the server keeps one sum per block, not the devices'
 uploads), and writes ``bench/results/secagg.json``. Wall time equals CPU time here: one process,
 no network; the round's network time is the transport's (``bench/transport.py``).
 """
