@@ -118,6 +118,8 @@ class SecureIntake(PlainIntake):
                 await self._keys(session, msg, rs, secure)
             elif isinstance(msg, p.SecAggShares):
                 await self._shares(session, msg, rs, secure)
+            elif isinstance(msg, p.SecAggReveal) and secure.stage == "done":
+                log.info("secure round %d: %s answered the unmasking after it ended", rs.round, device)
             elif isinstance(msg, p.SecAggReveal):
                 secure.take_reveal(device, msg.seed_shares, msg.key_shares)
                 if not secure.asked:
