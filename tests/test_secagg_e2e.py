@@ -120,6 +120,9 @@ def test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact(tmp_p
         corr = np.corrcoef(_lifted(seen, fixed.ring_bits), _lifted(own, fixed.ring_bits))[0, 1]
         assert abs(corr) < 4 / np.sqrt(seen.size), (d, r, corr)
     assert len(set(splits.values())) >= 2, splits  # nested cohorts
+    # Weighted by samples: the scale is the largest sample count of the round's devices.
+    assert all(p["scale"] == max(q["samples"] for (r, _), q in rec.plain.items() if r == rr)
+               for (rr, _), p in rec.plain.items()), {k: (p["scale"], p["samples"]) for k, p in rec.plain.items()}
     for r, (fixed, outcomes) in rec.outcomes.items():
         members = {d: p for (rr, d), p in rec.plain.items() if rr == r}
         for out in outcomes:

@@ -173,9 +173,19 @@ class SecureIntake(PlainIntake):
         assert secure is not None
         if secure.stage != "keys":
             return
+        secure.weight_scale = self._weight_scale(secure.keys)
         for u, fields in secure.close_keys().items():
             await self._send(u, p.SecAggPeers(round=rs.round, **fields))
         await self._left_out(rs, secure)
+
+    def _weight_scale(self, devices: Mapping[str, object]) -> float:
+        """The scale of the devices' weights w = min(1, samples / scale): the largest sample count
+        registered for the round's devices (``registered_samples``: what they declared, capped by
+        the operator), or, for uniform weighting, one so small that every weight is 1."""
+        if self.uniform:
+            return 1e-9
+        counts = [self.registered_samples(s) for d in devices if (s := self.sessions.get(d)) is not None]
+        return float(max(counts, default=1) or 1)
 
     async def _close_shares(self, rs: RoundState) -> None:
         secure = self.secure
