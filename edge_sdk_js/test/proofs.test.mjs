@@ -1,7 +1,7 @@
 // Credential proofs (format 2) are the Python device's, byte for byte (tests/vectors/proofs.json, written by
 // tests/vectors/make_proof_vectors.py); a 401 on the websocket upgrade stops the Node device with one line and the
 // Python device's exit status for a refusal (3), without a retry; and a browser page's ticket (fetchTicket, carried
-// as ?ticket=) opens one upgrade of a real orchestrator, once.
+// as ?ticket=) opens one upgrade of a real orchestrator, once (in a headless Chromium page: ticket-page.test.mjs).
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { readFileSync, rmSync } from "node:fs";
