@@ -38,6 +38,17 @@ def test_a_ticket_is_bound_to_its_device_good_once_and_only_for_its_lifetime() -
     tickets.issue("dev-2", now=31.0)
 
 
+def test_one_device_holds_a_few_tickets_at_most_its_newest() -> None:
+    tickets = Tickets(lifetime_s=30.0, max_tickets=10, per_device=2)
+    first, second, third = (tickets.issue("dev-0", now=float(t)) for t in range(3))
+    other = tickets.issue("dev-1", now=3.0)
+    assert len(tickets) == 3  # dev-0's first was retired by its third
+    with pytest.raises(TicketError):
+        tickets.redeem(first, now=4.0)
+    assert [tickets.redeem(t, now=4.0) for t in (third, second, other)] == ["dev-0", "dev-0", "dev-1"]
+    assert len(tickets) == 0 and tickets._of == {}
+
+
 def _hello(device_id: str, token: str) -> p.Hello:
     return p.Hello(device_id=device_id, token=token, budget_bytes=2 << 30, cores=1, runtimes=["torch"], num_samples=10)
 
