@@ -134,7 +134,7 @@ class DeviceClient:
         self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle, store)
         self.work = RoundWork(
             DeviceWork(config.device_id, x, y, config.registry, self.backend, threads=config.threads,
-                       forward_batch=config.forward_batch, warm_tails=config.warm_tails),
+                       forward_batch=config.forward_batch, warm_tails=config.warm_tails, secret=config.secret or ""),
             limits=self.limits, downloads=self.downloads, memory=self.memory, on_event=self.on_event)
 
     async def run(self) -> list[RoundReport]:
@@ -227,6 +227,9 @@ class DeviceClient:
                 return True
             if isinstance(msg, p.Error):
                 raise DeviceRefused(f"{msg.code}: {msg.message}")
+            if isinstance(msg, p.SecAggUnmask):  # a secure round's last step, after its report's ack
+                await self.work.reveal(ch, msg)
+                continue
             if isinstance(msg, p.Resume):
                 await self._resume_upload(ch, msg)
                 instruction: p.Instruction | None = ch.session.next_instruction()

@@ -57,6 +57,7 @@ class RoundProgress:
     reports: dict[str, tuple[p.Report, bytes | None]] = field(default_factory=dict)  # by phase, until acked
     acked: set[str] = field(default_factory=set)  # phases done this round
     notes: dict[str, p.Scalar] = field(default_factory=dict)  # what this round's phases share (PhaseContext.notes)
+    secure: Any = None  # the round's edge_sdk.secagg.round.DeviceRound, until it has answered the unmasking
     timings: dict[str, float] = field(default_factory=lambda: {"download_s": 0.0, "forward_s": 0.0, "train_s": 0.0,
                                                                "upload_s": 0.0})
 
@@ -73,6 +74,7 @@ class DeviceWork:
     threads: int = 1
     forward_batch: int = 0  # batch of the multi-step forward pass; 0: the planned batch size
     warm_tails: Any = None
+    secret: str = ""  # the device's credential: it signs a secure round's keys (edge_sdk.secagg.binding)
 
 
 class RoundWork:
@@ -111,13 +113,34 @@ class RoundWork:
         if ins.phase not in prog.reports:
             self.memory.busy()
             result: PhaseResult = await self.device.registry.run(_Phase(self, ch, ins, prog))
-            payload = None if result.tensors is None else self.updates.encode(result.tensors, ins.config)
             num_samples = len(self.device.x) if result.num_samples is None else result.num_samples
+            if result.tensors is not None and ins.config.get(p.SECAGG_KEY):
+                payload = await self.masked(ch, ins, prog, result.tensors, num_samples)
+            else:
+                payload = None if result.tensors is None else self.updates.encode(result.tensors, ins.config)
             prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, num_samples, result.trained,
                                                 "" if payload is None else uuid.uuid4().hex, result.metrics), payload)
             if not self.memory.keeps_freed_buffers:  # else after the upload, when idle
                 self.memory.release()
         return prog.reports[ins.phase]
+
+    async def masked(self, ch: Channel, ins: p.Instruction, prog: RoundProgress, tensors: Tensors,
+                     num_samples: int) -> bytes:
+        """A secure round's upload in place of the update (edge_sdk.secagg.exchange; cryptography loads here)."""
+        from edge_sdk.secagg import exchange
+
+        assert self.welcome is not None
+        prog.secure = exchange.start(self.device.device_id, self.device.secret, ins, self.welcome.num_blocks)
+        return p.encode_tensors(await exchange.masked_update(ch, prog.secure, ins, tensors, num_samples))
+
+    async def reveal(self, ch: Channel, msg: p.SecAggUnmask) -> None:
+        """Answer a secure round's unmasking request, once."""
+        from edge_sdk.secagg import exchange
+
+        prog = self.progress
+        await exchange.reveal(ch, None if prog is None else prog.secure, msg)
+        if prog is not None:
+            prog.secure = None
 
     def backend_for(self, ins: p.Instruction) -> TrainingBackend:
         """The backend that carries out ``ins`` (chosen once per instruction), built on first use."""

@@ -203,6 +203,18 @@ class ServerConfig:
                  "as the server draws it) or poisson (each device independently with probability --fraction).")
     dp_min_cohort: Count = setting(10, "Fewest devices a round may sample under DP: a noised mean of fewer is "
                                        "mostly noise.", cli=False)
+    # Secure aggregation (docs/security.md, "Secure aggregation").
+    secure_aggregation: bool = setting(
+        False, "Secure aggregation (SecAgg+ with a cohort per block): the server learns each block's sum over the "
+               "devices that trained it, never one device's update (docs/security.md).")
+    secure_clip: Positive = setting(1.0, "L2 bound each device clips each block of its update to before masking "
+                                         "(under secure aggregation the server cannot bound one update).")
+    secure_threshold: Annotated[int, Range(2)] = setting(
+        2, "Fewest surviving devices whose sum of a block is revealed; a block with fewer keeps its value.")
+    secure_degree: NonNegativeInt = setting(
+        0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to 33 devices, else 3 log2 n.", cli=False)
+    secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices.",
+                                       cli=False)
     train_graph_dir: Path | None = setting(
         None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
               "may share it.", cli=False)
@@ -216,6 +228,19 @@ class ServerConfig:
         self.lr_decay_at = tuple(sorted(self.lr_decay_at))
         if self.tls_key is not None and self.tls_cert is None:
             raise SettingError("tls_key", "a private key needs its certificate (tls_cert)")
+        if self.secure_aggregation and (conflict := self.secure_conflict()):
+            raise SettingError("secure_aggregation", conflict)
+
+    def secure_conflict(self) -> str | None:
+        """Why secure aggregation cannot run with these settings: what needs one device's update in the clear."""
+        if self.strategy not in SECURE_STRATEGIES:
+            return (f"strategy {self.strategy} needs individual updates; secure aggregation sums them "
+                    f"(it runs {', '.join(SECURE_STRATEGIES)})")
+        if self.dp:
+            return "dp is set, but central DP clips and noises each update in the server"
+        if self.update_codec != "none":
+            return f"update_codec {self.update_codec}: a masked update is ring words, not a coded update"
+        return None
 
     def lr_at(self, round_number: int) -> float:
         """The local learning rate devices train round ``round_number`` with (1-based): the step schedule
@@ -235,7 +260,11 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "norm_bound", "max_loss_rise", "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
-                                      "dp_accountant", "dp_sampling", "dp_min_cohort")
+                                      "dp_accountant", "dp_sampling", "dp_min_cohort", "secure_aggregation",
+                                      "secure_clip", "secure_threshold")
+
+#: Strategies whose round is a weighted mean of each block's deltas over its cohort: they run on sums.
+SECURE_STRATEGIES = ("fedavg", "embracingfl")
 
 
 @functools.cache

@@ -99,6 +99,14 @@ class ReportIntake(ABC):
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         """The round's result, once it has stopped taking reports."""
 
+    def instruction_config(self, work: Work) -> Mapping[str, p.Scalar]:
+        """What this way of taking reports adds to an instruction's config (a secure round's scope); none here."""
+        return {}
+
+    async def settle(self, ctx: RoundContext) -> None:
+        """The round stopped taking reports; anything it needs from the devices before its
+        aggregate (a secure round's unmasking) happens here. Nothing here."""
+
     @abstractmethod
     def end_round(self) -> None:
         """The round is over, committed or not: nothing of it is resumed."""

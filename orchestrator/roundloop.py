@@ -147,6 +147,7 @@ class RoundLoop:
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
         self.attendance.round_closed(rs.stragglers(), rs.reported())
+        await self.intake.settle(ctx)
         result = self.intake.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
         self.payloads.drop_chunks()  # the round's own are served no more; the candidate's come next
@@ -291,8 +292,10 @@ class RoundLoop:
         """Send ``work`` with the time left in the round."""
         rs = self.round
         assert rs is not None
+        extra = self.intake.instruction_config(work)  # e.g. a secure round's scope
         await self.send(session, p.Instruction(**{**work.wire.__dict__,
-                                                  "deadline_s": max(0.0, rs.deadline - time.monotonic())}))
+                                                  "deadline_s": max(0.0, rs.deadline - time.monotonic()),
+                                                  **({"config": {**work.wire.config, **extra}} if extra else {})}))
 
     def work_of(self, device_id: str) -> list[Work]:
         """The instructions out to ``device_id`` this round."""

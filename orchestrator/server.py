@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
@@ -36,7 +37,7 @@ from orchestrator.evaluate import Evaluator
 from orchestrator.heap import RoundHeap
 from orchestrator.intake import PlainIntake, ReportIntake
 from orchestrator.limits import raise_fd_limit
-from orchestrator.parts import Session, Traffic
+from orchestrator.parts import Session, Traffic, Work
 from orchestrator.payloads import FetchLimits, Payloads
 from orchestrator.plancache import PlanCache
 from orchestrator.privacy import PrivacyBudgetSpent
@@ -45,11 +46,15 @@ from orchestrator.reference import ReferenceUpdate
 from orchestrator.resume import start_run
 from orchestrator.revocation import Revocations
 from orchestrator.roundloop import RoundLoop
+from orchestrator.rounds import RoundState
 from orchestrator.store import Store
 from orchestrator.uploads import Uploads
 from orchestrator.strategies import Strategy, make_strategy
 from profiles.accounting import measure_model
 from profiles.planner import Plan
+
+if TYPE_CHECKING:
+    from orchestrator.secure.intake import SecureIntake
 
 __all__ = ["Orchestrator", "Session"]
 
@@ -91,6 +96,7 @@ class Orchestrator:
         self.revocations = Revocations(config, self.store, self.sessions, note_closure=self.admission.note_closure,
                                        current_round=self._round_number, close=self._close, emit=emit)
         evaluator, heap = Evaluator(config, self.model), RoundHeap()
+        self.secure: SecureIntake | None = None
         start = start_run(config, self.store, self.strategy.name, self.model)
         self.intake = self.report_intake(evaluator, heap)
         self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
@@ -110,18 +116,31 @@ class Orchestrator:
         (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
         bound measures them against the server's own update on ``evaluator``'s held-out data."""
         config = self.config
+        parts = {"reference": ReferenceUpdate(config, self.model, evaluator, heap),
+                 "uploads": Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
+                 "check_revoked": self.revocations.check, "limits": self.limits}
+        if config.secure_aggregation:  # masked uploads, block sums (orchestrator.secure; cryptography loads only then)
+            from orchestrator.secure.intake import SecureIntake
+
+            self.secure = SecureIntake(config, self.model, self.strategy, self.store, round_state=self._round_state,
+                                       work_of=self._train_work, sessions=self.sessions, send=self._send,
+                                       emit=self._emit, **parts)
+            return self.secure
         intake: type[PlainIntake] = PlainIntake
         if config.dp:  # clipped, noised, accounted (orchestrator.privacy; dp-accounting loads only then)
             from orchestrator.privacy.intake import CentralDPIntake
 
             intake = CentralDPIntake
-        return intake(config, self.model, self.strategy, self.store,
-                      reference=ReferenceUpdate(config, self.model, evaluator, heap),
-                      uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
-                      check_revoked=self.revocations.check, limits=self.limits)
+        return intake(config, self.model, self.strategy, self.store, **parts)
 
     def _emit(self, kind: str, data: dict) -> None:
         self.on_event(kind, data)
+
+    def _round_state(self) -> RoundState | None:
+        return self.loop.round
+
+    def _train_work(self, device_id: str) -> Work | None:
+        return self.loop.work.get(device_id, {}).get("train")
 
     def _round_number(self) -> int | None:
         rs = self.loop.round
@@ -240,6 +259,8 @@ class Orchestrator:
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 self.fetches.forget(session.device_id)
+                if self.secure is not None:
+                    self.secure.dropped(session.device_id)
                 await self.loop.on_disconnect(session.device_id)
                 self.on_event("disconnected", {"device": session.device_id})
 
@@ -279,7 +300,10 @@ class Orchestrator:
         await self._send(session, welcome)
         if hello_at is not None:  # hello read to welcome written: planning, journaling, queueing
             self.on_event("welcomed", {"device": session.device_id, "latency_s": time.monotonic() - hello_at})
-        # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept").
+        # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept"),
+        # unless the round is secure: it was presumed dropped, and is refused for that round.
+        if self.secure is not None:
+            self.secure.returned(session)
         await self.loop.arrived(session)
         while True:
             msg = await recv_msg(session.channel)
@@ -287,6 +311,8 @@ class Orchestrator:
                 await self._on_fetch(session, msg)
             elif isinstance(msg, p.Report):
                 await self.loop.take_report(session, msg)
+            elif isinstance(msg, p.SECAGG_MESSAGES) and self.secure is not None:
+                await self.secure.on_message(session, msg)
             elif isinstance(msg, p.Bye):
                 return
             elif isinstance(msg, p.Error):  # the device gives up on an error of its own: say why, end it

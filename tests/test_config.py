@@ -39,7 +39,7 @@ def test_every_setting_has_help_and_every_option_sets_its_field(tmp_path: Path):
     assert all(f.metadata.get("help") for f in dataclasses.fields(ServerConfig))
     argv, want = [], {}
     for f in cli_fields():
-        if f.type == "bool":
+        if f.type == "bool" and f.name != "secure_aggregation":  # refused beside --dp: below
             argv.append(option_spelling(f.name))
             want[f.name] = True
     assert {"resume", "require_credentials"} <= set(want)
@@ -66,6 +66,10 @@ def test_serve_help_lists_every_strategy():
     (["--norm-bound-action", "drop"], "edgetrain serve: --norm-bound-action: must be one of clip, reject, got 'drop'"),
     (["--tls-key", "k.pem"], "edgetrain serve: --tls-key: a private key needs its certificate (tls_cert)"),
     (["-O", "trim"], "edgetrain serve: --strategy-option: a strategy option is KEY=VALUE, got 'trim'"),
+    (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel needs "
+     "individual updates; secure aggregation sums them (it runs fedavg, embracingfl)"),
+    (["--secure-aggregation", "--dp"], "edgetrain serve: --secure-aggregation: dp is set, but central DP clips and "
+                                       "noises each update in the server"),
     (["--strategy", "fedprox"], "edgetrain serve: unknown strategy 'fedprox'; known: fedavg, embracingfl, fedsubavg, "
                                 "fedalign, varsel, width, or package.module:Class"),
 ])

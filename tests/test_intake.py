@@ -29,7 +29,7 @@ def _intake_uses(tree: ast.AST) -> set[str]:
 
 
 def test_the_server_meets_report_intake_only_through_its_interface() -> None:
-    interface = set(ReportIntake.__abstractmethods__)
+    interface = {name for name in vars(ReportIntake) if not name.startswith("_")}
     used = {}
     for path in sorted((ROOT / "orchestrator").rglob("*.py")):
         if path.name != "intake.py":

@@ -50,6 +50,36 @@ ROWS = st.dictionaries(st.integers(0, 15).map(str),
                        st.sets(st.integers(0, (1 << 63) - 1), max_size=8).map(sorted), max_size=4)
 
 
+def _blobs(size: int) -> st.SearchStrategy:
+    return st.dictionaries(ID, st.binary(min_size=size, max_size=size), max_size=4)
+
+
+def _disjoint(ids: list[str]) -> tuple[list[str], list[str]]:
+    return ids[::2], ids[1::2]
+
+
+def secagg_messages() -> dict[str, st.SearchStrategy]:
+    """The secure aggregation messages (docs/protocol.md, "Secure aggregation")."""
+    from edge_sdk.protocol import (SecAggInbox, SecAggKeys, SecAggPeers, SecAggReveal, SecAggShares,
+                                   SecAggUnmask)
+
+    key, ids = st.binary(min_size=32, max_size=32), st.lists(ID, max_size=6, unique=True)
+    return {
+        "secagg_keys": st.builds(SecAggKeys, round=NAT, cipher_public=key, mask_public=key,
+                                 signature=st.binary(min_size=64, max_size=64)),
+        "secagg_peers": st.builds(SecAggPeers, round=NAT, graph_seed=key, degree=st.integers(1, 254), members=ids,
+                                  cipher_keys=_blobs(32), mask_keys=_blobs(32), signatures=_blobs(64),
+                                  identities=_blobs(32), splits=st.dictionaries(ID, st.integers(0, 64), max_size=4),
+                                  clip=st.floats(1e-3, 1e6), frac_bits=st.integers(0, 60), ring_bits=st.integers(1, 32),
+                                  cohort=st.integers(2, 1 << 20), weight_scale=st.floats(1e-3, 1e9),
+                                  threshold=st.integers(2, 255)),
+        "secagg_shares": st.builds(SecAggShares, round=NAT, sealed=_blobs(94)),
+        "secagg_inbox": st.builds(SecAggInbox, round=NAT, sealed=_blobs(94)),
+        "secagg_unmask": ids.map(_disjoint).map(lambda pair: SecAggUnmask(0, *pair)),
+        "secagg_reveal": st.builds(SecAggReveal, round=NAT, seed_shares=_blobs(33), key_shares=st.just({})),
+    }
+
+
 @st.composite
 def welcomes(draw) -> Welcome:
     num_blocks = draw(st.integers(0, 50))
@@ -103,6 +133,7 @@ MESSAGES = {
                        message=TEXT),
     "bye": st.builds(Bye, reason=TEXT),
     "resume": st.builds(Resume, transfer_id=ID, offset=NAT),
+    **secagg_messages(),
 }
 any_message = st.one_of(*MESSAGES.values())
 

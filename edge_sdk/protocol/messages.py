@@ -39,6 +39,14 @@ __all__ = [
     "Error",
     "Bye",
     "Resume",
+    "SecAggKeys",
+    "SecAggPeers",
+    "SecAggShares",
+    "SecAggInbox",
+    "SecAggUnmask",
+    "SecAggReveal",
+    "SECAGG_MESSAGES",
+    "SECAGG_KEY",
     "MESSAGE_TYPES",
     "PHASES",
     "SELECTIONS",
@@ -400,6 +408,162 @@ class Resume(Message):
         _require(self.offset >= 0, "resume.offset is negative")
 
 
+# --- secure aggregation (docs/protocol.md, "Secure aggregation") --------------------------------------
+# Sizes of edge_sdk.secagg's values, repeated here so that the protocol needs no cryptography import
+# (tests/test_secagg_round.py checks that they agree).
+
+#: The instruction ``config`` key that makes a train instruction a secure one: the round's scope
+#: (``Scope.session``); ``secagg_clip`` (float) is the L2 bound the device clips each block to.
+SECAGG_KEY = "secagg_session"
+_KEY_BYTES, _SIGNATURE_BYTES, _SEALED_BYTES, _SHARE_BYTES, _MAX_PEERS = 32, 64, 94, 33, 255
+
+
+def _ids(name: str, ids: object) -> None:
+    _require(all(isinstance(i, str) and i != "" for i in ids), f"{name} holds an empty device id")
+
+
+def _sized(name: str, values: Mapping[str, bytes], size: int, most: int = _MAX_PEERS) -> None:
+    _require(len(values) <= most, f"{name} names {len(values)} devices, more than {most}")
+    _ids(name, values)
+    for key, value in values.items():
+        _require(len(value) == size, f"{name}[{key[:40]!r}] is {len(value)} bytes, not {size}")
+
+
+@dataclass(frozen=True)
+class SecAggKeys(Message):
+    """Device -> server, SecAgg+ round 0 (AdvertiseKeys; Bell et al. 2020, Algorithm 2, Round 1 of
+    Bonawitz et al. 2017): the device's two fresh X25519 public keys for the round, ``cipher_public``
+    (c_u^PK: share encryption) and ``mask_public`` (s_u^PK: pairwise masks), with the Ed25519
+    ``signature`` of its identity key on them (edge_sdk.secagg.binding). Sent after training, in
+    the state ``WORKING`` of a train instruction whose config names ``secagg_session``; answered
+    by ``SecAggPeers``, or by ``Ack(accepted=false)`` (the device is not in the round's cohort)."""
+
+    TYPE: ClassVar[str] = "secagg_keys"
+
+    round: int
+    cipher_public: bytes
+    mask_public: bytes
+    signature: bytes
+
+    def check(self) -> None:
+        _require(self.round >= 0, "secagg_keys.round is negative")
+        _require(len(self.cipher_public) == _KEY_BYTES, "secagg_keys.cipher_public is not 32 bytes")
+        _require(len(self.mask_public) == _KEY_BYTES, "secagg_keys.mask_public is not 32 bytes")
+        _require(len(self.signature) == _SIGNATURE_BYTES, "secagg_keys.signature is not 64 bytes")
+
+
+@dataclass(frozen=True)
+class SecAggPeers(Message):
+    """Server -> device: the round's key cohort and the device's neighbours' advertisements.
+
+    ``members``: every device that advertised keys, sorted (the device rebuilds the neighbour graph
+    from ``graph_seed``, edge_sdk.secagg.graph, with ``degree``); per neighbour its keys, signature,
+    ``identities`` (Ed25519 public keys of the roster) and ``splits`` (the first block it trained:
+    the block cohorts). The fixed point: ``clip`` C, ``frac_bits`` f, ``ring_bits`` b, ``cohort`` n
+    (edge_sdk.secagg.fixedpoint); ``weight_scale``: a device's aggregation weight is
+    ``min(1, num_samples / weight_scale)``; ``threshold`` t of a device's deg + 1 shares rebuild its secrets."""
+
+    TYPE: ClassVar[str] = "secagg_peers"
+
+    round: int
+    graph_seed: bytes
+    degree: int
+    members: list[str]
+    cipher_keys: dict[str, bytes]
+    mask_keys: dict[str, bytes]
+    signatures: dict[str, bytes]
+    identities: dict[str, bytes]
+    splits: dict[str, Scalar]
+    clip: float
+    frac_bits: int
+    ring_bits: int
+    cohort: int
+    weight_scale: float
+    threshold: int
+
+    def check(self) -> None:
+        _require(self.round >= 0, "secagg_peers.round is negative")
+        _require(len(self.graph_seed) == _KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes")
+        _ids("secagg_peers.members", self.members)
+        _require(len(set(self.members)) == len(self.members), "secagg_peers.members repeats a device")
+        for name, size in (("cipher_keys", _KEY_BYTES), ("mask_keys", _KEY_BYTES),
+                           ("signatures", _SIGNATURE_BYTES), ("identities", _KEY_BYTES)):
+            _sized(f"secagg_peers.{name}", getattr(self, name), size)
+        _require(all(type(v) is int and v >= 0 for v in self.splits.values()), "secagg_peers.splits holds a non-index")
+        _require(self.clip > 0.0, "secagg_peers.clip is not positive")
+        _require(1 <= self.degree <= _MAX_PEERS - 1, "secagg_peers.degree is outside [1, 254]")
+        _require(0 <= self.frac_bits <= 60 and 1 <= self.ring_bits <= 32, "secagg_peers has a bad fixed point")
+        _require(self.cohort >= 2 and self.threshold >= 2, "secagg_peers.cohort or threshold is below 2")
+        _require(self.weight_scale > 0.0, "secagg_peers.weight_scale is not positive")
+
+
+@dataclass(frozen=True)
+class SecAggShares(Message):
+    """Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its Shamir shares of the
+    device's self-mask seed b_u and mask private key s_u^SK, sealed for that neighbour alone
+    (edge_sdk.secagg.sealing: 94 bytes each). The server routes them unopened."""
+
+    TYPE: ClassVar[str] = "secagg_shares"
+
+    round: int
+    sealed: dict[str, bytes]
+
+    def check(self) -> None:
+        _require(self.round >= 0, f"{self.TYPE}.round is negative")
+        _sized(f"{self.TYPE}.sealed", self.sealed, _SEALED_BYTES)
+
+
+@dataclass(frozen=True)
+class SecAggInbox(SecAggShares):
+    """Server -> device: the sealed shares its neighbours sent it (sender id -> 94 bytes). The
+    device then masks its update (SecAgg+ round 2, MaskedInputCollection) and reports it."""
+
+    TYPE: ClassVar[str] = "secagg_inbox"
+
+
+@dataclass(frozen=True)
+class SecAggUnmask(Message):
+    """Server -> device, SecAgg+ round 3 (Unmasking), after the masked uploads: of the device's
+    neighbours that sent it shares, ``survivors`` uploaded a masked update and ``dropped`` did not.
+    Sent while the device is idle, after its report's ``Ack``."""
+
+    TYPE: ClassVar[str] = "secagg_unmask"
+
+    round: int
+    survivors: list[str]
+    dropped: list[str]
+
+    def check(self) -> None:
+        _require(self.round >= 0, "secagg_unmask.round is negative")
+        _ids("secagg_unmask.survivors", self.survivors)
+        _ids("secagg_unmask.dropped", self.dropped)
+        _require(not set(self.survivors) & set(self.dropped), "secagg_unmask names a device as survivor and dropped")
+
+
+@dataclass(frozen=True)
+class SecAggReveal(Message):
+    """Device -> server, the answer to ``SecAggUnmask``: its share of each survivor's self-mask
+    seed (``seed_shares``) and of each dropped device's mask private key (``key_shares``), 33 bytes
+    each; never both for one device (Bonawitz et al. 2017, Round 4: that would reveal its update)."""
+
+    TYPE: ClassVar[str] = "secagg_reveal"
+
+    round: int
+    seed_shares: dict[str, bytes]
+    key_shares: dict[str, bytes]
+
+    def check(self) -> None:
+        _require(self.round >= 0, "secagg_reveal.round is negative")
+        _sized("secagg_reveal.seed_shares", self.seed_shares, _SHARE_BYTES)
+        _sized("secagg_reveal.key_shares", self.key_shares, _SHARE_BYTES)
+        _require(not set(self.seed_shares) & set(self.key_shares),
+                 "secagg_reveal gives both shares of one device")
+
+
+#: The secure aggregation messages, either way.
+SECAGG_MESSAGES = (SecAggKeys, SecAggPeers, SecAggShares, SecAggInbox, SecAggUnmask, SecAggReveal)
+
+
 # --- field kinds -------------------------------------------------------------------------------------
 # Each annotation maps to one kind; the codec validates decoded values by kind.
 
@@ -490,7 +654,7 @@ def _ext_value(value: object) -> object:
 MESSAGE_TYPES: Mapping[str, type[Message]] = MappingProxyType({
     cls.TYPE: cls
     for cls in (Hello, Welcome, Instruction, Fetch, TransferBegin, TransferFrame, TransferEnd, Report, Ack, Error,
-                Bye, Resume)
+                Bye, Resume, *SECAGG_MESSAGES)
 })
 
 _SCHEMAS: dict[type[Message], tuple[tuple[str, str], ...]] = {}

@@ -41,6 +41,13 @@ from .messages import (
     Message,
     Report,
     Resume,
+    SECAGG_KEY,
+    SecAggInbox,
+    SecAggKeys,
+    SecAggPeers,
+    SecAggReveal,
+    SecAggShares,
+    SecAggUnmask,
     TRAIN_GRAPH_KEY,
     TransferBegin,
     TransferEnd,
@@ -169,6 +176,9 @@ class _Session:
         self._upload: tuple[str, int] | None = None  # (transfer_id, offset) the upload's begin must have
         self._resumed = False
         self._close: Error | Bye | None = None
+        self._secagg_due: type[Message] | None = None  # the server's answer a secure round's step awaits
+        self._secagg_next: type[Message] | None = None  # the device's next step of a secure round
+        self._unmask_due = -1  # the round whose SecAggUnmask awaits the device's SecAggReveal
 
     # -- what the session knows ----------------------------------------------------------------
     @property
@@ -279,6 +289,8 @@ class _Session:
             raise self._not_allowed(msg, f"transfer {_short(self._flow.begin.transfer_id)} is still in flight")
         if self._fetch is not None:
             raise self._not_allowed(msg, f"the fetch of {_short(self._fetch.payload_id)} is not answered yet")
+        if self._secagg_due is not None:
+            raise self._not_allowed(msg, f"the secure round's {self._secagg_due.TYPE} is awaited first")
         instruction = self._instruction
         assert instruction is not None
         if (msg.round, msg.phase) != (instruction.round, instruction.phase):
@@ -332,6 +344,13 @@ class _Session:
         self._state = SessionState.UPLOADING
 
     def _on_ack(self, msg: Ack) -> None:
+        if self._state is SessionState.WORKING and self._secagg_due is not None:
+            # The server turns the device away from a secure round's cohort (late, or presumed dropped).
+            if msg.accepted or msg.round != self._round:
+                raise self._not_allowed(msg, "only ack(accepted=false) of the round answers a secure round's step")
+            self._secagg_due = None
+            self._finish_instruction()
+            return
         if self._state is SessionState.WORKING and self._fetch is not None:
             fetch, instruction = self._fetch, self._instruction
             assert instruction is not None
@@ -352,6 +371,41 @@ class _Session:
             raise _unexpected(f"ack of phase {msg.phase!r} answers the report of phase {self._report.phase!r}")
         self._report = None
         self._finish_instruction()
+
+    # secure aggregation (docs/protocol.md, "Secure aggregation")
+    def _secagg_step(self, msg: SecAggKeys | SecAggShares) -> None:
+        """A device's key advertisement or shares: within a secure train instruction, one step at a time."""
+        instruction = self._instruction
+        if self._state is not SessionState.WORKING or self._flow is not None or self._fetch is not None:
+            raise self._not_allowed(msg, "a secure round's step belongs to a train instruction between transfers")
+        assert instruction is not None
+        if instruction.phase != "train" or not instruction.config.get(SECAGG_KEY):
+            raise self._not_allowed(msg, "the current instruction is not a secure round's training")
+        if msg.round != instruction.round:
+            raise _unexpected(f"{msg.TYPE} of round {msg.round} during the instruction of round {instruction.round}")
+        if self._secagg_due is not None:
+            raise self._not_allowed(msg, f"the server's {self._secagg_due.TYPE} is awaited first")
+        if type(msg) is not self._secagg_next:
+            step = self._secagg_next.TYPE if self._secagg_next is not None else "the report"
+            raise self._not_allowed(msg, f"the secure round's next step is {step}")
+        self._secagg_due = SecAggPeers if isinstance(msg, SecAggKeys) else SecAggInbox
+        self._secagg_next = None
+
+    def _secagg_answer(self, msg: SecAggPeers | SecAggInbox) -> None:
+        if self._state is not SessionState.WORKING or self._secagg_due is not type(msg) or msg.round != self._round:
+            raise self._not_allowed(msg, "it answers the device's step of the current secure round")
+        self._secagg_due = None
+        self._secagg_next = SecAggShares if isinstance(msg, SecAggPeers) else None
+
+    def _on_unmask(self, msg: SecAggUnmask) -> None:
+        if self._state not in _AFTER_WELCOME or self._flow is not None:
+            raise self._not_allowed(msg, "an unmasking request comes after the welcome, between transfers")
+        self._unmask_due = msg.round
+
+    def _on_reveal(self, msg: SecAggReveal) -> None:
+        if self._unmask_due != msg.round or (self._state is SessionState.UPLOADING and self._flow is not None):
+            raise self._not_allowed(msg, f"no unmasking request of round {msg.round} is open")
+        self._unmask_due = -1
 
     # either way: transfers
     def _on_download_begin(self, msg: TransferBegin) -> None:
@@ -417,6 +471,7 @@ class _Session:
     # instructions
     def _start(self, instruction: Instruction) -> None:
         self._instruction = instruction
+        self._secagg_next = SecAggKeys  # checked against the instruction when a step comes
         self._round = instruction.round
         self._state = SessionState.WORKING
 
@@ -441,6 +496,9 @@ _FROM_DEVICE = {
     TransferBegin: _Session._on_upload_begin,
     TransferFrame: lambda s, m: s._on_frame(m, uploading=True),
     TransferEnd: lambda s, m: s._on_end(m, uploading=True),
+    SecAggKeys: _Session._secagg_step,
+    SecAggShares: _Session._secagg_step,
+    SecAggReveal: _Session._on_reveal,
     Error: _Session._on_close,
     Bye: _Session._on_close,
 }
@@ -453,6 +511,9 @@ _FROM_SERVER = {
     TransferBegin: _Session._on_download_begin,
     TransferFrame: lambda s, m: s._on_frame(m, uploading=False),
     TransferEnd: lambda s, m: s._on_end(m, uploading=False),
+    SecAggPeers: _Session._secagg_answer,
+    SecAggInbox: _Session._secagg_answer,
+    SecAggUnmask: _Session._on_unmask,
     Error: _Session._on_close,
     Bye: _Session._on_close,
 }

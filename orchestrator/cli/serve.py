@@ -218,6 +218,7 @@ def credentials(command: str, argv: list[str]) -> None:
     ``revoke --store DIR --id ID``; ``list --store DIR``. The store is the server's --store folder."""
     import argparse
 
+    from orchestrator.secure.roster import record_identity
     from orchestrator.store import Store
 
     parser = argparse.ArgumentParser(prog=f"edgetrain device {command}", description=credentials.__doc__)
@@ -235,6 +236,7 @@ def credentials(command: str, argv: list[str]) -> None:
                 secret = store.enroll(args.device_id, samples=args.samples)
             except ValueError as e:
                 parser.error(str(e))
+            record_identity(args.store, args.device_id, secret)  # the key its secure rounds are signed with
             if args.out is None:
                 typer.echo(secret)
             else:

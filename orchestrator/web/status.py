@@ -87,12 +87,22 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
     rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
                "reported": r["reported"], "started": r["started"], "finished": r["finished"],
                "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss"),
-               "bytes": round_bytes(r["metrics"])}
+               "bytes": round_bytes(r["metrics"]), **_secure(r["metrics"])}
               for r in journaled]
     return {"model": config.model, "strategy": config.strategy, "rounds_total": config.rounds,
             "rounds_done": sum(r["complete"] for r in rounds), "current": current, "rounds": rounds,
             "devices": _devices(server, feed, _last_bytes(journaled)), "notices": [asdict(n) for n in reversed(feed.notices)],
             "privacy": _privacy(journaled), "time": time.time()}
+
+
+def _secure(metrics: dict | None) -> dict[str, object]:
+    """A secure round's summary (orchestrator.secure.intake): each block's cohort and whether it was
+    revealed, the dropouts whose masks were removed, the protocol's cost; nothing for a plain round."""
+    secure = (metrics or {}).get("secure")
+    if not isinstance(secure, dict):
+        return {}
+    keep = ("blocks", "cohort", "masked", "recovered", "presumed_dropped", "messages_in", "bytes_in", "unmask_s")
+    return {"secure": {k: secure.get(k) for k in keep}}
 
 
 def _privacy(rounds: list[dict]) -> dict[str, object] | None:

@@ -98,6 +98,10 @@ def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str
     parts.append(f"{float(m.get('round_wall_s', 0.0)):.1f} s")
     if isinstance(m.get("privacy"), Mapping):
         parts.append(privacy_words(m["privacy"]))
+    if isinstance(m.get("secure"), Mapping):
+        blocks = m["secure"].get("blocks") or {}
+        parts.append(f"secure: {sum(bool(b.get('revealed')) for b in blocks.values())} of {len(blocks)} blocks "
+                     f"revealed, {len(m['secure'].get('recovered') or [])} dropouts recovered")
     if m.get("stragglers"):
         parts.append(f"stragglers {', '.join(map(str, m['stragglers']))}")
     if refused:

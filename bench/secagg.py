@@ -1,0 +1,138 @@
+"""Secure aggregation's computation and bytes beside the plain round's, in one process.
+
+``python bench/secagg.py [--devices 10,100] [--params 100000] [--blocks 4] [--dropouts 0,0.1,0.3]``
+runs one secure round of ``n`` devices over a model of ``--params`` float32 coordinates in
+``--blocks`` equal blocks (every device trains every block; a dropped device vanishes after sharing
+its keys), through the real messages' codec, and the plain round beside it: each device encodes its
+float32 update (``encode_tensors``) and the server decodes and sums them. It reports per device the
+CPU seconds of its steps and the bytes it sends, and for the server the CPU seconds of its stages
+(the JSON adds the bytes of its running sums: the server keeps one sum per block, not the devices'
+uploads), and writes ``bench/results/secagg.json``. Wall time equals CPU time here: one process,
+no network; the round's network time is the transport's (``bench/transport.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk import protocol as p
+from edge_sdk.secagg import Scope, identity_public_key
+from edge_sdk.secagg.round import DeviceRound
+from orchestrator.secure.round import SecureRound
+
+
+def _wire(msg: p.Message) -> tuple[p.Message, int]:
+    data = p.encode(msg)
+    return p.decode(data), len(data)
+
+
+def plain_round(n: int, sizes: dict[int, int], rng: np.random.Generator) -> dict[str, float]:
+    device_s = server_s = 0.0
+    names = {b: f"blocks.b{b}.weight" for b in sizes}
+    total = {b: np.zeros(s, np.float64) for b, s in sizes.items()}
+    for _ in range(n):
+        update = {names[b]: rng.normal(0, 0.01, s).astype(np.float32) for b, s in sizes.items()}
+        t = time.process_time()
+        data = p.encode_tensors(update)
+        device_s += time.process_time() - t
+        t = time.process_time()
+        got = p.decode_tensors(data)
+        for b in sizes:
+            total[b] += got[names[b]]
+        server_s += time.process_time() - t
+    return {"device_cpu_s": device_s / n, "server_cpu_s": server_s, "upload_bytes": len(data)}
+
+
+def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.Generator) -> dict[str, object]:
+    scope, ids = Scope("bench", 1), [f"d{i:04d}" for i in range(n)]
+    roster = {d: identity_public_key(f"s-{d}", d) for d in ids}
+    server = SecureRound(scope, len(sizes), sizes, clip=1.0, identities=roster, weight_scale=100.0)
+    devices = {d: DeviceRound(d, f"s-{d}", scope, 0, len(sizes)) for d in ids}
+    cpu = dict.fromkeys(ids, 0.0)
+    sent = dict.fromkeys(ids, 0)
+    server_s = 0.0
+
+    def device_step(d, fn):
+        t = time.process_time()
+        out = fn()
+        cpu[d] += time.process_time() - t
+        return out
+
+    def server_step(fn):
+        nonlocal server_s
+        t = time.process_time()
+        out = fn()
+        server_s += time.process_time() - t
+        return out
+
+    for d, dev in devices.items():
+        msg, size = _wire(p.SecAggKeys(1, *device_step(d, dev.advertise)))
+        sent[d] += size
+        server_step(lambda: server.advertise(d, 0, msg.cipher_public, msg.mask_public, msg.signature))
+    peers = server_step(server.close_keys)
+    for d, fields in peers.items():
+        msg, _ = _wire(p.SecAggPeers(round=1, **fields))
+        shares, size = _wire(p.SecAggShares(1, device_step(d, lambda: devices[d].share(msg))))
+        sent[d] += size
+        server_step(lambda: server.take_shares(d, shares.sealed))
+    inbox = server_step(server.close_shares)
+    dropped = set(rng.choice(ids, int(round(dropout * n)), replace=False)) if dropout else set()
+    upload = 0
+    for d, sealed in inbox.items():
+        if d in dropped:
+            continue
+        device_step(d, lambda: devices[d].receive(sealed))
+        update = [rng.normal(0, 0.01, s) for s in sizes.values()]
+        words = device_step(d, lambda: devices[d].mask(update, 50))
+        data = device_step(d, lambda: p.encode_tensors({f"secagg.{b}": w.view("<i4") for b, w in enumerate(words)}))
+        upload = len(data)
+        sent[d] += upload
+        got = server_step(lambda: p.decode_tensors(data))
+        server_step(lambda: server.take_masked(d, {b: got[f"secagg.{b}"].view(np.uint32) for b in sizes}))
+    for d, (alive, gone) in server_step(server.close_uploads).items():
+        seeds, keys = device_step(d, lambda: devices[d].reveal(alive, gone))
+        msg, size = _wire(p.SecAggReveal(1, seeds, keys))
+        sent[d] += size
+        server_step(lambda: server.take_reveal(d, msg.seed_shares, msg.key_shares))
+    outcomes = server_step(server.finish)
+    live = [d for d in ids if d not in dropped]
+    return {"device_cpu_s": float(np.mean([cpu[d] for d in live])), "server_cpu_s": server_s, "upload_bytes": upload,
+            "protocol_bytes": float(np.mean([sent[d] for d in live])) - upload,
+            "server_sums_bytes": sum(4 * (s + 1) for s in sizes.values()),
+            "revealed": sum(o.values is not None for o in outcomes), "degree": len(next(iter(peers.values()))["cipher_keys"])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", default="10,100")
+    ap.add_argument("--params", type=int, default=100_000)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--dropouts", default="0,0.1,0.3")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "secagg.json")
+    args = ap.parse_args()
+    sizes = {b: args.params // args.blocks for b in range(args.blocks)}
+    rng = np.random.default_rng(0)
+    rows = []
+    print("| devices | dropout | degree | device CPU s (secure / plain) | server CPU s (secure / plain) | "
+          "upload bytes (secure / plain) | key and share bytes per device | blocks revealed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.devices.split(",")):
+        plain = plain_round(n, sizes, rng)
+        for dropout in (float(x) for x in args.dropouts.split(",")):
+            sec = secure_round(n, sizes, dropout, rng)
+            rows.append({"devices": n, "dropout": dropout, "params": args.params, "plain": plain, "secure": sec})
+            print(f"| {n} | {dropout:.0%} | {sec['degree']} | {sec['device_cpu_s']:.3f} / {plain['device_cpu_s']:.4f} | "
+                  f"{sec['server_cpu_s']:.2f} / {plain['server_cpu_s']:.3f} | {sec['upload_bytes']} / "
+                  f"{plain['upload_bytes']} | {sec['protocol_bytes']:.0f} | {sec['revealed']} of {args.blocks} |",
+                  flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A secure round's steps on a device's connection: the I/O around :class:`~edge_sdk.secagg.round.DeviceRound`.
+
+After training, a device whose train instruction names ``secagg_session`` advertises its keys,
+sends its sealed shares, and uploads its masked blocks in place of its update
+(:func:`masked_update`); once the server has the round's uploads it answers the unmasking request
+(:func:`reveal`). docs/protocol.md, "Secure aggregation", has the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from edge_sdk import protocol as p
+from edge_sdk.downloads import RoundAborted, next_reply
+from edge_sdk.transport import Channel, send_msg
+
+from .labels import Scope, SecAggError
+from .layout import block_vectors
+from .round import DeviceRound
+
+__all__ = ["BLOCKS_KEY", "CLIP_KEY", "masked_update", "reveal", "start", "upload_name"]
+
+#: Instruction config keys of a secure round (besides ``protocol.SECAGG_KEY``, its scope).
+BLOCKS_KEY = "secagg_blocks"
+CLIP_KEY = "secagg_clip"
+
+
+def upload_name(block: int) -> str:
+    """The name of block ``block``'s masked words in the upload (int32 on the wire, the ring words' bits)."""
+    return f"secagg.{block}"
+
+
+async def _answer(ch: Channel, kind: type[p.Message]) -> p.Message:
+    msg = await next_reply(ch)
+    if isinstance(msg, p.Ack) and not msg.accepted:
+        raise RoundAborted(msg.reason)
+    if not isinstance(msg, kind):
+        raise p.ProtocolError("unexpected", f"expected {kind.TYPE}, got {msg.TYPE}")
+    return msg
+
+
+async def masked_update(ch: Channel, rnd: DeviceRound, ins: p.Instruction, tensors: Mapping[str, np.ndarray],
+                        num_samples: int) -> dict[str, np.ndarray]:
+    """Steps 0-2 of ``rnd`` over ``ch``: the upload that replaces the device's update ``tensors``."""
+    try:
+        cipher, mask, signature = rnd.advertise()
+        await send_msg(ch, p.SecAggKeys(ins.round, cipher, mask, signature))
+        peers = await _answer(ch, p.SecAggPeers)
+        await send_msg(ch, p.SecAggShares(ins.round, rnd.share(peers)))
+        inbox = await _answer(ch, p.SecAggInbox)
+        rnd.receive(inbox.sealed)
+        blocks = block_vectors(tensors, str(ins.config.get(BLOCKS_KEY, "")).split(","), ins.split)
+        words = rnd.mask(blocks, num_samples)
+    except SecAggError as exc:  # the server relayed something the protocol forbids: follow it no further
+        raise p.ProtocolError("malformed", f"secure round: {exc}") from None
+    return {upload_name(b): w.view("<i4") for b, w in enumerate(words, start=ins.split)}
+
+
+def start(device_id: str, secret: str, ins: p.Instruction, num_blocks: int) -> DeviceRound:
+    """The device's state for the secure round ``ins`` opens."""
+    if not secret:
+        raise p.ProtocolError("refused", "secure aggregation needs the device's credential (its secret) to sign keys")
+    return DeviceRound(device_id, secret, Scope(str(ins.config[p.SECAGG_KEY]), ins.round), ins.split, num_blocks)
+
+
+async def reveal(ch: Channel, rnd: DeviceRound | None, msg: p.SecAggUnmask) -> None:
+    """Step 3: answer the unmasking request of ``msg.round`` (a request for a round this device
+    has no state of is a protocol error: the server asked the wrong device)."""
+    if rnd is None or rnd.scope.round != msg.round:
+        raise p.ProtocolError("unexpected", f"an unmasking request for round {msg.round}, which this device did not mask")
+    try:
+        seeds, keys = rnd.reveal(msg.survivors, msg.dropped)
+    except SecAggError as exc:
+        raise p.ProtocolError("malformed", f"secure round: {exc}") from None
+    await send_msg(ch, p.SecAggReveal(msg.round, seeds, keys))

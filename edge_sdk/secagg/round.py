@@ -1,0 +1,176 @@
+"""One device's side of one secure round, sans-I/O (docs/protocol.md, "Secure aggregation").
+
+The device's steps follow SecAgg+ (Bell et al. 2020, Algorithm 2, which runs Bonawitz et al.
+2017's rounds on a neighbour graph), one method per step, each checking what the server relayed
+before using it; the connection code (edge_sdk.roundwork) only carries the messages:
+
+0. :meth:`DeviceRound.advertise` (AdvertiseKeys): two fresh X25519 key pairs, c_u (share
+   encryption) and s_u (pairwise masks), signed by the identity key of the device's credential.
+1. :meth:`DeviceRound.share` (ShareKeys): given the cohort, rebuild the neighbour graph from its
+   public seed, verify each neighbour's signature, then split the self-mask seed b_u and s_u^SK
+   into deg + 1 Shamir shares (t of which rebuild them; the device keeps one) and seal one pair of
+   shares for each neighbour.
+2. :meth:`DeviceRound.receive` then :meth:`DeviceRound.mask` (MaskedInputCollection): open the
+   shares the neighbours sent (those who did not are out of the round), then for each block k it
+   trained: clip, weight, quantize (edge_sdk.secagg.fixedpoint) and add the self mask of block k
+   and the pairwise mask of block k with each neighbour that trained block k (split <= k) and sent
+   shares. A device's masks on block k thus cancel over exactly block k's cohort.
+3. :meth:`DeviceRound.reveal` (Unmasking): the shares of b_v for the survivors v, of s_v^SK for
+   the dropped, never both for one device and once per round (Bonawitz et al. 2017, Round 4).
+
+A server that breaks the protocol (a neighbourhood that is not the graph's, a bad signature, a
+share for someone else, a device both survivor and dropped, a block whose cohort leaves this
+device alone) gets a :class:`~edge_sdk.secagg.SecAggError`: the device follows it no further.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .binding import sign_advertisement, verify_advertisement
+from .fixedpoint import FixedPoint
+from .graph import neighbour_graph
+from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, self_mask_seed, share_key
+from .labels import Scope, SecAggError
+from .masks import add_mod, combined_mask
+from .sealing import open_shares, seal_shares
+from .shamir import split_secret
+
+if TYPE_CHECKING:
+    from edge_sdk.protocol import SecAggPeers
+
+__all__ = ["DeviceRound", "weight_of"]
+
+
+def weight_of(num_samples: int, weight_scale: float) -> float:
+    """A device's aggregation weight: its sample count over the round's public scale, at most 1."""
+    return min(1.0, max(0, num_samples) / weight_scale)
+
+
+class DeviceRound:
+    """Device ``device_id``'s state in one secure round of ``scope``; it trained blocks ``[split, num_blocks)``."""
+
+    def __init__(self, device_id: str, secret: str, scope: Scope, split: int, num_blocks: int) -> None:
+        if not 0 <= split < num_blocks:
+            raise SecAggError(f"a secure round's device trains some block: split {split} of {num_blocks}")
+        self.device_id, self.scope, self.split, self.num_blocks = device_id, scope, split, num_blocks
+        self._secret = secret
+        self._cipher, self._mask = generate_keypair(), generate_keypair()
+        self._seed = os.urandom(KEY_BYTES)  # b_u
+        self.step = "advertise"
+        self.neighbours: tuple[str, ...] = ()
+        self.splits: dict[str, int] = {}
+        self.fixed: FixedPoint | None = None
+        self.weight_scale = 1.0
+        self.threshold = 2
+        self._share_keys: dict[str, bytes] = {}
+        self._pair_secrets: dict[str, bytes] = {}  # neighbour -> s agreement
+        self._own: tuple[bytes, bytes] | None = None  # the share of b_u and s_u^SK the device keeps
+        self._held: dict[str, tuple[bytes, bytes]] = {}  # neighbour -> its shares for this device
+
+    def _expect(self, step: str, then: str) -> None:
+        if self.step != step:
+            raise SecAggError(f"{self.device_id}: the secure round is at {self.step!r}, not {step!r}")
+        self.step = then
+
+    # -- 0: AdvertiseKeys ------------------------------------------------------------------------
+    def advertise(self) -> tuple[bytes, bytes, bytes]:
+        """(c_u^PK, s_u^PK, signature) for ``SecAggKeys``."""
+        self._expect("advertise", "share")
+        signature = sign_advertisement(self._secret, self.device_id, self.scope, self._cipher.public,
+                                       self._mask.public)
+        return self._cipher.public, self._mask.public, signature
+
+    # -- 1: ShareKeys ----------------------------------------------------------------------------
+    def share(self, peers: SecAggPeers) -> dict[str, bytes]:
+        """Check the cohort the server relayed and seal this device's shares for each neighbour."""
+        self._expect("share", "receive")
+        me = self.device_id
+        if me not in peers.members:
+            raise SecAggError(f"{me}: the cohort relayed does not hold this device")
+        graph = neighbour_graph(peers.graph_seed, self.scope, 0, peers.members, peers.degree)
+        self.neighbours = graph.neighbours[me]
+        named = set(self.neighbours)
+        for field in ("cipher_keys", "mask_keys", "signatures", "identities", "splits"):
+            if set(getattr(peers, field)) != named:
+                raise SecAggError(f"{me}: the server's {field} are not exactly this device's neighbours")
+        if peers.threshold != graph.threshold[me] or peers.cohort < len(peers.members):
+            raise SecAggError(f"{me}: threshold {peers.threshold} or cohort {peers.cohort} is not the graph's")
+        self.threshold = peers.threshold
+        self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort)
+        self.weight_scale = float(peers.weight_scale)
+        for v in self.neighbours:
+            verify_advertisement(peers.identities[v], v, self.scope, peers.cipher_keys[v], peers.mask_keys[v],
+                                 peers.signatures[v])
+            split = peers.splits[v]
+            if type(split) is not int or not 0 <= split < self.num_blocks:
+                raise SecAggError(f"{me}: neighbour {v!r} has split {split!r}")
+            self.splits[v] = split
+            self._share_keys[v] = share_key(agree(self._cipher.private, peers.cipher_keys[v]), self.scope, me, v)
+            self._pair_secrets[v] = agree(self._mask.private, peers.mask_keys[v])
+        count, t = len(self.neighbours) + 1, peers.threshold
+        seeds, keys = split_secret(self._seed, count, t), split_secret(self._mask.private, count, t)
+        self._own = (seeds[0], keys[0])
+        return {v: seal_shares(self._share_keys[v], self.scope, me, v, seeds[i + 1], keys[i + 1])
+                for i, v in enumerate(self.neighbours)}
+
+    # -- 2: MaskedInputCollection ----------------------------------------------------------------
+    def receive(self, sealed: Mapping[str, bytes]) -> None:
+        """Open the shares the neighbours sent (sender -> sealed); those who sent none are out."""
+        self._expect("receive", "mask")
+        for v, box in sealed.items():
+            if v not in self._share_keys:
+                raise SecAggError(f"{self.device_id}: shares from {v!r}, who is not a neighbour")
+            self._held[v] = open_shares(self._share_keys[v], self.scope, v, self.device_id, box)
+
+    def partners(self, block: int) -> list[str]:
+        """The neighbours this device masks block ``block`` with: they trained it and sent shares."""
+        return [v for v in self.neighbours if v in self._held and self.splits[v] <= block]
+
+    def mask(self, blocks: Sequence[np.ndarray], num_samples: int) -> list[np.ndarray]:
+        """The masked words of each trained block (``blocks[i]``: block ``split + i``, flat float
+        values), the weight coordinate last in each (edge_sdk.secagg.fixedpoint)."""
+        self._expect("mask", "reveal")
+        fixed = self.fixed
+        assert fixed is not None
+        if len(blocks) != self.num_blocks - self.split:
+            raise SecAggError(f"{self.device_id}: {len(blocks)} blocks to mask, trained "
+                              f"{self.num_blocks - self.split}")
+        weight = weight_of(num_samples, self.weight_scale)
+        out = []
+        for block, values in enumerate(blocks, start=self.split):
+            partners = self.partners(block)
+            if not partners:  # alone, its block would be unmasked with its self mask: refuse
+                raise SecAggError(f"{self.device_id}: no neighbour of block {block}'s cohort sent shares")
+            words = fixed.encode(values, weight)
+            seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v)
+                     for v in partners}
+            mask = combined_mask(words.size, fixed.ring_bits, self.device_id,
+                                 self_seed=self_mask_seed(self._seed, self.scope, block, self.device_id),
+                                 pair_seeds=seeds)
+            out.append(add_mod(words, mask, fixed.ring_bits))
+        return out
+
+    # -- 3: Unmasking ----------------------------------------------------------------------------
+    def reveal(self, survivors: Sequence[str], dropped: Sequence[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(seed shares of the survivors, key shares of the dropped), once. The survivors name this
+        device; every other id must be a neighbour whose shares it holds. Fewer than t survivors
+        are answered too (the server then cannot rebuild those secrets, and leaves the blocks
+        hidden): what keeps a device's update hidden is that no device's two secrets are ever
+        revealed together, which is checked here."""
+        self._expect("reveal", "done")
+        alive, gone = set(survivors), set(dropped)
+        if alive & gone:
+            raise SecAggError(f"{self.device_id}: asked to reveal both secrets of {sorted(alive & gone)[:3]}")
+        if self.device_id not in alive or self.device_id in gone:
+            raise SecAggError(f"{self.device_id}: an unmasking request that does not count this device alive")
+        unknown = (alive | gone) - set(self._held) - {self.device_id}
+        if unknown:
+            raise SecAggError(f"{self.device_id}: asked for shares of {sorted(unknown)[:3]}, which it was not given")
+        assert self._own is not None
+        held = {**self._held, self.device_id: self._own}
+        return {v: held[v][0] for v in sorted(alive)}, {v: held[v][1] for v in sorted(gone)}
