@@ -133,8 +133,10 @@ class Runtime:
 #: shrinks, so the largest session a tab has created (a frozen chunk's: its bytes copied into the heap,
 #: parsed, its initializers) stays resident, which the planner's frozen-chunk copies, sized for a native
 #: runtime that frees them, leave out (a weak digits_mlp tab, two 17 MB chunks, peaked 365 MiB on a plan
-#: of 320 MiB). onnxruntime-webgpu is the WebGPU build's measurement of ``bench/js_devices.py --webgpu``,
-#: not re-measured; it stays above onnxruntime-web, whose fallback it covers.
+#: of 320 MiB); what a tab holds while it trains is :data:`WEB_TRAINING_COPIES`. onnxruntime-webgpu: the
+#: WebGPU build's renderer after the probe (256.1 MiB) and what the GPU process grew by (22.4 MiB),
+#: re-measured the same day with ``node edge_sdk_js/bench/run.mjs runtime webgpu`` (278.5 MiB, SwiftShader);
+#: it stays above onnxruntime-web, whose fallback it covers.
 JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
     "onnxruntime-node": 82 * _MiB,
     "onnxruntime-web": 270 * _MiB,
@@ -165,7 +167,7 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # hot kernels to optimised code, which holds about 120 MiB more for a few seconds (ResNet20's tail).
     Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
     # A tab training on its GPU (onnxruntime-web's WebGPU build) names this and onnxruntime-web, and is
-    # planned on this: its renderer with the WebGPU build and a first WebGPU session (259 MiB) and what
+    # planned on this: its renderer with the WebGPU build and a first WebGPU session (256-259 MiB) and what
     # the GPU process grew by for it (22 MiB; on SwiftShader, docs/js-device.md "WebGPU" says what a page
     # cannot see). Before the web entry: it costs more, and covers the tab falling back to WebAssembly.
     Runtime("onnxruntime-webgpu", memory=JS_RUNTIME_MEMORY["onnxruntime-webgpu"], backend="graph"),
