@@ -41,7 +41,7 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
 for (const [budget, role] of [[400, "weak"], [560, "moderate"]]) {
   test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000 }, async (t) => {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
-    const r = await tabDevice("digits_mlp", budget, ROUNDS);
+    const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true });
     console.log(`# ${role} tab at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB`);
     assertKept(r, role);
   });
