@@ -6,8 +6,11 @@ the Python device and a Node device (onnxruntime-node) under a hard memory cap e
 the process's resident high-water mark, and a headless Chromium tab (onnxruntime-web), its peak the
 renderer's. The role and split are what the server planned for the budget; ``rounds`` and
 ``accepted`` come from its journal. The work is edge_sdk_js/test/budgets.mjs, the budgets test's.
+``--trace`` also prints where each tab's memory went, per round and phase (session created, run,
+released; sampled every 200 ms): the renderer's resident memory and peak, the page's WebAssembly
+memory and its JavaScript heap.
 
-    PYTHONPATH=. python bench/js_budgets.py [--rounds 5] [--rows node:digits_mlp:185,tab:digits_mlp:375]
+    PYTHONPATH=. python bench/js_budgets.py [--rounds 5] [--rows node:digits_mlp:185,tab:digits_mlp:400] [--trace]
 
 Needs `npm ci` and `npm run build` in edge_sdk_js/ first, root (for the cap) and Debian's chromium (tabs).
 """
@@ -29,14 +32,15 @@ MiB = 1 << 20
 #: kind:model:budget MiB. The Node and Python devices at a weak and a strong budget (digits_mlp and a
 #: CNN), the tabs at a weak and a moderate one.
 ROWS = ("python:digits_mlp:185", "node:digits_mlp:185", "node:digits_mlp:400", "node:mnist_cnn:185",
-        "tab:digits_mlp:375", "tab:digits_mlp:400")
+        "tab:digits_mlp:400", "tab:digits_mlp:560")
 RUNTIME = {"python": "python (edge_sdk)", "node": "onnxruntime-node", "tab": "onnxruntime-web (Chromium tab)"}
 
 
-def measure(row: str, rounds: int) -> dict:
+def measure(row: str, rounds: int, trace: bool = False) -> dict:
     kind, model, budget = row.split(":")
     env = {**os.environ, "EDGETRAIN_PYTHON": sys.executable}
-    out = subprocess.run(["node", str(JS / "bench" / "budgets.mjs"), kind, model, budget, str(rounds)], cwd=JS, env=env,
+    argv = ["node", str(JS / "bench" / "budgets.mjs"), kind, model, budget, str(rounds), *(["--trace"] if trace else [])]
+    out = subprocess.run(argv, cwd=JS, env=env,
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         return {"row": row, "error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -52,15 +56,21 @@ def _print(rows: list[dict]) -> None:
             continue
         print(f"{RUNTIME[r['kind']]:32} {r['model']:11} {r['budget'] / MiB:6.0f}M {r['role'] or '-':9} {r['split']!s:>5} "
               f"{r['accepted']:>3}/{r['finished']:<2} {r['peak'] / MiB:7.1f}M {r['peak'] / r['budget']:11.2f}")
+    for r in (r for r in rows if r.get("phases")):
+        print(f"\n{r['row']}: where the tab's memory went (MiB, the largest of each reading)")
+        print(f"{'round':>5} {'phase':16} {'rss':>7} {'peak':>7} {'wasm':>7} {'js heap':>7}")
+        for p in r["phases"]:
+            print(f"{p['round']:>5} {p['phase']:16} {p['rss']:7.1f} {p['peak']:7.1f} {p['wasm']:7.1f} {p['js']:7.1f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", default=",".join(ROWS), help="kind:model:budget_mib, comma-separated (kind: python, node, tab)")
+    ap.add_argument("--trace", action="store_true", help="also where each tab's memory went, per round and phase")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_budgets.json")
     args = ap.parse_args()
-    rows = [measure(row, args.rounds) for row in args.rows.split(",")]
+    rows = [measure(row, args.rounds, args.trace) for row in args.rows.split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds, "rows": rows}, indent=1))
     _print(rows)

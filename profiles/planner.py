@@ -156,10 +156,11 @@ def _runtime_bytes(runtime: RuntimeMemory | int | None, backend: str = "torch") 
 
 def backend_memory(memory: TrainingMemory, backend: str) -> TrainingMemory:
     """``memory`` as a device on runtime ``backend`` trains: a training-graph runtime holds its
-    gradients once more (``TrainingMemory.graph_copies``)."""
-    if RUNTIMES[backend].needs_graph:
-        return dataclasses.replace(memory, optimizer_copies=memory.optimizer_copies + memory.graph_copies)
-    return memory
+    gradients once more (``TrainingMemory.graph_copies``), and a runtime may hold more copies of
+    the trainable parameters of its own (``Runtime.training_copies``: a browser tab's)."""
+    runtime = RUNTIMES[backend]
+    extra = (memory.graph_copies if runtime.needs_graph else 0) + runtime.training_copies
+    return dataclasses.replace(memory, optimizer_copies=memory.optimizer_copies + extra) if extra else memory
 
 
 def tail_footprint(

@@ -96,15 +96,21 @@ class Runtime:
     ``backend``: how the device trains, one of the training backends' kinds
     (:data:`edge_sdk.backends.KINDS`): ``torch`` (the tail as a torch module: any split) or
     ``graph`` (an exported ONNX training graph: only splits whose graph exports and verifies).
+    ``training_copies``: copies of the trainable parameters the runtime holds while it trains beyond
+    what :class:`profiles.accounting.TrainingMemory` counts for every device (measured where it runs;
+    see :data:`WEB_TRAINING_COPIES`).
     """
 
     name: str
     memory: str | int
     backend: str
+    training_copies: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in KINDS:
             raise ValueError(f"runtime {self.name}: backend must be {' or '.join(KINDS)}, not {self.backend!r}")
+        if self.training_copies < 0:
+            raise ValueError(f"runtime {self.name}: training_copies must be >= 0, not {self.training_copies}")
 
     @property
     def needs_graph(self) -> bool:
@@ -127,13 +133,25 @@ class Runtime:
 #: shrinks, so the largest session a tab has created (a frozen chunk's: its bytes copied into the heap,
 #: parsed, its initializers) stays resident, which the planner's frozen-chunk copies, sized for a native
 #: runtime that frees them, leave out (a weak digits_mlp tab, two 17 MB chunks, peaked 365 MiB on a plan
-#: of 320 MiB). onnxruntime-webgpu is the WebGPU build's measurement of ``bench/js_devices.py --webgpu``,
-#: not re-measured; it stays above onnxruntime-web, whose fallback it covers.
+#: of 320 MiB); what a tab holds while it trains is :data:`WEB_TRAINING_COPIES`. onnxruntime-webgpu: the
+#: WebGPU build's renderer after the probe (256.1 MiB) and what the GPU process grew by (22.4 MiB),
+#: re-measured the same day with ``node edge_sdk_js/bench/run.mjs runtime webgpu`` (278.5 MiB, SwiftShader);
+#: it stays above onnxruntime-web, whose fallback it covers.
 JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
     "onnxruntime-node": 82 * _MiB,
     "onnxruntime-web": 270 * _MiB,
     "onnxruntime-webgpu": 281 * _MiB,
 })
+
+#: Copies of the trainable parameters a Chromium tab (onnxruntime-web, WebAssembly) holds while it
+#: trains beyond every graph device's (weight, gradient, momentum, the received state): the
+#: WebAssembly heap keeps the weights fed into a step and the gradients it produced at its high-water
+#: mark (2; it never shrinks), and each step's gradients, copied out of the heap into new JavaScript
+#: arrays, stay until V8 collects them, which a page cannot ask for (7: the tab's JavaScript heap held
+#: up to 110 MiB of them, about 7 steps' gradients of a 4.2M-parameter tail, at its peak). Measured on
+#: the shared 2-core machine, 2026-11-28: a moderate digits_mlp tab (split 2, 16 MiB of trainable
+#: parameters) peaked at 478-524 MiB on a plan of 387 MiB without them (``bench/js_budgets.py --trace``).
+WEB_TRAINING_COPIES = 9
 
 #: The training runtimes, in the order the planner prefers them (a device that names several is
 #: planned on the first of them here): torch steps are faster; ONNX Runtime needs far less memory.
@@ -149,11 +167,12 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # hot kernels to optimised code, which holds about 120 MiB more for a few seconds (ResNet20's tail).
     Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
     # A tab training on its GPU (onnxruntime-web's WebGPU build) names this and onnxruntime-web, and is
-    # planned on this: its renderer with the WebGPU build and a first WebGPU session (259 MiB) and what
+    # planned on this: its renderer with the WebGPU build and a first WebGPU session (256-259 MiB) and what
     # the GPU process grew by for it (22 MiB; on SwiftShader, docs/js-device.md "WebGPU" says what a page
     # cannot see). Before the web entry: it costs more, and covers the tab falling back to WebAssembly.
     Runtime("onnxruntime-webgpu", memory=JS_RUNTIME_MEMORY["onnxruntime-webgpu"], backend="graph"),
-    Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph"),
+    Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph",
+            training_copies=WEB_TRAINING_COPIES),
 )})
 
 def device_runtime(names: Sequence[str]) -> Runtime:

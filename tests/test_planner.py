@@ -386,3 +386,25 @@ def test_cli_answers_and_errors(tmp_path, args, code, says):
     out = edgetrain(*args, cache_dir=tmp_path)
     assert out.returncode == code, out.stdout + out.stderr
     assert says in out.stdout + out.stderr
+
+
+def test_a_tab_is_charged_the_parameter_copies_it_holds_while_training() -> None:
+    # A Chromium tab (onnxruntime-web) holds its trainable parameters Runtime.training_copies more
+    # times than any graph device (its WebAssembly heap's copies and uncollected gradient arrays):
+    # its training phase costs that much more than a Node device's, and a 400 MiB digits_mlp tab
+    # gets the weak plan, the moderate one only at the budget that covers those copies.
+    from profiles.planner import tail_footprint
+    from profiles.runtime import RUNTIMES, WEB_TRAINING_COPIES, Runtime
+
+    assert RUNTIMES["onnxruntime-web"].training_copies == WEB_TRAINING_COPIES > 0
+    assert RUNTIMES["onnxruntime-node"].training_copies == 0
+    with pytest.raises(ValueError, match="training_copies"):
+        Runtime("x", memory=1, backend="graph", training_copies=-1)
+    cost = measure_model(build_model("digits_mlp"))
+    tab, node = (tail_footprint(cost, 2, 32, backend=b, runtime=0) for b in ("onnxruntime-web", "onnxruntime-node"))
+    assert tab.training - node.training == WEB_TRAINING_COPIES * cost.trainable_params(2) * 4
+    assert tab.streaming == node.streaming
+    weak = plan_split(cost, 400 << 20, 32, backends=("onnxruntime-web",), graph_splits=range(4), local_samples=450)
+    assert (weak.split, weak.role) == (3, "weak")
+    moderate = plan_split(cost, 560 << 20, 32, backends=("onnxruntime-web",), graph_splits=range(4), local_samples=450)
+    assert (moderate.split, moderate.role) == (2, "moderate") and moderate.footprint_bytes > 500 << 20

@@ -1,6 +1,6 @@
 // JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
 // a Node device under a hard memory cap equal to its budget, weak and strong, and a Chromium tab at
-// a weak and a moderate budget (todos: see TAB_TODO) each train five rounds of digits_mlp against a real orchestrator,
+// a weak and a moderate budget each train five rounds of digits_mlp against a real orchestrator,
 // every round's report accepted, in the role their budget buys, and their resident peak (the
 // device's own, as reported; the tab's renderer's) stays under the budget. Skipped with one line
 // where there is no cgroup memory controller to cap with (not root) or no Chromium. In `make test-slow`.
@@ -33,19 +33,16 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
 }
 
 /**
- * Tabs do not reliably keep their budgets yet (docs/js-device.md, "Memory"): on the shared 2-core machine
- * (2026-11-28) the weak tab's renderer peaked at 364-365 MiB at 375 MiB in five runs and at 381.9 MiB in
- * one; the moderate one at 486-524 MiB at 400 MiB in four runs (once 325 MiB). They run and report as
- * todos until they do.
+ * A tab's budgets: the planner charges onnxruntime-web's tab for the copies of the trainable parameters
+ * its WebAssembly heap and its uncollected gradient arrays hold (profiles/runtime.py, WEB_TRAINING_COPIES),
+ * so at 400 MiB a digits_mlp tab gets the weak plan (split 3, 367 MiB) and the moderate one (split 2,
+ * 547 MiB) from 547 MiB.
  */
-const TAB_TODO = {
-  weak: "the weak tab's renderer peaks at its 375 MiB budget (364-382 MiB measured)",
-  moderate: "the moderate tab's renderer peaks over its 400 MiB budget (486-524 MiB measured)",
-};
-
-for (const [budget, role] of [[375, "weak"], [400, "moderate"]]) {
-  test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000, todo: TAB_TODO[role] }, async (t) => {
+for (const [budget, role] of [[400, "weak"], [560, "moderate"]]) {
+  test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000 }, async (t) => {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
-    assertKept(await tabDevice("digits_mlp", budget, ROUNDS), role);
+    const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true });
+    console.log(`# ${role} tab at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB`);
+    assertKept(r, role);
   });
 }
