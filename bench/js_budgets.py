@@ -32,7 +32,7 @@ MiB = 1 << 20
 #: kind:model:budget MiB. The Node and Python devices at a weak and a strong budget (digits_mlp and a
 #: CNN), the tabs at a weak and a moderate one.
 ROWS = ("python:digits_mlp:185", "node:digits_mlp:185", "node:digits_mlp:400", "node:mnist_cnn:185",
-        "tab:digits_mlp:400", "tab:digits_mlp:560")
+        "tab:digits_mlp:400", "tab:digits_mlp:580")
 RUNTIME = {"python": "python (edge_sdk)", "node": "onnxruntime-node", "tab": "onnxruntime-web (Chromium tab)"}
 
 

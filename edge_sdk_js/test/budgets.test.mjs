@@ -38,7 +38,7 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
  * so at 400 MiB a digits_mlp tab gets the weak plan (split 3, 367 MiB) and the moderate one (split 2,
  * 547 MiB) from 547 MiB.
  */
-for (const [budget, role] of [[400, "weak"], [560, "moderate"]]) {
+for (const [budget, role] of [[400, "weak"], [580, "moderate"]]) {
   test(`a ${role} Chromium tab at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 600_000 }, async (t) => {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
     const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true });

@@ -52,7 +52,7 @@ test("a mixed fleet of Python, Node and WebAssembly devices trains every round",
     nodeDevice(dir, url, "web-2", "400MiB", shards[2], "web"),
     nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"), // weak: the head only
   ];
-  const tab = TAB ? await browserDevice(dir, url, "tab-4", shards[4], 375) : null;
+  const tab = TAB ? await browserDevice(dir, url, "tab-4", shards[4], 400) : null;
   const events = [];
   const inProcess = new DeviceClient({
     server: url, deviceId: "node-1", budgetBytes: 200 * 2 ** 20, runtime: await loadRuntime("node"), data: loadShard(shards[1]),

@@ -115,7 +115,7 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
  * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
  * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 420 MiB, on the GPU:
- * WebGPU, moderate; the second, at 375 MiB, on WebAssembly, weak), else under Node (400 MiB, 375 MiB).
+ * WebGPU, moderate; the second, at 400 MiB, on WebAssembly, weak), else under Node (400 MiB, 400 MiB).
  */
 async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const N = WORKLOAD.devices;
@@ -128,9 +128,9 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
     pages.push(await browserDevice(dir, url, "tab-4", shards[4], 420, { webgpu: true }));
-    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 375));
+    pages.push(await browserDevice(dir, url, "tab-5", shards[5], 400));
   } else {
-    procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "375MiB", shards[5], "web"));
+    procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "400MiB", shards[5], "web"));
   }
 }
 

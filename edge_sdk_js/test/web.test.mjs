@@ -55,7 +55,7 @@ test("serve --web: a tab trains from the device page; the status page shows the 
       await status.goto(`${site}/status#token=${TOKEN}`);
       const tab = await browser.newPage();
       tab.on("pageerror", (err) => console.error(`# device page error: ${err.message}`));
-      await tab.goto(`${site}/?id=tab-1&budget=375MiB&shard=1&autostart=1#token=${TOKEN}`);
+      await tab.goto(`${site}/?id=tab-1&budget=400MiB&shard=1&autostart=1#token=${TOKEN}`);
       const gpuTab = await gpuBrowser.newPage();
       gpuTab.on("pageerror", (err) => console.error(`# device page (WebGPU) error: ${err.message}`));
       await gpuTab.goto(`${site}/?id=tab-gpu&budget=380MiB&shard=3&autostart=1#token=${TOKEN}`); // weak on WebGPU's figure
