@@ -45,16 +45,19 @@ from orchestrator.config import ServerConfig  # noqa: E402
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator  # noqa: E402
 from orchestrator.wirebytes import run_bytes  # noqa: E402
 
-#: (held payloads, chunk codec, tail codec, graph codec, update codec) of each setting.
-SETTINGS: dict[str, tuple[bool, str, str, str, str]] = {
-    "float32": (False, "none", "none", "none", "none"),
-    "held": (True, "none", "none", "none", "none"),
-    "lossless": (True, "shuffle", "shuffle", "shuffle", "shuffle"),
-    "float16": (True, "shuffle", "float16", "shuffle", "float16"),
-    "8bit": (True, "shuffle", "int8", "shuffle", "sr8"),
-    "eden4": (True, "shuffle", "int8", "shuffle", "eden4"),
-    "eden2": (True, "shuffle", "int8", "shuffle", "eden2"),
-    "eden1": (True, "shuffle", "int8", "shuffle", "eden1"),
+#: (held payloads, chunk codec, tail codec, graph codec, update codec, download delta) of each setting.
+SETTINGS: dict[str, tuple[bool, str, str, str, str, str]] = {
+    "float32": (False, "none", "none", "none", "none", "none"),
+    "held": (True, "none", "none", "none", "none", "none"),
+    "lossless": (True, "shuffle", "shuffle", "shuffle", "shuffle", "none"),
+    "float16": (True, "shuffle", "float16", "shuffle", "float16", "none"),
+    "8bit": (True, "shuffle", "int8", "shuffle", "sr8", "none"),
+    "eden4": (True, "shuffle", "int8", "shuffle", "eden4", "none"),
+    "eden2": (True, "shuffle", "int8", "shuffle", "eden2", "none"),
+    "eden1": (True, "shuffle", "int8", "shuffle", "eden1", "none"),
+    "delta8+sr8": (True, "shuffle", "none", "shuffle", "sr8", "int8"),
+    "delta4+eden2": (True, "shuffle", "none", "shuffle", "eden2", "int4"),
+    "delta2+eden1": (True, "shuffle", "none", "shuffle", "eden1", "int2"),
 }
 #: model -> (training data, partition scheme, evaluation data, local learning rate)
 MODELS = {"digits_mlp": ("digits", "iid", "digits", 0.1), "leaf_cnn": ("femnist", "natural", "femnist", 0.04)}
@@ -72,7 +75,7 @@ class Run:
 
 
 def run_one(spec: Run, data_root: str | None) -> dict:
-    held, chunk, tail, graph, update = SETTINGS[spec.setting]
+    held, chunk, tail, graph, update, delta = SETTINGS[spec.setting]
     train, scheme, evaluation, lr = MODELS[spec.model]
     ds = load_dataset(train, root=data_root)
     parts = partition(ds.groups if scheme == "natural" else ds.y, spec.devices, scheme, seed=spec.seed)
@@ -83,7 +86,7 @@ def run_one(spec: Run, data_root: str | None) -> dict:
         config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
                               lr=lr, seed=spec.seed, eval_every=spec.rounds, eval_data=evaluation, data_root=data_root,
                               store_dir=Path(tmp) / "store", deadline_s=600, chunk_codec=chunk, tail_codec=tail,
-                              graph_codec=graph, update_codec=update)
+                              graph_codec=graph, update_codec=update, download_delta=delta)
 
         async def go() -> list[dict]:
             orch, server = await start_orchestrator(config, lambda kind, data: None)
