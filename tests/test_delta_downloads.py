@@ -126,3 +126,51 @@ def test_devices_download_deltas_from_the_version_they_hold(tmp_path: Path) -> N
                           and d["round"] == h["round"])
             assert 0 < down.get("model", 0) + down.get("chunk", 0) < rebuilt / 7.5  # 4 bits of 32, plus scales
     assert all(h["accuracy"] is None or h["accuracy"] > 0.1 for h in history)
+
+
+def test_the_conformance_vectors_still_encode_and_rebuild_the_same_bytes() -> None:
+    """tests/vectors/delta.json (tests/vectors/make_delta_vectors.py), which the JavaScript device checks too."""
+    import base64
+    import hashlib
+    import json
+
+    cases = json.loads((Path(__file__).parent / "vectors" / "delta.json").read_text())["cases"]
+    assert {(c["payload"], c["bits"], c["base"] is None) for c in cases} == {
+        (k, b, w) for k in ("tensors", "bytes") for b in (8, 4, 2) for w in (True, False)}
+    for c in cases:
+        base = None if c["base"] is None else base64.b64decode(c["base"])
+        payload, rebuilt = encode_delta(base64.b64decode(c["current"]), np.array(c["regions"]), base, c["bits"])
+        assert payload == base64.b64decode(c["delta"]), (c["payload"], c["bits"])
+        assert hashlib.sha256(apply_delta(payload, base)).hexdigest() == hashlib.sha256(rebuilt).hexdigest() \
+            == c["rebuilt_sha256"]
+
+
+def test_a_chunk_nobody_changed_costs_no_byte_and_the_tail_comes_as_a_delta(tmp_path: Path) -> None:
+    """Two weak devices (nobody trains the frozen blocks): in round 2 each holds the chunk's rebuilt
+    bytes under the digest its instruction names and is sent none of them; the tail is a delta."""
+    budget = int(role_budgets("digits_mlp")["weak"] * 1.01) + (4 << 20)
+    config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=2, lr=0.1,
+                          store_dir=tmp_path / "store", deadline_s=120, download_delta="int8")
+    digits = load_dataset("digits")
+    server_events: list[tuple[str, dict]] = []
+    device_events: list[tuple[str, dict]] = []
+
+    async def run() -> list[dict]:
+        orch, server = await start_orchestrator(config, lambda kind, data: server_events.append((kind, data)))
+        url = f"ws://127.0.0.1:{orch.port}"
+        devices = [DeviceClient(DeviceConfig(url, name, budget, backend="torch", payload_cache=tmp_path / name),
+                                digits.x[i::2], digits.y[i::2], on_event=lambda k, d: device_events.append((k, d)))
+                   for i, name in enumerate(("a", "b"))]
+        await asyncio.gather(*(d.run() for d in devices))
+        return await asyncio.wait_for(server, timeout=300)
+
+    history = asyncio.run(run())
+    sent = {(d["device"], d["round"], d["kind"]): d["bytes"] for k, d in server_events if k == "sent"}
+    for device in ("a", "b"):
+        assert sent[(device, 1, "chunk")] > 0 and sent[(device, 2, "chunk")] == 0, sent
+        assert 0 < sent[(device, 2, "model")] < sent[(device, 1, "model")] * 1.01
+        used = {(d["round"], d["kind"]) for k, d in device_events if k == "from_store" and d["device"] == device}
+        assert used == {(2, "chunk")}, used
+        bases = {(d["round"], d["kind"], d["base"]) for k, d in device_events if k == "delta_applied" and d["device"] == device}
+        assert (2, "model", True) in bases and (1, "chunk", False) in bases, bases
+    assert history[1]["bytes"]["a"]["held"]["chunk"] > 0
