@@ -157,25 +157,18 @@ class Downloads:
         del partial[payload_id]
         timings["download_s"] += time.monotonic() - t
         if incoming.begin.meta.get(CODEC_META) == DELTA_CODEC:
-            return self._rebuilt(data, incoming.begin, slot, round_no)
+            return await self._rebuilt(data, incoming.begin, slot, round_no)
         return self._decoded(self._keep(data, incoming.begin.sha256), incoming.begin)
 
-    def _rebuilt(self, data: memoryview, begin: p.TransferBegin, slot: str, round_no: int) -> memoryview:
+    async def _rebuilt(self, data: memoryview, begin: p.TransferBegin, slot: str, round_no: int) -> memoryview:
         """A delta download's payload: rebuilt on the base it names (from the store), checked against
         the digest the server computed for the same bytes, kept for the next round's delta."""
-        from edge_sdk.codecs import CodecError
-        from edge_sdk.codecs.delta import apply_delta
-
         base_digest, digest = str(begin.meta.get(DELTA_BASE_META, "")), str(begin.meta.get(RECON_META, ""))
         base = self.store.get(base_digest) if base_digest and self.store is not None else None
         if base_digest and base is None:
             raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a delta on {base_digest[:16]}, which this device does not hold")
-        try:
-            out = apply_delta(data, base, max_bytes=self.limits.max_transfer_bytes)
-        except CodecError as exc:
-            raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {begin.kind} delta: {exc}") from None
-        if p.sha256_hex(out) != digest:
-            raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {begin.kind} delta rebuilds other bytes than the server's")
+        # In a worker thread: a model's worth of float32 work would stall the event loop.
+        out = await asyncio.to_thread(_apply, data, base, begin.kind, digest, self.limits)
         self.on_event("delta_applied", {"device": self.device_id, "round": round_no, "kind": begin.kind,
                                         "bytes": begin.total_size, "rebuilt": len(out), "base": bool(base_digest)})
         if self._keep(memoryview(out), digest) is not None and slot:
@@ -210,6 +203,20 @@ class Downloads:
             return memoryview(await asyncio.to_thread(self.held.read, held))
         await drain(ch, begin)
         return None
+
+
+def _apply(data: memoryview, base: bytes | None, kind: str, digest: str, limits: p.Limits) -> bytes:
+    """The bytes a delta payload rebuilds on ``base``, which must hash to the server's ``digest``."""
+    from edge_sdk.codecs import CodecError
+    from edge_sdk.codecs.delta import apply_delta
+
+    try:
+        out = apply_delta(data, base, max_bytes=limits.max_transfer_bytes)
+    except CodecError as exc:
+        raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {kind} delta: {exc}") from None
+    if p.sha256_hex(out) != digest:
+        raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {kind} delta rebuilds other bytes than the server's")
+    return out
 
 
 def _open_bundle(path: Path):
