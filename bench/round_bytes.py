@@ -91,7 +91,10 @@ def run_one(spec: Run, data_root: str | None) -> dict:
         config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
                               lr=lr, seed=spec.seed, eval_every=spec.rounds, eval_data=evaluation, data_root=data_root,
                               store_dir=Path(tmp) / "store", deadline_s=600, chunk_codec=chunk, tail_codec=tail,
-                              graph_codec=graph, update_codec=update, download_delta=delta)
+                              graph_codec=graph, update_codec=update, download_delta=delta,
+                              # Devices share this process's event loop with the server on a loaded machine:
+                              # the slow-sender guard would cut their transfers for the bench's own stalls.
+                              transfer_min_rate=1024)
 
         async def go() -> list[dict]:
             orch, server = await start_orchestrator(config, lambda kind, data: None)
