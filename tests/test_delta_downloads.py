@@ -91,6 +91,7 @@ def test_a_chunks_weights_are_found_in_its_onnx_bytes_and_the_rebuilt_chunk_runs
     assert np.abs(outs[0] - outs[1]).max() < 0.05 * np.abs(outs[0]).max()
 
 
+@pytest.mark.slow
 def test_devices_download_deltas_from_the_version_they_hold(tmp_path: Path) -> None:
     """A strong and a weak digits_mlp device, 3 rounds, 4-bit delta downloads: round 1 sends every
     chunk and tail whole, later rounds a delta from the round before's reconstruction (the device's
