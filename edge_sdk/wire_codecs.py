@@ -27,8 +27,8 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.protocol.codec import BytesLike
 
-__all__ = ["CODEC_META", "DELTA_BASE_META", "DELTA_CODEC", "RECON_META", "FEEDBACK_KEY", "UPDATE_CODEC_KEY", "UpdateEncoder", "decode_payload", "decode_state",
-           "encode_payload", "encode_state", "needs_feedback",
+__all__ = ["CODEC_META", "DELTA_BASE_META", "DELTA_CODEC", "FEEDBACK_KEY", "RECON_META", "UPDATE_CODEC_KEY",
+           "UpdateEncoder", "decode_payload", "decode_state", "encode_payload", "encode_state", "needs_feedback",
            "tensor_regions"]
 
 #: ``TransferBegin.meta`` key naming the codec a payload was sent through (absent: none).
