@@ -14,14 +14,19 @@ setting and seed:
 - ``float16``: held, chunks and graphs ``shuffle``, tails and updates ``float16`` (error feedback);
 - ``8bit``: held, chunks and graphs ``shuffle``, tails ``int8``, updates ``sr8`` (stochastic rounding);
 - ``eden2``/``eden4``/``eden1``: held, chunks and graphs ``shuffle``, tails ``int8``, updates through
-  EDEN at that many bits a coordinate (random rotation, unbiased).
+  EDEN at that many bits a coordinate (random rotation, unbiased);
+- ``delta8+sr8``/``delta4+eden2``/``delta2+eden1``: held, chunks and tails as delta downloads
+  (``download_delta`` int8/int4/int2: quantized, and against the version a device holds,
+  :mod:`edge_sdk.codecs.delta`), updates through that codec.
 
-Reported per setting (mean over seeds): bytes down and up per device-round
+Reported per setting (mean ± standard deviation over seeds): bytes down and up per device-round
 (:func:`orchestrator.wirebytes.run_bytes`: every device that took part in a round counts once), their
-share of the float32 run's, and the final round's test accuracy beside the float32 run's.
+share of the float32 run's, the final round's test accuracy and its difference from the float32 run
+of the same seed (paired).
 
-``python bench/round_bytes.py [--models digits_mlp,leaf_cnn] [--settings float32,held,...] [--seeds 0]
-[--rounds 5] [--devices 6] [--roles strong,moderate,weak]`` writes bench/results/round_bytes.json and prints a markdown table.
+``python bench/round_bytes.py [--models digits_mlp,leaf_cnn] [--settings float32,held,...] [--seeds 0,1,2]
+[--rounds 5] [--devices 6] [--roles strong,moderate,weak] [--table FILE...]`` writes
+bench/results/round_bytes.json and prints a markdown table (``--table``: only the table of result files).
 """
 
 from __future__ import annotations
@@ -45,16 +50,19 @@ from orchestrator.config import ServerConfig  # noqa: E402
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator  # noqa: E402
 from orchestrator.wirebytes import run_bytes  # noqa: E402
 
-#: (held payloads, chunk codec, tail codec, graph codec, update codec) of each setting.
-SETTINGS: dict[str, tuple[bool, str, str, str, str]] = {
-    "float32": (False, "none", "none", "none", "none"),
-    "held": (True, "none", "none", "none", "none"),
-    "lossless": (True, "shuffle", "shuffle", "shuffle", "shuffle"),
-    "float16": (True, "shuffle", "float16", "shuffle", "float16"),
-    "8bit": (True, "shuffle", "int8", "shuffle", "sr8"),
-    "eden4": (True, "shuffle", "int8", "shuffle", "eden4"),
-    "eden2": (True, "shuffle", "int8", "shuffle", "eden2"),
-    "eden1": (True, "shuffle", "int8", "shuffle", "eden1"),
+#: (held payloads, chunk codec, tail codec, graph codec, update codec, download delta) of each setting.
+SETTINGS: dict[str, tuple[bool, str, str, str, str, str]] = {
+    "float32": (False, "none", "none", "none", "none", "none"),
+    "held": (True, "none", "none", "none", "none", "none"),
+    "lossless": (True, "shuffle", "shuffle", "shuffle", "shuffle", "none"),
+    "float16": (True, "shuffle", "float16", "shuffle", "float16", "none"),
+    "8bit": (True, "shuffle", "int8", "shuffle", "sr8", "none"),
+    "eden4": (True, "shuffle", "int8", "shuffle", "eden4", "none"),
+    "eden2": (True, "shuffle", "int8", "shuffle", "eden2", "none"),
+    "eden1": (True, "shuffle", "int8", "shuffle", "eden1", "none"),
+    "delta8+sr8": (True, "shuffle", "none", "shuffle", "sr8", "int8"),
+    "delta4+eden2": (True, "shuffle", "none", "shuffle", "eden2", "int4"),
+    "delta2+eden1": (True, "shuffle", "none", "shuffle", "eden1", "int2"),
 }
 #: model -> (training data, partition scheme, evaluation data, local learning rate)
 MODELS = {"digits_mlp": ("digits", "iid", "digits", 0.1), "leaf_cnn": ("femnist", "natural", "femnist", 0.04)}
@@ -72,7 +80,7 @@ class Run:
 
 
 def run_one(spec: Run, data_root: str | None) -> dict:
-    held, chunk, tail, graph, update = SETTINGS[spec.setting]
+    held, chunk, tail, graph, update, delta = SETTINGS[spec.setting]
     train, scheme, evaluation, lr = MODELS[spec.model]
     ds = load_dataset(train, root=data_root)
     parts = partition(ds.groups if scheme == "natural" else ds.y, spec.devices, scheme, seed=spec.seed)
@@ -83,7 +91,10 @@ def run_one(spec: Run, data_root: str | None) -> dict:
         config = ServerConfig(model=spec.model, rounds=spec.rounds, min_devices=spec.devices, local_steps=spec.local_steps,
                               lr=lr, seed=spec.seed, eval_every=spec.rounds, eval_data=evaluation, data_root=data_root,
                               store_dir=Path(tmp) / "store", deadline_s=600, chunk_codec=chunk, tail_codec=tail,
-                              graph_codec=graph, update_codec=update)
+                              graph_codec=graph, update_codec=update, download_delta=delta,
+                              # Devices share this process's event loop with the server on a loaded machine:
+                              # the slow-sender guard would cut their transfers for the bench's own stalls.
+                              transfer_min_rate=1024)
 
         async def go() -> list[dict]:
             orch, server = await start_orchestrator(config, lambda kind, data: None)
@@ -104,31 +115,44 @@ def run_one(spec: Run, data_root: str | None) -> dict:
             "bytes_per_device_round": spent.get("per_device_round"), "codecs": SETTINGS[spec.setting]}
 
 
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+
+
 def table(results: list[dict]) -> str:
-    """One markdown row per model and setting: means over seeds, shares of the float32 run's bytes."""
+    """One markdown row per model and setting: mean ± standard deviation over seeds of the bytes per
+    device-round and their share of the float32 run's, the final accuracy, and its difference from
+    the float32 run of the same seed (paired: the same data split and initial model)."""
     rows = ["| model | setting | seeds | down MB / device-round | up MB / device-round | of float32's bytes | "
-            "accuracy | float32's accuracy |", "|---|---|---|---|---|---|---|---|"]
+            "accuracy | − float32's (points, paired) |", "|---|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in results):
         mine = [r for r in results if r["model"] == model]
-        base = [r for r in mine if r["setting"] == "float32"]
-        base_bytes = sum(r["bytes_per_device_round"] for r in base) / len(base) if base else None
-        base_acc = sum(r["accuracy"] for r in base) / len(base) if base else None
+        base = {r["seed"]: r for r in mine if r["setting"] == "float32"}
         for setting in dict.fromkeys(r["setting"] for r in mine):
             rs = [r for r in mine if r["setting"] == setting]
-            mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("down_per_device_round", "up_per_device_round",
-                                                                 "bytes_per_device_round", "accuracy")}
-            share = f"{mean['bytes_per_device_round'] / base_bytes:.3f}" if base_bytes else "-"
-            rows.append(f"| {model} | {setting} | {len(rs)} | {mean['down_per_device_round'] / 1e6:.2f} | "
-                        f"{mean['up_per_device_round'] / 1e6:.3f} | {share} | {mean['accuracy']:.4f} | "
-                        + (f"{base_acc:.4f} |" if base_acc is not None else "- |"))
+            cells = []
+            for key, scale, fmt in (("down_per_device_round", 1e-6, ".2f"), ("up_per_device_round", 1e-6, ".3f")):
+                m, sd = _mean_sd([r[key] * scale for r in rs])
+                cells.append(f"{m:{fmt}} ± {sd:{fmt}}")
+            paired = [r for r in rs if r["seed"] in base]
+            share = _mean_sd([r["bytes_per_device_round"] / base[r["seed"]]["bytes_per_device_round"] for r in paired]) \
+                if paired else None
+            cells.append(f"{share[0]:.3f} ± {share[1]:.3f}" if share else "-")
+            m, sd = _mean_sd([100 * r["accuracy"] for r in rs])
+            cells.append(f"{m:.2f} ± {sd:.2f}")
+            diff = _mean_sd([100 * (r["accuracy"] - base[r["seed"]]["accuracy"]) for r in paired]) if paired else None
+            cells.append(f"{diff[0]:+.2f} ± {diff[1]:.2f}" if diff else "-")
+            rows.append(f"| {model} | {setting} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="digits_mlp,leaf_cnn")
-    ap.add_argument("--settings", default="float32,held,lossless,float16,8bit,eden2")
-    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--settings", default="float32,lossless,float16,8bit,eden2,delta8+sr8,delta4+eden2,delta2+eden1")
+    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--devices", type=int, default=6)
     ap.add_argument("--local-steps", type=int, default=5)
@@ -136,7 +160,11 @@ def main() -> None:
                     help="the devices' roles, in turn (moderate,weak: a fleet where nobody trains the frozen blocks)")
     ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "round_bytes.json")
+    ap.add_argument("--table", type=Path, nargs="*", help="only print the table of these result files (runs none)")
     args = ap.parse_args()
+    if args.table:
+        print(table([r for path in args.table for r in json.loads(path.read_text())["results"]]))
+        return
     results = []
     for model in args.models.split(","):
         for setting in args.settings.split(","):

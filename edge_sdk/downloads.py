@@ -5,7 +5,10 @@ one sha256 (docs/protocol.md, "Transfers"). A download cut by a dropped connecti
 bytes already held (``Fetch.offset``); a payload the device's offline bundle holds with the same
 size and sha256 is not downloaded at all (:class:`edge_sdk.bundle.HeldPayloads`), nor is one the
 device's own store holds by the sha256 its instruction names (:class:`edge_sdk.payload_store.PayloadStore`,
-asked with ``Fetch.held``: the server sends no byte of it); the frames of a
+asked with ``Fetch.held``: the server sends no byte of it). Where the server delta-codes downloads
+(``download_delta``), a device asks for a changed chunk or tail with the digest of the version it
+holds of the same payload (its slot, :func:`download_slot`) and rebuilds the new one from the
+quantized difference (:mod:`edge_sdk.codecs.delta`); the frames of a
 transfer the device no longer wants are drained. :func:`next_reply` reads the server's next answer,
 leaving follow-up instructions queued in the session, and turns an ``Error`` or ``Bye`` into
 :class:`DeviceRefused` or :class:`RoundAborted`.
@@ -22,9 +25,18 @@ from typing import Any
 from edge_sdk import protocol as p
 from edge_sdk.payload_store import PayloadStore
 from edge_sdk.transport import Channel, recv_msg, recv_payload, send_msg
-from edge_sdk.wire_codecs import CODEC_META, decode_payload
+from edge_sdk.wire_codecs import CODEC_META, DELTA_BASE_META, DELTA_CODEC, RECON_META, decode_payload
 
-__all__ = ["DeviceRefused", "Downloads", "RoundAborted", "drain", "expect", "next_reply"]
+__all__ = ["DeviceRefused", "Downloads", "RoundAborted", "download_slot", "drain", "expect", "next_reply"]
+
+
+def download_slot(ins: p.Instruction, payload_id: str) -> str:
+    """Which payload of the previous rounds ``payload_id`` replaces (its slot): the instruction's
+    i-th chunk or its model, at its split and selection; "" for others (never delta-coded). The
+    server checks that a base fits (same regions), so a slot is a guess that costs nothing if wrong."""
+    if payload_id in ins.chunk_ids:
+        return f"{ins.split}:chunk:{ins.chunk_ids.index(payload_id)}"
+    return f"{ins.split}:model:{ins.selection}" if payload_id == ins.model_id else ""
 
 
 class DeviceRefused(RuntimeError):
@@ -90,6 +102,7 @@ class Downloads:
         self.device_id, self.limits, self.on_event = device_id, limits, on_event
         self.held = None if bundle is None else _open_bundle(bundle)
         self.store = store
+        self.slots: dict[str, str] = {}  # slot -> digest of the reconstruction held (delta downloads)
         self.welcome: p.Welcome | None = None
 
     def welcomed(self, welcome: p.Welcome) -> None:
@@ -98,7 +111,7 @@ class Downloads:
 
     async def fetch(self, ch: Channel, round_no: int, payload_id: str, partial: dict[str, p.IncomingTransfer],
                     timings: dict[str, float], *, block_range: tuple[int, int] | None = None,
-                    sha256: str = "") -> memoryview:
+                    sha256: str = "", slot: str = "") -> memoryview:
         """Download one payload; ``partial`` holds the round's cut downloads (resumed from their
         offset), ``timings["download_s"]`` counts the time. A payload the device's bundle holds with
         the same bytes is not downloaded, nor one of ``sha256`` (the instruction's digest) that the
@@ -114,16 +127,17 @@ class Downloads:
             if data is not None:
                 return self._keep(data, held.sha256)
         stored = self.store.get(sha256) if self.store is not None and sha256 and incoming is None else None
+        base = self.slots.get(slot, "") if stored is None and incoming is None and self.store is not None else ""
         while True:
             await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0,
-                                       held=sha256 if stored is not None else ""))
+                                       held=sha256 if stored is not None else base))
             begin = await _transfer_begin(ch)
             if stored is not None:
-                if begin.offset == begin.total_size == len(stored) and begin.sha256 == sha256:
+                if begin.offset == begin.total_size and sha256 in (begin.sha256, begin.meta.get(RECON_META)):
                     self.on_event("from_store", {"device": self.device_id, "round": round_no, "payload": payload_id,
                                                  "kind": begin.kind, "bytes": len(stored)})
                     timings["download_s"] += time.monotonic() - t
-                    return self._decoded(memoryview(stored), begin)
+                    return memoryview(stored) if RECON_META in begin.meta else self._decoded(memoryview(stored), begin)
                 stored = None  # the server's bytes differ: it sends them from 0
             if incoming is None:
                 incoming = p.IncomingTransfer(begin, self.limits)
@@ -142,7 +156,24 @@ class Downloads:
         data = await recv_payload(ch, incoming.begin, self.limits, incoming=incoming)
         del partial[payload_id]
         timings["download_s"] += time.monotonic() - t
+        if incoming.begin.meta.get(CODEC_META) == DELTA_CODEC:
+            return await self._rebuilt(data, incoming.begin, slot, round_no)
         return self._decoded(self._keep(data, incoming.begin.sha256), incoming.begin)
+
+    async def _rebuilt(self, data: memoryview, begin: p.TransferBegin, slot: str, round_no: int) -> memoryview:
+        """A delta download's payload: rebuilt on the base it names (from the store), checked against
+        the digest the server computed for the same bytes, kept for the next round's delta."""
+        base_digest, digest = str(begin.meta.get(DELTA_BASE_META, "")), str(begin.meta.get(RECON_META, ""))
+        base = self.store.get(base_digest) if base_digest and self.store is not None else None
+        if base_digest and base is None:
+            raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a delta on {base_digest[:16]}, which this device does not hold")
+        # In a worker thread: a model's worth of float32 work would stall the event loop.
+        out = await asyncio.to_thread(_apply, data, base, begin.kind, digest, self.limits)
+        self.on_event("delta_applied", {"device": self.device_id, "round": round_no, "kind": begin.kind,
+                                        "bytes": begin.total_size, "rebuilt": len(out), "base": bool(base_digest)})
+        if self._keep(memoryview(out), digest) is not None and slot:
+            self.slots[slot] = digest
+        return memoryview(out)
 
     def _decoded(self, data: memoryview, begin: p.TransferBegin) -> memoryview:
         """The payload's bytes as its consumer reads them: through the codec ``begin.meta`` names
@@ -172,6 +203,20 @@ class Downloads:
             return memoryview(await asyncio.to_thread(self.held.read, held))
         await drain(ch, begin)
         return None
+
+
+def _apply(data: memoryview, base: bytes | None, kind: str, digest: str, limits: p.Limits) -> bytes:
+    """The bytes a delta payload rebuilds on ``base``, which must hash to the server's ``digest``."""
+    from edge_sdk.codecs import CodecError
+    from edge_sdk.codecs.delta import apply_delta
+
+    try:
+        out = apply_delta(data, base, max_bytes=limits.max_transfer_bytes)
+    except CodecError as exc:
+        raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {kind} delta: {exc}") from None
+    if p.sha256_hex(out) != digest:
+        raise p.ProtocolError(p.ErrorCode.MALFORMED, f"a {kind} delta rebuilds other bytes than the server's")
+    return out
 
 
 def _open_bundle(path: Path):

@@ -28,7 +28,7 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.backends import TrainingBackend, choose_backend
 from edge_sdk.backends.base import Tail
-from edge_sdk.downloads import Downloads
+from edge_sdk.downloads import Downloads, download_slot
 from edge_sdk.memory import peak_rss_bytes
 from edge_sdk.memory_policy import MemoryPolicy
 from edge_sdk.phases import DeviceRegistry, PhaseResult, Tensors, TrainedUpdate
@@ -188,7 +188,7 @@ class RoundWork:
                     block_range: tuple[int, int] | None = None) -> memoryview:
         """One of the instruction's payloads, resumed within the round."""
         return await self.downloads.fetch(ch, ins.round, payload_id, prog.partial, prog.timings, block_range=block_range,
-                                          sha256=ins.digests.get(payload_id, ""))
+                                          sha256=ins.digests.get(payload_id, ""), slot=download_slot(ins, payload_id))
 
     async def tail(self, ch: Channel, ins: p.Instruction, prog: RoundProgress) -> tuple[TrainingBackend, Tail]:
         """The instruction's backend and the tail it prepared."""

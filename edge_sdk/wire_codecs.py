@@ -27,11 +27,16 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.protocol.codec import BytesLike
 
-__all__ = ["CODEC_META", "FEEDBACK_KEY", "UPDATE_CODEC_KEY", "UpdateEncoder", "decode_payload", "decode_state",
-           "encode_payload", "encode_state", "needs_feedback"]
+__all__ = ["CODEC_META", "DELTA_BASE_META", "DELTA_CODEC", "FEEDBACK_KEY", "RECON_META", "UPDATE_CODEC_KEY",
+           "UpdateEncoder", "decode_payload", "decode_state", "encode_payload", "encode_state", "needs_feedback",
+           "tensor_regions"]
 
 #: ``TransferBegin.meta`` key naming the codec a payload was sent through (absent: none).
 CODEC_META = "codec"
+#: Delta downloads (:mod:`edge_sdk.codecs.delta`): the codec name, and the ``TransferBegin.meta`` keys
+#: naming the sha256 of the bytes the device rebuilds (``recon``) and of the base it applies to (``base``,
+#: absent for a payload sent against nothing). The instruction's digest of such a payload is its ``recon``.
+DELTA_CODEC, RECON_META, DELTA_BASE_META = "delta", "recon", "base"
 #: Instruction ``config`` keys: the update's codec, and whether the device keeps error feedback.
 UPDATE_CODEC_KEY, FEEDBACK_KEY = "update_codec", "update_feedback"
 
@@ -80,6 +85,16 @@ def decode_state(data: BytesLike, limits: p.Limits = p.DEFAULT_LIMITS) -> dict[s
                 raise p.ProtocolError(p.ErrorCode.NON_FINITE, f"tensor {key[:64]!r} holds NaN or infinity")
         out[key] = value
     return out
+
+
+def tensor_regions(data: BytesLike) -> np.ndarray:
+    """The ``(offset, count)`` regions of an ``encode_tensors`` payload's float32 tensors (of at
+    least 64 values: small ones stay exact), in increasing order: what a delta download rewrites."""
+    views = p.decode_tensors(data, allow_non_finite=True)
+    start = np.frombuffer(data, dtype=np.uint8).ctypes.data
+    found = sorted((v.ctypes.data - start, v.size) for v in views.values()
+                   if isinstance(v, np.ndarray) and v.dtype == np.float32 and v.size >= 64)
+    return np.array(found, dtype=np.int64).reshape(-1, 2)
 
 
 def encode_payload(data: BytesLike, name: str, kind: str) -> bytes:

@@ -163,6 +163,13 @@ class ServerConfig:
                 "lossy float16 or int8 (blockwise 8-bit grid, nearest).")
     graph_codec: Literal["none", "zlib", "shuffle"] = setting(
         "none", "Codec the training graphs (ONNX) travel through: none, zlib or shuffle.")
+    download_delta: Literal["none", "int8", "int4", "int2"] = setting(
+        "none", "Frozen chunks' and tails' weights travel to the device quantized (nearest, blockwise 8/4/2-bit grid): "
+                "the whole payload to a device holding nothing, else the difference from the version it holds "
+                "(docs/protocol.md, \"Delta downloads\"); none: as the chunk and tail codecs say.")
+    download_delta_keep: Count = setting(
+        2, "Rounds of the reconstructions sent to devices that the server keeps as delta bases (each costs a model's "
+           "bytes); a device holding an older one downloads its payload whole.", cli=False)
     update_codec: Literal["none", "zlib", "shuffle", "float16", "int8", "sr8", "sr4", "sr2", "sr1", "eden4", "eden3",
                           "eden2", "eden1"] = setting(
         "none", "Codec the devices' updates travel through: lossless none/zlib/shuffle; float16 and int8 (biased: "

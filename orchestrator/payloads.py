@@ -23,11 +23,12 @@ import torch
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
-from edge_sdk.wire_codecs import CODEC_META, FEEDBACK_KEY, UPDATE_CODEC_KEY, encode_payload, needs_feedback
+from edge_sdk.wire_codecs import CODEC_META, FEEDBACK_KEY, RECON_META, UPDATE_CODEC_KEY, encode_payload, needs_feedback
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
+from orchestrator.download_deltas import DeltaDownloads
 from orchestrator.parts import Payload, Prepared, Session, Work
 from orchestrator.planning import Planning
 from orchestrator.selection import Selection
@@ -110,6 +111,8 @@ class Payloads:
         self.state: Mapping[str, np.ndarray] = {}
         self._models: dict[str, LayeredModel] = {}  # version -> the model its chunks export from
         self._lock = threading.Lock()
+        bits = {"none": 0, "int8": 8, "int4": 4, "int2": 2}[config.download_delta]
+        self.deltas = DeltaDownloads(bits, config.download_delta_keep) if bits else None
 
     def __getitem__(self, payload_id: str) -> Payload:
         return self.by_id[payload_id]
@@ -121,6 +124,8 @@ class Payloads:
         """A new round serves ``state``: its version, no payloads yet."""
         self.state, self.version = state, state_version(state)
         self.clear()
+        if self.deltas is not None:
+            self.deltas.next_round()
         with self._lock:
             self._models = {v: m for v, m in self._models.items() if v == self.version}
 
@@ -201,7 +206,22 @@ class Payloads:
         model = self.by_id[wire.model_id]  # its decoded size bounds the update that answers it
         work = Work(ins, selection, wire, names, int(model.meta.get("decoded_size", len(model.data))))
         # What each payload's bytes hash to: a device holding them fetches with Fetch.held, and is sent none.
-        return replace(work, wire=replace(wire, digests={pid: self.by_id[pid].sha256 for pid in work.payload_ids}))
+        # A delta-coded payload's digest is that of the bytes the device rebuilds (and keeps).
+        digests = {pid: str(self.by_id[pid].meta.get(RECON_META, self.by_id[pid].sha256)) for pid in work.payload_ids}
+        return replace(work, wire=replace(wire, digests=digests))
+
+    def answer(self, payload_id: str, held: str, offset: int) -> tuple[Payload, int]:
+        """What a fetch of ``payload_id`` is sent, from which offset: nothing of a payload the device
+        holds (``held`` is its digest or, delta-coded, its reconstruction's), a delta from the
+        reconstruction it holds, else the whole payload (from ``offset`` when resuming)."""
+        payload = self.by_id[payload_id]
+        if not held:
+            return payload, offset
+        if held in (payload.sha256, payload.meta.get(RECON_META)):
+            return payload, len(payload.data)
+        delta = None if self.deltas is None or RECON_META not in payload.meta else \
+            self.deltas.answer(payload_id, payload, held)
+        return (payload, 0) if delta is None else (delta, 0)
 
     def _affordable(self, session: Session, selection: Selection, ranges: list[tuple[int, int]],
                     other: SelectionCost | None) -> bool:
@@ -223,9 +243,12 @@ class Payloads:
         name = self.config.update_codec
         return {} if name == "none" else {UPDATE_CODEC_KEY: name, FEEDBACK_KEY: needs_feedback(name)}
 
-    def _payload(self, kind: str, data: bytes, meta: dict[str, p.Scalar]) -> Payload:
+    def _payload(self, kind: str, data: bytes, meta: dict[str, p.Scalar], payload_id: str = "") -> Payload:
         """A payload as it travels: through the codec the configuration names for its kind
-        (``meta["codec"]`` says which), hashed once."""
+        (``meta["codec"]`` says which), hashed once; chunks and tails delta-coded where
+        ``download_delta`` is set (:class:`DeltaDownloads`)."""
+        if self.deltas is not None and payload_id and kind in ("chunk", "model"):
+            return self.deltas.whole(payload_id, kind, data, meta)
         name = {"chunk": self.config.chunk_codec, "model": self.config.tail_codec,
                 "train_graph": self.config.graph_codec}.get(kind, "none")
         if name != "none":
@@ -238,7 +261,7 @@ class Payloads:
         for a, b in ranges:
             cid, data = self.cache.get_or_export(self.model_for(self.version, self.state), self.version, a, b)
             if cid not in self.by_id:
-                self.by_id[cid] = self._payload("chunk", data, {"chunk_id": cid, "start": a, "stop": b})
+                self.by_id[cid] = self._payload("chunk", data, {"chunk_id": cid, "start": a, "stop": b}, cid)
             chunk_ids.append(cid)
         return chunk_ids
 
@@ -246,8 +269,8 @@ class Payloads:
         model_id = f"model-{self.version}-{selection.key()}"
         if model_id not in self.by_id:
             data = p.encode_tensors(selection.cut(self.state, names))
-            self.by_id[model_id] = self._payload("model", data, {"split": selection.split,
-                                                                 "selection": selection.kind, "version": self.version})
+            self.by_id[model_id] = self._payload("model", data, {"split": selection.split, "selection": selection.kind,
+                                                                 "version": self.version}, model_id)
         return model_id
 
     def _broadcast(self, broadcast: Broadcast | None, round_no: int) -> str:

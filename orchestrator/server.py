@@ -330,9 +330,10 @@ class Orchestrator:
             return
         if not 0 <= msg.offset <= len(payload.data):
             raise p.ProtocolError("malformed", f"offset {msg.offset} outside the payload of {len(payload.data)} bytes")
+        # A payload the device holds by content (Fetch.held) costs it no byte; a stale one is sent as a
+        # delta from what the device holds where the server has that (download_delta), else whole.
+        payload, offset = await asyncio.to_thread(self.payloads.answer, msg.payload_id, msg.held, msg.offset)
         size = len(payload.data)
-        # A payload the device holds by content (Fetch.held) costs it no byte; a stale one is sent whole.
-        offset = (size if msg.held == payload.sha256 else 0) if msg.held else msg.offset
         self._charge_fetch(session, rs.round, size - offset)
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer

@@ -417,8 +417,9 @@ class _Session:
         if msg.kind not in kinds:
             raise _unexpected(f"transfer of kind {msg.kind!r} answers the fetch of {_short(fetch.payload_id)}, "
                               f"a payload of kind {'/'.join(sorted(kinds))}")
-        # A held payload (Fetch.held) is answered at its end, no frame following.
-        held = fetch.held != "" and msg.offset == msg.total_size and msg.sha256 == fetch.held
+        # A held payload (Fetch.held) is answered at its end, no frame following; a delta-coded one is
+        # held by the digest of its rebuilt bytes (meta "recon", edge_sdk.wire_codecs.RECON_META).
+        held = fetch.held != "" and msg.offset == msg.total_size and fetch.held in (msg.sha256, msg.meta.get("recon"))
         if msg.offset not in (0, fetch.offset) and not held:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, f"transfer starts at offset {msg.offset}, but the fetch "
                                                         f"asked for {fetch.offset}")

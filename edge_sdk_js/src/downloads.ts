@@ -4,15 +4,30 @@
  * connection continues after the reconnect from the bytes already received, kept in the round's
  * partial transfers; a payload whose bytes changed meanwhile is drained and fetched again from 0.
  * A payload the device's store holds by the sha256 its instruction names is fetched with
- * `Fetch.held`, and the server sends none of its bytes (docs/protocol.md, "Held payloads").
+ * `Fetch.held`, and the server sends none of its bytes (docs/protocol.md, "Held payloads"). Where the
+ * server delta-codes downloads, a changed chunk or tail is fetched with the digest of the version the
+ * store holds of the same slot (`downloadSlot`) and rebuilt from the quantized difference
+ * (docs/protocol.md, "Delta downloads").
  */
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
-import type { Limits, TransferBegin } from "./messages.js";
+import type { Instruction, Limits, TransferBegin } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
 import { nextReply } from "./replies.js";
 import { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
-import { decodePayload } from "./wire-codecs.js";
+import { sha256Hex } from "./transfer.js";
+import { applyDelta, CODEC_META, DELTA_BASE_META, DELTA_CODEC, decodePayload, RECON_META } from "./wire-codecs.js";
+
+/** Per store: slot -> digest of the reconstruction it holds (delta downloads). */
+const SLOTS = new WeakMap<PayloadStore, Map<string, string>>();
+
+/** Which payload of earlier rounds `payloadId` replaces: the i-th chunk or the model, at the split and
+ * selection; "" for others. The server checks that a base fits, so a wrong guess costs nothing. */
+export function downloadSlot(ins: Instruction, payloadId: string): string {
+  const i = ins.chunk_ids.indexOf(payloadId);
+  if (i >= 0) return `${ins.split}:chunk:${i}`;
+  return payloadId === ins.model_id ? `${ins.split}:model:${ins.selection}` : "";
+}
 
 export interface DownloadOptions {
   limits: Limits;
@@ -26,6 +41,10 @@ export interface DownloadOptions {
   store?: PayloadStore;
   /** Told when a payload came from the store (the `from_store` event). */
   onHeld?: (held: { round: number; payload: string; kind: string; bytes: number }) => void;
+  /** The payload's slot (`downloadSlot`): what a delta download is based on. */
+  slot?: string;
+  /** Told when a delta download was rebuilt (the `delta_applied` event). */
+  onDelta?: (applied: { round: number; kind: string; bytes: number; rebuilt: number; base: boolean }) => void;
 }
 
 /** Download one payload of the current instruction; `RoundAborted` when the server closed the round. */
@@ -33,15 +52,18 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   let incoming = opts.partial.get(payloadId);
   const digest = opts.digest ?? "";
   let stored = incoming === undefined && digest && opts.store ? await opts.store.get(digest) : undefined;
+  const slots = opts.store && (SLOTS.get(opts.store) ?? SLOTS.set(opts.store, new Map()).get(opts.store)!);
+  const base = stored === undefined && incoming === undefined && opts.slot ? slots?.get(opts.slot) ?? "" : "";
+  const held = stored ? digest : base;
   for (;;) {
-    await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0, ...(stored ? { held: digest } : {}) });
+    await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0, ...(held ? { held } : {}) });
     const begin = await nextReply(ch);
     if (begin.t === "ack" && !begin.accepted) throw new RoundAborted(begin.reason);
     if (begin.t !== "transfer_begin") throw new ProtocolError(ErrorCode.UNEXPECTED, `expected a transfer, got ${begin.t}`);
     if (stored !== undefined) {
-      if (begin.offset === begin.total_size && begin.total_size === stored.byteLength && begin.sha256 === digest) {
+      if (begin.offset === begin.total_size && (begin.sha256 === digest || begin.meta[RECON_META] === digest)) {
         opts.onHeld?.({ round, payload: payloadId, kind: begin.kind, bytes: stored.byteLength });
-        return decodePayload(stored, begin.meta, begin.kind, opts.limits);
+        return RECON_META in begin.meta ? stored : decodePayload(stored, begin.meta, begin.kind, opts.limits);
       }
       stored = undefined; // the server's bytes differ: it sends them from 0
     }
@@ -64,8 +86,26 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   }
   const data = incoming.result();
   opts.partial.delete(payloadId);
+  if (incoming.begin.meta[CODEC_META] === DELTA_CODEC) return rebuilt(data, incoming.begin, round, opts, slots);
   if (opts.store && incoming.begin.sha256) await opts.store.put(incoming.begin.sha256, data);
   return decodePayload(data, incoming.begin.meta, incoming.begin.kind, opts.limits); // the store keeps what travelled
+}
+
+/** A delta download rebuilt on the base it names (from the store), checked against the server's digest
+ * of the same bytes, and kept for the next round's delta. */
+async function rebuilt(data: Uint8Array, begin: TransferBegin, round: number, opts: DownloadOptions,
+  slots: Map<string, string> | undefined): Promise<Uint8Array> {
+  const baseDigest = String(begin.meta[DELTA_BASE_META] ?? ""), digest = String(begin.meta[RECON_META] ?? "");
+  const base = baseDigest && opts.store ? await opts.store.get(baseDigest) : undefined;
+  if (baseDigest && base === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `a delta on ${baseDigest.slice(0, 16)}, which this device does not hold`);
+  const out = applyDelta(data, base, opts.limits);
+  if (sha256Hex(out) !== digest) throw new ProtocolError(ErrorCode.MALFORMED, `a ${begin.kind} delta rebuilds other bytes than the server's`);
+  opts.onDelta?.({ round, kind: begin.kind, bytes: begin.total_size, rebuilt: out.length, base: baseDigest !== "" });
+  if (opts.store) {
+    await opts.store.put(digest, out);
+    if (opts.slot) slots?.set(opts.slot, digest);
+  }
+  return out;
 }
 
 /** Read and discard the frames of a transfer this device no longer wants. */

@@ -10,7 +10,7 @@
 import type { TrainingBackend, PreparedTail } from "./backends/backend.js";
 import { randomHex } from "./credentials.js";
 import type { DeviceData } from "./data.js";
-import { fetchPayload } from "./downloads.js";
+import { downloadSlot, fetchPayload } from "./downloads.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import { runChunk } from "./forward.js";
 import type { Instruction, Limits, Report, Scalar, Welcome } from "./messages.js";
@@ -138,6 +138,8 @@ class RoundWork implements PhaseContext {
       onResumed: (resumed) => device.emit("download_resumed", { device: device.deviceId, ...resumed }),
       digest: this.instruction.digests?.[payloadId] ?? "", ...(device.payloadStore ? { store: device.payloadStore } : {}),
       onHeld: (held) => device.emit("from_store", { device: device.deviceId, ...held }),
+      slot: downloadSlot(this.instruction, payloadId),
+      onDelta: (applied) => device.emit("delta_applied", { device: device.deviceId, ...applied }),
     });
     this.prog.timings["download_s"]! += seconds(t);
     return data;

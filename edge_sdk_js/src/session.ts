@@ -191,8 +191,10 @@ export class DeviceSession {
     if (this.state !== "WORKING" || this.fetch === null || this.flow !== null) throw this.notAllowed(msg, "a download answers an outstanding fetch");
     const kinds = payloadKinds(this.instruction!).get(this.fetch.payload_id)!;
     if (!kinds.has(msg.kind)) throw unexpected(`transfer of kind ${msg.kind} answers the fetch of a payload of kind ${[...kinds].join("/")}`);
-    // A held payload (Fetch.held) is answered at its end, no frame following.
-    const held = !!this.fetch.held && msg.offset === msg.total_size && msg.sha256 === this.fetch.held;
+    // A held payload (Fetch.held) is answered at its end, no frame following; a delta-coded one is
+    // held by the digest of its rebuilt bytes (meta "recon", RECON_META in wire-codecs.ts).
+    const held = !!this.fetch.held && msg.offset === msg.total_size
+      && (msg.sha256 === this.fetch.held || msg.meta["recon"] === this.fetch.held);
     if (msg.offset !== 0 && msg.offset !== this.fetch.offset && !held) {
       throw new ProtocolError(ErrorCode.OUT_OF_ORDER, `transfer starts at offset ${msg.offset}, but the fetch asked for ${this.fetch.offset}`);
     }

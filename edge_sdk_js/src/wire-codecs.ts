@@ -12,6 +12,10 @@ import type { Limits, Scalar } from "./messages.js";
 import { decodeTensors, encodeTensors, type Tensor, type TensorValue } from "./tensors.js";
 
 export const CODEC_META = "codec";
+/** Delta downloads: the codec name, and the meta keys of the rebuilt bytes' sha256 and of the base's. */
+export const DELTA_CODEC = "delta";
+export const RECON_META = "recon";
+export const DELTA_BASE_META = "base";
 export const UPDATE_CODEC_KEY = "update_codec";
 export const FEEDBACK_KEY = "update_feedback";
 
@@ -48,6 +52,55 @@ export function decodePayload(data: Uint8Array, meta: Record<string, Scalar>, ki
     return decodeBytes(data, limits.maxTransferBytes);
   } catch (exc) {
     if (exc instanceof CodecError) throw new ProtocolError(ErrorCode.MALFORMED, `a ${kind} payload through ${String(name)}: ${exc.message}`);
+    throw exc;
+  }
+}
+
+function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; regions: BigInt64Array; step: Float32Array } {
+  const entries = decodeTensors(payload, limits);
+  const keys = Object.keys(entries).sort().join(",");
+  if (keys !== "regions,skeleton,weights") throw new CodecError(`a delta payload holds skeleton, regions and weights, got ${keys.slice(0, 64)}`);
+  const [skelRecord, regionsT, weightsRecord] = [entries["skeleton"]!, entries["regions"]!, entries["weights"]!];
+  if (!isRecord(skelRecord) || !isRecord(weightsRecord) || "rowSparse" in regionsT || regionsT.dtype !== "int64"
+      || regionsT.shape.length !== 2 || regionsT.shape[1] !== 2) throw new CodecError("a delta payload's entries have the wrong types");
+  const skel = decode(skelRecord.data as Uint8Array, limits.maxTransferBytes);
+  const step = decode(weightsRecord.data as Uint8Array, limits.maxTransferBytes);
+  if (skel.dtype !== "uint8" || skel.shape.length !== 1 || step.dtype !== "float32") throw new CodecError("a delta payload's records have the wrong types");
+  return { skel: skel.data as Uint8Array, regions: regionsT.data as BigInt64Array, step: step.data as Float32Array };
+}
+
+/**
+ * The bytes a delta download rebuilds (docs/protocol.md, "Delta downloads"; the Python twin is
+ * edge_sdk/codecs/delta.py): the skeleton's pieces with each region's float32 values written back,
+ * `base + decode(weights)` in float32 (`Math.fround` of the double sum is the float32 sum), or just
+ * `decode(weights)` without a base. The caller checks the result against the server's sha256.
+ */
+export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, limits: Limits): Uint8Array {
+  try {
+    const { skel, regions, step } = deltaEntries(payload, limits);
+    let count = 0;
+    for (let i = 1; i < regions.length; i += 2) count += Number(regions[i]);
+    if (count !== step.length) throw new CodecError(`a delta's weights hold ${step.length} values, its regions ${count}`);
+    const size = skel.length + 4 * count;
+    if (base !== undefined && base.length !== size) throw new CodecError(`a delta of a ${size}-byte payload applied to a ${base.length}-byte base`);
+    const out = new Uint8Array(size);
+    const view = new DataView(out.buffer), held = base && new DataView(base.buffer, base.byteOffset, base.byteLength);
+    let at = 0, used = 0, k = 0;
+    for (let i = 0; i < regions.length; i += 2) {
+      const offset = Number(regions[i]), n = Number(regions[i + 1]);
+      if (offset < at || n < 0 || offset + 4 * n > size) throw new CodecError("delta regions overlap, go backwards or leave the payload");
+      out.set(skel.subarray(used, used + offset - at), at);
+      used += offset - at;
+      for (let j = 0; j < n; j++, k++) {
+        const o = offset + 4 * j;
+        view.setFloat32(o, held ? Math.fround(held.getFloat32(o, true) + step[k]!) : step[k]!, true);
+      }
+      at = offset + 4 * n;
+    }
+    out.set(skel.subarray(used), at);
+    return out;
+  } catch (exc) {
+    if (exc instanceof CodecError || exc instanceof ProtocolError) throw new ProtocolError(ErrorCode.MALFORMED, `a delta download: ${exc.message}`);
     throw exc;
   }
 }

@@ -93,3 +93,24 @@ test("a Node device trains on encoded downloads and sends encoded updates in a r
   assert.ok(tail < 0.3 * 82088, `an int8 tail: ${tail} bytes`); // 82,088 bytes in float32
   assert.ok(update < 0.15 * 82088, `a 2-bit update: ${update} bytes`); // 1/16 of float32, plus headers and scales
 });
+
+// Delta downloads (docs/protocol.md, "Delta downloads"): each changed tail comes as a 4-bit difference.
+test("a Node device is sent deltas from the version it holds in a real run", { timeout: 300_000 }, async () => {
+  const dir = tempDir("edgetrain-js-delta-");
+  const shards = writeShards(dir, [0], 2);
+  const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", "3", "--min-devices", "1",
+    "--local-steps", "2", "--deadline", "90", "--download-delta", "int4"]);
+  const device = nodeDevice(dir, url, "node-delta", "185MiB", shards[0], "node", ["--payload-cache", join(dir, "held")]);
+  try {
+    assert.equal(await device.done, 0, `device log in ${dir}`);
+    assert.equal(await server.done, 0);
+  } finally {
+    for (const p of [server, device]) if (p.exitCode === null) p.kill();
+  }
+  const applied = events(dir, "node-delta").filter((e) => e.event === "delta_applied");
+  const tails = applied.filter((e) => e.kind === "model");
+  assert.deepEqual(tails.map((e) => [e.round, e.base]), [[1, false], [2, true], [3, true]]);
+  for (const e of applied) assert.ok(e.bytes < e.rebuilt / 7, `${e.kind} round ${e.round}: ${e.bytes} of ${e.rebuilt} bytes`);
+  const done = events(dir, "node-delta").filter((e) => e.event === "round_done");
+  assert.deepEqual(done.map((e) => [e.round, e.accepted]), [[1, true], [2, true], [3, true]]);
+});
