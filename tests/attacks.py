@@ -122,6 +122,10 @@ class FleetResult:
     def accuracy(self) -> float:
         return float(self.history[-1]["accuracy"])
 
+    def mean_accuracy(self, last: int = 5) -> float:
+        """The mean accuracy of the last ``last`` rounds (one round's is noisy at a few hundred samples)."""
+        return float(sum(h["accuracy"] for h in self.history[-last:]) / len(self.history[-last:]))
+
 
 async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: int, budget: int,
                  secrets: Mapping[str, str]) -> FleetResult:
