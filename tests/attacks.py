@@ -188,7 +188,11 @@ def run_demo_fleet(store_dir: Path, attack: str | None, *, rounds: int = ROUNDS_
                    seed: int = 0) -> FleetResult:
     """The demo's fleet under the default settings, every device enrolled and proving its
     credential, with the insider ``attack`` of :data:`ATTACKS` (None: the honest fleet alone);
-    ``trust`` False turns direction trust off (the rest of the defaults stay)."""
+    ``trust`` False turns direction trust off (the rest of the defaults stay). Every round waits for
+    every device (``straggler_policy`` deadline): on a loaded machine the grace period would close a
+    round without the slowest device, and selection would then leave it out, so the insider would
+    not be measured in every round."""
     devices = DEMO_HONEST + ((FleetDevice("attacker", DEMO_SHARDS - 1, attack=ATTACKS[attack]),) if attack else ())
+    settings: dict[str, object] = {"straggler_policy": "deadline", **({} if trust else {"direction_trust": False})}
     return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=DEMO_SHARDS,
-                     seed=seed, settings=None if trust else {"direction_trust": False})
+                     seed=seed, settings=settings)
