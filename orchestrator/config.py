@@ -144,7 +144,7 @@ class ServerConfig:
     direction_trust: bool = setting(
         True, "Weigh each device's update, per layer group, by ReLU of its cosine with the server's own update this "
               "round (FLTrust's trust score): an update pointing away from it weighs nothing in that group's mean "
-              "(docs/security.md, \"Direction trust\").")
+              "(docs/security.md, \"Bounded influence by default\").")
     trust_floor: Annotated[float, Range(0, 1)] = setting(
         0.0, "Least weight --direction-trust leaves an update (a soft variant for honest devices whose data points "
              "away from the server's; a sign-flipped update then keeps this much weight too).", cli=False)

@@ -40,11 +40,13 @@ __all__ = ["DirectionTrust", "block_cosines"]
 def _pair(delta: object, ref: np.ndarray, selection: Selection | None, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A delta's values and the reference's at the same elements (rows or a channel slice)."""
     if isinstance(delta, p.RowSparse):
-        return np.asarray(delta.values, np.float64).ravel(), np.asarray(ref[delta.indices], np.float64).ravel()
-    region = None if selection is None else selection.region(name)
-    if isinstance(region, tuple):
-        ref = ref[region]
-    return np.asarray(delta, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+        values, ref = np.asarray(delta.values), ref[delta.indices]
+    else:
+        region = None if selection is None else selection.region(name)
+        values, ref = np.asarray(delta), (ref[region] if isinstance(region, tuple) else ref)
+    # In the update's own float type (BLAS dot products, no float64 copy of a model-sized update): a
+    # weight read off a cosine needs no more than float32's precision.
+    return values.ravel(), np.asarray(ref, values.dtype).ravel()
 
 
 def block_cosines(tensors: Mapping[str, object], reference: Mapping[str, np.ndarray], block_of: Mapping[str, int],
