@@ -12,9 +12,15 @@ update after honest training), digits_mlp, iid shards of the digits training spl
   (FedAvg); ``partial``, 2 devices training the whole model and 3 training blocks 2-3 only
   (EmbracingFL partial training).
 
+- **insiders in the demo's fleet** (``--demo``): the hostile kit's fleet shape (tests/attacks.py,
+  ``run_demo_fleet``: devices at splits 0, 0 and 2, the insider at split 0 so it shares blocks 0-1
+  with two honest devices) under the defaults, each insider against the fleet without it, by the mean
+  accuracy of the last five rounds; and the honest fleet with direction trust on and off, with each
+  run's wall time (``--seeds`` seeds each). Written to ``bench/results/attacks_demo.json``.
+
 Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
 writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
-compare candidate defaults).
+compare candidate defaults). ``python bench/attacks.py --demo [--seeds 0]`` runs the demo fleet's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.store import Store  # noqa: E402
-from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, FleetDevice, run_fleet  # noqa: E402
+from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, FleetDevice, run_demo_fleet, run_fleet  # noqa: E402
 
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
 FLEETS = {
@@ -57,6 +63,46 @@ def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: 
     return row
 
 
+INSIDERS = ("sign_flip", "constant", "boost100", "inflated", "lone")
+
+
+def _demo_run(root: Path, attack: str | None, trust: bool, seed: int) -> dict:
+    name = f"{attack or 'honest'}-{'trust' if trust else 'off'}-{seed}"
+    t0 = time.monotonic()
+    result = run_demo_fleet(root / name, attack, trust=trust, seed=seed)
+    row = {"run": name, "last5": round(100 * result.mean_accuracy(), 2), "final": round(100 * result.accuracy, 2),
+           "wall_s": round(time.monotonic() - t0, 1), "failed_rounds": sum("failed" in h for h in result.history)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def demo(seeds: list[int], out: Path) -> None:
+    """The demo fleet's insiders and the honest cost of direction trust (module docstring)."""
+    rows: dict[str, object] = {"rounds": ROUNDS_DEMO, "date": time.strftime("%Y-%m-%d"), "seeds": seeds, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:
+            for attack, trust in [(None, True), (None, False), *((a, True) for a in INSIDERS)]:
+                rows["runs"].append({"seed": seed, "attack": attack, "trust": trust,
+                                     **_demo_run(Path(tmp), attack, trust, seed)})
+    runs = rows["runs"]
+
+    def mean(key: str, attack: str | None, trust: bool = True) -> float:
+        vals = [r[key] for r in runs if r["attack"] == attack and r["trust"] == trust]
+        return sum(vals) / len(vals)
+
+    honest = mean("last5", None)
+    print("\n| insider | honest fleet (%) | with the insider (%) | points moved |")
+    for a in INSIDERS:
+        print(f"| {a} | {honest:.2f} | {mean('last5', a):.2f} | {mean('last5', a) - honest:+.2f} |")
+    off = mean("last5", None, False)
+    ratio = mean("wall_s", None) / mean("wall_s", None, False)
+    print(f"\nhonest fleet: trust on {honest:.2f} %, off {off:.2f} % ({honest - off:+.2f} points); "
+          f"wall time on/off {ratio:.2f}x")
+    rows["summary"] = {"honest_on": honest, "honest_off": off, "wall_ratio": round(ratio, 3),
+                       "moved": {a: round(mean("last5", a) - honest, 2) for a in INSIDERS}}
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=8)
@@ -65,7 +111,12 @@ def main() -> None:
     ap.add_argument("--skip-honest-cost", action="store_true")
     ap.add_argument("-O", dest="options", action="append", default=[], help="strategy option of the defaults runs")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attacks.json"))
+    ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost")
+    ap.add_argument("--seeds", default="0", help="--demo: comma-separated seeds")
     args = ap.parse_args()
+    if args.demo:
+        demo([int(s) for s in args.seeds.split(",")], Path(__file__).parent / "results" / "attacks_demo.json")
+        return
     options = dict(o.split("=", 1) for o in args.options)
     out: dict[str, object] = {"rounds": args.rounds, "options": options, "date": time.strftime("%Y-%m-%d"),
                               "attacks": [], "honest_cost": []}

@@ -141,6 +141,13 @@ class ServerConfig:
              "multiple of its reference: the larger of the server's own update on its held-out data this round "
              "and the median of earlier updates of that group; 0: off (docs/security.md, \"Norm bound\").")
     norm_bound_action: Literal["clip", "reject"] = setting("clip", "What --norm-bound does to an update over it.")
+    direction_trust: bool = setting(
+        True, "Weigh each device's update, per layer group, by ReLU of its cosine with the server's own update this "
+              "round (FLTrust's trust score): an update pointing away from it weighs nothing in that group's mean "
+              "(docs/security.md, \"Bounded influence by default\").")
+    trust_floor: Annotated[float, Range(0, 1)] = setting(
+        0.0, "Least weight --direction-trust leaves an update (a soft variant for honest devices whose data points "
+             "away from the server's; a sign-flipped update then keeps this much weight too).", cli=False)
     max_loss_rise: NonNegative = setting(
         1.0, "A round whose model's validation loss exceeds (1 + this) x the committed model's, plus 0.1, is not "
              "committed (it runs again, then is journaled as failed); 0: no validation before commit.")
@@ -264,7 +271,8 @@ class ServerConfig:
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
                                       "lr_decay_at", "lr_decay", "momentum", "weight_decay", "eval_source",
-                                      "norm_bound", "max_loss_rise", "validation_samples", "loss_after", "dp",
+                                      "norm_bound", "direction_trust", "trust_floor", "max_loss_rise",
+                                      "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
                                       "dp_accountant", "dp_sampling", "dp_min_cohort", "secure_aggregation",

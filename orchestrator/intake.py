@@ -39,6 +39,7 @@ from orchestrator.parts import Folded, Reference, Session, Work
 from orchestrator.rounds import RoundState
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, Refused, RoundContext, RoundResult, Strategy
+from orchestrator.trust import DirectionTrust
 from orchestrator.uploads import Uploads
 
 __all__ = ["PlainIntake", "ReportIntake", "TENSOR_PHASES", "report_info"]
@@ -125,19 +126,26 @@ class PlainIntake(ReportIntake):
         self.config, self.template, self.strategy, self.store = config, template, strategy, store
         self.uploads, self.check_revoked, self.limits = uploads, check_revoked, limits
         self.norms = NormBound(config, template, store, reference)
+        self.trust = DirectionTrust(template, config.trust_floor, config.direction_trust)
         self.num_blocks = len(template)
         self._entry_bytes = {k: v.numel() * v.element_size() for k, v in template.state_dict().items()}
 
     # -- a round's life -------------------------------------------------------------------------
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
         self.norms.begin_round(state, round)
+        self.trust.begin_round(self.norms.update)
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
-        """The strategy's aggregate; the reports its weight cap reduced are marked so in the journal."""
+        """The strategy's aggregate; the reports its weight cap reduced are marked so in the journal,
+        and the blocks no report was trusted for are named in the round's (``untrusted``)."""
         result = self.strategy.aggregate(ctx)
         capped = result.extra.get("weight_capped")
         if isinstance(capped, dict) and capped:
             self.store.mark_weight_capped(ctx.round, capped)
+        untrusted = self.trust.untrusted()
+        if untrusted:
+            log.warning("round %d: %s", ctx.round, "; ".join(f"{b}: {why}" for b, why in untrusted.items()))
+            result.extra["untrusted"] = untrusted
         return result
 
     def end_round(self) -> None:
@@ -214,11 +222,14 @@ class PlainIntake(ReportIntake):
         """A hook on a report the strategy folded. None here."""
 
     def fold(self, session: Session, msg: p.Report, work: Work, tensors: Tensors, ctx: RoundContext) -> Folded:
-        """Check, weigh and bound a report, then hand it to the strategy's ``on_report``."""
+        """Check, weigh and bound a report, then hand it to the strategy's ``on_report``: its weight
+        in each block's mean scaled by the block's direction trust (:mod:`orchestrator.trust`),
+        journaled per block as ``trust``."""
         self.check(msg, work, tensors, ctx.global_state)
         # Bounded influence: the weight is at most the sample count registered for the device.
         samples = min(msg.num_samples, self.registered_samples(session))
         bound = self.norms.bound(session.device_id, work.selection.split, tensors)
+        trust = self.trust.score(session.device_id, bound.tensors, work.selection)
         changed: dict[str, object] = {}
         if bound.clipped:
             changed["clipped"] = bound.clipped
@@ -228,7 +239,9 @@ class PlainIntake(ReportIntake):
             device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
             num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
             tensors=MappingProxyType(self.bounded(session.device_id, bound.tensors)), selection=work.selection,
+            entry_weights=MappingProxyType(self.trust.entry_weights(bound.tensors, trust)),
         )
+        scored = {"trust": self.trust.named(trust)} if trust else {}
         try:
             if bound.refusal is not None:
                 raise Refused(bound.refusal)
@@ -236,7 +249,9 @@ class PlainIntake(ReportIntake):
             self.taken(report)
         except Refused as exc:
             self.norms.discard(session.device_id)
+            self.trust.discard(session.device_id)
             log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, ctx.round, exc.reason)
-            return Folded(False, exc.reason, {**report_info(report), "accepted": False, "reason": exc.reason})
-        return Folded(True, "", {**report_info(report), "accepted": True, "reason": "",
+            return Folded(False, exc.reason, {**report_info(report), **scored, "accepted": False,
+                                              "reason": exc.reason})
+        return Folded(True, "", {**report_info(report), **scored, "accepted": True, "reason": "",
                                  **({"bounded": changed} if changed else {})}, follow)

@@ -94,6 +94,9 @@ class NormBound:
         self._history: dict[int, deque[tuple[str, int, float]]] = {}
         self._pending: list[tuple[str, int, int, float]] = []  # this round's (device, block, split, norm)
         self._reference: dict[int, float] | None = None
+        #: The round's reference update itself, also computed for direction trust alone (orchestrator.trust).
+        self.direction = config.direction_trust
+        self.update: dict[str, np.ndarray] | None = None
         for row in store.norm_history(HISTORY):
             self._remember(row["device_id"], row["block"], row["split"], row["norm"])
 
@@ -112,15 +115,18 @@ class NormBound:
 
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
         """Start a round from ``state``: compute the server's reference update (blocking: run it in
-        a worker thread). If it cannot be computed (the local loss diverged on the server's data),
-        the previous round's reference stays, and the failure is logged."""
+        a worker thread), kept whole in :attr:`update` for direction trust. If it cannot be computed
+        (the local loss diverged on the server's data), the previous round's reference stays, and
+        the failure is logged."""
         self._pending = []
-        if not self.enabled:
+        if not (self.enabled or self.direction):
             return
         try:
-            self._reference = block_norms(self._reference_of(state, round), self.block_of)
+            self.update = self._reference_of(state, round)
+            self._reference = block_norms(self.update, self.block_of)
         except (ValueError, FloatingPointError, RuntimeError) as exc:
-            log.warning("round %d: no reference update (%s); the norm bound keeps the last one", round, exc)
+            log.warning("round %d: no reference update (%s); the norm bound and direction trust keep the last one",
+                        round, exc)
 
     def reference(self, block: int, split: int) -> tuple[float, str]:
         """The norm a block's update is bounded against, and where it comes from."""

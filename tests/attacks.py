@@ -29,8 +29,8 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import start_orchestrator
 
-__all__ = ["ATTACKS", "PLAIN", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice", "FleetResult", "run_fleet",
-           "tampering_backend"]
+__all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice",
+           "FleetResult", "run_demo_fleet", "run_fleet", "tampering_backend"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,10 @@ class FleetResult:
     def accuracy(self) -> float:
         return float(self.history[-1]["accuracy"])
 
+    def mean_accuracy(self, last: int = 5) -> float:
+        """The mean accuracy of the last ``last`` rounds (one round's is noisy at a few hundred samples)."""
+        return float(sum(h["accuracy"] for h in self.history[-last:]) / len(self.history[-last:]))
+
 
 async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: int, budget: int,
                  secrets: Mapping[str, str]) -> FleetResult:
@@ -168,3 +172,27 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
         with Store(store_dir) as store:
             secrets = {d.device_id: store.enroll(d.device_id) for d in devices}
     return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"], secrets))
+
+
+#: The demo's fleet shape (the hostile kit's): two devices training the whole model and one training
+#: blocks 2-3, on iid shards 0-2 of the digits training split cut in :data:`DEMO_SHARDS`; an insider
+#: takes shard 3 and, unless its attack forces a split, the whole model too, so blocks 0-1 are
+#: trained by three devices, one of them hostile.
+DEMO_HONEST = (FleetDevice("strong-0", 0), FleetDevice("strong-1", 1), FleetDevice("weak-0", 2, split=2))
+DEMO_SHARDS = 4
+#: Rounds of the demo fleet in the slow test and the benchmark.
+ROUNDS_DEMO = 8
+
+
+def run_demo_fleet(store_dir: Path, attack: str | None, *, rounds: int = ROUNDS_DEMO, trust: bool = True,
+                   seed: int = 0) -> FleetResult:
+    """The demo's fleet under the default settings, every device enrolled and proving its
+    credential, with the insider ``attack`` of :data:`ATTACKS` (None: the honest fleet alone);
+    ``trust`` False turns direction trust off (the rest of the defaults stay). Every round waits for
+    every device (``straggler_policy`` deadline): on a loaded machine the grace period would close a
+    round without the slowest device, and selection would then leave it out, so the insider would
+    not be measured in every round."""
+    devices = DEMO_HONEST + ((FleetDevice("attacker", DEMO_SHARDS - 1, attack=ATTACKS[attack]),) if attack else ())
+    settings: dict[str, object] = {"straggler_policy": "deadline", **({} if trust else {"direction_trust": False})}
+    return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=DEMO_SHARDS,
+                     seed=seed, settings=settings)

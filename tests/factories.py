@@ -12,8 +12,11 @@ from orchestrator.config import ServerConfig
 
 __all__ = ["server_config"]
 
-#: What the server tests share unless they say otherwise.
-DEFAULTS: dict[str, object] = {"model": "tiny", "eval_data": "synthetic", "rounds": 1, "min_devices": 1}
+#: What the server tests share unless they say otherwise. Direction trust is off: most of these tests'
+#: devices send scripted constant deltas (tests/scripted.py), which no training direction agrees with, and
+#: they check the plain mean of them (tests/test_direction_trust.py tests the trust).
+DEFAULTS: dict[str, object] = {"model": "tiny", "eval_data": "synthetic", "rounds": 1, "min_devices": 1,
+                               "direction_trust": False}
 
 
 def server_config(store_dir: Path, **overrides: object) -> ServerConfig:

@@ -35,7 +35,7 @@ KNOWN = {
 }
 #: The server's parts (docs/architecture.md, "The server"): they share records through orchestrator.parts.
 SERVER_PARTS = ("admission", "heap", "intake", "normbound", "payloads", "plancache", "planning", "reference",
-                "resume", "revocation", "roundloop", "server", "uploads", "validation")
+                "resume", "revocation", "roundloop", "server", "trust", "uploads", "validation")
 
 
 # -- the checker --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""A paper's fleet aggregates as the paper does: no norm bound, no validation before commit, and the
-plain sample-weighted mean (``max_weight_share = 1``, no cap on one device's weight), for both
+"""A paper's fleet aggregates as the paper does: no norm bound, no direction trust, no validation before
+commit, and the plain sample-weighted mean (``max_weight_share = 1``, no cap on one device's weight), for both
 methods it compares (``edgetrain emulate --strategy width`` keeps the option)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_there_are_paper_fleets() -> None:
 @pytest.mark.parametrize("path", PAPER_FLEETS, ids=lambda p: p.stem)
 def test_a_paper_fleet_averages_without_the_weight_cap(path: Path) -> None:
     fleet = load_fleet(path)
-    assert fleet.training.max_loss_rise == 0.0
+    assert fleet.training.max_loss_rise == 0.0 and not fleet.training.direction_trust
     if "max_weight_share" in option_specs(strategy_class(fleet.training.strategy)):
         assert fleet.strategy_options.get("max_weight_share") == 1.0
         assert make_strategy(fleet.training.strategy, **fleet.strategy_options).max_weight_share == 1.0

@@ -21,12 +21,14 @@ def test_a_prioritized_strategy_turns_the_norm_bound_off_unless_the_user_set_it(
     base = ServerConfig(strategy="fedalign", store_dir=tmp_path)
     assert base.norm_bound == 1.0
     config, lines = apply_server_settings(base)
-    assert config.norm_bound == 0.0 and len(lines) == 1 and "fedalign sets norm_bound 0.0" in lines[0]
+    assert config.norm_bound == 0.0 and len(lines) == 2 and "fedalign sets norm_bound 0.0" in lines[0]
+    assert not config.direction_trust and "fedalign sets direction_trust False" in lines[1]
     kept, lines = apply_server_settings(base, given={"norm_bound"}, spell=lambda n: "--" + n.replace("_", "-"))
     assert kept.norm_bound == 1.0 and "keeping --norm-bound 1.0 as given" in lines[0]
     other, lines = apply_server_settings(ServerConfig(strategy="fedavg", store_dir=tmp_path))
     assert other.norm_bound == 1.0 and lines == []
-    off, lines = apply_server_settings(ServerConfig(strategy="varsel", norm_bound=0.0, store_dir=tmp_path))
+    off, lines = apply_server_settings(ServerConfig(strategy="varsel", norm_bound=0.0, direction_trust=False,
+                                                    store_dir=tmp_path))
     assert off.norm_bound == 0.0 and lines == []  # already what it needs: nothing to say
 
 

@@ -247,6 +247,7 @@ async def _round_trip(tmp_path: Path, model: str, options: dict, launches: list[
     ``(device id, hello labels, budget)``, each on its own 40 samples of ``data``. The norm bound is
     off unless asked for: the tests compare the round with the strategy's own arithmetic."""
     config_kw.setdefault("norm_bound", 0)
+    config_kw.setdefault("direction_trust", False)  # the hand average: the paper's rule, no server weighting
     config = ServerConfig(model=model, strategy="width", strategy_options=options, rounds=1,
                           min_devices=len(launches), local_steps=3, batch_size=8, lr=0.1, deadline_s=60,
                           store_dir=tmp_path / "store", allow_forced_split=True, **config_kw)

@@ -25,6 +25,7 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
     eval_source = "holdout.npz"          # the server's held-out set: a .npz/.npy/.csv file, package.module:function,
                                          # or "none" (default: the dataset's test split)
     norm_bound = 1.0                     # the server's checks (docs/security.md); 0 turns each off
+    direction_trust = true               # weigh updates by their direction's agreement with the server's
     max_loss_rise = 1.0
     validation_samples = 1024            # held-out samples each round's validation scores (0: all)
     loss_after = true                    # devices score their loss after training (false: one pass less a round)

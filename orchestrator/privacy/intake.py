@@ -62,7 +62,7 @@ class CentralDPIntake(PlainIntake):
     def __init__(self, config: ServerConfig, template: LayeredModel, strategy: Strategy, store: Store,
                  **parts: Any) -> None:
         self.plan: CentralPlan = plan_central(config, len(template))
-        super().__init__(replace(config, norm_bound=0.0), template, strategy, store, **parts)
+        super().__init__(replace(config, norm_bound=0.0, direction_trust=False), template, strategy, store, **parts)
         self.target = config.dp_target_epsilon
         self.blocks = tuple(template.block_names)
         self.block_of = {name: template.block_of(name) for name in template.state_dict()}

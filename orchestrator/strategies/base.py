@@ -162,6 +162,11 @@ class DeviceReport:
     ``tensors`` hold ``new - old`` for the entries the selection sent: dense arrays shaped as sent
     (a channel slice is smaller than the global tensor) or :class:`~edge_sdk.protocol.RowSparse`
     rows. Phases without tensors (evaluate, compare) report only ``metrics``.
+
+    ``entry_weights``: entry name -> a factor in [0, 1] on the report's weight in that entry's mean
+    (the server's direction trust of the entry's block, :mod:`orchestrator.trust`; 1 where absent).
+    A strategy that weighs reports applies it through :meth:`weight_of`; a factor of 0 leaves the
+    entry out of the round (:meth:`WeightedSums.add_report`), so robust statistics skip it too.
     """
 
     device_id: str
@@ -173,6 +178,11 @@ class DeviceReport:
     metrics: Mapping[str, Scalar]
     tensors: Mapping[str, np.ndarray | RowSparse]
     selection: Selection
+    entry_weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def weight_of(self, name: str, weight: float) -> float:
+        """``weight`` of this report in entry ``name``'s mean, scaled by the entry's trust."""
+        return weight * self.entry_weights.get(name, 1.0)
 
     def metric(self, name: str, default: float = math.nan) -> float:
         value = self.metrics.get(name, default)
@@ -382,12 +392,17 @@ class WeightedSums:
         return out
 
     def add_report(self, report: DeviceReport, weight: float) -> None:
-        """Add every tensor of a checked report, each where its selection placed it."""
+        """Add every tensor of a checked report, each where its selection placed it, with ``weight``
+        scaled by the entry's trust (:meth:`DeviceReport.weight_of`); a float entry of weight 0 is
+        not added (its elements keep their old value if nobody else trained them)."""
         for name, delta in report.tensors.items():
+            w = report.weight_of(name, weight)
+            if w <= 0 and self._global[name].dtype.kind == "f":
+                continue
             region = None if isinstance(delta, RowSparse) else report.selection.region(name)
             if isinstance(region, np.ndarray):
                 region = None  # a row entry always arrives as RowSparse
-            self.add(name, delta, weight, region, device=report.device_id)
+            self.add(name, delta, w, region, device=report.device_id)
         self.note(report)
 
     def note(self, report: DeviceReport) -> None:

@@ -257,17 +257,20 @@ class FedSubAvg(Strategy):
             self._refused += 1
             raise Refused("the device is not counted in the heat (no samples, or not registered this round)")
         for name, delta in report.tensors.items():
+            wn = report.weight_of(name, w)  # scaled by the block's direction trust (orchestrator.trust)
+            if wn <= 0 and ctx.global_state[name].dtype.kind == "f":
+                continue
             if isinstance(delta, RowSparse):
                 acc = self._rows.get(name)
                 if acc is None:
                     old = ctx.global_state[name]
                     acc = self._rows[name] = RowSums(old.shape[0], old.shape[1:])
-                acc.add(delta, w)
-                self._folded[name] = self._folded.get(name, 0.0) + w
+                acc.add(delta, wn)
+                self._folded[name] = self._folded.get(name, 0.0) + wn
                 self._carriers[name] = self._carriers.get(name, 0) + 1
             else:
                 region = report.selection.region(name)
-                self._sums.add(name, delta, w, None if isinstance(region, np.ndarray) else region)
+                self._sums.add(name, delta, wn, None if isinstance(region, np.ndarray) else region)
         self._sums.note(report)
         return ()
 

@@ -15,14 +15,18 @@ from orchestrator.strategies.base import DeviceInfo, ServerSetting
 __all__ = ["PRIORITIZED_SERVER_SETTINGS", "PriorityRule", "flag_option", "json_ready", "number_option", "parse_ids",
            "weighted_metrics"]
 
-#: What a prioritized round needs of the server (``Strategy.server_settings``): the norm bound off.
+#: What a prioritized round needs of the server (``Strategy.server_settings``): the norm bound and direction
+#: trust (:mod:`orchestrator.trust`, against the same reference) off.
 #: Its reference is the whole fleet's, not the priority group's: the server's own update on its
 #: held-out data, or the median norm of every device's earlier updates. A priority group's data differs
 #: from the rest (that is why it is one), so its updates are the ones over that reference, and the bound
 #: clips them before the strategy weighs them: the selection's result is undone before it is made.
 PRIORITIZED_SERVER_SETTINGS = MappingProxyType({"norm_bound": ServerSetting(
     0.0, "the norm bound's reference is the whole fleet's, not the priority group's, so it clips the priority "
-         "devices' own updates before the strategy weighs them (BENCHMARKS.md, \"under the server's defaults\")")})
+         "devices' own updates before the strategy weighs them (BENCHMARKS.md, \"under the server's defaults\")"),
+    "direction_trust": ServerSetting(
+        False, "direction trust weighs updates by their agreement with the whole fleet's reference, so it "
+               "down-weighs the priority devices, whose data differs from it, before the strategy weighs them")})
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 

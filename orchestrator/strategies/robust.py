@@ -22,7 +22,12 @@ vector), never with devices that did not train those entries.
 
 Memory: these keep every contributor's delta until the round closes (O(devices x model)), unlike
 the running sums of the mean. Each is unweighted: a robust statistic must not let one device's
-sample claim decide.
+sample claim decide; a report the server's direction trust gave 0 for a block is not among that
+block's contributors (``WeightedSums.add_report``).
+
+A layer group with fewer than 3 contributors (a partial-training split few devices share) gets the
+statistic anyway, which is then their mean: the group's outcome says so in its ``note``, and the
+server logs it once per run and statistic (only the server's own bounds hold such a group).
 
 The weight cap (:func:`capped_weights`, :class:`WeightCap`) is for the weighted mean: after it, no
 device holds more than ``max_share`` of an entry's total weight, whatever sample count it claims.
@@ -31,12 +36,15 @@ device holds more than ``max_share`` of an entry's total weight, whatever sample
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import numpy as np
+
+log = logging.getLogger("edgetrain.server")
 
 __all__ = [
     "AGGREGATIONS", "Aggregation", "GroupOutcome", "RobustHistory", "RobustRound", "WeightCap",
@@ -54,6 +62,20 @@ CLIP_ITERATIONS = 1
 #: Fewest contributors from which a radius is read off the contributors themselves (the median
 #: of their distances to the center): with 3 or more, it is an honest one when most are honest.
 MIN_ADAPTIVE = 3
+
+
+def _too_few(n: int, what: str) -> str:
+    """The note of a group too small for a robust statistic to mean anything (logged once per run
+    and statistic): with one or two contributors it is their mean, and nothing bounds them but the
+    server's norm bound and direction trust."""
+    note = f"{what} of {n} is their mean: too few contributors to outvote one (the server's bounds hold them)"
+    if what not in _WARNED:
+        _WARNED.add(what)
+        log.warning("robust aggregation: a layer group with %s", note)
+    return note
+
+
+_WARNED: set[str] = set()
 
 
 # -- coordinate-wise statistics ------------------------------------------------------------------
@@ -243,9 +265,13 @@ class RobustRound:
 
         if self.method == "median" or (self.method in ("krum", "multi_krum") and n <= 2 * f + 2):
             note = "" if self.method == "median" else f"{n} contributors: Krum needs more than {2 * f + 2}"
+            if n < MIN_ADAPTIVE:
+                note = "; ".join(filter(None, (note, _too_few(n, "the median"))))
             return [np.median(column(e), axis=0) for e in range(len(entries))], GroupOutcome(entries, devices, "median", note=note)
         if self.method == "trimmed_mean":
             note = "" if trim_count(n, self.trim) else f"{n} contributors: nothing trimmed"
+            if n < MIN_ADAPTIVE:
+                note = f"{note}; {_too_few(n, 'the trimmed mean')}"
             return ([trimmed_mean(column(e), self.trim) for e in range(len(entries))],
                     GroupOutcome(entries, devices, "trimmed_mean", note=note))
         if self.method in ("krum", "multi_krum"):

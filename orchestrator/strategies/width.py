@@ -203,7 +203,9 @@ class WidthReduction(AveragingStrategy):
             if ctx.global_state[name].dtype.kind != "f":
                 self._sums.add(name, delta, weight)  # a counter: whole, the largest any holder reached
                 continue
-            self._sums.add(name, delta, weight, report.selection.region(name))  # the slice it trained
+            w = report.weight_of(name, weight)  # scaled by the block's direction trust (orchestrator.trust)
+            if w > 0:
+                self._sums.add(name, delta, w, report.selection.region(name))  # the slice it trained
         self._sums.note(report)
         return ()
 
