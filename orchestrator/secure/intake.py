@@ -62,7 +62,7 @@ class SecureIntake(PlainIntake):
         if getattr(strategy, "aggregation", "mean") != "mean":
             raise ValueError(f"secure aggregation: strategy {strategy.name} is set to a robust aggregation, which "
                              "needs individual updates; secure rounds take the weighted mean")
-        super().__init__(replace(config, norm_bound=0.0), template, strategy, store, **parts)
+        super().__init__(replace(config, norm_bound=0.0, direction_trust=False), template, strategy, store, **parts)
         self.round_state, self.work_of, self.sessions = round_state, work_of, sessions
         self.send, self.emit = send, emit
         self.uniform = getattr(strategy, "weighting", "samples") == "uniform"
