@@ -246,6 +246,8 @@ export class DeviceClient {
         }
         if (msg.t === "secagg_unmask") { // a secure round's last step, after its report's ack
           await revealRound(ch, this.progress, msg);
+          this.emit("secure_reveal", { device: this.options.deviceId, round: msg.round, survivors: msg.survivors.length,
+            dropped: msg.dropped.length });
           continue;
         }
         let ins: Instruction | null;
