@@ -5,7 +5,7 @@
  * instruction of a secure round names the blocks in order (`secagg_blocks`, comma-separated), so a
  * device needs no model to find them.
  */
-import { isRowSparse, type TensorValue } from "../tensors.js";
+import type { TensorValue } from "../tensors.js";
 import { SecAggError, compareIds } from "./labels.js";
 
 /** Block index -> its entries' names in vector order, for blocks [split, L); every name must belong to one. */
@@ -29,7 +29,7 @@ export function blockEntries(names: readonly string[], blockNames: readonly stri
 export function blockVectors(tensors: Record<string, TensorValue>, blockNames: readonly string[], split: number): Float64Array[] {
   const floats = new Map<string, Float32Array | Float64Array>();
   for (const [name, value] of Object.entries(tensors)) {
-    if (isRowSparse(value)) throw new SecAggError(`entry ${JSON.stringify(name.slice(0, 80))} is row-sparse: a secure round sums dense blocks`);
+    if ("rowSparse" in value) throw new SecAggError(`entry ${JSON.stringify(name.slice(0, 80))} is row-sparse: a secure round sums dense blocks`);
     if (value.dtype === "float16") throw new SecAggError(`entry ${JSON.stringify(name.slice(0, 80))} is float16: a secure round masks float32 or float64`);
     if (value.data instanceof Float32Array || value.data instanceof Float64Array) floats.set(name, value.data);
   }
