@@ -147,3 +147,13 @@ test("ack(accepted=false) turns the device away from a secure round's step; ack(
   s.receive({ t: "ack", round: SCOPE.round, accepted: false, reason: "late", phase: "" });
   assert.equal(s.state, "IDLE");
 });
+
+test("a device without a credential is refused a secure round before it sends anything", async () => {
+  const { startRound } = await import("../dist/secagg/exchange.js");
+  const ins = { t: "instruction", round: 2, phase: "train", model_version: 0, split: 1, chunk_ids: [], model_id: "m",
+    selection: "tail", broadcast_id: "", local_steps: 1, lr: 0.1, deadline_s: 0, config: { secagg_session: "s" } };
+  await assert.rejects(startRound("dev", "", ins, 3), (e) => e instanceof ProtocolError && e.code === "refused" && /credential/.test(e.message));
+  const rnd = await startRound("dev", "secret", ins, 3);
+  assert.deepEqual([rnd.scope.session, rnd.scope.round, rnd.split, rnd.numBlocks], ["s", 2, 1, 3]);
+  await assert.rejects(startRound("dev", "secret", { ...ins, split: 3 }, 3), (e) => e.code === "malformed" && /trains some block/.test(e.message));
+});
