@@ -176,7 +176,7 @@ class DeviceClient:
         (docs/security.md, "The door"); the hello still carries its own proof."""
         c = self.config
         if c.secret:
-            return {"Authorization": f"Edgetrain {c.device_id} {make_proof(c.device_id, c.secret)}"}
+            return {"Authorization": f"Edgetrain {c.device_id} {make_proof(c.device_id, c.secret, purpose='upgrade')}"}
         return {"Authorization": f"Bearer {c.token}"} if c.token else {}
 
     def _tls(self) -> ssl.SSLContext | None:
@@ -202,7 +202,7 @@ class DeviceClient:
         c = self.config
         resume = self.work.progress.round if self.work.progress else -1
         await send_msg(ch, p.Hello(
-            device_id=c.device_id, token=make_proof(c.device_id, c.secret) if c.secret else c.token,
+            device_id=c.device_id, token=make_proof(c.device_id, c.secret, purpose="hello") if c.secret else c.token,
             budget_bytes=c.budget_bytes, cores=c.cores, runtimes=list(self.backend.runtimes), num_samples=len(self.x),
             device_class=c.device_class, labels=dict(c.labels), resume_round=resume, rows=self.rows,
             ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)},

@@ -1,8 +1,8 @@
 """Admission: who may connect, and what a device's hello may declare, before anything is planned.
 
 The server asks, in this order: does the upgrade request's ``Authorization`` header, if any, prove
-the token or a credential (:meth:`Admission.admit`, HTTP 401 before the websocket opens when it does
-not; a proven connection is exempt from the pending caps); is there room for another connection
+the token or a credential, or its ``?ticket=`` a browser page's ticket (:meth:`Admission.admit`, HTTP
+401 before the websocket opens when it does not; a proven connection is exempt from the pending caps); is there room for another connection
 (:meth:`Admission.connect`, HTTP 503 before the websocket upgrade when full, 429 when one address
 holds too many connections still to say hello); does the hello prove a credential
 (:meth:`Admission.authenticate`); are its declarations bounded (:func:`check_hello_bounds`); can the
@@ -23,12 +23,13 @@ import weakref
 from collections.abc import Mapping
 from http import HTTPStatus
 from types import MappingProxyType
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from edge_sdk import protocol as p
-from edge_sdk.credentials import CredentialError, ReplayWindow, parse_proof, verify_proof
+from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
 from edge_sdk.models import LayeredModel
 from edge_sdk.settings import device_id_problem
 from orchestrator.config import ServerConfig
@@ -36,6 +37,7 @@ from orchestrator.evaluate import data_mismatch, model_classes
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceInfo, Strategy
 from orchestrator.strategies.base import HelloContext
+from orchestrator.tickets import TicketError, Tickets
 from profiles.planner import Plan
 
 __all__ = ["Admission", "MAX_BUDGET_BYTES", "check_hello_bounds", "check_hello_data", "device_info", "model_context",
@@ -159,6 +161,7 @@ class Admission:
         self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
         # The replay cache lives in the store too: a proof captured before a restart stays refused.
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
+        self.tickets = Tickets()  # a browser page's proof on the upgrade (:mod:`orchestrator.tickets`)
         for device_id, nonce, seen in store.proofs_since(time.time() - self._replay.window_s):
             self._replay.check_and_add(device_id, nonce, seen)
         self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
@@ -188,21 +191,25 @@ class Admission:
         return None
 
     def admit(self, connection: ServerConnection, request: object) -> object:
-        """Before the websocket upgrade. An ``Authorization`` header (:meth:`prove`) that is wrong
-        is answered HTTP 401; one that is right exempts the connection from the pending caps, so a
-        flood of connections that never say hello cannot keep a device holding the token or its
-        credential out. Over capacity, answer HTTP 503 (429: too many from one address) and keep
-        nothing. A device retries a failed opening handshake with backoff, whereas an ``Error``
-        frame after the upgrade is a refusal it takes as final: a fleet reconnecting at once must
-        not lose every device beyond the caps. Cheap, too: no websocket, no session, no error frame."""
+        """Before the websocket upgrade. An ``Authorization`` header (:meth:`prove`), or a browser
+        page's ``?ticket=`` (:meth:`redeem_ticket`), that is wrong is answered HTTP 401; one that is
+        right exempts the connection from the pending caps, so a flood of connections that never say
+        hello cannot keep a device holding the token or its credential out. Over capacity, answer
+        HTTP 503 (429: too many from one address) and keep nothing. A device retries a failed opening
+        handshake with backoff (a 401 it takes as a refusal), whereas an ``Error`` frame after the
+        upgrade is a refusal it takes as final: a fleet reconnecting at once must not lose every
+        device beyond the caps. Cheap, too: no websocket, no session, no error frame."""
         header = getattr(request, "headers", {}).get("Authorization")
+        ticket = parse_qs(urlsplit(getattr(request, "path", "")).query).get("ticket", [None])[0]
         proven: str | None = None
-        if header is not None:
-            try:
+        try:
+            if header is not None:
                 proven = self.prove(header)
-            except p.ProtocolError as exc:
-                self.note_refusal(f"refused an upgrade request: {exc.message}")
-                return connection.respond(HTTPStatus.UNAUTHORIZED, exc.message + "\n")
+            if proven is None and ticket is not None:
+                proven = self.redeem_ticket(ticket)
+        except p.ProtocolError as exc:
+            self.note_refusal(f"refused an upgrade request: {exc.message}")
+            return connection.respond(HTTPStatus.UNAUTHORIZED, exc.message + "\n")
         refusal = self.over_capacity(_host(connection), proven=proven is not None)
         if refusal is None:
             if proven is not None:
@@ -211,16 +218,32 @@ class Admission:
         self.note_refusal(refusal[1])
         return connection.respond(refusal[0], refusal[1] + "\n")
 
-    def prove(self, header: str) -> str | None:
-        """Check an upgrade request's ``Authorization`` header: ``Bearer <token>`` (the shared
-        token) or ``Edgetrain <device_id> <proof>`` (a credential proof, spent like a hello's and in the
-        same replay record). Returns the device id it proves ("" for the token), None for a scheme
-        this server does not use (ignored: the hello still proves itself); a header of the scheme
-        it uses that proves nothing is ``unauthorized``."""
+    def issue_ticket(self, device_id: str) -> str:
+        """A ticket for one upgrade of ``device_id`` (:mod:`orchestrator.tickets`); the caller has
+        proved the request (``/ticket.json``). No room: ``refused``."""
+        try:
+            return self.tickets.issue(device_id, time.monotonic())
+        except TicketError as exc:
+            raise p.ProtocolError("refused", str(exc)) from None
+
+    def redeem_ticket(self, ticket: str) -> str:
+        """The device id an upgrade's ticket proves (spent now); unknown, spent or expired: ``unauthorized``."""
+        try:
+            return self.tickets.redeem(ticket, time.monotonic())
+        except TicketError as exc:
+            raise p.ProtocolError("unauthorized", str(exc)) from None
+
+    def prove(self, header: str, purpose: str = "upgrade") -> str | None:
+        """Check an ``Authorization`` header at the door ``purpose`` (the upgrade request's, or the
+        web site's ``status`` and ``ticket``): ``Bearer <token>`` (the shared token) or
+        ``Edgetrain <device_id> <proof>`` (a credential proof made for ``purpose``, spent like a
+        hello's and in the same replay record). Returns the device id it proves ("" for the token),
+        None for a scheme this server does not use (the upgrade ignores it: the hello still proves
+        itself); a header of the scheme it uses that proves nothing is ``unauthorized``."""
         scheme, _, rest = header.strip().partition(" ")
         if scheme == "Edgetrain" and self.config.require_credentials:
             device_id, _, token = rest.strip().partition(" ")
-            self.spend_proof(device_id, token.strip())
+            self.spend_proof(device_id, token.strip(), purpose)
             return device_id
         if scheme == "Bearer" and self.config.token and not self.config.require_credentials:
             if hmac.compare_digest(rest.strip().encode(), self.config.token.encode()):
@@ -307,26 +330,28 @@ class Admission:
 
     def _check_credential(self, hello: p.Hello) -> int | None:
         if self.config.require_credentials:
-            return self.spend_proof(hello.device_id, hello.token)
+            return self.spend_proof(hello.device_id, hello.token, "hello")
         if self.config.token and not hmac.compare_digest(hello.token.encode(), self.config.token.encode()):
             raise p.ProtocolError("unauthorized", "bad credentials")
         return None
 
-    def spend_proof(self, device_id: str, proof: str) -> int | None:
-        """Check a credential proof of ``device_id`` and spend it: one replay record (this window,
-        kept in the store's ``proofs`` table) serves every door that takes a proof (the hello, the
-        upgrade request, the status page), so a proof spent at one is refused at every other.
-        Returns the enrolled sample count; an unknown, revoked, stale, forged or spent proof is
-        ``unauthorized``."""
+    def spend_proof(self, device_id: str, proof: str, purpose: str) -> int | None:
+        """Check a credential proof of ``device_id`` made for the door ``purpose`` (``hello``,
+        ``upgrade``, ``status``, ``ticket``: :mod:`edge_sdk.credentials`) and spend it. The purpose is
+        in the proof's signed bytes, so a proof captured on its way to one door is no good at another;
+        one replay record (this window, kept in the store's ``proofs`` table) serves every door, so a
+        proof is spent once. Returns the enrolled sample count; an unknown, revoked, stale, forged,
+        misdirected or spent proof is ``unauthorized``."""
         cred = self.store.credential(device_id)
         if cred is None or cred["revoked"] is not None:
             raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
         now = time.time()
         try:
-            verify_proof(device_id, proof, cred["key"], self._replay, now=now, max_skew_s=self.config.credential_skew_s)
+            spent = verify_proof(device_id, proof, cred["key"], self._replay, purpose=purpose, now=now,
+                                 max_skew_s=self.config.credential_skew_s)
         except CredentialError as exc:
             raise p.ProtocolError("unauthorized", str(exc)) from None
-        self._proof_rows.append((device_id, parse_proof(proof).nonce, now))
+        self._proof_rows.append((device_id, spent.nonce, now))
         self._flush_soon()
         return cred["samples"]
 

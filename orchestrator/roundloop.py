@@ -292,8 +292,9 @@ class RoundLoop:
         """Send ``work`` with the time left in the round."""
         rs = self.round
         assert rs is not None
-        extra = self.intake.instruction_config(work)
-        await self.send(session, p.Instruction(**{**work.wire.__dict__, "deadline_s": max(0.0, rs.deadline - time.monotonic()),
+        extra = self.intake.instruction_config(work)  # e.g. a secure round's scope
+        await self.send(session, p.Instruction(**{**work.wire.__dict__,
+                                                  "deadline_s": max(0.0, rs.deadline - time.monotonic()),
                                                   **({"config": {**work.wire.config, **extra}} if extra else {})}))
 
     def work_of(self, device_id: str) -> list[Work]:

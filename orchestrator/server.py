@@ -17,8 +17,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve

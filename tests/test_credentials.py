@@ -4,6 +4,8 @@ its id, and unknown, revoked, stale, forged or replayed proofs are refused befor
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 from pathlib import Path
 
@@ -18,22 +20,39 @@ from orchestrator.store import Store
 from tests.factories import server_config
 
 
-def test_a_proof_holds_only_for_its_device_key_time_and_once():
+def test_a_proof_holds_only_for_its_device_key_door_time_and_once():
     key = derive_key("s3cret")
     replay = ReplayWindow()
-    token = make_proof("dev", "s3cret", now=1000.0, nonce="ab" * 8)
-    assert "s3cret" not in token
-    verify_proof("dev", token, key, replay, now=1010.0)
+    token = make_proof("dev", "s3cret", purpose="hello", now=1000.0, nonce="ab" * 8)
+    assert "s3cret" not in token and token.startswith("hmac2:hello:1000:")
+    assert verify_proof("dev", token, key, replay, purpose="hello", now=1010.0).nonce == "ab" * 8
     with pytest.raises(CredentialError, match="replayed"):
-        verify_proof("dev", token, key, replay, now=1011.0)
+        verify_proof("dev", token, key, replay, purpose="hello", now=1011.0)
     with pytest.raises(CredentialError, match="does not match"):
-        verify_proof("other", make_proof("dev", "s3cret", now=1000.0), key, replay, now=1000.0)
+        verify_proof("other", make_proof("dev", "s3cret", now=1000.0), key, replay, purpose="hello", now=1000.0)
     with pytest.raises(CredentialError, match="does not match"):
-        verify_proof("dev", make_proof("dev", "wrong", now=1000.0), key, replay, now=1000.0)
+        verify_proof("dev", make_proof("dev", "wrong", now=1000.0), key, replay, purpose="hello", now=1000.0)
     with pytest.raises(CredentialError, match="server's clock"):
-        verify_proof("dev", make_proof("dev", "s3cret", now=1000.0), key, replay, now=2000.0)
+        verify_proof("dev", make_proof("dev", "s3cret", now=1000.0), key, replay, purpose="hello", now=2000.0)
     with pytest.raises(CredentialError, match="form"):
-        verify_proof("dev", "s3cret", key, replay, now=1000.0)
+        verify_proof("dev", "s3cret", key, replay, purpose="hello", now=1000.0)
+    with pytest.raises(CredentialError, match="made for 'status' is no good for 'hello'"):
+        verify_proof("dev", make_proof("dev", "s3cret", purpose="status", now=1000.0), key, replay, purpose="hello",
+                     now=1000.0)
+    # the purpose is signed: relabelling a status proof as a hello's breaks its MAC
+    relabelled = make_proof("dev", "s3cret", purpose="status", now=1000.0).replace(":status:", ":hello:")
+    with pytest.raises(CredentialError, match="does not match"):
+        verify_proof("dev", relabelled, key, replay, purpose="hello", now=1000.0)
+    with pytest.raises(ValueError, match="purpose"):
+        make_proof("dev", "s3cret", purpose="enrol-anything")
+
+
+def test_a_format_1_proof_is_refused_naming_both_formats():
+    nonce = "00112233445566778899aabbccddeeff"
+    mac = hmac.new(derive_key("s3cret"), f"dev|1000|{nonce}".encode(), hashlib.sha256).hexdigest()
+    with pytest.raises(CredentialError, match="format hmac1 is no longer accepted.*hmac2"):
+        verify_proof("dev", f"hmac1:1000:{nonce}:{mac}", derive_key("s3cret"), ReplayWindow(), purpose="hello",
+                     now=1000.0)
 
 
 def _hello(device_id: str, token: str) -> p.Hello:

@@ -69,10 +69,12 @@ def test_a_credential_proof_in_the_upgrade_request_is_checked_and_binds_the_hell
         config = server_config(store_dir, require_credentials=True, wait_devices_s=30)
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
-        spent = f"Edgetrain dev-0 {make_proof('dev-0', secret)}"
-        statuses = [await _status(url, f"Edgetrain dev-0 {make_proof('dev-0', 'forged')}"), await _status(url, spent),
-                    await _status(url, spent), await _status(url, f"Edgetrain nobody {make_proof('nobody', secret)}")]
-        async with connect(url, additional_headers={"Authorization": f"Edgetrain dev-0 {make_proof('dev-0', secret)}"},
+        spent = f"Edgetrain dev-0 {make_proof('dev-0', secret, purpose='upgrade')}"
+        statuses = [await _status(url, f"Edgetrain dev-0 {make_proof('dev-0', 'forged', purpose='upgrade')}"),
+                    await _status(url, spent), await _status(url, spent),
+                    await _status(url, f"Edgetrain nobody {make_proof('nobody', secret, purpose='upgrade')}")]
+        upgrade = {"Authorization": f"Edgetrain dev-0 {make_proof('dev-0', secret, purpose='upgrade')}"}
+        async with connect(url, additional_headers=upgrade,
                            **ws_options()) as ws:  # proven as dev-0, the hello may not name another device
             await send_msg(ws, _hello("dev-1", make_proof("dev-1", secret)))
             other = await recv_msg(ws)

@@ -1,6 +1,8 @@
-"""One replay record serves every door that takes a credential proof: the status page's
-``/status.json``, the websocket upgrade request's ``Authorization`` header and the hello. A proof spent
-at any one of them is refused at every other (``Admission.spend_proof``, the store's ``proofs`` table)."""
+"""One proof, one door: a credential proof names its purpose in its signed bytes
+(:mod:`edge_sdk.credentials`, format 2), so a proof made for one door (the hello, the websocket upgrade
+request's ``Authorization`` header, the status page's ``/status.json``, a browser page's
+``/ticket.json``) is refused at every other, even unspent (captured on its way); and one replay record
+(``Admission.spend_proof``, the store's ``proofs`` table) spends it at its own door once."""
 
 from __future__ import annotations
 
@@ -19,14 +21,15 @@ from orchestrator.store import Store
 from tests.factories import server_config
 from tests.test_web import _get, _sdk
 
-DOORS = ("status", "upgrade", "hello")
+DOORS = ("status", "ticket", "upgrade", "hello")
 
 
 async def _knock(door: str, port: int, proof: str) -> bool:
     """Whether ``door`` takes device dev-0's ``proof``."""
     url, header = f"ws://127.0.0.1:{port}", {"Authorization": f"Edgetrain dev-0 {proof}"}
-    if door == "status":
-        return (await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/status.json", header))[0] == 200
+    if door in ("status", "ticket"):
+        path = "status.json" if door == "status" else "ticket.json?id=dev-0"
+        return (await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/{path}", header))[0] == 200
     try:
         async with connect(url, additional_headers=header if door == "upgrade" else None, **ws_options()) as ws:
             if door == "upgrade":
@@ -39,21 +42,23 @@ async def _knock(door: str, port: int, proof: str) -> bool:
         return False
 
 
-def test_a_proof_spent_at_one_door_is_refused_at_every_other(tmp_path: Path) -> None:
+def test_a_proof_is_good_once_and_only_at_the_door_it_names(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
         secret = store.enroll("dev-0")
 
-    async def main() -> dict[tuple[str, str], tuple[bool, bool]]:
+    async def main() -> dict[tuple[str, str], tuple[bool, bool, bool]]:
         config = server_config(tmp_path / "s", require_credentials=True, web=True, min_devices=5, wait_devices_s=60,
                                web_sdk=str(_sdk(tmp_path / "sdk")))
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         seen = {}
-        for spent_at, replayed_at in itertools.permutations(DOORS, 2):
-            proof = make_proof("dev-0", secret)
-            seen[(spent_at, replayed_at)] = (await _knock(spent_at, orch.port, proof),
-                                             await _knock(replayed_at, orch.port, proof))
+        for made_for, tried_at in itertools.permutations(DOORS, 2):
+            proof = make_proof("dev-0", secret, purpose=made_for)
+            # captured unspent and tried elsewhere; then its own door, twice (the second a replay)
+            seen[(made_for, tried_at)] = (await _knock(tried_at, orch.port, proof),
+                                          await _knock(made_for, orch.port, proof),
+                                          await _knock(made_for, orch.port, proof))
         server.cancel()
         return seen
 
     seen = asyncio.run(main())
-    assert seen == {pair: (True, False) for pair in itertools.permutations(DOORS, 2)}, seen
+    assert seen == {pair: (False, True, False) for pair in itertools.permutations(DOORS, 2)}, seen

@@ -71,14 +71,15 @@ class Recorder:
         monkeypatch.setattr(SecureRound, "finish", finishing)
 
 
-def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, **overrides) -> tuple[list[dict], Path]:
+def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, secure: bool = True,
+               **overrides) -> tuple[list[dict], Path]:
     store_dir = tmp_path / "store"
     with Store(store_dir) as store:
         secrets = {d: store.enroll(d) for d in FLEET}
     for d, s in secrets.items():
         record_identity(store_dir, d, s)
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(FLEET), local_steps=5, lr=0.1,
-                          store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=True,
+                          store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=secure,
                           secure_clip=20.0, eval_every=rounds, **overrides)
     budgets = {b: role_budgets("digits_mlp", backend=b) for b in ("torch", "onnxruntime")}
 
@@ -120,6 +121,9 @@ def test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact(tmp_p
         corr = np.corrcoef(_lifted(seen, fixed.ring_bits), _lifted(own, fixed.ring_bits))[0, 1]
         assert abs(corr) < 4 / np.sqrt(seen.size), (d, r, corr)
     assert len(set(splits.values())) >= 2, splits  # nested cohorts
+    # Weighted by samples: the scale is the largest sample count of the round's devices.
+    assert all(p["scale"] == max(q["samples"] for (r, _), q in rec.plain.items() if r == rr)
+               for (rr, _), p in rec.plain.items()), {k: (p["scale"], p["samples"]) for k, p in rec.plain.items()}
     for r, (fixed, outcomes) in rec.outcomes.items():
         members = {d: p for (rr, d), p in rec.plain.items() if rr == r}
         for out in outcomes:
@@ -245,3 +249,14 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
     assert first["masked"] == 4 and all(b["revealed"] for b in first["blocks"].values()), first
     assert second["masked"] == 3 and all(b["revealed"] for b in second["blocks"].values()), second
     assert history[-1]["accuracy"] > 0.3, history[-1]  # 10 classes: chance is 0.1; 2 rounds
+
+
+@pytest.mark.slow
+def test_secure_and_plain_rounds_reach_the_same_accuracy(tmp_path: Path) -> None:
+    """The same fleet, seeds and rule (EmbracingFL's sample-weighted mean per block, no norm bound,
+    no weight cap, a clip no update reaches) with and without secure aggregation: the secure
+    model's accuracy is the plain one's, up to the quantisation and the devices' own nondeterminism."""
+    plain, _ = _run_fleet(tmp_path / "plain", rounds=3, secure=False, norm_bound=0.0,
+                          strategy_options={"max_weight_share": 1.0})
+    secure, _ = _run_fleet(tmp_path / "secure", rounds=3)
+    assert abs(secure[-1]["accuracy"] - plain[-1]["accuracy"]) < 0.03, (secure[-1]["accuracy"], plain[-1]["accuracy"])

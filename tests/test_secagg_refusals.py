@@ -34,7 +34,7 @@ HOSTILE = {"c": "stranger_reveal", "d": "replay", "e": "stranger_share", "f": "o
 async def _secure_device(url: str, orch, device_id: str, secret: str, hostile: str | None, seen: dict) -> list:
     """One device's round, honest unless ``hostile`` says where it cheats; returns what it received."""
     got: list[p.Message] = []
-    auth = {"Authorization": f"Edgetrain {device_id} {make_proof(device_id, secret)}"}
+    auth = {"Authorization": f"Edgetrain {device_id} {make_proof(device_id, secret, purpose='upgrade')}"}
     async with connect(url, additional_headers=auth, **ws_options()) as ws:
         await send_msg(ws, p.Hello(device_id=device_id, token=make_proof(device_id, secret), budget_bytes=2 << 30,
                                    cores=1, runtimes=["torch"], num_samples=10))

@@ -112,18 +112,19 @@ def test_status_behind_credentials(tmp_path: Path) -> None:
     async def main() -> list[int]:
         orch, server = await start_orchestrator(_config(tmp_path, web=True, require_credentials=True), lambda k, d: None)
         site = f"http://127.0.0.1:{orch.port}/status.json"
-        proof = make_proof("viewer-1", secret)
+        proof = make_proof("viewer-1", secret, purpose="status")
         codes = [(await asyncio.to_thread(_get, site, h))[0] for h in (
             {"Authorization": f"Edgetrain viewer-1 {proof}"},
             {"Authorization": f"Edgetrain viewer-1 {proof}"},  # the same proof again: a replay
-            {"Authorization": f"Edgetrain viewer-1 {make_proof('viewer-1', 'not-the-secret')}"},
-            {"Authorization": f"Edgetrain nobody {make_proof('nobody', secret)}"},
+            {"Authorization": f"Edgetrain viewer-1 {make_proof('viewer-1', 'not-the-secret', purpose='status')}"},
+            {"Authorization": f"Edgetrain nobody {make_proof('nobody', secret, purpose='status')}"},
+            {"Authorization": f"Edgetrain viewer-1 {make_proof('viewer-1', secret)}"},  # a hello's proof
             {"Authorization": "Bearer anything"},
             {})]
         server.cancel()
         return codes
 
-    assert asyncio.run(main()) == [200, 401, 401, 401, 401, 401]
+    assert asyncio.run(main()) == [200, 401, 401, 401, 401, 401, 401]
 
 
 def test_without_web_the_port_serves_no_page(tmp_path: Path) -> None:

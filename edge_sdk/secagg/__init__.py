@@ -12,6 +12,9 @@ functions with the same bytes (``edge_sdk_js/src/secagg``, checked by tests/vect
 - :mod:`.fixedpoint`: clipping, weighting, stochastic rounding into Z_{2^b} that cannot wrap;
 - :mod:`.graph`: the sparse neighbour graph from a public seed.
 
+The round protocol composes them: :mod:`.round` (a device's steps, sans-I/O), :mod:`.layout` (a
+block's coordinates), :mod:`.exchange` (the steps on the device's connection; imported on its own).
+
 Needs the ``secure`` extra (``cryptography``, ``pyshamir``); ``import edge_sdk`` does not load it.
 """
 

@@ -126,7 +126,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
   const threads = s["threads"] as number;
   const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
   const webSocket = (url: string, maxPayload: number, headers?: Record<string, string>) =>
-    new WebSocket(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) }) as unknown as WebSocketLike;
+    withRefusalReason(new WebSocket(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) })) as unknown as WebSocketLike;
   return () => {
     const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
     return new DeviceClient({
@@ -164,6 +164,24 @@ async function device(argv: string[]): Promise<number> {
 }
 
 /** One line on standard error and the exit status for what ended the device. */
+/**
+ * A handshake answered with another status than 101 fails with the status and the server's one-line reason (its body,
+ * at most 1 KiB): "Unexpected server response: 401: credential proof is +300 s from the server's clock", which
+ * `doorRefusal` (transport.ts) takes as a refusal for 401 and 403.
+ */
+function withRefusalReason(ws: WebSocket): WebSocket {
+  ws.on("unexpected-response", (_req, res) => {
+    let body = "";
+    res.setEncoding("utf8");
+    res.on("data", (chunk: string) => { if (body.length < 1024) body += chunk; });
+    res.on("end", () => {
+      ws.emit("error", new Error(`Unexpected server response: ${res.statusCode}: ${body.slice(0, 1024).trim()}`));
+      ws.terminate();
+    });
+  });
+  return ws;
+}
+
 function failure(exc: unknown, debug: boolean): number {
   if (debug && exc instanceof Error) console.error(exc.stack);
   if (exc instanceof DeviceRefused) return fail(`the server refused this device: ${exc.message}`, EXIT_REFUSED);

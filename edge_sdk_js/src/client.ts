@@ -10,7 +10,7 @@
 import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
-import { authorizationHeader, makeProof } from "./credentials.js";
+import { authorizationHeader, makeProof, withTicket } from "./credentials.js";
 import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
@@ -40,6 +40,9 @@ export interface DeviceOptions {
   token?: string;
   /** This device's enrolled credential: each hello carries a fresh proof of it, not the secret. */
   secret?: string;
+  /** Where the upgrade request cannot carry the `Authorization` header (a browser page): a fresh single-use
+   * ticket for each connection (`fetchTicket`), carried as `?ticket=`; null where the server asks for none. */
+  upgradeTicket?: () => Promise<string | null>;
   labels?: Record<string, string>;
   /** Extension fields sent in the hello as they are (`Hello.ext`: `namespace.name` -> value), for a
    * strategy that declares them (docs/protocol.md, "Extension fields"). */
@@ -157,7 +160,8 @@ export class DeviceClient {
       if (this.leaving === "stop") return this.stopped();
       let ch: Channel | null = null;
       try {
-        ch = this.channel = await Channel.open(o.webSocket, o.server, this.limits, authorizationHeader(o.deviceId, o.secret, o.token));
+        const url = o.upgradeTicket ? withTicket(o.server, await o.upgradeTicket()) : o.server;
+        ch = this.channel = await Channel.open(o.webSocket, url, this.limits, authorizationHeader(o.deviceId, o.secret, o.token));
         attempt = 0;
         if (await this.session(ch)) { ch.close(); return this.reports; }
         continue; // left between instructions (stop or pause)

@@ -3,7 +3,7 @@
  * same event API). Every message sent or received goes through the connection's `DeviceSession`
  * first; one protocol message is one binary websocket message (a text message is `malformed`).
  */
-import { ErrorCode, ProtocolError } from "./errors.js";
+import { DeviceRefused, ErrorCode, ProtocolError } from "./errors.js";
 import { decode, encode, type Limits, type Message } from "./messages.js";
 import { DeviceSession } from "./session.js";
 
@@ -29,6 +29,18 @@ export class ConnectionLost extends Error {
     super(message);
     this.name = "ConnectionLost";
   }
+}
+
+/**
+ * An opening handshake answered 401 or 403 (Node's `ws` says "Unexpected server response: 401", and with
+ * `withRefusalReason` the server's reason after it): the door refused this device's token, proof or ticket. That is a
+ * refusal, as the Python device takes it (edge_sdk.client), not a failure to retry; a browser is not told the status.
+ */
+export function doorRefusal(message: string | undefined): DeviceRefused | null {
+  const found = /^Unexpected server response: (401|403)(?:: ([^]*))?$/.exec(message ?? "");
+  if (!found) return null;
+  const reason = (found[2] ?? "").trim().split("\n")[0] || `HTTP ${found[1]} on the websocket upgrade`;
+  return new DeviceRefused(`${found[1] === "401" ? "unauthorized" : "forbidden"}: ${reason}`);
 }
 
 /** Bytes the socket may buffer before `send` waits (two frames, as the Python SDK's write limit). */
@@ -58,7 +70,8 @@ export class Channel {
     ws.binaryType = "arraybuffer";
     return new Promise((resolve, reject) => {
       ws.addEventListener("open", () => resolve(new Channel(ws, limits)));
-      ws.addEventListener("error", (event: { message?: string }) => reject(new ConnectionLost(`cannot connect to ${url}: ${event.message ?? "error"}`)));
+      ws.addEventListener("error", (event: { message?: string }) =>
+        reject(doorRefusal(event.message) ?? new ConnectionLost(`cannot connect to ${url}: ${event.message ?? "error"}`)));
       ws.addEventListener("close", () => reject(new ConnectionLost(`cannot connect to ${url}`)));
     });
   }

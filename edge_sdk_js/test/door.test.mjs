@@ -28,9 +28,9 @@ async function headerAndHello(extra) {
 test("door: the device sends its token or a fresh credential proof in the upgrade request", { timeout: 60_000 }, async () => {
   assert.equal((await headerAndHello({ token: "s3cret" })).authorization, "Bearer s3cret");
   const { authorization, hello } = await headerAndHello({ secret: "the-secret" });
-  assert.match(authorization, /^Edgetrain dev-0 hmac1:\d+:[0-9a-f]{32}:[0-9a-f]{64}$/);
+  assert.match(authorization, /^Edgetrain dev-0 hmac2:upgrade:\d+:[0-9a-f]{32}:[0-9a-f]{64}$/);
   const proof = authorization.split(" ")[2];
-  assert.ok(Buffer.from(hello).includes(Buffer.from("hmac1:")), "the hello carries a proof");
+  assert.ok(Buffer.from(hello).includes(Buffer.from("hmac2:hello:")), "the hello carries a proof made for the hello");
   assert.ok(!Buffer.from(hello).includes(Buffer.from(proof)), "the hello carries another proof than the header");
   assert.equal((await headerAndHello({})).authorization, undefined);
 });

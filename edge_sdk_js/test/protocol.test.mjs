@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 import { DeviceClient, IncomingTransfer, ProtocolError, decode, decodeTensors, encode, encodeTensors, frames, loadRuntime,
-  makeProof, tensor } from "../dist/index.js";
+  tensor } from "../dist/index.js";
 
 function serverSaying(reply) {
   return new Promise((resolve) => {
@@ -85,7 +85,3 @@ test("transfers: frames checked and hashed as they land; a resumed transfer cont
   assert.throws(() => corrupt.result(), (e) => e.code === "checksum");
 });
 
-test("credential proofs are the Python device's (edge_sdk.credentials.make_proof)", () => {
-  const proof = makeProof("dev", "secret", 1700000000, "00112233445566778899aabbccddeeff");
-  assert.equal(proof, "hmac1:1700000000:00112233445566778899aabbccddeeff:60aaea5afcf64f21d10dd9f4d1e3c589e96aeee1cd5fccfe664a38768138b91a");
-});

@@ -118,6 +118,8 @@ class SecureIntake(PlainIntake):
                 await self._keys(session, msg, rs, secure)
             elif isinstance(msg, p.SecAggShares):
                 await self._shares(session, msg, rs, secure)
+            elif isinstance(msg, p.SecAggReveal) and secure.stage == "done":
+                log.info("secure round %d: %s answered the unmasking after it ended", rs.round, device)
             elif isinstance(msg, p.SecAggReveal):
                 secure.take_reveal(device, msg.seed_shares, msg.key_shares)
                 if not secure.asked:
@@ -133,20 +135,27 @@ class SecureIntake(PlainIntake):
             why = "presumed dropped this round" if device in self.presumed_dropped else "the key stage is closed"
             return await self._turn_away(session, msg, rs, why)
         secure.advertise(device, work.selection.split, msg.cipher_public, msg.mask_public, msg.signature)
-        await self._close_when(rs, lambda: set(secure.keys), self._close_keys)
+        await self._progress(rs)
 
     async def _shares(self, session: Session, msg: p.SecAggShares, rs: RoundState, secure: SecureRound) -> None:
         if secure.stage != "shares":
             return await self._turn_away(session, msg, rs, "the share stage is closed")
         secure.take_shares(session.device_id, msg.sealed)
-        assert secure.graph is not None
-        await self._close_when(rs, lambda: set(secure.shared), self._close_shares, among=set(secure.graph.neighbours))
+        await self._progress(rs)
 
-    async def _close_when(self, rs: RoundState, done: Callable[[], set[str]], close: Callable[[RoundState], Any],
-                          among: set[str] | None = None) -> None:
-        """Close the stage once every awaited device is in ``done()``, else within ``secure_stage_s``."""
-        awaited = {d for d in (among if among is not None else rs.selected) if rs.expects(d, "train")}
-        if awaited <= done():
+    async def _progress(self, rs: RoundState) -> None:
+        """Close the open stage if every device it awaits has answered (else its timer runs)."""
+        secure = self.secure
+        if secure is not None and secure.stage == "keys":
+            await self._close_when(rs, set(secure.keys), self._close_keys, rs.selected)
+        elif secure is not None and secure.stage == "shares" and secure.graph is not None:
+            await self._close_when(rs, set(secure.shared), self._close_shares, set(secure.graph.neighbours))
+
+    async def _close_when(self, rs: RoundState, done: set[str], close: Callable[[RoundState], Any],
+                          among: set[str]) -> None:
+        """Close the stage once every awaited device of ``among`` is in ``done``, else within ``secure_stage_s``."""
+        awaited = {d for d in among if rs.expects(d, "train")}
+        if awaited <= done:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
@@ -164,9 +173,19 @@ class SecureIntake(PlainIntake):
         assert secure is not None
         if secure.stage != "keys":
             return
+        secure.weight_scale = self._weight_scale(secure.keys)
         for u, fields in secure.close_keys().items():
             await self._send(u, p.SecAggPeers(round=rs.round, **fields))
         await self._left_out(rs, secure)
+
+    def _weight_scale(self, devices: Mapping[str, object]) -> float:
+        """The scale of the devices' weights w = min(1, samples / scale): the largest sample count
+        registered for the round's devices (``registered_samples``: what they declared, capped by
+        the operator), or, for uniform weighting, one so small that every weight is 1."""
+        if self.uniform:
+            return 1e-9
+        counts = [self.registered_samples(s) for d in devices if (s := self.sessions.get(d)) is not None]
+        return float(max(counts, default=1) or 1)
 
     async def _close_shares(self, rs: RoundState) -> None:
         secure = self.secure
@@ -221,6 +240,12 @@ class SecureIntake(PlainIntake):
         rs = self.round_state()
         if self.secure is not None and self.secure.stage != "done" and rs is not None and device_id in rs.selected:
             self.presumed_dropped.add(device_id)
+            # Once the round loop has marked it gone, a stage that awaited only it closes now, not at its timeout.
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._recheck(rs)))
+
+    async def _recheck(self, rs: RoundState) -> None:
+        if self.round_state() is rs:
+            await self._progress(rs)
 
     # -- the masked uploads ---------------------------------------------------------------------
     def update_bound(self, session: Session, work: Work | None) -> int:

@@ -10,7 +10,9 @@ Served with ``--web`` only, each response with the cross-origin isolation header
 - ``/install``, ``/ca.crt``: with a local certificate authority (:mod:`~orchestrator.web.certs`), how a
   phone installs it, and its certificate (the plain-http side serves them too: :mod:`~orchestrator.web.install`);
 - ``/status``: the read-only status page, whose data (``/status.json``) needs the devices' token, or with
-  ``--require-credentials`` an enrolled device's credential proof, in its ``Authorization`` header.
+  ``--require-credentials`` an enrolled device's credential proof, in its ``Authorization`` header;
+- ``/ticket.json?id=<device>``: a single-use, short-lived ticket the device page carries on its websocket
+  upgrade (``?ticket=``) in place of the header a browser cannot set, for the same token or proof.
 
 A websocket upgrade goes on to admission as without ``--web`` (docs/web.md).
 """
@@ -30,6 +32,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from edge_sdk.protocol import ProtocolError
+from edge_sdk.settings import device_id_problem
 from orchestrator.web.certs import LocalAuthority
 from orchestrator.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
 from orchestrator.web.install import ca_response, install_page, trust_response
@@ -102,6 +105,8 @@ class WebSite:
                 found = self._json(200, snapshot(self.server, self.feed))
             else:
                 found = self._json(200, await asyncio.to_thread(self.device_rounds, query.get("id", [""])[0]))
+        elif path == "/ticket.json":
+            found = self.ticket(headers.get("Authorization", ""), query.get("id", [""])[0])
         elif path.startswith("/shard/") and path.endswith(".bin"):
             found = await self.shard(path.removeprefix("/shard/").removesuffix(".bin"))
         elif self.authority is not None and path in ("/ca.crt", "/ca.pem", "/install"):
@@ -178,24 +183,47 @@ class WebSite:
                          if u["device_id"] == device_id and u.get("phase", "train") == "train" and u.get("accepted")})
         return {"device": device_id, "rounds": len(rounds), "last_round": rounds[-1] if rounds else None}
 
-    def refusal(self, authorization: str) -> str | None:
-        """Why ``authorization`` does not open the status (None: it does). The token as ``Bearer <token>``;
-        with credentials, ``Edgetrain <device id> <proof>``, a fresh proof per request as in a hello."""
+    def prove(self, authorization: str, purpose: str) -> str:
+        """The device id ``authorization`` proves at the web door ``purpose`` ("" for the token, or on a
+        server that asks nothing); else ``unauthorized``. The token as ``Bearer <token>``; with
+        credentials, ``Edgetrain <device id> <proof>``, a fresh proof made for ``purpose``, spent in
+        admission's replay record (:meth:`Admission.prove`)."""
         c = self.config
-        scheme, _, value = authorization.strip().partition(" ")
-        if c.require_credentials:
-            device_id, _, proof = value.strip().partition(" ")
-            cred = self.server.store.credential(device_id) if scheme == "Edgetrain" else None
-            if cred is None or cred["revoked"] is not None:
-                return "the status needs an enrolled device's credential"
-            try:  # spent in admission's replay record: a proof spent here is refused as a hello, and back
-                self.server.admission.spend_proof(device_id, proof)
-            except ProtocolError as exc:
-                return exc.message
-            return None
-        if c.token and not (scheme == "Bearer" and hmac.compare_digest(value.strip().encode(), c.token.encode())):
-            return "the status needs the devices' token"
+        if not (c.require_credentials or c.token):
+            return ""
+        proven = self.server.admission.prove(authorization, purpose)
+        if proven is None:
+            raise ProtocolError("unauthorized", "this needs an enrolled device's credential" if c.require_credentials
+                                else "this needs the devices' token")
+        return proven
+
+    def refusal(self, authorization: str) -> str | None:
+        """Why ``authorization`` does not open the status (None: it does)."""
+        try:
+            self.prove(authorization, "status")
+        except ProtocolError as exc:
+            return exc.message
         return None
+
+    def ticket(self, authorization: str, device_id: str) -> Response:
+        """``/ticket.json?id=<device id>``: a ticket for one websocket upgrade of that device
+        (:mod:`orchestrator.tickets`), for a browser page, which cannot set the upgrade's header. The
+        request proves itself as the upgrade would (a proof made for ``ticket`` of the same device, or
+        the token); a server that asks nothing has no use for tickets (404)."""
+        c = self.config
+        if not (c.require_credentials or c.token):
+            return self._json(404, {"error": "this server asks devices for no credential: connect without a ticket"})
+        if (problem := device_id_problem(device_id)) is not None:
+            return self._json(400, {"error": problem})
+        try:
+            proven = self.prove(authorization, "ticket")
+            if proven and proven != device_id:
+                raise ProtocolError("unauthorized", "the ticket is asked for another device than the proof's")
+            ticket = self.server.admission.issue_ticket(device_id)
+        except ProtocolError as exc:
+            return self._json(401 if exc.code == "unauthorized" else 503, {"error": exc.message})
+        return self._json(200, {"ticket": ticket, "device": device_id,
+                                "expires_in_s": self.server.admission.tickets.lifetime_s})
 
     async def shard(self, name: str) -> Response | None:
         """The demo's shard ``name`` (a client index below ``web_demo_shards``), as tensors ``x`` and ``y``."""

@@ -4,7 +4,7 @@
 // Query: ?id=&budget=&shard=&webgpu=0&autostart=1; fragment: #token= or #secret= (kept out of requests).
 // Pauses while hidden, while a condition is not met (charging, unmetered network) or when the person
 // says; holds a screen wake lock while it trains. docs/web.md says what each part does.
-import { DeviceClient, csvData, decodeTensors, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
+import { DeviceClient, csvData, decodeTensors, fetchTicket, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
@@ -87,7 +87,7 @@ async function offeredBudget(samples) {
 /** The device's rounds in the run, as the server's journal has them (a reopened tab counts those of earlier tabs). */
 async function journalRounds(deviceId) {
   const secret = $("secret").value || fragment.get("secret") || "";
-  const auth = secret ? `Edgetrain ${deviceId} ${makeProof(deviceId, secret)}`
+  const auth = secret ? `Edgetrain ${deviceId} ${makeProof(deviceId, secret, "status")}`
     : fragment.get("token") ? `Bearer ${fragment.get("token")}` : "";
   const res = await fetch(`/device.json?id=${encodeURIComponent(deviceId)}`, { headers: auth ? { Authorization: auth } : {}, cache: "no-store" });
   if (res.ok) set("rounds", (await res.json()).rounds);
@@ -125,12 +125,15 @@ async function train(info) {
   const labels = data.y.data;
   let top = -1n;
   for (const v of labels) if (v > top) top = v;
+  const token = fragment.get("token") ?? "", secret = $("secret").value || fragment.get("secret") || "";
   client = new DeviceClient({
     server: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`, deviceId, budgetBytes,
     runtime, backend, cores: threads,
     webSocket: (url) => new WebSocket(url), data: { x: data.x, y: data.y },
     numClasses: Math.max(data.classes?.length ?? 0, Number(top) + 1),
-    token: fragment.get("token") ?? "", secret: $("secret").value || fragment.get("secret") || "",
+    token, secret,
+    // A page cannot set the upgrade's Authorization header: a single-use ticket from /ticket.json takes its place.
+    upgradeTicket: info.auth === "none" ? undefined : () => fetchTicket(location.origin, deviceId, secret, token),
     labels: { page: "web" }, maxRetries: Infinity, // a phone that goes offline comes back whenever the server answers
     // An update not yet acknowledged survives closing the tab: reopened, the page finishes its upload.
     pending: indexedDbStore(deviceId),

@@ -10,7 +10,7 @@ let auth = { token: fragment.get("token") ?? sessionStorage.getItem("edgetrain-t
 window.edgetrainStatus = null; // the last snapshot, for scripts reading the page
 
 function header(mode) {
-  if (mode === "credentials" && auth.id && auth.secret) return `Edgetrain ${auth.id} ${makeProof(auth.id, auth.secret)}`;
+  if (mode === "credentials" && auth.id && auth.secret) return `Edgetrain ${auth.id} ${makeProof(auth.id, auth.secret, "status")}`;
   return auth.token ? `Bearer ${auth.token}` : "";
 }
 
