@@ -20,7 +20,7 @@ import { UpdateEncoder } from "./wire-codecs.js";
 import type { PendingStore } from "./pending.js";
 import type { DeviceRegistry } from "./phases.js";
 import { ServerBye, nextReply } from "./replies.js";
-import { RoundProgress, phaseReport, type EventSink, type WorkingDevice } from "./roundwork.js";
+import { RoundProgress, phaseReport, revealRound, type EventSink, type WorkingDevice } from "./roundwork.js";
 import type { Runtime } from "./runtime.js";
 import { FOREVER, settingDefault } from "./settings.js";
 import { DEFAULT_FRAME_SIZE, frames } from "./transfer.js";
@@ -248,6 +248,12 @@ export class DeviceClient {
           ch.close();
           return false;
         }
+        if (msg.t === "secagg_unmask") { // a secure round's last step, after its report's ack
+          await revealRound(ch, this.progress, msg);
+          this.emit("secure_reveal", { device: this.options.deviceId, round: msg.round, survivors: msg.survivors.length,
+            dropped: msg.dropped.length });
+          continue;
+        }
         let ins: Instruction | null;
         if (msg.t === "resume") {
           await this.resumeUpload(ch, msg.transfer_id, msg.offset);
@@ -279,7 +285,7 @@ export class DeviceClient {
     const o = this.options;
     return { deviceId: o.deviceId, data: this.data!, welcome, runtime: o.runtime, backend: this.backend, registry: this.registry,
       threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit, updates: this.updates,
-      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}) };
+      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}), ...(o.secret ? { secret: o.secret } : {}) };
   }
 
   /** Do the instruction's phase and report; a report already made (before a reconnect) is sent again. */

@@ -86,9 +86,30 @@ export interface ErrorMsg { t: "error"; code: string; message: string }
 export interface Bye { t: "bye"; reason: string }
 export interface Resume { t: "resume"; transfer_id: string; offset: number }
 
+/** The instruction `config` key that makes a train instruction a secure one (its value: the round's
+ * scope, `Scope.session`); docs/protocol.md, "Secure aggregation". */
+export const SECAGG_KEY = "secagg_session";
+/** Device -> server, SecAgg+ round 0 (AdvertiseKeys): the round's two X25519 public keys, signed. */
+export interface SecAggKeys { t: "secagg_keys"; round: number; cipher_public: Uint8Array; mask_public: Uint8Array; signature: Uint8Array }
+/** Server -> device: the key cohort, the device's neighbours' advertisements and the round's fixed point. */
+export interface SecAggPeers {
+  t: "secagg_peers"; round: number; graph_seed: Uint8Array; degree: number; members: string[];
+  cipher_keys: Record<string, Uint8Array>; mask_keys: Record<string, Uint8Array>; signatures: Record<string, Uint8Array>;
+  identities: Record<string, Uint8Array>; splits: Record<string, Scalar>; clip: number; frac_bits: number; ring_bits: number;
+  cohort: number; weight_scale: number; threshold: number;
+}
+/** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (94 bytes). */
+export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Record<string, Uint8Array> }
+/** Server -> device: the sealed shares the neighbours sent it (sender -> 94 bytes). */
+export interface SecAggInbox { t: "secagg_inbox"; round: number; sealed: Record<string, Uint8Array> }
+/** Server -> device, SecAgg+ round 3 (Unmasking): which neighbours uploaded and which did not. */
+export interface SecAggUnmask { t: "secagg_unmask"; round: number; survivors: string[]; dropped: string[] }
+/** Device -> server: its share of each survivor's self-mask seed and each dropped device's mask key. */
+export interface SecAggReveal { t: "secagg_reveal"; round: number; seed_shares: Record<string, Uint8Array>; key_shares: Record<string, Uint8Array> }
+
 export type Message =
   | Hello | Welcome | Instruction | Fetch | TransferBegin | TransferFrame | TransferEnd | Report | Ack | ErrorMsg
-  | Bye | Resume;
+  | Bye | Resume | SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox | SecAggUnmask | SecAggReveal;
 
 type Kind = "str" | "int" | "float" | "bool" | "bytes" | "list_str" | "list_int" | "pair" | "list_pair" | "dict_str"
   | "dict_scalar" | "dict_ints" | "dict_bytes" | "ext";
@@ -115,7 +136,69 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
   error: [["code", "str"], ["message", "str"]],
   bye: [["reason", "str"]],
   resume: [["transfer_id", "str"], ["offset", "int"]],
+  secagg_keys: [["round", "int"], ["cipher_public", "bytes"], ["mask_public", "bytes"], ["signature", "bytes"]],
+  secagg_peers: [["round", "int"], ["graph_seed", "bytes"], ["degree", "int"], ["members", "list_str"],
+    ["cipher_keys", "dict_bytes"], ["mask_keys", "dict_bytes"], ["signatures", "dict_bytes"], ["identities", "dict_bytes"],
+    ["splits", "dict_scalar"], ["clip", "float"], ["frac_bits", "int"], ["ring_bits", "int"], ["cohort", "int"],
+    ["weight_scale", "float"], ["threshold", "int"]],
+  secagg_shares: [["round", "int"], ["sealed", "dict_bytes"]],
+  secagg_inbox: [["round", "int"], ["sealed", "dict_bytes"]],
+  secagg_unmask: [["round", "int"], ["survivors", "list_str"], ["dropped", "list_str"]],
+  secagg_reveal: [["round", "int"], ["seed_shares", "dict_bytes"], ["key_shares", "dict_bytes"]],
 };
+
+/** Sizes of secure aggregation's values (src/secagg/), repeated so that the codec loads no cryptography. */
+const KEY_BYTES = 32, SIGNATURE_BYTES = 64, SEALED_BYTES = 94, SHARE_BYTES = 33, MAX_PEERS = 255;
+
+function checkIds(name: string, ids: Iterable<string>): void {
+  for (const id of ids) require(id !== "", `${name} holds an empty device id`);
+}
+
+function checkSized(name: string, values: Record<string, Uint8Array>, size: number): void {
+  const entries = Object.entries(values);
+  require(entries.length <= MAX_PEERS, `${name} names ${entries.length} devices, more than ${MAX_PEERS}`);
+  checkIds(name, Object.keys(values));
+  for (const [key, value] of entries) require(value.byteLength === size, `${name}[${key.slice(0, 40)}] is ${value.byteLength} bytes, not ${size}`);
+}
+
+/** The value constraints of the secure-aggregation messages (Python's `SecAgg*.check`). */
+function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox | SecAggUnmask | SecAggReveal): void {
+  const t = msg.t;
+  require(msg.round >= 0, `${t}.round is negative`);
+  switch (msg.t) {
+    case "secagg_keys":
+      require(msg.cipher_public.byteLength === KEY_BYTES, "secagg_keys.cipher_public is not 32 bytes");
+      require(msg.mask_public.byteLength === KEY_BYTES, "secagg_keys.mask_public is not 32 bytes");
+      require(msg.signature.byteLength === SIGNATURE_BYTES, "secagg_keys.signature is not 64 bytes");
+      break;
+    case "secagg_peers":
+      require(msg.graph_seed.byteLength === KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes");
+      checkIds("secagg_peers.members", msg.members);
+      require(new Set(msg.members).size === msg.members.length, "secagg_peers.members repeats a device");
+      for (const [name, size] of [["cipher_keys", KEY_BYTES], ["mask_keys", KEY_BYTES], ["signatures", SIGNATURE_BYTES],
+        ["identities", KEY_BYTES]] as const) checkSized(`secagg_peers.${name}`, msg[name], size);
+      require(Object.values(msg.splits).every((v) => Number.isInteger(v) && (v as number) >= 0), "secagg_peers.splits holds a non-index");
+      require(msg.clip > 0, "secagg_peers.clip is not positive");
+      require(msg.degree >= 1 && msg.degree <= MAX_PEERS - 1, "secagg_peers.degree is outside [1, 254]");
+      require(msg.frac_bits >= 0 && msg.frac_bits <= 60 && msg.ring_bits >= 1 && msg.ring_bits <= 32, "secagg_peers has a bad fixed point");
+      require(msg.cohort >= 2 && msg.threshold >= 2, "secagg_peers.cohort or threshold is below 2");
+      require(msg.weight_scale > 0, "secagg_peers.weight_scale is not positive");
+      break;
+    case "secagg_shares": case "secagg_inbox":
+      checkSized(`${t}.sealed`, msg.sealed, SEALED_BYTES);
+      break;
+    case "secagg_unmask":
+      checkIds("secagg_unmask.survivors", msg.survivors);
+      checkIds("secagg_unmask.dropped", msg.dropped);
+      require(!msg.survivors.some((v) => msg.dropped.includes(v)), "secagg_unmask names a device as survivor and dropped");
+      break;
+    case "secagg_reveal":
+      checkSized("secagg_reveal.seed_shares", msg.seed_shares, SHARE_BYTES);
+      checkSized("secagg_reveal.key_shares", msg.key_shares, SHARE_BYTES);
+      require(!Object.keys(msg.seed_shares).some((v) => Object.hasOwn(msg.key_shares, v)), "secagg_reveal gives both shares of one device");
+      break;
+  }
+}
 
 /** Optional fields (docs/protocol.md, "Optional fields"): left out of a message while they hold their
  * default, taken as the default when absent, so a peer that predates them exchanges it as before. */
@@ -322,6 +405,7 @@ function checkValues(msg: Message): void {
     case "error": require(msg.code !== "", "error.code is empty"); break;
     case "resume": require(msg.transfer_id !== "" && msg.offset >= 0, "resume: empty id or negative offset"); break;
     case "bye": break;
+    default: checkSecAgg(msg);
   }
 }
 

@@ -13,12 +13,13 @@ import type { DeviceData } from "./data.js";
 import { downloadSlot, fetchPayload } from "./downloads.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import { runChunk } from "./forward.js";
-import type { Instruction, Limits, Report, Scalar, Welcome } from "./messages.js";
+import { SECAGG_KEY, type Instruction, type Limits, type Report, type Scalar, type SecAggUnmask, type Welcome } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
 import type { DeviceRegistry, Metrics, PhaseContext, TrainedUpdate } from "./phases.js";
 import type { Runtime } from "./runtime.js";
 import { deviceSeed } from "./sampling.js";
-import { decodeTensors, type Tensor, type TensorValue } from "./tensors.js";
+import type { DeviceRound } from "./secagg/round.js";
+import { decodeTensors, encodeTensors, type Tensor, type TensorValue } from "./tensors.js";
 import type { TrainConfig } from "./trainer.js";
 import type { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
@@ -42,6 +43,8 @@ export class RoundProgress {
   /** What this round's phases share (`PhaseContext.notes`). */
   readonly notes: Metrics = {};
   readonly timings: Record<string, number> = { download_s: 0, forward_s: 0, train_s: 0, upload_s: 0 };
+  /** The round's secure-aggregation state (src/secagg/round.ts), until it has answered the unmasking. */
+  secure: DeviceRound | null = null;
   constructor(readonly round: number) {}
 }
 
@@ -63,6 +66,8 @@ export interface WorkingDevice {
   readonly updates: UpdateEncoder;
   /** Payloads kept by sha256 (src/payload-store.ts): none it holds is downloaded again. */
   readonly payloadStore?: PayloadStore;
+  /** The device's credential: it signs a secure round's keys (src/secagg/binding.ts). */
+  readonly secret?: string;
 }
 
 /** Resident memory of this process at its peak, where the platform tells (Node); else 0. */
@@ -78,9 +83,27 @@ function seconds(since: number): number {
 /** Do the instruction's phase (and the hooks after it) and make its report. */
 export async function phaseReport(device: WorkingDevice, ch: Channel, ins: Instruction, prog: RoundProgress): Promise<HeldReport> {
   const result = await device.registry.run(new RoundWork(device, ch, ins, prog));
-  const payload = result.tensors === undefined ? null : device.updates.encode(result.tensors, ins.config);
-  return [{ t: "report", round: ins.round, phase: ins.phase, num_samples: result.numSamples ?? device.data.x.shape[0]!,
+  const numSamples = result.numSamples ?? device.data.x.shape[0]!;
+  let payload: Uint8Array | null = null;
+  if (result.tensors !== undefined && ins.config[SECAGG_KEY]) payload = await masked(device, ch, ins, prog, result.tensors, numSamples);
+  else if (result.tensors !== undefined) payload = device.updates.encode(result.tensors, ins.config);
+  return [{ t: "report", round: ins.round, phase: ins.phase, num_samples: numSamples,
     trained: result.trained ?? [0, 0], transfer_id: payload === null ? "" : randomHex(16), metrics: result.metrics }, payload];
+}
+
+/** A secure round's upload in place of the update (src/secagg/exchange.ts; the cryptography loads here). */
+async function masked(device: WorkingDevice, ch: Channel, ins: Instruction, prog: RoundProgress,
+  tensors: Record<string, TensorValue>, numSamples: number): Promise<Uint8Array> {
+  const exchange = await import("./secagg/exchange.js");
+  prog.secure = await exchange.startRound(device.deviceId, device.secret ?? "", ins, device.welcome.num_blocks);
+  return encodeTensors(await exchange.maskedUpdate(ch, prog.secure, ins, tensors, numSamples));
+}
+
+/** Answer a secure round's unmasking request, once. */
+export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<void> {
+  const exchange = await import("./secagg/exchange.js");
+  await exchange.reveal(ch, prog?.secure ?? null, msg);
+  if (prog !== null) prog.secure = null;
 }
 
 /** The device as a phase handler sees it: one instruction on one connection, with the round's progress. */

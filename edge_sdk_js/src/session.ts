@@ -5,13 +5,15 @@
  * while another is worked on wait in `pending`; `nextInstruction()` takes the oldest when idle.
  */
 import { ErrorCode, ProtocolError } from "./errors.js";
-import { TRAIN_GRAPH_KEY, type Fetch, type Hello, type Instruction, type Message, type Report, type TransferBegin,
-  type TransferEnd, type TransferFrame } from "./messages.js";
+import { SECAGG_KEY, TRAIN_GRAPH_KEY, type Fetch, type Hello, type Instruction, type Message, type Report, type TransferBegin,
+  type SecAggInbox, type SecAggKeys, type SecAggPeers, type SecAggReveal, type SecAggShares, type SecAggUnmask, type TransferEnd,
+  type TransferFrame } from "./messages.js";
 
 export type SessionState = "HELLO" | "WELCOMING" | "IDLE" | "WORKING" | "UPLOADING" | "AWAITING_ACK" | "CLOSED";
 
 const TENSOR_PHASES = new Set(["train"]);
 const PLAIN_PHASES = new Set(["evaluate", "compare"]);
+const AFTER_WELCOME: readonly SessionState[] = ["IDLE", "WORKING", "UPLOADING", "AWAITING_ACK"];
 
 /** The payload ids a device may fetch for an instruction, with the transfer kinds that answer each. */
 export function payloadKinds(ins: Instruction): Map<string, Set<string>> {
@@ -70,6 +72,12 @@ export class DeviceSession {
   private flow: Flow | null = null;
   private upload: [string, number] | null = null;
   private resumed = false;
+  /** The server's answer a secure round's step awaits. */
+  private secaggDue: "secagg_peers" | "secagg_inbox" | null = null;
+  /** The device's next step of a secure round. */
+  private secaggNext: "secagg_keys" | "secagg_shares" | null = null;
+  /** The round whose `secagg_unmask` awaits the device's `secagg_reveal`. */
+  private unmaskDue = -1;
 
   get closed(): boolean { return this.state === "CLOSED"; }
   get transfer(): TransferBegin | null { return this.flow?.begin ?? null; }
@@ -92,6 +100,8 @@ export class DeviceSession {
       case "transfer_begin": return this.uploadBegin(msg);
       case "transfer_frame": return this.onFrame(msg, "UPLOADING");
       case "transfer_end": return this.onEnd(msg, "UPLOADING");
+      case "secagg_keys": case "secagg_shares": return this.secaggStep(msg);
+      case "secagg_reveal": return this.sendReveal(msg);
       case "error": case "bye": this.state = "CLOSED"; return;
       default: throw unexpected(`${msg.t} does not travel from a device to the server`);
     }
@@ -111,6 +121,8 @@ export class DeviceSession {
       case "transfer_begin": return this.downloadBegin(msg);
       case "transfer_frame": return this.onFrame(msg, "WORKING");
       case "transfer_end": return this.onEnd(msg, "WORKING");
+      case "secagg_peers": case "secagg_inbox": return this.secaggAnswer(msg);
+      case "secagg_unmask": return this.onUnmask(msg);
       case "error": case "bye": this.state = "CLOSED"; return;
       default: throw unexpected(`${msg.t} does not travel from the server to a device`);
     }
@@ -139,6 +151,7 @@ export class DeviceSession {
   private sendReport(msg: Report): void {
     if (this.state !== "WORKING") throw this.notAllowed(msg, "a report answers an instruction being worked on");
     if (this.flow !== null || this.fetch !== null) throw this.notAllowed(msg, "a fetch or transfer is outstanding");
+    if (this.secaggDue !== null) throw this.notAllowed(msg, `the secure round's ${this.secaggDue} is awaited first`);
     const ins = this.instruction!;
     if (msg.round !== ins.round || msg.phase !== ins.phase) throw unexpected(`report of round ${msg.round}, phase ${msg.phase} answers no instruction`);
     if (TENSOR_PHASES.has(msg.phase) && !msg.transfer_id) throw unexpected(`a report of phase ${msg.phase} carries tensors`);
@@ -153,7 +166,7 @@ export class DeviceSession {
   }
 
   private onInstruction(msg: Instruction): void {
-    if (!["IDLE", "WORKING", "UPLOADING", "AWAITING_ACK"].includes(this.state)) throw this.notAllowed(msg, "instructions come after the welcome");
+    if (!AFTER_WELCOME.includes(this.state)) throw this.notAllowed(msg, "instructions come after the welcome");
     if (this.state === "WORKING" && this.flow !== null) throw this.notAllowed(msg, "inside a transfer only its frames may come");
     if (msg.round < this.lastRound) throw unexpected(`instruction for round ${msg.round} after one for round ${this.lastRound}`);
     this.lastRound = msg.round;
@@ -172,6 +185,13 @@ export class DeviceSession {
   }
 
   private onAck(msg: Message & { t: "ack" }): void {
+    if (this.state === "WORKING" && this.secaggDue !== null) {
+      // The server turns the device away from a secure round's cohort (late, or presumed dropped).
+      if (msg.accepted || msg.round !== this.round) throw this.notAllowed(msg, "only ack(accepted=false) of the round answers a secure round's step");
+      this.secaggDue = null;
+      this.finishInstruction();
+      return;
+    }
     if (this.state === "WORKING" && this.fetch !== null) {
       if (msg.accepted) throw this.notAllowed(msg, "only ack(accepted=false) answers a fetch");
       if (msg.round !== this.fetch.round) throw unexpected(`ack of round ${msg.round} answers the fetch of round ${this.fetch.round}`);
@@ -185,6 +205,42 @@ export class DeviceSession {
     if (this.report !== null && msg.phase !== this.report.phase) throw unexpected(`ack of phase ${msg.phase} answers the report of phase ${this.report.phase}`);
     this.report = null;
     this.finishInstruction();
+  }
+
+  /** A secure round's key advertisement or shares: within a secure train instruction, one step at a time. */
+  private secaggStep(msg: SecAggKeys | SecAggShares): void {
+    if (this.state !== "WORKING" || this.flow !== null || this.fetch !== null) {
+      throw this.notAllowed(msg, "a secure round's step belongs to a train instruction between transfers");
+    }
+    const ins = this.instruction!;
+    if (ins.phase !== "train" || !ins.config[SECAGG_KEY]) throw this.notAllowed(msg, "the current instruction is not a secure round's training");
+    if (msg.round !== ins.round) throw unexpected(`${msg.t} of round ${msg.round} during the instruction of round ${ins.round}`);
+    if (this.secaggDue !== null) throw this.notAllowed(msg, `the server's ${this.secaggDue} is awaited first`);
+    if (msg.t !== this.secaggNext) throw this.notAllowed(msg, `the secure round's next step is ${this.secaggNext ?? "the report"}`);
+    this.secaggDue = msg.t === "secagg_keys" ? "secagg_peers" : "secagg_inbox";
+    this.secaggNext = null;
+  }
+
+  private secaggAnswer(msg: SecAggPeers | SecAggInbox): void {
+    if (this.state !== "WORKING" || this.secaggDue !== msg.t || msg.round !== this.round) {
+      throw this.notAllowed(msg, "it answers the device's step of the current secure round");
+    }
+    this.secaggDue = null;
+    this.secaggNext = msg.t === "secagg_peers" ? "secagg_shares" : null;
+  }
+
+  private onUnmask(msg: SecAggUnmask): void {
+    if (!AFTER_WELCOME.includes(this.state) || this.flow !== null) {
+      throw this.notAllowed(msg, "an unmasking request comes after the welcome, between transfers");
+    }
+    this.unmaskDue = msg.round;
+  }
+
+  private sendReveal(msg: SecAggReveal): void {
+    if (this.unmaskDue !== msg.round || (this.state === "UPLOADING" && this.flow !== null)) {
+      throw this.notAllowed(msg, `no unmasking request of round ${msg.round} is open`);
+    }
+    this.unmaskDue = -1;
   }
 
   private downloadBegin(msg: TransferBegin): void {
@@ -235,6 +291,7 @@ export class DeviceSession {
 
   private start(ins: Instruction): void {
     this.instruction = ins;
+    this.secaggNext = "secagg_keys"; // checked against the instruction when a step comes
     this.round = ins.round;
     this.state = "WORKING";
   }

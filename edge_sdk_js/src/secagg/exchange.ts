@@ -1,0 +1,80 @@
+/**
+ * A secure round's steps on a device's connection: the I/O around `DeviceRound` (src/secagg/round.ts),
+ * the twin of edge_sdk/secagg/exchange.py. After training, a device whose train instruction names
+ * `secagg_session` advertises its keys, sends its sealed shares and uploads its masked blocks in
+ * place of its update (`maskedUpdate`); once the server has the round's uploads it answers the
+ * unmasking request (`reveal`). docs/protocol.md, "Secure aggregation", has the messages.
+ */
+import { ErrorCode, ProtocolError, RoundAborted } from "../errors.js";
+import { SECAGG_KEY, type Instruction, type Message, type SecAggUnmask } from "../messages.js";
+import { nextReply } from "../replies.js";
+import { tensor, type Tensor, type TensorValue } from "../tensors.js";
+import type { Channel } from "../transport.js";
+import { SecAggError, scope } from "./labels.js";
+import { blockVectors } from "./layout.js";
+import { DeviceRound } from "./round.js";
+
+/** Instruction config keys of a secure round (besides `SECAGG_KEY`, its scope). */
+export const BLOCKS_KEY = "secagg_blocks";
+export const CLIP_KEY = "secagg_clip";
+
+/** The name of block `block`'s masked words in the upload (int32 on the wire, the ring words' bits). */
+export function uploadName(block: number): string {
+  return `secagg.${block}`;
+}
+
+async function answer<T extends Message["t"]>(ch: Channel, t: T): Promise<Message & { t: T }> {
+  const msg = await nextReply(ch);
+  if (msg.t === "ack" && !msg.accepted) throw new RoundAborted(msg.reason);
+  if (msg.t !== t) throw new ProtocolError(ErrorCode.UNEXPECTED, `expected ${t}, got ${msg.t}`);
+  return msg as Message & { t: T };
+}
+
+/** A server that broke the protocol: the device says so and follows it no further. */
+function broken(exc: unknown): unknown {
+  return exc instanceof SecAggError ? new ProtocolError(ErrorCode.MALFORMED, `secure round: ${exc.message}`) : exc;
+}
+
+/** The device's state for the secure round `ins` opens. */
+export async function startRound(deviceId: string, secret: string, ins: Instruction, numBlocks: number): Promise<DeviceRound> {
+  if (!secret) throw new ProtocolError(ErrorCode.REFUSED, "secure aggregation needs the device's credential (its secret) to sign keys");
+  try {
+    return await DeviceRound.start(deviceId, secret, scope(String(ins.config[SECAGG_KEY]), ins.round), ins.split, numBlocks);
+  } catch (exc) {
+    throw broken(exc);
+  }
+}
+
+/** Steps 0-2 of `rnd` over `ch`: the upload that replaces the device's update `tensors`. */
+export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instruction, tensors: Record<string, TensorValue>,
+  numSamples: number): Promise<Record<string, Tensor>> {
+  try {
+    const [cipher, mask, signature] = await rnd.advertise();
+    await ch.send({ t: "secagg_keys", round: ins.round, cipher_public: cipher, mask_public: mask, signature });
+    const peers = await answer(ch, "secagg_peers");
+    await ch.send({ t: "secagg_shares", round: ins.round, sealed: await rnd.share(peers) });
+    const inbox = await answer(ch, "secagg_inbox");
+    await rnd.receive(inbox.sealed);
+    const blocks = blockVectors(tensors, String(ins.config[BLOCKS_KEY] ?? "").split(","), ins.split);
+    const words = await rnd.mask(blocks, numSamples);
+    return Object.fromEntries(words.map((w, i) => [uploadName(ins.split + i),
+      tensor("int32", [w.length], new Int32Array(w.buffer, w.byteOffset, w.length))]));
+  } catch (exc) {
+    throw broken(exc);
+  }
+}
+
+/** Step 3: answer the unmasking request of `msg.round` (one for a round this device has no state of
+ * is a protocol error: the server asked the wrong device). */
+export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<void> {
+  if (rnd === null || rnd.scope.round !== msg.round) {
+    throw new ProtocolError(ErrorCode.UNEXPECTED, `an unmasking request for round ${msg.round}, which this device did not mask`);
+  }
+  let shares: ReturnType<DeviceRound["reveal"]>;
+  try {
+    shares = rnd.reveal(msg.survivors, msg.dropped);
+  } catch (exc) {
+    throw broken(exc);
+  }
+  await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1] });
+}

@@ -1,0 +1,191 @@
+/**
+ * One device's side of one secure round, sans-I/O: the twin of edge_sdk/secagg/round.py
+ * (docs/protocol.md, "Secure aggregation"). The steps follow SecAgg+ (Bell et al. 2020,
+ * Algorithm 2, which runs Bonawitz et al. 2017's rounds on a neighbour graph), one method each,
+ * checking what the server relayed before using it; src/secagg/exchange.ts carries the messages:
+ *
+ * 0. `advertise` (AdvertiseKeys): two fresh X25519 key pairs, c_u (share encryption) and s_u
+ *    (pairwise masks), signed by the identity key of the device's credential.
+ * 1. `share` (ShareKeys): rebuild the neighbour graph from the cohort's public seed, verify each
+ *    neighbour's signature, split b_u and s_u^SK into deg + 1 Shamir shares (t rebuild them; the
+ *    device keeps one) and seal one pair for each neighbour.
+ * 2. `receive` then `mask` (MaskedInputCollection): open the neighbours' shares (those who sent
+ *    none are out), then per trained block k: clip, weight, quantize, add the self mask of block k
+ *    and the pairwise mask with each neighbour that trained block k and sent shares.
+ * 3. `reveal` (Unmasking): shares of b_v for the survivors, of s_v^SK for the dropped, never both
+ *    for one device, once per round (Bonawitz et al. 2017, Round 4).
+ *
+ * A server that breaks the protocol gets a `SecAggError`: the device follows it no further.
+ */
+import type { SecAggPeers } from "../messages.js";
+import { randomBytes, type CryptoBackend } from "./backend.js";
+import { signAdvertisement, verifyAdvertisement } from "./binding.js";
+import { FixedPoint } from "./fixedpoint.js";
+import { neighbourGraph } from "./graph.js";
+import { KEY_BYTES, agree, generateKeyPair, pairMaskSeed, publicKey, selfMaskSeed, shareKey, type KeyPair } from "./keys.js";
+import { SecAggError, type Scope } from "./labels.js";
+import { addMod, combinedMask } from "./masks.js";
+import { openShares, sealShares } from "./sealing.js";
+import { splitSecret } from "./shamir.js";
+
+/** A device's aggregation weight: its sample count over the round's public scale, at most 1. */
+export function weightOf(numSamples: number, weightScale: number): number {
+  return Math.min(1, Math.max(0, numSamples) / weightScale);
+}
+
+/** The round's secrets, drawn fresh unless given (test vectors only). */
+export interface RoundSecrets {
+  cipherPrivate: Uint8Array;
+  maskPrivate: Uint8Array;
+  /** b_u, the self-mask seed. */
+  seed: Uint8Array;
+}
+
+const PEER_FIELDS = ["cipher_keys", "mask_keys", "signatures", "identities", "splits"] as const;
+
+/** Device `deviceId`'s state in one secure round of `scope`; it trained blocks [split, numBlocks). */
+export class DeviceRound {
+  step: "advertise" | "share" | "receive" | "mask" | "reveal" | "done" = "advertise";
+  neighbours: readonly string[] = [];
+  readonly splits = new Map<string, number>();
+  fixed: FixedPoint | null = null;
+  weightScale = 1;
+  threshold = 2;
+  private readonly shareKeys = new Map<string, Uint8Array>();
+  private readonly pairSecrets = new Map<string, Uint8Array>();
+  private own: [Uint8Array, Uint8Array] | null = null;
+  private readonly held = new Map<string, [Uint8Array, Uint8Array]>();
+
+  private constructor(readonly deviceId: string, private readonly secret: string, readonly scope: Scope, readonly split: number,
+    readonly numBlocks: number, private readonly cipherPair: KeyPair, private readonly maskPair: KeyPair, private readonly seed: Uint8Array,
+    private readonly backend?: CryptoBackend) {}
+
+  /** A round with fresh keys and seed (or `secrets`, for test vectors). */
+  static async start(deviceId: string, secret: string, scope: Scope, split: number, numBlocks: number,
+    options: { secrets?: RoundSecrets; backend?: CryptoBackend } = {}): Promise<DeviceRound> {
+    if (!(Number.isInteger(split) && split >= 0 && split < numBlocks)) {
+      throw new SecAggError(`a secure round's device trains some block: split ${split} of ${numBlocks}`);
+    }
+    const b = options.backend;
+    const given = options.secrets;
+    const pair = async (key: Uint8Array | undefined) => (key === undefined ? generateKeyPair(b)
+      : { privateKey: key, publicKey: await publicKey(key, b) });
+    return new DeviceRound(deviceId, secret, scope, split, numBlocks, await pair(given?.cipherPrivate),
+      await pair(given?.maskPrivate), given?.seed ?? randomBytes(KEY_BYTES), b);
+  }
+
+  private expect(step: DeviceRound["step"], then: DeviceRound["step"]): void {
+    if (this.step !== step) throw new SecAggError(`${this.deviceId}: the secure round is at '${this.step}', not '${step}'`);
+    this.step = then;
+  }
+
+  /** 0: [c_u^PK, s_u^PK, signature] for `secagg_keys`. */
+  async advertise(): Promise<[Uint8Array, Uint8Array, Uint8Array]> {
+    this.expect("advertise", "share");
+    const signature = await signAdvertisement(this.secret, this.deviceId, this.scope, this.cipherPair.publicKey,
+      this.maskPair.publicKey, this.backend);
+    return [this.cipherPair.publicKey, this.maskPair.publicKey, signature];
+  }
+
+  /** 1: check the cohort the server relayed and seal this device's shares for each neighbour. */
+  async share(peers: SecAggPeers): Promise<Record<string, Uint8Array>> {
+    this.expect("share", "receive");
+    const me = this.deviceId;
+    if (!peers.members.includes(me)) throw new SecAggError(`${me}: the cohort relayed does not hold this device`);
+    const graph = await neighbourGraph(peers.graph_seed, this.scope, 0, peers.members, peers.degree, this.backend);
+    this.neighbours = graph.neighbours.get(me)!;
+    const named = new Set(this.neighbours);
+    for (const field of PEER_FIELDS) {
+      const keys = Object.keys(peers[field]);
+      if (keys.length !== named.size || !keys.every((k) => named.has(k))) {
+        throw new SecAggError(`${me}: the server's ${field} are not exactly this device's neighbours`);
+      }
+    }
+    if (peers.threshold !== graph.threshold.get(me) || peers.cohort < peers.members.length) {
+      throw new SecAggError(`${me}: threshold ${peers.threshold} or cohort ${peers.cohort} is not the graph's`);
+    }
+    this.threshold = peers.threshold;
+    this.fixed = new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort);
+    this.weightScale = peers.weight_scale;
+    for (const v of this.neighbours) await this.meet(v, peers);
+    const count = this.neighbours.length + 1;
+    const seeds = await splitSecret(this.seed, count, peers.threshold);
+    const keys = await splitSecret(this.maskPair.privateKey, count, peers.threshold);
+    this.own = [seeds[0]!, keys[0]!];
+    const out: Record<string, Uint8Array> = {};
+    for (const [i, v] of this.neighbours.entries()) {
+      out[v] = await sealShares(this.shareKeys.get(v)!, this.scope, me, v, seeds[i + 1]!, keys[i + 1]!, this.backend === undefined ? {} : { backend: this.backend });
+    }
+    return out;
+  }
+
+  /** Verify neighbour `v`'s advertisement and derive the pair's share key and mask secret. */
+  private async meet(v: string, peers: SecAggPeers): Promise<void> {
+    const [cipher, mask] = [peers.cipher_keys[v]!, peers.mask_keys[v]!];
+    verifyAdvertisement(peers.identities[v]!, v, this.scope, cipher, mask, peers.signatures[v]!);
+    const split = peers.splits[v];
+    if (typeof split !== "number" || !Number.isInteger(split) || split < 0 || split >= this.numBlocks) {
+      throw new SecAggError(`${this.deviceId}: neighbour ${JSON.stringify(v)} has split ${String(split)}`);
+    }
+    this.splits.set(v, split);
+    this.shareKeys.set(v, await shareKey(await agree(this.cipherPair.privateKey, cipher, this.backend), this.scope, this.deviceId, v, this.backend));
+    this.pairSecrets.set(v, await agree(this.maskPair.privateKey, mask, this.backend));
+  }
+
+  /** 2a: open the shares the neighbours sent (sender -> sealed); those who sent none are out. */
+  async receive(sealed: Record<string, Uint8Array>): Promise<void> {
+    this.expect("receive", "mask");
+    for (const [v, box] of Object.entries(sealed)) {
+      const key = this.shareKeys.get(v);
+      if (key === undefined) throw new SecAggError(`${this.deviceId}: shares from ${JSON.stringify(v)}, who is not a neighbour`);
+      this.held.set(v, await openShares(key, this.scope, v, this.deviceId, box, this.backend));
+    }
+  }
+
+  /** The neighbours this device masks block `block` with: they trained it and sent shares. */
+  partners(block: number): string[] {
+    return this.neighbours.filter((v) => this.held.has(v) && this.splits.get(v)! <= block);
+  }
+
+  /** 2b: the masked words of each trained block (`blocks[i]`: block split + i), the weight coordinate last. */
+  async mask(blocks: readonly ArrayLike<number>[], numSamples: number, roundingSeed?: Uint8Array): Promise<Uint32Array[]> {
+    this.expect("mask", "reveal");
+    const fixed = this.fixed!;
+    if (blocks.length !== this.numBlocks - this.split) {
+      throw new SecAggError(`${this.deviceId}: ${blocks.length} blocks to mask, trained ${this.numBlocks - this.split}`);
+    }
+    const weight = weightOf(numSamples, this.weightScale);
+    const out: Uint32Array[] = [];
+    for (const [i, values] of blocks.entries()) {
+      const block = this.split + i;
+      const partners = this.partners(block);
+      if (partners.length === 0) throw new SecAggError(`${this.deviceId}: no neighbour of block ${block}'s cohort sent shares`);
+      const words = await fixed.encode(values, weight, roundingSeed, this.backend);
+      const pairSeeds = new Map<string, Uint8Array>();
+      for (const v of partners) pairSeeds.set(v, await pairMaskSeed(this.pairSecrets.get(v)!, this.scope, block, this.deviceId, v, this.backend));
+      const selfSeed = await selfMaskSeed(this.seed, this.scope, block, this.deviceId, this.backend);
+      const mask = await combinedMask(words.length, fixed.ringBits, this.deviceId, { selfSeed, pairSeeds }, this.backend);
+      out.push(addMod(words, mask, fixed.ringBits));
+    }
+    return out;
+  }
+
+  /** 3: [seed shares of the survivors, key shares of the dropped], once. The survivors name this
+   * device; every other id must be a neighbour whose shares it holds; no device's two secrets are
+   * ever revealed together. */
+  reveal(survivors: readonly string[], dropped: readonly string[]): [Record<string, Uint8Array>, Record<string, Uint8Array>] {
+    this.expect("reveal", "done");
+    const alive = new Set(survivors);
+    const gone = new Set(dropped);
+    const both = [...alive].filter((v) => gone.has(v)).sort();
+    if (both.length > 0) throw new SecAggError(`${this.deviceId}: asked to reveal both secrets of ${JSON.stringify(both.slice(0, 3))}`);
+    if (!alive.has(this.deviceId) || gone.has(this.deviceId)) {
+      throw new SecAggError(`${this.deviceId}: an unmasking request that does not count this device alive`);
+    }
+    const unknown = [...alive, ...gone].filter((v) => v !== this.deviceId && !this.held.has(v)).sort();
+    if (unknown.length > 0) throw new SecAggError(`${this.deviceId}: asked for shares of ${JSON.stringify(unknown.slice(0, 3))}, which it was not given`);
+    const held = new Map([...this.held, [this.deviceId, this.own!] as [string, [Uint8Array, Uint8Array]]]);
+    const pick = (ids: Set<string>, which: 0 | 1) => Object.fromEntries([...ids].sort().map((v) => [v, held.get(v)![which]]));
+    return [pick(alive, 0), pick(gone, 1)];
+  }
+}
