@@ -59,6 +59,7 @@ lr = 0.1
 momentum = 0.0
 weight_decay = 0.0
 norm_bound = 0.0
+direction_trust = false
 max_loss_rise = 0.0
 {dp}
 [strategy]

@@ -261,6 +261,7 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
         "# A paper's case: its aggregation as the paper gives it, without the server's influence bounds",
         "# (norm bound, validation before commit: docs/security.md), so its numbers are the paper's method.",
         "norm_bound = 0.0",
+        "direction_trust = false",
         "max_loss_rise = 0.0",
         'strategy = "embracingfl"',
         f"rounds = {rounds}",

@@ -67,7 +67,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
                                                    "/shard/1.bin", "/shard/99.bin", "/status.json")}
         out["wrong token"] = await get("/status.json", Authorization="Bearer nope")
         async with connect(url, **ws_options()) as ws:  # a device on the same port, kept connected
-            await send_msg(ws, p.Hello(device_id="phone-1", token="s3cret", budget_bytes=300 << 20, cores=2,
+            await send_msg(ws, p.Hello(device_id="phone-1", token="s3cret", budget_bytes=320 << 20, cores=2,
                                        runtimes=["onnxruntime-web"], num_samples=10))
             out["welcome"] = await recv_msg(ws)
             out["refused"] = await _hello(url, "intruder", "guess")
@@ -98,7 +98,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
     snap = json.loads(body)
     (phone,) = snap["devices"]
     assert phone["id"] == "phone-1" and phone["connected"] and phone["runtimes"] == ["onnxruntime-web"]
-    assert phone["budget_bytes"] == 300 << 20 and phone["role"] == out["welcome"].role
+    assert phone["budget_bytes"] == 320 << 20 and phone["role"] == out["welcome"].role
     assert phone["split"] == out["welcome"].split
     assert snap["rounds_total"] == 1 and snap["rounds_done"] == 0
     assert any(n["kind"] == "closed" and n["device"] == "intruder" and n["message"] == "bad credentials"

@@ -58,7 +58,7 @@ test("serve --web: a tab trains from the device page; the status page shows the 
       await tab.goto(`${site}/?id=tab-1&budget=400MiB&shard=1&autostart=1#token=${TOKEN}`);
       const gpuTab = await gpuBrowser.newPage();
       gpuTab.on("pageerror", (err) => console.error(`# device page (WebGPU) error: ${err.message}`));
-      await gpuTab.goto(`${site}/?id=tab-gpu&budget=380MiB&shard=3&autostart=1#token=${TOKEN}`); // weak on WebGPU's figure
+      await gpuTab.goto(`${site}/?id=tab-gpu&budget=390MiB&shard=3&autostart=1#token=${TOKEN}`); // weak on WebGPU's figure
       devices.push(
         start(dir, "py-0", python(), ["-m", "edge_sdk", "--server", url, "--id", "py-0", "--budget", "2GiB", "--data", "digits",
           "--client", "0", "--num-clients", "3", "--token", TOKEN, "--json-events", "--once"]),
