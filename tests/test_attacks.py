@@ -60,9 +60,10 @@ def _run(aggregation: str, attack: str | None, root: Path) -> FleetResult:
     """One live fleet per (aggregation, attack): the honest fleets the aggregations share run once."""
     devices = HONEST + ((FleetDevice("attacker", 4, attack=ATTACKS[attack]),) if attack else ())
     name = f"{aggregation}-{attack or 'honest'}"
-    # The aggregation alone: the server's own bounds off (with them, a clipped attacker looks honest to Krum).
+    # The aggregation alone: the server's own bounds and direction trust off (with them, a clipped
+    # attacker looks honest to Krum, and a report trusted 0 never reaches the robust statistic).
     return run_fleet(root / name, devices, aggregation=aggregation, rounds=ROUNDS,
-                     settings={"norm_bound": 0.0, "max_loss_rise": 0.0})
+                     settings={"norm_bound": 0.0, "direction_trust": False, "max_loss_rise": 0.0})
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +104,12 @@ DEFAULT_CASES = {
 
 @functools.cache
 def _defaults(attack: str | None, root: Path) -> FleetResult:
-    """A fleet under the default settings with credentials (aggregation, bounds and cap untouched)."""
+    """A fleet under the default settings with credentials (aggregation, bounds and cap untouched)
+    beneath direction trust, which is off here so that each bound's own mark is what the journal
+    shows; tests/test_attacks_trust.py runs the insiders against the defaults with it."""
     devices = HONEST + ((FleetDevice("attacker", 4, attack=ATTACKS[attack]),) if attack else ())
     return run_fleet(root / f"defaults-{attack or 'honest'}", devices, aggregation=None, rounds=ROUNDS,
-                     credentials=True)
+                     credentials=True, settings={"direction_trust": False})
 
 
 @pytest.mark.parametrize("attack", list(DEFAULT_CASES))
