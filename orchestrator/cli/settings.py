@@ -52,7 +52,10 @@ def config_parameters() -> list[inspect.Parameter]:
             annotation = Optional[str]
             if default is not None:
                 default = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
-        option = typer.Option(default, option_spelling(f.name), help=f.metadata["help"], show_default=default != "",
+        spelling = option_spelling(f.name)
+        if default is True:  # a setting on by default needs a way to turn it off: --x/--no-x
+            spelling = f"{spelling}/--no-{spelling[2:]}"
+        option = typer.Option(default, spelling, help=f.metadata["help"], show_default=default != "",
                               metavar=None if annotation is bool else _metavar(setting_hints()[f.name]))
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
