@@ -82,7 +82,7 @@ async function tabDevice(server, shardUrl, cut) {
     }
     return ws;
   };
-  const client = new DeviceClient({ server, deviceId: "tab-r", budgetBytes: 400 * 2 ** 20, webSocket, frameSize: 64 << 10,
+  const client = new DeviceClient({ server, deviceId: "tab-r", budgetBytes: 580 * 2 ** 20, webSocket, frameSize: 64 << 10,
     runtime: makeRuntime("onnxruntime-web", window.ort, 1), data: { x: t.x, y: t.y }, pending: indexedDbStore("tab-r"),
     onEvent: (kind, d) => events.push({ event: kind, round: d.round, offset: d.offset, total: d.total }) });
   const reports = await client.run();
