@@ -185,6 +185,7 @@ def test_only_a_budget_with_room_over_the_footprint_keeps_freed_buffers() -> Non
     assert not may_keep_freed_buffers(footprint, footprint) and not may_keep_freed_buffers(1 << 40, 0)
 
 
+@pytest.mark.slow
 @needs_glibc
 def test_the_plan_decides_per_device(tmp_path: Path) -> None:
     """Two real device processes: one planned far under its budget keeps freed buffers, the weak one

@@ -166,6 +166,7 @@ def test_emulate_refuses_absent_data_in_one_line(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # refused before a run folder was made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fleet", "folder", "devices", "samples", "root_from"), [
     ("tinyshakespeare-char-lstm", "tinyshakespeare", 8, None, "--data-root"),
     ("tcga-brca-cox", "fed_tcga_brca", 6, [40, 129, 129, 156, 164, 248], "fleet"),  # one region each

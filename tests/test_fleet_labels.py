@@ -113,6 +113,7 @@ def test_bad_group_data_options_name_the_key(key: str, value: object) -> None:
         parse_fleet({**FLEET, "groups": [{"class": "mid-phone", "count": 1, key: value}]})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MNIST.is_dir(), reason="the shared MNIST folder is not on this machine")
 def test_the_prioritized_mnist_fleet_runs_fedalign_in_the_emulator(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", "prioritized-mnist", "--rounds", "4",

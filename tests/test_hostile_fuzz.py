@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
@@ -87,6 +88,7 @@ def _honest_run(tmp_path: Path, server: _Server | None):
     return history, {k: v.copy() for k, v in orch.global_state.items()}
 
 
+@pytest.mark.slow
 def test_a_hostile_client_never_breaks_the_server(tmp_path: Path) -> None:
     config = server_config(tmp_path / "fuzzed" / "s", rounds=2, min_devices=2, token=TOKEN, deadline_s=60,
                            wait_devices_s=3600)

@@ -34,6 +34,7 @@ def _run(store: Path, loss_after: bool) -> tuple[list[dict], list]:
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_without_the_loss_after_devices_skip_it_and_the_round_averages_what_they_report(tmp_path: Path) -> None:
     history, reports = _run(tmp_path / "off", loss_after=False)

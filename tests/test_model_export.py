@@ -180,6 +180,7 @@ export_train_graph(model, 2)
 """
 
 
+@pytest.mark.slow
 def test_exporting_a_chunk_and_a_training_graph_prints_no_third_party_lines(tmp_path: Path) -> None:
     """The path a server takes for an ONNX Runtime device (a chunk, a training graph through the dynamo exporter),
     under serve's most talkative logging (--json-events: every INFO line on standard error), is quiet;

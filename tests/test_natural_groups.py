@@ -87,6 +87,7 @@ def test_the_zoo_builds_the_natural_group_models():
 
 
 # -- the grid command ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_epsilon_grid_command_reports_the_chosen_value(tmp_path: Path):
     need("fed_tcga_brca")
     out = tmp_path / "grid.json"

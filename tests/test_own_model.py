@@ -119,6 +119,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_profile_and_bundle_take_a_reference(tmp_path: Path) -> None:
     out = _cli("profile", "--model", EXAMPLE, "--budget", "1GiB", cwd=ROOT)
     assert out.returncode == 0, out.stderr

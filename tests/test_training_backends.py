@@ -84,6 +84,7 @@ async def _one_device(tmp: Path, backend: str) -> list:
     return reports
 
 
+@pytest.mark.slow
 def test_a_backend_of_your_own_trains_rounds_through_the_server_as_the_one_it_delegates_to(tmp_path: Path) -> None:
     alt = asyncio.run(_one_device(tmp_path, ALT))
     graph = asyncio.run(_one_device(tmp_path, "onnxruntime"))
