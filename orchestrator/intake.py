@@ -4,8 +4,9 @@ One owner, behind one interface (:class:`ReportIntake`), so that another way of 
 replaces it whole. The server chooses the implementation once (``Orchestrator.intake``); the round
 loop is its only caller (docs/architecture.md, "The server", "Report intake"):
 
-1. :meth:`~ReportIntake.begin_round` when a round opens (the plain intake computes the server's
-   reference update for the norm bound);
+1. :meth:`~ReportIntake.begin_round` when a round opens, then :meth:`~ReportIntake.prepare` in a
+   worker thread while the devices train (the plain intake computes the server's reference update
+   for the norm bound and direction trust there: the round's instructions do not wait for it);
 2. :meth:`~ReportIntake.receive` for each report, before anything of the round is looked at: the
    update's size bound before a byte of it is received, the bytes at a pace, decoded within the
    limits (NaN and infinity refused), a revoked device's report refused (or
@@ -69,7 +70,14 @@ class ReportIntake(ABC):
 
     @abstractmethod
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
-        """Round ``round`` opens from ``state``. Blocking: the round loop runs it in a worker thread."""
+        """Round ``round`` opens from ``state``: what its instructions need (a secure round's scope) or
+        what stops it (a spent privacy budget). Quick: the round loop calls it on its event loop."""
+
+    def prepare(self, state: Mapping[str, np.ndarray], round: int) -> None:
+        """Round ``round``'s costly preparation, which no instruction waits for (the plain intake's
+        reference update). Blocking: the round loop runs it in a worker thread once the round's
+        instructions are out, so it overlaps the devices' training, and folds no report and
+        prepares no other payload before it is done. Nothing here."""
 
     @abstractmethod
     async def receive(self, session: Session, msg: p.Report, work: Work | None, rs: RoundState | None) -> Tensors:
@@ -132,6 +140,10 @@ class PlainIntake(ReportIntake):
 
     # -- a round's life -------------------------------------------------------------------------
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
+        """Nothing the instructions need: the reference update is :meth:`prepare`'s."""
+
+    def prepare(self, state: Mapping[str, np.ndarray], round: int) -> None:
+        """The server's reference update for the norm bound and direction trust (trained on its data)."""
         self.norms.begin_round(state, round)
         self.trust.begin_round(self.norms.update)
 

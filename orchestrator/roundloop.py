@@ -72,6 +72,7 @@ class RoundLoop:
         self.changed = asyncio.Event()
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
         self.attendance = Attendance()  # who missed a report: not selected until seen alive
+        self._prepared: asyncio.Future[float] | None = None  # the round's ReportIntake.prepare, in a thread
 
     # -- devices --------------------------------------------------------------------------------
     def idle(self) -> list[str]:
@@ -135,17 +136,19 @@ class RoundLoop:
         """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         rs, ctx = self._open(r, attempt)
-        await asyncio.to_thread(self.intake.begin_round, self.global_state, r)
+        self.intake.begin_round(self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
         self.store.begin_round(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         self.attendance.round_opened({i.device_id for i in instructions})
         await self.dispatch(instructions)
+        self._prepared = asyncio.ensure_future(asyncio.to_thread(self._prepare, self.global_state, r))
         while (closed_by := self._closes(rs, ctx, t0)) is None:
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
         rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
+        prepare_s = await self.prepared()
         self.attendance.round_closed(rs.stragglers(), rs.reported())
         await self.intake.settle(ctx)
         result = self.intake.aggregate(ctx)
@@ -161,16 +164,28 @@ class RoundLoop:
             log.warning("round %d (attempt %d) not committed: %s", r, attempt + 1, failure)
             self.emit("round_failed", {"round": r, "attempt": attempt + 1, "reason": failure,
                                        "devices": list(result.devices)})
-        self.round = self.ctx = None
+        self.round = self.ctx = self._prepared = None
         self.payloads.clear()
         self.work = {}
         self.intake.end_round()
-        metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by}
+        metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by, "prepare_s": prepare_s}
         if failure is not None and not last_try:
             self.retried.append(failure)
             return False
         await self._commit(r, metrics, t0, cpu0, scored if failure is None else {})
         return True
+
+    def _prepare(self, state: Mapping[str, np.ndarray], r: int) -> float:
+        """:meth:`ReportIntake.prepare` (in a worker thread), timed."""
+        t = time.monotonic()
+        self.intake.prepare(state, r)
+        return time.monotonic() - t
+
+    async def prepared(self) -> float:
+        """Wait for the round's :meth:`ReportIntake.prepare` (the seconds it took; 0 outside a round).
+        Every fold and every later payload waits for it: what a report is measured against must
+        exist, and the server's torch work (its reference training, a payload's export) runs one at a time."""
+        return await asyncio.shield(self._prepared) if self._prepared is not None else 0.0
 
     def _closes(self, rs: RoundState, ctx: RoundContext, opened: float) -> str | None:
         """Why the round closes now, if it does: all answered, the strategy's quorum, the straggler
@@ -263,6 +278,9 @@ class RoundLoop:
         if not issued:
             for ins in batch:
                 rs.issue(ins.device_id, ins.phase)
+        await self.prepared()
+        if self.round is not rs:
+            return
         prepared = await asyncio.to_thread(self.payloads.prepare, batch, dict(self.sessions), rs.round)
         missing: dict[str, list[str]] = {}
         for session, ins, work in prepared:
@@ -324,6 +342,7 @@ class RoundLoop:
     async def _fold(self, session: Session, msg: p.Report, tensors: Mapping[str, object]) -> None:
         """Fold a received report into the round (report intake checks, bounds and hands it to the
         strategy), journal it, ack it and dispatch its follow-ups; a late one is only acked."""
+        await self.prepared()
         rs, ctx = self.round, self.ctx
         work = self.work.get(session.device_id, {}).get(msg.phase)
         if rs is None or ctx is None or msg.round != rs.round or work is None \

@@ -51,6 +51,10 @@ class _Recording(ReportIntake):
         self.calls.append(("begin_round", round))
         self.inner.begin_round(state, round)
 
+    def prepare(self, state, round):
+        self.calls.append(("prepare", round))
+        self.inner.prepare(state, round)
+
     async def receive(self, session, msg, work, rs):
         self.calls.append(("receive", session.device_id))
         return await self.inner.receive(session, msg, work, rs)
@@ -88,8 +92,9 @@ class _Server(Orchestrator):
 
 
 def test_a_round_takes_each_report_in_then_aggregates_through_report_intake(tmp_path: Path) -> None:
-    """Per round: begin_round, each report received then folded, aggregate, end_round, commit; the
-    plain intake behind a wrapper of the interface runs the round as it does alone."""
+    """Per round: begin_round, prepare (while the devices train) before any fold, each report received
+    then folded, aggregate, end_round, commit; the plain intake behind a wrapper of the interface runs
+    the round as it does alone."""
     config = server_config(tmp_path / "s", rounds=2, min_devices=2, deadline_s=30)
 
     async def main():
@@ -113,4 +118,5 @@ def test_a_round_takes_each_report_in_then_aggregates_through_report_intake(tmp_
         assert within[-3:] == [("aggregate", r), ("end_round", None), ("commit", r)]
         for device in ("a", "b"):
             assert within.index(("receive", device)) < within.index(("fold", device))
-        assert sorted(kind for kind, _ in within[1:-3]) == ["fold", "fold", "receive", "receive"]
+            assert within.index(("prepare", r)) < within.index(("fold", device))  # the reference exists first
+        assert sorted(kind for kind, _ in within[1:-3]) == ["fold", "fold", "prepare", "receive", "receive"]
