@@ -102,7 +102,6 @@ class Downloads:
         self.device_id, self.limits, self.on_event = device_id, limits, on_event
         self.held = None if bundle is None else _open_bundle(bundle)
         self.store = store
-        self.slots: dict[str, str] = {}  # slot -> digest of the reconstruction held (delta downloads)
         self.welcome: p.Welcome | None = None
 
     def welcomed(self, welcome: p.Welcome) -> None:
@@ -127,7 +126,7 @@ class Downloads:
             if data is not None:
                 return self._keep(data, held.sha256)
         stored = self.store.get(sha256) if self.store is not None and sha256 and incoming is None else None
-        base = self.slots.get(slot, "") if stored is None and incoming is None and self.store is not None else ""
+        base = self.store.slot(slot) if stored is None and incoming is None and self.store is not None else ""
         while True:
             await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0,
                                        held=sha256 if stored is not None else base))
@@ -171,8 +170,8 @@ class Downloads:
         out = await asyncio.to_thread(_apply, data, base, begin.kind, digest, self.limits)
         self.on_event("delta_applied", {"device": self.device_id, "round": round_no, "kind": begin.kind,
                                         "bytes": begin.total_size, "rebuilt": len(out), "base": bool(base_digest)})
-        if self._keep(memoryview(out), digest) is not None and slot:
-            self.slots[slot] = digest
+        if self._keep(memoryview(out), digest) is not None and slot and self.store is not None:
+            self.store.set_slot(slot, digest)
         return memoryview(out)
 
     def _decoded(self, data: memoryview, begin: p.TransferBegin) -> memoryview:

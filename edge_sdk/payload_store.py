@@ -10,11 +10,19 @@ sha256 before use: a damaged file is dropped and the payload downloaded again.
 
 Without a folder the store keeps payloads in memory, within the same budget (the budget counts
 against nothing else: set it to what the device can spare).
+
+Delta downloads (docs/protocol.md, "Delta downloads") also need to know which payload a device holds
+for each *slot* (a chunk or tail of the previous rounds that the next version replaces): the store
+keeps that map too (:meth:`PayloadStore.slot`), in ``slots.json`` beside the payloads, so a device
+process that restarts names its base and gets a delta rather than the whole payload. The file is
+written atomically and read leniently: a damaged or hand-edited one is an empty map (a slot is a
+guess that costs nothing if wrong: the server sends the whole payload for a base it does not hold).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections import OrderedDict
@@ -25,6 +33,9 @@ from edge_sdk.fileio import atomic_write, remove_leftovers
 __all__ = ["PayloadStore"]
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_SLOTS = "slots.json"
+#: The most slots kept: a model has a few chunks and a tail per split; more is not a device's map.
+MAX_SLOTS = 256
 
 
 class PayloadStore:
@@ -35,6 +46,7 @@ class PayloadStore:
         self.max_bytes = int(max_bytes)
         self._sizes: OrderedDict[str, int] = OrderedDict()  # least recently used first
         self._memory: dict[str, bytes] = {}
+        self._slots: dict[str, str] = {}  # slot -> sha256 of the payload held for it (delta downloads)
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             remove_leftovers(self.folder)
@@ -46,6 +58,7 @@ class PayloadStore:
             for _, sha, size in sorted(found):
                 self._sizes[sha] = size
             self._evict(0)
+            self._slots = self._read_slots()
 
     def __contains__(self, sha256: object) -> bool:
         return sha256 in self._sizes
@@ -85,6 +98,32 @@ class PayloadStore:
             atomic_write(self.folder / sha256, data, durable=False)  # checked when read back
         self._sizes[sha256] = size
         return True
+
+    def slot(self, name: str) -> str:
+        """The sha256 of the payload held for slot ``name`` ("" if none, or no longer held)."""
+        sha = self._slots.get(name, "")
+        return sha if sha in self._sizes else ""
+
+    def set_slot(self, name: str, sha256: str) -> None:
+        """Slot ``name`` now holds payload ``sha256`` (which the store keeps); saved for a restart."""
+        if sha256 not in self._sizes or self._slots.get(name) == sha256:
+            return
+        self._slots.pop(name, None)
+        self._slots[name] = sha256
+        while len(self._slots) > MAX_SLOTS:  # the oldest first
+            del self._slots[next(iter(self._slots))]
+        if self.folder is not None:
+            atomic_write(self.folder / _SLOTS, json.dumps(self._slots).encode(), durable=False)
+
+    def _read_slots(self) -> dict[str, str]:
+        try:
+            found = json.loads((self.folder / _SLOTS).read_text(encoding="utf-8"))  # type: ignore[operator]
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(found, dict):
+            return {}
+        return {k: v for k, v in list(found.items())[-MAX_SLOTS:]
+                if isinstance(k, str) and isinstance(v, str) and _SHA256_HEX.fullmatch(v)}
 
     def drop(self, sha256: str) -> None:
         self._sizes.pop(sha256, None)

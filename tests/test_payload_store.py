@@ -43,6 +43,31 @@ def test_the_store_keeps_payloads_by_content_within_its_budget_and_across_proces
     assert memory.put(_sha(a), memoryview(a)) and memory.get(_sha(a)) == a
 
 
+def test_which_payload_each_slot_holds_outlives_the_process_and_never_names_one_gone(tmp_path: Path) -> None:
+    """Delta downloads name the version a device holds for a slot: a restarted device (a new store on
+    the same folder) still names it; a slot whose payload was evicted, a damaged map, or a payload the
+    store does not keep names nothing (a slot is a guess: the server sends the whole payload)."""
+    chunk, tail = b"c" * 300, b"t" * 300
+    store = PayloadStore(tmp_path, max_bytes=700)
+    store.put(_sha(chunk), chunk)
+    store.put(_sha(tail), tail)
+    store.set_slot("chunk:0-2", _sha(chunk))
+    store.set_slot("tail:2", _sha(tail))
+    store.set_slot("tail:3", _sha(b"never kept"))
+    again = PayloadStore(tmp_path, max_bytes=700)
+    assert (again.slot("chunk:0-2"), again.slot("tail:2"), again.slot("tail:3")) == (_sha(chunk), _sha(tail), "")
+    other = b"o" * 300
+    assert again.get(_sha(tail)) == tail  # the tail is the most recently used
+    again.put(_sha(other), other)  # over the budget: the least recently used (the chunk) goes
+    assert again.slot("chunk:0-2") == "" and again.slot("tail:2") == _sha(tail)
+    (tmp_path / "slots.json").write_text("{not json")
+    assert PayloadStore(tmp_path, max_bytes=700).slot("tail:2") == ""
+    memory = PayloadStore(None, max_bytes=700)
+    memory.put(_sha(tail), tail)
+    memory.set_slot("tail:2", _sha(tail))
+    assert memory.slot("tail:2") == _sha(tail) and not list(tmp_path.glob("*.tmp*"))
+
+
 def test_held_and_digests_are_optional_fields_that_round_trip() -> None:
     digest = _sha(b"chunk")
     fetch = p.Fetch(3, "chunk-x", 0, held=digest)
