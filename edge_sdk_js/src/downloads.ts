@@ -18,9 +18,6 @@ import type { Channel } from "./transport.js";
 import { sha256Hex } from "./transfer.js";
 import { applyDelta, CODEC_META, DELTA_BASE_META, DELTA_CODEC, decodePayload, RECON_META } from "./wire-codecs.js";
 
-/** Per store: slot -> digest of the reconstruction it holds (delta downloads). */
-const SLOTS = new WeakMap<PayloadStore, Map<string, string>>();
-
 /** Which payload of earlier rounds `payloadId` replaces: the i-th chunk or the model, at the split and
  * selection; "" for others. The server checks that a base fits, so a wrong guess costs nothing. */
 export function downloadSlot(ins: Instruction, payloadId: string): string {
@@ -52,8 +49,7 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   let incoming = opts.partial.get(payloadId);
   const digest = opts.digest ?? "";
   let stored = incoming === undefined && digest && opts.store ? await opts.store.get(digest) : undefined;
-  const slots = opts.store && (SLOTS.get(opts.store) ?? SLOTS.set(opts.store, new Map()).get(opts.store)!);
-  const base = stored === undefined && incoming === undefined && opts.slot ? slots?.get(opts.slot) ?? "" : "";
+  const base = stored === undefined && incoming === undefined && opts.slot && opts.store ? await opts.store.slot(opts.slot) : "";
   const held = stored ? digest : base;
   for (;;) {
     await ch.send({ t: "fetch", round, payload_id: payloadId, offset: incoming?.offset ?? 0, ...(held ? { held } : {}) });
@@ -86,15 +82,14 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
   }
   const data = incoming.result();
   opts.partial.delete(payloadId);
-  if (incoming.begin.meta[CODEC_META] === DELTA_CODEC) return rebuilt(data, incoming.begin, round, opts, slots);
+  if (incoming.begin.meta[CODEC_META] === DELTA_CODEC) return rebuilt(data, incoming.begin, round, opts);
   if (opts.store && incoming.begin.sha256) await opts.store.put(incoming.begin.sha256, data);
   return decodePayload(data, incoming.begin.meta, incoming.begin.kind, opts.limits); // the store keeps what travelled
 }
 
 /** A delta download rebuilt on the base it names (from the store), checked against the server's digest
  * of the same bytes, and kept for the next round's delta. */
-async function rebuilt(data: Uint8Array, begin: TransferBegin, round: number, opts: DownloadOptions,
-  slots: Map<string, string> | undefined): Promise<Uint8Array> {
+async function rebuilt(data: Uint8Array, begin: TransferBegin, round: number, opts: DownloadOptions): Promise<Uint8Array> {
   const baseDigest = String(begin.meta[DELTA_BASE_META] ?? ""), digest = String(begin.meta[RECON_META] ?? "");
   const base = baseDigest && opts.store ? await opts.store.get(baseDigest) : undefined;
   if (baseDigest && base === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `a delta on ${baseDigest.slice(0, 16)}, which this device does not hold`);
@@ -103,7 +98,7 @@ async function rebuilt(data: Uint8Array, begin: TransferBegin, round: number, op
   opts.onDelta?.({ round, kind: begin.kind, bytes: begin.total_size, rebuilt: out.length, base: baseDigest !== "" });
   if (opts.store) {
     await opts.store.put(digest, out);
-    if (opts.slot) slots?.set(opts.slot, digest);
+    if (opts.slot) await opts.store.setSlot(opts.slot, digest);
   }
   return out;
 }

@@ -1,14 +1,28 @@
 /**
  * A device's held payloads (./payload-store.js) in a folder, for Node: one file per sha256, written
  * to a temporary file and renamed, checked against its digest when read back (a damaged one is
- * dropped and downloaded again). A file's modification time orders the least recently used.
+ * dropped and downloaded again). A file's modification time orders the least recently used. Which
+ * payload each delta-download slot holds is saved in `slots.json` (the Python store's file).
  */
-import { mkdirSync, readdirSync, statSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { readFile, rename, rm, utimes, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { evictions, holdsDigest, type PayloadStore } from "./payload-store.js";
+import { enterSlot, evictions, holdsDigest, MAX_SLOTS, type PayloadStore } from "./payload-store.js";
 
 const DIGEST = /^[0-9a-f]{64}$/;
+const SLOTS = "slots.json";
+
+/** The slot map saved beside the payloads, read leniently: a damaged file is an empty map. */
+function readSlots(folder: string): Map<string, string> {
+  try {
+    const found: unknown = JSON.parse(readFileSync(join(folder, SLOTS), "utf8"));
+    if (typeof found !== "object" || found === null || Array.isArray(found)) return new Map();
+    const entries = Object.entries(found).filter(([, v]) => typeof v === "string" && DIGEST.test(v)) as [string, string][];
+    return new Map(entries.slice(-MAX_SLOTS));
+  } catch {
+    return new Map();
+  }
+}
 
 export function folderPayloadStore(folder: string, maxBytes: number): PayloadStore {
   mkdirSync(folder, { recursive: true });
@@ -16,7 +30,15 @@ export function folderPayloadStore(folder: string, maxBytes: number): PayloadSto
   const found = readdirSync(folder).filter((n) => DIGEST.test(n)).map((n) => ({ n, st: statSync(join(folder, n)) }));
   for (const { n, st } of found.sort((a, b) => a.st.mtimeMs - b.st.mtimeMs)) sizes.set(n, st.size);
   const drop = async (digest: string) => { sizes.delete(digest); await rm(join(folder, digest), { force: true }); };
+  const slots = readSlots(folder);
   return {
+    slot: async (name) => { const d = slots.get(name) ?? ""; return sizes.has(d) ? d : ""; },
+    setSlot: async (name, digest) => {
+      if (!sizes.has(digest) || !enterSlot(slots, name, digest)) return;
+      const tmp = join(folder, `.${SLOTS}.tmp`);
+      await writeFile(tmp, JSON.stringify(Object.fromEntries(slots)));
+      await rename(tmp, join(folder, SLOTS));
+    },
     get: async (digest) => {
       if (!sizes.has(digest)) return undefined;
       let data: Uint8Array;

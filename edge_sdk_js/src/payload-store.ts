@@ -5,6 +5,10 @@
  * bytes. `memoryPayloadStore` keeps them for the life of the page or process (what a browser device
  * has: no IndexedDB store yet); `folderPayloadStore` (./payload-store-file.js) keeps them in a folder
  * across restarts, for Node. Both drop the least recently used first once over their byte budget.
+ *
+ * Both also keep which payload a device holds for each delta-download slot (docs/protocol.md, "Delta
+ * downloads"): the folder store in `slots.json` beside the payloads, so a restarted Node device names
+ * its base as the Python device does; a slot whose payload is no longer held names nothing.
  */
 import { sha256 } from "@noble/hashes/sha2.js";
 import { bytesToHex } from "@noble/hashes/utils.js";
@@ -14,6 +18,22 @@ export interface PayloadStore {
   get(digest: string): Promise<Uint8Array | undefined>;
   /** Keep `data`, whose sha256 the caller verified is `digest`. */
   put(digest: string, data: Uint8Array): Promise<void>;
+  /** The digest of the payload held for delta-download slot `name` ("" if none, or no longer held). */
+  slot(name: string): Promise<string>;
+  /** Slot `name` now holds payload `digest` (which the store keeps). */
+  setSlot(name: string, digest: string): Promise<void>;
+}
+
+/** The most slots kept (the Python store's MAX_SLOTS): a model has a few chunks and a tail per split. */
+export const MAX_SLOTS = 256;
+
+/** `slots` with `name` set to `digest` (last), the oldest dropped beyond MAX_SLOTS; whether it changed. */
+export function enterSlot(slots: Map<string, string>, name: string, digest: string): boolean {
+  if (slots.get(name) === digest) return false;
+  slots.delete(name);
+  slots.set(name, digest);
+  while (slots.size > MAX_SLOTS) slots.delete(slots.keys().next().value as string);
+  return true;
 }
 
 /** Whether `data` hashes to `digest`. */
@@ -37,7 +57,10 @@ export function evictions(sizes: Map<string, number>, incoming: number, maxBytes
 export function memoryPayloadStore(maxBytes: number): PayloadStore {
   const held = new Map<string, Uint8Array>();
   const sizes = new Map<string, number>();
+  const slots = new Map<string, string>();
   return {
+    slot: async (name) => { const d = slots.get(name) ?? ""; return held.has(d) ? d : ""; },
+    setSlot: async (name, digest) => { if (held.has(digest)) enterSlot(slots, name, digest); },
     get: async (digest) => {
       const data = held.get(digest);
       if (data === undefined) return undefined;

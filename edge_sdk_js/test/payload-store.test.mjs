@@ -1,0 +1,45 @@
+// A device's held payloads (docs/protocol.md, "Held payloads", "Delta downloads"): which payload each
+// delta-download slot holds outlives a Node device's process (slots.json beside the payloads, the file
+// the Python store writes), and a slot never names a payload the store no longer holds.
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import { memoryPayloadStore } from "../dist/payload-store.js";
+import { folderPayloadStore } from "../dist/payload-store-file.js";
+
+const sha = (data) => createHash("sha256").update(data).digest("hex");
+const bytes = (c) => new Uint8Array(300).fill(c.charCodeAt(0));
+
+test("a slot's payload outlives the process and a slot never names one gone", async (t) => {
+  const folder = mkdtempSync(join(tmpdir(), "edgetrain-slots-"));
+  t.after(() => rmSync(folder, { recursive: true, force: true }));
+  const chunk = bytes("c"), tail = bytes("t"), other = bytes("o");
+  const store = folderPayloadStore(folder, 700);
+  await store.put(sha(chunk), chunk);
+  await store.put(sha(tail), tail);
+  await store.setSlot("chunk:0-2", sha(chunk));
+  await store.setSlot("tail:2", sha(tail));
+  await store.setSlot("tail:3", sha(bytes("n"))); // never kept: not entered
+  const again = folderPayloadStore(folder, 700);
+  assert.deepEqual([await again.slot("chunk:0-2"), await again.slot("tail:2"), await again.slot("tail:3")],
+    [sha(chunk), sha(tail), ""]);
+  assert.deepEqual(await again.get(sha(tail)), tail); // the tail is the most recently used
+  await again.put(sha(other), other); // over the budget: the chunk goes
+  assert.equal(await again.slot("chunk:0-2"), "");
+  assert.equal(await again.slot("tail:2"), sha(tail));
+  writeFileSync(join(folder, "slots.json"), "{not json");
+  assert.equal(await folderPayloadStore(folder, 700).slot("tail:2"), "");
+});
+
+test("the memory store keeps slots for the page's life, only of payloads it holds", async () => {
+  const store = memoryPayloadStore(700);
+  const tail = bytes("t");
+  await store.setSlot("tail:2", sha(tail));
+  assert.equal(await store.slot("tail:2"), "");
+  await store.put(sha(tail), tail);
+  await store.setSlot("tail:2", sha(tail));
+  assert.equal(await store.slot("tail:2"), sha(tail));
+});
