@@ -93,7 +93,8 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
         labels["force_split"] = str(f.force_split)
     config = DeviceConfig(server=server, device_id=launch.device_id, budget_bytes=launch.budget_bytes,
                           cores=launch.threads, device_class=launch.device_class, threads=launch.threads,
-                          labels=labels, backend=launch.backend, warm_tails=warm_tails, trim_memory=not in_process)
+                          labels=labels, backend=launch.backend, warm_tails=warm_tails, trim_memory=not in_process,
+                          secret=launch.secret)
     if not f.on_connection:  # nothing to inject: the production connection, untouched
         return DeviceClient(config, x, y, on_event=on_event)
     injector = FaultInjector(f, launch.device_id, seed=launch.seed, on_event=on_event, in_process=in_process)

@@ -18,8 +18,10 @@ import json
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+from edge_sdk.fileio import atomic_write
 from edge_sdk.settings import check_setting, setting_default
 from orchestrator.emulation.faults import Faults
 
@@ -55,6 +57,8 @@ class DeviceLaunch:
     classes: tuple[int, ...] = ()
     max_samples: int | None = None
     label_noise: float = 0.0
+    #: The device's enrolled credential (orchestrator.emulation.credentials); never in a repr or on a command line.
+    secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.device_id:
@@ -111,9 +115,19 @@ class DeviceLaunch:
 
 
 def device_argv(launch: DeviceLaunch, server: str, *, data_root: str | None = None,
-                python: str = sys.executable) -> list[str]:
-    """The command that runs ``launch`` against ``server`` as its own process, events as JSON lines."""
-    argv = [python, "-m", "orchestrator.emulation.device", launch.to_json(), "--server", server, "--json-events"]
+                python: str = sys.executable, launch_dir: Path | None = None) -> list[str]:
+    """The command that runs ``launch`` against ``server`` as its own process, events as JSON lines.
+
+    A launch holding a secret goes through a file in `launch_dir` (the run's directory), written
+    by :func:`edge_sdk.fileio.atomic_write` (mode 0600): a command line is readable by every user."""
+    given = launch.to_json()
+    if launch.secret:
+        if launch_dir is None:
+            raise ValueError(f"{launch.device_id}: a launch with a secret needs a launch_dir to go through")
+        path = Path(launch_dir) / f"{launch.device_id}.launch.json"
+        atomic_write(path, given.encode(), durable=False)
+        given = str(path)
+    argv = [python, "-m", "orchestrator.emulation.device", given, "--server", server, "--json-events"]
     if data_root:
         argv += ["--data-root", str(data_root)]
     return argv

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from edge_sdk.fileio import atomic_write
 from edge_sdk.warm_tails import WarmTails
 from orchestrator.emulation.faults import DeviceVanished
 from orchestrator.emulation.fleet import DeviceSpec, Fleet
@@ -80,6 +82,7 @@ __all__ = [
     "run_worker",
     "split_devices",
     "worker_device",
+    "worker_devices",
 ]
 
 #: Upper bound of :func:`default_workers`: more workers than cores only add torch copies.
@@ -158,6 +161,17 @@ def split_devices(devices: Sequence[T], workers: int) -> list[list[T]]:
 def worker_device(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = ()) -> WorkerDevice:
     """The device as the process mode would launch it (:func:`~orchestrator.emulation.schedule.device_launch`)."""
     return WorkerDevice(device_launch(fleet, spec, drop_rounds), spec.behaviour.rejoin_after_s)
+
+
+def worker_devices(fleet: Fleet, config: ServerConfig, specs: Sequence[DeviceSpec],
+                   schedule: Mapping[str, Iterable[int]]) -> dict[str, WorkerDevice]:
+    """Every device of a run as its worker starts it, each with its credential where `config` needs
+    one (:func:`~orchestrator.emulation.credentials.with_secrets`: enrolled in the run's store)."""
+    from orchestrator.emulation.credentials import with_secrets
+
+    devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
+    launches = with_secrets(config, {d: w.launch for d, w in devices.items()})
+    return {d: dataclasses.replace(w, launch=launches[d]) for d, w in devices.items()}
 
 
 # -- the worker process --------------------------------------------------------------------------------
@@ -558,7 +572,7 @@ async def run_lightweight(
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
-    devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
+    devices = worker_devices(fleet, config, specs, schedule)
     handles = [WorkerHandle(i, [devices[s.id] for s in share])
                for i, share in enumerate(split_devices(specs, n_workers))]
     recorder = Recorder(on_event)
@@ -610,7 +624,7 @@ async def run_lightweight(
 async def _spawn(emu: LightweightEmulator, w: WorkerHandle, spec: WorkerSpec, run_files: Path, env: dict[str, str]) -> None:
     """Start one worker process (it reads the orchestrator's address from its stdin) and watch it."""
     spec_file = run_files / f"worker-{spec.index}.json"
-    spec_file.write_text(spec.to_json())
+    atomic_write(spec_file, spec.to_json().encode(), durable=False)  # mode 0600: it may hold the devices' secrets
     w.log = run_files / f"worker-{spec.index}.log"
     with open(w.log, "ab") as err:
         w.proc = await asyncio.create_subprocess_exec(

@@ -53,7 +53,7 @@ from orchestrator.emulation.lightweight import (
     default_workers,
     run_worker,
     split_devices,
-    worker_device,
+    worker_devices,
 )
 from orchestrator.emulation.recorder import EmulationRun, Recorder
 from orchestrator.emulation.schedule import drop_schedule
@@ -377,7 +377,7 @@ async def run_ray(
         n_workers = workers or ray_default_workers(len(specs), address)
         schedule = (drop_schedule(fleet, specs, config.rounds) if drops is None
                     else {k: tuple(v) for k, v in drops.items()})
-        devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
+        devices = worker_devices(fleet, config, specs, schedule)
         handles = [_RayWorker(i, [devices[s.id] for s in share])
                    for i, share in enumerate(split_devices(specs, n_workers))]
         recorder = Recorder(on_event)

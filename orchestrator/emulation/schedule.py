@@ -40,13 +40,15 @@ def drop_schedule(fleet: Fleet, devices: Iterable[DeviceSpec], rounds: int) -> d
 def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, data_root: str | None = None,
                   deadline_s: float = 120.0) -> ServerConfig:
     """The orchestrator's settings for a fleet: its training section, waiting for every device first,
-    honouring the forced splits of its groups."""
+    honouring the forced splits of its groups; a secure fleet's server requires credentials (each
+    device is enrolled in the run's store: :mod:`orchestrator.emulation.credentials`)."""
     t = fleet.training
     return dataclasses.replace(
         t, model=fleet.model, strategy_options=dict(fleet.strategy_options), rounds=rounds or t.rounds,
         min_devices=fleet.num_devices, seed=fleet.seed, eval_data=fleet.dataset, data_root=data_root,
         store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
         allow_forced_split=True,  # fleet groups may force a split (force_split)
+        require_credentials=t.require_credentials or t.secure_aggregation,
     )
 
 

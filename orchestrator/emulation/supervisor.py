@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from orchestrator.emulation.faults import DROP_EXIT
 from orchestrator.emulation.fleet import DeviceSpec, Fleet
 from orchestrator.emulation.launch import DeviceLaunch, device_argv
 from orchestrator.emulation.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
+from orchestrator.emulation.credentials import needs_credentials, with_secrets
 from orchestrator.emulation.schedule import device_launch, drop_schedule
 
 __all__ = ["DeviceSupervisor", "RssGuard", "run_fleet"]
@@ -82,10 +84,11 @@ class DeviceSupervisor:
 
     def __init__(self, specs: list[DeviceSpec], launches: dict[str, DeviceLaunch], recorder: Recorder, *,
                  mechanism: str, timeout_s: float, rss_guard: bool, data_root: str | None,
-                 stderr_dir: Path | None, env: Mapping[str, str]) -> None:
+                 stderr_dir: Path | None, env: Mapping[str, str], launch_dir: Path | None = None) -> None:
         self.specs, self.launches, self.recorder = {s.id: s for s in specs}, launches, recorder
         self.mechanism, self.timeout_s, self.data_root, self.stderr_dir = mechanism, timeout_s, data_root, stderr_dir
         self.rss_guard = rss_guard
+        self.launch_dir = launch_dir  # where a launch holding a secret goes through (device_argv)
         self.env = dict(env)  # every device's environment
         self.procs: dict[str, CappedProcess] = {}
         self.tasks: set[asyncio.Task] = set()
@@ -103,7 +106,7 @@ class DeviceSupervisor:
             err = log
         try:
             proc = CappedProcess.start(
-                device_argv(launch, self.url, data_root=self.data_root), spec.budget_bytes, mechanism=self.mechanism,
+                device_argv(launch, self.url, data_root=self.data_root, launch_dir=self.launch_dir), spec.budget_bytes, mechanism=self.mechanism,
                 timeout_s=self.timeout_s, env=self.env, stdout=write_fd, stderr=err, cpu_share=spec.cpu_share,
             )
         finally:
@@ -223,12 +226,16 @@ async def run_fleet(
     launches = {s.id: device_launch(fleet, s, schedule.get(s.id, ()), data_limit=data_limit) for s in specs}
     for device_id, backend in (backends or {}).items():
         launches[device_id] = dataclasses.replace(launches[device_id], backend=backend)
+    launches = with_secrets(config, launches)
     if stderr_dir is not None:
         stderr_dir.mkdir(parents=True, exist_ok=True)
+    secrets_dir = None if stderr_dir is not None or not needs_credentials(config) else \
+        tempfile.TemporaryDirectory(prefix="edgetrain-launches-")
     recorder = Recorder(on_event)
     supervisor = DeviceSupervisor(specs, launches, recorder, mechanism=mechanism or fleet.emulation.memory_cap,
                                   timeout_s=timeout_s or fleet.emulation.timeout_s, rss_guard=rss_guard,
-                                  data_root=data_root, stderr_dir=stderr_dir, env=device_env())
+                                  data_root=data_root, stderr_dir=stderr_dir, env=device_env(),
+                                  launch_dir=Path(secrets_dir.name) if secrets_dir else stderr_dir)
     prepare_device_data(list(launches.values()), data_root)
     orch, server_task = await start_orchestrator(config, recorder.on_server_event)
     supervisor.url = f"ws://{config.host}:{orch.port}"
@@ -242,4 +249,6 @@ async def run_fleet(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await server_task
         await supervisor.stop()
+        if secrets_dir is not None:
+            secrets_dir.cleanup()
     return recorder.run(history, [s.id for s in specs])
