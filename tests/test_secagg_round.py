@@ -265,7 +265,7 @@ def _raw(kind, a, b, ids, n) -> bytes:
               "sealed": a, "survivors": ids, "dropped": ids[:1], "seed_shares": a, "key_shares": b, "members": ids,
               "graph_seed": bytes(32), "degree": n, "cipher_keys": a, "mask_keys": b, "signatures": a,
               "identities": b, "splits": {}, "clip": 1.0, "frac_bits": 3, "ring_bits": 20, "cohort": 3,
-              "weight_scale": 1.0, "threshold": 2}
+              "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {}}
     fields = [name for name, _ in m.schema(kind)]
     return msgpack.packb({"v": p.PROTOCOL_VERSION, "t": kind.TYPE, **{f: values[f] for f in fields}})
 

@@ -113,7 +113,8 @@ def test_fixed_point_encodings_and_plans():
         words = fp.encode(np.array(case["update"]), case["weight"], h(case["rounding_seed"]))
         assert words.tolist() == case["words"]
     for case in VECTORS["fixed_point"]["plans"]:
-        assert FixedPoint.plan(case["cohort"], case["clip"], case["frac_bits"]).__dict__ == case["planned"]
+        planned = FixedPoint.plan(case["cohort"], case["clip"], case["frac_bits"]).__dict__
+        assert planned.pop("noise") == 0.0 and planned == case["planned"]  # no distributed noise in these plans
 
 
 def test_a_round_masks_and_unmasks_over_nested_cohorts_with_a_dropout():

@@ -11,6 +11,7 @@ with :func:`dataclasses.replace`. Constructors normalise harmless spellings (a `
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import re
 import typing
@@ -461,9 +462,13 @@ class SecAggPeers(Message):
     ``identities`` (Ed25519 public keys of the roster) and ``splits`` (the first block it trained:
     the block cohorts). The fixed point: ``clip`` C, ``frac_bits`` f, ``ring_bits`` b, ``cohort`` n
     (edge_sdk.secagg.fixedpoint); ``weight_scale``: a device's aggregation weight is
-    ``min(1, num_samples / weight_scale)``; ``threshold`` t of a device's deg + 1 shares rebuild its secrets."""
+    ``min(1, num_samples / weight_scale)``; ``threshold`` t of a device's deg + 1 shares rebuild its secrets.
+    Distributed DP (optional, absent without it): ``noise_sigma`` maps a block (its index as a string)
+    to sigma_b, the standard deviation in ring units the noise of its sum must reach, and
+    ``noise_survivors`` to n_min_b: the device adds N_Z(0, sigma_b^2 / n_min_b) to each value word."""
 
     TYPE: ClassVar[str] = "secagg_peers"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors"})
 
     round: int
     graph_seed: bytes
@@ -480,6 +485,8 @@ class SecAggPeers(Message):
     cohort: int
     weight_scale: float
     threshold: int
+    noise_sigma: dict[str, Scalar] = field(default_factory=dict)
+    noise_survivors: dict[str, Scalar] = field(default_factory=dict)
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_peers.round is negative")
@@ -495,6 +502,11 @@ class SecAggPeers(Message):
         _require(0 <= self.frac_bits <= 60 and 1 <= self.ring_bits <= 32, "secagg_peers has a bad fixed point")
         _require(self.cohort >= 2 and self.threshold >= 2, "secagg_peers.cohort or threshold is below 2")
         _require(self.weight_scale > 0.0, "secagg_peers.weight_scale is not positive")
+        _require(set(self.noise_sigma) == set(self.noise_survivors), "secagg_peers.noise_* name different blocks")
+        _require(all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in self.noise_sigma.values()),
+                 "secagg_peers.noise_sigma holds a value that is not a finite number >= 0")
+        _require(all(type(v) is int and v >= 1 for v in self.noise_survivors.values()),
+                 "secagg_peers.noise_survivors holds a count below 1")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,15 @@ Ring size: every device's |q_j| <= Q = ceil(C * 2^f), so the sum over at most n 
 the sum mod 2^b (a word >= 2^(b-1) stands for word - 2^b) is the exact integer sum: no wrap.
 b <= 32 (uint32 words in both SDKs); :meth:`FixedPoint.plan` picks the largest f that fits.
 
+Distributed noise (Kairouz, Liu, Steinke 2021, Algorithm 1, and Section 4's modular clipping): with
+distributed DP the devices' discrete Gaussian shares are added to the value coordinates too, so the
+ring also holds the noise of the sum, whose standard deviation over the whole cohort is ``noise``
+(update units; ``noise * 2^f`` ring units). The ring leaves TAIL = 10 such standard deviations
+beside n Q: b = bit_length(n Q + ceil(10 noise 2^f)) + 1. A sum of discrete Gaussians is
+sub-Gaussian with the same variance proxy (Kairouz et al., Lemma 17 / Proposition 14), so a
+coordinate's noise exceeds 10 standard deviations with probability at most 2 exp(-50) < 4e-22;
+over a model of d coordinates the sum wraps with probability at most d * 4e-22.
+
 Error bound: for each coordinate the decoded sum (lifted sum / 2^f) differs from the float sum
 of the devices' w_i x'_i by less than n * 2^-f (each rounding moves less than one unit of
 2^-f), plus float64 rounding of the scaling (below C * 2^-50 per device); the rounding is
@@ -41,11 +50,15 @@ __all__ = ["Decoded", "FixedPoint", "ring_bits_for"]
 
 MAX_FRAC_BITS = 60
 MAX_COHORT = 2**20
+#: Standard deviations of the summed noise the ring holds beside the values (module docstring).
+NOISE_TAIL = 10.0
 
 
-def ring_bits_for(cohort: int, clip: float, frac_bits: int) -> int:
-    """The smallest b such that the sum of ``cohort`` encoded values cannot wrap in Z_{2^b}."""
-    return (cohort * math.ceil(clip * 2.0**frac_bits)).bit_length() + 1
+def ring_bits_for(cohort: int, clip: float, frac_bits: int, noise: float = 0.0) -> int:
+    """The smallest b such that the sum of ``cohort`` encoded values, plus noise of standard
+    deviation ``noise`` (update units) up to :data:`NOISE_TAIL` deviations, cannot wrap in Z_{2^b}."""
+    room = math.ceil(NOISE_TAIL * noise * 2.0**frac_bits)
+    return (cohort * math.ceil(clip * 2.0**frac_bits) + room).bit_length() + 1
 
 
 class Decoded(NamedTuple):
@@ -58,12 +71,14 @@ class Decoded(NamedTuple):
 @dataclass(frozen=True)
 class FixedPoint:
     """The round's encoding: L2 bound ``clip`` (C), ``frac_bits`` (f), ``ring_bits`` (b) and the
-    largest number of devices whose blocks are summed, ``cohort`` (n)."""
+    largest number of devices whose blocks are summed, ``cohort`` (n); ``noise``: the standard
+    deviation (update units) of the distributed noise the ring must hold, summed over the cohort."""
 
     clip: float
     frac_bits: int
     ring_bits: int
     cohort: int
+    noise: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -72,7 +87,9 @@ class FixedPoint:
             raise SecAggError(f"frac_bits must be an integer in [0, {MAX_FRAC_BITS}], got {self.frac_bits!r}")
         if not isinstance(self.cohort, int) or not 1 <= self.cohort <= MAX_COHORT:
             raise SecAggError(f"cohort must be an integer in [1, {MAX_COHORT}], got {self.cohort!r}")
-        needed = ring_bits_for(self.cohort, self.clip, self.frac_bits)
+        if not (math.isfinite(self.noise) and self.noise >= 0):
+            raise SecAggError(f"noise must be finite and >= 0, got {self.noise!r}")
+        needed = ring_bits_for(self.cohort, self.clip, self.frac_bits, self.noise)
         if needed > MAX_RING_BITS:
             raise SecAggError(f"{self.cohort} devices at clip {self.clip} and 2^{self.frac_bits} need a ring of "
                               f"{needed} bits, more than {MAX_RING_BITS}: lower frac_bits")
@@ -82,14 +99,16 @@ class FixedPoint:
                               f"{needed} bits, not {self.ring_bits}: the sum could wrap")
 
     @classmethod
-    def plan(cls, cohort: int, clip: float, frac_bits: int | None = None) -> FixedPoint:
-        """The smallest ring for ``frac_bits``, or (None) the largest f whose ring fits 32 bits."""
+    def plan(cls, cohort: int, clip: float, frac_bits: int | None = None, noise: float = 0.0) -> FixedPoint:
+        """The smallest ring for ``frac_bits``, or (None) the largest f whose ring fits 32 bits,
+        with room for summed noise of standard deviation ``noise`` (update units)."""
         if frac_bits is None:
-            fitting = [f for f in range(MAX_FRAC_BITS + 1) if ring_bits_for(cohort, clip, f) <= MAX_RING_BITS]
+            fitting = [f for f in range(MAX_FRAC_BITS + 1)
+                       if ring_bits_for(cohort, clip, f, noise) <= MAX_RING_BITS]
             if not fitting:
                 raise SecAggError(f"{cohort} devices at clip {clip} do not fit a 32-bit ring even at 2^0")
             frac_bits = fitting[-1]
-        return cls(clip, frac_bits, ring_bits_for(cohort, clip, frac_bits), cohort)
+        return cls(clip, frac_bits, ring_bits_for(cohort, clip, frac_bits, noise), cohort, noise)
 
     @property
     def error_bound(self) -> float:

@@ -14,7 +14,10 @@ before using it; the connection code (edge_sdk.roundwork) only carries the messa
    shares the neighbours sent (those who did not are out of the round), then for each block k it
    trained: clip, weight, quantize (edge_sdk.secagg.fixedpoint) and add the self mask of block k
    and the pairwise mask of block k with each neighbour that trained block k (split <= k) and sent
-   shares. A device's masks on block k thus cancel over exactly block k's cohort.
+   shares. A device's masks on block k thus cancel over exactly block k's cohort. With distributed
+   DP the device adds its discrete Gaussian share N_Z(0, sigma_k^2 / n_min_k) to block k's value
+   words after quantizing and before masking (Kairouz, Liu, Steinke 2021, Algorithm 1, the client's
+   lines "add discrete Gaussian noise" then "modular clip"; edge_sdk.dp); the weight word is not noised.
 3. :meth:`DeviceRound.reveal` (Unmasking): the shares of b_v for the survivors v, of s_v^SK for
    the dropped, never both for one device and once per round (Bonawitz et al. 2017, Round 4).
 
@@ -30,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from edge_sdk.dp import add_in_ring, noise_share
 
 from .binding import sign_advertisement, verify_advertisement
 from .fixedpoint import FixedPoint
@@ -67,6 +72,7 @@ class DeviceRound:
         self.fixed: FixedPoint | None = None
         self.weight_scale = 1.0
         self.threshold = 2
+        self.noise: dict[int, tuple[float, int]] = {}  # block -> (sigma_b in ring units, n_min_b)
         self._share_keys: dict[str, bytes] = {}
         self._pair_secrets: dict[str, bytes] = {}  # neighbour -> s agreement
         self._own: tuple[bytes, bytes] | None = None  # the share of b_u and s_u^SK the device keeps
@@ -101,7 +107,10 @@ class DeviceRound:
         if peers.threshold != graph.threshold[me] or peers.cohort < len(peers.members):
             raise SecAggError(f"{me}: threshold {peers.threshold} or cohort {peers.cohort} is not the graph's")
         self.threshold = peers.threshold
-        self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort)
+        self.noise = self._noise(peers)
+        summed = max((sigma * (peers.cohort / n) ** 0.5 for sigma, n in self.noise.values()), default=0.0)
+        self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
+                                summed * 2.0**-peers.frac_bits)  # refuses a ring with no room for the noise
         self.weight_scale = float(peers.weight_scale)
         for v in self.neighbours:
             verify_advertisement(peers.identities[v], v, self.scope, peers.cipher_keys[v], peers.mask_keys[v],
@@ -117,6 +126,18 @@ class DeviceRound:
         self._own = (seeds[0], keys[0])
         return {v: seal_shares(self._share_keys[v], self.scope, me, v, seeds[i + 1], keys[i + 1])
                 for i, v in enumerate(self.neighbours)}
+
+    def _noise(self, peers: SecAggPeers) -> dict[int, tuple[float, int]]:
+        """Each trained block's (sigma_b, n_min_b): every trained block or none is noised (a block
+        left without noise under distributed DP would be released bare)."""
+        noise = {int(b): (float(peers.noise_sigma[b]), int(peers.noise_survivors[b])) for b in peers.noise_sigma}
+        trained = set(range(self.split, self.num_blocks))
+        if noise and not trained <= set(noise):
+            raise SecAggError(f"{self.device_id}: distributed noise for blocks {sorted(noise)}, "
+                              f"not every block it trained {sorted(trained)}")
+        if any(n > peers.cohort for _, n in noise.values()):
+            raise SecAggError(f"{self.device_id}: noise sized for more survivors than the cohort {peers.cohort}")
+        return noise
 
     # -- 2: MaskedInputCollection ----------------------------------------------------------------
     def receive(self, sealed: Mapping[str, bytes]) -> None:
@@ -147,6 +168,10 @@ class DeviceRound:
             if not partners:  # alone, its block would be unmasked with its self mask: refuse
                 raise SecAggError(f"{self.device_id}: no neighbour of block {block}'s cohort sent shares")
             words = fixed.encode(values, weight)
+            if block in self.noise:
+                sigma, n_min = self.noise[block]
+                noised = add_in_ring(words[:-1], noise_share(words.size - 1, sigma, n_min), fixed.ring_bits)
+                words[:-1] = noised.astype(np.uint32)
             seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v)
                      for v in partners}
             mask = combined_mask(words.size, fixed.ring_bits, self.device_id,

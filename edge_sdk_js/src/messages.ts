@@ -97,6 +97,7 @@ export interface SecAggPeers {
   cipher_keys: Record<string, Uint8Array>; mask_keys: Record<string, Uint8Array>; signatures: Record<string, Uint8Array>;
   identities: Record<string, Uint8Array>; splits: Record<string, Scalar>; clip: number; frac_bits: number; ring_bits: number;
   cohort: number; weight_scale: number; threshold: number;
+  noise_sigma: Record<string, Scalar>; noise_survivors: Record<string, Scalar>;
 }
 /** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (94 bytes). */
 export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Record<string, Uint8Array> }
@@ -183,6 +184,12 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
       require(msg.frac_bits >= 0 && msg.frac_bits <= 60 && msg.ring_bits >= 1 && msg.ring_bits <= 32, "secagg_peers has a bad fixed point");
       require(msg.cohort >= 2 && msg.threshold >= 2, "secagg_peers.cohort or threshold is below 2");
       require(msg.weight_scale > 0, "secagg_peers.weight_scale is not positive");
+      require(Object.keys(msg.noise_sigma).length === Object.keys(msg.noise_survivors).length
+        && Object.keys(msg.noise_sigma).every((b) => Object.hasOwn(msg.noise_survivors, b)), "secagg_peers.noise_* name different blocks");
+      require(Object.values(msg.noise_sigma).every((v) => typeof v === "number" && Number.isFinite(v) && v >= 0),
+        "secagg_peers.noise_sigma holds a value that is not a finite number >= 0");
+      require(Object.values(msg.noise_survivors).every((v) => Number.isInteger(v) && (v as number) >= 1),
+        "secagg_peers.noise_survivors holds a count below 1");
       break;
     case "secagg_shares": case "secagg_inbox":
       checkSized(`${t}.sealed`, msg.sealed, SEALED_BYTES);
@@ -206,6 +213,7 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
   instruction: [["digests", "dict_str", {}]],
   fetch: [["held", "str", ""]],
+  secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}]],
 };
 
 function isDefault(value: unknown, fallback: unknown): boolean {

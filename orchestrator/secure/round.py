@@ -23,6 +23,14 @@ Block k's cohort is the devices of U_2 with split <= k. A block with fewer than 
 of them, or a secret that fewer than t shares reached, is not revealed (:class:`BlockOutcome` says
 why); the server learns each revealed block's sum of weighted, clipped updates and the sum of the
 weights, nothing of one device's.
+
+Distributed DP (Kairouz, Liu, Steinke 2021, Algorithm 1): with ``noise_multiplier`` z_b and
+``noise_survivors`` (block -> n_min_b) every device adds N_Z(0, sigma_b^2 / n_min_b) to block b's
+value words, sigma_b = z_b C 2^f (ring units), so any n_min_b survivors' shares reach sigma_b.
+The ring is sized for the cohort's summed noise too (edge_sdk.secagg.fixedpoint). A block with
+s_b < n_min_b survivors is not revealed (its noise would fall short of sigma_b); a revealed one
+carries the multiplier its survivors' shares give, z_b sqrt(s_b / n_min_b) (:attr:`BlockOutcome.multiplier`),
+which is what the ledger accounts.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class BlockOutcome:
     weight: float = 0.0
     reason: str = ""
     recovered: list[str] = field(default_factory=list)
+    multiplier: float = 0.0  # distributed DP: the noise standard deviation of the sum over its clip
 
 
 @dataclass
@@ -70,10 +79,14 @@ class SecureRound:
     """One round's secure aggregation over ``num_blocks`` blocks, in ``scope``."""
 
     def __init__(self, scope: Scope, num_blocks: int, sizes: Mapping[int, int], *, clip: float,
-                 identities: Mapping[str, bytes], weight_scale: float, degree: int = 0, min_survivors: int = 0) -> None:
+                 identities: Mapping[str, bytes], weight_scale: float, degree: int = 0, min_survivors: int = 0,
+                 noise_multiplier: float = 0.0, noise_survivors: Mapping[int, int] | None = None) -> None:
         self.scope, self.num_blocks, self.sizes = scope, num_blocks, dict(sizes)  # block -> coordinates
         self.clip, self.identities, self.weight_scale = clip, identities, weight_scale
         self.degree, self.min_survivors = degree, min_survivors
+        self.noise_multiplier, self.noise_survivors = noise_multiplier, dict(noise_survivors or {})
+        if (noise_multiplier > 0) != bool(self.noise_survivors) or any(n < 1 for n in self.noise_survivors.values()):
+            raise SecAggError("distributed noise needs a multiplier > 0 and each block's n_min >= 1, or neither")
         self.graph_seed = os.urandom(KEY_BYTES)
         self.keys: dict[str, _Device] = {}
         self.left_out: dict[str, str] = {}  # device -> why it is not in the cohort
@@ -126,8 +139,22 @@ class SecureRound:
         if not members:
             return {}
         self.graph = graph
-        self.fixed = FixedPoint.plan(len(members), self.clip)
+        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
         return {m: self._peers(m, members) for m in members}
+
+    def _summed_noise(self, cohort: int) -> float:
+        """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
+        return max((self.noise_multiplier * self.clip * (cohort / max(1, min(n, cohort))) ** 0.5
+                    for n in self.noise_survivors.values()), default=0.0)
+
+    def _noise_fields(self) -> dict[str, object]:
+        fixed = self.fixed
+        assert fixed is not None
+        if not self.noise_survivors:
+            return {}
+        sigma = self.noise_multiplier * fixed.clip * 2.0**fixed.frac_bits
+        n_min = {str(b): min(n, fixed.cohort) for b, n in self.noise_survivors.items()}
+        return {"noise_sigma": dict.fromkeys(n_min, sigma), "noise_survivors": n_min}
 
     def _degree(self, n: int) -> int:
         k = self.degree or default_degree(n)
@@ -142,7 +169,7 @@ class SecureRound:
                 "signatures": {v: self.keys[v].signature for v in near},
                 "identities": {v: self.identities[v] for v in near}, "splits": {v: self.keys[v].split for v in near},
                 "clip": fixed.clip, "frac_bits": fixed.frac_bits, "ring_bits": fixed.ring_bits, "cohort": fixed.cohort,
-                "weight_scale": self.weight_scale, "threshold": graph.threshold[device]}
+                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self._noise_fields()}
 
     # -- 1: shares -------------------------------------------------------------------------------
     def take_shares(self, device: str, sealed: Mapping[str, bytes]) -> None:
@@ -257,6 +284,13 @@ class SecureRound:
         if b not in self.sums or len(cohort) < need:
             outcome.reason = f"{len(cohort)} masked updates of block {b}, fewer than the threshold {need}"
             return outcome
+        if self.noise_survivors:
+            n_min = min(self.noise_survivors[b], fixed.cohort)
+            if len(cohort) < n_min:
+                outcome.reason = (f"{len(cohort)} survivors of block {b}, fewer than the {n_min} its noise is "
+                                  f"sized for: the sum would be under-noised")
+                return outcome
+            outcome.multiplier = self.noise_multiplier * (len(cohort) / n_min) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
             seed = self._rebuild(u, self.seed_shares, seeds, graph)

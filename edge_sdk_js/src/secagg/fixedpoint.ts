@@ -15,9 +15,14 @@ import { MAX_RING_BITS, MAX_WORDS, expandWords, ringMask } from "./masks.js";
 export const MAX_FRAC_BITS = 60;
 export const MAX_COHORT = 2 ** 20;
 
-/** The smallest b such that the sum of `cohort` encoded values cannot wrap in Z_{2^b}. */
-export function ringBitsFor(cohort: number, clip: number, fracBits: number): number {
-  const bound = BigInt(cohort) * BigInt(Math.ceil(clip * 2 ** fracBits));
+/** Standard deviations of the summed distributed noise the ring holds beside the values (fixedpoint.py). */
+export const NOISE_TAIL = 10;
+
+/** The smallest b such that the sum of `cohort` encoded values, plus noise of standard deviation `noise`
+ * (update units) up to NOISE_TAIL deviations, cannot wrap in Z_{2^b}. */
+export function ringBitsFor(cohort: number, clip: number, fracBits: number, noise = 0): number {
+  const room = BigInt(Math.ceil(NOISE_TAIL * noise * 2 ** fracBits));
+  const bound = BigInt(cohort) * BigInt(Math.ceil(clip * 2 ** fracBits)) + room;
   return (bound === 0n ? 0 : bound.toString(2).length) + 1;
 }
 
@@ -27,9 +32,11 @@ export interface Decoded {
   readonly weight: number;
 }
 
-/** The round's encoding: L2 bound `clip` (C), `fracBits` (f), `ringBits` (b), at most `cohort` (n) devices summed. */
+/** The round's encoding: L2 bound `clip` (C), `fracBits` (f), `ringBits` (b), at most `cohort` (n) devices summed,
+ * `noise`: the standard deviation (update units) of the distributed noise summed over the cohort. */
 export class FixedPoint {
-  constructor(readonly clip: number, readonly fracBits: number, readonly ringBits: number, readonly cohort: number) {
+  constructor(readonly clip: number, readonly fracBits: number, readonly ringBits: number, readonly cohort: number,
+    readonly noise = 0) {
     if (!(Number.isFinite(clip) && clip > 0)) throw new SecAggError(`clip must be finite and > 0, got ${clip}`);
     if (!(Number.isInteger(fracBits) && fracBits >= 0 && fracBits <= MAX_FRAC_BITS)) {
       throw new SecAggError(`frac_bits must be an integer in [0, ${MAX_FRAC_BITS}], got ${fracBits}`);
@@ -37,7 +44,8 @@ export class FixedPoint {
     if (!(Number.isInteger(cohort) && cohort >= 1 && cohort <= MAX_COHORT)) {
       throw new SecAggError(`cohort must be an integer in [1, ${MAX_COHORT}], got ${cohort}`);
     }
-    const needed = ringBitsFor(cohort, clip, fracBits);
+    if (!(Number.isFinite(noise) && noise >= 0)) throw new SecAggError(`noise must be finite and >= 0, got ${noise}`);
+    const needed = ringBitsFor(cohort, clip, fracBits, noise);
     if (needed > MAX_RING_BITS) {
       throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
         + `more than ${MAX_RING_BITS}: lower frac_bits`);
@@ -50,13 +58,13 @@ export class FixedPoint {
   }
 
   /** The smallest ring for `fracBits`, or (undefined) the largest f whose ring fits 32 bits. */
-  static plan(cohort: number, clip: number, fracBits?: number): FixedPoint {
+  static plan(cohort: number, clip: number, fracBits?: number, noise = 0): FixedPoint {
     let f = fracBits;
     if (f === undefined) {
-      for (let g = MAX_FRAC_BITS; g >= 0 && f === undefined; g--) if (ringBitsFor(cohort, clip, g) <= MAX_RING_BITS) f = g;
+      for (let g = MAX_FRAC_BITS; g >= 0 && f === undefined; g--) if (ringBitsFor(cohort, clip, g, noise) <= MAX_RING_BITS) f = g;
       if (f === undefined) throw new SecAggError(`${cohort} devices at clip ${clip} do not fit a 32-bit ring even at 2^0`);
     }
-    return new FixedPoint(clip, f, ringBitsFor(cohort, clip, f), cohort);
+    return new FixedPoint(clip, f, ringBitsFor(cohort, clip, f, noise), cohort, noise);
   }
 
   /** The most a decoded coordinate of a sum of `cohort` blocks differs from the float sum. */

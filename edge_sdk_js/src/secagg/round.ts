@@ -17,6 +17,7 @@
  *
  * A server that breaks the protocol gets a `SecAggError`: the device follows it no further.
  */
+import { addInRing, noiseShare } from "../dp.js";
 import type { SecAggPeers } from "../messages.js";
 import { randomBytes, type CryptoBackend } from "./backend.js";
 import { signAdvertisement, verifyAdvertisement } from "./binding.js";
@@ -50,6 +51,8 @@ export class DeviceRound {
   readonly splits = new Map<string, number>();
   fixed: FixedPoint | null = null;
   weightScale = 1;
+  /** Distributed DP: block -> [sigma_b in ring units, n_min_b] (edge_sdk/secagg/round.py). */
+  noise = new Map<number, [number, number]>();
   threshold = 2;
   private readonly shareKeys = new Map<string, Uint8Array>();
   private readonly pairSecrets = new Map<string, Uint8Array>();
@@ -105,7 +108,11 @@ export class DeviceRound {
       throw new SecAggError(`${me}: threshold ${peers.threshold} or cohort ${peers.cohort} is not the graph's`);
     }
     this.threshold = peers.threshold;
-    this.fixed = new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort);
+    this.noise = this.noiseOf(peers);
+    let summed = 0;
+    for (const [sigma, n] of this.noise.values()) summed = Math.max(summed, sigma * Math.sqrt(peers.cohort / n));
+    // refuses a ring with no room for the noise
+    this.fixed = new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort, summed * 2 ** -peers.frac_bits);
     this.weightScale = peers.weight_scale;
     for (const v of this.neighbours) await this.meet(v, peers);
     const count = this.neighbours.length + 1;
@@ -117,6 +124,19 @@ export class DeviceRound {
       out[v] = await sealShares(this.shareKeys.get(v)!, this.scope, me, v, seeds[i + 1]!, keys[i + 1]!, this.backend === undefined ? {} : { backend: this.backend });
     }
     return out;
+  }
+
+  /** Each trained block's [sigma_b, n_min_b] (distributed DP): every trained block or none is noised. */
+  private noiseOf(peers: SecAggPeers): Map<number, [number, number]> {
+    const noise = new Map<number, [number, number]>();
+    for (const [b, sigma] of Object.entries(peers.noise_sigma)) noise.set(Number(b), [Number(sigma), Number(peers.noise_survivors[b])]);
+    for (let b = this.split; noise.size > 0 && b < this.numBlocks; b++) {
+      if (!noise.has(b)) throw new SecAggError(`${this.deviceId}: distributed noise for blocks ${[...noise.keys()]}, not every block it trained`);
+    }
+    for (const [, n] of noise.values()) {
+      if (n > peers.cohort) throw new SecAggError(`${this.deviceId}: noise sized for more survivors than the cohort ${peers.cohort}`);
+    }
+    return noise;
   }
 
   /** Verify neighbour `v`'s advertisement and derive the pair's share key and mask secret. */
@@ -160,7 +180,12 @@ export class DeviceRound {
       const block = this.split + i;
       const partners = this.partners(block);
       if (partners.length === 0) throw new SecAggError(`${this.deviceId}: no neighbour of block ${block}'s cohort sent shares`);
-      const words = await fixed.encode(values, weight, roundingSeed, this.backend);
+      let words = await fixed.encode(values, weight, roundingSeed, this.backend);
+      const noise = this.noise.get(block);
+      if (noise !== undefined) {  // the device's share N_Z(0, sigma_b^2 / n_min_b) on the value words, not the weight
+        const noised = addInRing(words.subarray(0, words.length - 1), noiseShare(words.length - 1, noise[0], noise[1]), fixed.ringBits);
+        words = Uint32Array.from([...noised, words[words.length - 1]!]);
+      }
       const pairSeeds = new Map<string, Uint8Array>();
       for (const v of partners) pairSeeds.set(v, await pairMaskSeed(this.pairSecrets.get(v)!, this.scope, block, this.deviceId, v, this.backend));
       const selfSeed = await selfMaskSeed(this.seed, this.scope, block, this.deviceId, this.backend);
