@@ -217,6 +217,10 @@ class ServerConfig:
                  "as the server draws it) or poisson (each device independently with probability --fraction).")
     dp_min_cohort: Count = setting(10, "Fewest devices a round may sample under DP: a noised mean of fewer is "
                                        "mostly noise.", cli=False)
+    dp_min_survivors: Fraction = setting(
+        0.7, "With --secure-aggregation (distributed noise): the share of a block's cohort whose noise shares must "
+             "survive for its sum to be revealed; each device adds the noise of that many, so the more survive, the "
+             "more noise (and epsilon spent less).", cli=False)
     # Secure aggregation (docs/security.md, "Secure aggregation").
     secure_aggregation: bool = setting(
         False, "Secure aggregation (SecAgg+ with a cohort per block): the server learns each block's sum over the "
@@ -250,8 +254,8 @@ class ServerConfig:
         if self.strategy not in SECURE_STRATEGIES:
             return (f"strategy {self.strategy} needs individual updates; secure aggregation sums them "
                     f"(it runs {', '.join(SECURE_STRATEGIES)})")
-        if self.dp:
-            return "dp is set, but central DP clips and noises each update in the server"
+        if self.dp and self.dp_adaptive_clip:
+            return "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"
         if self.update_codec != "none":
             return f"update_codec {self.update_codec}: a masked update is ring words, not a coded update"
         return None
@@ -275,7 +279,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
-                                      "dp_accountant", "dp_sampling", "dp_min_cohort", "secure_aggregation",
+                                      "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
+                                      "secure_aggregation",
                                       "secure_clip", "secure_threshold")
 
 #: Strategies whose round is a weighted mean of each block's deltas over its cohort: they run on sums.

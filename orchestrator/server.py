@@ -122,9 +122,14 @@ class Orchestrator:
         if config.secure_aggregation:  # masked uploads, block sums (orchestrator.secure; cryptography loads only then)
             from orchestrator.secure.intake import SecureIntake
 
-            self.secure = SecureIntake(config, self.model, self.strategy, self.store, round_state=self._round_state,
-                                       work_of=self._train_work, sessions=self.sessions, send=self._send,
-                                       emit=self._emit, **parts)
+            secure: type[SecureIntake] = SecureIntake
+            if config.dp:  # the devices add the noise, the server accounts the survivors' (orchestrator.privacy.distributed)
+                from orchestrator.privacy.distributed import DistributedDPIntake
+
+                secure = DistributedDPIntake
+            self.secure = secure(config, self.model, self.strategy, self.store, round_state=self._round_state,
+                                 work_of=self._train_work, sessions=self.sessions, send=self._send,
+                                 emit=self._emit, **parts)
             return self.secure
         intake: type[PlainIntake] = PlainIntake
         if config.dp:  # clipped, noised, accounted (orchestrator.privacy; dp-accounting loads only then)

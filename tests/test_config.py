@@ -68,8 +68,8 @@ def test_serve_help_lists_every_strategy():
     (["-O", "trim"], "edgetrain serve: --strategy-option: a strategy option is KEY=VALUE, got 'trim'"),
     (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel needs "
      "individual updates; secure aggregation sums them (it runs fedavg, embracingfl)"),
-    (["--secure-aggregation", "--dp"], "edgetrain serve: --secure-aggregation: dp is set, but central DP clips and "
-                                       "noises each update in the server"),
+    (["--secure-aggregation", "--dp", "--dp-adaptive-clip"], "edgetrain serve: --secure-aggregation: "
+     "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"),
     (["--strategy", "fedprox"], "edgetrain serve: unknown strategy 'fedprox'; known: fedavg, embracingfl, fedsubavg, "
                                 "fedalign, varsel, width, or package.module:Class"),
 ])

@@ -51,9 +51,58 @@ from orchestrator.privacy.noise import gaussian
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, RoundContext, RoundResult, Strategy
 
-__all__ = ["CentralDPIntake", "PrivacyBudgetSpent"]
+__all__ = ["CENTRAL", "CentralDPIntake", "DISTRIBUTED", "PrivacyBudgetSpent", "expected_cohorts", "next_stop",
+           "over_target", "resumed_ledger"]
 
 log = logging.getLogger("edgetrain.server")
+
+#: Where a run's noise is added, as its journaled ledger says: by the server, or by the devices.
+CENTRAL, DISTRIBUTED = "central", "distributed"
+
+
+def resumed_ledger(saved: Mapping[str, Any] | None, completed: int, fresh: PrivacyLedger,
+                   mode: str) -> PrivacyLedger | None:
+    """The ledger journaled with a resumed run's last completed round (None: nothing to continue),
+    checked against the one this run would keep (``fresh``) and its ``mode``; refuses a run whose
+    rounds were not accounted, or were accounted at other settings."""
+    if saved is None:
+        if completed:
+            raise PrivacyPlanError(f"--resume with dp: the run's {completed} completed rounds kept no privacy "
+                                   f"ledger (they ran without dp), so no epsilon covers its model")
+        return None
+    ledger = PrivacyLedger.from_json(saved["ledger"])
+    kept = (ledger.delta, ledger.accountant, ledger.sampling, ledger.blocks, saved.get("mode", CENTRAL))
+    if kept != (fresh.delta, fresh.accountant, fresh.sampling, fresh.blocks, mode):
+        raise PrivacyPlanError(f"--resume with dp: the run's ledger was kept at delta {ledger.delta:g}, accountant "
+                               f"{ledger.accountant}, sampling {ledger.sampling}, {kept[-1]} noise; resume it with "
+                               f"those settings")
+    log.info("privacy ledger resumed after %d rounds: epsilon %.4g", len(ledger.rounds), ledger.spent().epsilon)
+    return ledger
+
+
+def expected_cohorts(ctx: RoundContext, rate: float, num_blocks: int) -> dict[int, float]:
+    """m_b = q N_b for each block some idle device can train: N_b of the idle devices can train
+    it (their planned split is at most b), each sampled with probability q (K / N for K of N).
+    The mean's fixed denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices
+    trained a block, and who dropped out, stay unsaid."""
+    splits = [info.split for info in ctx.devices.values()]
+    able = {b: sum(s <= b for s in splits) for b in range(num_blocks)}
+    return {b: rate * n for b, n in able.items() if n > 0}
+
+
+def over_target(ledger: PrivacyLedger, target: float | None, round: int, event: RoundEvent) -> str:
+    """The message of a run that stops before round ``round``, which would pass ``target``."""
+    after = ledger.spent_after(event).epsilon
+    return (f"privacy budget spent: round {round} would take epsilon from {ledger.spent().epsilon:.4g} "
+            f"to {after:.4g}, over the target {target:g} (delta {ledger.delta:g}); the run ends here")
+
+
+def next_stop(ledger: PrivacyLedger, target: float | None, round: int, rounds: int, event: RoundEvent) -> str | None:
+    """After round ``round`` of ``rounds``: why the run stops before the next (a round like ``event``
+    would pass ``target``), or None."""
+    if target is not None and round < rounds and ledger.would_exceed(target, event):
+        return over_target(ledger, target, round + 1, event)
+    return None
 
 
 class CentralDPIntake(PlainIntake):
@@ -80,23 +129,12 @@ class CentralDPIntake(PlainIntake):
         self._begin_sums()
 
     def _restore(self, saved: Mapping[str, Any] | None, completed: int) -> None:
-        """Continue the ledger and the clips of the run's last completed round; refuse a run whose
-        rounds were not accounted, or were accounted at other settings."""
-        if saved is None:
-            if completed:
-                raise PrivacyPlanError(f"--resume with dp: the run's {completed} completed rounds kept no privacy "
-                                       f"ledger (they ran without dp), so no epsilon covers its model")
-            return
-        ledger = PrivacyLedger.from_json(saved["ledger"])
-        kept = (ledger.delta, ledger.accountant, ledger.sampling, ledger.blocks)
-        if kept != (self.ledger.delta, self.ledger.accountant, self.ledger.sampling, self.ledger.blocks):
-            raise PrivacyPlanError(f"--resume with dp: the run's ledger was kept at delta {ledger.delta:g}, accountant "
-                                   f"{ledger.accountant}, sampling {ledger.sampling}; resume it with those settings")
-        self.ledger = ledger
-        clips = AdaptiveClipping.from_json(saved["clips"])
-        self.clipping = AdaptiveClipping({int(b): a for b, a in clips.blocks.items()})
-        log.info("privacy ledger resumed after %d rounds: epsilon %.4g", len(self.ledger.rounds),
-                 self.ledger.spent().epsilon)
+        """Continue the ledger and the clips of the run's last completed round."""
+        ledger = resumed_ledger(saved, completed, self.ledger, CENTRAL)
+        if ledger is not None:
+            self.ledger = ledger
+            clips = AdaptiveClipping.from_json(saved["clips"])  # type: ignore[index]
+            self.clipping = AdaptiveClipping({int(b): a for b, a in clips.blocks.items()})
 
     def _begin_sums(self) -> None:
         self._sums: dict[str, np.ndarray] = {}
@@ -168,7 +206,8 @@ class CentralDPIntake(PlainIntake):
         if self.config.dp_adaptive_clip:
             self.clipping.update({b: self._bits.get(b, 0.0) for b in expected}, expected)
         self.ledger.record(event)
-        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json()})
+        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json(),
+                                              "mode": CENTRAL})
         self._check_next(ctx.round, event)
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
             {"clips": clips_used, "cohorts": {self.blocks[b]: self._counts.get(b, 0) for b in expected},
@@ -176,13 +215,8 @@ class CentralDPIntake(PlainIntake):
              "fleet": fleet, "cohort": cohort})})
 
     def expected_cohorts(self, ctx: RoundContext, rate: float) -> dict[int, float]:
-        """m_b = q N_b for each block some idle device can train: N_b of the idle devices can train
-        it (their planned split is at most b), each sampled with probability q (K / N for K of N).
-        The mean's fixed denominator (McMahan et al., 2018, estimator f~_f): how many sampled devices
-        trained a block, and who dropped out, stay unsaid."""
-        splits = [info.split for info in ctx.devices.values()]
-        able = {b: sum(s <= b for s in splits) for b in range(len(self.blocks))}
-        return {b: rate * n for b, n in able.items() if n > 0}
+        """:func:`expected_cohorts` of this model's blocks."""
+        return expected_cohorts(ctx, rate, len(self.blocks))
 
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
@@ -191,13 +225,10 @@ class CentralDPIntake(PlainIntake):
 
     def _check_next(self, round: int, event: RoundEvent) -> None:
         """Before another round: would one like this one take the model past the target?"""
-        if self.target is not None and round < self.config.rounds and self.ledger.would_exceed(self.target, event):
-            self.stop_reason = self._over_target(round + 1, event)
+        self.stop_reason = next_stop(self.ledger, self.target, round, self.config.rounds, event) or self.stop_reason
 
     def _over_target(self, round: int, event: RoundEvent) -> str:
-        after = self.ledger.spent_after(event).epsilon
-        return (f"privacy budget spent: round {round} would take epsilon from {self.ledger.spent().epsilon:.4g} "
-                f"to {after:.4g}, over the target {self.target:g} (delta {self.plan.delta:g}); the run ends here")
+        return over_target(self.ledger, self.target, round, event)
 
     def end_round(self) -> None:
         super().end_round()

@@ -174,9 +174,14 @@ class SecureIntake(PlainIntake):
         if secure.stage != "keys":
             return
         secure.weight_scale = self._weight_scale(secure.keys)
+        self.plan_noise(secure)
         for u, fields in secure.close_keys().items():
             await self._send(u, p.SecAggPeers(round=rs.round, **fields))
         await self._left_out(rs, secure)
+
+    def plan_noise(self, secure: SecureRound) -> None:
+        """Before the cohort is sent: the noise each device adds to its blocks (none here; distributed
+        DP's intake, ``orchestrator.privacy.distributed``, sizes it from the advertised cohorts)."""
 
     def _weight_scale(self, devices: Mapping[str, object]) -> float:
         """The scale of the devices' weights w = min(1, samples / scale): the largest sample count
