@@ -19,7 +19,10 @@ and its peak over the run (psutil, :mod:`edge_sdk.memory`; the server process al
 emulator's bookkeeping). Round 1 is left out of the means where there are more rounds: it loads the
 devices' runtimes. ``python bench/secagg_fleet.py`` writes ``bench/results/secagg_fleet.json``;
 ``--devices``, ``--dropouts``, ``--rounds``, ``--rounds-large`` (rounds of the 1,000-device cases) size
-it. A case that fails or passes ``--case-timeout`` is reported with where it stopped.
+it; ``--stage-s`` sets how long a secure stage waits for its devices (``secure_stage_s``, 30 s by
+default: emulated devices train one after another on the machine's cores, so a large fleet's key
+stage needs longer than real devices training side by side would). A case that fails or passes
+``--case-timeout`` is reported with where it stopped.
 """
 
 from __future__ import annotations
@@ -109,8 +112,8 @@ def round_row(h: dict, rss: int | None) -> dict:
     return row
 
 
-def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: int | None, data_root: str | None
-             ) -> dict:
+def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: int | None, data_root: str | None,
+             stage_s: float | None = None) -> dict:
     """One case, in this process: the run's rounds and this process's (the server's) memory."""
     import orchestrator.emulation.localfleet  # noqa: F401  (torch and the server: loaded before the baseline RSS)
     from edge_sdk.memory import process_memory
@@ -132,6 +135,8 @@ def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: i
         # Both modes prove credentials, so the plain round pays for the hello's proof too.
         config = dataclasses.replace(config, eval_every=10_000, keep_checkpoints=1, validation_samples=0,
                                      require_credentials=True)
+        if stage_s is not None:  # emulated devices train one after another: a stage waits longer for them
+            config = dataclasses.replace(config, secure_stage_s=stage_s)
         rss_before = process_memory().rss_bytes
         t0 = time.monotonic()
         run = asyncio.run(run_emulation(fleet, config, on_event=on_event, data_root=data_root,
@@ -165,10 +170,34 @@ def summary(case: dict) -> dict:
     return out
 
 
+def table(paths: list[Path]) -> str:
+    """The markdown table of result files: each secure case beside the plain case of its size and dropout."""
+    cases = [c for path in paths for c in json.loads(path.read_text())["results"]]
+    plain = {(c["devices"], c["dropout"]): c for c in cases if c["mode"] == "plain"}
+    lines = ["| devices | dropout | wall s (secure / plain) | device CPU s | server CPU s | upload B | "
+             "key, share, unmask B up | server RSS growth MiB | blocks revealed, masks recovered |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in (c for c in cases if c["mode"] == "secure"):
+        p, s = plain.get((c["devices"], c["dropout"]), {}).get("summary", {}), c.get("summary") or {}
+        if "failed" in c or not s:
+            lines.append(f"| {c['devices']} | {c['dropout']:.0%} | failed: {c.get('failed', '')[:120]} |||||||")
+            continue
+
+        def pair(key: str) -> str:
+            return f"{s.get(key)} / {p.get(key)}"
+
+        lines.append(f"| {c['devices']} | {c['dropout']:.0%} | {pair('wall_s')} | {pair('device_cpu_s')} | "
+                     f"{pair('server_cpu_s')} | {pair('up_bytes')} | {s.get('key_share_bytes_up')} | "
+                     f"{pair('server_rss_growth_mib')} | {s.get('revealed_rounds')} rounds, {s.get('recovered')} |")
+    return "\n".join(lines)
+
+
 def child(args: argparse.Namespace, devices: int, dropout: float, secure: bool) -> dict:
     """Run one case in a process of its own (its peak RSS is its own); a failure is a result."""
     rounds = args.rounds_large if devices >= LARGE else args.rounds
     argv = [sys.executable, __file__, "--case", f"{devices},{dropout},{int(secure)},{rounds}"]
+    if args.stage_s is not None:
+        argv += ["--stage-s", str(args.stage_s)]
     if args.workers:
         argv += ["--workers", str(args.workers)]
     t0 = time.monotonic()
@@ -192,13 +221,19 @@ def main() -> None:
     ap.add_argument("--rounds-large", type=int, default=2)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--case-timeout", type=float, default=900)
+    ap.add_argument("--stage-s", type=float, default=None, help="secure_stage_s (default: the server's, 30 s)")
     ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
     ap.add_argument("--out", type=Path, default=RESULTS / "secagg_fleet.json")
+    ap.add_argument("--table", nargs="+", type=Path, default=None, help="print the table of these result files")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # devices,dropout,secure,rounds: one case
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     if args.case:
         n, drop, sec, rounds = args.case.split(",")
-        print(json.dumps(run_case(int(n), float(drop), sec == "1", int(rounds), args.workers, args.data_root)))
+        print(json.dumps(run_case(int(n), float(drop), sec == "1", int(rounds), args.workers, args.data_root,
+                                  args.stage_s)))
         return
     results = []
     for n in (int(d) for d in args.devices.split(",")):
