@@ -131,6 +131,9 @@ def run_lane(flwr_py: Path, s: dict, timeout: float) -> dict:
         return {**s, "failed": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
     res = json.loads(lines[-1])
     walls = [r["t_end"] - r["t_start"] for r in res["rounds"] if "t_end" in r]
+    if not walls:
+        return {**s, "rounds": res["rounds"], "failed": f"no round aggregated in {wall:.0f} s; the log ends with: "
+                                                        f"{(proc.stderr or proc.stdout)[-1500:]}"}
     warm = walls[1:] or walls
     return {**s, "rounds": res["rounds"], "round_wall_s": walls, "mean_wall_s": round(sum(warm) / len(warm), 4),
             "lane_wall_s": round(wall, 1)}
@@ -146,6 +149,7 @@ def main() -> None:
     ap.add_argument("--clients", default="10,100")
     ap.add_argument("--dropouts", default="0,0.1,0.3")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="plain,secure", help="which lanes: plain, secure or both")
     ap.add_argument("--lane-timeout", type=float, default=600)
     ap.add_argument("--flwr-venv", type=Path, default=BENCH / ".venv-flwr")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "secagg_flower.json")
@@ -164,7 +168,7 @@ def main() -> None:
             shard_dir.mkdir()
             vs_flower.write_shards({"clients": n, "seed": 0, "data_root": os.environ.get("EDGETRAIN_DATA")}, shard_dir)
             for drop in (float(d) for d in args.dropouts.split(",")):
-                for secure in (False, True):
+                for secure in (m == "secure" for m in args.modes.split(",")):
                     s = {"clients": n, "dropout": drop, "secure": secure, "rounds": args.rounds, "seed": 0,
                          "shard_dir": str(shard_dir)}
                     results.append(run_lane(flwr_py, s, args.lane_timeout))
