@@ -19,10 +19,10 @@ and its peak over the run (psutil, :mod:`edge_sdk.memory`; the server process al
 emulator's bookkeeping). Round 1 is left out of the means where there are more rounds: it loads the
 devices' runtimes. ``python bench/secagg_fleet.py`` writes ``bench/results/secagg_fleet.json``;
 ``--devices``, ``--dropouts``, ``--rounds``, ``--rounds-large`` (rounds of the 1,000-device cases) size
-it; ``--stage-s`` sets how long a secure stage waits for its devices (``secure_stage_s``, 30 s by
-default: emulated devices train one after another on the machine's cores, so a large fleet's key
-stage needs longer than real devices training side by side would). A case that fails or passes
-``--case-timeout`` is reported with where it stopped.
+it; ``--stage-s`` sets how long a secure stage waits for its devices (``secure_stage_s``, the
+server's 30 s by default: emulated devices train one after another on the machine's cores, where
+real devices train side by side). A case that fails or passes ``--case-timeout`` is reported with
+where it stopped.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: i
         # Both modes prove credentials, so the plain round pays for the hello's proof too.
         config = dataclasses.replace(config, eval_every=10_000, keep_checkpoints=1, validation_samples=0,
                                      require_credentials=True)
-        if stage_s is not None:  # emulated devices train one after another: a stage waits longer for them
+        if stage_s is not None:  # emulated devices train one after another: a stage may wait longer for them
             config = dataclasses.replace(config, secure_stage_s=stage_s)
         rss_before = process_memory().rss_bytes
         t0 = time.monotonic()
