@@ -88,3 +88,20 @@ def test_a_secure_lightweight_fleet_is_enrolled_and_its_rounds_reveal_sums(tmp_p
     assert len(secrets) == 4 and all(secrets)
     logged = "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
     assert not any(s in logged for s in secrets)
+
+
+@pytest.mark.slow
+def test_secure_device_processes_get_their_secret_from_a_private_launch_file(tmp_path: Path) -> None:
+    text = SECURE_FLEET.replace('"lightweight"', '"processes"').replace("count = 4", "count = 3")
+    path = tmp_path / "secure.toml"
+    path.write_text(text.replace("rounds = 2", "rounds = 1"))
+    fleet = load_fleet(path)
+    config = server_config(fleet, store_dir=tmp_path / "store", deadline_s=120)
+    logs = tmp_path / "logs"
+    run = asyncio.run(run_emulation(fleet, config, stderr_dir=logs))
+    secure = run.history[0]["secure"]
+    assert secure["masked"] == 3 and all(b["revealed"] for b in secure["blocks"].values()), secure
+    files = sorted(logs.glob("*.launch.json"))
+    assert [f.name for f in files] == [f"{s.id}.launch.json" for s in fleet.devices()]
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 and DeviceLaunch.from_json(f.read_text()).secret
+               for f in files)

@@ -123,6 +123,52 @@ def test_a_drop_in_process_ends_the_device_once_the_model_is_held(kind: str, dig
     assert events == [("dropped", {"device": "d-1", "round": 3})]
 
 
+def test_a_drop_at_upload_holds_the_model_and_vanishes_as_its_upload_begins() -> None:
+    events: list[tuple[str, dict]] = []
+    got: list[str] = []
+    injector = FaultInjector(Faults(drop_rounds=(3,), drop_at="upload"), "d-1", in_process=True,
+                             on_event=lambda k, d: events.append((k, d)))
+
+    async def server(ws) -> None:
+        await send_msg(ws, p.Ack(round=3, accepted=True))
+        await send_payload(ws, PAYLOAD, transfer_id="model-1", kind="model", meta={}, frame_size=FRAME,
+                           sha256=p.sha256_hex(PAYLOAD))
+        async for data in ws:
+            got.append(p.decode(data).TYPE)
+
+    async def device(url: str) -> dict:
+        seen = await _received_until_closed(injector)(url)  # the whole model: no drop yet
+        assert seen["held"] == len(PAYLOAD) and events == []
+        async with injector.connect(url, **ws_options()) as ws:
+            while not isinstance(p.decode(await ws.recv()), p.TransferFrame):
+                pass
+            await send_msg(ws, p.Ack(round=3, accepted=True))  # any other message passes
+            await send_payload(ws, PAYLOAD, transfer_id="update-1", kind="update", meta={}, frame_size=FRAME)
+        return seen
+
+    with pytest.raises(DeviceVanished, match="d-1"):
+        asyncio.run(_with_server(server, device))
+    assert events == [("dropped", {"device": "d-1", "round": 3})]
+    assert "transfer_begin" not in got  # the server never saw the upload begin
+    with pytest.raises(ValueError, match="drop_at"):
+        Faults(drop_at="later")
+
+
+def test_a_fleet_group_names_where_its_devices_drop() -> None:
+    import tomllib
+
+    from orchestrator.emulation.fleet import FleetError, parse_fleet
+    from orchestrator.emulation.schedule import device_launch
+
+    text = ('[fleet]\nmodel = "tiny"\n[behaviour]\ndropout = 0.5\ndrop_at = "upload"\n'
+            '[[groups]]\nname = "a"\nclass = "mid-phone"\ncount = 1\n'
+            '[[groups]]\nname = "b"\nclass = "mid-phone"\ncount = 1\ndrop_at = "model"\n')
+    fleet = parse_fleet(tomllib.loads(text), source="t", default_name="t")
+    assert [device_launch(fleet, s).faults.drop_at for s in fleet.devices()] == ["upload", "model"]
+    with pytest.raises(FleetError, match="drop_at"):
+        parse_fleet(tomllib.loads(text.replace('"upload"', '"never"')), source="t", default_name="t")
+
+
 def test_no_drop_for_other_payloads_or_rounds() -> None:
     injector = FaultInjector(Faults(drop_rounds=(3,)), "d-1", in_process=True)
     seen, _ = asyncio.run(_with_server(lambda ws: _serve_transfer(ws, round=3, kind="chunk", digest_first=True),

@@ -7,7 +7,10 @@ round from any message with a ``round`` field, and applies the device's :class:`
 
 - drop (vanish mid-round): once the device holds the whole trained-model payload (a transfer of
   kind ``"model"``) of a round in ``drop_rounds``, or of a round drawn with probability
-  ``drop_prob`` (seeded by the seed, the device id and the round), the device disappears. A device
+  ``drop_prob`` (seeded by the seed, the device id and the round), the device disappears; with
+  ``drop_at = "upload"`` it vanishes later, as its upload (kind ``"update"``) is about to begin:
+  it has trained, and in a secure round advertised its keys and sent its shares, so the server
+  must recover its masks (the dropout SecAgg+ is built for, Bell et al. 2020, Algorithm 2). A device
   process exits with :data:`DROP_EXIT` (``os._exit``: no goodbye, like a killed app); a device that
   shares its process with others (the lightweight mode) has its link reset and
   :class:`DeviceVanished` raised, which ends that device only.
@@ -41,13 +44,16 @@ import numpy as np
 
 from edge_sdk import protocol as p
 
-__all__ = ["DROP_EXIT", "DeviceVanished", "FaultInjector", "FaultyConnection", "Faults"]
+__all__ = ["DROP_EXIT", "DROP_POINTS", "DeviceVanished", "FaultInjector", "FaultyConnection", "Faults"]
 
 #: Exit status of a device process that vanished on purpose.
 DROP_EXIT = 75
 
 #: ``TransferBegin.kind`` of the trained-model payload a device downloads ("tail": the older name).
 MODEL_KINDS = frozenset({"model", "tail"})
+#: Where in a round a dropping device vanishes (``Faults.drop_at``).
+DROP_POINTS = ("model", "upload")
+
 #: ``TransferBegin.kind`` of the device's upload.
 UPLOAD_KIND = "update"
 #: Message types of a device's report ("update": the older name).
@@ -75,6 +81,7 @@ class Faults:
     cut_upload_rounds: tuple[int, ...] = ()
     delay_s: float = 0.0
     force_split: int | None = None
+    drop_at: str = "model"  # one of DROP_POINTS
 
     def __post_init__(self) -> None:
         for name in ("drop_rounds", "cut_download_rounds", "cut_upload_rounds"):
@@ -85,6 +92,8 @@ class Faults:
             raise ValueError(f"drop_prob must be in [0, 1], got {self.drop_prob}")
         if self.delay_s < 0:
             raise ValueError(f"delay_s must not be negative, got {self.delay_s}")
+        if self.drop_at not in DROP_POINTS:
+            raise ValueError(f"drop_at must be one of {DROP_POINTS}, got {self.drop_at!r}")
         if self.force_split is not None and (isinstance(self.force_split, bool) or int(self.force_split) < 0):
             raise ValueError(f"force_split must be a block index >= 0, got {self.force_split!r}")
 
@@ -208,8 +217,16 @@ class FaultInjector:
     def _completed(self, transfer_id: str, conn: FaultyConnection) -> None:
         t = self._state.incoming.pop(transfer_id)
         r = self._state.round
-        if t.kind in MODEL_KINDS and self.faults.drops(r, device_id=self.device_id, seed=self.seed):
+        if (t.kind in MODEL_KINDS and self.faults.drop_at == "model"
+                and self.faults.drops(r, device_id=self.device_id, seed=self.seed)):
             self._vanish(conn)
+
+    def _vanishes_before(self, msg: p.Message) -> bool:
+        """Whether the device vanishes instead of sending ``msg``: the start of its upload, in a
+        round it drops in at ``drop_at = "upload"``."""
+        f = self.faults
+        return (f.drop_at == "upload" and type(msg) is p.TransferBegin and msg.kind == UPLOAD_KIND
+                and f.drops(self._state.round, device_id=self.device_id, seed=self.seed))
 
     def _vanish(self, conn: FaultyConnection) -> NoReturn:
         self.on_event("dropped", {"device": self.device_id, "round": self._state.round})
@@ -297,6 +314,8 @@ class FaultyConnection:
             if all(isinstance(part, (bytes, bytearray, memoryview)) for part in message):
                 msg = _decode(b"".join(message))
         if msg is not None:
+            if self._injector._vanishes_before(msg):
+                self._injector._vanish(self)
             if msg.TYPE in REPORT_TYPES and self._injector.faults.delay_s > 0:
                 await asyncio.sleep(self._injector.faults.delay_s)
             if self._injector._cuts_before_sending(msg):

@@ -47,6 +47,8 @@ A fleet is a TOML file (shipped ones live in ``profiles/fleets/``)::
 
     [behaviour]                          # defaults for every group
     dropout = 0.0                        # probability of vanishing mid-round, per round a device is in
+    drop_at = "model"                    # when it vanishes: "model" (once it holds the round's model) |
+                                         # "upload" (trained, and in a secure round keys and shares sent)
     latency_ms = 0                       # extra network delay per message
     jitter_ms = 0                        # plus a uniform extra delay in [0, jitter_ms]
     rejoin_after_s = 30                  # reconnect this long after vanishing; absent: never
@@ -87,6 +89,7 @@ from edge_sdk.data import DATASETS, dataset_spec
 from edge_sdk.references import is_reference
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
 from orchestrator.emulation.backends import emulation_modes
+from orchestrator.emulation.faults import DROP_POINTS
 
 if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
@@ -135,6 +138,7 @@ class Behaviour:
     """How a device misbehaves on the network."""
 
     dropout: float = 0.0
+    drop_at: str = "model"  # orchestrator.emulation.faults.DROP_POINTS
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     rejoin_after_s: float | None = None
@@ -487,8 +491,11 @@ def _behaviour(r: _Reader, t: Mapping[str, Any], where: str, base: Behaviour) ->
     rejoin = base.rejoin_after_s
     if "rejoin_after_s" in t:
         rejoin = r.number(t, f"{where}.rejoin_after_s", None, minimum=0.0)
+    drop_at = r.string(t, f"{where}.drop_at", base.drop_at)
+    if drop_at not in DROP_POINTS:
+        r.fail(f"{where}.drop_at", f"is one of {', '.join(DROP_POINTS)}, got {drop_at!r}")
     return Behaviour(
-        dropout=dropout,
+        dropout=dropout, drop_at=drop_at,
         latency_ms=r.number(t, f"{where}.latency_ms", base.latency_ms, minimum=0.0),
         jitter_ms=r.number(t, f"{where}.jitter_ms", base.jitter_ms, minimum=0.0),
         rejoin_after_s=rejoin,

@@ -67,7 +67,7 @@ def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (
     return DeviceLaunch(
         device_id=spec.id, budget_bytes=spec.budget_bytes, client=spec.index, num_clients=fleet.num_devices,
         data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
-        faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split),
+        faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split, drop_at=b.drop_at),
         labels=device_labels(spec), classes=spec.classes, max_samples=spec.samples, label_noise=spec.label_noise,
         backend=spec.backend,
     )
