@@ -11,6 +11,7 @@ the cohort's encodings and within the stated quantization error of the plain sum
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,22 +40,19 @@ class Recorder:
         self.plain: dict[tuple[int, str], dict] = {}
         self.received: dict[tuple[int, str], dict] = {}
         self.outcomes: dict[int, tuple[FixedPoint, list]] = {}
-        current: list[tuple[int, str]] = []
+        local = threading.local()  # devices mask in worker threads, several at once: each its own record
         encode, mask, fold, finish = FixedPoint.encode, DeviceRound.mask, SecureIntake.fold, SecureRound.finish
 
         def encoding(fp, update, weight, rounding_seed=None):
             words = encode(fp, update, weight, rounding_seed)
-            self.plain[current[-1]]["words"].append(words)
+            self.plain[local.current]["words"].append(words)
             return words
 
         def masking(rnd, blocks, num_samples):
-            current.append((rnd.scope.round, rnd.device_id))
-            self.plain[current[-1]] = {"blocks": [b.copy() for b in blocks], "samples": num_samples, "split": rnd.split,
-                                       "scale": rnd.weight_scale, "words": []}
-            try:
-                return mask(rnd, blocks, num_samples)
-            finally:
-                current.pop()
+            local.current = (rnd.scope.round, rnd.device_id)
+            self.plain[local.current] = {"blocks": [b.copy() for b in blocks], "samples": num_samples,
+                                         "split": rnd.split, "scale": rnd.weight_scale, "words": []}
+            return mask(rnd, blocks, num_samples)
 
         def folding(intake, session, msg, work, tensors, ctx):
             self.received[(ctx.round, session.device_id)] = {k: np.asarray(v).copy() for k, v in tensors.items()}
