@@ -343,7 +343,8 @@ class Orchestrator:
         tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer
         # than its payload takes at the slowest pace allowed.
-        allowed = self.pace.stall_s + (size - offset) / self.pace.min_rate
+        # (transfer_min_rate 0: no slowest pace, so no limit.)
+        allowed = self.pace.stall_s + (size - offset) / self.pace.min_rate if self.pace.min_rate > 0 else None
         async with session.channel.send_lock:
             try:
                 await asyncio.wait_for(
