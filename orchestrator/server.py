@@ -311,7 +311,12 @@ class Orchestrator:
             self.secure.returned(session)
         await self.loop.arrived(session)
         while True:
-            msg = await recv_msg(session.channel)
+            try:
+                msg = await recv_msg(session.channel)
+            except p.ProtocolError as exc:  # refused by the codec: a secure round journals it as its stages do
+                if self.secure is not None:
+                    self.secure.refused_frame(session.device_id, exc)
+                raise
             if isinstance(msg, p.Fetch):
                 await self._on_fetch(session, msg)
             elif isinstance(msg, p.Report):

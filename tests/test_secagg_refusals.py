@@ -1,8 +1,8 @@
 """Hostile devices in a secure round against a real server: scripted devices speak the wire protocol
 by hand (each byte the test's choice) next to honest ones. A replayed key advertisement, shares
 naming a device that is not a neighbour, an oversized share and an unmasking answer for a peer the
-device was not given each end that device's connection with an error frame (the intake's refusals
-journaled with their reason); the round completes for the honest devices, the server stays up.
+device was not given each end that device's connection with an error frame, each journaled with
+its reason (the oversized share, refused by the codec before any stage sees it, too); the round completes for the honest devices, the server stays up.
 With two honest devices, three of the six gone leave fewer than t = 3 shares of a survivor's seed:
 no block is revealed, the model keeps its value, and the round's metrics say why; with five honest
 devices (t = 5 of the key cohort's 8) every block is revealed."""
@@ -121,7 +121,8 @@ def test_hostile_devices_are_refused_and_the_secure_round_completes(tmp_path: Pa
         assert block["revealed"] == (n == 5) and (n == 5 or "3 needed" in block["reason"]), block
     with Store(store_dir) as store:
         refused = {u["device_id"]: u["reason"] for u in store.updates(1) if not u.get("accepted")}
-    assert {"c", "d", "e"} <= set(refused) and all("secure round" in refused[d] for d in "cde"), refused
+    assert {"c", "d", "e", "f"} <= set(refused) and all("secure round" in refused[d] for d in "cdef"), refused
+    assert "a frame refused" in refused["f"], refused  # the oversized share, refused by the codec
 
 
 def test_a_round_that_closes_before_its_keys_are_in_releases_the_devices_waiting(tmp_path: Path) -> None:

@@ -239,6 +239,14 @@ class SecureIntake(PlainIntake):
             self._journal(rs, session.device_id, "refused for this secure round: presumed dropped, it came back",
                           closed=False)
 
+    def refused_frame(self, device_id: str, exc: p.ProtocolError) -> None:
+        """A frame of a device in the open secure round failed the codec's checks (an oversized or
+        malformed share, say) before any stage saw it: journaled like the stages' refusals; the
+        server closes the connection with the error."""
+        rs = self.round_state()
+        if self.secure is not None and self.secure.stage != "done" and rs is not None and device_id in rs.selected:
+            self._journal(rs, device_id, f"secure round: a frame refused: {exc.code} {exc.message[:256]}", closed=True)
+
     def dropped(self, device_id: str) -> None:
         """A device's connection ended during a secure round it was selected for: it is presumed
         dropped for the round."""
