@@ -50,6 +50,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert out.returncode != 0 and "Traceback" in out.stderr and "address already in use" in out.stderr
 
 
+@pytest.mark.slow
 def test_serve_without_a_store_takes_a_new_folder_per_run(tmp_path: Path) -> None:
     import json
 

@@ -146,6 +146,7 @@ def test_the_conformance_vectors_still_encode_and_rebuild_the_same_bytes() -> No
             == c["rebuilt_sha256"]
 
 
+@pytest.mark.slow
 def test_a_chunk_nobody_changed_costs_no_byte_and_the_tail_comes_as_a_delta(tmp_path: Path) -> None:
     """Two weak devices (nobody trains the frozen blocks): in round 2 each holds the chunk's rebuilt
     bytes under the digest its instruction names and is sent none of them; the tail is a delta."""

@@ -193,6 +193,7 @@ def _one_line(out: subprocess.CompletedProcess[str]) -> str:
     return out.stderr
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_with_a_status(tmp_path: Path) -> None:
     base = ("--id", "d", "--budget", "1GiB")
     bad_url = _run(*base, "--server", "localhost:8765")

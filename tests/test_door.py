@@ -104,6 +104,7 @@ def test_one_address_holds_at_most_its_share_of_pending_connections(tmp_path: Pa
     assert asyncio.run(main()) == [429, 101, 101, 101]
 
 
+@pytest.mark.slow
 def test_a_server_short_of_devices_waits_and_says_so(tmp_path: Path) -> None:
     events: list[tuple[str, dict]] = []
 

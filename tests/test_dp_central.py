@@ -161,6 +161,7 @@ def _ledger_of(n_rounds: int, z: float, blocks: list[str], fleet: int, cohort: i
     return ledger
 
 
+@pytest.mark.slow
 def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_ledger(tmp_path: Path) -> None:
     """Three rounds straight, and two then one more with --resume: the same epsilons, per block and
     for the model, each the ledger's for K of N devices a round; journal and status data agree."""
@@ -216,6 +217,7 @@ def test_with_poisson_sampling_each_device_is_in_a_round_by_its_own_coin_and_acc
     assert history[2]["privacy"]["noise_stddev"] == pytest.approx(dict.fromkeys(blocks, z * config.dp_clip / (q * 6)))
 
 
+@pytest.mark.slow
 def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_path: Path) -> None:
     """Planned for 1 of 3 devices a round, the run meets 2 of 4 (a larger share): it stops, with one
     line saying so, before the round whose epsilon would pass the target, never after."""

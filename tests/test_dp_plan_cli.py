@@ -73,6 +73,7 @@ def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
     assert plan["refusals"] == [] and json.loads(json.dumps(plan)) == plan
 
 
+@pytest.mark.slow
 def test_plans_that_cannot_work_are_refused_in_one_line(tmp_path: Path) -> None:
     out = edgetrain("--devices", "1000", "--rate", "1", "--rounds", "1000", "--target-epsilon", "0.05")
     assert out.returncode == 1

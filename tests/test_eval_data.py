@@ -104,6 +104,7 @@ def test_a_fleet_files_relative_evaluation_file_is_read_beside_it(tmp_path: Path
     np.testing.assert_array_equal(got_y, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "shapes"), [
     (["--model", EXAMPLE, "--eval-data", "WIDE"], ("(64,)", "(32,)")),
     (["--model", "resnet20"], ("(3, 32, 32)", "(64,)")),  # the default evaluation set: digits

@@ -335,6 +335,7 @@ def edgetrain(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_default_profiles_resnet20_for_every_device_class(tmp_path):
     out = edgetrain("--model", "resnet20", cache_dir=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -350,6 +351,7 @@ def test_cli_default_profiles_resnet20_for_every_device_class(tmp_path):
     assert "weak" in rows["pi-zero-2w"] and "strong" in rows["flagship-phone"]
 
 
+@pytest.mark.slow
 def test_cli_plans_for_one_device(tmp_path):
     out = edgetrain("--model", "resnet20", "--device", "entry-phone", "--batch", "128", cache_dir=tmp_path)
     assert out.returncode == 0, out.stderr
