@@ -128,7 +128,9 @@ def test_the_exported_model_scores_what_the_server_scored(served: dict, round_: 
     model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
     again = Evaluator.evaluate(evaluator, model)
     assert again["accuracy"] == metrics["accuracy"]
-    assert again["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-9)
+    # The loss is a sum of float32 batch means whose reduction order follows the evaluating thread's
+    # torch thread count: the server scores in a worker thread, this test in its main thread.
+    assert again["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-6)
 
 
 @pytest.mark.slow
