@@ -98,8 +98,9 @@ async function tracePage(browser) {
     };
   });
   return {
+    // The page sets window.events once it has fetched its shard: a first sample may come before that.
     async sample() {
-      const seen = await page.evaluate(() => ({ phase: window.trace.phase, runs: window.trace.runs, rounds: window.events.filter((e) => e.event === "round_done").length,
+      const seen = await page.evaluate(() => ({ phase: window.trace.phase, runs: window.trace.runs, rounds: (window.events ?? []).filter((e) => e.event === "round_done").length,
         wasm: window.trace.memories.reduce((a, m) => a + m.buffer.byteLength, 0), js: performance.memory?.usedJSHeapSize ?? 0 }));
       const r = rendererMemory(browser).sort((a, b) => b.rss - a.rss)[0] ?? { rss: 0, peak: 0 };
       return { ...seen, rss: r.rss, peak: r.peak };
