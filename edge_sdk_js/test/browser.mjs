@@ -29,7 +29,11 @@ const TYPES = { ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "a
 export const page = (build = "wasm") => `<!doctype html><html><head><meta charset="utf-8"><title>edgetrain device</title>
 <script type="importmap">{"imports": {
   "@msgpack/msgpack": "/node_modules/@msgpack/msgpack/dist.esm/index.mjs",
+  "@noble/ciphers/": "/node_modules/@noble/ciphers/",
+  "@noble/curves/": "/node_modules/@noble/curves/",
   "@noble/hashes/": "/node_modules/@noble/hashes/",
+  "shamir-secret-sharing": "/node_modules/shamir-secret-sharing/esm/index.js",
+  "shamir-secret-sharing/csprng": "/node_modules/shamir-secret-sharing/esm/csprng.js",
   "fflate": "/node_modules/fflate/esm/browser.js"
 }}</script>
 <script type="module">

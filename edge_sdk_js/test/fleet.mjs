@@ -81,25 +81,26 @@ export function journal(dir) {
 
 /**
  * A device in a headless Chromium tab: the page fetches its shard and trains on onnxruntime-web;
- * `webgpu`: its tail on the browser's GPU (the WebGPU backend; SwiftShader's adapter here).
+ * `webgpu`: its tail on the browser's GPU (the WebGPU backend; SwiftShader's adapter here). `secret`: its
+ * enrolled credential (each hello carries a proof of it), as the device page takes it from its fragment.
  */
-export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = false } = {}) {
+export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = false, secret } = {}) {
   const data = loadShard(shard);
   writeFileSync(join(dir, `${id}.bin`), encodeTensors({ x: data.x, y: data.y }));
   const site = await servePage({ shards: dir });
   const { browser, page } = await openPage(site.url, { webgpu });
-  const done = page.evaluate(async (server, shardUrl, deviceId, budgetBytes, webgpu) => {
+  const done = page.evaluate(async (server, shardUrl, deviceId, budgetBytes, webgpu, secret) => {
     const { DeviceClient, decodeTensors, makeBackend, makeRuntime } = window.sdk;
     const t = decodeTensors(new Uint8Array(await (await fetch(shardUrl)).arrayBuffer()));
     window.events = [];
     const runtime = makeRuntime("onnxruntime-web", window.ort, 2);
     const backend = webgpu ? makeBackend("onnxruntime-webgpu", runtime, 2) : undefined;
     const probe = await backend?.probe();
-    const client = new DeviceClient({ server, deviceId, budgetBytes, runtime, backend,
+    const client = new DeviceClient({ server, deviceId, budgetBytes, runtime, backend, ...(secret ? { secret } : {}),
       webSocket: (u) => new WebSocket(u), data: { x: t.x, y: t.y }, onEvent: (kind, d) => window.events.push({ event: kind, ...d }) });
     const reports = await client.run();
     return { reports: reports.length, events: window.events, probe };
-  }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu);
+  }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu, secret ?? "");
   return { done, browser, close: async () => { await browser.close(); await site.close(); } };
 }
 
