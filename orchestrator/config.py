@@ -221,6 +221,11 @@ class ServerConfig:
         0.7, "With --secure-aggregation (distributed noise): the share of a block's cohort whose noise shares must "
              "survive for its sum to be revealed; each device adds the noise of that many, so the more survive, the "
              "more noise (and epsilon spent less).", cli=False)
+    dp_expected_survivors: Fraction | None = setting(
+        None, "With --secure-aggregation (distributed noise): the share of a block's cohort expected to survive; "
+              "each device adds the noise of that many, so a round where they survive spends what the plan says "
+              "and one where fewer do (down to dp_min_survivors) spends more, as the ledger records. None: "
+              "dp_min_survivors (no round ever below the planned multiplier).", cli=False)
     # Secure aggregation (docs/security.md, "Secure aggregation").
     secure_aggregation: bool = setting(
         False, "Secure aggregation (SecAgg+ with a cohort per block): the server learns each block's sum over the "
@@ -246,6 +251,9 @@ class ServerConfig:
         self.lr_decay_at = tuple(sorted(self.lr_decay_at))
         if self.tls_key is not None and self.tls_cert is None:
             raise SettingError("tls_key", "a private key needs its certificate (tls_cert)")
+        if self.dp_expected_survivors is not None and self.dp_expected_survivors < self.dp_min_survivors:
+            raise SettingError("dp_expected_survivors", f"{self.dp_expected_survivors:g} is below dp_min_survivors "
+                               f"{self.dp_min_survivors:g}: no fewer can be expected than the floor that is waited for")
         if self.secure_aggregation and (conflict := self.secure_conflict()):
             raise SettingError("secure_aggregation", conflict)
 
@@ -280,6 +288,7 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
                                       "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
+                                      "dp_expected_survivors",
                                       "secure_aggregation",
                                       "secure_clip", "secure_threshold")
 

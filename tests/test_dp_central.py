@@ -29,7 +29,7 @@ from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
 from orchestrator.web.status import StatusFeed, snapshot
-from orchestrator.web.terminal import round_line
+from orchestrator.web.terminal import privacy_words, round_line
 from tests.factories import server_config
 from tests.scripted import scripted_device
 
@@ -103,6 +103,8 @@ def test_real_devices_train_a_dp_run_that_reports_epsilon_every_round(tmp_path: 
 
     history = asyncio.run(main())
     epsilons = [h["privacy"]["epsilon"] for h in history]
+    assert history[-1]["privacy"]["mode"] == "central"
+    assert privacy_words(history[-1]["privacy"]).endswith("central noise)")
     assert len(epsilons) == 3 and 0 < epsilons[0] < epsilons[1] < epsilons[2]
     assert all(h["reported"] == 4 and h["privacy"]["cohort"] == 4 for h in history)
     assert history[-1]["accuracy"] > 0.6
@@ -194,7 +196,8 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
         assert saved.spent().epsilon == pytest.approx(straight[-1]["privacy"]["epsilon"], rel=1e-12)
         assert status["privacy"]["epsilon"] == exported["epsilon"] == straight[-1]["privacy"]["epsilon"]
         assert status["privacy"]["blocks"] == exported["blocks"] and exported["delta"] == 1e-5
-    assert f"epsilon {straight[-1]['privacy']['epsilon']:.4g} (delta 1e-05)" in round_line(straight[-1], 3)
+        assert status["privacy"]["mode"] == exported["mode"] == "central"
+    assert f"epsilon {straight[-1]['privacy']['epsilon']:.4g} (delta 1e-05, central noise)" in round_line(straight[-1], 3)
 
 
 def test_with_poisson_sampling_each_device_is_in_a_round_by_its_own_coin_and_accounted_so(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 websockets (torch devices, digits_mlp under EmbracingFL's nested cohorts), real SQLite: the devices
 add the noise of ``dp_min_survivors`` of each block's cohort inside the secure round, the server
 reveals each block whose survivors carry it, accounts each at the multiplier its survivors gave,
-journals the ledger, and a resumed run continues it."""
+journals the ledger, and a resumed run continues it (with ``dp_expected_survivors`` = 1: the shares
+sized for the whole cohort, which then carries z_b exactly)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ from orchestrator.privacy.calibrate import PrivacyPlanError
 from orchestrator.privacy.intake import CENTRAL, DISTRIBUTED, resumed_ledger
 from orchestrator.secure.roster import record_identity
 from orchestrator.store import Store
+from orchestrator.web.terminal import privacy_words
 
 FLEET = {"strong-0": "strong", "strong-1": "strong", "moderate-2": "moderate", "weak-3": "weak", "weak-4": "weak"}
 Z = 1.0
 
 
-def _run(store_dir: Path, rounds: int, resume: bool = False) -> list[dict]:
+def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | None = None) -> list[dict]:
     if not resume:
         with Store(store_dir) as store:
             secrets = {d: store.enroll(d) for d in FLEET}
@@ -38,7 +40,7 @@ def _run(store_dir: Path, rounds: int, resume: bool = False) -> list[dict]:
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(FLEET), local_steps=3, lr=0.1,
                           store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=True,
                           dp=True, dp_noise_multiplier=Z, dp_clip=1.0, dp_min_cohort=2, dp_min_survivors=0.6,
-                          eval_every=rounds, resume=resume,
+                          dp_expected_survivors=expected, eval_every=rounds, resume=resume,
                           # Five devices' noised mean is mostly noise: validation would refuse every round (and
                           # each attempt's release is accounted); this test is about the accounting, not accuracy.
                           max_loss_rise=0.0)
@@ -78,8 +80,11 @@ def test_devices_add_the_noise_the_survivors_carry_and_the_ledger_counts_it_acro
         saved = store.privacy_state()
     assert saved is not None and saved["mode"] == DISTRIBUTED and len(saved["ledger"]["rounds"]) == 2
 
-    resumed = _run(store_dir, rounds=3, resume=True)
+    resumed = _run(store_dir, rounds=3, resume=True, expected=1.0)
     assert [h["round"] for h in resumed] == [1, 2, 3]  # the journaled rounds, then the one it ran
+    # shares sized for every device of each block, all surviving: exactly the planned multiplier
+    assert resumed[-1]["privacy"]["multipliers"] == pytest.approx(dict.fromkeys(resumed[-1]["privacy"]["multipliers"], z_b))
+    assert privacy_words(resumed[-1]["privacy"]).endswith("distributed noise)")
     ledger = PrivacyLedger.from_json(saved["ledger"])
     assert resumed[-1]["privacy"]["epsilon"] > ledger.spent().epsilon  # continued, not restarted
     with Store(store_dir) as store:

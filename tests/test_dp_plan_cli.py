@@ -73,6 +73,33 @@ def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
     assert plan["refusals"] == [] and json.loads(json.dumps(plan)) == plan
 
 
+def test_distributed_noise_names_each_device_share_and_the_multiplier_as_survivors_vary(tmp_path: Path) -> None:
+    """--noise distributed: the same multiplier z; shares sized for 90% of each cohort give z sqrt(s / 0.9)
+    with a share s surviving, so all surviving spends less than the target and the floor (70%) more."""
+    from orchestrator.cli.dp_plan import fleet_blocks, privacy_plan
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    kw = dict(devices=10000, per_round=None, rate=None, rounds=None, target_epsilon=4.0, delta=None, clip=1.0,
+              fleet=fleet_blocks(str(fleet)), accountant="rdp")
+    central = privacy_plan(**kw)
+    plan = privacy_plan(**kw, noise="distributed", min_survivors=0.7, expected_survivors=0.9)
+    z, d = plan["noise_multiplier"], plan["distributed"]
+    assert z == central["noise_multiplier"] and central["noise"] == "central" and "distributed" not in central
+    cases = {c["survivors"]: c for c in d["cases"]}
+    assert set(cases) == {1.0, 0.9, 0.7}
+    for share, case in cases.items():
+        assert case["noise_multiplier"] == pytest.approx(z * (share / 0.9) ** 0.5)
+        assert case["epsilon"] == pytest.approx(epsilon_for(case["noise_multiplier"], 0.05, 50, 10000**-1.1,
+                                                            accountant="rdp"))
+    assert cases[1.0]["epsilon"] < plan["epsilon"] <= 4.0 < cases[0.7]["epsilon"]
+    blocks = {b["block"]: b for b in plan["blocks"]}
+    assert d["share_stddev"]["fc1"] == pytest.approx(blocks["fc1"]["sum_stddev"] / (0.9 * 150) ** 0.5)
+    out = edgetrain("--devices", "1000", "--per-round", "100", "--rounds", "10", "--target-epsilon", "8",
+                    "--noise", "distributed", "--expected-survivors", "0.5")
+    assert out.returncode != 0 and "--expected-survivors" in out.stderr + out.stdout
+
+
 @pytest.mark.slow
 def test_plans_that_cannot_work_are_refused_in_one_line(tmp_path: Path) -> None:
     out = edgetrain("--devices", "1000", "--rate", "1", "--rounds", "1000", "--target-epsilon", "0.05")

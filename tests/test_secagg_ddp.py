@@ -27,12 +27,13 @@ SPLITS = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1}  # block 0: 3 devices,
 class NoisedFleet(Fleet):
     """A fleet whose server sizes distributed noise for ``n_min`` survivors per block."""
 
-    def __init__(self, n_min: dict[int, int], splits: dict[str, int] = SPLITS) -> None:
+    def __init__(self, n_min: dict[int, int], splits: dict[str, int] = SPLITS,
+                 expected: dict[int, int] | None = None) -> None:
         self.splits = splits
         self.secrets = {d: f"secret-of-{d}" for d in splits}
         roster = {d: identity_public_key(s, d) for d, s in self.secrets.items()}
         self.server = SecureRound(SCOPE, 2, SIZES, clip=CLIP, identities=roster, weight_scale=1e-9,
-                                  noise_multiplier=Z, noise_survivors=n_min)
+                                  noise_multiplier=Z, noise_survivors=n_min, noise_expected=expected)
         self.devices = {d: DeviceRound(d, self.secrets[d], SCOPE, k, 2) for d, k in splits.items()}
         rng = np.random.default_rng(7)
         self.updates = {d: [rng.normal(0, 0.01, SIZES[b]) for b in range(k, 2)] for d, k in splits.items()}
@@ -79,6 +80,29 @@ def test_a_dropout_removes_its_share_and_the_multiplier_follows_the_survivors():
     assert outs[1].cohort == 5 and outs[1].recovered == ["f"]
     assert outs[1].multiplier == pytest.approx(Z * math.sqrt(5 / 4))
     assert spread_matches(fleet.noise(outs[1]), Z * math.sqrt(5 / 4) * CLIP)
+
+
+def test_shares_sized_for_the_expected_survivors_reach_the_multiplier_when_they_survive():
+    """n_exp_b = the whole cohort: all surviving, the sum carries z_b exactly (not z_b sqrt(s / n_min));
+    one dropping, z_b sqrt(5 / 6), below the plan, which is what the ledger then accounts."""
+    sent = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    msg = sent.keys()["d"]  # the share's variance sigma^2 / n_min is (z C 2^f)^2 / n_exp
+    assert msg.noise_survivors == {"0": 2, "1": 4}
+    assert msg.noise_sigma["1"] == pytest.approx(Z * CLIP * math.sqrt(4 / 6) * 2.0**msg.frac_bits)
+    fleet = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    outs = fleet.run()
+    for out in outs.values():
+        assert out.multiplier == pytest.approx(Z)
+        assert spread_matches(fleet.noise(out), Z * CLIP)
+    dropped = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    out = dropped.run(absent={"f"})[1]
+    assert out.multiplier == pytest.approx(Z * math.sqrt(5 / 6))
+    assert spread_matches(dropped.noise(out), Z * math.sqrt(5 / 6) * CLIP)
+
+
+def test_expected_survivors_below_the_floor_are_refused():
+    with pytest.raises(SecAggError, match="at least its n_min"):
+        NoisedFleet({0: 2, 1: 4}, expected={0: 1, 1: 6})
 
 
 def test_a_block_with_fewer_survivors_than_n_min_is_not_revealed():

@@ -6,7 +6,12 @@ target delta meets the target (``orchestrator.privacy.calibrate``), and the nois
 coordinate of the mean update, z C / (q N). With ``--blocks-from-fleet``, the fleet file's device
 groups are planned (``force_split``, or the planner's split at the group's budget) and each block
 gets its cohort, its clip and noise under per-layer clipping, and its epsilon; each split its
-devices' epsilon. Numbers only: nothing is trained or served.
+devices' epsilon. ``--noise distributed`` (``--dp --secure-aggregation``: the devices add the noise
+inside the secure round, ``orchestrator.privacy.distributed``) plans the same multiplier and adds
+what each device's share is and what the multiplier becomes as the survivors vary: shares sized for
+a share e of a block's cohort (``--expected-survivors``, by default ``--min-survivors``) give z
+sqrt(s / e) with a share s surviving, no less than z sqrt(min / e) at the floor below which a block
+is withheld. Numbers only: nothing is trained or served.
 """
 
 from __future__ import annotations
@@ -100,7 +105,8 @@ def _schedule(devices: Optional[int], per_round: Optional[int], rate: Optional[f
 
 def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
                  target_epsilon: float, delta: Optional[float], clip: float, fleet: FleetBlocks | None,
-                 sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10) -> dict[str, Any]:
+                 sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10, noise: str = "central",
+                 min_survivors: float = 0.7, expected_survivors: Optional[float] = None) -> dict[str, Any]:
     """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
     ``refusals``, each one line."""
     from orchestrator.privacy import calibrate as cal
@@ -111,6 +117,12 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         raise cal.PrivacyPlanError(f"--clip must be > 0, got {clip:g}")
     if sampling not in ("poisson", "fixed"):
         raise cal.PrivacyPlanError(f"--sampling must be poisson or fixed, got {sampling!r}")
+    if noise not in ("central", "distributed"):
+        raise cal.PrivacyPlanError(f"--noise must be central or distributed, got {noise!r}")
+    expected = min_survivors if expected_survivors is None else expected_survivors
+    if not 0 < min_survivors <= expected <= 1:
+        raise cal.PrivacyPlanError(f"survivors: 0 < --min-survivors ({min_survivors:g}) <= --expected-survivors "
+                                   f"({expected:g}) <= 1")
     d = cal.check_delta(delta if delta is not None else cal.default_delta(n), n)
     fixed = n if sampling == "fixed" else None
     z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
@@ -120,13 +132,18 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         "accountant": "rdp" if fixed else accountant, "clip": clip, "noise_multiplier": z,
         "epsilon": epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
         "sum_stddev": z * clip, "mean_stddev": cal.noise_per_coordinate(z, clip, q * n),
-        "fleet": None, "blocks": [], "splits": [], "refusals": [],
+        "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [],
     }
+    if noise == "distributed":
+        plan["distributed"] = _distributed(z, q, r, d, accountant, fixed, min_survivors, expected)
     checks: list[tuple[float, str]] = [(q * n, "the round")]
     if fleet is not None:
         splits = _scaled(fleet.splits, n) if devices is not None else fleet.splits
         per_block = [(b, sum(c for s, c in splits.items() if s <= i)) for i, b in enumerate(fleet.blocks)]
         blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed)
+        if noise == "distributed":  # each device's share: the block's sum noise over sqrt(e m_b) devices
+            plan["distributed"]["share_stddev"] = {b.block: b.sum_stddev / math.sqrt(expected * b.cohort)
+                                                   for b in blocks}
         plan.update(fleet=fleet.name, blocks=[asdict(b) for b in blocks],
                     splits=[asdict(s) for s in cal.plan_splits(z, len(fleet.blocks), splits, q, r, d,
                                                                accountant=accountant, fleet=fixed)])
@@ -141,6 +158,23 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         except cal.PrivacyPlanError as exc:
             plan["refusals"].append(str(exc))
     return plan
+
+
+def _distributed(z: float, q: float, r: int, d: float, accountant: str, fixed: Optional[int], floor: float,
+                 expected: float) -> dict[str, Any]:
+    """What the devices' noise gives (``orchestrator.privacy.distributed``): the multiplier and the
+    epsilon of R rounds like it with all of a block's devices surviving, with the expected share, and
+    at the floor (``min_survivors``; fewer and the block is withheld). Shares ceil() per block in a run;
+    here, as fractions of the expected cohort."""
+    from orchestrator.privacy.accountant import epsilon_for
+
+    def at(share: float) -> dict[str, float]:
+        m = z * math.sqrt(share / expected)
+        return {"survivors": share, "noise_multiplier": m,
+                "epsilon": epsilon_for(m, q, r, d, accountant=accountant, fleet=fixed)}
+
+    return {"min_survivors": floor, "expected_survivors": expected,
+            "cases": [at(share) for share in dict.fromkeys((1.0, expected, floor))], "share_stddev": None}
 
 
 @app.command("dp-plan", epilog="Examples: edgetrain dp-plan --devices 10000 --per-round 500 --rounds 200 "
@@ -160,6 +194,13 @@ def dp_plan(
     sampling: str = typer.Option("poisson", help="poisson (each device independently) or fixed (exactly K)."),
     accountant: str = typer.Option("pld", help="pld (tighter) or rdp; fixed sampling always uses rdp."),
     min_cohort: int = typer.Option(10, help="Refuse blocks expecting fewer devices per round."),
+    noise: str = typer.Option("central", help="central (the server adds the noise: --dp) or distributed (the devices "
+                                              "do, inside secure aggregation: --dp --secure-aggregation)."),
+    min_survivors: float = typer.Option(0.7, "--min-survivors", help="distributed: the share of a block's cohort "
+                                        "that must survive for it to be revealed (dp_min_survivors)."),
+    expected_survivors: Optional[float] = typer.Option(None, "--expected-survivors", help="distributed: the share "
+                                                       "the devices' noise is sized for (dp_expected_survivors; "
+                                                       "default --min-survivors)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
@@ -169,7 +210,8 @@ def dp_plan(
     fleet = fleet_blocks(blocks_from_fleet) if blocks_from_fleet else None
     plan = privacy_plan(devices=devices, per_round=per_round, rate=rate, rounds=rounds, target_epsilon=target_epsilon,
                         delta=delta, clip=clip, fleet=fleet, sampling=sampling, accountant=accountant,
-                        min_cohort=min_cohort)
+                        min_cohort=min_cohort, noise=noise, min_survivors=min_survivors,
+                        expected_survivors=expected_survivors)
     if as_json:
         typer.echo(json.dumps(plan, indent=2))
         if plan["refusals"]:
@@ -192,16 +234,26 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
     console.print(f"noise multiplier [bold]{plan['noise_multiplier']:.4f}[/bold]: epsilon {plan['epsilon']:.3f}; "
                   f"noise std {plan['sum_stddev']:.4g} on a sum clipped to {plan['clip']:g}, "
                   f"[bold]{plan['mean_stddev']:.4g}[/bold] per coordinate of the mean update")
+    if plan["noise"] == "distributed":
+        dist = plan["distributed"]
+        console.print(f"distributed noise: each device adds its share, sized for {dist['expected_survivors']:.0%} of a "
+                      f"block's cohort surviving; a block with fewer than {dist['min_survivors']:.0%} is withheld")
+        for case in dist["cases"]:
+            console.print(f"  {case['survivors']:.0%} of each cohort surviving: multiplier {case['noise_multiplier']:.4f},"
+                          f" epsilon {case['epsilon']:.3f} after {plan['rounds']} rounds like it")
+    else:
+        console.print("central noise: the server adds it to each block's clipped sum")
     if plan["blocks"]:
         table = Table(title=f"Per block (fleet {plan['fleet']}): per-layer clipping, equal noise on every block",
                       title_justify="left", box=box.SIMPLE_HEAVY)
+        shares = plan["distributed"]["share_stddev"] if plan["noise"] == "distributed" else None
         for col in ("block", "devices", "cohort", "clip", "multiplier", "noise std (sum)", "noise std (mean)",
-                    "epsilon"):
+                    *(("a device's share (std)",) if shares else ()), "epsilon"):
             table.add_column(col, justify="left" if col == "block" else "right")
         for b in plan["blocks"]:
             table.add_row(b["block"], str(b["devices"]), f"{b['cohort']:.4g}", f"{b['clip']:.4g}",
                           f"{b['noise_multiplier']:.4g}", f"{b['sum_stddev']:.4g}", f"{b['mean_stddev']:.4g}",
-                          f"{b['epsilon']:.3f}")
+                          *((f"{shares[b['block']]:.4g}",) if shares else ()), f"{b['epsilon']:.3f}")
         console.print(table)
         splits = Table(title="Per split: a device training blocks [split, L)", title_justify="left",
                        box=box.SIMPLE_HEAVY)

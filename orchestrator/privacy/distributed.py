@@ -12,10 +12,12 @@ for Federated Learning with Secure Aggregation", Algorithm 1) on EmbracingFL's b
 2. when the key stage closes the server knows block b's cohort m'_b (the devices that advertised
    keys and trained it) and asks each device for the noise of n_min_b = ceil(``dp_min_survivors`` x
    m'_b) devices: N_Z(0, sigma_b^2 / n_min_b) per coordinate, sigma_b = z_b C_b in ring units, added
-   to its words before the masks (:meth:`edge_sdk.secagg.round.DeviceRound.mask`);
-3. a block with s_b >= n_min_b survivors is revealed with noise of multiplier z_b sqrt(s_b / n_min_b)
-   (never less than z_b), one with fewer is not revealed (``SecureRound.finish``): the honest server
-   never releases an under-noised sum;
+   to its words before the masks (:meth:`edge_sdk.secagg.round.DeviceRound.mask`); with
+   ``dp_expected_survivors`` the shares are sized for n_exp_b = ceil(that share x m'_b) survivors
+   instead (N_Z(0, sigma_b^2 / n_exp_b)), so a round in which they survive spends what the plan says;
+3. a block with s_b >= n_min_b survivors is revealed with noise of multiplier z_b sqrt(s_b / n_exp_b)
+   (n_exp_b = n_min_b by default: never less than z_b), one with fewer is not revealed
+   (``SecureRound.finish``): the honest server never releases a sum under-noised for its floor;
 4. each revealed block's mean is its noised sum over its *expected* cohort m_b = q N_b (central DP's
    fixed denominator, :func:`~orchestrator.privacy.intake.expected_cohorts`), and the round's release,
    each block at the multiplier its survivors gave, goes to the same ledger as central DP's, journaled
@@ -77,12 +79,16 @@ class DistributedDPIntake(SecureIntake):
         super().begin_round(state, round)
 
     def plan_noise(self, secure: SecureRound) -> None:
-        """Step 2: each block's n_min_b from the cohort that advertised keys, and z_b."""
+        """Step 2: each block's n_min_b from the cohort that advertised keys, z_b, and the survivors
+        n_exp_b the shares are sized for (``dp_expected_survivors``; by default n_min_b)."""
         splits = [device.split for device in secure.keys.values()]
         cohorts = {b: sum(s <= b for s in splits) for b in range(len(self.block_names))}
-        secure.noise_survivors = {b: max(1, math.ceil(self.config.dp_min_survivors * n - 1e-9))
-                                  for b, n in cohorts.items() if n > 0}
+        share = self.config.dp_expected_survivors
+        secure.noise_survivors = {b: _at_least(self.config.dp_min_survivors, n) for b, n in cohorts.items() if n > 0}
         secure.noise_multiplier = self.plan.block_multiplier if secure.noise_survivors else 0.0
+        if share is not None:
+            secure.noise_expected = {b: max(n_min, _at_least(share, cohorts[b]))
+                                     for b, n_min in secure.noise_survivors.items()}
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         """Steps 3-4: each revealed block's noised sum over its expected cohort, the release accounted."""
@@ -116,3 +122,8 @@ class DistributedDPIntake(SecureIntake):
         """The privacy spent so far (per block and for the model) and what this round released."""
         return {**self.ledger.spent().to_dict(), "noise_multiplier": self.plan.multiplier,
                 "target_epsilon": self.target, "mode": DISTRIBUTED, **round_info}
+
+
+def _at_least(share: float, cohort: int) -> int:
+    """ceil(share x cohort), at least 1: the devices a block's noise is sized for."""
+    return max(1, math.ceil(share * cohort - 1e-9))

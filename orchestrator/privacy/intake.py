@@ -221,7 +221,7 @@ class CentralDPIntake(PlainIntake):
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
         return {**self.ledger.spent().to_dict(), "noise_multiplier": self.plan.multiplier,
-                "target_epsilon": self.target, **round_info}
+                "target_epsilon": self.target, "mode": CENTRAL, **round_info}
 
     def _check_next(self, round: int, event: RoundEvent) -> None:
         """Before another round: would one like this one take the model past the target?"""

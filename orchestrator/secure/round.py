@@ -30,7 +30,11 @@ value words, sigma_b = z_b C 2^f (ring units), so any n_min_b survivors' shares 
 The ring is sized for the cohort's summed noise too (edge_sdk.secagg.fixedpoint). A block with
 s_b < n_min_b survivors is not revealed (its noise would fall short of sigma_b); a revealed one
 carries the multiplier its survivors' shares give, z_b sqrt(s_b / n_min_b) (:attr:`BlockOutcome.multiplier`),
-which is what the ledger accounts.
+which is what the ledger accounts. ``noise_expected`` (block -> n_exp_b >= n_min_b) sizes the shares
+for the survivors a run expects instead: each device adds N_Z(0, sigma_b^2 / n_exp_b) (the message's
+sigma is scaled by sqrt(n_min_b / n_exp_b)), so n_exp_b survivors reach z_b exactly and a block
+revealed with s_b survivors carries z_b sqrt(s_b / n_exp_b), below z_b where fewer survive than
+expected (the ledger accounts what was released; n_min_b still withholds a block below it).
 """
 
 from __future__ import annotations
@@ -80,13 +84,15 @@ class SecureRound:
 
     def __init__(self, scope: Scope, num_blocks: int, sizes: Mapping[int, int], *, clip: float,
                  identities: Mapping[str, bytes], weight_scale: float, degree: int = 0, min_survivors: int = 0,
-                 noise_multiplier: float = 0.0, noise_survivors: Mapping[int, int] | None = None) -> None:
+                 noise_multiplier: float = 0.0, noise_survivors: Mapping[int, int] | None = None,
+                 noise_expected: Mapping[int, int] | None = None) -> None:
         self.scope, self.num_blocks, self.sizes = scope, num_blocks, dict(sizes)  # block -> coordinates
         self.clip, self.identities, self.weight_scale = clip, identities, weight_scale
         self.degree, self.min_survivors = degree, min_survivors
         self.noise_multiplier, self.noise_survivors = noise_multiplier, dict(noise_survivors or {})
         if (noise_multiplier > 0) != bool(self.noise_survivors) or any(n < 1 for n in self.noise_survivors.values()):
             raise SecAggError("distributed noise needs a multiplier > 0 and each block's n_min >= 1, or neither")
+        self.noise_expected = dict(noise_expected or {})
         self.graph_seed = os.urandom(KEY_BYTES)
         self.keys: dict[str, _Device] = {}
         self.left_out: dict[str, str] = {}  # device -> why it is not in the cohort
@@ -142,19 +148,38 @@ class SecureRound:
         self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
         return {m: self._peers(m, members) for m in members}
 
+    @property
+    def noise_expected(self) -> dict[int, int]:
+        """Block -> the survivors whose shares sum to sigma_b: n_exp_b where given, else n_min_b."""
+        return {b: self._expected.get(b, n) for b, n in self.noise_survivors.items()}
+
+    @noise_expected.setter
+    def noise_expected(self, expected: Mapping[int, int]) -> None:
+        if any(b not in self.noise_survivors or n < self.noise_survivors[b] for b, n in expected.items()):
+            raise SecAggError("a block's expected survivors must be at least its n_min, for a block with noise")
+        self._expected = dict(expected)
+
+    def _sized_for(self, b: int, cohort: int) -> tuple[int, int]:
+        """Block ``b``'s (n_min_b, n_exp_b) in a cohort of ``cohort`` members (neither above it)."""
+        n_min = min(self.noise_survivors[b], cohort)
+        return n_min, max(n_min, min(self.noise_expected[b], cohort))
+
     def _summed_noise(self, cohort: int) -> float:
         """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
-        return max((self.noise_multiplier * self.clip * (cohort / max(1, min(n, cohort))) ** 0.5
-                    for n in self.noise_survivors.values()), default=0.0)
+        return max((self.noise_multiplier * self.clip * (cohort / max(1, self._sized_for(b, cohort)[1])) ** 0.5
+                    for b in self.noise_survivors), default=0.0)
 
     def _noise_fields(self) -> dict[str, object]:
+        """Each block's sigma and n_min as the devices take them: a share of variance sigma^2 / n_min, which
+        with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
         fixed = self.fixed
         assert fixed is not None
         if not self.noise_survivors:
             return {}
         sigma = self.noise_multiplier * fixed.clip * 2.0**fixed.frac_bits
-        n_min = {str(b): min(n, fixed.cohort) for b, n in self.noise_survivors.items()}
-        return {"noise_sigma": dict.fromkeys(n_min, sigma), "noise_survivors": n_min}
+        sized = {b: self._sized_for(b, fixed.cohort) for b in self.noise_survivors}
+        return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
+                "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
 
     def _degree(self, n: int) -> int:
         k = self.degree or default_degree(n)
@@ -285,12 +310,12 @@ class SecureRound:
             outcome.reason = f"{len(cohort)} masked updates of block {b}, fewer than the threshold {need}"
             return outcome
         if self.noise_survivors:
-            n_min = min(self.noise_survivors[b], fixed.cohort)
+            n_min, n_exp = self._sized_for(b, fixed.cohort)
             if len(cohort) < n_min:
                 outcome.reason = (f"{len(cohort)} survivors of block {b}, fewer than the {n_min} its noise is "
                                   f"sized for: the sum would be under-noised")
                 return outcome
-            outcome.multiplier = self.noise_multiplier * (len(cohort) / n_min) ** 0.5
+            outcome.multiplier = self.noise_multiplier * (len(cohort) / n_exp) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
             seed = self._rebuild(u, self.seed_shares, seeds, graph)

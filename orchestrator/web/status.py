@@ -107,11 +107,13 @@ def _secure(metrics: dict | None) -> dict[str, object]:
 
 def _privacy(rounds: list[dict]) -> dict[str, object] | None:
     """The privacy spent after the last completed round of a DP run (epsilon per block and for the
-    model, delta), as its round's metrics say; None for a run without DP."""
+    model, delta, where the noise was added: ``mode`` central or distributed), as its round's metrics
+    say; None for a run without DP."""
     for r in reversed(rounds):
         privacy = (r["metrics"] or {}).get("privacy")
         if r["complete"] and isinstance(privacy, dict):
-            return {k: privacy.get(k) for k in ("epsilon", "delta", "blocks", "rounds", "accountant", "target_epsilon")}
+            keep = ("epsilon", "delta", "blocks", "rounds", "accountant", "target_epsilon", "mode")
+            return {k: privacy.get(k) for k in keep}
     return None
 
 

@@ -80,8 +80,10 @@ def announce(url: str, stream: TextIO, *, install_url: str | None = None, finger
 
 
 def privacy_words(privacy: Mapping[str, Any]) -> str:
-    """The privacy a DP run has spent (orchestrator.privacy.intake), in a few words."""
-    return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g})"
+    """The privacy a DP run has spent (orchestrator.privacy.intake), in a few words, with where its
+    noise is added (``mode``: the server's central noise, or the devices' distributed noise)."""
+    mode = f", {privacy['mode']} noise" if privacy.get("mode") else ""
+    return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g}{mode})"
 
 
 def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str:

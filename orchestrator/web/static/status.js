@@ -54,6 +54,15 @@ function curve(rounds, total) {
     <text x="520" y="24" font-size="12" fill="#1565c0">${points.at(-1).accuracy.toFixed(3)}</text>`;
 }
 
+/** A DP run's spend: epsilon of its target at delta, and who adds the noise (the server, or the devices
+ * inside secure aggregation). */
+function privacyWords(p) {
+  const target = p.target_epsilon != null ? ` of ${p.target_epsilon}` : "";
+  const mode = p.mode === "distributed" ? "distributed noise (the devices add it inside secure aggregation)"
+    : "central noise (the server adds it)";
+  return `epsilon ${Number(p.epsilon).toPrecision(4)}${target} at delta ${Number(p.delta).toPrecision(3)} after ${p.rounds} rounds; ${mode}`;
+}
+
 function draw(s) {
   window.edgetrainStatus = s;
   $("run").textContent = `${s.model}, ${s.strategy}`;
@@ -63,6 +72,8 @@ function draw(s) {
   $("connected").textContent = s.devices.filter((d) => d.connected).length;
   $("device-count").textContent = s.devices.length;
   $("updated").textContent = new Date(s.time * 1000).toLocaleTimeString();
+  $("privacy").hidden = $("privacy-label").hidden = !s.privacy;
+  if (s.privacy) $("privacy").textContent = privacyWords(s.privacy);
   rows($("devices"), s.devices, "device", (d) => [d.id, d.connected ? "yes" : "no", d.runtimes.join(", ") || "torch",
     d.role, d.split, d.peak_bytes ? `${fmtBytes(d.peak_bytes)} of ${fmtBytes(d.budget_bytes)}` : fmtBytes(d.budget_bytes),
     lastReport(d.last_report), d.trained_on]);
