@@ -41,14 +41,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def fleet_toml(fleet: str, devices: int, rounds: int, fraction: float, epsilon: float | None, clip: float,
-               noise: str = "central") -> str:
+               noise: str = "central", expected_survivors: float | None = None) -> str:
     """The fleet file of one run: ``epsilon`` None is the non-private baseline; ``noise`` "distributed"
-    runs the rounds secure, the devices adding the noise (orchestrator.privacy.distributed)."""
+    runs the rounds secure, the devices adding the noise (orchestrator.privacy.distributed), their
+    shares sized for ``expected_survivors`` of each block's cohort (None: the server's default)."""
     strong = devices if fleet == "allstrong" else devices // 4
     dp = "" if epsilon is None else (f"dp = true\ndp_target_epsilon = {epsilon}\ndp_delta = 1e-5\n"
                                      f"dp_clip = {clip}\n")
     if epsilon is not None and noise == "distributed":
         dp += "secure_aggregation = true\n"
+        if expected_survivors is not None:
+            dp += f"dp_expected_survivors = {expected_survivors}\n"
     groups = f'[[groups]]\nname = "strong"\nclass = "mid-phone"\ncount = {strong}\n'
     if devices > strong:
         groups += f'\n[[groups]]\nname = "head-only"\nclass = "mid-phone"\ncount = {devices - strong}\nforce_split = 1\n'
@@ -91,7 +94,8 @@ def run_one(fleet_kind: str, epsilon: float | None, args: argparse.Namespace, tm
     from orchestrator.emulation.schedule import server_config
 
     name = f"{fleet_kind}-{'nonprivate' if epsilon is None else f'eps{epsilon:g}-{noise}'}"
-    text = fleet_toml(fleet_kind, args.devices, args.rounds, args.fraction, epsilon, args.clip, noise)
+    text = fleet_toml(fleet_kind, args.devices, args.rounds, args.fraction, epsilon, args.clip, noise,
+                      args.expected_survivors)
     fleet = parse_fleet(tomllib.loads(text), source=name, default_name=name)
     config = server_config(fleet, store_dir=tmp / name, data_root=args.data_root, deadline_s=300)
     config = dataclasses.replace(config, eval_every=args.rounds, eval_limit=args.eval_limit, keep_checkpoints=1,
@@ -113,6 +117,8 @@ def run_one(fleet_kind: str, epsilon: float | None, args: argparse.Namespace, tm
             "accuracy": last.get("accuracy"), "epsilon": privacy.get("epsilon"),
             "block_epsilons": privacy.get("blocks"), "noise_multiplier": privacy.get("noise_multiplier"),
             "noise_per_coordinate": privacy.get("noise_stddev"), "expected_cohorts": privacy.get("expected_cohorts"),
+            "block_multipliers": privacy.get("multipliers"),
+            "expected_survivors": args.expected_survivors if noise == "distributed" and epsilon is not None else None,
             "wall_s": round(time.monotonic() - t0, 1)}
 
 
@@ -131,7 +137,9 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
             f"{'-' if r['noise_multiplier'] is None else format(r['noise_multiplier'], '.3f')} | "
             f"{', '.join(format(v, '.2e') for v in noise.values()) or '-'} | {r['wall_s']} |")
     head = (f"`python bench/dp_utility.py --devices {args.devices} --rounds {args.rounds} --fraction {args.fraction} "
-            f"--epsilons {args.epsilons} --fleets {args.fleets} --noise {args.noise}`: mnist_2nn on MNIST (IID), "
+            f"--epsilons {args.epsilons} --fleets {args.fleets} --noise {args.noise}"
+            + (f" --expected-survivors {args.expected_survivors}" if args.expected_survivors is not None else "")
+            + "`: mnist_2nn on MNIST (IID), "
             f"{args.devices} devices, {round(args.fraction * args.devices)} per round, {args.rounds} rounds, "
             f"clip {args.clip}, delta 1e-5, fixed-size cohorts (RDP).")
     return head + "\n\n" + "\n".join(lines) + "\n"
@@ -147,26 +155,33 @@ def main() -> None:
     ap.add_argument("--fleets", default="mixed,allstrong")
     ap.add_argument("--noise", default="central,distributed",
                     help="who adds the noise: central (the server) and/or distributed (the devices, in secure rounds)")
+    ap.add_argument("--expected-survivors", type=float, default=None,
+                    help="distributed: the share of each block's cohort the devices' noise is sized for "
+                         "(dp_expected_survivors; default: the server's, dp_min_survivors)")
     ap.add_argument("--eval-limit", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
     ap.add_argument("--out", type=Path, default=RESULTS / "dp_utility.json")
     args = ap.parse_args()
     epsilons = [None, *(float(e) for e in args.epsilons.split(","))]
-    results = []
+    results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dp-utility-") as tmp:
         for fleet_kind in args.fleets.split(","):
             for eps in epsilons:
                 for noise in (["central"] if eps is None else args.noise.split(",")):
                     results.append(run_one(fleet_kind, eps, args, Path(tmp), noise))
                     print(json.dumps(results[-1]), flush=True)
+                    write(results, args)  # after every run: a stopped invocation keeps what it measured
+    print(markdown(results, args))
+
+
+def write(results: list[dict], args: argparse.Namespace) -> None:
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": "the shared 2-core machine",
               "load_average_15min": round(os.getloadavg()[2], 1), "settings": vars(args) | {"out": str(args.out)},
               "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    args.out.write_text(json.dumps(report, indent=1, default=str))
     args.out.with_suffix(".md").write_text(markdown(results, args))
-    print(markdown(results, args))
 
 
 if __name__ == "__main__":
