@@ -176,6 +176,39 @@ def test_would_exceed_stops_before_the_round_that_passes_the_target() -> None:
     assert epsilon_for(1.5, 0.3, len(ledger.rounds) + 1, 1e-5) > target
 
 
+def test_a_look_ahead_answers_the_rounds_questions_without_the_accountant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server computes a round's look-ahead in a worker thread; then whether it would pass the
+    target, what it spent once recorded, and whether the next like it would pass the target are
+    answered from what was computed, with the same numbers as a ledger without the look-ahead."""
+    from orchestrator.privacy import accountant
+
+    event = RoundEvent.fixed(1000, 100, {b: BlockRelease(3.0) for b in BLOCKS})
+    plain, ahead = PrivacyLedger(BLOCKS, 1e-5, sampling="fixed"), PrivacyLedger(BLOCKS, 1e-5, sampling="fixed")
+    for ledger in (plain, ahead):
+        ledger.record(event)
+    answers = []
+    for r in range(2):
+        answers.append((plain.would_exceed(3.0, event), plain.spent_after(event)))
+        plain.record(event)
+        answers.append(plain.spent())
+    calls = []
+    epsilon = accountant._View.epsilon
+    monkeypatch.setattr(accountant._View, "epsilon", lambda view, *a: calls.append(1) or epsilon(view, *a))
+    ahead.look_ahead(event)
+    computed = len(calls)
+    assert computed > 0
+    got = [(ahead.would_exceed(3.0, event), ahead.spent_after(event))]
+    ahead.record(event)
+    got.append(ahead.spent())
+    got.append((ahead.would_exceed(3.0, event), ahead.spent_after(event)))  # the next round's check
+    ahead.record(event)
+    got.append(ahead.spent())  # the round the check asked about, recorded
+    assert len(calls) == computed, "answered from the look-ahead"
+    assert got == answers
+    ahead.spent_after(RoundEvent.fixed(1000, 100, {b: BlockRelease(2.0) for b in BLOCKS}))
+    assert len(calls) > computed  # a round not looked ahead asks the accountant
+
+
 @pytest.mark.parametrize(("state", "message"), [
     ({"version": 2}, "not a privacy ledger of version 1"),
     ({"version": 1, "blocks": ["a"], "rounds": {}}, "a list of rounds"),

@@ -241,11 +241,11 @@ class _View:
             self.prefix.compose(sampled_gaussian(*last), count)
         self.runs.append([key, 1])
 
-    def epsilon(self, delta: float, extra: _Key | None = None) -> float:
-        """Epsilon of the view (with one more round ``extra``, not recorded)."""
-        view = copy.deepcopy(self) if extra is not None else self
-        if extra is not None:
-            view.add(extra)
+    def epsilon(self, delta: float, extra: tuple[_Key, ...] = ()) -> float:
+        """Epsilon of the view (with more rounds ``extra``, not recorded)."""
+        view = copy.deepcopy(self) if extra else self
+        for key in extra:
+            view.add(key)
         if not view.runs:
             return 0.0
         acct = copy.deepcopy(view.prefix)
@@ -279,10 +279,11 @@ class PrivacyLedger:
         self._model = _View(self.accountant, sampling)
         self._views = {b: _View(self.accountant, sampling) for b in self.blocks}
         self._spent: Spent | None = None
-        # The last spent_after: (rounds recorded then, the event, what it spent). Recording that event
-        # next makes it the spent; asking again for it is answered from here (an accountant's
-        # epsilon costs 0.3-2 s on the shared 2-core machine).
-        self._after: tuple[int, RoundEvent, Spent] | None = None
+        # What spent_after answered or look_ahead computed: (rounds recorded then, the events after
+        # them, what they spend); events compare by value. Recording an event makes (n, (event,)) the
+        # spent; asking again is answered from here (an accountant's epsilon costs 0.3-2 s on the
+        # shared 2-core machine).
+        self._after: list[tuple[int, tuple[RoundEvent, ...], Spent]] = []
 
     def _keys(self, event: RoundEvent) -> tuple[_Key, dict[str, _Key]]:
         unknown = sorted(set(event.blocks) - set(self.blocks))
@@ -296,10 +297,23 @@ class PrivacyLedger:
 
     def record(self, event: RoundEvent) -> None:
         """Add a round that happened (:meth:`spent` then says what it cost)."""
-        after = self._after
+        n = len(self.rounds)
+        self._spent = self._known(n, (event,))
         self._add(event)
-        known = after is not None and after[0] == len(self.rounds) - 1 and after[1] == event
-        self._spent = after[2] if known else None
+        # What was computed for rounds that began with this one stays known, one round shorter.
+        self._after = [(n + 1, tail[1:], s) for m, tail, s in self._after
+                       if m == n and len(tail) > 1 and tail[0] == event]
+
+    def _known(self, n: int, tail: tuple[RoundEvent, ...]) -> Spent | None:
+        return next((s for m, t, s in self._after if m == n and t == tail), None)
+
+    def _ahead(self, tail: tuple[RoundEvent, ...]) -> Spent:
+        n = len(self.rounds)
+        spent = self._known(n, tail)
+        if spent is None:
+            spent = self._spent_with(tail)
+            self._after.append((n, tail, spent))
+        return spent
 
     def _add(self, event: RoundEvent) -> None:
         model, keys = self._keys(event)
@@ -311,35 +325,48 @@ class PrivacyLedger:
     def spent(self) -> Spent:
         """What the recorded rounds have spent."""
         if self._spent is None:
-            self._spent = self._spent_with(None)
+            self._spent = self._spent_with()
         return self._spent
 
     def spent_after(self, event: RoundEvent) -> Spent:
         """What would be spent once ``event`` happened too (the ledger is unchanged)."""
-        after = self._after
-        if after is None or after[0] != len(self.rounds) or after[1] != event:
-            after = self._after = (len(self.rounds), event, self._spent_with(event))
-        return after[2]
+        return self._ahead((event,))
+
+    def look_ahead(self, event: RoundEvent) -> None:
+        """Compute, ahead of need, what a round like ``event`` would spend and what one more like it
+        would then: :meth:`would_exceed` before recording it, :meth:`spent` after, and the check
+        whether the next round like it would pass a target are then answered without the accountant.
+        For a worker thread (``asyncio.to_thread``): the server's loop keeps serving devices meanwhile;
+        nothing else may use the ledger until it returns."""
+        for tail in ((event,), (event, event)):
+            self._ahead(tail)
 
     def would_exceed(self, target_epsilon: float, event: RoundEvent) -> bool:
         """Whether the round ``event`` would take the model's epsilon past ``target_epsilon``: the
         run ends before it (a target already passed is exceeded by any further round)."""
         return self.spent_after(event).epsilon > target_epsilon
 
-    def _spent_with(self, event: RoundEvent | None) -> Spent:
-        model, keys = self._keys(event) if event is not None else (None, {})
+    def _spent_with(self, events: tuple[RoundEvent, ...] = ()) -> Spent:
+        """What the recorded rounds and then ``events`` spend."""
+        models: list[_Key] = []
+        keys: dict[str, list[_Key]] = {}
+        for event in events:
+            model, block_keys = self._keys(event)
+            models.append(model)
+            for name, key in block_keys.items():
+                keys.setdefault(name, []).append(key)
         # Views whose rounds are equal give equal epsilons: compute each distinct one once.
         memo: dict[Any, float] = {}
 
-        def eps(view: _View, key: _Key | None) -> float:
-            signature = (tuple((k, c) for k, c in view.runs), key)
+        def eps(view: _View, extra: tuple[_Key, ...]) -> float:
+            signature = (tuple((k, c) for k, c in view.runs), extra)
             if signature not in memo:
-                memo[signature] = view.epsilon(self.delta, key)
+                memo[signature] = view.epsilon(self.delta, extra)
             return memo[signature]
 
-        blocks = {name: eps(view, keys.get(name)) for name, view in self._views.items()
+        blocks = {name: eps(view, tuple(keys.get(name, ()))) for name, view in self._views.items()
                   if view.runs or name in keys}
-        return Spent(eps(self._model, model), self.delta, blocks, len(self.rounds) + (event is not None),
+        return Spent(eps(self._model, tuple(models)), self.delta, blocks, len(self.rounds) + len(events),
                      self.accountant, self.sampling)
 
     # -- state -------------------------------------------------------------------------------------

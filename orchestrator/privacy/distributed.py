@@ -31,6 +31,7 @@ survived (the protocol needs it) and each block's count of survivors (the unnois
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Mapping
@@ -47,7 +48,7 @@ from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEv
 from orchestrator.privacy.central import CentralPlan, plan_central
 from orchestrator.privacy.intake import DISTRIBUTED, expected_cohorts, next_stop, over_target, resumed_ledger
 from orchestrator.secure.intake import SecureIntake
-from orchestrator.secure.round import SecureRound
+from orchestrator.secure.round import BlockOutcome, SecureRound
 from orchestrator.store import Store
 from orchestrator.strategies import RoundContext, RoundResult, Strategy
 
@@ -93,14 +94,10 @@ class DistributedDPIntake(SecureIntake):
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         """Steps 3-4: each revealed block's noised sum over its expected cohort, the release accounted."""
         result = super().aggregate(ctx)
-        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
-        rate = self.config.fraction if self.poisson else cohort / max(1, fleet)
-        expected = expected_cohorts(ctx, rate, len(self.block_names))
-        revealed = [o for o in self.outcomes if o.values is not None and o.block in expected and o.multiplier > 0]
-        blocks = {self.block_names[o.block]: BlockRelease(o.multiplier) for o in revealed}
-        if not blocks:
+        event, revealed, expected, fleet, cohort = self._release(ctx)
+        if event is None:
             return replace(result, state=dict(ctx.global_state), extra={**result.extra, "privacy": self.summary_dp({})})
-        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
+        blocks = event.blocks
         if self.target is not None and self.ledger.would_exceed(self.target, event):
             raise PrivacyBudgetSpent(over_target(self.ledger, self.target, ctx.round, event))
         state = {k: np.asarray(v) for k, v in ctx.global_state.items()}
@@ -117,6 +114,27 @@ class DistributedDPIntake(SecureIntake):
             "mode": DISTRIBUTED, "noise_stddev": noise, "fleet": fleet, "cohort": cohort,
             "multipliers": {name: b.noise_multiplier for name, b in blocks.items()},
             "expected_cohorts": {self.block_names[o.block]: expected[o.block] for o in revealed}})})
+
+    def _release(self, ctx: RoundContext) -> tuple[RoundEvent | None, list[BlockOutcome], dict[int, float], int, int]:
+        """The round's release as the accountant takes it (None: no block revealed), the revealed
+        blocks' outcomes, each block's expected cohort, the fleet N and the cohort K."""
+        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
+        rate = self.config.fraction if self.poisson else cohort / max(1, fleet)
+        expected = expected_cohorts(ctx, rate, len(self.block_names))
+        revealed = [o for o in self.outcomes if o.values is not None and o.block in expected and o.multiplier > 0]
+        blocks = {self.block_names[o.block]: BlockRelease(o.multiplier) for o in revealed}
+        if not blocks:
+            return None, revealed, expected, fleet, cohort
+        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
+        return event, revealed, expected, fleet, cohort
+
+    async def settle(self, ctx: RoundContext) -> None:
+        """After the unmasking: the accountant's answers for the release (as central DP's intake) in a
+        worker thread, so that the server's loop keeps serving devices meanwhile."""
+        await super().settle(ctx)
+        event = self._release(ctx)[0]
+        if event is not None:
+            await asyncio.to_thread(self.ledger.look_ahead, event)
 
     def summary_dp(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""

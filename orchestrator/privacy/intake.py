@@ -32,6 +32,7 @@ take the model past ``dp_target_epsilon`` is never released: the run ends before
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -182,13 +183,9 @@ class CentralDPIntake(PlainIntake):
         trained it this round: the accountant's mechanism is the sum plus noise, a zero sum included
         (an untouched block would tell that none of its devices was sampled)."""
         result = super().aggregate(ctx)
-        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
-        rate = self.config.fraction if self.poisson else cohort / fleet
-        expected = self.expected_cohorts(ctx, rate)
-        if not expected or rate <= 0:
+        event, expected, fleet, cohort = self._release(ctx)
+        if event is None:
             return replace(result, extra={**result.extra, "privacy": self.summary({})})
-        blocks = {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev) for b in expected}
-        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
         if self.target is not None and self.ledger.would_exceed(self.target, event):
             raise PrivacyBudgetSpent(self._over_target(ctx.round, event))
         state, noise = dict(result.state), {}
@@ -213,6 +210,26 @@ class CentralDPIntake(PlainIntake):
             {"clips": clips_used, "cohorts": {self.blocks[b]: self._counts.get(b, 0) for b in expected},
              "expected_cohorts": {self.blocks[b]: m for b, m in expected.items()}, "noise_stddev": noise,
              "fleet": fleet, "cohort": cohort})})
+
+    def _release(self, ctx: RoundContext) -> tuple[RoundEvent | None, dict[int, float], int, int]:
+        """The round's release as the accountant takes it (None: no block to release), each block's
+        expected cohort, the fleet N and the cohort K."""
+        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
+        rate = self.config.fraction if self.poisson else cohort / fleet
+        expected = self.expected_cohorts(ctx, rate)
+        if not expected or rate <= 0:
+            return None, expected, fleet, cohort
+        blocks = {self.blocks[b]: BlockRelease(self.sum_multiplier, self.count_stddev) for b in expected}
+        return (RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)), expected, fleet, cohort
+
+    async def settle(self, ctx: RoundContext) -> None:
+        """Before the aggregate: the accountant's answers for this round's release (what it would
+        spend, and whether the next like it would pass the target) in a worker thread, so that the
+        server's loop keeps serving devices while they are computed (0.3-2 s a round)."""
+        await super().settle(ctx)
+        event = self._release(ctx)[0]
+        if event is not None:
+            await asyncio.to_thread(self.ledger.look_ahead, event)
 
     def expected_cohorts(self, ctx: RoundContext, rate: float) -> dict[int, float]:
         """:func:`expected_cohorts` of this model's blocks."""
