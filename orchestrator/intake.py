@@ -124,6 +124,12 @@ class ReportIntake(ABC):
     def commit(self, round: int) -> None:
         """Round ``round``'s model was committed: what intake learnt of its reports may be kept."""
 
+    def ends_run(self) -> bool:
+        """Whether the round just aggregated is the run's last, before its planned rounds (a DP run
+        whose next round would pass its target epsilon): the round loop then evaluates it as the
+        final model. Never here."""
+        return False
+
 
 class PlainIntake(ReportIntake):
     """Reports whose updates the server sees: checked, weighed, bounded, then folded by the strategy."""

@@ -241,7 +241,8 @@ class RoundLoop:
         """Evaluate (when due; ``scored``: the committed state's validation scores, if it had one),
         checkpoint and journal round ``r``."""
         eval_s = eval_cpu = 0.0
-        if self.config.eval_every and (r % self.config.eval_every == 0 or r == self.config.rounds):
+        final = r == self.config.rounds or self.intake.ends_run()
+        if self.config.eval_every and (r % self.config.eval_every == 0 or final):
             te, tc = time.monotonic(), time.process_time()
             metrics.update(await asyncio.to_thread(self.checks.evaluation, self.global_state, scored))
             eval_s, eval_cpu = time.monotonic() - te, time.process_time() - tc

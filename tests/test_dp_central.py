@@ -223,15 +223,20 @@ def test_with_poisson_sampling_each_device_is_in_a_round_by_its_own_coin_and_acc
 @pytest.mark.slow
 def test_the_run_ends_before_the_round_that_would_pass_the_target_epsilon(tmp_path: Path) -> None:
     """Planned for 1 of 3 devices a round, the run meets 2 of 4 (a larger share): it stops, with one
-    line saying so, before the round whose epsilon would pass the target, never after."""
+    line saying so, before the round whose epsilon would pass the target, never after; its last
+    round is evaluated as the final model, though not due by ``eval_every``."""
     z, rounds = 2.0, 6
     target = epsilon_for(z, 1 / 3, rounds, 1e-5, fleet=3) * 1.001  # the plan (K=1 of N=3) fits
     events: list = []
+    held_out = tmp_path / "held-out.npz"  # any 784-feature samples: the test asks whether it was scored
+    rng = np.random.default_rng(0)
+    np.savez(held_out, x=rng.normal(size=(50, 784)).astype(np.float32), y=rng.integers(0, 10, 50))
     config = dp_config(tmp_path / "s", rounds=rounds, min_devices=3, fraction=0.3, dp_noise_multiplier=z,
-                       dp_target_epsilon=target)
+                       dp_target_epsilon=target, eval_every=rounds, eval_source=str(held_out))
     orch, history = asyncio.run(_serve(config, [f"d{i}" for i in range(4)], events=events))
     blocks = orch.model.block_names
     assert 1 <= len(history) < rounds
+    assert "accuracy" in history[-1] and all("accuracy" not in h for h in history[:-1])
     assert history[-1]["privacy"]["epsilon"] <= target
     assert _ledger_of(len(history) + 1, z, blocks, 4, 2).spent().epsilon > target
     spent = [data["message"] for kind, data in events if kind == "privacy_budget_spent"]

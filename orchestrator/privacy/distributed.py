@@ -115,6 +115,9 @@ class DistributedDPIntake(SecureIntake):
             "multipliers": {name: b.noise_multiplier for name, b in blocks.items()},
             "expected_cohorts": {self.block_names[o.block]: expected[o.block] for o in revealed}})})
 
+    def ends_run(self) -> bool:
+        return self.stop_reason is not None
+
     def _release(self, ctx: RoundContext) -> tuple[RoundEvent | None, list[BlockOutcome], dict[int, float], int, int]:
         """The round's release as the accountant takes it (None: no block revealed), the revealed
         blocks' outcomes, each block's expected cohort, the fleet N and the cohort K."""

@@ -240,6 +240,9 @@ class CentralDPIntake(PlainIntake):
         return {**self.ledger.spent().to_dict(), "noise_multiplier": self.plan.multiplier,
                 "target_epsilon": self.target, "mode": CENTRAL, **round_info}
 
+    def ends_run(self) -> bool:
+        return self.stop_reason is not None
+
     def _check_next(self, round: int, event: RoundEvent) -> None:
         """Before another round: would one like this one take the model past the target?"""
         self.stop_reason = next_stop(self.ledger, self.target, round, self.config.rounds, event) or self.stop_reason
