@@ -47,7 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LARGE = 1000  # a fleet this size or larger runs --rounds-large rounds
 
 
-def fleet_toml(devices: int, rounds: int, dropout: float, secure: bool) -> str:
+def fleet_toml(devices: int, rounds: int, dropout: float, secure: bool, local_steps: int = 1) -> str:
     """The fleet file of one case."""
     return f"""[fleet]
 model = "mnist_2nn"
@@ -58,7 +58,7 @@ seed = 0
 strategy = "fedavg"
 rounds = {rounds}
 fraction = 1.0
-local_steps = 1
+local_steps = {local_steps}
 batch_size = 16
 lr = 0.1
 momentum = 0.0
@@ -113,7 +113,7 @@ def round_row(h: dict, rss: int | None) -> dict:
 
 
 def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: int | None, data_root: str | None,
-             stage_s: float | None = None) -> dict:
+             stage_s: float | None = None, local_steps: int = 1) -> dict:
     """One case, in this process: the run's rounds and this process's (the server's) memory."""
     import orchestrator.emulation.localfleet  # noqa: F401  (torch and the server: loaded before the baseline RSS)
     from edge_sdk.memory import process_memory
@@ -122,7 +122,8 @@ def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: i
     from orchestrator.emulation.schedule import server_config
 
     name = f"{'secure' if secure else 'plain'}-{devices}-drop{round(dropout * 100)}"
-    fleet = parse_fleet(tomllib.loads(fleet_toml(devices, rounds, dropout, secure)), source=name, default_name=name)
+    fleet = parse_fleet(tomllib.loads(fleet_toml(devices, rounds, dropout, secure, local_steps)), source=name,
+                        default_name=name)
     rss: dict[int, int] = {}
 
     def on_event(kind: str, data: dict) -> None:
@@ -143,7 +144,7 @@ def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: i
                                         stderr_dir=Path(tmp) / "logs", workers=workers))
         wall = time.monotonic() - t0
     return {"case": name, "mode": "secure" if secure else "plain", "devices": devices, "dropout": dropout,
-            "rounds": [round_row(h, rss.get(h["round"])) for h in run.history], "run_wall_s": round(wall, 1),
+            "local_steps": local_steps, "rounds": [round_row(h, rss.get(h["round"])) for h in run.history], "run_wall_s": round(wall, 1),
             "server_rss_before_bytes": rss_before, "server_peak_rss_bytes": process_memory().peak_rss_bytes,
             "worker_peak_rss_bytes": [w.get("peak_rss_bytes") for w in run.workers]}
 
@@ -198,6 +199,7 @@ def child(args: argparse.Namespace, devices: int, dropout: float, secure: bool) 
     argv = [sys.executable, __file__, "--case", f"{devices},{dropout},{int(secure)},{rounds}"]
     if args.stage_s is not None:
         argv += ["--stage-s", str(args.stage_s)]
+    argv += ["--local-steps", str(args.local_steps)]
     if args.workers:
         argv += ["--workers", str(args.workers)]
     t0 = time.monotonic()
@@ -219,6 +221,9 @@ def main() -> None:
     ap.add_argument("--dropouts", default="0,0.1,0.3")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rounds-large", type=int, default=2)
+    ap.add_argument("--local-steps", type=int, default=1,
+                    help="local steps of batch 16 a device trains each round (1: the protocol's cost against almost "
+                         "no training)")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--case-timeout", type=float, default=900)
     ap.add_argument("--stage-s", type=float, default=None, help="secure_stage_s (default: the server's, 30 s)")
@@ -233,7 +238,7 @@ def main() -> None:
     if args.case:
         n, drop, sec, rounds = args.case.split(",")
         print(json.dumps(run_case(int(n), float(drop), sec == "1", int(rounds), args.workers, args.data_root,
-                                  args.stage_s)))
+                                  args.stage_s, args.local_steps)))
         return
     results = []
     for n in (int(d) for d in args.devices.split(",")):
