@@ -2,13 +2,15 @@
  * The payloads a device keeps by sha256, so that none is downloaded twice (docs/protocol.md, "Held
  * payloads"; the Python twin is edge_sdk/payload_store.py). An instruction names each payload's
  * digest; a payload the store holds is fetched with `Fetch.held` and the server sends none of its
- * bytes. `memoryPayloadStore` keeps them for the life of the page or process (what a browser device
- * has: no IndexedDB store yet); `folderPayloadStore` (./payload-store-file.js) keeps them in a folder
- * across restarts, for Node. Both drop the least recently used first once over their byte budget.
+ * bytes. `memoryPayloadStore` keeps them for the life of the page or process; `folderPayloadStore`
+ * (./payload-store-file.js) keeps them in a folder across restarts, for Node; `indexedDbPayloadStore`
+ * (./payload-store-idb.js) in a page's IndexedDB across visits. Each drops the least recently used
+ * first once over its byte budget.
  *
- * Both also keep which payload a device holds for each delta-download slot (docs/protocol.md, "Delta
+ * Each also keeps which payload a device holds for each delta-download slot (docs/protocol.md, "Delta
  * downloads"): the folder store in `slots.json` beside the payloads, so a restarted Node device names
- * its base as the Python device does; a slot whose payload is no longer held names nothing.
+ * its base as the Python device does, the IndexedDB store in its `slots` object store; a slot whose
+ * payload is no longer held names nothing.
  */
 import { sha256 } from "@noble/hashes/sha2.js";
 import { bytesToHex } from "@noble/hashes/utils.js";

@@ -5,6 +5,7 @@
  * docs/protocol.md "Resume"). Without a store a device resumes only within one run.
  * Node keeps it in a file (`fileStore` in ./pending-file.js), a page in IndexedDB (`indexedDbStore`).
  */
+import { openDB, type IDBPDatabase } from "idb";
 import type { Report } from "./messages.js";
 
 export interface PendingUpload {
@@ -29,33 +30,22 @@ export function isPendingUpload(value: unknown): value is PendingUpload {
 }
 
 /** The pending upload of `deviceId` in the page's IndexedDB (database `edgetrain-device`), for browsers. */
-export function indexedDbStore(deviceId: string, factory: IDBFactory = globalThis.indexedDB): PendingStore {
-  const open = (): Promise<IDBDatabase> => new Promise((resolve, reject) => {
-    const req = factory.open("edgetrain-device", 1);
-    req.onupgradeneeded = () => req.result.createObjectStore("pending");
-    req.onsuccess = () => resolve(req.result);
-    req.onerror = () => reject(req.error);
-  });
-  const run = async <T>(mode: IDBTransactionMode, op: (s: IDBObjectStore) => IDBRequest<T>): Promise<T> => {
-    const db = await open();
+export function indexedDbStore(deviceId: string): PendingStore {
+  // Opened for each use and closed after it: a page that opens it again (a reload) is never blocked.
+  const run = async <T>(op: (db: IDBPDatabase) => Promise<T>): Promise<T> => {
+    const db = await openDB("edgetrain-device", 1, { upgrade: (upgrading) => { upgrading.createObjectStore("pending"); } });
     try {
-      return await new Promise<T>((resolve, reject) => {
-        const tx = db.transaction("pending", mode);
-        const req = op(tx.objectStore("pending"));
-        tx.oncomplete = () => resolve(req.result);
-        tx.onerror = () => reject(tx.error);
-        tx.onabort = () => reject(tx.error);
-      });
+      return await op(db);
     } finally {
       db.close();
     }
   };
   return {
     load: async () => {
-      const value: unknown = await run("readonly", (s) => s.get(deviceId));
+      const value: unknown = await run((db) => db.get("pending", deviceId));
       return isPendingUpload(value) ? value : null;
     },
-    save: async (pending) => { await run("readwrite", (s) => s.put(pending, deviceId)); },
-    clear: async () => { await run("readwrite", (s) => s.delete(deviceId)); },
+    save: async (pending) => { await run((db) => db.put("pending", pending, deviceId)); },
+    clear: async () => { await run((db) => db.delete("pending", deviceId)); },
   };
 }

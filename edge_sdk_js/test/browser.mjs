@@ -34,7 +34,8 @@ export const page = (build = "wasm") => `<!doctype html><html><head><meta charse
   "@noble/hashes/": "/node_modules/@noble/hashes/",
   "shamir-secret-sharing": "/node_modules/shamir-secret-sharing/esm/index.js",
   "shamir-secret-sharing/csprng": "/node_modules/shamir-secret-sharing/esm/csprng.js",
-  "fflate": "/node_modules/fflate/esm/browser.js"
+  "fflate": "/node_modules/fflate/esm/browser.js",
+  "idb": "/node_modules/idb/build/index.js"
 }}</script>
 <script type="module">
   import * as ort from "/node_modules/onnxruntime-web/dist/ort.${build === "webgpu" ? "webgpu" : "wasm"}.min.mjs";
