@@ -219,8 +219,9 @@ class ServerConfig:
                                        "mostly noise.", cli=False)
     dp_min_survivors: Fraction = setting(
         0.7, "With --secure-aggregation (distributed noise): the share of a block's cohort whose noise shares must "
-             "survive for its sum to be revealed; each device adds the noise of that many, so the more survive, the "
-             "more noise (and epsilon spent less).", cli=False)
+             "survive for its sum to be revealed; each device adds the noise of that many (unless "
+             "dp_expected_survivors says otherwise), so the more survive, the more noise (and epsilon spent less).",
+        cli=False)
     dp_expected_survivors: Fraction | None = setting(
         None, "With --secure-aggregation (distributed noise): the share of a block's cohort expected to survive; "
               "each device adds the noise of that many, so a round where they survive spends what the plan says "

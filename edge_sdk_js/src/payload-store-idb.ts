@@ -55,7 +55,7 @@ export async function indexedDbPayloadStore(name: string, maxBytes: number): Pro
     async get(digest) {
       const held = await db.get("payloads", digest);
       if (held === undefined) return undefined;
-      const data = new Uint8Array(held.data);
+      const data = held.data; // a copy already: what IndexedDB reads is cloned out of its storage
       if (!holdsDigest(data, digest)) {
         await db.delete("payloads", digest);
         return undefined;
@@ -67,8 +67,10 @@ export async function indexedDbPayloadStore(name: string, maxBytes: number): Pro
       if (data.byteLength > maxBytes || (await db.getKey("payloads", digest)) !== undefined) return;
       const drop = evictions(await sizes(), data.byteLength, maxBytes);
       const tx = db.transaction("payloads", "readwrite");
+      // IndexedDB clones a view's whole buffer: a view of part of one is cut to its own bytes first.
+      const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : data.slice();
       await Promise.all([...drop.map((d) => tx.store.delete(d)),
-        tx.store.put({ data: data.slice(), size: data.byteLength, used: ++clock }, digest), tx.done]);
+        tx.store.put({ data: own, size: data.byteLength, used: ++clock }, digest), tx.done]);
     },
     async slot(slot) {
       const kept = await db.get("slots", slot);

@@ -162,7 +162,7 @@ class SecureRound:
     def _sized_for(self, b: int, cohort: int) -> tuple[int, int]:
         """Block ``b``'s (n_min_b, n_exp_b) in a cohort of ``cohort`` members (neither above it)."""
         n_min = min(self.noise_survivors[b], cohort)
-        return n_min, max(n_min, min(self.noise_expected[b], cohort))
+        return n_min, max(n_min, min(self._expected.get(b, n_min), cohort))
 
     def _summed_noise(self, cohort: int) -> float:
         """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
