@@ -4,8 +4,7 @@
 // Query: ?id=&budget=&shard=&webgpu=0&autostart=1; fragment: #token= or #secret= (kept out of requests).
 // Pauses while hidden, while a condition is not met (charging, unmetered network) or when the person
 // says; holds a screen wake lock while it trains. docs/web.md says what each part does.
-import { DeviceClient, csvData, decodeTensors, fetchTicket, imageData, indexedDbPayloadStore, indexedDbStore, makeBackend, makeProof,
-  makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
+import { DeviceClient, csvData, decodeTensors, fetchTicket, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
@@ -113,18 +112,6 @@ function onEvent(info, deviceId, path) {
   };
 }
 
-/** The payloads this page keeps in IndexedDB, so that a page opened again downloads none it holds: a
- * quarter of the origin's storage quota, at most 256 MiB; none where the browser keeps no IndexedDB. */
-async function payloadStore() {
-  try {
-    const quota = (await navigator.storage?.estimate?.())?.quota;
-    return await indexedDbPayloadStore("edgetrain-payloads", Math.min(256 * MiB, quota ? quota / 4 : 256 * MiB));
-  } catch (exc) {
-    console.warn(`payloads are not kept across visits: ${exc.message}`);
-    return undefined;
-  }
-}
-
 async function train(info) {
   const deviceId = $("device-id").value.trim();
   localStorage.setItem("edgetrain-device-id", deviceId);
@@ -139,7 +126,6 @@ async function train(info) {
   let top = -1n;
   for (const v of labels) if (v > top) top = v;
   const token = fragment.get("token") ?? "", secret = $("secret").value || fragment.get("secret") || "";
-  const store = await payloadStore();
   client = new DeviceClient({
     server: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`, deviceId, budgetBytes,
     runtime, backend, cores: threads,
@@ -151,8 +137,6 @@ async function train(info) {
     labels: { page: "web" }, maxRetries: Infinity, // a phone that goes offline comes back whenever the server answers
     // An update not yet acknowledged survives closing the tab: reopened, the page finishes its upload.
     pending: indexedDbStore(deviceId),
-    // What it downloaded (chunks, training graphs, tails) survives too: sent again only where it changed.
-    ...(store ? { payloadStore: store } : {}),
     onEvent: onEvent(info, deviceId, { backend, threads }),
   });
   localStorage.setItem(JOINED, "1");
