@@ -6,6 +6,9 @@ every instruction that asks a device for more than its plan (a longer tail, more
 model such as width reduction's) is checked here against the device's budget with the planner's
 own footprint count for the device's runtime (:func:`profiles.planner.tail_footprint`). It also
 keeps which splits have a training graph that exports and verifies (:attr:`Planning.graph_splits`).
+A secure run's devices are planned with their secure round's memory
+(:meth:`profiles.accounting.TrainingMemory.secured`: the masked words and the secure round's own
+libraries), so a device that fits its plan fits its secure rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from edge_sdk.models import LayeredModel
 from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
 from orchestrator.plancache import PlanCache
-from profiles.accounting import ModelCost
+from profiles.accounting import ModelCost, TrainingMemory
 from profiles.planner import Plan, PlanError, plan_at, plan_split, tail_footprint
 from profiles.runtime import Runtime, UnknownRuntime, device_runtime
 
@@ -41,6 +44,8 @@ class Planning:
         self.table_rows = dict(table_rows)  # sparse table entry -> rows, for row-selecting strategies
         self.selects_rows = selects_rows
         self.emit = emit
+        #: How the devices train, as far as memory goes: every plan and budget check counts with it.
+        self.memory = TrainingMemory().secured() if config.secure_aggregation else TrainingMemory()
         # Splits with no static refusal, less those whose graph the export check refused (found on
         # first use and remembered on disk): a plan never names a graph that cannot be shipped.
         self.graph_splits = frozenset(k for k in range(len(model)) if train_graph_refusal(model, k) is None
@@ -138,7 +143,8 @@ class Planning:
         forced = hello.labels.get("force_split")
         if forced is None or not self.config.allow_forced_split:
             return plan_split(self.cost, hello.budget_bytes, batch, local_samples=hello.num_samples,
-                              backends=(runtime.name,), graph_splits=self.graph_splits, rows=rows)
+                              backends=(runtime.name,), graph_splits=self.graph_splits, rows=rows,
+                              memory=self.memory)
         try:
             k = int(forced)
         except ValueError:
@@ -149,7 +155,7 @@ class Planning:
             raise p.ProtocolError("refused", f"split {k} of {self.cost.model} has no training graph and the device "
                                              "has no torch")
         return plan_at(self.cost, k, hello.budget_bytes, batch, backend=runtime.name,
-                       local_samples=hello.num_samples, rows=rows)
+                       local_samples=hello.num_samples, rows=rows, memory=self.memory)
 
     def fits(self, device_id: str, hello: p.Hello, plan: Plan, split: int, chunks: Sequence[tuple[int, int]],
              rows: Mapping[str, int] | None = None, cost: ModelCost | None = None) -> bool:
@@ -158,7 +164,7 @@ class Planning:
         device was planned on (the server enforces budgets: a strategy may ask for more, e.g.
         FedAvg for the whole model, but a device is never sent more than it can hold)."""
         footprint = tail_footprint(cost or self.cost, split, self.config.planner_batch, backend=plan.backend,
-                                   chunks=chunks, local_samples=hello.num_samples, rows=rows)
+                                   chunks=chunks, local_samples=hello.num_samples, rows=rows, memory=self.memory)
         if footprint.total <= hello.budget_bytes:
             return True
         self.emit("over_budget", {"device": device_id, "split": split, "planned_split": plan.split,

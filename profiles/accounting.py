@@ -33,6 +33,7 @@ whole model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # torch is imported only to measure a model
 __all__ = [
     "BlockCost",
     "DTYPE_SIZES",
+    "SECURE_ROUND_BYTES",
     "TableCost",
     "Footprint",
     "ModelCost",
@@ -57,6 +59,13 @@ __all__ = [
 DTYPE_SIZES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 _MiB = 1024 * 1024
+
+#: What a device's first secure round adds to its process (``TrainingMemory.secure_bytes``).
+#: Measured on the project's machine (Python 3.12, cryptography 46): importing the secure round's
+#: modules and running its first key agreement and mask slice grows a device's RSS by 9.9 MiB; a
+#: slice's temporaries (65,536 coordinates: float64 values, rounding, noise draws, the mask's
+#: keystreams) take up to 6 MiB more.
+SECURE_ROUND_BYTES = 16 * _MiB
 
 # The batch sizes at which a model is measured: two, so that per-sample and batch-independent
 # parts separate (not one: BatchNorm1d refuses a batch of one in training mode).
@@ -93,6 +102,15 @@ class TrainingMemory:
     deltas over the trained weights and encodes them once the optimizer is gone, so the upload
     never costs more than training did).
 
+    ``upload_copies``: copies of the tail's values held beside the tail while its update goes out
+    (after training, the optimizer gone): the encoded frame (1). A secure round holds its masked
+    words too (2, :meth:`secured`).
+
+    ``secure_bytes``: what a secure round adds to the device process for the rest of its life:
+    the cryptography library and the secure-aggregation modules, imported on the first secure
+    round, and one slice's temporaries (the device masks a slice at a time, edge_sdk.secagg.round).
+    0 for a plain run; :meth:`secured` sets the measured figure.
+
     ``margin``: a share added to the model's bytes for what the accounting does not itemise
     (allocator slack, temporaries of the loss and the optimizer step). Measured on torch 2.13:
     the peak RSS growth of a ResNet20 training step (splits 0, 4, 7; batches 32 and 128) was
@@ -110,6 +128,8 @@ class TrainingMemory:
     #: Extra copies of the trainable parameters a device on the ONNX Runtime backend holds: the
     #: gradients come out of the session's buffers into new numpy arrays each step.
     graph_copies: int = 1
+    upload_copies: int = 1
+    secure_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_SIZES:
@@ -124,12 +144,20 @@ class TrainingMemory:
             raise ValueError(f"process_bytes must be >= 0, not {self.process_bytes}")
         if self.session_bytes < 0:
             raise ValueError(f"session_bytes must be >= 0, not {self.session_bytes}")
+        if self.upload_copies < 0 or self.secure_bytes < 0:
+            raise ValueError(f"upload_copies and secure_bytes must be >= 0, not {self.upload_copies}, "
+                             f"{self.secure_bytes}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), not {self.margin}")
 
     @property
     def itemsize(self) -> int:
         return DTYPE_SIZES[self.dtype]
+
+    def secured(self) -> TrainingMemory:
+        """This memory in a secure round (``secure_aggregation``): the masked words held beside the
+        frame while uploading, and :data:`SECURE_ROUND_BYTES` for the rest of the process's life."""
+        return dataclasses.replace(self, upload_copies=self.upload_copies + 1, secure_bytes=SECURE_ROUND_BYTES)
 
     @property
     def param_copies(self) -> int:
@@ -183,7 +211,9 @@ class Footprint:
     A device has two phases: it streams the frozen chunks through ONNX Runtime, holding one
     chunk and the tail's weights at a time (``streaming``); then it trains the tail on the
     cached activations (``training``). With ``sequential`` phases the peak is the larger of the
-    two, otherwise their sum. The runtime is held throughout.
+    two, otherwise their sum. After training, with the optimizer gone, the update goes out
+    (``upload``): the tail's values and their encoded frame, and in a secure round the masked
+    words too; that phase counts when it is the largest. The runtime is held throughout.
     """
 
     split: int
@@ -198,6 +228,7 @@ class Footprint:
     process: int = 0  # the device process's own overhead (connection buffers, threads, slack)
     sequential: bool = True
     margin: float = 0.0  # share added to the model's bytes for what is not itemised
+    upload: int = 0  # the tail's values and their encoded upload (a secure round's masked words too)
 
     @property
     def streaming(self) -> int:
@@ -213,6 +244,7 @@ class Footprint:
     def model_bytes(self) -> int:
         """Everything but the runtime, at the peak, with the margin."""
         peak = max(self.streaming, self.training) if self.sequential else self.training + self.frozen_chunk
+        peak = max(peak, self.upload)
         return math.ceil((peak + self.local_data) * (1 + self.margin))
 
     @property
@@ -363,9 +395,10 @@ class ModelCost:
             tail_weights=(trainable + held) * size,
             runtime=runtime_bytes,
             local_data=local_samples * self.input_elements * self.input_itemsize,
-            process=memory.process_bytes,
+            process=memory.process_bytes + memory.secure_bytes,
             sequential=memory.sequential_phases,
             margin=memory.margin,
+            upload=(trainable + held) * (1 + memory.upload_copies) * size,
         )
 
     def rows_saved(self, k: int, rows: Mapping[str, int] | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from edge_sdk.models import build_model
-from profiles.accounting import ModelCost, TrainingMemory, measure_model
+from profiles.accounting import SECURE_ROUND_BYTES, ModelCost, TrainingMemory, measure_model
 
 MiB = 1024 * 1024
 
@@ -169,6 +170,21 @@ def test_footprint_parts(resnet20):
     assert with_data.cached_input == 100 * 16 * 32 * 32 * 4
     assert with_data.model_bytes == pytest.approx(
         (max(with_data.streaming, with_data.training) + with_data.local_data) * 1.10, abs=1)
+
+
+def test_a_secure_round_is_in_the_footprint(resnet20):
+    """A secure run's devices hold the secure round's libraries for good, and while uploading the
+    tail, its frame and its masked words (profiles.accounting, TrainingMemory.secured)."""
+    plain = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB)
+    secure = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB, memory=TrainingMemory().secured())
+    held = (resnet20.trainable_params(4) + sum(b.params - b.trainable_params + b.buffers
+                                               for b in resnet20.blocks[4:])) * 4
+    assert (plain.upload, secure.upload) == (2 * held, 3 * held)
+    # With momentum, training holds more than either upload: only the libraries add.
+    assert secure.model_bytes == plain.model_bytes
+    assert secure.total - plain.total == SECURE_ROUND_BYTES
+    # The upload is a phase of its own: the peak when it is the largest.
+    assert dataclasses.replace(secure, upload=10**12).model_bytes == pytest.approx(1.1e12, abs=1)
 
 
 def test_chunks_must_cover_the_frozen_blocks(resnet20):

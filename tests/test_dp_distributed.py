@@ -44,7 +44,7 @@ def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | N
                           # Five devices' noised mean is mostly noise: validation would refuse every round (and
                           # each attempt's release is accounted); this test is about the accounting, not accuracy.
                           max_loss_rise=0.0)
-    budgets = role_budgets("digits_mlp")
+    budgets = role_budgets("digits_mlp", secure=True)
 
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)

@@ -21,7 +21,8 @@ from edge_sdk.secagg import (FixedPoint, Scope, SecAggError, agree, combine_shar
                              generate_keypair, identity_public_key, neighbour_graph, open_shares, pair_mask_seed,
                              pairwise_sign, remove_masks, seal_shares, self_mask_seed, share_key, sign_advertisement,
                              split_secret, verify_advertisement)
-from edge_sdk.secagg.masks import add_mod, ring_mask
+from edge_sdk.secagg.fixedpoint import BlockEncoder, l2_norm, slices
+from edge_sdk.secagg.masks import MaskStream, add_mod, ring_mask
 
 SCOPE = Scope("job", 4)
 ids = st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=6)
@@ -133,6 +134,28 @@ def test_encode_refuses_non_finite_updates_and_weights_outside_0_1(bad):
     for weight in (-0.1, 1.5, float("nan")):
         with pytest.raises(SecAggError, match="weight"):
             fp.encode(np.zeros(2), weight)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5), slice_words=st.integers(1, 17),
+       clip=st.floats(0.01, 10.0), weight=st.floats(0.0, 1.0), bits=st.integers(8, 32), data=st.data())
+def test_a_block_encoded_and_masked_slice_by_slice_is_the_whole_blocks_words(sizes, slice_words, clip, weight, bits,
+                                                                             data):
+    """A device encodes and masks a block a slice at a time (edge_sdk.secagg.round): the same words
+    as the whole block at once, whatever the slices and the entries' boundaries."""
+    parts = [np.asarray(data.draw(st.lists(st.floats(-5, 5), min_size=n, max_size=n)), dtype=np.float32)
+             for n in sizes]
+    whole = np.concatenate(parts).astype(np.float64)
+    fp = FixedPoint.plan(3, clip)
+    rounding = hashlib.sha256(b"rounding").digest()
+    encoder = BlockEncoder(fp, l2_norm(slices(parts, slice_words)), weight, rounding)
+    pieces = [encoder.values(piece) for piece in slices(parts, slice_words)] + [encoder.weight_word()]
+    assert np.array_equal(np.concatenate(pieces), fp.encode(whole, weight, rounding))
+    seeds = {v: hashlib.sha256(v.encode()).digest() for v in ("a", "a-0", "c")}
+    stream = MaskStream(bits, "b", self_seed=bytes(32), pair_seeds=seeds)
+    read = [stream.read(piece.size) for piece in pieces]
+    assert np.array_equal(np.concatenate(read),
+                          combined_mask(whole.size + 1, bits, "b", self_seed=bytes(32), pair_seeds=seeds))
 
 
 @settings(max_examples=30, deadline=None)

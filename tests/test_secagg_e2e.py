@@ -20,7 +20,7 @@ import pytest
 
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
-from edge_sdk.secagg.fixedpoint import FixedPoint
+from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
 from edge_sdk.secagg.round import DeviceRound, weight_of
 from orchestrator.config import ServerConfig
 from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
@@ -41,18 +41,26 @@ class Recorder:
         self.received: dict[tuple[int, str], dict] = {}
         self.outcomes: dict[int, tuple[FixedPoint, list]] = {}
         local = threading.local()  # devices mask in worker threads, several at once: each its own record
-        encode, mask, fold, finish = FixedPoint.encode, DeviceRound.mask, SecureIntake.fold, SecureRound.finish
+        start, rounding = BlockEncoder.__init__, BlockEncoder._round
+        mask, fold, finish = DeviceRound.mask, SecureIntake.fold, SecureRound.finish
 
-        def encoding(fp, update, weight, rounding_seed=None):
-            words = encode(fp, update, weight, rounding_seed)
-            self.plain[local.current]["words"].append(words)
+        def starting(encoder, *args, **kwargs):  # a block's encoding begins: its words come slice by slice
+            start(encoder, *args, **kwargs)
+            self.plain[local.current]["pieces"].append([])
+
+        def encoding(encoder, y):
+            words = rounding(encoder, y)
+            self.plain[local.current]["pieces"][-1].append(words.copy())
             return words
 
         def masking(rnd, blocks, num_samples):
             local.current = (rnd.scope.round, rnd.device_id)
-            self.plain[local.current] = {"blocks": [b.copy() for b in blocks], "samples": num_samples,
-                                         "split": rnd.split, "scale": rnd.weight_scale, "words": []}
-            return mask(rnd, blocks, num_samples)
+            vectors = [np.concatenate([b] if isinstance(b, np.ndarray) else b).astype(np.float64) for b in blocks]
+            record = self.plain[local.current] = {"blocks": vectors, "samples": num_samples, "split": rnd.split,
+                                                  "scale": rnd.weight_scale, "pieces": []}
+            out = mask(rnd, blocks, num_samples)
+            record["words"] = [np.concatenate(pieces) for pieces in record.pop("pieces")]
+            return out
 
         def folding(intake, session, msg, work, tensors, ctx):
             self.received[(ctx.round, session.device_id)] = {k: np.asarray(v).copy() for k, v in tensors.items()}
@@ -63,7 +71,8 @@ class Recorder:
             self.outcomes[secure.scope.round] = (secure.fixed, out)
             return out
 
-        monkeypatch.setattr(FixedPoint, "encode", encoding)
+        monkeypatch.setattr(BlockEncoder, "__init__", starting)
+        monkeypatch.setattr(BlockEncoder, "_round", encoding)
         monkeypatch.setattr(DeviceRound, "mask", masking)
         monkeypatch.setattr(SecureIntake, "fold", folding)
         monkeypatch.setattr(SecureRound, "finish", finishing)
@@ -79,7 +88,8 @@ def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, secure: 
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(FLEET), local_steps=5, lr=0.1,
                           store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=secure,
                           secure_clip=20.0, eval_every=rounds, **overrides)
-    budgets = {b: role_budgets("digits_mlp", backend=b) for b in ("torch", "onnxruntime")}
+    # Planned with the secure round's memory (TrainingMemory.secured); the plain run's roles are the same.
+    budgets = {b: role_budgets("digits_mlp", backend=b, secure=True) for b in ("torch", "onnxruntime")}
 
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
@@ -217,7 +227,8 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=len(fleet), local_steps=5, lr=0.1,
                           store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=True,
                           secure_clip=20.0, eval_every=2)
-    budgets = {b: role_budgets("digits_mlp", backend=b) for b in ("torch", "onnxruntime")}
+    # Planned with the secure round's memory (TrainingMemory.secured); the plain run's roles are the same.
+    budgets = {b: role_budgets("digits_mlp", backend=b, secure=True) for b in ("torch", "onnxruntime")}
     procs: dict[str, asyncio.subprocess.Process] = {}
 
     def on_event(kind: str, data: dict) -> None:

@@ -18,7 +18,7 @@ from edge_sdk.downloads import RoundAborted, next_reply
 from edge_sdk.transport import Channel, send_msg
 
 from .labels import Scope, SecAggError
-from .layout import block_vectors
+from .layout import block_parts
 from .round import DeviceRound
 
 __all__ = ["BLOCKS_KEY", "CLIP_KEY", "masked_update", "reveal", "start", "upload_name"]
@@ -55,7 +55,7 @@ async def masked_update(ch: Channel, rnd: DeviceRound, ins: p.Instruction, tenso
         await send_msg(ch, p.SecAggShares(ins.round, await asyncio.to_thread(rnd.share, peers)))
         inbox = await _answer(ch, p.SecAggInbox)
         await asyncio.to_thread(rnd.receive, inbox.sealed)
-        blocks = block_vectors(tensors, str(ins.config.get(BLOCKS_KEY, "")).split(","), ins.split)
+        blocks = block_parts(tensors, str(ins.config.get(BLOCKS_KEY, "")).split(","), ins.split)
         words = await asyncio.to_thread(rnd.mask, blocks, num_samples)
     except SecAggError as exc:  # the server relayed something the protocol forbids: follow it no further
         raise p.ProtocolError("malformed", f"secure round: {exc}") from None

@@ -31,6 +31,11 @@ of the devices' w_i x'_i by less than n * 2^-f (each rounding moves less than on
 unbiased, with standard deviation at most sqrt(n) / 2 * 2^-f. The weight sum's bound is the same
 divided by C. Docs line: "decode(sum of encodes) is within n 2^-f of the sum of the clipped,
 weighted updates, per coordinate; the ring is Z_{2^b} with b = bit_length(n ceil(C 2^f)) + 1".
+
+A device encodes a block a slice at a time (:class:`BlockEncoder`, after one pass for the norm,
+:func:`l2_norm`): each coordinate's word depends only on its value, the block's clip factor and its
+place in the rounding stream, so the slices' words are :meth:`FixedPoint.encode`'s, and the float64
+temporaries are a slice's, not the block's.
 """
 
 from __future__ import annotations
@@ -38,20 +43,42 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from .keys import KEY_BYTES
 from .labels import SecAggError
-from .masks import MAX_RING_BITS, MAX_WORDS, expand_words, ring_mask
+from .masks import MAX_RING_BITS, MAX_WORDS, KeyStream, ring_mask
 
-__all__ = ["Decoded", "FixedPoint", "ring_bits_for"]
+__all__ = ["SLICE_WORDS", "BlockEncoder", "Decoded", "FixedPoint", "l2_norm", "ring_bits_for", "slices"]
 
 MAX_FRAC_BITS = 60
 MAX_COHORT = 2**20
 #: Standard deviations of the summed noise the ring holds beside the values (module docstring).
 NOISE_TAIL = 10.0
+#: Coordinates a device encodes and masks at once: its float64 temporaries are 512 KiB each.
+SLICE_WORDS = 1 << 16
+
+
+def slices(parts: Sequence[np.ndarray], size: int = SLICE_WORDS) -> Iterator[np.ndarray]:
+    """The concatenation of the flat arrays ``parts``, in views of at most ``size`` values (no copy)."""
+    for part in parts:
+        flat = np.asarray(part).ravel()
+        for at in range(0, flat.size, size):
+            yield flat[at:at + size]
+
+
+def l2_norm(parts: Iterable[np.ndarray]) -> float:
+    """The L2 norm, in float64, of the concatenation of ``parts`` (refused with NaN or infinite values)."""
+    total = 0.0
+    for piece in parts:
+        x = np.asarray(piece, dtype=np.float64)
+        if not np.isfinite(x).all():
+            raise SecAggError("the update has NaN or infinite values")
+        total += float(np.dot(x, x))
+    return math.sqrt(total)
 
 
 def ring_bits_for(cohort: int, clip: float, frac_bits: int, noise: float = 0.0) -> int:
@@ -126,25 +153,8 @@ class FixedPoint:
         x = np.asarray(update, dtype=np.float64).ravel()
         if x.size + 1 > MAX_WORDS:
             raise SecAggError(f"a block has at most {MAX_WORDS - 1} coordinates")
-        if not np.isfinite(x).all():
-            raise SecAggError("the update has NaN or infinite values")
-        weight = float(weight)
-        if not 0.0 <= weight <= 1.0:  # NaN fails too
-            raise SecAggError(f"the weight must be in [0, 1], got {weight!r}")
-        norm = float(np.sqrt(np.dot(x, x)))
-        factor = 1.0 if norm <= self.clip else self.clip / norm
-        scale = 2.0**self.frac_bits
-        y = np.empty(x.size + 1, dtype=np.float64)
-        np.multiply(x, factor * weight, out=y[:-1])
-        y[-1] = weight * self.clip
-        y *= scale
-        limit = self.clip * scale
-        np.clip(y, -limit, limit, out=y)
-        seed = os.urandom(KEY_BYTES) if rounding_seed is None else rounding_seed
-        uniform = expand_words(seed, y.size) * 2.0**-32
-        low = np.floor(y)
-        q = low.astype(np.int64) + (uniform < y - low)
-        return (q & ring_mask(self.ring_bits)).astype(np.uint32)
+        encoder = BlockEncoder(self, l2_norm([x]), weight, rounding_seed)
+        return np.concatenate([encoder.values(x), encoder.weight_word()])
 
     def decode(self, total: np.ndarray) -> Decoded:
         """The unmasked sum of encoded blocks (words mod 2^b) back to floats, by the centered lift."""
@@ -155,3 +165,56 @@ class FixedPoint:
         v[v >= 2 ** (self.ring_bits - 1)] -= 2**self.ring_bits
         scale = 2.0**-self.frac_bits
         return Decoded(v[:-1] * scale, float(v[-1]) * scale / self.clip)
+
+
+class BlockEncoder:
+    """One block's encoding under ``fixed``, a slice at a time: :meth:`values` for consecutive
+    slices of the block's vector, whose L2 norm is ``norm``, then :meth:`weight_word` once. The
+    words are those :meth:`FixedPoint.encode` gives for the whole vector (steps 1-4 of the module
+    docstring, the rounding stream read in the same order). ``rounding_seed`` is for test vectors."""
+
+    def __init__(self, fixed: FixedPoint, norm: float, weight: float, rounding_seed: bytes | None = None) -> None:
+        weight = float(weight)
+        if not 0.0 <= weight <= 1.0:  # NaN fails too
+            raise SecAggError(f"the weight must be in [0, 1], got {weight!r}")
+        if not (math.isfinite(norm) and norm >= 0):
+            raise SecAggError(f"the update's norm must be finite, got {norm!r}")
+        self.fixed, self.weight = fixed, weight
+        factor = 1.0 if norm <= fixed.clip else fixed.clip / norm
+        self._factor = factor * weight
+        self._scale = 2.0**fixed.frac_bits
+        self._limit = fixed.clip * self._scale
+        self._ring = ring_mask(fixed.ring_bits)
+        self._stream = KeyStream(os.urandom(KEY_BYTES) if rounding_seed is None else rounding_seed)
+        self._done = False
+
+    def values(self, piece: np.ndarray) -> np.ndarray:
+        """The words of the next ``piece`` of the block's vector (steps 1-4)."""
+        if self._done:
+            raise SecAggError("a block's values come before its weight word")
+        x = np.asarray(piece, dtype=np.float64).ravel()
+        if not np.isfinite(x).all():
+            raise SecAggError("the update has NaN or infinite values")
+        y = x * self._factor
+        y *= self._scale
+        return self._round(y)
+
+    def weight_word(self) -> np.ndarray:
+        """The weight coordinate's word, last (step 2's y_d)."""
+        if self._done:
+            raise SecAggError("a block has one weight word")
+        y = np.array([self.weight * self.fixed.clip], dtype=np.float64)
+        y *= self._scale
+        words = self._round(y)
+        self._done = True
+        return words
+
+    def _round(self, y: np.ndarray) -> np.ndarray:
+        np.clip(y, -self._limit, self._limit, out=y)
+        uniform = self._stream.read(y.size) * 2.0**-32
+        low = np.floor(y)
+        y -= low  # the fraction
+        q = low.astype(np.int64)
+        q += uniform < y
+        q &= self._ring
+        return q.astype(np.uint32)

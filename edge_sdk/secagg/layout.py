@@ -14,7 +14,7 @@ import numpy as np
 
 from .labels import SecAggError
 
-__all__ = ["block_entries", "block_vectors", "split_vector"]
+__all__ = ["block_entries", "block_parts", "block_vectors", "split_vector"]
 
 
 def block_entries(names: Sequence[str], block_names: Sequence[str], split: int) -> dict[int, list[str]]:
@@ -31,12 +31,18 @@ def block_entries(names: Sequence[str], block_names: Sequence[str], split: int) 
     return {b: sorted(names, key=str.encode) for b, names in out.items()}
 
 
-def block_vectors(tensors: Mapping[str, np.ndarray], block_names: Sequence[str], split: int) -> list[np.ndarray]:
-    """The float64 vector of each block ``[split, L)`` of ``tensors`` (float entries only)."""
+def block_parts(tensors: Mapping[str, np.ndarray], block_names: Sequence[str], split: int) -> list[list[np.ndarray]]:
+    """Each block ``[split, L)``'s vector as the flat views of its float entries, in vector order:
+    the vector without the copy (a device masks them slice by slice, edge_sdk.secagg.round)."""
     floats = {n: np.asarray(t) for n, t in tensors.items() if np.asarray(t).dtype.kind == "f"}
     entries = block_entries(list(floats), block_names, split)
-    return [np.concatenate([floats[n].ravel() for n in names] or [np.zeros(0)]).astype(np.float64)
-            for names in entries.values()]
+    return [[floats[n].ravel() for n in names] for names in entries.values()]
+
+
+def block_vectors(tensors: Mapping[str, np.ndarray], block_names: Sequence[str], split: int) -> list[np.ndarray]:
+    """The float64 vector of each block ``[split, L)`` of ``tensors`` (float entries only)."""
+    return [np.concatenate(parts or [np.zeros(0)]).astype(np.float64)
+            for parts in block_parts(tensors, block_names, split)]
 
 
 def split_vector(vector: np.ndarray, names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

@@ -19,6 +19,10 @@ sign(v, u) PRG(s_{u,v}) = -sign(u, v) PRG(s_{u,v}), so the server adds what u wo
 
 numpy arithmetic on uint32 wraps modulo 2^32, and 2^b divides 2^32: sums are taken on words and
 reduced to b bits at the end.
+
+A device reads its masks a slice at a time (:class:`MaskStream`), so that masking a block costs
+the block's words plus a slice, never a second copy of the block per seed: a CTR keystream read
+in consecutive slices is the same bytes as read at once.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from .keys import KEY_BYTES
 from .labels import SecAggError, check_bytes
 
-__all__ = ["MAX_RING_BITS", "MAX_WORDS", "add_mod", "combined_mask", "expand_mask", "expand_words",
-           "pairwise_sign", "remove_masks", "ring_mask", "sub_mod"]
+__all__ = ["MAX_RING_BITS", "MAX_WORDS", "KeyStream", "MaskStream", "add_mod", "combined_mask", "expand_mask",
+           "expand_words", "pairwise_sign", "remove_masks", "ring_mask", "sub_mod"]
 
 MAX_RING_BITS = 32
 MAX_WORDS = 2**28  # a mask of at most 1 GiB
@@ -52,12 +56,22 @@ def _check_count(count: int) -> int:
     return int(count)
 
 
+class KeyStream:
+    """The little-endian uint32 words of the AES-256-CTR keystream of ``seed``, read in order."""
+
+    def __init__(self, seed: bytes) -> None:
+        key = check_bytes("mask seed", seed, KEY_BYTES)
+        self._encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_COUNTER)).encryptor()
+
+    def read(self, count: int) -> np.ndarray:
+        """The next ``count`` words of the stream."""
+        stream = self._encryptor.update(bytes(4 * _check_count(count)))
+        return np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=False)
+
+
 def expand_words(seed: bytes, count: int) -> np.ndarray:
     """The first ``count`` little-endian uint32 words of the AES-256-CTR keystream of ``seed``."""
-    count = _check_count(count)
-    encryptor = Cipher(algorithms.AES(check_bytes("mask seed", seed, KEY_BYTES)), modes.CTR(_ZERO_COUNTER)).encryptor()
-    stream = encryptor.update(bytes(4 * count))
-    return np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=False)
+    return KeyStream(seed).read(count)
 
 
 def expand_mask(seed: bytes, count: int, bits: int) -> np.ndarray:
@@ -84,20 +98,35 @@ def sub_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     return (np.asarray(a, np.uint32) - np.asarray(b, np.uint32)) & np.uint32(ring_mask(bits))
 
 
+class MaskStream:
+    """The mask device ``me`` adds to one block, read a slice at a time: its self mask (if
+    ``self_seed``) plus each neighbour's pair mask with :func:`pairwise_sign` (``pair_seeds``:
+    neighbour id -> seed). Slices read in order are the words of :func:`combined_mask`."""
+
+    def __init__(self, bits: int, me: str, *, self_seed: bytes | None = None,
+                 pair_seeds: Mapping[str, bytes] | None = None) -> None:
+        self._bits = np.uint32(ring_mask(bits))
+        self._self = None if self_seed is None else KeyStream(self_seed)
+        self._pairs = [(pairwise_sign(me, other) > 0, KeyStream(seed)) for other, seed in (pair_seeds or {}).items()]
+
+    def read(self, count: int) -> np.ndarray:
+        """The mask's next ``count`` words, elements of Z_{2^bits}."""
+        total = np.zeros(_check_count(count), dtype=np.uint32)
+        if self._self is not None:
+            total += self._self.read(count)
+        for plus, stream in self._pairs:
+            if plus:
+                total += stream.read(count)
+            else:
+                total -= stream.read(count)
+        total &= self._bits
+        return total
+
+
 def combined_mask(count: int, bits: int, me: str, *, self_seed: bytes | None = None,
                   pair_seeds: Mapping[str, bytes] | None = None) -> np.ndarray:
-    """The mask device ``me`` adds to one block: its self mask (if ``self_seed``) plus each
-    neighbour's pair mask with :func:`pairwise_sign` (``pair_seeds``: neighbour id -> seed)."""
-    mask = ring_mask(bits)
-    total = np.zeros(_check_count(count), dtype=np.uint32)
-    if self_seed is not None:
-        total += expand_words(self_seed, count)
-    for other, seed in (pair_seeds or {}).items():
-        if pairwise_sign(me, other) > 0:
-            total += expand_words(seed, count)
-        else:
-            total -= expand_words(seed, count)
-    return total & np.uint32(mask)
+    """The whole mask device ``me`` adds to one block of ``count`` words (:class:`MaskStream`)."""
+    return MaskStream(bits, me, self_seed=self_seed, pair_seeds=pair_seeds).read(count)
 
 
 def remove_masks(total: np.ndarray, bits: int, *, self_seeds: Mapping[str, bytes],

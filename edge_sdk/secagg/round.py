@@ -37,11 +37,11 @@ import numpy as np
 from edge_sdk.dp import add_in_ring, noise_share
 
 from .binding import sign_advertisement, verify_advertisement
-from .fixedpoint import FixedPoint
+from .fixedpoint import BlockEncoder, FixedPoint, l2_norm, slices
 from .graph import neighbour_graph
 from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, self_mask_seed, share_key
 from .labels import Scope, SecAggError
-from .masks import add_mod, combined_mask
+from .masks import MAX_WORDS, MaskStream, ring_mask
 from .sealing import open_shares, seal_shares
 from .shamir import split_secret
 
@@ -152,9 +152,15 @@ class DeviceRound:
         """The neighbours this device masks block ``block`` with: they trained it and sent shares."""
         return [v for v in self.neighbours if v in self._held and self.splits[v] <= block]
 
-    def mask(self, blocks: Sequence[np.ndarray], num_samples: int) -> list[np.ndarray]:
-        """The masked words of each trained block (``blocks[i]``: block ``split + i``, flat float
-        values), the weight coordinate last in each (edge_sdk.secagg.fixedpoint)."""
+    def mask(self, blocks: Sequence[np.ndarray | Sequence[np.ndarray]], num_samples: int) -> list[np.ndarray]:
+        """The masked words of each trained block, the weight coordinate last in each
+        (edge_sdk.secagg.fixedpoint). ``blocks[i]`` is block ``split + i``'s flat float values: one
+        array, or the arrays whose concatenation is its vector (edge_sdk.secagg.layout.block_parts).
+
+        A block is encoded, noised and masked a slice at a time (:data:`~edge_sdk.secagg.fixedpoint.SLICE_WORDS`
+        coordinates) straight into its masked words, so the round holds the update, its masked words
+        and one slice's temporaries, never a whole block's float64 copy or a mask per neighbour
+        (profiles.accounting.TrainingMemory ``secure_copies``)."""
         self._expect("mask", "reveal")
         fixed = self.fixed
         assert fixed is not None
@@ -162,22 +168,34 @@ class DeviceRound:
             raise SecAggError(f"{self.device_id}: {len(blocks)} blocks to mask, trained "
                               f"{self.num_blocks - self.split}")
         weight = weight_of(num_samples, self.weight_scale)
-        out = []
-        for block, values in enumerate(blocks, start=self.split):
-            partners = self.partners(block)
-            if not partners:  # alone, its block would be unmasked with its self mask: refuse
-                raise SecAggError(f"{self.device_id}: no neighbour of block {block}'s cohort sent shares")
-            words = fixed.encode(values, weight)
-            if block in self.noise:
-                sigma, n_min = self.noise[block]
-                noised = add_in_ring(words[:-1], noise_share(words.size - 1, sigma, n_min), fixed.ring_bits)
-                words[:-1] = noised.astype(np.uint32)
-            seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v)
-                     for v in partners}
-            mask = combined_mask(words.size, fixed.ring_bits, self.device_id,
-                                 self_seed=self_mask_seed(self._seed, self.scope, block, self.device_id),
-                                 pair_seeds=seeds)
-            out.append(add_mod(words, mask, fixed.ring_bits))
+        return [self._mask_block(block, [values] if isinstance(values, np.ndarray) else list(values), weight)
+                for block, values in enumerate(blocks, start=self.split)]
+
+    def _mask_block(self, block: int, parts: list[np.ndarray], weight: float) -> np.ndarray:
+        fixed = self.fixed
+        assert fixed is not None
+        partners = self.partners(block)
+        if not partners:  # alone, its block would be unmasked with its self mask: refuse
+            raise SecAggError(f"{self.device_id}: no neighbour of block {block}'s cohort sent shares")
+        count = sum(np.asarray(part).size for part in parts)
+        if count + 1 > MAX_WORDS:
+            raise SecAggError(f"a block has at most {MAX_WORDS - 1} coordinates")
+        encoder = BlockEncoder(fixed, l2_norm(slices(parts)), weight)
+        seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v) for v in partners}
+        masks = MaskStream(fixed.ring_bits, self.device_id,
+                           self_seed=self_mask_seed(self._seed, self.scope, block, self.device_id), pair_seeds=seeds)
+        noise = self.noise.get(block)
+        ring = np.uint32(ring_mask(fixed.ring_bits))
+        out = np.empty(count + 1, dtype=np.uint32)
+        at = 0
+        for piece in [*slices(parts), None]:
+            words = encoder.weight_word() if piece is None else encoder.values(piece)
+            if noise is not None and piece is not None:  # the weight word is not noised
+                words = add_in_ring(words, noise_share(words.size, *noise), fixed.ring_bits).astype(np.uint32)
+            words += masks.read(words.size)
+            words &= ring
+            out[at:at + words.size] = words
+            at += words.size
         return out
 
     # -- 3: Unmasking ----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ test("a Node device takes part in secure rounds beside Python devices: every blo
         procs.push(start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", "2GiB", "--data", "digits",
           "--client", String(c), "--num-clients", "3", "--secret-file", secrets[id], "--json-events", "--once"]));
       }
-      procs.push(nodeDevice(dir, url, "node-2", "185MiB", shards[2], "node", ["--secret-file", secrets["node-2"]]));
+      procs.push(nodeDevice(dir, url, "node-2", "195MiB", shards[2], "node", ["--secret-file", secrets["node-2"]]));
       const codes = await Promise.all(procs.map((p) => p.done));
       assert.deepEqual(codes, [0, 0, 0], `device exit codes (logs in ${dir})`);
       assert.equal(await server.done, 0, `the server's exit code (logs in ${dir})`);

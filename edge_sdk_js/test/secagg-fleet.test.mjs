@@ -24,12 +24,16 @@ import { browserDevice, journal, nodeDevice, start, startServer, tempDir, writeS
 
 const ROUNDS = 3;
 const SEED = 0;
-/** id -> [kind, budget, runtime]: kind python (runtime its --backend), node or tab. */
+/**
+ * id -> [kind, budget, runtime]: kind python (runtime its --backend), node or tab. The budgets give
+ * the same roles planned plain or secure (a secure run plans its devices with the secure round's
+ * memory, profiles.accounting TrainingMemory.secured).
+ */
 const FLEET = {
   "py-0": ["python", "2GiB", "torch"], // strong
-  "py-1": ["python", "200MiB", "onnxruntime"], // moderate
+  "py-1": ["python", "210MiB", "onnxruntime"], // moderate
   "node-2": ["node", "400MiB", "node"], // strong
-  "node-3": ["node", "185MiB", "node"], // weak
+  "node-3": ["node", "195MiB", "node"], // weak
   "tab-4": ["tab", "400", "onnxruntime-web"], // weak (MiB)
   "py-5": ["python", "2GiB", "torch"], // strong
 };

@@ -49,10 +49,12 @@ def fleet_blocks(path: str) -> FleetBlocks:
     split for the group's budget and batch (its local samples counted when the group caps them)."""
     from edge_sdk.models.zoo import build_model
     from orchestrator.emulation.fleet import load_fleet
-    from profiles.accounting import measure_model
+    from profiles.accounting import TrainingMemory, measure_model
     from profiles.planner import plan_split
 
     fleet = load_fleet(path)
+    # As the server plans them: a secure run's devices with the secure round's memory.
+    memory = TrainingMemory().secured() if fleet.training.secure_aggregation else TrainingMemory()
     model = build_model(fleet.model)
     cost = measure_model(model)
     splits: dict[int, int] = {}
@@ -60,7 +62,8 @@ def fleet_blocks(path: str) -> FleetBlocks:
     for d in fleet.devices():
         if d.group not in split_of:
             split_of[d.group] = d.force_split if d.force_split is not None else plan_split(
-                cost, d.budget_bytes, fleet.training.batch_size, local_samples=_group_samples(fleet, d.group)).split
+                cost, d.budget_bytes, fleet.training.batch_size, local_samples=_group_samples(fleet, d.group),
+                memory=memory).split
         splits[split_of[d.group]] = splits.get(split_of[d.group], 0) + 1
     return FleetBlocks(fleet.name, list(model.block_names), splits, fleet.training.rounds, fleet.training.fraction,
                        fleet.training.strategy, dict(fleet.strategy_options))

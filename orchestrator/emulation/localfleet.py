@@ -131,29 +131,33 @@ async def run_local_fleet(
 
 
 def min_budget_for_split(model, split: int, batch: int = 32, local_samples: int = 0, *, backend: str = "torch",
-                         graph_splits: Sequence[int] = ()) -> int:
-    """The smallest budget for which the planner lets a device on ``backend`` train blocks [split, L)."""
+                         graph_splits: Sequence[int] = (), secure: bool = False) -> int:
+    """The smallest budget for which the planner lets a device on ``backend`` train blocks [split, L)
+    (``secure``: in a run with secure aggregation, whose devices are planned with its memory)."""
+    from profiles.accounting import TrainingMemory
     from profiles.planner import PlanError, plan_split
 
+    memory = TrainingMemory().secured() if secure else TrainingMemory()
     lo, hi = 1 << 20, 1 << 40
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
             fits = plan_split(model, mid, batch, local_samples=local_samples, backends=(backend,),
-                              graph_splits=graph_splits).split <= split
+                              graph_splits=graph_splits, memory=memory).split <= split
         except PlanError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid, hi)
     return hi
 
 
-def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *, backend: str = "torch"
-                 ) -> dict[str, int]:
+def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *, backend: str = "torch",
+                 secure: bool = False) -> dict[str, int]:
     """Budgets that make the planner give each role on this model (for demos and tests).
 
     ``backend`` is the runtime the devices are planned on (``torch``, ``onnxruntime``: a name of
     ``profiles.runtime.RUNTIMES``). Strong: enough for the whole model. Weak: just enough for the last block. Moderate: just
     enough for the smallest suffix the planner still calls moderate (or the middle split).
+    ``secure``: for a run with secure aggregation (its devices hold more: :meth:`TrainingMemory.secured`).
     ``local_samples`` bounds a device's dataset, which the budget must hold too (the default
     covers any share of scikit-learn's digits, 1,438 training samples).
     """
@@ -169,8 +173,8 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *
     cost = measure_model(model)
     graphs = [k for k in range(len(model)) if train_graph_refusal(model, k) is None] if RUNTIMES[backend].needs_graph else []
     splits = graphs or range(len(model))
-    budgets = {k: min_budget_for_split(cost, k, batch, local_samples, backend=backend, graph_splits=graphs)
-               for k in splits}
+    budgets = {k: min_budget_for_split(cost, k, batch, local_samples, backend=backend, graph_splits=graphs,
+                                       secure=secure) for k in splits}
     roles = {k: plan_split(cost, b, batch, local_samples=local_samples, backends=(backend,),
                            graph_splits=graphs).role for k, b in budgets.items()}
     moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]

@@ -165,7 +165,7 @@ class WebSite:
         def plan(budget: int):  # as Planning plans a hello of this budget
             return plan_split(planning.cost, budget, self.config.planner_batch, local_samples=samples,
                               backends=(planning.runtime(hello).name,), graph_splits=planning.graph_splits,
-                              rows=planning.planned_rows(hello))
+                              rows=planning.planned_rows(hello), memory=planning.memory)
         try:
             least = plan(1).budget_bytes
         except PlanError as exc:
