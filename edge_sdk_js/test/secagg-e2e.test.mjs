@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import WebSocket from "ws";
 import { DeviceClient, loadRuntime } from "../dist/index.js";
-import { FixedPoint } from "../dist/secagg/fixedpoint.js";
+import { BlockEncoder } from "../dist/secagg/fixedpoint.js";
 import { DeviceRound } from "../dist/secagg/round.js";
 import { loadShard } from "../dist/shard.js";
 import { python, pythonEnv } from "./cases.mjs";
@@ -119,11 +119,22 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
     const shards = writeShards(dir, [2], 3);
     // What the device encodes and masks, recorded as it does (the server process never sees it).
     const encodings = [], masked = [];
-    const [encode, mask] = [FixedPoint.prototype.encode, DeviceRound.prototype.mask];
-    FixedPoint.prototype.encode = async function (...args) {
-      const words = await encode.apply(this, args);
-      encodings.push({ words: Uint32Array.from(words), bits: this.ringBits });
+    // The device encodes a block a slice at a time (BlockEncoder): its words are the slices', then the weight word.
+    const [values, weightWord, mask] = [BlockEncoder.prototype.values, BlockEncoder.prototype.weightWord, DeviceRound.prototype.mask];
+    const pieces = new Map();
+    BlockEncoder.prototype.values = async function (...args) {
+      const words = await values.apply(this, args);
+      pieces.set(this, [...(pieces.get(this) ?? []), Uint32Array.from(words)]);
       return words;
+    };
+    BlockEncoder.prototype.weightWord = async function (...args) {
+      const word = await weightWord.apply(this, args);
+      const all = [...(pieces.get(this) ?? []), word];
+      const words = new Uint32Array(all.reduce((n, p) => n + p.length, 0));
+      all.reduce((at, p) => (words.set(p, at), at + p.length), 0);
+      encodings.push({ words, bits: this.fixed.ringBits });
+      pieces.delete(this);
+      return word;
     };
     DeviceRound.prototype.mask = async function (...args) {
       const out = await mask.apply(this, args);
@@ -152,7 +163,7 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
       assert.deepEqual(await Promise.all(procs.map((p) => p.done)), [0, 0], `device exit codes (logs in ${dir})`);
       assert.equal(await server.done, 0, `the server's exit code (logs in ${dir})`);
     } finally {
-      FixedPoint.prototype.encode = encode;
+      Object.assign(BlockEncoder.prototype, { values, weightWord });
       DeviceRound.prototype.mask = mask;
       for (const p of [server, ...procs]) if (p.exitCode === null) p.kill();
     }

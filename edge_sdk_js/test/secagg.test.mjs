@@ -117,6 +117,36 @@ for (const b of BACKENDS) {
   });
 }
 
+for (const b of BACKENDS) {
+  test(`${b.name}: a block encoded and masked slice by slice is the whole block's words`, async () => {
+    // A device reads its keystreams a slice at a time (round.ts): slices of 1 to 7 words cross the
+    // keystream's 16-byte blocks at every offset, and entries' boundaries fall inside slices.
+    const seed = h(V.masks[0].seed);
+    const whole = await sa.expandWords(seed, 300, b);
+    for (const size of [1, 2, 3, 5, 7, 64]) {
+      const stream = new sa.KeyStream(seed, b);
+      const read = [];
+      for (let at = 0; at < 300; at += size) read.push(...(await stream.read(Math.min(size, 300 - at))));
+      assert.deepEqual(read, [...whole], `slices of ${size}`);
+    }
+    const parts = [Float32Array.from({ length: 37 }, (_, i) => Math.sin(i) * 3), new Float32Array(0),
+      Float64Array.from({ length: 20 }, (_, i) => i / 7 - 1)];
+    const vector = Float64Array.from(parts.flatMap((p) => [...p]));
+    const fp = sa.FixedPoint.plan(3, 2.5);
+    const rounding = h(V.masks[1].seed);
+    const encoder = new sa.BlockEncoder(fp, sa.l2Norm(sa.slices(parts, 6)), 0.75, rounding, b);
+    const words = [];
+    for (const piece of sa.slices(parts, 6)) words.push(...(await encoder.values(piece)));
+    words.push(...(await encoder.weightWord()));
+    assert.deepEqual(words, [...(await fp.encode(vector, 0.75, rounding, b))]);
+    const seeds = { selfSeed: seed, pairSeeds: new Map([["a", h(V.masks[1].seed)], ["c", h(V.masks[2].seed)]]) };
+    const masks = new sa.MaskStream(fp.ringBits, "b", seeds, b);
+    const read = [];
+    for (let at = 0; at < words.length; at += 6) read.push(...(await masks.read(Math.min(6, words.length - at))));
+    assert.deepEqual(read, [...(await sa.combinedMask(words.length, fp.ringBits, "b", seeds, b))]);
+  });
+}
+
 test("identity keys and key advertisements match Python's, and refuse another round, device or key", async () => {
   for (const c of V.identity) {
     const keys = [h(c.cipher_public), h(c.mask_public)];

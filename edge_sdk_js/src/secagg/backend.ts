@@ -18,14 +18,21 @@ export interface CryptoBackend {
   /** X25519(privateKey, publicKey); throws SecAggError for a small-order public key. */
   x25519(privateKey: Uint8Array, publicKey: Uint8Array): Promise<Uint8Array>;
   hkdf(ikm: Uint8Array, info: Uint8Array, length: number): Promise<Uint8Array>;
-  /** The first `bytes` bytes of the AES-256-CTR keystream of `key` from a zero counter block. */
-  aesCtrKeystream(key: Uint8Array, bytes: number): Promise<Uint8Array>;
+  /** `bytes` bytes of the AES-256-CTR keystream of `key`, from its 16-byte block `block` on (the
+   * counter block: zeros with `block` big-endian in the last 8 bytes; 0 is the stream's start). */
+  aesCtrKeystream(key: Uint8Array, bytes: number, block?: number): Promise<Uint8Array>;
   aesGcmSeal(key: Uint8Array, nonce: Uint8Array, plaintext: Uint8Array, associated: Uint8Array): Promise<Uint8Array>;
   /** The plaintext; throws SecAggError if the tag does not verify. */
   aesGcmOpen(key: Uint8Array, nonce: Uint8Array, sealed: Uint8Array, associated: Uint8Array): Promise<Uint8Array>;
 }
 
-const ZERO_COUNTER = new Uint8Array(16);
+/** The counter block of the keystream's 16-byte block `block` (a safe integer). */
+function counterBlock(block = 0): Uint8Array<ArrayBuffer> {
+  if (!Number.isSafeInteger(block) || block < 0) throw new SecAggError(`a keystream block is a safe integer >= 0, got ${block}`);
+  const out = new Uint8Array(16);
+  new DataView(out.buffer).setBigUint64(8, BigInt(block));
+  return out;
+}
 const SMALL_ORDER = "key agreement failed: the public key has small order";
 
 /** A copy backed by a plain ArrayBuffer, the type WebCrypto's BufferSource takes. */
@@ -48,8 +55,8 @@ export const nobleBackend: CryptoBackend = {
   async hkdf(ikm, info, length) {
     return hkdf(sha256, ikm, undefined, info, length);
   },
-  async aesCtrKeystream(key, bytes) {
-    return ctr(key, ZERO_COUNTER).encrypt(new Uint8Array(bytes));
+  async aesCtrKeystream(key, bytes, block) {
+    return ctr(key, counterBlock(block)).encrypt(new Uint8Array(bytes));
   },
   async aesGcmSeal(key, nonce, plaintext, associated) {
     return gcm(key, nonce, associated).encrypt(plaintext);
@@ -98,9 +105,9 @@ export function webCryptoBackend(subtle: SubtleCrypto): CryptoBackend {
       const params = { name: "HKDF", hash: "SHA-256", salt: new Uint8Array(0), info: own(info) };
       return new Uint8Array(await subtle.deriveBits(params, key, length * 8));
     },
-    async aesCtrKeystream(key, bytes) {
+    async aesCtrKeystream(key, bytes, block) {
       const k = await subtle.importKey("raw", own(key), "AES-CTR", false, ["encrypt"]);
-      const params = { name: "AES-CTR", counter: ZERO_COUNTER, length: 64 };
+      const params = { name: "AES-CTR", counter: counterBlock(block), length: 64 };
       return new Uint8Array(await subtle.encrypt(params, k, new Uint8Array(bytes)));
     },
     async aesGcmSeal(key, nonce, plaintext, associated) {

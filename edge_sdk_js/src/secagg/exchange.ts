@@ -11,7 +11,7 @@ import { nextReply } from "../replies.js";
 import { tensor, type Tensor, type TensorValue } from "../tensors.js";
 import type { Channel } from "../transport.js";
 import { SecAggError, scope } from "./labels.js";
-import { blockVectors } from "./layout.js";
+import { blockParts } from "./layout.js";
 import { DeviceRound } from "./round.js";
 
 /** Instruction config keys of a secure round (besides `SECAGG_KEY`, its scope). */
@@ -55,7 +55,7 @@ export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instructi
     await ch.send({ t: "secagg_shares", round: ins.round, sealed: await rnd.share(peers) });
     const inbox = await answer(ch, "secagg_inbox");
     await rnd.receive(inbox.sealed);
-    const blocks = blockVectors(tensors, String(ins.config[BLOCKS_KEY] ?? "").split(","), ins.split);
+    const blocks = blockParts(tensors, String(ins.config[BLOCKS_KEY] ?? "").split(","), ins.split);
     const words = await rnd.mask(blocks, numSamples);
     return Object.fromEntries(words.map((w, i) => [uploadName(ins.split + i),
       tensor("int32", [w.length], new Int32Array(w.buffer, w.byteOffset, w.length))]));

@@ -5,18 +5,44 @@
  * keyed by 32 fresh random bytes, reduce modulo 2^b with b = bit_length(n * ceil(C * 2^f)) + 1 <= 32.
  * The operations and their order are Python's, so both SDKs give the same words for the same
  * inputs and rounding seed (the L2 norm is summed in order here; numpy may sum in another order,
- * which changes it by rounding only).
+ * which changes it by rounding only). A device encodes a block a slice at a time (`BlockEncoder`,
+ * after `l2Norm`'s pass), which gives the words `encode` gives for the whole block.
  */
 import { type CryptoBackend, randomBytes } from "./backend.js";
 import { KEY_BYTES } from "./keys.js";
 import { SecAggError } from "./labels.js";
-import { MAX_RING_BITS, MAX_WORDS, expandWords, ringMask } from "./masks.js";
+import { KeyStream, MAX_RING_BITS, MAX_WORDS, ringMask } from "./masks.js";
 
 export const MAX_FRAC_BITS = 60;
 export const MAX_COHORT = 2 ** 20;
 
 /** Standard deviations of the summed distributed noise the ring holds beside the values (fixedpoint.py). */
 export const NOISE_TAIL = 10;
+/** Coordinates a device encodes and masks at once. */
+export const SLICE_WORDS = 1 << 16;
+
+/** The concatenation of `parts`, in views of at most `size` values (subarrays of typed arrays; no copy). */
+export function* slices(parts: readonly ArrayLike<number>[], size = SLICE_WORDS): Generator<ArrayLike<number>> {
+  for (const part of parts) {
+    for (let at = 0; at < part.length; at += size) {
+      yield ArrayBuffer.isView(part) ? (part as unknown as Float64Array).subarray(at, at + size)
+        : Array.prototype.slice.call(part, at, at + size) as number[];
+    }
+  }
+}
+
+/** The L2 norm of the concatenation of `parts`, summed in order (refused with NaN or infinite values). */
+export function l2Norm(parts: Iterable<ArrayLike<number>>): number {
+  let squares = 0;
+  for (const piece of parts) {
+    for (let i = 0; i < piece.length; i++) {
+      const v = piece[i]!;
+      if (!Number.isFinite(v)) throw new SecAggError("the update has NaN or infinite values");
+      squares += v * v;
+    }
+  }
+  return Math.sqrt(squares);
+}
 
 /** The smallest b such that the sum of `cohort` encoded values, plus noise of standard deviation `noise`
  * (update units) up to NOISE_TAIL deviations, cannot wrap in Z_{2^b}. */
@@ -82,28 +108,10 @@ export class FixedPoint {
     backend?: CryptoBackend): Promise<Uint32Array> {
     const d = update.length;
     if (d + 1 > MAX_WORDS) throw new SecAggError(`a block has at most ${MAX_WORDS - 1} coordinates`);
-    let squares = 0;
-    for (let i = 0; i < d; i++) {
-      const v = update[i]!;
-      if (!Number.isFinite(v)) throw new SecAggError("the update has NaN or infinite values");
-      squares += v * v;
-    }
-    if (!(weight >= 0 && weight <= 1)) throw new SecAggError(`the weight must be in [0, 1], got ${weight}`);
-    const norm = Math.sqrt(squares);
-    const factor = norm <= this.clip ? 1 : this.clip / norm;
-    const s = factor * weight;
-    const scale = 2 ** this.fracBits;
-    const limit = this.clip * scale;
-    const uniforms = await expandWords(roundingSeed ?? randomBytes(KEY_BYTES), d + 1, backend);
-    const mask = ringMask(this.ringBits);
+    const encoder = new BlockEncoder(this, l2Norm([update]), weight, roundingSeed, backend);
     const out = new Uint32Array(d + 1);
-    for (let i = 0; i <= d; i++) {
-      const raw = (i < d ? update[i]! * s : weight * this.clip) * scale;
-      const y = Math.min(limit, Math.max(-limit, raw));
-      const low = Math.floor(y);
-      const q = low + (uniforms[i]! * 2 ** -32 < y - low ? 1 : 0);
-      out[i] = this.ringBits === MAX_RING_BITS ? q : q & mask;
-    }
+    out.set(await encoder.values(update));
+    out.set(await encoder.weightWord(), d);
     return out;
   }
 
@@ -120,5 +128,59 @@ export class FixedPoint {
     const values = new Float64Array(total.length - 1);
     for (let i = 0; i < values.length; i++) values[i] = lift(total[i]!) * scale;
     return { values, weight: (lift(total[total.length - 1]!) * scale) / this.clip };
+  }
+}
+
+/**
+ * One block's encoding under `fixed`, a slice at a time: `values` for consecutive slices of the
+ * block's vector, whose L2 norm is `norm`, then `weightWord` once: the words `FixedPoint.encode`
+ * gives for the whole vector (the rounding stream read in the same order).
+ */
+export class BlockEncoder {
+  private readonly s: number;
+  private readonly scale: number;
+  private readonly limit: number;
+  private readonly stream: KeyStream;
+  private readonly ring: number;
+  private done = false;
+
+  constructor(private readonly fixed: FixedPoint, norm: number, private readonly weight: number, roundingSeed?: Uint8Array,
+    backend?: CryptoBackend) {
+    if (!(weight >= 0 && weight <= 1)) throw new SecAggError(`the weight must be in [0, 1], got ${weight}`);
+    if (!(Number.isFinite(norm) && norm >= 0)) throw new SecAggError(`the update's norm must be finite, got ${norm}`);
+    const factor = norm <= fixed.clip ? 1 : fixed.clip / norm;
+    this.s = factor * weight;
+    this.scale = 2 ** fixed.fracBits;
+    this.limit = fixed.clip * this.scale;
+    this.ring = ringMask(fixed.ringBits);
+    this.stream = new KeyStream(roundingSeed ?? randomBytes(KEY_BYTES), backend);
+  }
+
+  /** The words of the next `piece` of the block's vector. */
+  async values(piece: ArrayLike<number>): Promise<Uint32Array> {
+    if (this.done) throw new SecAggError("a block's values come before its weight word");
+    const uniforms = await this.stream.read(piece.length);
+    const out = new Uint32Array(piece.length);
+    for (let i = 0; i < piece.length; i++) {
+      const v = piece[i]!;
+      if (!Number.isFinite(v)) throw new SecAggError("the update has NaN or infinite values");
+      out[i] = this.round(v * this.s * this.scale, uniforms[i]!);
+    }
+    return out;
+  }
+
+  /** The weight coordinate's word, last. */
+  async weightWord(): Promise<Uint32Array> {
+    if (this.done) throw new SecAggError("a block has one weight word");
+    const uniforms = await this.stream.read(1);
+    this.done = true;
+    return Uint32Array.of(this.round(this.weight * this.fixed.clip * this.scale, uniforms[0]!));
+  }
+
+  private round(raw: number, uniform: number): number {
+    const y = Math.min(this.limit, Math.max(-this.limit, raw));
+    const low = Math.floor(y);
+    const q = low + (uniform * 2 ** -32 < y - low ? 1 : 0);
+    return this.fixed.ringBits === MAX_RING_BITS ? q : q & this.ring;
   }
 }

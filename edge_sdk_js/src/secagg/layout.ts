@@ -25,20 +25,27 @@ export function blockEntries(names: readonly string[], blockNames: readonly stri
   return out;
 }
 
-/** The float64 vector of each block [split, L) of `tensors` (float entries only; dense). */
-export function blockVectors(tensors: Record<string, TensorValue>, blockNames: readonly string[], split: number): Float64Array[] {
+/** Each block [split, L)'s vector as its float entries' arrays, in vector order: the vector without
+ * the copy (a device masks them slice by slice, round.ts). Float entries only; dense. */
+export function blockParts(tensors: Record<string, TensorValue>, blockNames: readonly string[], split: number
+): (Float32Array | Float64Array)[][] {
   const floats = new Map<string, Float32Array | Float64Array>();
   for (const [name, value] of Object.entries(tensors)) {
     if ("rowSparse" in value) throw new SecAggError(`entry ${JSON.stringify(name.slice(0, 80))} is row-sparse: a secure round sums dense blocks`);
     if (value.dtype === "float16") throw new SecAggError(`entry ${JSON.stringify(name.slice(0, 80))} is float16: a secure round masks float32 or float64`);
     if (value.data instanceof Float32Array || value.data instanceof Float64Array) floats.set(name, value.data);
   }
-  return [...blockEntries([...floats.keys()], blockNames, split).values()].map((names) => {
-    const out = new Float64Array(names.reduce((n, name) => n + floats.get(name)!.length, 0));
+  return [...blockEntries([...floats.keys()], blockNames, split).values()].map((names) => names.map((name) => floats.get(name)!));
+}
+
+/** The float64 vector of each block [split, L) of `tensors` (float entries only; dense). */
+export function blockVectors(tensors: Record<string, TensorValue>, blockNames: readonly string[], split: number): Float64Array[] {
+  return blockParts(tensors, blockNames, split).map((parts) => {
+    const out = new Float64Array(parts.reduce((n, part) => n + part.length, 0));
     let at = 0;
-    for (const name of names) {
-      out.set(floats.get(name)!, at);
-      at += floats.get(name)!.length;
+    for (const part of parts) {
+      out.set(part, at);
+      at += part.length;
     }
     return out;
   });

@@ -4,7 +4,9 @@
  * (b <= 32) is a word's low b bits. A device adds its self mask and, for each neighbour, the pair
  * mask with sign +1 if its id sorts before the neighbour's (UTF-8 bytes), -1 otherwise; the server
  * removes survivors' self masks and, for each dropped device, adds what it would have added
- * (`removeMasks`). Uint32Array stores wrap modulo 2^32, and 2^b divides 2^32.
+ * (`removeMasks`). Uint32Array stores wrap modulo 2^32, and 2^b divides 2^32. A device reads its
+ * masks a slice at a time (`MaskStream`): a CTR keystream read in consecutive slices is the same
+ * bytes as read at once, and masking a block costs its words plus a slice.
  */
 import { type CryptoBackend, selectBackend } from "./backend.js";
 import { KEY_BYTES } from "./keys.js";
@@ -30,13 +32,29 @@ function checkCount(count: number): number {
   return count;
 }
 
+/** The little-endian uint32 words of the AES-256-CTR keystream of `seed`, read in order. */
+export class KeyStream {
+  private at = 0; // bytes read so far
+  constructor(private readonly seed: Uint8Array, private readonly backend?: CryptoBackend) {
+    if (!LITTLE_ENDIAN) throw new SecAggError("mask expansion assumes a little-endian platform");
+    checkBytes("mask seed", seed, KEY_BYTES);
+  }
+
+  /** The next `count` words of the stream. */
+  async read(count: number): Promise<Uint32Array> {
+    const b = this.backend ?? (await selectBackend());
+    const skip = this.at % 16; // a multiple of 4: the words' place in their keystream block
+    const bytes = Math.ceil((skip + 4 * checkCount(count)) / 16) * 16;
+    const stream = await b.aesCtrKeystream(this.seed, bytes, (this.at - skip) / 16);
+    this.at += 4 * count;
+    const aligned = stream.byteOffset % 4 === 0 ? stream : new Uint8Array(stream);
+    return new Uint32Array(aligned.buffer, aligned.byteOffset + skip, count);
+  }
+}
+
 /** The first `count` little-endian uint32 words of the AES-256-CTR keystream of `seed`. */
 export async function expandWords(seed: Uint8Array, count: number, backend?: CryptoBackend): Promise<Uint32Array> {
-  if (!LITTLE_ENDIAN) throw new SecAggError("mask expansion assumes a little-endian platform");
-  const b = backend ?? (await selectBackend());
-  const stream = await b.aesCtrKeystream(checkBytes("mask seed", seed, KEY_BYTES), 4 * checkCount(count));
-  const aligned = stream.byteOffset % 4 === 0 ? stream : new Uint8Array(stream);
-  return new Uint32Array(aligned.buffer, aligned.byteOffset, count);
+  return new KeyStream(seed, backend).read(count);
 }
 
 /** `count` elements of Z_{2^bits} expanded from `seed`. */
@@ -86,17 +104,36 @@ export interface MaskSeeds {
   readonly pairSeeds?: ReadonlyMap<string, Uint8Array>;
 }
 
-/** The mask device `me` adds to one block: its self mask plus each neighbour's signed pair mask. */
+/** The mask device `me` adds to one block, read a slice at a time: its self mask plus each
+ * neighbour's signed pair mask. Slices read in order are the words of `combinedMask`. */
+export class MaskStream {
+  private readonly self: KeyStream | undefined;
+  private readonly pairs: [boolean, KeyStream][] = [];
+  constructor(private readonly bits: number, me: string, seeds: MaskSeeds, backend?: CryptoBackend) {
+    ringMask(bits);
+    this.self = seeds.selfSeed === undefined ? undefined : new KeyStream(seeds.selfSeed, backend);
+    for (const [other, seed] of seeds.pairSeeds ?? new Map<string, Uint8Array>()) {
+      this.pairs.push([pairwiseSign(me, other) > 0, new KeyStream(seed, backend)]);
+    }
+  }
+
+  /** The mask's next `count` words, elements of Z_{2^bits}. */
+  async read(count: number): Promise<Uint32Array> {
+    const total = new Uint32Array(checkCount(count));
+    if (this.self !== undefined) total.set(await this.self.read(count));
+    for (const [plus, stream] of this.pairs) {
+      const words = await stream.read(count);
+      if (plus) for (let i = 0; i < count; i++) total[i] = total[i]! + words[i]!;
+      else for (let i = 0; i < count; i++) total[i] = total[i]! - words[i]!;
+    }
+    return reduce(total, this.bits);
+  }
+}
+
+/** The whole mask device `me` adds to one block of `count` words (`MaskStream`). */
 export async function combinedMask(count: number, bits: number, me: string, seeds: MaskSeeds,
   backend?: CryptoBackend): Promise<Uint32Array> {
-  const total = new Uint32Array(checkCount(count));
-  if (seeds.selfSeed !== undefined) total.set(await expandWords(seeds.selfSeed, count, backend));
-  for (const [other, seed] of seeds.pairSeeds ?? new Map<string, Uint8Array>()) {
-    const words = await expandWords(seed, count, backend);
-    if (pairwiseSign(me, other) > 0) for (let i = 0; i < count; i++) total[i] = total[i]! + words[i]!;
-    else for (let i = 0; i < count; i++) total[i] = total[i]! - words[i]!;
-  }
-  return reduce(total, bits);
+  return new MaskStream(bits, me, seeds, backend).read(count);
 }
 
 /**

@@ -21,11 +21,11 @@ import { addInRing, noiseShare } from "../dp.js";
 import type { SecAggPeers } from "../messages.js";
 import { randomBytes, type CryptoBackend } from "./backend.js";
 import { signAdvertisement, verifyAdvertisement } from "./binding.js";
-import { FixedPoint } from "./fixedpoint.js";
+import { BlockEncoder, FixedPoint, l2Norm, slices } from "./fixedpoint.js";
 import { neighbourGraph } from "./graph.js";
 import { KEY_BYTES, agree, generateKeyPair, pairMaskSeed, publicKey, selfMaskSeed, shareKey, type KeyPair } from "./keys.js";
 import { SecAggError, type Scope } from "./labels.js";
-import { addMod, combinedMask } from "./masks.js";
+import { MAX_WORDS, MaskStream, ringMask } from "./masks.js";
 import { openShares, sealShares } from "./sealing.js";
 import { splitSecret } from "./shamir.js";
 
@@ -167,31 +167,54 @@ export class DeviceRound {
     return this.neighbours.filter((v) => this.held.has(v) && this.splits.get(v)! <= block);
   }
 
-  /** 2b: the masked words of each trained block (`blocks[i]`: block split + i), the weight coordinate last. */
-  async mask(blocks: readonly ArrayLike<number>[], numSamples: number, roundingSeed?: Uint8Array): Promise<Uint32Array[]> {
+  /**
+   * 2b: the masked words of each trained block (`blocks[i]`: block split + i, one array or the
+   * arrays its vector concatenates, `blockParts`), the weight coordinate last. Each block is
+   * encoded, noised and masked a slice at a time (SLICE_WORDS coordinates) into its masked words,
+   * so the round holds the update, its masked words and one slice, as round.py does.
+   */
+  async mask(blocks: readonly (ArrayLike<number> | readonly ArrayLike<number>[])[], numSamples: number,
+    roundingSeed?: Uint8Array): Promise<Uint32Array[]> {
     this.expect("mask", "reveal");
-    const fixed = this.fixed!;
     if (blocks.length !== this.numBlocks - this.split) {
       throw new SecAggError(`${this.deviceId}: ${blocks.length} blocks to mask, trained ${this.numBlocks - this.split}`);
     }
     const weight = weightOf(numSamples, this.weightScale);
     const out: Uint32Array[] = [];
     for (const [i, values] of blocks.entries()) {
-      const block = this.split + i;
-      const partners = this.partners(block);
-      if (partners.length === 0) throw new SecAggError(`${this.deviceId}: no neighbour of block ${block}'s cohort sent shares`);
-      let words = await fixed.encode(values, weight, roundingSeed, this.backend);
-      const noise = this.noise.get(block);
-      if (noise !== undefined) {  // the device's share N_Z(0, sigma_b^2 / n_min_b) on the value words, not the weight
-        const noised = addInRing(words.subarray(0, words.length - 1), noiseShare(words.length - 1, noise[0], noise[1]), fixed.ringBits);
-        words = Uint32Array.from([...noised, words[words.length - 1]!]);
-      }
-      const pairSeeds = new Map<string, Uint8Array>();
-      for (const v of partners) pairSeeds.set(v, await pairMaskSeed(this.pairSecrets.get(v)!, this.scope, block, this.deviceId, v, this.backend));
-      const selfSeed = await selfMaskSeed(this.seed, this.scope, block, this.deviceId, this.backend);
-      const mask = await combinedMask(words.length, fixed.ringBits, this.deviceId, { selfSeed, pairSeeds }, this.backend);
-      out.push(addMod(words, mask, fixed.ringBits));
+      const parts = isParts(values) ? values : [values];
+      out.push(await this.maskBlock(this.split + i, parts, weight, roundingSeed));
     }
+    return out;
+  }
+
+  private async maskBlock(block: number, parts: readonly ArrayLike<number>[], weight: number,
+    roundingSeed?: Uint8Array): Promise<Uint32Array> {
+    const fixed = this.fixed!;
+    const partners = this.partners(block);
+    if (partners.length === 0) throw new SecAggError(`${this.deviceId}: no neighbour of block ${block}'s cohort sent shares`);
+    const count = parts.reduce((n, part) => n + part.length, 0);
+    if (count + 1 > MAX_WORDS) throw new SecAggError(`a block has at most ${MAX_WORDS - 1} coordinates`);
+    const encoder = new BlockEncoder(fixed, l2Norm(slices(parts)), weight, roundingSeed, this.backend);
+    const pairSeeds = new Map<string, Uint8Array>();
+    for (const v of partners) pairSeeds.set(v, await pairMaskSeed(this.pairSecrets.get(v)!, this.scope, block, this.deviceId, v, this.backend));
+    const selfSeed = await selfMaskSeed(this.seed, this.scope, block, this.deviceId, this.backend);
+    const masks = new MaskStream(fixed.ringBits, this.deviceId, { selfSeed, pairSeeds }, this.backend);
+    const noise = this.noise.get(block);
+    const ring = ringMask(fixed.ringBits);
+    const out = new Uint32Array(count + 1);
+    let at = 0;
+    const add = async (words: Uint32Array) => {
+      const mask = await masks.read(words.length);
+      for (let j = 0; j < words.length; j++) out[at + j] = (words[j]! + mask[j]!) & ring;
+      at += words.length;
+    };
+    for (const piece of slices(parts)) {
+      const words = await encoder.values(piece);
+      // The device's share N_Z(0, sigma_b^2 / n_min_b) on the value words, not the weight.
+      await add(noise === undefined ? words : addInRing(words, noiseShare(words.length, noise[0], noise[1]), fixed.ringBits));
+    }
+    await add(await encoder.weightWord());
     return out;
   }
 
@@ -213,4 +236,9 @@ export class DeviceRound {
     const pick = (ids: Set<string>, which: 0 | 1) => Object.fromEntries([...ids].sort().map((v) => [v, held.get(v)![which]]));
     return [pick(alive, 0), pick(gone, 1)];
   }
+}
+
+/** Whether a block is given as the arrays its vector concatenates (not one array of numbers). */
+function isParts(values: ArrayLike<number> | readonly ArrayLike<number>[]): values is readonly ArrayLike<number>[] {
+  return Array.isArray(values) && values.length > 0 && typeof values[0] !== "number";
 }
