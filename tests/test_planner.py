@@ -24,7 +24,9 @@ from profiles.planner import Plan, PlanError, RoleThresholds, group_chunks, plan
 from profiles.runtime import FALLBACK
 from profiles.units import format_size, parse_size
 
-MiB = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
 RUNTIME = FALLBACK.training  # 267 MiB: torch + ONNX Runtime (docs/measurements.md) + the device's warm-up
 
 
@@ -349,6 +351,20 @@ def test_cli_default_profiles_resnet20_for_every_device_class(tmp_path):
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip() and line.split()[0] in device_names()}
     # A 512 MiB board trains a weak share of ResNet20 (its last stages); a flagship phone trains it all.
     assert "weak" in rows["pi-zero-2w"] and "strong" in rows["flagship-phone"]
+
+
+def test_cli_plans_a_secure_run_with_the_secure_rounds_memory(tmp_path):
+    """A budget that buys the strong role plain does not in a secure run (profiles.accounting
+    TrainingMemory.secured: the secure round's libraries and masked words)."""
+    cost = measure_model(build_model("digits_mlp"))
+    plain = plan_split(cost, 2 * GiB, 32, runtime=FALLBACK)
+    budget = f"{plain.footprint_bytes // KiB + 1}KiB"  # the strong plan's own footprint, and no more
+    out = {flag: edgetrain("--model", "digits_mlp", "--budget", budget, *flag, cache_dir=tmp_path)
+           for flag in ((), ("--secure-aggregation",))}
+    assert all(o.returncode == 0 for o in out.values()), [o.stderr for o in out.values()]
+    roles = {flag: next(line for line in o.stdout.splitlines() if "│ role" in line).split()[3] for flag, o in out.items()}
+    assert roles == {(): "strong", ("--secure-aggregation",): "moderate"}, roles
+    assert "masked words" in out[("--secure-aggregation",)].stdout and "masked words" not in out[()].stdout
 
 
 @pytest.mark.slow

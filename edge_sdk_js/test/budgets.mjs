@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { rendererMemory } from "./browser.mjs";
 import { HERE, python, pythonEnv } from "./cases.mjs";
-import { browserDevice, journal, startServer, tempDir, writeShards } from "./fleet.mjs";
+import { browserDevice, enroll, journal, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 
 const MiB = 2 ** 20;
 /** test/capped.py's exit status where this machine has no cgroup memory controller to cap with. */
@@ -19,9 +19,12 @@ export const DATA = { digits_mlp: "digits", mnist_cnn: "mnist" };
 const CLIENTS = 4;
 const CLIENT = 1;
 
-async function server(dir, model, rounds) {
+/** A secure run's server options: two devices a round, each with its credential, their updates masked. */
+const SECURE = ["--min-devices", "2", "--require-credentials", "--secure-aggregation", "--secure-clip", "20"];
+
+async function server(dir, model, rounds, secure = false) {
   return startServer(dir, ["--model", model, "--data", DATA[model], "--rounds", String(rounds), "--min-devices", "1",
-    "--local-steps", "10", "--deadline", "300", "--straggler-policy", "deadline"]);
+    "--local-steps", "10", "--deadline", "300", "--straggler-policy", "deadline", ...(secure ? SECURE : [])]);
 }
 
 /** What the journal says of the one device `id`: its role and split, rounds finished, reports accepted, its reported peak. */
@@ -30,6 +33,7 @@ function outcome(dir, id) {
   const mine = j.reports.filter((r) => r.device === id);
   return { role: j.devices[id]?.role, split: j.devices[id]?.split, runtime: j.devices[id]?.backend,
     finished: j.rounds.filter((r) => r.finished).length, accepted: mine.filter((r) => r.accepted === 1).length,
+    masked: j.rounds.map((r) => r.metrics?.secure?.masked ?? 0),
     reportedPeak: Math.max(0, ...mine.map((r) => r.peak_rss_bytes ?? 0)) };
 }
 
@@ -48,13 +52,22 @@ function deviceArgv(kind, url, id, budgetMiB, model, dir) {
 /**
  * One device of `kind` (node, python) at `budgetMiB` under a hard cap of its budget for `rounds`
  * rounds of `model`. Resolves `{ skipped }` (why) where nothing can cap, else the journal's outcome
- * with `cap` (test/capped.py's result: exit status, OOM kill, cgroup and resident peaks).
+ * with `cap` (test/capped.py's result: exit status, OOM kill, cgroup and resident peaks). `secure`:
+ * the rounds use secure aggregation, an uncapped Python device (on torch, 2 GiB) the capped one's
+ * partner in every block's cohort, both with enrolled credentials.
  */
-export async function cappedDevice(kind, model, budgetMiB, rounds) {
+export async function cappedDevice(kind, model, budgetMiB, rounds, { secure = false } = {}) {
   const dir = tempDir(`edgetrain-budget-${kind}-`);
-  const { server: srv, url } = await server(dir, model, rounds);
+  const { server: srv, url } = await server(dir, model, rounds, secure);
+  let partner;
   try {
     const argv = deviceArgv(kind, url, `${kind}-1`, budgetMiB, model, dir);
+    if (secure) {
+      argv.push("--secret-file", enroll(dir, `${kind}-1`));
+      partner = start(dir, "py-0", python(), ["-m", "edge_sdk", "--server", url, "--id", "py-0", "--budget", "2GiB",
+        "--data", DATA[model], "--client", "0", "--num-clients", String(CLIENTS), "--secret-file", enroll(dir, "py-0"),
+        "--json-events", "--once"]);
+    }
     let out;
     try {
       ({ stdout: out } = await promisify(execFile)(python(), [join(HERE, "capped.py"), String(budgetMiB * MiB), "--", ...argv],
@@ -67,7 +80,7 @@ export async function cappedDevice(kind, model, budgetMiB, rounds) {
     await srv.done;
     return { kind, model, budget: budgetMiB * MiB, logs: dir, cap, peak: cap.rss_peak_bytes, ...outcome(dir, `${kind}-1`) };
   } finally {
-    if (srv.exitCode === null) srv.kill();
+    for (const p of [srv, partner]) if (p !== undefined && p.exitCode === null) p.kill();
   }
 }
 

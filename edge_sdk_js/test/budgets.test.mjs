@@ -1,9 +1,10 @@
 // JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
-// a Node device under a hard memory cap equal to its budget, weak and strong, and a Chromium tab at
-// a weak and a moderate budget each train five rounds of digits_mlp against a real orchestrator,
-// every round's report accepted, in the role their budget buys, and their resident peak (the
-// device's own, as reported; the tab's renderer's) stays under the budget. Skipped with one line
-// where there is no cgroup memory controller to cap with (not root) or no Chromium. In `make test-slow`.
+// a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
+// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
+// against a real orchestrator, every round's report accepted, in the role their budget buys, and
+// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget.
+// Skipped with one line where there is no cgroup memory controller to cap with (not root) or no
+// Chromium. In `make test-slow`.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { CHROMIUM } from "./browser.mjs";
@@ -28,9 +29,25 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
     assert.equal(r.cap.returncode, 0, `exit ${r.cap.returncode}, OOM-killed: ${r.cap.oom_killed} (logs in ${r.logs})`);
     assert.ok(!r.cap.oom_killed && r.cap.cgroup_peak_bytes <= r.budget);
     assert.ok(r.reportedPeak > 0 && r.reportedPeak <= r.budget, `the device reported a peak of ${r.reportedPeak} bytes`);
+    console.log(`# ${role} Node device at ${budget} MiB: resident peak ${(r.peak / MiB).toFixed(1)} MiB`);
     assertKept(r, role);
   });
 }
+
+/**
+ * The same strong Node device in secure rounds (a Python device its partner in every block's cohort):
+ * it masks its 8.5M trained parameters a slice at a time (src/secagg/round.ts), so its secure rounds
+ * stay inside the budget that holds its plain ones.
+ */
+test(`a strong Node device under a hard cap of its 400 MiB budget trains ${ROUNDS} secure rounds`, { timeout: 600_000 }, async (t) => {
+  const r = await cappedDevice("node", "digits_mlp", 400, ROUNDS, { secure: true });
+  if (r.skipped) { t.skip(r.skipped); return; }
+  assert.equal(r.cap.returncode, 0, `exit ${r.cap.returncode}, OOM-killed: ${r.cap.oom_killed} (logs in ${r.logs})`);
+  assert.ok(!r.cap.oom_killed && r.cap.cgroup_peak_bytes <= r.budget);
+  assert.deepEqual(r.masked, Array(ROUNDS).fill(2), `two masked uploads a round (logs in ${r.logs})`);
+  console.log(`# strong Node device at 400 MiB, secure rounds: resident peak ${(r.peak / MiB).toFixed(1)} MiB`);
+  assertKept(r, "strong");
+});
 
 /**
  * A tab's budgets: the planner charges onnxruntime-web's tab for the copies of the trainable parameters

@@ -75,6 +75,14 @@ export function pythonDevice(dir, url, id, budget, client, numClients) {
     "--reconnect-max-delay", "2"]); // a device started before its server joins soon after it listens
 }
 
+/** Enroll device `id` in the store of `dir` (`edgetrain device enroll`): the path of its secret's file. */
+export function enroll(dir, id) {
+  const out = join(dir, `${id}.secret`);
+  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
+    { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
+  return out;
+}
+
 export function journal(dir) {
   return JSON.parse(execFileSync(python(), [join(HERE, "journal.py"), join(dir, "store")], { env: pythonEnv() }).toString());
 }

@@ -10,7 +10,6 @@
 // it sends: none carries the quantized words, the masked words it uploads are in them, and the masked
 // words do not correlate with the quantized ones. In `make test-slow`.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import { readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -19,18 +18,11 @@ import { DeviceClient, loadRuntime } from "../dist/index.js";
 import { BlockEncoder } from "../dist/secagg/fixedpoint.js";
 import { DeviceRound } from "../dist/secagg/round.js";
 import { loadShard } from "../dist/shard.js";
-import { python, pythonEnv } from "./cases.mjs";
-import { journal, nodeDevice, start, startServer, tempDir, writeShards } from "./fleet.mjs";
+import { python } from "./cases.mjs";
+import { enroll, journal, nodeDevice, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 
 const ROUNDS = 2;
 const DEVICES = ["py-0", "py-1", "node-2"];
-
-function enroll(dir, id) {
-  const out = join(dir, `${id}.secret`);
-  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
-    { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
-  return out;
-}
 
 test("a Node device takes part in secure rounds beside Python devices: every block revealed, its reports accepted",
   { timeout: 900_000 }, async () => {

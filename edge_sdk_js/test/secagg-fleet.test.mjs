@@ -14,13 +14,12 @@
 //
 // In `make test-slow`.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { CHROMIUM } from "./browser.mjs";
-import { python, pythonEnv } from "./cases.mjs";
-import { browserDevice, journal, nodeDevice, start, startServer, tempDir, writeShards } from "./fleet.mjs";
+import { python } from "./cases.mjs";
+import { browserDevice, enroll, journal, nodeDevice, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 
 const ROUNDS = 3;
 const SEED = 0;
@@ -46,13 +45,6 @@ const KILL_ROUND = 2;
  * nondeterminism (thread counts, WebAssembly's sums), and one test sample of 359 is 0.0028.
  */
 const TOLERANCE = 0.035;
-
-function enroll(dir, id) {
-  const out = join(dir, `${id}.secret`);
-  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
-    { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
-  return out;
-}
 
 function events(file) {
   if (!existsSync(file)) return [];

@@ -30,6 +30,9 @@ def profile(
     batch: int = typer.Option(32, help="Training batch size."),
     samples: int = typer.Option(0, help="Samples in the device's local dataset (held in memory, cached activations too)."),
     optimizer_copies: int = typer.Option(1, help="Optimizer state per parameter: 0 SGD, 1 SGD+momentum, 2 Adam."),
+    secure_aggregation: bool = typer.Option(False, "--secure-aggregation",
+                                            help="Plan as a secure run does: the masked upload and the secure "
+                                                 "round's libraries counted (up to 16 MiB more)."),
     list_devices: bool = typer.Option(False, "--list-devices", help="List the device classes and exit."),
     refresh_runtime: bool = typer.Option(False, "--refresh-runtime", help="Measure the runtimes' memory again."),
     measure: bool = typer.Option(False, "--measure", help="Measure this machine's runtimes (on the board itself; "
@@ -64,6 +67,7 @@ def profile(
 
     try:
         memory = TrainingMemory(optimizer_copies=optimizer_copies)
+        memory = memory.secured() if secure_aggregation else memory
         budget_bytes = parse_size(budget) if budget is not None else None
         target = load_device_class(device) if device is not None else None
     except ValueError as exc:
@@ -226,11 +230,14 @@ def _print_plan(
     table.add_row("local data", format_size(fp.local_data), f"{samples} samples (--samples)")
     table.add_row("largest frozen chunk", format_size(fp.frozen_chunk), "ONNX Runtime session + weights + one batch")
     table.add_row("runtime", format_size(fp.runtime), f"torch + ONNX Runtime after a warm-up step ({runtime.source})")
-    table.add_row("process", format_size(fp.process), "connection buffers, worker thread, allocator slack")
+    table.add_row("process", format_size(fp.process), "connection buffers, worker thread, allocator slack"
+                  + (", the secure round's libraries" if memory.secure_bytes else ""))
+    table.add_row("upload", format_size(fp.upload), "the tail's values and their encoded frame"
+                  + (" and masked words" if memory.secure_bytes else ""))
     peak = (
-        f"max(streaming {format_size(fp.streaming)}, training {format_size(fp.training)})"
+        f"max(streaming {format_size(fp.streaming)}, training {format_size(fp.training)}, upload)"
         if fp.sequential
-        else "sum of the parts"
+        else "sum of the parts, or the upload"
     )
     table.add_row("footprint", format_size(plan.footprint_bytes),
                   f"({peak} + local data) x {1 + fp.margin:.2f} margin + runtime + process")
