@@ -160,7 +160,7 @@ class DeviceRound:
         A block is encoded, noised and masked a slice at a time (:data:`~edge_sdk.secagg.fixedpoint.SLICE_WORDS`
         coordinates) straight into its masked words, so the round holds the update, its masked words
         and one slice's temporaries, never a whole block's float64 copy or a mask per neighbour
-        (profiles.accounting.TrainingMemory ``secure_copies``)."""
+        (planned: profiles.accounting.TrainingMemory.secured)."""
         self._expect("mask", "reveal")
         fixed = self.fixed
         assert fixed is not None
