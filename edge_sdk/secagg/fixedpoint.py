@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np

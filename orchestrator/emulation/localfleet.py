@@ -165,7 +165,7 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *
     from profiles.planner import plan_split
     from profiles.runtime import RUNTIMES
 
-    from profiles.accounting import measure_model
+    from profiles.accounting import TrainingMemory, measure_model
 
     from exporters.train_export import train_graph_refusal
 
@@ -175,8 +175,9 @@ def role_budgets(model_name: str, batch: int = 32, local_samples: int = 2_000, *
     splits = graphs or range(len(model))
     budgets = {k: min_budget_for_split(cost, k, batch, local_samples, backend=backend, graph_splits=graphs,
                                        secure=secure) for k in splits}
+    memory = TrainingMemory().secured() if secure else TrainingMemory()  # as min_budget_for_split plans
     roles = {k: plan_split(cost, b, batch, local_samples=local_samples, backends=(backend,),
-                           graph_splits=graphs).role for k, b in budgets.items()}
+                           graph_splits=graphs, memory=memory).role for k, b in budgets.items()}
     moderate = [k for k in sorted(budgets) if roles[k] == "moderate"]
     k_mod = moderate[-1] if moderate else len(model) // 2
     return {"strong": budgets[min(budgets)], "moderate": budgets[k_mod], "weak": budgets[max(budgets)]}

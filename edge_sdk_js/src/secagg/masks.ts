@@ -42,11 +42,12 @@ export class KeyStream {
 
   /** The next `count` words of the stream. */
   async read(count: number): Promise<Uint32Array> {
+    const start = this.at; // claimed before any await: reads return consecutive words in call order
+    this.at += 4 * checkCount(count);
+    const skip = start % 16; // a multiple of 4: the words' place in their keystream block
+    const bytes = Math.ceil((skip + 4 * count) / 16) * 16;
     const b = this.backend ?? (await selectBackend());
-    const skip = this.at % 16; // a multiple of 4: the words' place in their keystream block
-    const bytes = Math.ceil((skip + 4 * checkCount(count)) / 16) * 16;
-    const stream = await b.aesCtrKeystream(this.seed, bytes, (this.at - skip) / 16);
-    this.at += 4 * count;
+    const stream = await b.aesCtrKeystream(this.seed, bytes, (start - skip) / 16);
     const aligned = stream.byteOffset % 4 === 0 ? stream : new Uint8Array(stream);
     return new Uint32Array(aligned.buffer, aligned.byteOffset + skip, count);
   }
