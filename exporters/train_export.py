@@ -247,9 +247,13 @@ class _Eval(nn.Module):
 
 
 def _tail_names(tail: nn.Module) -> tuple[list[str], list[str]]:
-    """Trainable parameters and floating buffers of the tail (names inside the tail module)."""
+    """Trainable parameters and floating buffers of the tail (names inside the tail module).
+
+    Only buffers kept in the state count: a non-persistent buffer (``persistent=False``, a causal
+    mask) is no state a device receives or returns, so the graph holds it as a constant."""
     params = [n for n, p in tail.named_parameters() if p.requires_grad]
-    buffers = [n for n, b in tail.named_buffers() if b.is_floating_point()]
+    kept = set(tail.state_dict())
+    buffers = [n for n, b in tail.named_buffers() if b.is_floating_point() and n in kept]
     return params, buffers
 
 
@@ -326,6 +330,7 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
             ep = torch.export.export(_LossOf(tail, model.loss).train(), (x, y),
                                      dynamic_shapes=({0: batch}, {0: batch}))
             joint = torch.export.experimental._export_forward_backward(ep)
+        _check_buffers(model, split, joint, buffers)
         step = _Step(joint, [f"tail.{n}" for n in params], [f"tail.{n}" for n in buffers])
         sp = [_state_name(model, split, n) for n in params]
         sb = [_state_name(model, split, n) for n in buffers]
@@ -352,6 +357,18 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
     if verify:
         verify_train_graph(model, split, data, tolerance=settings.tolerance, batch_size=settings.verify_batch)
     return data
+
+
+def _check_buffers(model: LayeredModel, split: int, joint: torch.export.ExportedProgram, buffers: list[str]) -> None:
+    """Every floating buffer in the state must be one a training step changes (BatchNorm's
+    statistics): the graph returns its new value. One it never changes is a constant kept as state."""
+    changed = {o.target for o in joint.graph_signature.output_specs if o.kind.name == "BUFFER_MUTATION"}
+    constant = [n for n in buffers if f"tail.{n}" not in changed]
+    if constant:
+        raise ExportError(
+            f"{model.name} tail [{split}, {len(model)}): floating buffer {_state_name(model, split, constant[0])!r} is "
+            "kept in the model's state but no training step changes it (a constant, such as a causal mask): build "
+            "it in forward, or register it with persistent=False so the graph holds it as a constant")
 
 
 def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

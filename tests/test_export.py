@@ -29,6 +29,10 @@ CHAINS: dict[str, list[list[tuple[int, int]]]] = {
     "leaf_cnn": [[(0, 2), (2, 3)]],
     "char_lstm": [[(0, 1), (1, 2)]],  # embedding, then the LSTM: the chunks a weak device runs
     "cox_linear": [[(0, 1)]],  # one block: exported whole as a check
+    # Transformers: the embedding, then blocks with causal attention (the mask built in forward).
+    "char_transformer_tiny": [[(0, 1), (1, 3)]],
+    "char_transformer": [[(0, 2), (2, 5)]],
+    "char_transformer_phone": [[(0, 1), (1, 2)]],
 }
 TOLERANCE = 1e-5
 

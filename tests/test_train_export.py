@@ -32,7 +32,13 @@ def _graph_splits(name: str) -> list[int]:
     return sorted(splits)
 
 
-CASES = [(name, k) for name in MODEL_NAMES for k in _graph_splits(name)]
+#: Models whose graphs take minutes to export and verify (tens of seconds to minutes a split): their
+#: cases run in the slow tier; the test-sized transformer's every split runs in the quick one
+#: (tests/test_transformer_lm.py, which checks every split of it, not only the reachable ones).
+SLOW_MODELS = frozenset({"char_transformer", "char_transformer_phone"})
+
+CASES = [pytest.param(name, k, marks=pytest.mark.slow) if name in SLOW_MODELS else (name, k)
+         for name in MODEL_NAMES if name != "char_transformer_tiny" for k in _graph_splits(name)]
 
 #: Parity of the two trainers is checked on the tails a device with 2,000 local samples can be
 #: planned at. Deeper ResNet20 tails (splits 1-6, planned only for tiny local datasets) drift apart
@@ -44,7 +50,7 @@ CASES = [(name, k) for name in MODEL_NAMES for k in _graph_splits(name)]
 #: the float64 input by 1e-7 (relative) flips the same ReLU in 1 of 6 draws and moves the same
 #: gradient by the same 1.8%; at the next steps ONNX Runtime's gradients agree with float64 torch to
 #: 3e-6. The graphs' single steps pass the export check (test above) at these splits.
-PARITY = [(name, k) for name, k in CASES if name != "resnet20" or k >= 7]
+PARITY = [case for case in CASES if getattr(case, "values", case)[0] != "resnet20" or getattr(case, "values", case)[1] >= 7]
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +62,14 @@ def graphs(request: pytest.FixtureRequest) -> TrainGraphCache:
 
 @pytest.fixture(scope="session")
 def models() -> dict[str, torch.nn.Module]:
-    return {name: build_model(name, seed=0) for name in MODEL_NAMES}
+    class Built(dict):
+        """Each model built on first use (the slow tier's transformers are large)."""
+
+        def __missing__(self, name: str) -> torch.nn.Module:
+            self[name] = model = build_model(name, seed=0)
+            return model
+
+    return Built()
 
 
 def test_refusals_say_why() -> None:

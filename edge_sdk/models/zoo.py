@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from edge_sdk.models.layered import LayeredModel
-from edge_sdk.models import survival, text
+from edge_sdk.models import survival, text, transformer
 from edge_sdk.references import is_reference, load_reference
 
 
@@ -309,23 +309,79 @@ _SPECS = {
         ModelSpec("tiny", tiny, "synthetic", "2 linear blocks (exact tests)", widths=True),
         ModelSpec("char_lstm", text.char_lstm, "tinyshakespeare", "character LSTM, next character (VaRSeL Shakespeare)"),
         ModelSpec("cox_linear", survival.cox_linear, "fed_tcga_brca", "linear Cox model, TCGA-BRCA survival (FLamby)"),
+        ModelSpec("char_transformer", transformer.char_transformer, "tinyshakespeare",
+                  "decoder-only transformer, next character (4 blocks, width 64)"),
+        ModelSpec("char_transformer_tiny", transformer.char_transformer_tiny, "tinyshakespeare",
+                  "decoder-only transformer, next character (2 blocks, width 32; tests)"),
+        ModelSpec("char_transformer_phone", transformer.char_transformer_phone, "tinyshakespeare",
+                  "decoder-only transformer, next character (8 blocks, width 512; a phone)"),
     )
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)
 
 
+#: Separates a model's name from its options: ``char_transformer@rank=8,context=64``.
+OPTIONS_MARK = "@"
+
+
 def model_spec(name: str) -> ModelSpec:
     """The one place a model name resolves: a zoo name, or ``package.module:factory`` for a model
-    of your own (a callable returning a :class:`LayeredModel`). A factory with a ``width``
-    parameter can be built at reduced widths; a ``dataset`` attribute on it names the built-in
-    dataset it trains on (fleet files default to it). Raises ValueError for an unknown name."""
-    if is_reference(name):
-        return _factory_spec(name)
+    of your own (a callable returning a :class:`LayeredModel`), either with options
+    (``name@key=value,...``: :func:`with_options`). A factory with a ``width`` parameter can be
+    built at reduced widths; a ``dataset`` attribute on it names the built-in dataset it trains on
+    (fleet files default to it). Raises ValueError for an unknown name or option."""
+    base, mark, options = name.partition(OPTIONS_MARK)
+    if is_reference(base):
+        spec = _factory_spec(base)
+    else:
+        try:
+            spec = _SPECS[base]
+        except KeyError:
+            raise ValueError(f"unknown model {base!r}; known: {', '.join(MODEL_NAMES)}, "
+                             "or package.module:factory") from None
+    return with_options(spec, options) if mark else spec
+
+
+def with_options(spec: ModelSpec, options: str) -> ModelSpec:
+    """``spec`` built with keyword options ``key=value,...`` (numbers or true/false) given to its
+    factory: each must be a parameter of the factory with a default of that type. The resulting
+    name is canonical (options sorted, those equal to their default left out), so two spellings of
+    one architecture are one model; a model's name travels everywhere a model is named (the
+    welcome, chunk and graph ids), so every machine builds the same one."""
     try:
-        return _SPECS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}, "
-                         "or package.module:factory") from None
+        defaults = {n: p.default for n, p in inspect.signature(spec.factory).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    except (TypeError, ValueError):
+        defaults = {}
+    chosen: dict[str, object] = {}
+    for item in filter(None, options.split(",")):
+        key, eq, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        default = defaults.get(key)
+        if not eq or key not in defaults or key == "width" or not isinstance(default, (int, float)):
+            raise ValueError(f"model {spec.name!r}: unknown option {item!r}; its options: "
+                             f"{', '.join(n for n, d in defaults.items() if isinstance(d, (int, float)) and n != 'width')}")
+        chosen[key] = _option_value(spec.name, key, text, default)
+    chosen = {k: v for k, v in sorted(chosen.items()) if v != defaults[k]}
+    if not chosen:
+        return spec
+    name = spec.name + OPTIONS_MARK + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                                               for k, v in chosen.items())
+    return ModelSpec(name, functools.partial(spec.factory, **chosen), spec.dataset, spec.description,
+                     widths=spec.widths)
+
+
+def _option_value(model: str, key: str, text: str, default: object) -> object:
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if isinstance(default, int):
+            return int(text)
+        return float(text)
+    except ValueError:
+        raise ValueError(f"model {model!r}: option {key}={text!r} is not a {type(default).__name__}") from None
 
 
 def _factory_spec(reference: str) -> ModelSpec:

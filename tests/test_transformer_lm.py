@@ -1,0 +1,92 @@
+"""The zoo's decoder-only transformer: built from its registry entry with options, every split of the
+test-sized one exports a training graph verified against torch autograd, and float buffers are held as
+constants or refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from edge_sdk.models import LayeredModel, build_model, model_spec
+from edge_sdk.ort_trainer import TrainGraph
+from exporters.onnx_export import ExportError
+from exporters.train_export import TrainGraphCache, export_train_graph, train_graph_refusal, verify_train_graph
+
+TINY = "char_transformer_tiny"
+
+
+@pytest.fixture(scope="session")
+def graphs(request: pytest.FixtureRequest) -> TrainGraphCache:
+    """The same on-disk cache as tests/test_train_export.py's (a graph is exported once per recipe)."""
+    return TrainGraphCache(request.config.cache.mkdir("edgetrain-train-graphs"))
+
+
+def test_the_zoo_entry_builds_a_causal_language_model() -> None:
+    model = build_model(TINY, seed=0)
+    assert model.block_names == ["embed", "block1", "block2", "head"]
+    assert model.input_dtype == torch.int64 and model.input_shape == (40,) and model.num_outputs == 65
+    x = model.sample_input(3, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model(x)
+        changed = x.clone()
+        changed[:, 0] = (changed[:, 0] + 1) % 65  # the first character: visible to the last position
+        assert out.shape == (3, 65) and not torch.allclose(out, model(changed))
+        # Causal: block outputs at position t do not depend on characters after t.
+        h = model(x, 0, 2)
+        later = x.clone()
+        later[:, 20:] = (later[:, 20:] + 7) % 65
+        assert torch.allclose(h[:, :20], model(later, 0, 2)[:, :20], atol=1e-6)
+        assert not torch.allclose(h[:, 20:], model(later, 0, 2)[:, 20:])
+
+
+def test_model_options_name_the_architecture() -> None:
+    """``name@key=value``: a factory's keyword options, in one canonical spelling."""
+    assert model_spec("char_transformer@rank=0").name == "char_transformer"
+    spec = model_spec("char_transformer@layers=4,rank=8")
+    assert spec.name == "char_transformer@rank=8" and spec.dataset == "tinyshakespeare"
+    adapted = build_model(spec.name, seed=0)
+    assert adapted.name == "char_transformer@rank=8"
+    plain = build_model("char_transformer", seed=0)
+    assert adapted.trainable_parameters() > plain.trainable_parameters()
+    with pytest.raises(ValueError, match="unknown option 'depth=3'.*rank"):
+        model_spec("char_transformer@depth=3")
+    with pytest.raises(ValueError, match="is not a int"):
+        model_spec("char_transformer@rank=two")
+
+
+@pytest.mark.parametrize("split", range(4))
+def test_every_split_of_the_test_sized_transformer_exports_a_verified_graph(split: int, graphs) -> None:
+    model = build_model(TINY, seed=0)
+    assert train_graph_refusal(model, split) is None
+    _, data = graphs.get_or_export(model, split)
+    graph = TrainGraph.from_bytes(data)
+    assert set(graph.params) == set(model.state_names(split, trainable_only=True)) and graph.buffers == ()
+    # Loss, every gradient and the evaluation output against torch autograd in float64, two batch sizes.
+    assert verify_train_graph(model, split, data, tolerance=1e-4) <= 1.0
+
+
+class _Shifted(nn.Module):
+    """A linear layer plus a float buffer no training step changes (as a causal mask would be)."""
+
+    def __init__(self, persistent: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("offset", torch.linspace(-1, 1, 3), persistent=persistent)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + self.offset
+
+
+def _buffered(persistent: bool) -> LayeredModel:
+    torch.manual_seed(0)
+    return LayeredModel("buffered", [("fc1", nn.Linear(4, 4)), ("head", _Shifted(persistent))], input_shape=(4,),
+                        num_outputs=3)
+
+
+def test_a_constant_float_buffer_is_held_in_the_graph_or_refused_with_the_reason() -> None:
+    data = export_train_graph(_buffered(persistent=False), 1)  # verified against torch inside
+    assert TrainGraph.from_bytes(data).buffers == ()
+    with pytest.raises(ExportError, match=r"buffer 'blocks\.head\.offset' is kept in the model's state but no training step "
+                                          r"changes it.*persistent=False"):
+        export_train_graph(_buffered(persistent=True), 1)
