@@ -4,7 +4,7 @@ Two activation counts are kept per block, for two different questions.
 
 ``activations``: the paper's count, for *capacity*
     The outputs of the layers that carry weights and pass an error signal back: every
-    ``nn.Conv*``, ``nn.Linear`` and recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``: its output
+    ``nn.Conv*``, ``nn.Linear`` (or adapted linear) and recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``: its output
     sequence), per sample, read by forward hooks on the leaf modules. Embedding lookups,
     normalization, pooling and element-wise ops are not counted. This is the rule that
     reproduces EmbracingFL Table 1: its ResNet20 numbers are exactly 32 x the conv and dense
@@ -24,6 +24,15 @@ Two activation counts are kept per block, for two different questions.
     input, the ReLU output and BN's per-channel batch statistics; for max-pooling its int64
     indices; for dropout its mask. Measured at two batch sizes, it splits into a per-sample part
     and a batch-independent part (BN statistics).
+
+``attention_elements``: the attention matrices, context squared per head
+    A self-attention layer's softmax(Q K^T / sqrt(d) + M) is heads x T x T per sample for a context
+    of T: quadratic in the context where everything else in a transformer block is linear. It is
+    kept for the backward pass (softmax's and the weighted sum's), and while it is computed the
+    scores and the weights are both alive. Read from the softmax calls over the last axis of a
+    square matrix during the measured forward pass; counted in a block's activations (the paper's
+    a: what training keeps), in its inference working set (scores + weights) and in its training
+    working set (weights, their gradient and the scores' gradient), beside what autograd saves.
 
 Capacity follows EmbracingFL Section 4, "Client Capacity Settings": C = (2p + 2a) / (2P + 2A), with
 p, a the trainable parameters and kept activations of the trained suffix and P, A those of the
@@ -184,6 +193,7 @@ class BlockCost:
     peak_elements: int  # per sample: the largest leaf module's input + output (inference)
     train_peak_elements: int  # per sample: the same plus a convolution's unfolded patches (x2)
     sparse: bool = False  # an embedding table fetched by rows (counted in full here)
+    attention_elements: int = 0  # per sample: attention matrices (heads x context^2 per attention layer)
 
     @property
     def params(self) -> int:
@@ -458,13 +468,16 @@ class _Tally:
     outputs: list[int]  # elements
     peaks: list[int]  # elements
     train_peaks: list[int]  # elements
+    attention: list[int] = field(default_factory=list)  # elements
 
 
 def _is_weight_layer(module: nn.Module) -> bool:
     """Layers whose outputs the paper counts: convolutional, dense and recurrent layers."""
     from torch import nn
 
-    return isinstance(module, (nn.modules.conv._ConvNd, nn.Linear, nn.RNNBase))
+    from edge_sdk.models.adapters import AdaptedLinear
+
+    return isinstance(module, (nn.modules.conv._ConvNd, nn.Linear, nn.RNNBase, AdaptedLinear))
 
 
 def _column_buffer(module: nn.Module, output: Any) -> int:
@@ -539,11 +552,20 @@ def _tally(model: LayeredModel, batch: int) -> _Tally:
             # A recurrent layer's first output is its sequence; (h_n, c_n) are its last step.
             tally.activations[i] += outs[0].numel()
 
+    def attention(out: torch.Tensor) -> None:
+        i = current[0]
+        tally.attention[i] += out.numel()
+        tally.activations[i] += out.numel()
+        tally.peaks[i] = max(tally.peaks[i], 2 * out.numel())  # the scores and the weights
+        tally.train_peaks[i] = max(tally.train_peaks[i], 3 * out.numel())  # weights and two gradients
+
+    tally.attention = [0] * n
     leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_hook(leaf_hook) for m in leaves]
     x = model.sample_input(batch, generator=torch.Generator().manual_seed(0))
     try:
-        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                _AttentionWatch(attention):
             torch.manual_seed(0)
             for i in range(n):
                 current[0] = i
@@ -555,6 +577,30 @@ def _tally(model: LayeredModel, batch: int) -> _Tally:
         for h in handles:
             h.remove()
     return tally
+
+
+def _AttentionWatch(seen: Any) -> Any:
+    """A torch function mode that calls ``seen(weights)`` for every softmax over the last axis of a
+    square matrix (..., T, T): an attention layer's weights, however the model spells it."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    softmaxes = (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.nn.functional.log_softmax)
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in softmaxes and isinstance(out, torch.Tensor) and out.dim() >= 3 and \
+                    out.shape[-1] == out.shape[-2] and _last_axis(out.dim(), args, kwargs or {}):
+                seen(out)
+            return out
+
+    return Watch()
+
+
+def _last_axis(ndim: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return dim is not None and int(dim) % ndim == ndim - 1
 
 
 def _split(small: int, large: int, b_small: int, b_large: int) -> tuple[int, int]:
@@ -601,6 +647,7 @@ def measure_model(model: LayeredModel) -> ModelCost:
                 peak_elements=_ceil_div(large.peaks[i], b2),
                 train_peak_elements=_ceil_div(large.train_peaks[i], b2),
                 sparse=name in model.sparse_blocks,
+                attention_elements=large.attention[i] // b2,
             )
         )
     sample = model.sample_input(1, generator=torch.Generator().manual_seed(0))

@@ -90,3 +90,36 @@ def test_a_constant_float_buffer_is_held_in_the_graph_or_refused_with_the_reason
     with pytest.raises(ExportError, match=r"buffer 'blocks\.head\.offset' is kept in the model's state but no training step "
                                           r"changes it.*persistent=False"):
         export_train_graph(_buffered(persistent=True), 1)
+
+
+# -- memory: attention is context squared per head --------------------------------------------------
+def test_the_accounting_counts_attention_as_context_squared_per_head() -> None:
+    """Doubling the context doubles a block's linear activations and quadruples its attention
+    matrices (heads x T^2 per sample), which the footprint holds for backward and while computing."""
+    from profiles.accounting import measure_model
+
+    short, long = (measure_model(build_model(f"{TINY}@context={t}", seed=None)) for t in (40, 80))
+    heads = 2
+    for cost, t in ((short, 40), (long, 80)):
+        blocks = {b.name: b for b in cost.blocks}
+        assert blocks["block1"].attention_elements == blocks["block2"].attention_elements == heads * t * t
+        assert blocks["embed"].attention_elements == blocks["head"].attention_elements == 0
+        # Kept for backward (the paper's a counts it) and both scores and weights alive at once.
+        assert blocks["block1"].activations >= heads * t * t and blocks["block1"].peak_elements >= 2 * heads * t * t
+        assert blocks["block1"].saved_elements >= heads * t * t  # autograd saved the weights
+    extra = short.blocks[1].attention_elements * 3  # the T^2 part grows by 4x: 3 more of it
+    assert long.blocks[1].attention_elements - short.blocks[1].attention_elements == extra
+    batch = 32
+    grown = long.footprint(1, batch).activations - short.footprint(1, batch).activations
+    assert grown >= 2 * batch * extra * 4  # two blocks' attention, float32
+
+
+def test_edgetrain_profile_shows_each_blocks_attention(tmp_path) -> None:
+    from tests.test_planner import edgetrain
+
+    out = edgetrain("--model", f"{TINY}@context=64", "--budget", "1GiB", cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[1]: line.split() for line in out.stdout.splitlines() if len(line.split()) > 3
+            and line.split()[0].isdigit()}
+    assert "attn/sample" in out.stdout
+    assert rows["block1"][4] == f"{2 * 64 * 64:,}" and rows["head"][4] == "0"

@@ -150,7 +150,8 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
         ),
         title_justify="left",
         caption=(
-            f"act/sample: outputs of conv/linear/recurrent layers per sample (EmbracingFL Table 1); "
+            f"act/sample: outputs of conv/linear/recurrent layers per sample (EmbracingFL Table 1), and "
+            f"attention matrices (attn/sample: heads x context^2 per attention layer); "
             f"suffix params: trainable parameters of blocks [k, {len(cost)}); "
             f"capacity = (2p + 2a) / (2P + 2A) at batch {batch}; footprint: peak bytes of split k at "
             f"batch {batch}, {memory.dtype}, runtime {format_size(runtime.training)} "
@@ -164,7 +165,7 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
     table.box = box.SIMPLE_HEAD
     table.add_column("k", justify="right", no_wrap=True, min_width=2)
     table.add_column("block", no_wrap=True)
-    for col in ("params", "act/sample", "suffix params", "capacity", "footprint", "ORT footprint"):
+    for col in ("params", "act/sample", "attn/sample", "suffix params", "capacity", "footprint", "ORT footprint"):
         table.add_column(col, justify="right", no_wrap=True)
     from profiles.planner import backend_memory
 
@@ -175,7 +176,7 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
                              runtime_bytes=runtime.onnxruntime_training, local_samples=samples)
         name = b.name + (" (sparse)" if b.sparse else "")
         table.add_row(
-            str(k), name, f"{b.params:,}", f"{b.activations:,}", f"{cost.trainable_params(k):,}",
+            str(k), name, f"{b.params:,}", f"{b.activations:,}", f"{b.attention_elements:,}", f"{cost.trainable_params(k):,}",
             f"{cost.capacity(k, batch):.3f}", format_size(footprint.total), format_size(ort.total),
         )
     console.print(table)
