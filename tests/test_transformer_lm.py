@@ -123,3 +123,50 @@ def test_edgetrain_profile_shows_each_blocks_attention(tmp_path) -> None:
             and line.split()[0].isdigit()}
     assert "attn/sample" in out.stdout
     assert rows["block1"][4] == f"{2 * 64 * 64:,}" and rows["head"][4] == "0"
+
+
+# -- the Python ONNX Runtime device follows torch ---------------------------------------------------
+def _role_windows(chars: int = 6_000):
+    """The windows of the longest speaking role's first ``chars`` characters (real text)."""
+    from edge_sdk.data.shakespeare import SEQ_LEN, load_roles, windows
+    from tests.shared_data import need
+
+    roles, vocab = load_roles(need("tinyshakespeare"))
+    role = max(roles, key=lambda r: len(r.text))
+    return windows(vocab.encode(role.text[:chars]), SEQ_LEN, 8)
+
+
+@pytest.mark.parametrize("split", [0, 2])
+def test_the_onnx_runtime_device_follows_torchs_trajectory(split: int, graphs) -> None:
+    """Three rounds of five local steps on a speaking role's text, each round from the state the
+    previous one left: the training graph in ONNX Runtime (the device without torch) and torch
+    give the same losses and deltas round after round, and the model learns."""
+    import numpy as np
+
+    from edge_sdk.ort_trainer import OrtTail, train_tail_ort
+    from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, tail_state, train_tail
+
+    model = build_model(TINY, seed=0)
+    _, data = graphs.get_or_export(model, split)
+    x, y = _role_windows()
+    if split:  # the tail's input: the frozen blocks' output, as a device's forward pass caches it
+        with torch.no_grad():
+            x = model(torch.from_numpy(x), 0, split).numpy()
+    ours = theirs = tail_state(model, split)
+    first = last = None
+    for round_no in range(3):
+        config = TrainConfig(local_steps=5, batch_size=16, lr=0.3, momentum=0.9, weight_decay=1e-4, seed=round_no)
+        tail = build_tail(TINY, split)
+        load_tail_state(tail, split, theirs)
+        expected = train_tail(tail, split, x, y, config, theirs)
+        got = train_tail_ort(OrtTail(TrainGraph.from_bytes(data)), ours, x, y, config)
+        assert got.loss_before == pytest.approx(expected.loss_before, rel=1e-4)
+        assert got.loss_after == pytest.approx(expected.loss_after, rel=2e-3)
+        assert set(got.deltas) == set(expected.deltas) == set(model.state_names(split))
+        for n, d in expected.deltas.items():
+            assert float(np.linalg.norm(got.deltas[n] - d)) <= 2e-2 * max(1e-6, float(np.linalg.norm(d))), n
+        ours = {n: ours[n] + got.deltas[n] for n in ours}
+        theirs = {n: theirs[n] + expected.deltas[n] for n in theirs}
+        first = expected.loss_before if first is None else first
+        last = got.loss_after
+    assert last < first - 0.3, (first, last)  # it learnt the role's characters

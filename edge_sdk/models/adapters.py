@@ -39,6 +39,8 @@ class AdaptedLinear(nn.Module):
     (rank x in) starts as ``nn.Linear`` initialises a weight (Kaiming uniform, as the paper's code
     does) and ``lora_b`` (out x rank) at zero."""
 
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
+
     def __init__(self, in_features: int, out_features: int, rank: int = 0, alpha: float | None = None) -> None:
         super().__init__()
         if rank < 0:

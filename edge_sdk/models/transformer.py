@@ -57,6 +57,8 @@ class CausalSelfAttention(nn.Module):
     written out in matmuls rather than ``scaled_dot_product_attention`` so the training graph and
     the memory accounting see the (N, H, T, T) attention matrix as what it is."""
 
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
+
     def __init__(self, dim: int, heads: int, rank: int = 0) -> None:
         super().__init__()
         if dim % heads:
@@ -78,6 +80,8 @@ class CausalSelfAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """x + attention(LN(x)), then x + MLP(LN(x)); the MLP is D -> 4 D -> D with GELU."""
 
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
+
     def __init__(self, dim: int, heads: int, rank: int = 0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
@@ -93,6 +97,8 @@ class TransformerBlock(nn.Module):
 
 class LastPositionHead(nn.Module):
     """LayerNorm and a linear layer over the vocabulary, on the last position only."""
+
+    mode_free = True  # the same function in training and evaluation mode (edge_sdk.trainer.mode_free)
 
     def __init__(self, dim: int, vocab: int) -> None:
         super().__init__()
