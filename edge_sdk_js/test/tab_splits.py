@@ -21,9 +21,16 @@ from profiles.planner import PlanError, plan_split
 _MiB = 1 << 20
 
 
+#: Zoo models left out: their tails' graphs take minutes each to export, and are made of the same
+#: operators as ``char_transformer_tiny``'s, which is in.
+LEFT_OUT = frozenset({"char_transformer", "char_transformer_phone"})
+
+
 def tab_splits(runtime: str, budgets: range = range(128, 2049, 8)) -> list[str]:
     out = []
     for name in MODEL_NAMES:
+        if name in LEFT_OUT:
+            continue
         model = build_model(name)
         graphs = [k for k in range(len(model)) if train_graph_refusal(model, k) is None]
         if not graphs:
