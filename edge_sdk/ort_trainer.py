@@ -38,6 +38,9 @@ class TrainGraph:
 
     ``params`` and ``buffers`` are state names (as in the model's state dict), in the order of
     the graphs' inputs after ``input`` (and ``target``); ``buffers`` are the floating ones.
+    ``frozen`` (after them) are parameters the step reads but does not train: the weights under a
+    block's adapters when the tail trains through its adapters (edge_sdk.models.adapters). Only
+    ``params`` and ``buffers`` change, so only they have deltas.
     """
 
     model: str
@@ -47,13 +50,22 @@ class TrainGraph:
     buffers: tuple[str, ...]
     train_onnx: bytes
     eval_onnx: bytes
+    frozen: tuple[str, ...] = ()
+
+    @property
+    def trained(self) -> tuple[str, ...]:
+        """The entries a step changes: what a device's update holds."""
+        return (*self.params, *self.buffers)
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb({
+        fields = {
             "format": GRAPH_FORMAT, "model": self.model, "split": self.split, "task": self.task,
             "params": list(self.params), "buffers": list(self.buffers), "train": self.train_onnx,
             "eval": self.eval_onnx,
-        }, use_bin_type=True)
+        }
+        if self.frozen:  # absent otherwise: a whole tail's graph reads as before
+            fields["frozen"] = list(self.frozen)
+        return msgpack.packb(fields, use_bin_type=True)
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview) -> TrainGraph:
@@ -62,7 +74,7 @@ class TrainGraph:
             if obj.get("format") != GRAPH_FORMAT:
                 raise ValueError(f"training graph format {obj.get('format')!r}, this device reads {GRAPH_FORMAT}")
             return cls(str(obj["model"]), int(obj["split"]), str(obj["task"]), tuple(obj["params"]),
-                       tuple(obj["buffers"]), bytes(obj["train"]), bytes(obj["eval"]))
+                       tuple(obj["buffers"]), bytes(obj["train"]), bytes(obj["eval"]), tuple(obj.get("frozen", ())))
         except (KeyError, TypeError, AttributeError, msgpack.UnpackException) as exc:
             raise ValueError(f"not a training graph payload: {exc}") from exc
 
@@ -104,7 +116,8 @@ class OrtTail:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (*self.graph.params, *self.graph.buffers)
+        """Every state entry the graphs read, in their input order."""
+        return (*self.graph.params, *self.graph.buffers, *self.graph.frozen)
 
     def release(self, which: str = "both") -> None:
         """Drop the ``"train"`` or ``"eval"`` session (or both) with its memory arena."""
@@ -203,7 +216,9 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need matching, non-empty inputs and labels (got {len(x)} and {len(y)})")
     initial = _dense(state, tail.names)
-    weights = {n: np.array(v, dtype=np.float32, copy=True) for n, v in initial.items()}
+    # Our copies of what training changes; frozen weights (under adapters) are read where they lie.
+    weights = {n: np.array(initial[n], dtype=np.float32, copy=True) for n in tail.graph.trained}
+    weights |= {n: initial[n] for n in tail.graph.frozen}
     eval_idx, batches = sample_plan(len(x), config)
     loss_before = _mean_loss(tail, weights, x, y, eval_idx, config.batch_size)
     tail.release("eval")  # one session's arena at a time (OrtTail)
@@ -253,7 +268,8 @@ def train_tail_ort(tail: OrtTail, state: Mapping[str, np.ndarray | RowSparse], x
     release_memory()
     loss_after = _mean_loss(tail, weights, x, y, eval_idx, config.batch_size) if config.loss_after else math.nan
     deltas = {}
-    for n, w in weights.items():
+    for n in tail.graph.trained:
+        w = weights[n]
         np.subtract(w, initial[n], out=w)
         deltas[n] = w
     return TrainResult(deltas, len(x), loss_before, loss_after, config.local_steps,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from edge_sdk.models import LayeredModel, build_model
+from edge_sdk.models.adapters import adapter_frozen
 from edge_sdk.protocol import RowSparse
 from edge_sdk.training import TrainConfig, TrainResult, sample_plan
 
@@ -84,13 +85,15 @@ def warm_up() -> None:
 
 
 def build_tail(model_name: str, split: int, table_rows: Mapping[str, int] | None = None,
-               width: float = 1.0) -> LayeredModel:
+               width: float = 1.0, adapters: float = 0.0) -> LayeredModel:
     """The zoo model with real storage only for blocks [split, L); the prefix stays on ``meta``.
 
     ``table_rows`` cuts embedding tables to a submodel (FedSubAvg): entry -> number of rows the
     device received. The full table is never allocated, only its rows. ``width`` < 1 builds the
     model reduced to that width ratio (a channel selection, width reduction): the full-width model
-    is never allocated, only the slice.
+    is never allocated, only the slice. ``adapters`` (true: an ``adapters`` selection) trains the
+    tail through its LoRA adapters: the weights under them are frozen (no gradient, no optimizer
+    state, no delta; edge_sdk.models.adapters).
     """
     with torch.device("meta"):
         model = build_model(model_name, seed=None, width=width)
@@ -100,6 +103,13 @@ def build_tail(model_name: str, split: int, table_rows: Mapping[str, int] | None
         raise ValueError(f"split {split} outside [0, {len(model)})")
     for name in model.block_names[split:]:
         _materialise(model.blocks[name])
+    if adapters:
+        frozen = set(adapter_frozen(model))
+        if not frozen:
+            raise ValueError(f"{model_name} has no adapters to train through (a model option rank > 0 adds them)")
+        for name, param in model.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)
     return model
 
 
@@ -281,9 +291,10 @@ def train_tail(
     # The deltas overwrite the trained weights in place: no extra copy of the tail is ever held,
     # and the model is spent afterwards (the device has nothing more to do with it this round).
     after = model.state_dict()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}  # under adapters: unchanged
     deltas = {}
     for n in names:
-        if after[n].is_floating_point():
+        if after[n].is_floating_point() and n not in frozen:
             arr = after[n].numpy()
             np.subtract(arr, initial[n], out=arr)
             deltas[n] = arr

@@ -13,17 +13,19 @@ What the model is travels with it: each entry of ``metadata`` becomes one of the
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
+import torch
 
 from edge_sdk.models.layered import LayeredModel
 from exporters.onnx_export import INPUT_NAME, OUTPUT_NAME, ExportSettings, export_chunk, verify_chunk
 
-__all__ = ["INPUT_NAME", "OUTPUT_NAME", "PRODUCER", "ExportedModel", "export_model", "metadata_props",
-           "read_metadata"]
+__all__ = ["INPUT_NAME", "OUTPUT_NAME", "PRODUCER", "ExportedModel", "export_model", "merged_model",
+           "metadata_props", "read_metadata"]
 
 PRODUCER = "edgetrain"
 
@@ -45,6 +47,32 @@ def read_metadata(props: Mapping[str, str]) -> dict[str, object]:
     """The metadata of an exported model, from its properties (ONNX Runtime's ``custom_metadata_map``,
     or ``{p.key: p.value for p in model.metadata_props}``)."""
     return {k: json.loads(v) for k, v in props.items()}
+
+
+def merged_model(model: LayeredModel) -> LayeredModel:
+    """``model`` with every LoRA adapter merged into its layer and gone (LoRA Section 4.1: W' = W +
+    (alpha / r) B A, the same function without the adapter's matmuls): a copy whose adapted layers
+    are plain ``nn.Linear`` of the same names, named as the model without its ``rank`` option
+    (``build_model`` of that name loads its state dict). A model without adapters is returned as it is."""
+    from torch import nn
+
+    from edge_sdk.models.adapters import AdaptedLinear, has_adapters
+    from edge_sdk.models.zoo import option_dropped
+
+    if not has_adapters(model):
+        return model
+    merged = copy.deepcopy(model)
+    for path, module in list(merged.named_modules()):
+        if not isinstance(module, AdaptedLinear) or not module.rank:
+            continue
+        plain = nn.Linear(module.in_features, module.out_features)
+        with torch.no_grad():
+            plain.weight.copy_(module.weight + module.scale * (module.lora_b @ module.lora_a))
+            plain.bias.copy_(module.bias)
+        parent, _, attr = path.rpartition(".")
+        setattr(merged.get_submodule(parent), attr, plain)
+    merged.name = option_dropped(model.name, "rank")
+    return merged.eval()
 
 
 def export_model(model: LayeredModel, metadata: Mapping[str, object], *,

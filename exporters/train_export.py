@@ -35,13 +35,14 @@ against torch, and would differ from the torch trainer's).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import math
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,6 +56,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from edge_sdk.fileio import atomic_write
+from edge_sdk.models.adapters import adapter_frozen
 from edge_sdk.models.layered import LayeredModel
 from edge_sdk.ort_trainer import GRAPH_FORMAT, OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
@@ -138,15 +140,18 @@ def architecture_id(model: LayeredModel) -> str:
 
 
 def train_graph_id(model_name: str, split: int, task: str, settings: TrainExportSettings, width: float = 1.0,
-                   architecture: str = "") -> str:
+                   architecture: str = "", adapters: bool = False) -> str:
     """sha256 (hex) of what determines a training graph's bytes. The weights are inputs of the
     graph, not part of it, so one graph serves every round. ``width``: the ratio the model was
     built at (width reduction); a narrow model's graph has other shapes than the full one's.
-    ``architecture``: :func:`architecture_id` of the model."""
+    ``architecture``: :func:`architecture_id` of the model. ``adapters``: the graph that trains the
+    tail through its adapters (another graph of the same tail)."""
     key = {"format": _ID_FORMAT, "graph": GRAPH_FORMAT, "model": model_name, "split": split, "loss": task,
            "settings": settings.as_dict(), "torch": torch.__version__, "architecture": architecture}
     if float(width) != 1.0:  # the full model's ids stay what they were
         key["width"] = float(width)
+    if adapters:
+        key["adapters"] = True
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "train-" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
@@ -201,7 +206,8 @@ class _LossOf(nn.Module):
 class _Step(nn.Module):
     """Calls the joint graph with parameters and buffers as inputs; returns loss, grads, new buffers."""
 
-    def __init__(self, joint: torch.export.ExportedProgram, params: list[str], buffers: list[str]) -> None:
+    def __init__(self, joint: torch.export.ExportedProgram, params: list[str], buffers: list[str],
+                 frozen: list[str]) -> None:
         super().__init__()
         self.gm = joint.graph_module
         sig = joint.graph_signature
@@ -226,10 +232,10 @@ class _Step(nn.Module):
         new_at = {o.target: i for i, o in enumerate(outputs) if o.kind.name == "BUFFER_MUTATION"}
         self.grad_at = [grad_at[n] for n in params]
         self.new_at = [new_at[n] for n in buffers]
-        self.param_names, self.buffer_names = params, buffers
+        self.names = params + buffers + frozen  # the order of the tensors after x and y
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        by_name = dict(zip(self.param_names + self.buffer_names, tensors))
+        by_name = dict(zip(self.names, tensors))
         args = [getattr(self, n) if kind == "const" else by_name[n] for kind, n in self.order]
         out = self.gm(*args, x, y)
         return (out[self.loss_at], *(out[i] for i in self.grad_at), *(out[i] for i in self.new_at))
@@ -246,15 +252,36 @@ class _Eval(nn.Module):
         return torch.func.functional_call(self.tail, dict(zip(self.names, tensors)), (x,), strict=False)
 
 
-def _tail_names(tail: nn.Module) -> tuple[list[str], list[str]]:
-    """Trainable parameters and floating buffers of the tail (names inside the tail module).
+def _tail_names(tail: nn.Module) -> tuple[list[str], list[str], list[str]]:
+    """Trainable parameters, floating buffers and frozen parameters of the tail (names inside the
+    tail module).
 
     Only buffers kept in the state count: a non-persistent buffer (``persistent=False``, a causal
-    mask) is no state a device receives or returns, so the graph holds it as a constant."""
+    mask) is no state a device receives or returns, so the graph holds it as a constant. Frozen
+    parameters (``requires_grad`` off: the weights under adapters) are inputs without gradients."""
     params = [n for n, p in tail.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in tail.named_parameters() if not p.requires_grad]
     kept = set(tail.state_dict())
     buffers = [n for n, b in tail.named_buffers() if b.is_floating_point() and n in kept]
-    return params, buffers
+    return params, buffers, frozen
+
+
+@contextlib.contextmanager
+def _through_adapters(tail: nn.Module, adapters: bool) -> Iterator[None]:
+    """With ``adapters``, the tail's adapted weights frozen (edge_sdk.models.adapters.adapter_frozen)
+    while the block is exported or checked; as they were afterwards."""
+    frozen = set(adapter_frozen(tail)) if adapters else set()
+    if adapters and not frozen:
+        raise ExportError("the tail has no adapters to train through (a model option rank > 0 adds them)")
+    params = [p for n, p in tail.named_parameters() if n in frozen]
+    was = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, was):
+            p.requires_grad_(flag)
 
 
 def _state_name(model: LayeredModel, split: int, tail_name: str) -> str:
@@ -303,26 +330,38 @@ def _onnx(module: nn.Module, args: tuple, names_in: list[str], names_out: list[s
 
 
 def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExportSettings = TrainExportSettings(),
-                       faithful_batch_norm: bool = True, verify: bool = True) -> bytes:
+                       faithful_batch_norm: bool = True, verify: bool = True, adapters: bool = False) -> bytes:
     """The training-graph payload of blocks [split, L) of ``model``, verified against torch.
 
-    Raises :class:`ExportError` for a refused tail (see :func:`train_graph_refusal`), an export
-    that fails, or a graph that disagrees with torch. ``faithful_batch_norm=False`` reproduces
-    the silent inference-mode BatchNorm lowering (only to show that verification catches it).
-    The model's weights and modes are left as they were.
+    ``adapters``: the tail trained through its adapters (LoRA, edge_sdk.models.adapters): the
+    weights under adapters are inputs without gradients (``TrainGraph.frozen``), everything else
+    trains. Raises :class:`ExportError` for a refused tail (see :func:`train_graph_refusal`), an
+    export that fails, or a graph that disagrees with torch. ``faithful_batch_norm=False``
+    reproduces the silent inference-mode BatchNorm lowering (only to show that verification
+    catches it). The model's weights, modes and trainable flags are left as they were.
     """
     reason = train_graph_refusal(model, split)
     if reason is not None:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}) is not exported: {reason}")
     tail = model.chunk(split, len(model))
-    params, buffers = _tail_names(tail)
+    with _through_adapters(tail, adapters):
+        data = _export(model, split, tail, settings, faithful_batch_norm)
+    if verify:
+        verify_train_graph(model, split, data, tolerance=settings.tolerance, batch_size=settings.verify_batch,
+                           adapters=adapters)
+    return data
+
+
+def _export(model: LayeredModel, split: int, tail: nn.Module, settings: TrainExportSettings,
+            faithful_batch_norm: bool) -> bytes:
+    params, buffers, frozen = _tail_names(tail)
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     modes = [(m, m.training) for m in model.modules()]
     table = _decompositions(faithful_batch_norm)
     x, y = _sample(model, split, settings.verify_batch, seed=0)
     try:
         state = dict(tail.named_parameters()) | dict(tail.named_buffers())
-        values = tuple(state[n].detach() for n in params + buffers)
+        values = tuple(state[n].detach() for n in params + buffers + frozen)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning)
             tail.train()
@@ -331,15 +370,14 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
                                      dynamic_shapes=({0: batch}, {0: batch}))
             joint = torch.export.experimental._export_forward_backward(ep)
         _check_buffers(model, split, joint, buffers)
-        step = _Step(joint, [f"tail.{n}" for n in params], [f"tail.{n}" for n in buffers])
-        sp = [_state_name(model, split, n) for n in params]
-        sb = [_state_name(model, split, n) for n in buffers]
-        train_bytes = _onnx(step, (x, y, *values), ["input", "target", *sp, *sb],
+        step = _Step(joint, *([f"tail.{n}" for n in names] for names in (params, buffers, frozen)))
+        sp, sb, sf = ([_state_name(model, split, n) for n in names] for names in (params, buffers, frozen))
+        train_bytes = _onnx(step, (x, y, *values), ["input", "target", *sp, *sb, *sf],
                             ["loss", *(f"grad:{n}" for n in sp), *(f"new:{n}" for n in sb)],
                             settings.opset, table, batch_args=2)
         tail.eval()
-        eval_bytes = _onnx(_Eval(tail, params + buffers), (x, *values), ["input", *sp, *sb], ["output"],
-                           settings.opset, table, batch_args=1)
+        eval_bytes = _onnx(_Eval(tail, params + buffers + frozen), (x, *values), ["input", *sp, *sb, *sf],
+                           ["output"], settings.opset, table, batch_args=1)
     except ExportError:
         raise
     except Exception as exc:
@@ -352,11 +390,8 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
             for k, v in tail.state_dict().items():
                 v.copy_(saved[k])
     graph = TrainGraph(model=model.name, split=split, task=model.task, params=tuple(sp), buffers=tuple(sb),
-                       train_onnx=train_bytes, eval_onnx=eval_bytes)
-    data = graph.to_bytes()
-    if verify:
-        verify_train_graph(model, split, data, tolerance=settings.tolerance, batch_size=settings.verify_batch)
-    return data
+                       train_onnx=train_bytes, eval_onnx=eval_bytes, frozen=tuple(sf))
+    return graph.to_bytes()
 
 
 def _check_buffers(model: LayeredModel, split: int, joint: torch.export.ExportedProgram, buffers: list[str]) -> None:
@@ -467,7 +502,7 @@ def _graph_relus(train_onnx: bytes, x: np.ndarray, y: np.ndarray, state: dict[st
 
 
 def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, tolerance: float | None = None,
-                       batch_size: int = 4) -> float:
+                       batch_size: int = 4, adapters: bool = False) -> float:
     """Worst error of the graph in ONNX Runtime against torch autograd, in units of the tolerance.
 
     Compares the loss, every gradient and every new buffer of one training step, and the
@@ -479,20 +514,26 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
     reference takes the graph's side of the kink: its derivative there is not determined in
     float32, and one unit's side can move an earlier layer's gradient by 1e-3. With a
     ``tolerance``, a larger error raises :class:`ExportError` naming the tensor. Returns the worst
-    error divided by what was allowed for it (below 1: passed).
+    error divided by what was allowed for it (below 1: passed). ``adapters``: the graph trains the
+    tail through its adapters (the reference freezes the same weights).
     """
-    tol = 1e-4 if tolerance is None else tolerance
     tail = model.chunk(split, len(model))
-    graph = TrainGraph.from_bytes(data)
-    params, buffers = _tail_names(tail)
-    if list(graph.params) != [_state_name(model, split, n) for n in params] or \
-            list(graph.buffers) != [_state_name(model, split, n) for n in buffers]:
+    with _through_adapters(tail, adapters):
+        return _verify(model, split, tail, TrainGraph.from_bytes(data), 1e-4 if tolerance is None else tolerance,
+                       tolerance is not None, batch_size)
+
+
+def _verify(model: LayeredModel, split: int, tail: nn.Module, graph: TrainGraph, tol: float, strict: bool,
+            batch_size: int) -> float:
+    params, buffers, frozen = _tail_names(tail)
+    if [list(graph.params), list(graph.buffers), list(graph.frozen)] != \
+            [[_state_name(model, split, n) for n in names] for names in (params, buffers, frozen)]:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): the graph's tensors do not match the model's")
     try:
         runner = OrtTail(graph)
     except Exception as exc:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): ONNX Runtime cannot load the graph: {exc}") from exc
-    rename = {n: _state_name(model, split, n) for n in params + buffers}
+    rename = {n: _state_name(model, split, n) for n in params + buffers + frozen}
     modes = [(m, m.training) for m in model.modules()]
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     worst = (0.0, "")
@@ -501,7 +542,7 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
         for batch, seed in ((batch_size, 1), (batch_size + 1, 2)):
             x, y = _sample(model, split, batch, seed)
             named = dict(tail.named_parameters()) | dict(tail.named_buffers())
-            state = {rename[n]: named[n].detach().numpy().copy() for n in params + buffers}
+            state = {rename[n]: named[n].detach().numpy().copy() for n in params + buffers + frozen}
             loss_g, grads_g, new_g = runner.step(x.numpy(), y.numpy(), state)
             got = {"loss": np.asarray(loss_g), "output (eval)": runner.forward(x.numpy(), state)}
             got |= {f"grad:{n}": grads_g[rename[n]] for n in params}
@@ -531,7 +572,7 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
                 error = _tensor_error(where, key, got[key], expected, ref32[key], tol)
                 name = key.split(":", 1)[0] + ":" + rename[key.split(":", 1)[1]] if ":" in key else key
                 worst = max(worst, (error[0] / error[1], name))
-                if tolerance is not None and not error[0] <= error[1]:
+                if strict and not error[0] <= error[1]:
                     raise ExportError(
                         f"{where}: the training graph differs from torch autograd; worst tensor {name!r} off by "
                         f"{error[0]:.3g} (relative; allowed {error[1]:.3g}, torch float32 itself {error[2]:.3g}) at "
@@ -579,13 +620,14 @@ class TrainGraphCache:
         self._lock = threading.Lock()
         self.exports = 0
 
-    def graph_id(self, model: LayeredModel, split: int) -> str:
+    def graph_id(self, model: LayeredModel, split: int, adapters: bool = False) -> str:
         return train_graph_id(model.name, split, model.task, self.settings, getattr(model, "width", 1.0),
-                              architecture_id(model))
+                              architecture_id(model), adapters)
 
-    def get_or_export(self, model: LayeredModel, split: int) -> tuple[str, bytes]:
-        """The id and payload of the training graph of [split, L); raises ExportError if refused."""
-        gid = self.graph_id(model, split)
+    def get_or_export(self, model: LayeredModel, split: int, adapters: bool = False) -> tuple[str, bytes]:
+        """The id and payload of the training graph of [split, L) (``adapters``: trained through its
+        adapters); raises ExportError if refused."""
+        gid = self.graph_id(model, split, adapters)
         with self._lock:
             if gid in self._graphs:
                 return gid, self._graphs[gid]
@@ -596,7 +638,7 @@ class TrainGraphCache:
             data = self._load(gid)
             if data is None:
                 try:
-                    data = export_train_graph(copy.deepcopy(model), split, settings=self.settings)
+                    data = export_train_graph(copy.deepcopy(model), split, settings=self.settings, adapters=adapters)
                 except ExportError as exc:
                     self._refused[gid] = str(exc)
                     if self.directory is not None:  # a refusal is as deterministic as a graph: kept too
@@ -609,7 +651,7 @@ class TrainGraphCache:
             self._graphs[gid] = data
             return gid, data
 
-    def refusal(self, model: LayeredModel, split: int) -> str | None:
+    def refusal(self, model: LayeredModel, split: int, adapters: bool = False) -> str | None:
         """Why [split, L) has no shippable graph (a static refusal, or its export check failed), or
         None once its graph is exported and verified. Exports on first use (seconds), so planners
         call it off the event loop; both outcomes are cached."""
@@ -617,14 +659,14 @@ class TrainGraphCache:
         if reason is not None:
             return reason
         try:
-            self.get_or_export(model, split)
+            self.get_or_export(model, split, adapters)
         except ExportError as exc:
             return str(exc)
         return None
 
-    def known_refusal(self, model: LayeredModel, split: int) -> str | None:
+    def known_refusal(self, model: LayeredModel, split: int, adapters: bool = False) -> str | None:
         """A refusal already recorded for [split, L) (never exports)."""
-        gid = self.graph_id(model, split)
+        gid = self.graph_id(model, split, adapters)
         with self._lock:
             return self._refused.get(gid) or self._load_refusal(gid)
 

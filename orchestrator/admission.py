@@ -144,7 +144,8 @@ def hello_profile(hello: p.Hello) -> dict[str, object]:
 
 def plan_summary(plan: Plan) -> dict[str, object]:
     return {"role": plan.role, "split": plan.split, "chunks": [list(c) for c in plan.chunks],
-            "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity, "backend": plan.backend}
+            "footprint_bytes": plan.footprint_bytes, "capacity": plan.capacity, "backend": plan.backend,
+            **({"adapters": True} if plan.adapters else {})}  # trains its tail through LoRA adapters
 
 
 class Admission:

@@ -23,6 +23,7 @@ import torch
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
+from edge_sdk.models.adapters import adapter_update_names
 from edge_sdk.wire_codecs import CODEC_META, FEEDBACK_KEY, RECON_META, UPDATE_CODEC_KEY, encode_payload, needs_feedback
 from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
@@ -177,7 +178,7 @@ class Payloads:
     def _work(self, session: Session, ins: Instruction, round_no: int,
               names_by_split: dict[int, tuple[str, ...]]) -> Work | None:
         """The work of one instruction, or None when the device cannot take it."""
-        selection = ins.selection if ins.selection is not None else Selection.tail(session.plan.split)
+        selection = self.planned(session.plan, ins.selection)
         if not 0 <= selection.split < len(self.template):
             raise ValueError(f"strategy {self.strategy.name}: split {selection.split} outside [0, {len(self.template)})")
         ranges = chunk_ranges(session.plan.chunks, selection.split)
@@ -223,6 +224,17 @@ class Payloads:
             self.deltas.answer(payload_id, payload, held)
         return (payload, 0) if delta is None else (delta, 0)
 
+    def planned(self, plan: Plan, asked: Selection | None = None) -> Selection:
+        """What an instruction's selection ``asked`` (None: the planned tail) trains on a device with
+        ``plan``: as asked, except that the tail at its planned split, for a device planned through
+        adapters (``Plan.adapters``), is that tail trained through its adapters (strategies ask for
+        tails; the plan says how the device can train one)."""
+        if asked is not None and not (asked.kind == "tail" and asked.split == plan.split):
+            return asked
+        if not plan.adapters:
+            return asked or Selection.tail(plan.split)
+        return Selection.of_adapters(plan.split, adapter_update_names(self.template, plan.split))
+
     def _affordable(self, session: Session, selection: Selection, ranges: list[tuple[int, int]],
                     other: SelectionCost | None) -> bool:
         """Whether the device can train the selection: its runtime can (a selection of another
@@ -233,8 +245,10 @@ class Payloads:
         if other is not None:
             return RUNTIMES[plan.backend].backend in other.backends and fits(
                 session.device_id, session.hello, plan, selection.split, ranges, rows, cost=other.cost)
-        if selection.split < plan.split or exceeds_rows(plan, rows, self.planning.cost, selection.split):
-            return fits(session.device_id, session.hello, plan, selection.split, ranges, rows)
+        whole = plan.adapters and selection.kind != "adapters"  # more than the adapters it was planned for
+        if selection.split < plan.split or whole or exceeds_rows(plan, rows, self.planning.cost, selection.split):
+            return fits(session.device_id, session.hello, plan, selection.split, ranges, rows,
+                        adapters=selection.kind == "adapters")
         return True
 
     @property
@@ -288,15 +302,17 @@ class Payloads:
     def train_graph(self, selection: Selection) -> str | None:
         """The payload id of the training graph for ``selection`` (exported and verified on first use),
         or None when the export check refuses it (the round goes on without that device)."""
-        if selection.kind != "tail":
+        if selection.kind not in ("tail", "adapters"):
             raise ValueError(f"strategy {self.strategy.name}: a {selection.kind} selection at split {selection.split} "
                              "has no training graph for a device on a graph runtime")
         if selection.split not in self.planning.graph_splits:
             return None
+        adapters = selection.kind == "adapters"
         try:
-            gid, data = self.train_graphs.get_or_export(self.template, selection.split)
+            gid, data = self.train_graphs.get_or_export(self.template, selection.split, adapters)
         except ExportError as exc:
-            self.planning.refuse_graph(selection.split, str(exc))
+            if not adapters:
+                self.planning.refuse_graph(selection.split, str(exc))
             return None
         if gid not in self.by_id:
             self.by_id[gid] = self._payload("train_graph", data, {"split": selection.split})

@@ -117,7 +117,7 @@ class Planning:
             except PlanError as exc:
                 return "; ".join([str(exc), *refused])
             if self.runtime(hello).needs_graph:
-                reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split)
+                reason = await asyncio.to_thread(self.train_graphs.refusal, self.model, plan.split, plan.adapters)
                 if reason is not None:
                     self.refuse_graph(plan.split, reason)
                     refused.append(f"split {plan.split}: {reason}")
@@ -158,13 +158,14 @@ class Planning:
                        local_samples=hello.num_samples, rows=rows, memory=self.memory)
 
     def fits(self, device_id: str, hello: p.Hello, plan: Plan, split: int, chunks: Sequence[tuple[int, int]],
-             rows: Mapping[str, int] | None = None, cost: ModelCost | None = None) -> bool:
+             rows: Mapping[str, int] | None = None, cost: ModelCost | None = None, adapters: bool = False) -> bool:
         """Whether a longer tail than the plan's, more table rows, or another model's tail (``cost``:
         e.g. width reduction's narrow model) fits the device's budget, counted for the runtime the
         device was planned on (the server enforces budgets: a strategy may ask for more, e.g.
         FedAvg for the whole model, but a device is never sent more than it can hold)."""
         footprint = tail_footprint(cost or self.cost, split, self.config.planner_batch, backend=plan.backend,
-                                   chunks=chunks, local_samples=hello.num_samples, rows=rows, memory=self.memory)
+                                   chunks=chunks, local_samples=hello.num_samples, rows=rows, memory=self.memory,
+                                   adapters=adapters)
         if footprint.total <= hello.budget_bytes:
             return True
         self.emit("over_budget", {"device": device_id, "split": split, "planned_split": plan.split,

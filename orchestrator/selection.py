@@ -9,6 +9,8 @@ with :meth:`Selection.check`, so a report can never touch state outside what the
   :class:`~edge_sdk.protocol.RowSparse` (FedSubAvg submodels). Work is proportional to the rows.
 - ``channels``: the tail, with each listed entry cut to a leading slice of every dimension
   (static width reduction: HeteroFL, FjORD's ordered dropout).
+- ``adapters``: the tail whole, trained through its LoRA adapters: only the ``trained`` entries
+  (adapters, and parameters outside adapted layers) come back (edge_sdk.models.adapters).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ Payload = Mapping[str, "np.ndarray | RowSparse"]
 
 @dataclass(frozen=True, eq=False)
 class Selection:
-    """What a device gets of blocks ``[split, L)``. Build with :meth:`tail`, :meth:`rows` or :meth:`channels`."""
+    """What a device gets of blocks ``[split, L)``. Build with :meth:`tail`, :meth:`rows`, :meth:`channels`
+    or :meth:`of_adapters`."""
 
     kind: str
     split: int
     rows: Mapping[str, np.ndarray] = field(default_factory=dict)
     channels: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    trained: frozenset[str] = field(default_factory=frozenset)  # ``adapters``: the entries that come back
 
     @classmethod
     def tail(cls, split: int) -> Selection:
@@ -50,11 +54,16 @@ class Selection:
         """The tail with entry ``name`` cut to ``arr[:shapes[name][0], :shapes[name][1], ...]``."""
         return cls("channels", int(split), channels={k: tuple(int(d) for d in v) for k, v in shapes.items()})
 
+    @classmethod
+    def of_adapters(cls, split: int, trained: Sequence[str]) -> Selection:
+        """The tail, sent whole, of which the device returns only ``trained`` (its adapters' entries)."""
+        return cls("adapters", int(split), trained=frozenset(trained))
+
     # -- identity --------------------------------------------------------------------------------
     def key(self) -> str:
         """Cache key: equal selections share one encoded payload (one encode, one hash)."""
-        if self.kind == "tail":
-            return f"tail-{self.split}"
+        if self.kind in ("tail", "adapters"):  # an adapters selection's entries follow from its split
+            return f"{self.kind}-{self.split}"
         h = hashlib.sha256()
         if self.kind == "rows":
             for name in sorted(self.rows):
@@ -107,6 +116,8 @@ class Selection:
         """None if ``tensors`` are deltas of exactly the entries ``names`` as this selection cut them,
         else why not. Shapes, dtypes and (for rows) that every row was one the device was sent."""
         got = set(tensors)
+        if self.kind == "adapters":
+            names = [n for n in names if n in self.trained]
         # Integer entries (BatchNorm's num_batches_tracked) are counters a device may leave out.
         expected = {n for n in names if n in got or state[n].dtype.kind == "f"}
         if got != expected:

@@ -194,6 +194,17 @@ class BlockCost:
     train_peak_elements: int  # per sample: the same plus a convolution's unfolded patches (x2)
     sparse: bool = False  # an embedding table fetched by rows (counted in full here)
     attention_elements: int = 0  # per sample: attention matrices (heads x context^2 per attention layer)
+    adapted: bool = False  # the block has LoRA adapters (edge_sdk.models.adapters)
+    adapter_params: int = 0  # trained through its adapters: the adapters and the parameters outside adapted layers
+    adapter_saved_elements: int = 0  # per sample: what autograd keeps when trained through its adapters
+
+    def trained_params(self, adapters: bool = False) -> int:
+        """Parameters trained: all trainable ones, or (``adapters``) those of training through adapters."""
+        return self.adapter_params if adapters and self.adapted else self.trainable_params
+
+    def saved(self, adapters: bool = False) -> int:
+        """Floating elements per sample autograd keeps, trained whole or through adapters."""
+        return self.adapter_saved_elements if adapters and self.adapted else self.saved_elements
 
     @property
     def params(self) -> int:
@@ -300,10 +311,15 @@ class ModelCost:
             raise ValueError(f"batch size must be >= 1, not {batch}")
 
     # -- the paper's quantities ----------------------------------------------------------
-    def trainable_params(self, k: int = 0) -> int:
-        """p: trainable parameters of the suffix [k, L)."""
+    @property
+    def adapters(self) -> bool:
+        """Whether some block can be trained through LoRA adapters."""
+        return any(b.adapted for b in self.blocks)
+
+    def trainable_params(self, k: int = 0, adapters: bool = False) -> int:
+        """p: trainable parameters of the suffix [k, L) (``adapters``: trained through its adapters)."""
         self._check_split(k)
-        return sum(b.trainable_params for b in self.blocks[k:])
+        return sum(b.trained_params(adapters) for b in self.blocks[k:])
 
     def activations(self, k: int = 0, batch: int = 1) -> int:
         """a: activations the suffix [k, L) keeps for ``batch`` samples (the paper's rule)."""
@@ -311,23 +327,24 @@ class ModelCost:
         self._check_batch(batch)
         return batch * sum(b.activations for b in self.blocks[k:])
 
-    def capacity(self, k: int, batch: int = 32) -> float:
+    def capacity(self, k: int, batch: int = 32, adapters: bool = False) -> float:
         """Memory of the suffix [k, L) relative to the whole model.
 
-        EmbracingFL Section 4 ("Client Capacity Settings"): C = (2p + 2a) / (2P + 2A).
+        EmbracingFL Section 4 ("Client Capacity Settings"): C = (2p + 2a) / (2P + 2A); trained
+        through adapters, p counts what trains (the adapters), a the same activations.
         """
-        p, a = self.trainable_params(k), self.activations(k, batch)
+        p, a = self.trainable_params(k, adapters), self.activations(k, batch)
         whole_p, whole_a = self.trainable_params(0), self.activations(0, batch)
         return (2 * p + 2 * a) / (2 * whole_p + 2 * whole_a)
 
     # -- bytes ---------------------------------------------------------------------------
-    def saved_bytes(self, k: int, batch: int, itemsize: int = 4) -> int:
+    def saved_bytes(self, k: int, batch: int, itemsize: int = 4, adapters: bool = False) -> int:
         """Bytes autograd keeps for backward when training the suffix [k, L) on one batch."""
         self._check_split(k)
         self._check_batch(batch)
         total = 0
         for b in self.blocks[k:]:
-            total += (batch * b.saved_elements + b.saved_fixed_elements) * itemsize
+            total += (batch * b.saved(adapters) + b.saved_fixed_elements) * itemsize
             total += batch * b.saved_other_bytes
             if b.input_saved and b.index > k:
                 # Kept by this block only; the tail's own input is the cached batch instead.
@@ -370,8 +387,13 @@ class ModelCost:
         chunks: Sequence[tuple[int, int]] | None = None,
         local_samples: int = 0,
         rows: Mapping[str, int] | None = None,
+        adapters: bool = False,
     ) -> Footprint:
         """What a device that freezes [0, k) and trains [k, L) with ``batch`` holds.
+
+        ``adapters``: the tail trained through its LoRA adapters: gradients, optimizer state and
+        the upload's frame are the adapters' (and the parameters outside adapted layers); the
+        weights under adapters are held as frozen state, and autograd keeps what it keeps then.
 
         ``chunks`` are the frozen block ranges streamed one at a time; without them each frozen
         block is its own chunk, the smallest peak any chunking reaches. ``local_samples`` is the
@@ -384,8 +406,9 @@ class ModelCost:
         self._check_batch(batch)
         size = memory.itemsize
         tail = self.blocks[k:]
-        trainable = sum(b.trainable_params for b in tail) - self.rows_saved(k, rows)
-        held = sum(b.frozen_params + b.buffers for b in tail)
+        trainable = sum(b.trained_params(adapters) for b in tail) - self.rows_saved(k, rows)
+        held = sum(b.params + b.buffers - b.trained_params(adapters) for b in tail)
+        under = sum(b.trainable_params - b.trained_params(adapters) for b in tail)  # frozen under adapters: not sent
         # Backward holds the gradient flowing out of a layer and the one flowing into it, and
         # a convolution its unfolded patches: at most the largest layer's training peak.
         working = batch * max(b.train_peak_elements for b in tail) * size
@@ -397,7 +420,7 @@ class ModelCost:
             batch=batch,
             trainable_state=(trainable * (memory.param_copies + memory.transfer_copies)
                              + held * (1 + memory.transfer_copies)) * size,
-            activations=self.saved_bytes(k, batch, size) + working,
+            activations=self.saved_bytes(k, batch, size, adapters) + working,
             # Training samples every local sample's cached activations: held in memory, or paged in
             # from their file on disk as the batches reach them (resident either way by the end).
             cached_input=max(batch, local_samples if k > 0 else 0) * self._input_bytes(k, size),
@@ -408,7 +431,7 @@ class ModelCost:
             process=memory.process_bytes + memory.secure_bytes,
             sequential=memory.sequential_phases,
             margin=memory.margin,
-            upload=(trainable + held) * (1 + memory.upload_copies) * size,
+            upload=(trainable + held + (trainable + held - under) * memory.upload_copies) * size,
         )
 
     def rows_saved(self, k: int, rows: Mapping[str, int] | None) -> int:
@@ -613,6 +636,33 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _adapted_tallies(work: LayeredModel, frozen: set[str]) -> tuple[_Tally, _Tally] | None:
+    """The two tallies again with the weights under adapters frozen (None: the model has no adapters)."""
+    if not frozen:
+        return None
+    params = [p for n, p in work.named_parameters() if n in frozen]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        small, large = (_tally(work, b) for b in _MEASURE_BATCHES)
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return small, large
+
+
+def _adapter_fields(block: nn.Module, prefix: str, frozen: set[str], adapted: tuple[_Tally, _Tally] | None,
+                    i: int, float_size: int) -> dict[str, Any]:
+    """A block's :class:`BlockCost` fields for training through its adapters."""
+    under = sum(p.numel() for n, p in block.named_parameters() if prefix + n in frozen)
+    if adapted is None or not under:
+        return {}
+    small, large = adapted
+    per, _ = _split(small.saved_float[i], large.saved_float[i], small.batch, large.batch)
+    trainable = sum(p.numel() for p in block.parameters() if p.requires_grad)
+    return {"adapted": True, "adapter_params": trainable - under, "adapter_saved_elements": _ceil_div(per, float_size)}
+
+
 def measure_model(model: LayeredModel) -> ModelCost:
     """Measure every block of ``model`` by running it.
 
@@ -621,10 +671,14 @@ def measure_model(model: LayeredModel) -> ModelCost:
     """
     import torch
 
+    from edge_sdk.models.adapters import adapter_frozen
+
     float_size = torch.empty((), dtype=torch.float32).element_size()
     work = copy.deepcopy(model).train()
     small, large = (_tally(work, b) for b in _MEASURE_BATCHES)
     b1, b2 = small.batch, large.batch
+    frozen = set(adapter_frozen(work))
+    adapted = _adapted_tallies(work, frozen)
     blocks = []
     for i, name in enumerate(model.block_names):
         block = model.block(i)
@@ -648,6 +702,7 @@ def measure_model(model: LayeredModel) -> ModelCost:
                 train_peak_elements=_ceil_div(large.train_peaks[i], b2),
                 sparse=name in model.sparse_blocks,
                 attention_elements=large.attention[i] // b2,
+                **_adapter_fields(block, f"blocks.{name}.", frozen, adapted, i, float_size),
             )
         )
     sample = model.sample_input(1, generator=torch.Generator().manual_seed(0))

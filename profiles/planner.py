@@ -34,6 +34,15 @@ r = 1, 0.45, 0.2). :func:`plan_width` gives a budget the widest of the roles' ra
 (:data:`WIDTH_RATIOS`) that fits; the server checks every width slice it sends against the device's
 budget with the same arithmetic (:func:`tail_footprint` over the narrow model's cost).
 
+Adapters (LoRA; edge_sdk.models.adapters). A model whose blocks carry adapters can be trained
+through them: the device holds every weight of its tail, but trains (and keeps gradients,
+optimizer state and an upload frame for) only the adapters and the parameters outside adapted
+layers. The planner then chooses, per budget, between training fewer blocks fully and more blocks
+through adapters: it takes the smallest split any way fits, trying each split whole before
+through adapters, so a device trains as many blocks as it can hold, whole where it can
+(``Plan.adapters`` says which; EmbracingFL's rule of the largest trainable suffix, with the
+adapted block as a cheaper way to train one).
+
 Runtimes. A device's runtime (``profiles.runtime.RUNTIMES``, named in its hello) decides the
 runtime memory counted and which splits it can train; :func:`tail_footprint` is the one place a
 footprint is counted for a runtime, and :func:`make_plan` the one place a :class:`Plan` is built.
@@ -120,6 +129,8 @@ class Plan:
     rows: dict[str, int] = field(default_factory=dict)
     #: The width ratio the model is built at (1.0: full width; < 1 only from :func:`plan_width`).
     width: float = 1.0
+    #: The tail is trained through its LoRA adapters (the weights under them frozen), not whole.
+    adapters: bool = False
 
     @property
     def trained_blocks(self) -> range:
@@ -134,9 +145,10 @@ class Plan:
 
     def describe(self) -> str:
         chunks = ", ".join(f"[{s}, {e})" for s, e in self.chunks) or "none"
+        how = " through their adapters" if self.adapters else ""
         return (
             f"{self.model}: {self.role}, split {self.split}/{self.num_blocks} "
-            f"(trains {self.num_blocks - self.split} blocks, capacity {self.capacity:.2f}), "
+            f"(trains {self.num_blocks - self.split} blocks{how}, capacity {self.capacity:.2f}), "
             f"chunks {chunks}, footprint {format_size(self.footprint_bytes)} of "
             f"{format_size(self.budget_bytes)} at batch {self.batch_size}, trains with {self.backend}"
         )
@@ -166,31 +178,35 @@ def backend_memory(memory: TrainingMemory, backend: str) -> TrainingMemory:
 def tail_footprint(
     cost: ModelCost, split: int, batch_size: int, *, backend: str, chunks: Sequence[tuple[int, int]] | None = None,
     local_samples: int = 0, rows: Mapping[str, int] | None = None, runtime: RuntimeMemory | int | None = None,
-    memory: TrainingMemory = TrainingMemory(),
+    memory: TrainingMemory = TrainingMemory(), adapters: bool = False,
 ) -> Footprint:
     """What a device on runtime ``backend`` holds to train blocks [split, L) of ``cost`` with the
-    frozen ``chunks`` (None: each frozen block its own chunk): the one footprint count that plans
-    and the server's budget checks share."""
+    frozen ``chunks`` (None: each frozen block its own chunk), whole or through its ``adapters``:
+    the one footprint count that plans and the server's budget checks share."""
     return cost.footprint(split, batch_size, memory=backend_memory(memory, backend),
                           runtime_bytes=_runtime_bytes(runtime, backend), chunks=chunks,
-                          local_samples=local_samples, rows=rows)
+                          local_samples=local_samples, rows=rows, adapters=adapters)
 
 
 def make_plan(
     cost: ModelCost, split: int, footprint: Footprint, *, budget_bytes: int, batch_size: int, backend: str,
     chunks: Sequence[tuple[int, int]], thresholds: RoleThresholds = RoleThresholds(),
     rows: Mapping[str, int] | None = None, capacity: float | None = None, role: str | None = None,
-    width: float = 1.0,
+    width: float = 1.0, adapters: bool = False,
 ) -> Plan:
-    """The :class:`Plan` for training [split, L) of ``cost``: role from capacity, and the rows of
-    only the tables it trains."""
-    capacity = cost.capacity(split, batch_size) if capacity is None else capacity
+    """The :class:`Plan` for training [split, L) of ``cost`` (whole, or through its ``adapters``):
+    role from capacity (``strong`` only for the whole model trained whole), and the rows of only
+    the tables it trains."""
+    capacity = cost.capacity(split, batch_size, adapters) if capacity is None else capacity
+    if role is None:
+        role = thresholds.role(split, capacity) if not adapters else thresholds.role(max(split, 1), capacity)
     return Plan(
-        model=cost.model, split=split, role=role or thresholds.role(split, capacity), chunks=list(chunks),
+        model=cost.model, split=split, role=role, chunks=list(chunks),
         footprint_bytes=footprint.total, capacity=capacity, budget_bytes=budget_bytes, batch_size=batch_size,
-        num_blocks=len(cost), trainable_params=cost.trainable_params(split), footprint=footprint, backend=backend,
+        num_blocks=len(cost), trainable_params=cost.trainable_params(split, adapters), footprint=footprint,
+        backend=backend,
         rows={e: n for e, n in (rows or {}).items() if any(t.entry == e and t.block >= split for t in cost.tables)},
-        width=width,
+        width=width, adapters=adapters,
     )
 
 
@@ -257,12 +273,13 @@ def plan_split(
     graph_splits = frozenset(graph_splits)
     rows = dict(rows or {})
     smallest: Footprint | None = None
-    for k, backend in ((k, b) for k in range(len(cost)) for b in RUNTIMES):
+    ways = (False, True) if cost.adapters else (False,)  # whole, then through adapters (module docstring)
+    for k, adapters, backend in ((k, a, b) for k in range(len(cost)) for a in ways for b in RUNTIMES):
         if backend not in backends or not RUNTIMES[backend].can_train(k, graph_splits):
             continue
         # Each frozen block its own chunk: the smallest peak this split can reach.
         least = tail_footprint(cost, k, batch_size, backend=backend, runtime=runtime, memory=memory,
-                               local_samples=local_samples, rows=rows)
+                               local_samples=local_samples, rows=rows, adapters=adapters)
         if smallest is None or least.total < smallest.total:
             smallest = least
         if least.total > budget_bytes:
@@ -272,9 +289,9 @@ def plan_split(
 
         chunks = group_chunks(cost, k, batch_size, fits, backend_memory(memory, backend))
         footprint = tail_footprint(cost, k, batch_size, backend=backend, runtime=runtime, memory=memory,
-                                   chunks=chunks, local_samples=local_samples, rows=rows)
+                                   chunks=chunks, local_samples=local_samples, rows=rows, adapters=adapters)
         return make_plan(cost, k, footprint, budget_bytes=budget_bytes, batch_size=batch_size, backend=backend,
-                         chunks=chunks, thresholds=thresholds, rows=rows)
+                         chunks=chunks, thresholds=thresholds, rows=rows, adapters=adapters)
     if smallest is None:
         raise PlanError(f"{cost.model}: the device's backends {list(backends)} can train no split of it "
                         "(no training graph exports and torch is not installed)",
@@ -295,15 +312,16 @@ def plan_at(
     model: LayeredModel | ModelCost, split: int, budget_bytes: int, batch_size: int = 32, *, backend: str = "torch",
     thresholds: RoleThresholds = RoleThresholds(), runtime: RuntimeMemory | int | None = None,
     memory: TrainingMemory = TrainingMemory(), local_samples: int = 0, rows: Mapping[str, int] | None = None,
+    adapters: bool = False,
 ) -> Plan:
     """A plan at a split chosen elsewhere (a forced split: emulation and tests), its frozen blocks
     one chunk, counted as :func:`plan_split` counts, whether or not it fits ``budget_bytes``."""
     cost = _as_cost(model)
     chunks = [(0, split)] if split > 0 else []
     footprint = tail_footprint(cost, split, batch_size, backend=backend, runtime=runtime, memory=memory,
-                               chunks=chunks, local_samples=local_samples, rows=rows)
+                               chunks=chunks, local_samples=local_samples, rows=rows, adapters=adapters)
     return make_plan(cost, split, footprint, budget_bytes=budget_bytes, batch_size=batch_size, backend=backend,
-                     chunks=chunks, thresholds=thresholds, rows=rows)
+                     chunks=chunks, thresholds=thresholds, rows=rows, adapters=adapters)
 
 
 @functools.lru_cache(maxsize=64)

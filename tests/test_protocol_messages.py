@@ -200,7 +200,7 @@ INSTRUCTION = Instruction(3, "train", 2, 2, ["c0", "c1"], "model-2-tail-2", "tai
 def test_version_4_message_set():
     assert PROTOCOL_VERSION == 4
     assert {"instruction", "report"} <= set(MESSAGE_TYPES) and not {"task", "update"} & set(MESSAGE_TYPES)
-    assert PHASES == {"train", "evaluate", "compare"} and SELECTIONS == {"tail", "rows", "channels"}
+    assert PHASES == {"train", "evaluate", "compare"} and SELECTIONS == {"tail", "rows", "channels", "adapters"}
     assert PAYLOAD_KINDS == {"chunk", "model", "broadcast", "train_graph", "update"}
     # Every field is on the wire, defaults included, in declaration order.
     assert list(_wire(Fetch(1, "c0")))[2:] == ["round", "payload_id", "offset"]

@@ -6,11 +6,12 @@ Each module adds its phases, report hooks and selection kinds to a :class:`~edge
 configuration says otherwise (``DeviceConfig.registry``): the built-in phases plus every module here.
 """
 
-from edge_sdk.algorithms import fedalign, width
+from edge_sdk.algorithms import adapters, fedalign, width
 from edge_sdk.phases import BUILTIN_REGISTRY, DeviceRegistry
 
 __all__ = ["DEFAULT_REGISTRY"]
 
 #: The built-in phases (train, evaluate, compare; tail and rows), FedALIGN's incentive check after
-#: evaluate and train, and width reduction's channel selection.
-DEFAULT_REGISTRY: DeviceRegistry = BUILTIN_REGISTRY.extended(**fedalign.DEVICE_STEPS).extended(**width.DEVICE_STEPS)
+#: evaluate and train, width reduction's channel selection and the adapters selection (LoRA).
+DEFAULT_REGISTRY: DeviceRegistry = BUILTIN_REGISTRY.extended(**fedalign.DEVICE_STEPS).extended(
+    **width.DEVICE_STEPS).extended(**adapters.DEVICE_STEPS)

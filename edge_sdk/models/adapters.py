@@ -11,25 +11,19 @@ A (r x in) at random, so the adapted layer starts as the plain one; scaled by al
   (:func:`adapter_frozen`). Its upload, gradients and optimizer state are those of the adapters.
 
 Merging (Section 4.1, "No additional inference latency"): W' = W + (alpha / r) B A gives a plain
-linear layer with the same function; :func:`merged_state` does it for a whole state dict, so the
-model a server exports has no adapters (:func:`merged_state` and ``rank=0`` in the factory).
+linear layer with the same function; the model a server exports has its adapters merged so
+(``exporters.model_export.merged_model``).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
-import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["AdaptedLinear", "ADAPTER_SUFFIXES", "adapter_frozen", "adapter_scales", "adapter_trainable",
-           "has_adapters", "merged_state"]
-
-#: The state-entry suffixes of an adapter's two factors.
-ADAPTER_SUFFIXES: tuple[str, str] = (".lora_a", ".lora_b")
+__all__ = ["AdaptedLinear", "adapter_frozen", "adapter_update_names", "has_adapters"]
 
 
 class AdaptedLinear(nn.Module):
@@ -83,37 +77,9 @@ def adapter_frozen(model: nn.Module, prefix: str = "") -> list[str]:
             for p in ("weight", "bias")]
 
 
-def adapter_trainable(model: nn.Module, prefix: str = "") -> list[str]:
-    """State names (with ``prefix``) of the parameters a device trains through adapters: all but
-    :func:`adapter_frozen`'s."""
+def adapter_update_names(model: nn.Module, split: int) -> list[str]:
+    """State names of blocks [split, L) of a layered model that a device training them through
+    their adapters changes and returns: every floating entry but :func:`adapter_frozen`'s."""
     frozen = set(adapter_frozen(model))
-    return [f"{prefix}{n}" for n, _ in model.named_parameters() if n not in frozen]
-
-
-_FACTOR = re.compile(r"^(.*)\.lora_a$")
-
-
-def merged_state(state: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
-    """``state`` with every adapter merged into its layer and dropped: W' = W + scale B A (LoRA
-    Section 4.1). ``scales``: the layer's name (the entry's name without ``.weight``) -> alpha / r;
-    a layer without adapters is copied as it is."""
-    out: dict[str, np.ndarray] = {}
-    for name, value in state.items():
-        if name.endswith(ADAPTER_SUFFIXES):
-            continue
-        out[name] = np.array(value, copy=True)
-    for name, a in state.items():
-        match = _FACTOR.match(name)
-        if match is None:
-            continue
-        layer = match.group(1)
-        b = np.asarray(state[f"{layer}.lora_b"], np.float64)
-        weight = out[f"{layer}.weight"]
-        out[f"{layer}.weight"] = (weight.astype(np.float64) + scales[layer] * (b @ np.asarray(a, np.float64))
-                                  ).astype(weight.dtype)
-    return out
-
-
-def adapter_scales(model: nn.Module, prefix: str = "") -> dict[str, float]:
-    """Layer name (with ``prefix``) -> alpha / r of every adapted layer of ``model``."""
-    return {f"{prefix}{n}": m.scale for n, m in _adapted(model.named_modules())}
+    state = model.state_dict()
+    return [n for n in model.state_names(split) if n not in frozen and state[n].is_floating_point()]

@@ -342,12 +342,14 @@ def model_spec(name: str) -> ModelSpec:
     return with_options(spec, options) if mark else spec
 
 
+@functools.lru_cache(maxsize=128)
 def with_options(spec: ModelSpec, options: str) -> ModelSpec:
     """``spec`` built with keyword options ``key=value,...`` (numbers or true/false) given to its
     factory: each must be a parameter of the factory with a default of that type. The resulting
     name is canonical (options sorted, those equal to their default left out), so two spellings of
     one architecture are one model; a model's name travels everywhere a model is named (the
-    welcome, chunk and graph ids), so every machine builds the same one."""
+    welcome, chunk and graph ids), so every machine builds the same one. Cached: one name, one
+    factory object (pools of built tails key on it)."""
     try:
         defaults = {n: p.default for n, p in inspect.signature(spec.factory).parameters.items()
                     if p.default is not inspect.Parameter.empty}
@@ -369,6 +371,14 @@ def with_options(spec: ModelSpec, options: str) -> ModelSpec:
                                                for k, v in chosen.items())
     return ModelSpec(name, functools.partial(spec.factory, **chosen), spec.dataset, spec.description,
                      widths=spec.widths)
+
+
+def option_dropped(name: str, key: str) -> str:
+    """Model ``name`` with option ``key`` left out (its factory's default): e.g. the model a LoRA
+    run exports, its adapters merged, is ``char_transformer@rank=8`` without ``rank``."""
+    base, mark, options = name.partition(OPTIONS_MARK)
+    kept = ",".join(o for o in options.split(",") if o and o.partition("=")[0].strip() != key)
+    return model_spec(f"{base}{OPTIONS_MARK}{kept}" if kept else base).name
 
 
 def _option_value(model: str, key: str, text: str, default: object) -> object:

@@ -73,7 +73,7 @@ PHASES = frozenset({"train", "evaluate", "compare"})
 
 #: How the state a device receives is cut from the global state (docs/protocol.md, "Selections"):
 #: the whole tail ``[split, L)``; the tail with sparse tables cut to rows; the tail cut to channels.
-SELECTIONS = frozenset({"tail", "rows", "channels"})
+SELECTIONS = frozenset({"tail", "rows", "channels", "adapters"})
 
 #: ``TransferBegin.kind`` values: payloads the server streams, and the device's update.
 #: ``train_graph``: a tail's training step as ONNX (edge_sdk.ort_trainer), named by an

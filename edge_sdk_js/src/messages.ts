@@ -10,7 +10,7 @@ import { ErrorCode, ProtocolError } from "./errors.js";
 
 export const PROTOCOL_VERSION = 4;
 export const PHASES = ["train", "evaluate", "compare"] as const;
-export const SELECTIONS = ["tail", "rows", "channels"] as const;
+export const SELECTIONS = ["tail", "rows", "channels", "adapters"] as const;
 export const TRAIN_GRAPH_KEY = "train_graph_id";
 
 export type Scalar = string | number | boolean;

@@ -208,5 +208,7 @@ export function updateDistance(deltas: Record<string, Tensor>, broadcast: Record
  */
 export const BUILTIN_REGISTRY = new DeviceRegistry({
   phases: [["train", trainPhase], ["evaluate", evaluatePhase], ["compare", comparePhase]],
-  selections: [["tail", { trainsGraph: true }], ["rows", { trainsGraph: true }]],
+  // `adapters`: the tail sent whole, trained through its LoRA adapters by the server's graph for it
+  // (its frozen weights are the graph's `frozen` inputs; the update holds what the graph trains).
+  selections: [["tail", { trainsGraph: true }], ["rows", { trainsGraph: true }], ["adapters", { trainsGraph: true }]],
 });

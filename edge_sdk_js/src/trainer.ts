@@ -24,6 +24,8 @@ export interface TrainGraph {
   buffers: string[];
   trainOnnx: Uint8Array;
   evalOnnx: Uint8Array;
+  /** Parameters the step reads but does not train (the weights under LoRA adapters): no deltas. */
+  frozen: string[];
 }
 
 export interface TrainConfig {
@@ -67,11 +69,12 @@ export function parseTrainGraph(data: Uint8Array): TrainGraph {
     throw new ProtocolError(ErrorCode.MALFORMED, `training graph format ${String(o?.["format"])}, this device reads ${GRAPH_FORMAT}`);
   }
   if (typeof o["model"] !== "string" || typeof o["split"] !== "number" || typeof o["task"] !== "string"
-    || !strings(o["params"]) || !strings(o["buffers"]) || !(o["train"] instanceof Uint8Array) || !(o["eval"] instanceof Uint8Array)) {
+    || !strings(o["params"]) || !strings(o["buffers"]) || !(o["train"] instanceof Uint8Array) || !(o["eval"] instanceof Uint8Array)
+    || (o["frozen"] !== undefined && !strings(o["frozen"]))) {
     throw new ProtocolError(ErrorCode.MALFORMED, "not a training graph payload: a field is missing or of the wrong type");
   }
   return { model: o["model"], split: o["split"], task: o["task"], params: o["params"] as string[],
-    buffers: o["buffers"] as string[], trainOnnx: o["train"], evalOnnx: o["eval"] };
+    buffers: o["buffers"] as string[], trainOnnx: o["train"], evalOnnx: o["eval"], frozen: (o["frozen"] ?? []) as string[] };
 }
 
 /** Rows `idx` of a tensor, copied into a tensor of their own. */
@@ -121,7 +124,11 @@ export class OrtTail {
 
   constructor(readonly runtime: Runtime, readonly graph: TrainGraph, readonly threads = 1) {}
 
-  get names(): string[] { return [...this.graph.params, ...this.graph.buffers]; }
+  /** Every state entry the graphs read, in their input order. */
+  get names(): string[] { return [...this.graph.params, ...this.graph.buffers, ...this.graph.frozen]; }
+
+  /** The entries a step changes: what an update holds. */
+  get trained(): string[] { return [...this.graph.params, ...this.graph.buffers]; }
 
   private ortTensor(t: Tensor): OrtTensor {
     const dtype = t.dtype === "bool" ? "bool" : t.dtype;
@@ -288,14 +295,16 @@ function sgdStep(w: Float32Array, g: Float32Array, initial: Float32Array, buf: F
 
 /**
  * tau local steps of momentum SGD on the tail from `state`; deltas (new - received, float32) per
- * parameter and floating buffer. `plan` fixes the samples (default: drawn from `cfg.seed`).
+ * trained parameter and floating buffer (none for frozen weights). `plan` fixes the samples (default: drawn from `cfg.seed`).
  */
 export async function trainTail(tail: OrtTail, state: Record<string, TensorValue>, x: Tensor, y: Tensor,
   cfg: TrainConfig, plan?: SamplePlan): Promise<TrainResult> {
   const n = x.shape[0]!;
   if (n === 0 || y.shape[0] !== n) throw new Error(`need matching, non-empty inputs and labels (got ${n} and ${y.shape[0]})`);
   const [initial, shapes] = denseState(state, tail.names);
-  const weights = Object.fromEntries(Object.entries(initial).map(([k, v]) => [k, Float32Array.from(v)]));
+  // Copies of what training changes; frozen weights (under adapters) are read where they lie.
+  const weights: Record<string, Float32Array> = { ...initial };
+  for (const k of tail.trained) weights[k] = Float32Array.from(initial[k]!);
   const { evalIdx, batches } = plan ?? samplePlan(n, cfg);
   const lossBefore = await meanLoss(tail, weights, shapes, x, y, evalIdx, cfg.batchSize);
   await tail.release("eval"); // one session's arena at a time, as the Python device
@@ -315,8 +324,8 @@ export async function trainTail(tail: OrtTail, state: Record<string, TensorValue
   await tail.release("train");
   const lossAfter = await meanLoss(tail, weights, shapes, x, y, evalIdx, cfg.batchSize);
   const deltas: Record<string, Tensor> = {};
-  for (const [name, w] of Object.entries(weights)) {
-    const init = initial[name]!;
+  for (const name of tail.trained) {
+    const w = weights[name]!, init = initial[name]!;
     for (let i = 0; i < w.length; i++) w[i] = f(w[i]! - init[i]!);
     deltas[name] = tensor("float32", shapes[name]!, w);
   }

@@ -30,7 +30,7 @@ export function referenceCases(cases, options = []) {
   const script = join(HERE, "reference.py");
   const key = createHash("sha256").update(readFileSync(script)).update([...cases, ...options].join(",")).digest("hex").slice(0, 16);
   const out = join(process.env.EDGETRAIN_JS_CASES ?? tmpdir(), `edgetrain-js-cases-${key}`);
-  const folders = cases.map((c) => join(out, c.replace(":", "-")));
+  const folders = cases.map((c) => join(out, c.replaceAll(":", "-")));
   if (!folders.every((f) => existsSync(join(f, "expected.json")))) {
     // Written aside and moved into place: test files running at the same time never read half a case.
     const staging = mkdtempSync(`${out}.staging-`);

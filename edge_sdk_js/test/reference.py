@@ -1,7 +1,9 @@
 """Reference cases for the JavaScript device's conformance tests: what the Python ONNX Runtime
 device computes, written to files the JavaScript tests read.
 
-For each ``model:split`` it writes, into ``<out>/<model>-<split>/``:
+For each ``model:split`` (or ``model:split:adapters``: the tail trained through its LoRA adapters,
+their B factors drawn away from zero so every adapter has a gradient) it writes, into
+``<out>/<model>-<split>[-adapters]/``:
 
 - ``chunk-<i>.onnx``: the frozen blocks [0, split) as ONNX chunks (none at split 0);
 - ``graph.bin``: the tail's training-graph payload (docs/protocol.md, "Training graphs");
@@ -31,7 +33,7 @@ from edge_sdk.training import TrainConfig, sample_plan
 
 
 def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, batch: int, seed: int,
-               lr: float = 0.05) -> dict:
+               lr: float = 0.05, adapters: bool = False) -> dict:
     """Export one model split and run the Python device on it; returns the case's summary."""
     import torch
 
@@ -42,13 +44,18 @@ def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, ba
 
     started = time.monotonic()
     model = build_model(name, seed=0)
-    folder = out / f"{name}-{split}"
+    if adapters:
+        with torch.no_grad():
+            for n, param in model.named_parameters():
+                if n.endswith(".lora_b"):
+                    param.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed))
+    folder = out / f"{name}-{split}{'-adapters' if adapters else ''}"
     folder.mkdir(parents=True, exist_ok=True)
     chunks = []
     if split > 0:
         chunks.append(export_chunk(model, 0, split))
         (folder / "chunk-0.onnx").write_bytes(chunks[0])
-    graph_bytes = export_train_graph(model, split)
+    graph_bytes = export_train_graph(model, split, adapters=adapters)
     (folder / "graph.bin").write_bytes(graph_bytes)
     state = tail_arrays(model, split)
     (folder / "state.bin").write_bytes(encode_tensors(state))
@@ -74,7 +81,7 @@ def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, ba
                 **{f"grad:{n}": v for n, v in grads.items()}, **{f"new:{n}": v for n, v in new.items()},
                 **{f"delta:{n}": v for n, v in result.deltas.items()}}
     (folder / "expected.bin").write_bytes(encode_tensors(expected))
-    summary = {"model": name, "split": split, "chunks": len(chunks), "samples": samples,
+    summary = {"model": name, "split": split, "adapters": adapters, "chunks": len(chunks), "samples": samples,
                "step_loss": loss, "loss_before": result.loss_before, "loss_after": result.loss_after,
                "eval": metrics, "eval_seed": seed, "eval_samples": 512,
                "train": {"local_steps": steps, "batch_size": batch, "lr": config.lr, "momentum": config.momentum,
@@ -97,10 +104,13 @@ def main() -> None:
     from exporters.onnx_export import ExportError
 
     for case in args.cases:
-        name, _, split = case.partition(":")
+        name, _, rest = case.partition(":")
+        split, _, how = rest.partition(":")
+        if how not in ("", "adapters"):
+            raise SystemExit(f"{case}: expected model:split or model:split:adapters")
         try:
             summary = write_case(args.out, name, int(split), samples=args.samples, steps=args.steps,
-                                 batch=args.batch, seed=args.seed, lr=args.lr)
+                                 batch=args.batch, seed=args.seed, lr=args.lr, adapters=how == "adapters")
         except ExportError as exc:  # the server would not ship this split to a device without torch
             print(json.dumps({"model": name, "split": int(split), "refused": str(exc)[:300]}), flush=True)
             continue

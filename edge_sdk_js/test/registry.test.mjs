@@ -32,7 +32,7 @@ test("extending a registry leaves the original as it was, and a registry cannot 
   assert.ok(extended.phases.has("census") && !BUILTIN_REGISTRY.phases.has("census"));
   assert.ok(extended.selections.has("odd") && !BUILTIN_REGISTRY.selections.has("odd"));
   assert.deepEqual([...BUILTIN_REGISTRY.phases.keys()].sort(), ["compare", "evaluate", "train"]);
-  assert.deepEqual([...BUILTIN_REGISTRY.selections.keys()].sort(), ["rows", "tail"]);
+  assert.deepEqual([...BUILTIN_REGISTRY.selections.keys()].sort(), ["adapters", "rows", "tail"]);
   assert.throws(() => BUILTIN_REGISTRY.phases.set("x", census), TypeError);
   assert.throws(() => DEFAULT_REGISTRY.hooks.get("evaluate").push(note("x")), TypeError);
   assert.throws(() => { BUILTIN_REGISTRY.phases = new Map(); }, TypeError);

@@ -9,6 +9,9 @@ keeps that round's checkpoint), it writes into ``--out`` (default ``<store>/expo
   ``build_model(name).load_state_dict``);
 - ``model.json``: the metadata.
 
+A model trained with LoRA adapters is exported with them merged into their layers
+(``exporters.model_export.merged_model``): its metadata names the model without adapters.
+
 The metadata says what the model is and how it came to be: the round; the server's evaluation of
 that round, from the journal (accuracy, loss, how many held-out samples, on which data); the
 settings it was trained under (model, strategy and its options, rounds, learning rate and the
@@ -78,7 +81,7 @@ def export(
     exporter: str = typer.Option("legacy", help="ONNX exporter: legacy (fast) or dynamo."),
 ) -> None:
     """Write a run's trained model as ONNX (for inference in an app) and a torch state dict, with its metadata."""
-    from exporters.model_export import export_model
+    from exporters.model_export import export_model, merged_model
     from exporters.onnx_export import ExportSettings
     from orchestrator.cli import console as wide_console
     from orchestrator.store import Store
@@ -93,8 +96,8 @@ def export(
             raise ValueError(f"{directory} holds no completed round yet: there is no trained model to export")
         state = journal.checkpoint(chosen)
         metadata = model_metadata(journal, directory, chosen)
-    model = _model_at(str(metadata["model"]), state)
-    metadata.update(_io(model))
+    model = merged_model(_model_at(str(metadata["model"]), state))  # LoRA adapters merged into their layers
+    metadata.update(_io(model), model=model.name)
     exported = export_model(model, metadata, settings=settings, version=chosen)
     folder = out if out is not None else directory / "exports" / f"round-{chosen:06d}"
     _write(folder, exported.onnx, model, metadata)

@@ -219,7 +219,7 @@ def _print_plan(
     table.add_column(justify="right")
     table.add_column(justify="left")
     table.add_row("role", plan.role, f"capacity {plan.capacity:.3f}")
-    trained = ", ".join(cost.block_names[plan.split:])
+    trained = ", ".join(cost.block_names[plan.split:]) + (" through their adapters (LoRA)" if plan.adapters else "")
     table.add_row("split", f"{plan.split} / {plan.num_blocks}", f"trains {trained}")
     table.add_row("frozen chunks", str(len(plan.chunks)), chunks)
     table.add_row("trainable state", format_size(fp.trainable_state),
