@@ -176,7 +176,7 @@ def local_data(s: Any):
     run, so data that arrived since is trained in the next one."""
     from edge_sdk.data import DATASET_NAMES, DatasetUnavailable
     from edge_sdk.data.sources import (TABLE_SUFFIXES, ArraySource, DataSourceError, ImageFolderSource,
-                                       TabularSource, as_source)
+                                       TabularSource, TextSource, as_source, vocabulary)
 
     data = s.data
     try:
@@ -195,11 +195,13 @@ def local_data(s: Any):
             return ImageFolderSource(path, size=size, mode=s.image_mode, flatten=s.flatten)  # type: ignore[arg-type]
         if path.suffix.lower() in TABLE_SUFFIXES:
             return TabularSource(path, label_column=s.label_column)
+        if path.suffix.lower() == ".txt":
+            return TextSource(path, vocabulary(s.vocabulary), context=s.text_context, stride=s.text_stride)
         if ":" in data and not path.exists():
             return as_source(_from_function(data))
     except DataSourceError as e:
         raise UsageProblem(f"--data: {e}") from None
-    raise UsageProblem(f"--data: {data!r} is neither a folder of images, a {'/'.join(TABLE_SUFFIXES)} file, "
+    raise UsageProblem(f"--data: {data!r} is neither a folder of images, a {'/'.join(TABLE_SUFFIXES)} or .txt file, "
                        f"package.module:function nor a dataset ({', '.join(DATASET_NAMES)})")
 
 

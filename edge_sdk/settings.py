@@ -100,10 +100,17 @@ class DeviceSettings:
                                    "torch), or package.module:Class for a backend of your own", metavar="BACKEND",
                            check=_backend)
     data: str = setting("digits", "local data: a folder of images in label subfolders, a .csv/.npz/.npy table, "
+                                  "a UTF-8 .txt file (next-character windows), "
                                   "package.module:function returning batches or a source, or a research dataset "
                                   "name (split by --client/--num-clients, for emulation)", metavar="SOURCE", sdks=BOTH)
     label_column: str = setting("-1", "for a .csv/.npy table: the label column, an index or a header name",
                                 metavar="COLUMN", sdks=BOTH)
+    vocabulary: str = setting("tinyshakespeare", "for a .txt file: the model's characters, a named vocabulary "
+                                                 "(tinyshakespeare) or a UTF-8 file holding them", metavar="CHARS",
+                              sdks=BOTH)
+    text_context: Count = setting(40, "for a .txt file: characters per sample, the model's input length",
+                                  metavar="N", sdks=BOTH)
+    text_stride: Count = setting(8, "for a .txt file: a sample starts every N characters", metavar="N", sdks=BOTH)
     image_size: str = setting("", "for an image folder: resize every image to WIDTHxHEIGHT (default: the first "
                                   "image's size)", metavar="WxH", check=_image_size)
     image_mode: Literal["RGB", "L"] = setting("RGB", "for an image folder: RGB (3 channels) or L (grey, 1 channel)")

@@ -107,3 +107,44 @@ def test_bad_data_is_named(tmp_path) -> None:
         source_arrays(BatchSource([]))
     with pytest.raises(DataSourceError, match="cannot train on"):
         as_source(42)
+
+
+def test_a_text_file_gives_next_character_windows_in_the_models_vocabulary(tmp_path) -> None:
+    """A device's own UTF-8 text: windows of the model's context in the vocabulary's ids, each labelled
+    with the next character; characters outside the vocabulary are left out and counted."""
+    from edge_sdk.data.shakespeare import load_roles
+    from edge_sdk.data.sources import VOCABULARIES, TextSource, vocabulary
+    from tests.shared_data import need
+
+    chars = vocabulary("tinyshakespeare")
+    assert chars == VOCABULARIES["tinyshakespeare"] and len(chars) == 65
+    _, vocab = load_roles(need("tinyshakespeare"))
+    assert vocab.chars == chars  # the named vocabulary is the dataset's own
+    text = "To be, or not to be: that is the question —\nWhether 'tis nobler in the mind to suffer"
+    path = tmp_path / "mine.txt"
+    path.write_text(text, encoding="utf-8")
+    source = TextSource(path, chars, context=10, stride=3)
+    kept = "".join(c for c in text if c in chars)
+    assert source.skipped == 1 and len(kept) == len(text) - 1  # the dash
+    x, y = source.arrays()
+    assert source.input_shape == (10,) and source.num_classes == 65 and x.dtype == np.int64
+    assert len(source) == len(range(0, len(kept) - 10, 3))
+    for i in (0, 5, len(x) - 1):
+        assert "".join(chars[j] for j in x[i]) == kept[3 * i: 3 * i + 10] and chars[y[i]] == kept[3 * i + 10]
+    (tmp_path / "vocab.txt").write_text("ba", encoding="utf-8")
+    assert vocabulary(str(tmp_path / "vocab.txt")) == "ab"
+    with pytest.raises(DataSourceError, match="fewer than one sample"):
+        TextSource(path, chars, context=200)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(DataSourceError, match="not UTF-8"):
+        TextSource(tmp_path / "latin1.txt", chars)
+
+
+def test_the_device_command_reads_a_text_file(tmp_path) -> None:
+    from edge_sdk.cli import local_data
+    from edge_sdk.settings import DeviceSettings
+
+    path = tmp_path / "notes.txt"
+    path.write_text("abcdefghij" * 20, encoding="utf-8")
+    source = local_data(DeviceSettings(data=str(path), text_context=16, text_stride=4))
+    assert source.input_shape == (16,) and len(source) == len(range(0, 200 - 16, 4)) and source.num_classes == 65

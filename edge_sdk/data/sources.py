@@ -13,6 +13,8 @@ them (``DeviceClient(config, source)``) and keeps ``DeviceClient(config, x, y)``
   Pillow: ``pip install pillow``; the core install has no image decoder).
 - :class:`TabularSource`: a ``.npz`` (arrays ``x`` and ``y``), a ``.npy`` or a ``.csv`` table whose
   label is one column.
+- :class:`TextSource`: a UTF-8 ``.txt`` file of the device's own text, as next-character samples in
+  a language model's vocabulary (a keyboard's typed text, a person's messages).
 
 Only numpy is imported here; Pillow loads when an image folder is read.
 """
@@ -33,13 +35,16 @@ import numpy as np
 __all__ = [
     "IMAGE_SUFFIXES",
     "TABLE_SUFFIXES",
+    "VOCABULARIES",
     "ArraySource",
     "BatchSource",
     "DataSource",
     "DataSourceError",
     "ImageFolderSource",
     "TabularSource",
+    "TextSource",
     "as_source",
+    "vocabulary",
     "source_arrays",
 ]
 
@@ -326,6 +331,69 @@ class TabularSource:
         except ValueError as e:
             raise DataSourceError(f"{self.path}: every cell but the header must be a number ({e})") from None
         return table, header
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self._array.input_shape
+
+    @property
+    def num_classes(self) -> int | None:
+        return self._array.num_classes
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return self._array.batches(batch_size)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._array.arrays()
+
+
+#: Named vocabularies of the zoo's character models: a character's id is its index. Tiny
+#: Shakespeare's 65 characters (``edge_sdk.data.shakespeare``: the sorted characters of its text).
+VOCABULARIES: dict[str, str] = {
+    "tinyshakespeare": "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+}
+
+
+def vocabulary(spec: str) -> str:
+    """The characters a vocabulary setting names: a :data:`VOCABULARIES` name, or a UTF-8 file
+    holding them (its distinct characters, sorted, are the vocabulary)."""
+    if spec in VOCABULARIES:
+        return VOCABULARIES[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise DataSourceError(f"vocabulary {spec!r} is neither a named one ({', '.join(VOCABULARIES)}) nor a file")
+    return "".join(sorted(set(path.read_text(encoding="utf-8"))))
+
+
+class TextSource:
+    """A device's own UTF-8 text as next-character prediction samples: windows of ``context``
+    character ids (every ``stride`` characters), each labelled with the id of the character after
+    it, as the ``tinyshakespeare`` dataset's (``edge_sdk.data.shakespeare.windows``). Ids are
+    positions in ``chars``, the model's vocabulary (:func:`vocabulary`); characters outside it are
+    left out of the text and counted (``skipped``). ``num_classes`` is the vocabulary's size."""
+
+    def __init__(self, path: str | os.PathLike[str], chars: str, *, context: int = 40, stride: int = 8) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataSourceError(f"no text file at {self.path}")
+        if context < 1 or stride < 1 or not chars:
+            raise DataSourceError(f"{self.path}: context and stride must be positive, and the vocabulary not empty")
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise DataSourceError(f"{self.path} is not UTF-8 text ({e})") from None
+        table = {c: i for i, c in enumerate(chars)}
+        ids = np.fromiter((table[c] for c in text if c in table), dtype=np.int64)
+        self.skipped = len(text) - len(ids)
+        if len(ids) <= context:
+            raise DataSourceError(f"{self.path}: {len(ids)} characters of the model's vocabulary, fewer than one "
+                                  f"sample of {context} and the character after it")
+        from edge_sdk.data.shakespeare import windows
+
+        self._array = ArraySource(*windows(ids, context, stride), num_classes=len(chars))
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -121,7 +121,8 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
   const labels = pairs(s["label"] as string[], "--label");
   const secret = readSecret(s["secret-file"] as string);
   const ca = s["tls-ca"] ? readFor("--tls-ca", s["tls-ca"] as string) : undefined;
-  const data = () => readLocalData(s["data"] as string, s["label-column"] as string);
+  const data = () => readLocalData(s["data"] as string, s["label-column"] as string,
+    { vocabulary: s["vocabulary"] as string, context: s["text-context"] as number, stride: s["text-stride"] as number });
   const first = [data()];
   const threads = s["threads"] as number;
   const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);

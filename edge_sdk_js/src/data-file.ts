@@ -2,7 +2,8 @@
  * The command line's `data`: a file of the device's samples, read as the Python device reads its
  * tables (edge_sdk.data.sources.TabularSource): `.npz` (arrays `x` and `y`) and `.json` (src/shard.ts),
  * or a `.csv`/`.npy` table whose `label-column` (an index, negative from the end, or a CSV header
- * name; default the last) holds the labels and whose other columns are the features. Whole,
+ * name; default the last) holds the labels and whose other columns are the features, or a UTF-8
+ * `.txt` file of the device's own text (next-character samples, edge_sdk.data.sources.TextSource). Whole,
  * non-negative labels are classes (int64); others a regression target (float32). A problem is a
  * `UsageError` naming `--data` (the command exits with 2). Node only.
  */
@@ -11,16 +12,20 @@ import type { DeviceData } from "./data.js";
 import { UsageError } from "./errors.js";
 import { parseFloatText, pyRepr } from "./pyformat.js";
 import { loadShard, parseNpy } from "./shard.js";
+import { VOCABULARIES, textData, vocabularyOf } from "./local-data.js";
 import { tensor } from "./tensors.js";
 
 /** The files this device trains on, by suffix. */
-export const DATA_SUFFIXES = [".npz", ".json", ".csv", ".npy"] as const;
+export const DATA_SUFFIXES = [".npz", ".json", ".csv", ".npy", ".txt"] as const;
+
+/** How a `.txt` file becomes samples: the settings `vocabulary` (a name or a file of the characters), `text-context`, `text-stride`. */
+export interface TextSettings { vocabulary: string; context: number; stride: number }
 
 /** A table: its rows of numbers and, for a CSV file with one, its header's column names. */
 interface Table { rows: number[][]; header: string[] | null }
 
 /** The samples of the file `path`, its labels in `labelColumn` for a table. */
-export function readLocalData(path: string, labelColumn = "-1"): DeviceData {
+export function readLocalData(path: string, labelColumn = "-1", text?: TextSettings): DeviceData {
   const suffix = DATA_SUFFIXES.find((s) => path.toLowerCase().endsWith(s));
   if (suffix === undefined || (existsSync(path) && statSync(path).isDirectory())) {
     throw new UsageError(`--data: ${pyRepr(path)} is not a ${DATA_SUFFIXES.join("/")} file (this device trains on a file; `
@@ -29,12 +34,30 @@ export function readLocalData(path: string, labelColumn = "-1"): DeviceData {
   if (!existsSync(path)) throw new UsageError(`--data: no data file at ${path}`);
   try {
     if (suffix === ".npz" || suffix === ".json") return loadShard(path);
+    if (suffix === ".txt") return readText(path, text ?? { vocabulary: "tinyshakespeare", context: 40, stride: 8 });
     const table = suffix === ".csv" ? readCsv(path) : readNpyTable(path);
     return splitLabel(table.rows, labelIndex(labelColumn, table, path));
   } catch (exc) {
     if (exc instanceof UsageError) throw exc;
     throw new UsageError(`--data: ${path}: ${(exc as Error).message}`);
   }
+}
+
+/** A UTF-8 text file as next-character samples in the model's vocabulary (local-data.ts, `textData`). */
+function readText(path: string, t: TextSettings): DeviceData {
+  const vocabulary = t.vocabulary in VOCABULARIES ? t.vocabulary
+    : existsSync(t.vocabulary) ? vocabularyOf(readFileSync(t.vocabulary, "utf8")) : null;
+  if (vocabulary === null) {
+    throw new UsageError(`--vocabulary: ${pyRepr(t.vocabulary)} is neither a named one (${Object.keys(VOCABULARIES).join(", ")}) nor a file`);
+  }
+  const bytes = readFileSync(path);
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw new UsageError(`--data: ${path} is not UTF-8 text`);
+  }
+  return textData(text, { vocabulary, context: t.context, stride: t.stride });
 }
 
 /** A CSV table: a first row that is not all numbers is its header; every other cell must be a number. */

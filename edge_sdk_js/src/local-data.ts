@@ -132,3 +132,55 @@ function imageLayout(shape: number[]): { channels: number; height: number; width
   if (shape.length === 1 && side * side === shape[0]) return { channels: 1, height: side, width: side };
   throw new Error(`images cannot be made into samples of shape [${shape}]`);
 }
+
+/** Named vocabularies of the zoo's character models, as the Python device has them
+ * (edge_sdk.data.sources.VOCABULARIES): a character's id is its index. */
+export const VOCABULARIES: Readonly<Record<string, string>> = Object.freeze({
+  tinyshakespeare: "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+});
+
+export interface TextOptions {
+  /** The model's characters: a name of `VOCABULARIES` (default `tinyshakespeare`) or the characters themselves. */
+  vocabulary?: string;
+  /** Characters per sample: the model's input length (default 40). */
+  context?: number;
+  /** A sample starts every `stride` characters (default 8). */
+  stride?: number;
+}
+
+/** The distinct characters of `text`, sorted by code point: a vocabulary read from a file of them. */
+export function vocabularyOf(text: string): string {
+  return [...new Set(Array.from(text))].sort((a, b) => a.codePointAt(0)! - b.codePointAt(0)!).join("");
+}
+
+/**
+ * A person's own text (a UTF-8 file's contents) as next-character samples, as the Python device reads a
+ * `.txt` file (edge_sdk.data.sources.TextSource): windows of `context` character ids every `stride`
+ * characters, each labelled with the id of the character after it. Characters outside the vocabulary
+ * are left out and counted (`skipped`); `classes` is the vocabulary.
+ */
+export function textData(text: string, options: TextOptions = {}): LabelledData & { skipped: number } {
+  const name = options.vocabulary ?? "tinyshakespeare";
+  const chars = Array.from(VOCABULARIES[name] ?? name);
+  const context = options.context ?? 40, stride = options.stride ?? 8;
+  if (!(context >= 1 && stride >= 1 && chars.length > 0)) throw new Error("context and stride must be positive, and the vocabulary not empty");
+  const index = new Map(chars.map((c, i) => [c, i]));
+  const ids: number[] = [];
+  let seen = 0;
+  for (const c of text) {
+    seen++;
+    const id = index.get(c);
+    if (id !== undefined) ids.push(id);
+  }
+  if (ids.length <= context) {
+    throw new Error(`the text has ${ids.length} characters of the model's vocabulary, fewer than one sample of ${context} and the character after it`);
+  }
+  const count = Math.ceil((ids.length - context) / stride);
+  const x = new BigInt64Array(count * context), y = new BigInt64Array(count);
+  for (let s = 0; s < count; s++) {
+    const start = s * stride;
+    for (let t = 0; t < context; t++) x[s * context + t] = BigInt(ids[start + t]!);
+    y[s] = BigInt(ids[start + context]!);
+  }
+  return { x: tensor("int64", [count, context], x), y: tensor("int64", [count], y), classes: chars, skipped: seen - ids.length };
+}

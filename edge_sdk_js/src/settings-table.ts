@@ -84,7 +84,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "default": "digits",
       "choices": [],
       "min": null,
-      "help": "local data: a folder of images in label subfolders, a .csv/.npz/.npy table, package.module:function returning batches or a source, or a research dataset name (split by --client/--num-clients, for emulation)",
+      "help": "local data: a folder of images in label subfolders, a .csv/.npz/.npy table, a UTF-8 .txt file (next-character windows), package.module:function returning batches or a source, or a research dataset name (split by --client/--num-clients, for emulation)",
       "sdks": [
         "python",
         "javascript"
@@ -98,6 +98,45 @@ export const SETTINGS_TABLE: SettingsTable = {
       "choices": [],
       "min": null,
       "help": "for a .csv/.npy table: the label column, an index or a header name",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "vocabulary",
+      "field": "vocabulary",
+      "type": "str",
+      "default": "tinyshakespeare",
+      "choices": [],
+      "min": null,
+      "help": "for a .txt file: the model's characters, a named vocabulary (tinyshakespeare) or a UTF-8 file holding them",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "text-context",
+      "field": "text_context",
+      "type": "int",
+      "default": 40,
+      "choices": [],
+      "min": 1,
+      "help": "for a .txt file: characters per sample, the model's input length",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "text-stride",
+      "field": "text_stride",
+      "type": "int",
+      "default": 8,
+      "choices": [],
+      "min": 1,
+      "help": "for a .txt file: a sample starts every N characters",
       "sdks": [
         "python",
         "javascript"

@@ -1,9 +1,9 @@
-// A person's own data (src/local-data.ts): CSV rows and a folder of images as the device's x and y,
+// A person's own data (src/local-data.ts): CSV rows, a folder of images and a text file as the device's x and y,
 // with the shape and the class count its hello declares. Images are decoded by a decoder given here
 // (a page passes the browser's, createImageBitmap into an OffscreenCanvas).
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { csvData, imageData } from "../dist/index.js";
+import { csvData, imageData, textData } from "../dist/index.js";
 
 test("CSV: a header or none, the label by name or last, names numbered in sorted order", () => {
   const a = csvData("f1,f2,label\n1,2,0\n3,4.5,2\n\n");
@@ -46,4 +46,31 @@ test("images: one subfolder per class, resized to the model's input, grey or RGB
   assert.ok(Math.abs(grey.x.data[0] - 1) < 1e-6 && Math.abs(grey.x.data[64] - 0.299) < 1e-6);
   await assert.rejects(imageData(files, [10], decode), /cannot be made into samples of shape \[10\]/);
   await assert.rejects(imageData([file("flat.png")], [64], decode), /no images in class subfolders/);
+});
+
+test("text: next-character windows in the model's vocabulary, as the Python device reads the same file", async () => {
+  const { execFileSync } = await import("node:child_process");
+  const { mkdtempSync, writeFileSync } = await import("node:fs");
+  const { tmpdir } = await import("node:os");
+  const { join } = await import("node:path");
+  const { python, pythonEnv } = await import("./cases.mjs");
+  const { readLocalData } = await import("../dist/data-file.js");
+  const dir = mkdtempSync(join(tmpdir(), "edgetrain-text-"));
+  const file = join(dir, "mine.txt");
+  writeFileSync(file, "Now is the winter of our discontent — 😀\nMade glorious summer by this sun of York;\n", "utf8");
+  const script = "import json, sys\nfrom edge_sdk.data.sources import TextSource, vocabulary\n"
+    + "s = TextSource(sys.argv[1], vocabulary('tinyshakespeare'), context=12, stride=5)\nx, y = s.arrays()\n"
+    + "print(json.dumps({'x': x.tolist(), 'y': y.tolist(), 'skipped': s.skipped}))";
+  const expected = JSON.parse(execFileSync(python(), ["-c", script, file], { env: pythonEnv(), encoding: "utf8" }));
+  const fromFile = readLocalData(file, "-1", { vocabulary: "tinyshakespeare", context: 12, stride: 5 });
+  const { readFileSync } = await import("node:fs");
+  const inPage = textData(readFileSync(file, "utf8"), { context: 12, stride: 5 });
+  for (const got of [fromFile, inPage]) {
+    assert.deepEqual(got.x.shape, [expected.y.length, 12]);
+    assert.deepEqual(Array.from(got.x.data, Number), expected.x.flat());
+    assert.deepEqual(Array.from(got.y.data, Number), expected.y);
+  }
+  assert.equal(inPage.skipped, expected.skipped);
+  assert.equal(inPage.classes.length, 65);
+  assert.throws(() => textData("too short", { context: 40 }), /fewer than one sample/);
 });

@@ -1,10 +1,10 @@
 // The device page: joins this server's run as a browser device (onnxruntime-web) and trains the demo's
-// shard or the person's own data (a CSV file, a folder of images: read here, never uploaded), on the
+// shard or the person's own data (a CSV file, a folder of images, a text file: read here, never uploaded), on the
 // GPU (WebGPU) where the browser has one and the person leaves it on.
 // Query: ?id=&budget=&shard=&webgpu=0&autostart=1; fragment: #token= or #secret= (kept out of requests).
 // Pauses while hidden, while a condition is not met (charging, unmetered network) or when the person
 // says; holds a screen wake lock while it trains. docs/web.md says what each part does.
-import { DeviceClient, csvData, decodeTensors, fetchTicket, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime } from "/sdk/dist/edgetrain.browser.mjs";
+import { DeviceClient, csvData, decodeTensors, fetchTicket, imageData, indexedDbStore, makeBackend, makeProof, makeRuntime, textData } from "/sdk/dist/edgetrain.browser.mjs";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
@@ -55,6 +55,11 @@ async function chosenData(info) {
     const file = $("csv").files[0];
     if (!file) throw new Error("pick a CSV file");
     return { ...csvData(await file.text()), source: file.name };
+  }
+  if (kind === "text") { // next-character windows of the model's input length, in its vocabulary
+    const file = $("text").files[0];
+    if (!file) throw new Error("pick a text file");
+    return { ...textData(await file.text(), { context: info.input_shape[0] }), source: file.name };
   }
   if (kind === "images") {
     if ($("images").files.length === 0) throw new Error("pick a folder of images");
