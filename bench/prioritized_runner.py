@@ -152,12 +152,8 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
         if kind == "round_end" and orch is not None:
             curve.append(score(orch.global_state))
 
-    orch = Orchestrator(config, on_event=on_event)
-    ready = asyncio.Event()
     started = time.monotonic()
-    server = asyncio.create_task(orch.run(ready=ready))
-    await ready.wait()
-    url = f"ws://127.0.0.1:{orch.port}"
+    orch, server, url = await in_process_server(config, on_event)
     clients = []
     for d in fleet:
         labels = {"priority": "1", "internal": "1"} if d.priority else {}
@@ -169,6 +165,16 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
             "server_defaults": server_defaults, "priority_score": curve, "final": curve[-1] if curve else None,
             "final_detail": score.detail() if isinstance(score, Scorer) else None, "seconds": time.monotonic() - started, "rounds": rounds,
             "defences": defences_seen(store / algorithm, history, {d.device_id for d in fleet if d.priority})}
+
+
+async def in_process_server(config: ServerConfig, on_event: Callable[[str, dict], None]
+                            ) -> tuple[Orchestrator, asyncio.Task, str]:
+    """An orchestrator serving ``config`` in this process: itself, its running task, its URL."""
+    orch = Orchestrator(config, on_event=on_event)
+    ready = asyncio.Event()
+    server = asyncio.create_task(orch.run(ready=ready))
+    await ready.wait()
+    return orch, server, f"ws://127.0.0.1:{orch.port}"
 
 
 def defences_seen(store: Path, history: Sequence[Mapping], priority: set[str]) -> dict[str, int]:

@@ -281,7 +281,30 @@ class ImageFolderSource:
         return x, np.array([lab for _, lab in self.files], np.int64)
 
 
-class TabularSource:
+class _Read:
+    """A source read whole into an :class:`ArraySource` (``_array``) that answers for it."""
+
+    _array: ArraySource
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self._array.input_shape
+
+    @property
+    def num_classes(self) -> int | None:
+        return self._array.num_classes
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return self._array.batches(batch_size)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._array.arrays()
+
+
+class TabularSource(_Read):
     """A table of samples: ``.npz`` with arrays ``x`` and ``y`` (names set by ``x_key``/``y_key``),
     or a ``.npy``/``.csv`` table whose ``label_column`` (an index, or a CSV header name; default the
     last) is the label and whose other columns are the features. ``input_shape`` reshapes each row
@@ -332,22 +355,6 @@ class TabularSource:
             raise DataSourceError(f"{self.path}: every cell but the header must be a number ({e})") from None
         return table, header
 
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._array.input_shape
-
-    @property
-    def num_classes(self) -> int | None:
-        return self._array.num_classes
-
-    def __len__(self) -> int:
-        return len(self._array)
-
-    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        return self._array.batches(batch_size)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._array.arrays()
 
 
 #: Named vocabularies of the zoo's character models: a character's id is its index. Tiny
@@ -368,7 +375,7 @@ def vocabulary(spec: str) -> str:
     return "".join(sorted(set(path.read_text(encoding="utf-8"))))
 
 
-class TextSource:
+class TextSource(_Read):
     """A device's own UTF-8 text as next-character prediction samples: windows of ``context``
     character ids (every ``stride`` characters), each labelled with the id of the character after
     it, as the ``tinyshakespeare`` dataset's (``edge_sdk.data.shakespeare.windows``). Ids are
@@ -395,22 +402,6 @@ class TextSource:
 
         self._array = ArraySource(*windows(ids, context, stride), num_classes=len(chars))
 
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._array.input_shape
-
-    @property
-    def num_classes(self) -> int | None:
-        return self._array.num_classes
-
-    def __len__(self) -> int:
-        return len(self._array)
-
-    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        return self._array.batches(batch_size)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._array.arrays()
 
 
 def _is_number(text: str) -> bool:
