@@ -90,6 +90,10 @@ class ServerConfig:
         Path("runs/serve"), "Folder for the SQLite journal and checkpoints (edgetrain serve: a new "
                             "runs/serve-<time> folder per run unless given; --resume needs the run's).", cli="--store")
     resume: bool = setting(False, "Continue from the last completed round in --store.")
+    start_from: str = setting(
+        "", "Start round 1 from this model instead of the seed's: a torch state dict (edgetrain export's model.pt) "
+            "or an .npz of arrays by state name, trained elsewhere; the fleet fine-tunes it (docs/models.md, "
+            "\"Fine-tuning from a starting model\").")
     host: str = setting("127.0.0.1", "Address to listen on.")
     port: Port = setting(0, "Port to listen on (0: any free port).", cli_default=8765)
     token: str = setting("", "Shared token every device must present (empty: none); a lab setting, see "
@@ -284,6 +288,7 @@ class ServerConfig:
 #: The settings a fleet file's [training] table may give (the rest follow from the fleet or the run).
 TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr",
                                       "lr_decay_at", "lr_decay", "momentum", "weight_decay", "eval_source",
+                                      "start_from",
                                       "norm_bound", "direction_trust", "trust_floor", "max_loss_rise",
                                       "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from edge_sdk.models import LayeredModel
+from exporters.checkpoints import read_start_state
 from orchestrator.config import ServerConfig
 from orchestrator.parts import RunStart
 from orchestrator.store import Store
@@ -24,10 +25,14 @@ log = logging.getLogger("edgetrain.server")
 
 
 def start_run(config: ServerConfig, store: Store, strategy: str, template: LayeredModel) -> RunStart:
-    """Claim ``store`` for this run (model, strategy, seed) and say where it starts: round 1 from
-    ``template``'s state, or with ``resume`` after the store's last completed round, from its checkpoint."""
+    """Claim ``store`` for this run (model, strategy, seed; the starting model's sha256) and say where it
+    starts: round 1 from ``template``'s state (or the ``start_from`` model's), or with ``resume`` after the
+    store's last completed round, from its checkpoint."""
     identity = {"model": config.model, "strategy": strategy, "seed": str(config.seed)}
     initial = {k: v.detach().numpy().copy() for k, v in template.state_dict().items()}
+    if config.start_from:  # weights trained elsewhere, which the fleet fine-tunes
+        initial, digest = read_start_state(config.start_from, initial)
+        identity["start_from"] = digest
     start = RunStart(1, initial)
     if config.resume:
         for key, value in identity.items():

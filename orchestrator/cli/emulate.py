@@ -60,6 +60,9 @@ def emulate(
         None, "--resume", help="Continue the interrupted run in this folder (runs/<timestamp>) after the last round its "
                                "store completed; give the same --fleet, --strategy and --rounds."),
     strategy: Optional[str] = typer.Option(None, help="Override the fleet's [training] strategy (e.g. width)."),
+    start_from: Optional[Path] = typer.Option(None, "--start-from", help="Start from this model (edgetrain export's "
+                                                                         "model.pt, or an .npz), not the seed's: "
+                                                                         "the fleet fine-tunes it."),
     backend: str = typer.Option(
         "local", help="Lightweight mode: where the workers run: 'local' (child processes) or 'ray' (Ray actors; "
                       "needs Ray, the optional 'ray' extra)."),
@@ -95,6 +98,8 @@ def emulate(
     run_dir = resume if resume is not None else new_run_dir(out)
     config, done = _server_config(spec, run_dir, rounds=rounds, data_root=data_root, deadline=deadline,
                                   strategy=strategy, resume=resume is not None)
+    if start_from is not None:
+        config = dataclasses.replace(config, start_from=str(start_from.resolve()))
     if backend == "ray":
         config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host),
                                      port=config.port if port is None else port)

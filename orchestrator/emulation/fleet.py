@@ -345,6 +345,7 @@ def parse_fleet(
     training = _training(r, r.table(data, "training"))
     if path is not None:
         training.eval_source = _beside(training.eval_source, path.parent)
+        training.start_from = _beside(training.start_from, path.parent)
         root = root and _beside(root, path.parent)
     strategy_options = _strategy_options(r, training.strategy, r.table(data, "strategy"))
     partition = _partition(r, r.table(data, "partition"), dataset, seed)
