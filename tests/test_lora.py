@@ -130,6 +130,7 @@ def test_the_exported_model_has_its_adapters_merged() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_a_weak_device_trains_adapters_through_serve(tmp_path) -> None:
     """A strong torch device and a device without torch whose budget fits more blocks through
     adapters than whole: the server plans and sends it an ``adapters`` selection, its graph trains

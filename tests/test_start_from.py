@@ -72,6 +72,7 @@ def _edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model(tmp_path: Path) -> None:
     """The shipped fleet (the test-sized model, fewer samples): from scratch; its exported model; a
     second run from that model, whose first round starts where the first run ended."""
