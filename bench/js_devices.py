@@ -147,7 +147,8 @@ def _cases(out: Path, cases: list[str], *extra: str) -> tuple[list[Path], list[d
                            check=True, capture_output=True, text=True, env=_env(), cwd=ROOT).stdout.splitlines()
     rows = [json.loads(line) for line in lines if line.startswith("{")]
     refused = [r for r in rows if "refused" in r]
-    folders = [out / f"{r['model']}-{r['split']}" for r in rows if "refused" not in r]
+    folders = [out / f"{r['model']}-{r['split']}{'-adapters' if r.get('adapters') else ''}" for r in rows
+               if "refused" not in r]
     return folders, refused
 
 

@@ -74,8 +74,10 @@ def _edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model(tmp_path: Path) -> None:
-    """The shipped fleet (the test-sized model, fewer samples): from scratch; its exported model; a
-    second run from that model, whose first round starts where the first run ended."""
+    """The shipped fleet (the test-sized model, fewer samples, the weak devices on torch: exporting
+    their training graphs while they wait for a plan can outlast the server's wait for devices on a
+    loaded machine; tests/test_lora.py runs such devices): from scratch; its exported model; a second
+    run from that model, whose first round starts where the first run ended."""
     from orchestrator.emulation.fleet import FLEETS_DIR
     from tests.shared_data import need
 
@@ -84,7 +86,8 @@ def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model
     fleet = tmp_path / "lm.toml"
     fleet.write_text(text.replace('model = "char_transformer"', 'model = "char_transformer_tiny"')
                      .replace("samples = 1500", "samples = 200").replace("validation_samples = 512",
-                                                                        "validation_samples = 128"))
+                                                                        "validation_samples = 128")
+                     .replace('backend = "onnxruntime"', 'backend = "torch"'))
     first = _edgetrain("emulate", "--fleet", str(fleet), "--rounds", "2", "--out", str(tmp_path / "a"),
                        "--data-root", str(root))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -101,5 +104,5 @@ def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model
         final_a = a.checkpoint(a.completed_rounds())
         first_b = b.updates(1)
     assert loss["b"][0] < loss["a"][0] - 0.2, loss  # it fine-tuned the trained model, not a fresh one
-    assert all(u["accepted"] for u in first_b) and {u["role"] for u in first_b} >= {"strong", "weak"}
+    assert all(u["accepted"] for u in first_b) and len({u["device_id"] for u in first_b}) == 8
     assert set(final_a) == set(_state("char_transformer_tiny", 0))

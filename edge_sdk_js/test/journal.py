@@ -13,12 +13,13 @@ from orchestrator.store import Store
 def main() -> None:
     with Store.open_readonly(sys.argv[1]) as store:
         devices = {d["device_id"]: {"runtimes": d["profile"].get("runtimes"), "role": d["plan"].get("role"),
-                                    "split": d["plan"].get("split"), "backend": d["plan"].get("backend")}
+                                    "split": d["plan"].get("split"), "backend": d["plan"].get("backend"),
+                                    "adapters": bool(d["plan"].get("adapters"))}
                    for d in store.devices()}
         rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
                     "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
-                    "backend": (u.get("metrics") or {}).get("backend"),
+                    "backend": (u.get("metrics") or {}).get("backend"), "selection": u.get("selection"),
                     "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes")}
                    for u in store.updates()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))

@@ -114,7 +114,8 @@ def main() -> None:
         except ExportError as exc:  # the server would not ship this split to a device without torch
             print(json.dumps({"model": name, "split": int(split), "refused": str(exc)[:300]}), flush=True)
             continue
-        print(json.dumps({k: summary[k] for k in ("model", "split", "step_loss", "loss_after", "export_s")}), flush=True)
+        print(json.dumps({k: summary[k] for k in ("model", "split", "adapters", "step_loss", "loss_after", "export_s")}),
+              flush=True)
 
 
 if __name__ == "__main__":
