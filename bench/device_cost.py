@@ -280,7 +280,7 @@ def prepare(tmp: Path, backends: list[str], splits: dict[str, int], console, dat
 
 def run_worker(spec: dict, timeout_s: float) -> dict:
     """``spec`` in a fresh process; its JSON result, or an error."""
-    from orchestrator.emulation.localfleet import device_env
+    from emulator.localfleet import device_env
 
     env = device_env()  # one thread per library, as the emulated devices run
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],

@@ -1,10 +1,11 @@
 """Privacy against utility: central and distributed DP (``--dp``, and ``--dp --secure-aggregation``) on a
 fleet of 1,000 emulated devices.
 
-Each run is the emulator's lightweight mode (``orchestrator.emulation.lightweight``: the real
+Each run is the emulator's lightweight mode (``emulator.lightweight``: the real
 :class:`edge_sdk.client.DeviceClient` over websockets on 127.0.0.1, devices as asyncio tasks in a
-few worker processes) against the real orchestrator with :class:`orchestrator.privacy.intake.CentralDPIntake` (``--noise
-central``) or :class:`orchestrator.privacy.distributed.DistributedDPIntake` (``--noise distributed``:
+few worker processes) against the real orchestrator with
+:class:`orchestrator.aggregation.privacy.intake.CentralDPIntake` (``--noise central``) or
+:class:`orchestrator.aggregation.privacy.distributed.DistributedDPIntake` (``--noise distributed``:
 secure rounds whose devices, enrolled with credentials, add discrete Gaussian noise):
 ``mnist_2nn`` (784-64-10, two blocks, 51k parameters) on MNIST split IID across the devices, 10% of
 them (fixed-size cohorts) sampled per round, EmbracingFL. For each fleet (``mixed``: a quarter strong,
@@ -43,7 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def fleet_toml(fleet: str, devices: int, rounds: int, fraction: float, epsilon: float | None, clip: float,
                noise: str = "central", expected_survivors: float | None = None) -> str:
     """The fleet file of one run: ``epsilon`` None is the non-private baseline; ``noise`` "distributed"
-    runs the rounds secure, the devices adding the noise (orchestrator.privacy.distributed), their
+    runs the rounds secure, the devices adding the noise (orchestrator.aggregation.privacy.distributed), their
     shares sized for ``expected_survivors`` of each block's cohort (None: the server's default)."""
     strong = devices if fleet == "allstrong" else devices // 4
     dp = "" if epsilon is None else (f"dp = true\ndp_target_epsilon = {epsilon}\ndp_delta = 1e-5\n"
@@ -89,9 +90,9 @@ throttle_cpu = false
 
 
 def run_one(fleet_kind: str, epsilon: float | None, args: argparse.Namespace, tmp: Path, noise: str = "central") -> dict:
-    from orchestrator.emulation.fleet import parse_fleet
-    from orchestrator.emulation.runner import run_emulation
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import parse_fleet
+    from emulator.runner import run_emulation
+    from emulator.schedule import server_config
 
     name = f"{fleet_kind}-{'nonprivate' if epsilon is None else f'eps{epsilon:g}-{noise}'}"
     text = fleet_toml(fleet_kind, args.devices, args.rounds, args.fraction, epsilon, args.clip, noise,

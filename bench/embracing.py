@@ -22,7 +22,7 @@ the fleet's forced splits), so both methods give every device the same role.
 
 Every run goes through the real orchestrator (``orchestrator.server.Orchestrator``) and real device
 clients (``edge_sdk.client.DeviceClient``) over websockets on 127.0.0.1, in the emulator's lightweight
-mode (``orchestrator.emulation.lightweight``: devices as asyncio tasks in a few worker processes, no
+mode (``emulator.lightweight``: devices as asyncio tasks in a few worker processes, no
 memory caps; budgets steer the planner only). It is the run ``edgetrain emulate --fleet
 embracing-<dataset>-<case> [--strategy width] --rounds R`` makes with the shipped fleets
 (``--write-fleets`` renders them from the case table below); the bench adds seeds and evaluates the
@@ -298,7 +298,7 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
 
 
 def write_fleets(datasets: list[str]) -> list[Path]:
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     out = []
     for dataset in datasets:
@@ -386,9 +386,9 @@ def run_one(spec: RunSpec) -> dict:
     """Run (or resume, or extend) one run in this process; write its result.json."""
     import tomllib
 
-    from orchestrator.emulation.fleet import parse_fleet
-    from orchestrator.emulation.runner import completed_rounds, run_emulation
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import parse_fleet
+    from emulator.runner import completed_rounds, run_emulation
+    from emulator.schedule import server_config
 
     if spec.torch_device:
         from edge_sdk.accelerator import ENV
@@ -462,8 +462,8 @@ def final_correct(config, store: Path) -> str:
     """Per held-out image, whether the run's last model classifies it right ("0"/"1"), scored as the
     server scores it (the same images): what the report's bootstrap intervals resample."""
     from edge_sdk.models import build_model
-    from orchestrator.evaluate import Evaluator
-    from orchestrator.payloads import model_at
+    from orchestrator.server.evaluate import Evaluator
+    from orchestrator.server.payloads import model_at
     from orchestrator.store import Store
 
     with Store.open_readonly(store) as journal:

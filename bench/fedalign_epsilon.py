@@ -80,9 +80,9 @@ async def fleet_run(args: argparse.Namespace, option: str, value: float, seed: i
     """One FedALIGN run of the user's fleet at one grid value: the final model's score on --held-out."""
     import dataclasses
 
-    from orchestrator.emulation.fleet import load_fleet
-    from orchestrator.emulation.runner import run_emulation
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import load_fleet
+    from emulator.runner import run_emulation
+    from emulator.schedule import server_config
     from orchestrator.strategies import FedALIGN
     from orchestrator.strategies.options import option_specs
 

@@ -29,7 +29,7 @@ Writes ``bench/results/fedsubavg_movielens.json`` and ``.png``.
 
 ``--emulate``: the same comparison through the real orchestrator instead: a shipped fleet of 610
 user devices (natural partition, K = 50, batch 5, 10 local steps) run by ``edgetrain emulate``'s
-lightweight machinery (:func:`orchestrator.emulation.lightweight.run_lightweight`: real
+lightweight machinery (:func:`emulator.lightweight.run_lightweight`: real
 ``DeviceClient`` devices over websockets in a few worker processes, row selections and row-sparse
 uploads on the wire). ``--fleet movielens-lr-fedsubavg``: the LR above as the zoo model
 ``movielens_lr`` on the ``movielens_lr`` dataset (the ``paper`` features); the default
@@ -206,9 +206,9 @@ def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path,
     import dataclasses
     import tempfile
 
-    from orchestrator.emulation.fleet import load_fleet
-    from orchestrator.emulation.lightweight import run_lightweight
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import load_fleet
+    from emulator.lightweight import run_lightweight
+    from emulator.schedule import server_config
 
     fleet = load_fleet(fleet_name)
     t_start = time.time()

@@ -36,7 +36,7 @@ $PY - <<'EOF' || exit 1
 import torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-import orchestrator.server, edge_sdk.client  # noqa: F401,E401  (every dependency of a run is there)
+import orchestrator.server.orchestrator, edge_sdk.client  # noqa: F401,E401  (every dependency of a run is there)
 EOF
 echo "== decoding CIFAR-10 once (every worker then reads the cache)"
 $PY -c "from edge_sdk.data import load_dataset; [load_dataset('cifar10', split=s) for s in ('train', 'test')]" || exit 1

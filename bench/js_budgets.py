@@ -2,7 +2,7 @@
 
 Each row is one device against a real orchestrator for ``--rounds`` rounds (10 local steps each):
 the Python device and a Node device (onnxruntime-node) under a hard memory cap equal to their budget
-(a cgroup memory controller, orchestrator.emulation.capping: over the budget is a kill), their peak
+(a cgroup memory controller, emulator.capping: over the budget is a kill), their peak
 the process's resident high-water mark, and a headless Chromium tab (onnxruntime-web), its peak the
 renderer's. The role and split are what the server planned for the budget; ``rounds`` and
 ``accepted`` come from its journal. The work is edge_sdk_js/test/budgets.mjs, the budgets test's.

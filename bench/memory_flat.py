@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_sdk.memory import rss_bytes  # noqa: E402
+from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 
 
 def main() -> None:

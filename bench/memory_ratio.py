@@ -1,7 +1,7 @@
 """Peak memory per EmbracingFL role under hard caps, beside the paper's capacities (Table 1).
 
 For each model a small fleet runs as capped OS processes against a local orchestrator (the same
-``orchestrator.emulation.supervisor.run_fleet`` as ``edgetrain emulate``): the LEAF CNN on FEMNIST with
+``emulator.supervisor.run_fleet`` as ``edgetrain emulate``): the LEAF CNN on FEMNIST with
 a strong device (split 0) and a weak one (forced split 3: the paper's weak model), taken from
 ``profiles/fleets/femnist-75weak.toml`` with that fleet's shard sizes; ResNet20 on a class-balanced
 CIFAR-10 subset with one strong, one moderate (split 4) and one weak device (split 7), from
@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from orchestrator.emulation.capping import CappedProcess  # noqa: E402
-from orchestrator.emulation.fleet import DeviceSpec, Fleet, load_fleet  # noqa: E402
-from orchestrator.emulation.recorder import EmulationRun  # noqa: E402
-from orchestrator.emulation.schedule import server_config  # noqa: E402
-from orchestrator.emulation.supervisor import run_fleet  # noqa: E402
+from emulator.capping import CappedProcess  # noqa: E402
+from emulator.fleet import DeviceSpec, Fleet, load_fleet  # noqa: E402
+from emulator.recorder import EmulationRun  # noqa: E402
+from emulator.schedule import server_config  # noqa: E402
+from emulator.supervisor import run_fleet  # noqa: E402
 
 MiB = float(1 << 20)
 ROLES = ("strong", "moderate", "weak")
@@ -104,7 +104,7 @@ class RolePeak:
 
 def idle_baseline(mechanism: str) -> Baseline:
     """Start an idle device process under `mechanism` with a roomy budget; read its peaks."""
-    from orchestrator.emulation.localfleet import device_env
+    from emulator.localfleet import device_env
 
     with tempfile.TemporaryFile() as out:
         proc = CappedProcess.start([sys.executable, "-c", _IDLE], 2 << 30, mechanism=mechanism, timeout_s=300,

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 
 
 def main() -> None:

@@ -100,9 +100,9 @@ def _tree_rss() -> dict[int, tuple[str, int]]:
 # -- one run, in its own process ----------------------------------------------------------------------
 def run_one(mode: str, args: argparse.Namespace) -> dict:
     from edge_sdk.memory import process_memory
-    from orchestrator.emulation.fleet import load_fleet
-    from orchestrator.emulation.lightweight import run_lightweight
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import load_fleet
+    from emulator.lightweight import run_lightweight
+    from emulator.schedule import server_config
 
     tmp = Path(tempfile.mkdtemp(prefix=f"ray-fleet-{mode}-"))
     path = tmp / "fleet.toml"
@@ -136,7 +136,7 @@ def run_one(mode: str, args: argparse.Namespace) -> dict:
             marks["last_round_end_s"] = now
 
     if mode == "ray":
-        from orchestrator.emulation.ray_backend import run_ray
+        from emulator.ray_backend import run_ray
 
         run = asyncio.run(run_ray(fleet, config, workers=args.workers, on_event=on_event, data_root=args.data_root,
                                   stderr_dir=tmp / "logs"))

@@ -1,7 +1,7 @@
 """Scale: 100, 1,000 and 10,000 devices held and sampled by one orchestrator process.
 
 Lightweight devices (the real :class:`edge_sdk.client.DeviceClient`, many per worker process, run by
-:func:`orchestrator.emulation.lightweight.run_worker`) connect to one orchestrator process on
+:func:`emulator.lightweight.run_worker`) connect to one orchestrator process on
 127.0.0.1, say hello, keep their connections alive with the websockets heartbeat (a ping every 20 s
 each way, the production setting) and are sampled 100 per round (FedAvg, the ``tiny`` model,
 synthetic data). Devices arrive at ``--rate`` per second over the whole fleet (100 by default: 10,000
@@ -18,7 +18,7 @@ Per fleet size it reports:
 
 and how each grows from one size to the next (ratios 1k/100, 10k/1k). Writes
 ``bench/results/scale.json``. The server and the worker processes raise their descriptor limit to
-the hard limit (:func:`orchestrator.limits.raise_fd_limit`). Not a test: the numbers depend on how
+the hard limit (:func:`orchestrator.server.limits.raise_fd_limit`). Not a test: the numbers depend on how
 busy the machine is; run ``python bench/scale.py [--sizes 100,1000,10000] [--rounds 3] [--rate 100]``.
 
 ``--profile DIR`` writes a cProfile of each server process to DIR/server-N.prof.
@@ -59,8 +59,8 @@ def pct(values: list[float], q: float) -> float | None:
 def serve(args: argparse.Namespace) -> None:
     """One orchestrator: waits for ``--devices``, reports, holds the first round until told on stdin."""
     from orchestrator.config import ServerConfig
-    from orchestrator.limits import raise_fd_limit
     from orchestrator.server import Orchestrator
+    from orchestrator.server.limits import raise_fd_limit
 
     n = args.devices
     out = sys.stdout
@@ -129,8 +129,8 @@ def serve(args: argparse.Namespace) -> None:
 # -- a worker process of devices ---------------------------------------------------------------------
 def work(args: argparse.Namespace) -> None:
     """The lightweight worker (run_worker), with each device's connect-to-welcome time kept here."""
-    from orchestrator.emulation.lightweight import WorkerSpec, load_runtimes, run_worker
-    from orchestrator.limits import raise_fd_limit
+    from emulator.lightweight import WorkerSpec, load_runtimes, run_worker
+    from orchestrator.server.limits import raise_fd_limit
 
     raise_fd_limit()
     spec = WorkerSpec.from_json(Path(args.spec_file).read_text())
@@ -231,7 +231,7 @@ class Proc:
 
 
 async def spawn(argv: list[str], name: str, log: Path) -> Proc:
-    from orchestrator.emulation.localfleet import device_env
+    from emulator.localfleet import device_env
 
     with open(log, "ab") as err:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
@@ -242,8 +242,8 @@ async def spawn(argv: list[str], name: str, log: Path) -> Proc:
 
 async def run_size(n: int, args: argparse.Namespace, tmp: Path) -> dict:
     from edge_sdk.memory import cpu_seconds, process_memory
-    from orchestrator.emulation.launch import DeviceLaunch
-    from orchestrator.emulation.lightweight import WorkerDevice, WorkerSpec, split_devices
+    from emulator.launch import DeviceLaunch
+    from emulator.lightweight import WorkerDevice, WorkerSpec, split_devices
 
     workers = max(1, min(args.workers, n))
     log = tmp / f"logs-{n}"

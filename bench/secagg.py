@@ -23,7 +23,7 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.secagg import Scope, identity_public_key
 from edge_sdk.secagg.round import DeviceRound
-from orchestrator.secure.round import SecureRound
+from orchestrator.aggregation.secure.round import SecureRound
 
 
 def _wire(msg: p.Message) -> tuple[p.Message, int]:

@@ -1,6 +1,6 @@
 """Secure aggregation over the network at 10, 100 and 1,000 devices per round, beside the plain round.
 
-Each case is one run of the emulator's lightweight mode (``orchestrator.emulation.lightweight``: the
+Each case is one run of the emulator's lightweight mode (``emulator.lightweight``: the
 real :class:`edge_sdk.client.DeviceClient` over websockets on 127.0.0.1, devices as asyncio tasks in
 a few worker processes, each enrolled with its credential) against the real orchestrator, in a
 process of its own so that its peak resident set is its own: ``mnist_2nn`` (784-64-10, two blocks,
@@ -115,11 +115,11 @@ def round_row(h: dict, rss: int | None) -> dict:
 def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: int | None, data_root: str | None,
              stage_s: float | None = None, local_steps: int = 1) -> dict:
     """One case, in this process: the run's rounds and this process's (the server's) memory."""
-    import orchestrator.emulation.localfleet  # noqa: F401  (torch and the server: loaded before the baseline RSS)
+    import emulator.localfleet  # noqa: F401  (torch and the server: loaded before the baseline RSS)
     from edge_sdk.memory import process_memory
-    from orchestrator.emulation.fleet import parse_fleet
-    from orchestrator.emulation.runner import run_emulation
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import parse_fleet
+    from emulator.runner import run_emulation
+    from emulator.schedule import server_config
 
     name = f"{'secure' if secure else 'plain'}-{devices}-drop{round(dropout * 100)}"
     fleet = parse_fleet(tomllib.loads(fleet_toml(devices, rounds, dropout, secure, local_steps)), source=name,

@@ -5,13 +5,13 @@ Lanes (``--lanes``, all by default, in this order):
 - ``plain``: no framework: one process trains the sampled devices one after another and averages
   (FedAvg), torch one thread.
 - ``ours-light``: this project's orchestrator (in the lane's process) and the emulator's lightweight
-  mode (``orchestrator.emulation.lightweight.run_lightweight``, what ``edgetrain emulate`` runs for a
+  mode (``emulator.lightweight.run_lightweight``, what ``edgetrain emulate`` runs for a
   fleet with ``mode = "lightweight"``): the devices are asyncio tasks of the real client, each over its
   own websocket, in ``--workers`` worker processes (2, as Flower's simulation runs 2 ClientApps at once
   on 2 cores) with ``--threads`` training threads each; the worker's CPU per round and the bytes per
   idle and per training device (from the workers' resident sets) are reported.
 - ``ours``: this project's orchestrator (in the lane's process) with one real device process per
-  device (``orchestrator.emulation.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
+  device (``emulator.localfleet.run_local_fleet``, what ``edgetrain emulate`` runs), strategy
   ``fedavg``, every device strong (the whole model trained).
 - ``ours-lean``: the same, with a FedAvg whose instructions ask devices to report their loss before
   and after training on one batch (``eval_samples``) instead of the SDK's default 512 samples.
@@ -264,14 +264,14 @@ def _compute(events: list[dict], compute: dict[int, float]) -> None:
 def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
     import asyncio
 
-    from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
+    from emulator.localfleet import DeviceLaunch, run_local_fleet
 
     # Named as the lightweight lane's fleet names them (the device id seeds its batches): the same draws.
     launches = [DeviceLaunch(f"dev-{i:03d}", budget_bytes=4 << 30, client=i, num_clients=s["clients"], data="mnist",
                              partition="iid", seed=s["seed"], threads=1) for i in range(s["clients"])]
     rounds: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="vs-flower-ours-") as tmp:
-        if warm:  # device processes inherit this environment (orchestrator.emulation.localfleet.device_env)
+        if warm:  # device processes inherit this environment (emulator.localfleet.device_env)
             site = Path(tmp) / "warm"
             site.mkdir()
             (site / "sitecustomize.py").write_text(_WARM_SITECUSTOMIZE)
@@ -320,8 +320,8 @@ def lane_light(s: dict) -> dict:
     import asyncio
 
     import fl_common as fc
-    from orchestrator.emulation.fleet import load_fleet
-    from orchestrator.emulation.lightweight import run_lightweight
+    from emulator.fleet import load_fleet
+    from emulator.lightweight import run_lightweight
 
     rounds: dict[int, dict] = {}
     marks = {"t_lane_start": time.time()}

@@ -2,26 +2,26 @@
 
 One module per job, each importing only those listed before it:
 
-- :mod:`~orchestrator.emulation.backends`: the emulation backends, one table (capped processes, lightweight
+- :mod:`~emulator.backends`: the emulation backends, one table (capped processes, lightweight
   workers, Ray actors), which a fleet's mode and ``--backend`` choose from.
-- :mod:`~orchestrator.emulation.cgroups`: where cgroups live; making, removing and cleaning up a device's.
-- :mod:`~orchestrator.emulation.capping`: one process under a hard memory cap (cgroup v2/v1, or RLIMIT_AS
+- :mod:`~emulator.cgroups`: where cgroups live; making, removing and cleaning up a device's.
+- :mod:`~emulator.capping`: one process under a hard memory cap (cgroup v2/v1, or RLIMIT_AS
   plus an RSS watchdog), with its measured peak and how it ended.
-- :mod:`~orchestrator.emulation.fleet`: fleet files (which model, data and device mix to emulate) and their
+- :mod:`~emulator.fleet`: fleet files (which model, data and device mix to emulate) and their
   expansion into individual devices.
-- :mod:`~orchestrator.emulation.faults`: drops, cut transfers and delays, applied around a device's connection.
-- :mod:`~orchestrator.emulation.launch`: :class:`DeviceLaunch`, the typed record that starts one device.
-- :mod:`~orchestrator.emulation.schedule`: a fleet's orchestrator settings, launches and drop schedule.
-- :mod:`~orchestrator.emulation.device`: an emulated device's process (``python -m orchestrator.emulation.device``).
-- :mod:`~orchestrator.emulation.recorder`: what a run learns about its devices, the same in both modes.
-- :mod:`~orchestrator.emulation.supervisor`: the process mode (capped processes, RSS guard, restarts).
-- :mod:`~orchestrator.emulation.lightweight`: the lightweight mode (many devices per worker process).
-- :mod:`~orchestrator.emulation.runner`: a fleet run on the backend its mode and ``--backend`` name.
+- :mod:`~emulator.faults`: drops, cut transfers and delays, applied around a device's connection.
+- :mod:`~emulator.launch`: :class:`DeviceLaunch`, the typed record that starts one device.
+- :mod:`~emulator.schedule`: a fleet's orchestrator settings, launches and drop schedule.
+- :mod:`~emulator.device`: an emulated device's process (``python -m emulator.device``).
+- :mod:`~emulator.recorder`: what a run learns about its devices, the same in both modes.
+- :mod:`~emulator.supervisor`: the process mode (capped processes, RSS guard, restarts).
+- :mod:`~emulator.lightweight`: the lightweight mode (many devices per worker process).
+- :mod:`~emulator.runner`: a fleet run on the backend its mode and ``--backend`` name.
 
 Importing this package imports neither torch nor onnx.
 """
 
-from orchestrator.emulation.capping import (
+from emulator.capping import (
     MEMORY_EXIT_CODE,
     CapError,
     CappedProcess,
@@ -34,8 +34,8 @@ from orchestrator.emulation.capping import (
     is_out_of_memory,
     mechanism_status,
 )
-from orchestrator.emulation.faults import DeviceVanished, Faults
-from orchestrator.emulation.fleet import (
+from emulator.faults import DeviceVanished, Faults
+from emulator.fleet import (
     Behaviour,
     DeviceGroup,
     DeviceSpec,
@@ -47,7 +47,7 @@ from orchestrator.emulation.fleet import (
     load_fleet,
     parse_fleet,
 )
-from orchestrator.emulation.launch import DeviceLaunch
+from emulator.launch import DeviceLaunch
 
 __all__ = [
     "MEMORY_EXIT_CODE",

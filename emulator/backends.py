@@ -1,7 +1,7 @@
 """The emulation backends, one table: how ``edgetrain emulate`` runs a fleet's devices.
 
 A backend runs every device of a fleet against an orchestrator in the emulator's process and gives
-the same :class:`~orchestrator.emulation.recorder.EmulationRun`; they differ in where a device lives:
+the same :class:`~emulator.recorder.EmulationRun`; they differ in where a device lives:
 
 ======================  ===========  =========  ==========================================================
 backend                 fleet mode   where      a device is
@@ -72,13 +72,13 @@ class EmulationBackend:
 
 
 EMULATION_BACKENDS: dict[str, EmulationBackend] = {b.name: b for b in (
-    EmulationBackend("processes", "processes", "local", "orchestrator.emulation.supervisor:run_fleet",
+    EmulationBackend("processes", "processes", "local", "emulator.supervisor:run_fleet",
                      frozenset({"rss_guard", "data_limit", "drops", "mechanism", "timeout_s", "backends"}),
                      "one OS process per device under its memory cap"),
-    EmulationBackend("lightweight", "lightweight", "local", "orchestrator.emulation.lightweight:run_lightweight",
+    EmulationBackend("lightweight", "lightweight", "local", "emulator.lightweight:run_lightweight",
                      frozenset({"workers", "drops", "threads", "stop_grace_s"}),
                      "many devices per worker process"),
-    EmulationBackend("ray", "lightweight", "ray", "orchestrator.emulation.ray_backend:run_ray",
+    EmulationBackend("ray", "lightweight", "ray", "emulator.ray_backend:run_ray",
                      frozenset({"workers", "drops", "threads", "stop_grace_s", "address", "advertise_host",
                                 "cpus_per_worker", "poll_s", "ray_options"}),
                      "the lightweight workers as Ray actors"),

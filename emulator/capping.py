@@ -26,7 +26,7 @@ CPU: ``cpu_share`` (0.25 = a quarter of one core) is applied with the CFS bandwi
 v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or v2 ``cpu.max``) where writable; otherwise it is not
 applied and :attr:`CapResult.cpu_mechanism` says ``"none"``.
 
-Cgroups (:mod:`orchestrator.emulation.cgroups`) are named ``edgetrain-<parent pid>-<n>``, removed when
+Cgroups (:mod:`emulator.cgroups`) are named ``edgetrain-<parent pid>-<n>``, removed when
 the child has been reaped, at interpreter exit (``atexit``) for children still running, and by
 :func:`cleanup_stale` for those of a parent that died.
 """
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_sdk.memory import process_memory
-from orchestrator.emulation.cgroups import (
+from emulator.cgroups import (
     CFS_PERIOD_US,
     CGROUP_PREFIX,
     cgroup_pids,

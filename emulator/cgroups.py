@@ -2,7 +2,7 @@
 
 A device under a cgroup mechanism gets a child cgroup of this process's own (cgroup v1: in the
 ``memory`` and ``cpu`` hierarchies; v2: where the memory controller is delegated), named
-``edgetrain-<parent pid>-<n>``. :mod:`orchestrator.emulation.capping` sets the limits and reads the
+``edgetrain-<parent pid>-<n>``. :mod:`emulator.capping` sets the limits and reads the
 peaks; this module knows where cgroups live, makes and removes them, says whether a mechanism can
 work here, and removes what a dead parent left behind (:func:`cleanup_stale`).
 """

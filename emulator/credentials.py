@@ -3,13 +3,13 @@
 A server that requires credentials (``require_credentials``) admits only a device proving its own
 enrolled secret, and a secure-aggregation round (``secure_aggregation``) needs one more: the device
 signs its key advertisement with the identity key derived from that secret, which the server checks
-against the roster (:mod:`orchestrator.secure.roster`). An emulated fleet is enrolled as an operator
+against the roster (:mod:`orchestrator.aggregation.secure.roster`). An emulated fleet is enrolled as an operator
 enrolls real devices (``edgetrain device enroll``): :meth:`orchestrator.store.Store.enroll` in the
 run's store, then its identity key in the roster, before the orchestrator starts.
 
-A secret reaches its device inside the launch (:attr:`~orchestrator.emulation.launch.DeviceLaunch.secret`,
+A secret reaches its device inside the launch (:attr:`~emulator.launch.DeviceLaunch.secret`,
 never shown by its ``repr``): a lightweight worker reads it from its spec file, a device process from
-a launch file (:func:`~orchestrator.emulation.launch.device_argv`), each written by
+a launch file (:func:`~emulator.launch.device_argv`), each written by
 :func:`edge_sdk.fileio.atomic_write`, whose files are created mode 0600, in the run's directory. It
 is never put on a command line or in an event.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from emulator.launch import DeviceLaunch
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch
 
 __all__ = ["enroll_devices", "needs_credentials", "with_secrets"]
 
@@ -33,7 +33,7 @@ def needs_credentials(config: ServerConfig) -> bool:
 def enroll_devices(config: ServerConfig, device_ids: Iterable[str]) -> dict[str, str]:
     """Enroll every device in the store of `config` (replacing an earlier credential, as a resumed run
     re-enrolls its fleet) and record its identity key; device id -> its secret."""
-    from orchestrator.secure.roster import record_identity
+    from orchestrator.aggregation.secure.roster import record_identity
     from orchestrator.store import Store
 
     config.store_dir.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,17 @@
 """An emulated device: the production client, its connection wrapped by its faults.
 
-``python -m orchestrator.emulation.device LAUNCH --server URL [--json-events] [--data-root DIR]``
-runs one :class:`~orchestrator.emulation.launch.DeviceLaunch` (LAUNCH is its JSON, or the path of a
+``python -m emulator.device LAUNCH --server URL [--json-events] [--data-root DIR]``
+runs one :class:`~emulator.launch.DeviceLaunch` (LAUNCH is its JSON, or the path of a
 file holding it) as its own process: the local fleet, the capped emulator and, through
 :func:`build_client`, the lightweight workers start devices this way. Data loads as ``python -m
 edge_sdk`` loads it (:func:`edge_sdk.cli.load_shard`); ``force_split`` goes in the hello as the
 label ``force_split`` (honoured by a server configured to allow it); the other faults wrap the
-connection (:mod:`orchestrator.emulation.faults`).
+connection (:mod:`emulator.faults`).
 
 Under the ``rlimit-as+watchdog`` cap the process loads and warms up its runtimes first and then caps
-its own address space (:func:`~orchestrator.emulation.capping.apply_self_limit`), so that the budget
+its own address space (:func:`~emulator.capping.apply_self_limit`), so that the budget
 covers what the device allocates, not the libraries' virtual reservations; a failed allocation then
-exits with :data:`~orchestrator.emulation.capping.MEMORY_EXIT_CODE`, so that the emulator can tell a
+exits with :data:`~emulator.capping.MEMORY_EXIT_CODE`, so that the emulator can tell a
 device over its budget from one that crashed.
 
 Imports neither torch nor the server at import time: a device process holds only what a device does.
@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.emulation.capping import MECHANISM_ENV, MEMORY_EXIT_CODE, apply_self_limit, is_out_of_memory
-from orchestrator.emulation.faults import FaultInjector
-from orchestrator.emulation.launch import DeviceLaunch
+from emulator.capping import MECHANISM_ENV, MEMORY_EXIT_CODE, apply_self_limit, is_out_of_memory
+from emulator.faults import FaultInjector
+from emulator.launch import DeviceLaunch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,7 +82,7 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
     """The production client for ``launch``, with its faults applied from outside.
 
     ``in_process``: the device shares its process with others (lightweight workers), so vanishing
-    raises :class:`~orchestrator.emulation.faults.DeviceVanished` instead of ending the process, and
+    raises :class:`~emulator.faults.DeviceVanished` instead of ending the process, and
     the process keeps its heap between reports (no malloc_trim per device). ``warm_tails``: the
     worker's pool of built tails, shared by its devices (a device that is not training holds none)."""
     from edge_sdk.client import DeviceClient, DeviceConfig
@@ -133,7 +133,7 @@ def warm_up_runtimes(backend: str = "torch") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.emulation.device",
+    ap = argparse.ArgumentParser(prog="python -m emulator.device",
                                  description="Run one emulated device (a DeviceLaunch) against an orchestrator.")
     ap.add_argument("launch", help="the device's DeviceLaunch as JSON, or a file holding it")
     ap.add_argument("--server", required=True, help="orchestrator URL, e.g. ws://127.0.0.1:8765")

@@ -87,9 +87,9 @@ from typing import TYPE_CHECKING, Any
 
 from edge_sdk.data import DATASETS, dataset_spec
 from edge_sdk.references import is_reference
+from emulator.backends import emulation_modes
+from emulator.faults import DROP_POINTS
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
-from orchestrator.emulation.backends import emulation_modes
-from orchestrator.emulation.faults import DROP_POINTS
 
 if TYPE_CHECKING:
     from profiles.runtime import RuntimeMemory
@@ -115,7 +115,7 @@ __all__ = [
     "parse_fleet",
 ]
 
-FLEETS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "fleets"
+FLEETS_DIR = Path(__file__).resolve().parents[1] / "profiles" / "fleets"
 PARTITION_SCHEMES = ("iid", "dirichlet", "natural")
 ROLES = ("strong", "moderate", "weak")
 MEMORY_CAPS = ("auto", "cgroup-v2", "cgroup-v1", "rlimit-as+watchdog", "none")
@@ -138,7 +138,7 @@ class Behaviour:
     """How a device misbehaves on the network."""
 
     dropout: float = 0.0
-    drop_at: str = "model"  # orchestrator.emulation.faults.DROP_POINTS
+    drop_at: str = "model"  # emulator.faults.DROP_POINTS
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     rejoin_after_s: float | None = None

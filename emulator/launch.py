@@ -2,14 +2,14 @@
 
 The local fleet, the capped emulator and the lightweight workers all start devices from a
 :class:`DeviceLaunch`: a device process gets it as one JSON argument of
-``python -m orchestrator.emulation.device`` (:func:`device_argv`), a lightweight worker inside its
+``python -m emulator.device`` (:func:`device_argv`), a lightweight worker inside its
 spec file, and both use it as it is, never as a command line parsed back.
 
 The settings a launch shares with a device's own (its id, data and split, class, threads, backend)
 take their defaults and their checks from the device's one declaration
 (:class:`edge_sdk.settings.DeviceSettings`), so a launch refuses what ``python -m edge_sdk`` refuses.
 
-Imports only the device SDK's settings and :mod:`orchestrator.emulation.faults`: device processes load it.
+Imports only the device SDK's settings and :mod:`emulator.faults`: device processes load it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from edge_sdk.fileio import atomic_write
 from edge_sdk.settings import check_setting, setting_default
-from orchestrator.emulation.faults import Faults
+from emulator.faults import Faults
 
 __all__ = ["SHARED_SETTINGS", "DeviceLaunch", "Faults", "device_argv"]
 
@@ -52,12 +52,12 @@ class DeviceLaunch:
     # Hello labels from the fleet (fleet.device_labels: priority=1, tags), which strategies such as
     # FedALIGN and VaRSeL read to find their priority/internal devices.
     labels: dict[str, str] = field(default_factory=dict)
-    # What the fleet group does to the device's shard (shape_data in orchestrator.emulation.device):
+    # What the fleet group does to the device's shard (shape_data in emulator.device):
     # keep only these classes, at most max_samples of them, labels replaced with probability label_noise.
     classes: tuple[int, ...] = ()
     max_samples: int | None = None
     label_noise: float = 0.0
-    #: The device's enrolled credential (orchestrator.emulation.credentials); never in a repr or on a command line.
+    #: The device's enrolled credential (emulator.credentials); never in a repr or on a command line.
     secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +127,7 @@ def device_argv(launch: DeviceLaunch, server: str, *, data_root: str | None = No
         path = Path(launch_dir) / f"{launch.device_id}.launch.json"
         atomic_write(path, given.encode(), durable=False)
         given = str(path)
-    argv = [python, "-m", "orchestrator.emulation.device", given, "--server", server, "--json-events"]
+    argv = [python, "-m", "emulator.device", given, "--server", server, "--json-events"]
     if data_root:
         argv += ["--data-root", str(data_root)]
     return argv

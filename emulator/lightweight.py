@@ -19,10 +19,10 @@ the round's state, trained and given back, so a device that is not training hold
 heap (no ``malloc_trim`` after each report, and glibc's own policy for large buffers instead of a
 mapping per buffer: the next device reuses them at once, without faulting their pages in again; a
 quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceConfig.trim_memory), and
-each device's shard is a read-only map of a file of its own (:mod:`orchestrator.emulation.shards`).
+each device's shard is a read-only map of a file of its own (:mod:`emulator.shards`).
 Every check of the protocol stays on: each transfer's sha256, each tensor's validation.
 
-Run as ``python -m orchestrator.emulation.lightweight --url URL --spec-file F`` this module is the
+Run as ``python -m emulator.lightweight --url URL --spec-file F`` this module is the
 worker: F is a :class:`WorkerSpec` as JSON. With ``--url -`` it reads the orchestrator's address
 from the first line of stdin once its runtimes and shards are loaded: the emulator starts its
 workers first and its orchestrator meanwhile. It prints one JSON event per line on stdout (the
@@ -30,14 +30,14 @@ device's own events, plus ``life_start``/``life_end`` per device life and ``work
 ``worker_exit``), and stops when its stdin closes: that is how the emulator ends the run, and why
 a worker never outlives the emulator.
 
-Each device is the :class:`~orchestrator.emulation.launch.DeviceLaunch` the process mode would start,
-run by the same code as a device process (:func:`orchestrator.emulation.device.build_client`).
+Each device is the :class:`~emulator.launch.DeviceLaunch` the process mode would start,
+run by the same code as a device process (:func:`emulator.device.build_client`).
 Vanishing mid-round (the fleet's ``dropout``): a device process leaves with ``os._exit``; a device
 here must not take its neighbours down, so its connection is reset and
-:class:`~orchestrator.emulation.faults.DeviceVanished` ends that device only (the orchestrator sees
+:class:`~emulator.faults.DeviceVanished` ends that device only (the orchestrator sees
 it gone), and the worker starts a fresh client after ``rejoin_after_s``, as the process mode starts a
 fresh process. What the devices did is recorded by the same
-:class:`~orchestrator.emulation.recorder.Recorder` as in the process mode.
+:class:`~emulator.recorder.Recorder` as in the process mode.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_sdk.fileio import atomic_write
 from edge_sdk.warm_tails import WarmTails
-from orchestrator.emulation.faults import DeviceVanished
-from orchestrator.emulation.fleet import DeviceSpec, Fleet
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.emulation.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
-from orchestrator.emulation.schedule import device_launch, drop_schedule
+from emulator.faults import DeviceVanished
+from emulator.fleet import DeviceSpec, Fleet
+from emulator.launch import DeviceLaunch
+from emulator.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
+from emulator.schedule import device_launch, drop_schedule
 
 if TYPE_CHECKING:
     import numpy as np
@@ -159,15 +159,15 @@ def split_devices(devices: Sequence[T], workers: int) -> list[list[T]]:
 
 
 def worker_device(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = ()) -> WorkerDevice:
-    """The device as the process mode would launch it (:func:`~orchestrator.emulation.schedule.device_launch`)."""
+    """The device as the process mode would launch it (:func:`~emulator.schedule.device_launch`)."""
     return WorkerDevice(device_launch(fleet, spec, drop_rounds), spec.behaviour.rejoin_after_s)
 
 
 def worker_devices(fleet: Fleet, config: ServerConfig, specs: Sequence[DeviceSpec],
                    schedule: Mapping[str, Iterable[int]]) -> dict[str, WorkerDevice]:
     """Every device of a run as its worker starts it, each with its credential where `config` needs
-    one (:func:`~orchestrator.emulation.credentials.with_secrets`: enrolled in the run's store)."""
-    from orchestrator.emulation.credentials import with_secrets
+    one (:func:`~emulator.credentials.with_secrets`: enrolled in the run's store)."""
+    from emulator.credentials import with_secrets
 
     devices = {s.id: worker_device(fleet, s, schedule.get(s.id, ())) for s in specs}
     launches = with_secrets(config, {d: w.launch for d, w in devices.items()})
@@ -186,8 +186,8 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
     from edge_sdk.cli import partition_indices
     from edge_sdk.data import load_dataset
-    from orchestrator.emulation.device import shape_data
-    from orchestrator.emulation.shards import mapped_rows
+    from emulator.device import shape_data
+    from emulator.shards import mapped_rows
 
     datasets: dict[tuple[str, int | None], Any] = {}
     parts: dict[tuple[str, int | None, str, int, int], list] = {}
@@ -203,7 +203,7 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
-        # Mapped, not copied: an idle device's inputs are not resident (orchestrator.emulation.shards).
+        # Mapped, not copied: an idle device's inputs are not resident (emulator.shards).
         out[d.device_id] = shape_data(d, mapped_rows(ds.x, idx), np.array(ds.y[idx]))
     return out
 
@@ -239,7 +239,7 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
 
     `reconnecting` holds the devices between a lost connection and their next welcome; `warm_tails`
     is the worker's pool of built tails, shared by its devices."""
-    from orchestrator.emulation.device import build_client
+    from emulator.device import build_client
 
     device_id = d.device_id
     t0, welcomed = time.monotonic(), False
@@ -352,8 +352,8 @@ async def run_worker(spec: WorkerSpec, url: str | None, *, emit: Callable[[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The worker entry point: ``python -m orchestrator.emulation.lightweight --url URL --spec-file F``."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.emulation.lightweight",
+    """The worker entry point: ``python -m emulator.lightweight --url URL --spec-file F``."""
+    parser = argparse.ArgumentParser(prog="python -m emulator.lightweight",
                                      description="Run many emulated devices as asyncio tasks in one process.")
     parser.add_argument("--url", required=True,
                         help="the orchestrator, e.g. ws://127.0.0.1:8765; '-': the first line of stdin")
@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{args.spec_file}: {e}")
     if args.url != "-" and not args.url.startswith(("ws://", "wss://")):
         parser.error(f"--url must be a ws:// or wss:// URL, got {args.url!r}")
-    from orchestrator.limits import raise_fd_limit
+    from orchestrator.server.limits import raise_fd_limit
 
     raise_fd_limit()  # a socket per device: thousands per worker need more than a 1,024 soft limit
     load_runtimes()
@@ -559,11 +559,11 @@ async def run_lightweight(
 ) -> EmulationRun:
     """Run every device of `fleet` in `workers` processes against an orchestrator in this process.
 
-    The same inputs and result as :func:`~orchestrator.emulation.supervisor.run_fleet`, with no memory
+    The same inputs and result as :func:`~emulator.supervisor.run_fleet`, with no memory
     caps: ``mechanism`` is "none" for every device, ``peak_bytes`` is unknown, and the result's
     ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
     :func:`default_workers`; `threads` is each worker's training thread pool."""
-    from orchestrator.emulation.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
+    from emulator.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     if not specs:
@@ -628,7 +628,7 @@ async def _spawn(emu: LightweightEmulator, w: WorkerHandle, spec: WorkerSpec, ru
     w.log = run_files / f"worker-{spec.index}.log"
     with open(w.log, "ab") as err:
         w.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator.emulation.lightweight", "--url", "-", "--spec-file", str(spec_file),
+            sys.executable, "-m", "emulator.lightweight", "--url", "-", "--spec-file", str(spec_file),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=1 << 20,
         )
     w.stats.pid = w.proc.pid

@@ -1,8 +1,8 @@
 """A local fleet: one orchestrator in this process and one OS process per device, on 127.0.0.1.
 
 Used by ``edgetrain demo`` and the integration tests; ``edgetrain emulate`` adds memory caps.
-Each device is a :class:`~orchestrator.emulation.launch.DeviceLaunch` run by
-``python -m orchestrator.emulation.device``: the client a real board runs, with the launch's faults
+Each device is a :class:`~emulator.launch.DeviceLaunch` run by
+``python -m emulator.device``: the client a real board runs, with the launch's faults
 (if any) applied around its connection.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emulator.launch import DeviceLaunch, Faults, device_argv
+from emulator.recorder import json_events
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
-from orchestrator.emulation.recorder import json_events
 from orchestrator.server import Orchestrator
 
 __all__ = ["DeviceLaunch", "Faults", "FleetRun", "device_env", "min_budget_for_split", "prepare_device_data",

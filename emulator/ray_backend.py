@@ -1,10 +1,10 @@
 """The lightweight mode's workers as Ray actors: emulated fleets beyond one machine.
 
 ``edgetrain emulate --backend ray [--address ADDR]`` runs the same workers as the local lightweight
-mode (:mod:`orchestrator.emulation.lightweight`), each one a Ray actor instead of a child process: a
+mode (:mod:`emulator.lightweight`), each one a Ray actor instead of a child process: a
 local Ray instance when no address is given, an existing cluster otherwise. An actor runs
-:func:`~orchestrator.emulation.lightweight.run_worker` (its own thread and asyncio loop) with the
-:class:`~orchestrator.emulation.lightweight.WorkerSpec` a local worker reads from its spec file, so
+:func:`~emulator.lightweight.run_worker` (its own thread and asyncio loop) with the
+:class:`~emulator.lightweight.WorkerSpec` a local worker reads from its spec file, so
 every device is the real :class:`edge_sdk.client.DeviceClient` with its own websocket connection to
 the orchestrator, its own state and its own shard of the data, exactly as in the local mode.
 
@@ -12,11 +12,11 @@ Events go back to the emulator in batches: the emulator keeps one call to the ac
 :meth:`WorkerActor.next_events` outstanding per worker; it returns as soon as the worker has emitted
 anything (or after ``poll_s``, the length of an idle call), with every event so far as the JSON
 lines a local worker prints, plus the actor process's CPU and memory. The emulator feeds them to the same
-:class:`~orchestrator.emulation.lightweight.LightweightEmulator` and
-:class:`~orchestrator.emulation.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
+:class:`~emulator.lightweight.LightweightEmulator` and
+:class:`~emulator.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
 the same (``backend: ray`` added by the command). Stopping is a call to :meth:`WorkerActor.stop` (a
 local worker's stdin closing); an actor that dies (its process killed, its node lost) stops the run
-with :class:`~orchestrator.emulation.lightweight.WorkerFailed`, as a local worker's death does.
+with :class:`~emulator.lightweight.WorkerFailed`, as a local worker's death does.
 
 The orchestrator stays in the emulator's process: the actors must reach its URL. On a local
 instance that is 127.0.0.1; on a cluster the server binds ``--host`` (``0.0.0.0`` by default there)
@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.emulation.fleet import DeviceSpec, Fleet
-from orchestrator.emulation.lightweight import (
+from emulator.fleet import DeviceSpec, Fleet
+from emulator.lightweight import (
     WorkerFailed,
     WorkerSpec,
     cpu_and_memory,
@@ -55,8 +55,8 @@ from orchestrator.emulation.lightweight import (
     split_devices,
     worker_devices,
 )
-from orchestrator.emulation.recorder import EmulationRun, Recorder
-from orchestrator.emulation.schedule import drop_schedule
+from emulator.recorder import EmulationRun, Recorder
+from emulator.schedule import drop_schedule
 
 if TYPE_CHECKING:
     from orchestrator.config import ServerConfig
@@ -106,7 +106,7 @@ class WorkerActor:
 
     def prepare(self) -> dict:
         """Load the runtimes (torch, ONNX Runtime); say where the actor runs: its process, host, Ray node."""
-        from orchestrator.limits import raise_fd_limit
+        from orchestrator.server.limits import raise_fd_limit
 
         raise_fd_limit()  # a socket per device, as a local worker (main) does
         load_runtimes()
@@ -354,14 +354,14 @@ async def run_ray(
 ) -> EmulationRun:
     """Run every device of `fleet` in `workers` Ray actors against an orchestrator in this process.
 
-    The same inputs and result as :func:`~orchestrator.emulation.lightweight.run_lightweight`
+    The same inputs and result as :func:`~emulator.lightweight.run_lightweight`
     (``mode`` "lightweight"; each worker dict also names its ``host``). `address`: an existing
     cluster (``ray start --head`` printed it; "auto" for the one this node belongs to), None for a
     local instance started and shut down here. The orchestrator binds ``config.host``; actors dial
     :func:`worker_host`. `workers` defaults to :func:`ray_default_workers`; each actor asks Ray for
     `cpus_per_worker` CPUs. `ray_options` go to ``ray.init``. `stderr_dir` receives a failed
     worker's traceback (``worker-<i>.log``); the actors' own output stays in Ray's session logs."""
-    from orchestrator.emulation.localfleet import start_orchestrator  # loads torch: only when a run starts
+    from emulator.localfleet import start_orchestrator  # loads torch: only when a run starts
 
     specs = fleet.devices() if specs is None else specs
     if not specs:

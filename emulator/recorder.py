@@ -1,7 +1,7 @@
 """What an emulated run learns about its devices, recorded the same way whichever mode ran them.
 
-Both modes (one capped process per device, :mod:`~orchestrator.emulation.supervisor`; many devices
-per worker process, :mod:`~orchestrator.emulation.lightweight`) feed one :class:`Recorder`: the
+Both modes (one capped process per device, :mod:`~emulator.supervisor`; many devices
+per worker process, :mod:`~emulator.lightweight`) feed one :class:`Recorder`: the
 orchestrator's events (registrations, round starts and ends with their stragglers), each device's
 own events (its plan, its time per phase and peak in every round) and the start and end of every
 life of a device (a process, or a client in a worker). The result is an :class:`EmulationRun`,

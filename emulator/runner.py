@@ -1,10 +1,10 @@
 """Run a fleet with the emulation backend its mode and the caller's ``backend`` name.
 
-The backends are one table, :data:`orchestrator.emulation.backends.EMULATION_BACKENDS`: capped
+The backends are one table, :data:`emulator.backends.EMULATION_BACKENDS`: capped
 processes (``processes``), many devices per worker process (``lightweight``), the same workers as Ray
 actors (``ray``, imported, with Ray, only then). Each takes the same fleet and orchestrator settings
-(:mod:`orchestrator.emulation.schedule`) and gives the same
-:class:`~orchestrator.emulation.recorder.EmulationRun`.
+(:mod:`emulator.schedule`) and gives the same
+:class:`~emulator.recorder.EmulationRun`.
 
 A run interrupted part-way continues in its own store (``ServerConfig.resume``; ``edgetrain emulate
 --resume RUN_DIR``): the orchestrator restarts from the checkpoint of the last completed round
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from emulator.backends import emulation_backend, where_choices
+from emulator.fleet import DeviceSpec, Fleet
+from emulator.recorder import EmulationRun
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.backends import emulation_backend, where_choices
-from orchestrator.emulation.fleet import DeviceSpec, Fleet
-from orchestrator.emulation.recorder import EmulationRun
 
 __all__ = ["BACKENDS", "completed_rounds", "run_emulation"]
 

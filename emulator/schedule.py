@@ -1,5 +1,5 @@
 """From a fleet file to what an emulated run starts: the orchestrator's settings and one
-:class:`~orchestrator.emulation.launch.DeviceLaunch` per device, with the rounds it vanishes in.
+:class:`~emulator.launch.DeviceLaunch` per device, with the rounds it vanishes in.
 
 Shared by both emulation modes, so that a fleet runs the same devices whichever mode it names.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.faults import Faults
+from emulator.fleet import DeviceSpec, Fleet, device_labels
+from emulator.launch import DeviceLaunch
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.faults import Faults
-from orchestrator.emulation.fleet import DeviceSpec, Fleet, device_labels
-from orchestrator.emulation.launch import DeviceLaunch
 
 __all__ = ["device_launch", "drop_schedule", "server_config"]
 
@@ -41,7 +41,7 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
                   deadline_s: float = 120.0) -> ServerConfig:
     """The orchestrator's settings for a fleet: its training section, waiting for every device first,
     honouring the forced splits of its groups; a secure fleet's server requires credentials (each
-    device is enrolled in the run's store: :mod:`orchestrator.emulation.credentials`)."""
+    device is enrolled in the run's store: :mod:`emulator.credentials`)."""
     t = fleet.training
     return dataclasses.replace(
         t, model=fleet.model, strategy_options=dict(fleet.strategy_options), rounds=rounds or t.rounds,

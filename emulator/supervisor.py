@@ -1,8 +1,8 @@
 """The process mode of the emulator: one capped OS process per device of a fleet, supervised.
 
-Every device runs as its own process (``python -m orchestrator.emulation.device``, the production
+Every device runs as its own process (``python -m emulator.device``, the production
 client with its faults wrapped around its connection) under a hard memory cap equal to its class's
-budget (:mod:`orchestrator.emulation.capping`: a cgroup where one is writable, else ``RLIMIT_AS``
+budget (:mod:`emulator.capping`: a cgroup where one is writable, else ``RLIMIT_AS``
 plus an RSS watchdog) and a CPU share from its class's speed factor. A device that exceeds its cap
 is killed by the kernel; the orchestrator sees a vanished device and closes the round without it,
 so a kill is a failure of that round, never a hang. A device that the fleet's ``dropout`` makes
@@ -15,7 +15,7 @@ The supervisor therefore also guards the resident set (``rss_guard``): it polls 
 kills a device over its budget, so every mechanism holds a device to the quantity the budget means.
 The report says which enforced the kill (``killed_by``: "kernel", "watchdog", "rss-guard", "timeout").
 
-What the devices did is recorded by :class:`~orchestrator.emulation.recorder.Recorder`.
+What the devices did is recorded by :class:`~emulator.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from edge_sdk.memory import process_memory
+from emulator.capping import MEMORY_EXIT_CODE, CappedProcess, CapResult
+from emulator.credentials import needs_credentials, with_secrets
+from emulator.faults import DROP_EXIT
+from emulator.fleet import DeviceSpec, Fleet
+from emulator.launch import DeviceLaunch, device_argv
+from emulator.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
+from emulator.schedule import device_launch, drop_schedule
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.capping import MEMORY_EXIT_CODE, CappedProcess, CapResult
-from orchestrator.emulation.faults import DROP_EXIT
-from orchestrator.emulation.fleet import DeviceSpec, Fleet
-from orchestrator.emulation.launch import DeviceLaunch, device_argv
-from orchestrator.emulation.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
-from orchestrator.emulation.credentials import needs_credentials, with_secrets
-from orchestrator.emulation.schedule import device_launch, drop_schedule
 
 __all__ = ["DeviceSupervisor", "RssGuard", "run_fleet"]
 
@@ -210,16 +210,16 @@ async def run_fleet(
     """Run every device of `fleet` against an orchestrator in this process until the last round.
 
     `specs` defaults to ``fleet.devices()``; `drops` (device id -> rounds) defaults to
-    :func:`~orchestrator.emulation.schedule.drop_schedule`; `mechanism` and `timeout_s` default to the
+    :func:`~emulator.schedule.drop_schedule`; `mechanism` and `timeout_s` default to the
     fleet's ``[emulation]`` section. Devices that vanish on purpose are started again after their
     ``rejoin_after_s``; devices killed for memory or time are not (the report says which, and in
     which round). `rss_guard` also kills a device whose resident set passes its budget (see the
     module docstring). Devices read the training split from one memory-mapped copy written before
-    they start (:func:`orchestrator.emulation.localfleet.prepare_device_data`), cut to its first `data_limit`
+    they start (:func:`emulator.localfleet.prepare_device_data`), cut to its first `data_limit`
     samples if given (CIFAR-10: a class-balanced subset). `backends` (device id -> torch, onnxruntime
     or auto) sets devices' training backends (default: auto).
     """
-    from orchestrator.emulation.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
+    from emulator.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
 
     specs = fleet.devices() if specs is None else specs
     schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}

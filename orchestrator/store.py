@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS transfers (
 CREATE INDEX IF NOT EXISTS transfers_round ON transfers(round);
 """
 
-#: Per-block update norms of committed rounds (orchestrator/normbound.py); created on first use.
+#: Per-block update norms of committed rounds (orchestrator/aggregation/normbound.py); created on first use.
 _NORM_SCHEMA = """
 CREATE TABLE IF NOT EXISTS norm_history (
     round INTEGER NOT NULL,
@@ -114,7 +114,7 @@ CREATE TABLE IF NOT EXISTS norm_history (
     PRIMARY KEY (round, device_id, block)
 )"""
 
-#: The privacy ledger after each round's release (orchestrator/privacy/intake.py); created on first use.
+#: The privacy ledger after each round's release (orchestrator/aggregation/privacy/intake.py); created on first use.
 _PRIVACY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS privacy (
     round INTEGER PRIMARY KEY,
@@ -523,7 +523,7 @@ class Store:
             for r in rows
         ]
 
-    # -- norm history (orchestrator/normbound.py) ---------------------------------------------
+    # -- norm history (orchestrator/aggregation/normbound.py) ---------------------------------------------
     def _norm_table(self) -> None:
         self._db.execute(_NORM_SCHEMA)
 
@@ -549,7 +549,7 @@ class Store:
         return [{"round": r["round"], "device_id": r["device_id"], "block": r["block"], "split": r["split"],
                  "norm": r["norm"]} for r in rows]
 
-    # -- privacy ledger (orchestrator/privacy/intake.py) ----------------------------------------
+    # -- privacy ledger (orchestrator/aggregation/privacy/intake.py) ----------------------------------------
     def _privacy_table(self) -> None:
         self._db.execute(_PRIVACY_SCHEMA)
 

@@ -26,8 +26,8 @@ from edge_sdk import protocol as p
 from edge_sdk.backends import TrainingBackend, backend_class
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 
 __all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice",
            "FleetResult", "run_demo_fleet", "run_fleet", "tampering_backend"]
@@ -159,7 +159,7 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
     ``shards`` iid shards whatever the fleet, so a fleet without its attacker keeps the same data.
     ``aggregation`` None keeps the strategy's default; ``settings`` are further ServerConfig fields;
     ``credentials``: every device is enrolled (without a fixed sample count) and proves it."""
-    from orchestrator.emulation.localfleet import role_budgets
+    from emulator.localfleet import role_budgets
     from orchestrator.store import Store
 
     agg = {} if aggregation is None else {"aggregation": aggregation}

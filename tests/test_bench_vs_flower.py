@@ -96,7 +96,7 @@ def test_bytes_per_device_come_from_the_workers_resident_sets():
 
 
 def test_the_lightweight_lane_is_a_valid_fleet_of_strong_devices(tmp_path):
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     path = tmp_path / "fleet.toml"
     path.write_text(vs_flower._LIGHT_FLEET.format(model=fc.MODEL, seed=0, clients=20))

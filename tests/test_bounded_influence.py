@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.scripted import scripted_device

@@ -20,9 +20,9 @@ from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.models import build_model
+from emulator.localfleet import role_budgets, start_orchestrator
 from exporters.bundle import write_bundle
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 from orchestrator.store import Store
 from tests.refused_graphs import graphs_refusing
 
@@ -36,7 +36,7 @@ def graph_dir(request: pytest.FixtureRequest) -> Path:
 
 
 def _edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

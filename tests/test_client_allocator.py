@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from edge_sdk.memory import KEEP_HEADROOM, _libc, may_keep_freed_buffers
+from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
 from tests.factories import server_config
 
 needs_glibc = pytest.mark.skipif(_libc() is None, reason="no glibc-style allocator controls on this C library")
@@ -150,7 +150,7 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
 
     from edge_sdk.cli import load_shard
     from edge_sdk.client import DeviceClient, DeviceConfig
-    from orchestrator.emulation.localfleet import start_orchestrator
+    from emulator.localfleet import start_orchestrator
 
     held: dict[tuple[str, int], bool] = {}
 

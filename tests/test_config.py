@@ -15,11 +15,11 @@ from typing import Annotated, Literal, Optional
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
-from orchestrator.cli import commands  # noqa: F401  (registers the commands)
-from orchestrator.cli.settings import cli_fields, option_spelling
+from edgetrain.cli import app
+from edgetrain.cli import commands  # noqa: F401  (registers the commands)
+from edgetrain.cli.settings import cli_fields, option_spelling
+from emulator.fleet import FleetError, parse_fleet
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
-from orchestrator.emulation.fleet import FleetError, parse_fleet
 from orchestrator.values import Range, convert
 
 
@@ -75,7 +75,7 @@ def test_serve_help_lists_every_strategy():
 ])
 def test_serve_refuses_a_bad_value_with_one_line_before_it_listens(argv: list[str], line: str, tmp_path: Path):
     # No --check: the command would listen on port 8765 if the value passed.
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--store", str(tmp_path), *argv],
+    out = subprocess.run([sys.executable, "-m", "edgetrain", "serve", "--store", str(tmp_path), *argv],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [line], out.stderr
     assert out.stdout == "" and not (tmp_path / "journal.sqlite").exists()

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, derive_key, make_proof, verify_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 
@@ -110,7 +110,7 @@ def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) 
 
     root = Path(__file__).resolve().parents[1]
     store_dir = tmp_path / "s"
-    cli = [sys.executable, "-m", "orchestrator.cli", "device"]
+    cli = [sys.executable, "-m", "edgetrain", "device"]
     for d in ("dev-0", "dev-1"):
         subprocess.run([*cli, "enroll", "--store", str(store_dir), "--id", d, "--out", str(tmp_path / f"{d}.secret")],
                        check=True, cwd=root, capture_output=True)

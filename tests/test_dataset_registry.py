@@ -19,9 +19,9 @@ from edge_sdk.data import DATA_ENV, DATASETS, Dataset, DatasetUnavailable, load_
 from edge_sdk.data.shakespeare import SEQ_LEN, STRIDE, load_roles, role_split, windows
 from edge_sdk.data.tcga_brca import REGIONS
 from edge_sdk.models.zoo import MODEL_NAMES, build_model, model_spec
-from orchestrator.emulation.fleet import FleetError, load_fleet, parse_fleet
-from orchestrator.emulation.localfleet import device_env
-from orchestrator.evaluate import data_mismatch
+from emulator.fleet import FleetError, load_fleet, parse_fleet
+from emulator.localfleet import device_env
+from orchestrator.server.evaluate import data_mismatch
 from orchestrator.store import Store
 from tests.shared_data import REPO, need
 
@@ -150,7 +150,7 @@ def test_natural_partitions_follow_the_table_and_the_data_root_sits_beside_the_f
 
 
 def _edgetrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True,
                           env=env, timeout=300, cwd=REPO)
 
 

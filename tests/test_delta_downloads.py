@@ -14,8 +14,8 @@ from edge_sdk.codecs import CodecError
 from edge_sdk.codecs.delta import apply_delta, encode_delta, region_floats
 from edge_sdk.data import load_dataset
 from edge_sdk.wire_codecs import tensor_regions
+from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 
 
 def _tail(rng: np.random.Generator, step: int) -> bytes:

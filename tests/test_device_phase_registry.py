@@ -22,7 +22,6 @@ from edge_sdk.algorithms import DEFAULT_REGISTRY
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.phases import BUILTIN_REGISTRY, PhaseContext, PhaseResult, SelectionKind
-from orchestrator.selection import Selection
 from orchestrator.server import Orchestrator
 from orchestrator.strategies import (
     DeviceReport,
@@ -34,6 +33,7 @@ from orchestrator.strategies import (
     WeightedSums,
 )
 from orchestrator.strategies.base import HelloContext, HelloField
+from orchestrator.strategies.selection import Selection
 from tests.factories import server_config
 
 CENSUS = "label_census"

@@ -16,8 +16,8 @@ from edge_sdk import settings as declared
 from edge_sdk.client import DeviceConfig
 from edge_sdk.settings import (FOREVER, SDKS, TABLE_FILE, DeviceSettings, SettingError, check_setting, load_settings,
                                setting_default, settings_table)
+from emulator.launch import SHARED_SETTINGS, DeviceLaunch
 from orchestrator import config as server_config
-from orchestrator.emulation.launch import SHARED_SETTINGS, DeviceLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"key", "field", "type", "default", "choices", "min", "help", "sdks"}

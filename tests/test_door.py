@@ -25,7 +25,7 @@ from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 

@@ -1,4 +1,4 @@
-"""Calibration (orchestrator/privacy/calibrate.py): the multiplier meets its target and no less noise
+"""Calibration (orchestrator/aggregation/privacy/calibrate.py): the multiplier meets its target and no less noise
 would, settings that cannot work are refused in one line, and per-block plans under partial training
 give the model exactly its target."""
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from orchestrator.privacy import calibrate as cal
-from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
+from orchestrator.aggregation.privacy import calibrate as cal
+from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])

@@ -20,16 +20,16 @@ import pytest
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.models import build_model
-from orchestrator.cli.export import model_metadata
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
-from orchestrator.privacy.calibrate import PrivacyPlanError
-from orchestrator.privacy.intake import CentralDPIntake
+from edgetrain.cli.export import model_metadata
+from emulator.localfleet import start_orchestrator
+from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
+from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
+from orchestrator.aggregation.privacy.intake import CentralDPIntake
 from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
-from orchestrator.web.status import StatusFeed, snapshot
-from orchestrator.web.terminal import privacy_words, round_line
+from orchestrator.views.terminal import privacy_words, round_line
+from orchestrator.views.web.status import StatusFeed, snapshot
 from tests.factories import server_config
 from tests.scripted import scripted_device
 

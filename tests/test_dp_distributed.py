@@ -1,4 +1,4 @@
-"""Distributed DP in a running server (orchestrator.privacy.distributed): ``dp`` with
+"""Distributed DP in a running server (orchestrator.aggregation.privacy.distributed): ``dp`` with
 ``secure_aggregation``. A real orchestrator on 127.0.0.1 and the production device client over real
 websockets (torch devices, digits_mlp under EmbracingFL's nested cohorts), real SQLite: the devices
 add the noise of ``dp_min_survivors`` of each block's cohort inside the secure round, the server
@@ -16,14 +16,14 @@ import pytest
 
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
+from emulator.localfleet import role_budgets, start_orchestrator
+from orchestrator.aggregation.privacy.accountant import PrivacyLedger
+from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
+from orchestrator.aggregation.privacy.intake import CENTRAL, DISTRIBUTED, resumed_ledger
+from orchestrator.aggregation.secure.roster import record_identity
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
-from orchestrator.privacy.accountant import PrivacyLedger
-from orchestrator.privacy.calibrate import PrivacyPlanError
-from orchestrator.privacy.intake import CENTRAL, DISTRIBUTED, resumed_ledger
-from orchestrator.secure.roster import record_identity
 from orchestrator.store import Store
-from orchestrator.web.terminal import privacy_words
+from orchestrator.views.terminal import privacy_words
 
 FLEET = {"strong-0": "strong", "strong-1": "strong", "moderate-2": "moderate", "weak-3": "weak", "weak-4": "weak"}
 Z = 1.0

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.launch import DeviceLaunch, device_argv
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import server_config
-from orchestrator.secure.roster import load_roster
+from emulator.fleet import load_fleet
+from emulator.launch import DeviceLaunch, device_argv
+from emulator.runner import run_emulation
+from emulator.schedule import server_config
+from orchestrator.aggregation.secure.roster import load_roster
 from orchestrator.store import Store
 
 SECURE_FLEET = """

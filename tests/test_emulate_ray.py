@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.lightweight import WorkerFailed
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import server_config
-from orchestrator.emulation.localfleet import device_env
+from emulator.fleet import load_fleet
+from emulator.lightweight import WorkerFailed
+from emulator.localfleet import device_env
+from emulator.runner import run_emulation
+from emulator.schedule import server_config
 from orchestrator.store import Store
 
 ROUNDS = 2
@@ -85,7 +85,7 @@ def test_a_fleet_runs_to_the_end_through_a_local_ray_instance(tmp_path: Path) ->
     fleet = tmp_path / "ray.toml"
     fleet.write_text(FLEET)
     out = tmp_path / "runs"
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
+    argv = [sys.executable, "-m", "edgetrain", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
             "--workers", str(WORKERS), "--backend", "ray", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_ray_env(), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -157,7 +157,7 @@ def test_nothing_imports_ray_until_a_ray_run_starts() -> None:
     code = textwrap.dedent("""
         import json, sys
         import edge_sdk, edge_sdk.client
-        import orchestrator.cli.commands, orchestrator.emulation.runner, orchestrator.emulation.ray_backend
+        import edgetrain.cli.commands, emulator.runner, emulator.ray_backend
         print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "ray")))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -166,8 +166,8 @@ def test_nothing_imports_ray_until_a_ray_run_starts() -> None:
 
 
 def test_ray_options_are_checked() -> None:
-    from orchestrator.cli import app
-    from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+    from edgetrain.cli import app
+    from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 
     runner = CliRunner()
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--address", "10.0.0.5:6379"])

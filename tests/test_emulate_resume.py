@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation.runner import completed_rounds
-from orchestrator.emulation.localfleet import device_env
+from emulator.localfleet import device_env
+from emulator.runner import completed_rounds
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ force_split = 1
 
 
 def _argv(fleet: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
+    return [sys.executable, "-m", "edgetrain", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
             "--workers", "1", *args]
 
 

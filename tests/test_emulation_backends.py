@@ -1,4 +1,4 @@
-"""Emulation backends are one table (orchestrator.emulation.backends.EMULATION_BACKENDS) that
+"""Emulation backends are one table (emulator.backends.EMULATION_BACKENDS) that
 ``run_emulation`` and ``edgetrain emulate`` choose from by the fleet's mode and ``--backend``.
 
 A backend registered from outside the package (one row, a run function of the documented shape that
@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.emulation import backends
-from orchestrator.emulation.backends import (
+from emulator import backends
+from emulator.backends import (
     EMULATION_BACKENDS,
     EmulationBackend,
     emulation_backend,
     register_emulation_backend,
     where_choices,
 )
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import server_config
+from emulator.fleet import load_fleet
+from emulator.runner import run_emulation
+from emulator.schedule import server_config
 
 FLEET = """
 [fleet]
@@ -52,7 +52,7 @@ CALLS: list[dict] = []
 
 async def run_inline(fleet, config, **options):
     """A backend of the documented shape: here, the lightweight backend's run under another name."""
-    from orchestrator.emulation.lightweight import run_lightweight
+    from emulator.lightweight import run_lightweight
 
     CALLS.append(options)
     return await run_lightweight(fleet, config, workers=1, **options)
@@ -93,8 +93,8 @@ def test_a_registered_backend_runs_a_real_fleet(tmp_path: Path, monkeypatch: pyt
 
 
 def test_the_command_refuses_an_option_its_backend_does_not_take() -> None:
-    from orchestrator.cli import app
-    from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+    from edgetrain.cli import app
+    from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 
     result = CliRunner().invoke(app, ["emulate", "--fleet", "tiny-200", "--no-rss-guard"])
     shown = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message

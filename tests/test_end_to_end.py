@@ -20,10 +20,10 @@ from edge_sdk.data import load_dataset, partition
 from edge_sdk.forward import ActivationCache, ChunkRunner
 from edge_sdk.models import build_model
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail
+from emulator.launch import DeviceLaunch, Faults, device_argv
+from emulator.localfleet import device_env, role_budgets, run_local_fleet
 from exporters.onnx_export import export_chunk
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch, Faults, device_argv
-from orchestrator.emulation.localfleet import device_env, role_budgets, run_local_fleet
 from orchestrator.store import Store
 from tests.factories import server_config
 
@@ -150,7 +150,7 @@ def _free_port() -> int:
 
 
 def _serve(port: int, store: Path, rounds: int, *, resume: bool) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "digits_mlp", "--rounds", str(rounds),
+    argv = [sys.executable, "-m", "edgetrain", "serve", "--model", "digits_mlp", "--rounds", str(rounds),
             "--min-devices", "2", "--local-steps", "5", "--port", str(port), "--store", str(store), "--json-events"]
     return subprocess.Popen(argv + (["--resume"] if resume else []), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=device_env(), text=True)

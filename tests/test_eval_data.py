@@ -16,9 +16,9 @@ import pytest
 from edge_sdk import protocol as p
 from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
 from edge_sdk.data import load_dataset, partition
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.evaluate import Evaluator, evaluation_arrays
+from orchestrator.server.evaluate import Evaluator, evaluation_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.own_model.model:make_model"
@@ -38,7 +38,7 @@ def _csv(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
 
 
 def _edgetrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=180, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
@@ -78,7 +78,7 @@ def test_eval_data_takes_a_function_a_table_or_none(tmp_path: Path) -> None:
 
 
 def test_a_fleet_file_names_its_evaluation_set(tmp_path: Path) -> None:
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     fleet = tmp_path / "own.toml"
     fleet.write_text('[fleet]\nmodel = "digits_mlp"\n[training]\nrounds = 1\neval_source = "tests.test_eval_data:holdout"\n'
@@ -88,7 +88,7 @@ def test_a_fleet_file_names_its_evaluation_set(tmp_path: Path) -> None:
 
 def test_a_fleet_files_relative_evaluation_file_is_read_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet runs the same from any working directory: its held-out file is found next to it."""
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     x, y = holdout()
     folder = tmp_path / "fleets"

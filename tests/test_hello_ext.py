@@ -23,8 +23,8 @@ from edge_sdk import protocol as p
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from orchestrator.strategies import FedAvg, Instruction, RoundContext
 from orchestrator.strategies.base import HelloContext, HelloField
@@ -89,7 +89,7 @@ def test_a_strategy_of_the_tests_own_reads_its_hello_field(tmp_path: Path) -> No
 
 
 def test_a_declared_field_is_parsed_and_an_undeclared_one_ignored() -> None:
-    from orchestrator.admission import parse_hello_ext
+    from orchestrator.server.admission import parse_hello_ext
 
     hello = p.Hello("d", "", 1, 1, ["torch"], 1, ext={COLOR: "green", "other.thing": [1, 2]})
     context = HelloContext(columns={}, shapes={})

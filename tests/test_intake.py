@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.intake import PlainIntake, ReportIntake
+from orchestrator.aggregation.intake import PlainIntake, ReportIntake
 from orchestrator.server import Orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -31,7 +31,8 @@ def _intake_uses(tree: ast.AST) -> set[str]:
 def test_the_server_meets_report_intake_only_through_its_interface() -> None:
     interface = {name for name in vars(ReportIntake) if not name.startswith("_")}
     used = {}
-    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
+    for path in sorted(p for package in ("orchestrator", "emulator", "edgetrain")
+                       for p in (ROOT / package).rglob("*.py")):
         if path.name != "intake.py":
             for name in _intake_uses(ast.parse(path.read_text(encoding="utf-8"))):
                 used.setdefault(name, []).append(str(path.relative_to(ROOT)))

@@ -22,8 +22,8 @@ from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 
 
@@ -322,7 +322,7 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
     With chunks of past versions kept in memory it went from 632 MiB at round 2 to 800 at round 30.
     bench/memory_flat.py runs 200 rounds of real device processes."""
     from edge_sdk.memory import rss_bytes
-    from orchestrator.emulation.localfleet import role_budgets
+    from emulator.localfleet import role_budgets
 
     rss: dict[int, int] = {}
     budgets = role_budgets("digits_mlp")

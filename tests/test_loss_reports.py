@@ -14,8 +14,8 @@ import pytest
 
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 
 
 def _run(store: Path, loss_after: bool) -> tuple[list[dict], list]:

@@ -25,13 +25,13 @@ import torch
 from rich.console import Console
 
 from edge_sdk.models import build_model
+from emulator.launch import DeviceLaunch, device_argv
+from emulator.localfleet import device_env, role_budgets
 from exporters.model_export import export_model, read_metadata
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch, device_argv
-from orchestrator.emulation.localfleet import device_env, role_budgets
-from orchestrator.evaluate import Evaluator
+from orchestrator.server.evaluate import Evaluator
 from orchestrator.store import Store
-from orchestrator.web.terminal import ServeOutput, ServeView, round_line
+from orchestrator.views.terminal import ServeOutput, ServeView, round_line
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 2
@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 
 def _edgetrain(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=device_env())
 
 
@@ -56,7 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("served")
     port, store, log = _free_port(), tmp / "store", tmp / "serve.jsonl"
     server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "digits_mlp", "--rounds", str(ROUNDS),
+        [sys.executable, "-m", "edgetrain", "serve", "--model", "digits_mlp", "--rounds", str(ROUNDS),
          "--min-devices", "2", "--local-steps", "3", "--port", str(port), "--store", str(store), "--log-file", str(log),
          "--straggler-policy", "deadline"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=device_env())
@@ -84,7 +84,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _scores(session: ort.InferenceSession, evaluator: Evaluator, model_name: str) -> dict[str, float]:
-    """The server's scoring (orchestrator.evaluate.Evaluator.evaluate), on ONNX Runtime's outputs."""
+    """The server's scoring (orchestrator.server.evaluate.Evaluator.evaluate), on ONNX Runtime's outputs."""
     loss_fn = build_model(model_name, seed=None).loss
     loss_sum, correct = 0.0, 0
     for i in range(0, len(evaluator.x), 256):
@@ -163,9 +163,9 @@ def test_serve_shows_rounds_and_no_third_party_lines(served: dict) -> None:
 QUIET_THEN_LOUD = """
 import logging, sys
 from pathlib import Path
-from orchestrator.cli import console
+from edgetrain.cli import console
 from orchestrator.config import ServerConfig
-from orchestrator.web.terminal import ServeOutput
+from orchestrator.views.terminal import ServeOutput
 ServeOutput(ServerConfig(store_dir=Path(sys.argv[1])), console(), json_events=True, log_file=None)  # serve's logging
 import exporters
 from edge_sdk.models import build_model
@@ -278,7 +278,7 @@ def _stored_run(tmp_path: Path, extra: dict) -> tuple[Path, dict]:
 
 
 def test_an_emulated_run_exports_with_its_fleet_settings_and_privacy(tmp_path: Path) -> None:
-    from orchestrator.cli import main
+    from edgetrain.cli import main
 
     privacy = {"epsilon": 3.5, "delta": 1e-5, "blocks": {"fc1": 2.0}, "rounds": 2}
     run, state = _stored_run(tmp_path, {"privacy": privacy})

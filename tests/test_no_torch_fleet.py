@@ -16,11 +16,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from emulator.launch import DeviceLaunch
+from emulator.localfleet import role_budgets, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.fleetview import summarise_run
-from orchestrator.emulation.localfleet import role_budgets, run_local_fleet
 from orchestrator.store import Store
+from orchestrator.views.fleetview import summarise_run
 from tests.conftest import _digits_csv
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.models.zoo import tiny
+from emulator.localfleet import start_orchestrator
+from orchestrator.aggregation.normbound import HISTORY, NormBound, block_norms
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.normbound import HISTORY, NormBound, block_norms
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.scripted import scripted_device

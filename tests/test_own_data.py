@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from edge_sdk.data import load_dataset, partition
+from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def test_torch_free_profile_measures_the_board(no_torch_python: str) -> None:
     """``edgetrain profile --measure`` on the core install: the ONNX Runtime figures, no torch."""
     import subprocess
 
-    out = subprocess.run([no_torch_python, "-m", "orchestrator.cli", "profile", "--measure"], cwd=ROOT,
+    out = subprocess.run([no_torch_python, "-m", "edgetrain", "profile", "--measure"], cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()

@@ -16,10 +16,10 @@ import pytest
 from edge_sdk.models import LayeredModel
 from edge_sdk.models.zoo import build_model, model_spec, width_shapes
 from edge_sdk.references import load_reference
+from emulator.fleet import FleetError, parse_fleet
+from emulator.launch import DeviceLaunch
+from emulator.localfleet import Faults, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.fleet import FleetError, parse_fleet
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.emulation.localfleet import Faults, run_local_fleet
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_a_fleet_file_takes_a_reference(own_module: str) -> None:
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=240)
 
 

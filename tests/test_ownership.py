@@ -21,21 +21,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("edge_sdk", "profiles", "exporters", "orchestrator")
-SCANNED = ("orchestrator", "edge_sdk")
+PACKAGES = ("edge_sdk", "profiles", "exporters", "orchestrator", "emulator", "edgetrain")
+SCANNED = ("orchestrator", "emulator", "edgetrain", "edge_sdk")
 #: Methods that change a container or an object in place.
 MUTATORS = frozenset({"append", "appendleft", "add", "clear", "discard", "extend", "insert", "pop", "popitem",
                       "remove", "reverse", "set", "setdefault", "sort", "update"})
 #: Writes across parts the check knows of, in code outside the server (each with its reason). The
 #: test fails when one of them is gone too, so that this list stays true.
 KNOWN = {
-    "orchestrator/emulation/ray_backend.py: _RayEmulator.on_worker_event writes self.recorder.current_round": (
+    "emulator/ray_backend.py: _RayEmulator.on_worker_event writes self.recorder.current_round": (
         "the Ray fleet dates a device's life in the round it vanished in through the recorder's current "
         "round; a Recorder method for it belongs to the emulation's owner"),
 }
 #: The server's parts (docs/architecture.md, "The server"): they share records through orchestrator.parts.
-SERVER_PARTS = ("admission", "heap", "intake", "normbound", "payloads", "plancache", "planning", "reference",
-                "resume", "revocation", "roundloop", "server", "trust", "uploads", "validation")
+#: Module paths under orchestrator/: the server's I/O and its parts in server/, report intake in aggregation/.
+SERVER_PARTS = ("server.admission", "server.heap", "aggregation.intake", "aggregation.normbound", "server.payloads",
+                "server.plancache", "server.planning", "aggregation.reference", "server.resume", "server.revocation",
+                "server.roundloop", "server.orchestrator", "aggregation.trust", "server.uploads", "server.validation")
 
 
 # -- the checker --------------------------------------------------------------------------------
@@ -331,13 +333,14 @@ def test_the_checker_finds_each_kind_of_write(tmp_path: Path) -> None:
 
 def test_the_record_check_finds_a_record_imported_for_its_type_only(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "orchestrator").mkdir()
-    (tmp_path / "orchestrator" / "admission.py").write_text(FILES["pkg/admission.py"])
-    (tmp_path / "orchestrator" / "payloads.py").write_text(
-        "from orchestrator.admission import Admission, Session\n"
+    server = tmp_path / "orchestrator" / "server"
+    server.mkdir(parents=True)
+    (server / "admission.py").write_text(FILES["pkg/admission.py"])
+    (server / "payloads.py").write_text(
+        "from orchestrator.server.admission import Admission, Session\n"
         "def prepare(session: Session) -> None:\n    Admission()\n")
-    (tmp_path / "orchestrator" / "server.py").write_text(
-        "from orchestrator.admission import Session\nSESSIONS = [Session('a')]\n")
-    monkeypatch.setitem(globals(), "SERVER_PARTS", ("admission", "payloads", "server"))
+    (server / "orchestrator.py").write_text(
+        "from orchestrator.server.admission import Session\nSESSIONS = [Session('a')]\n")
+    monkeypatch.setitem(globals(), "SERVER_PARTS", ("server.admission", "server.payloads", "server.orchestrator"))
     assert type_only_record_imports(tmp_path) == [
-        "orchestrator.payloads imports Session from orchestrator.admission for a type only"]
+        "orchestrator.server.payloads imports Session from orchestrator.server.admission for a type only"]

@@ -16,11 +16,11 @@ from edge_sdk import protocol as p
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.payload_store import PayloadStore
+from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
-from orchestrator.report import write_metrics
+from orchestrator.server.wirebytes import round_bytes, run_bytes
 from orchestrator.store import Store
-from orchestrator.wirebytes import round_bytes, run_bytes
+from orchestrator.views.report import write_metrics
 
 
 def _sha(data: bytes) -> str:

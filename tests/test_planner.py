@@ -332,7 +332,7 @@ def edgetrain(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
     cache.write_text(json.dumps({runtime_key(): {f: getattr(FALLBACK, f) for f in RUNTIME_FIELDS}}))
     env = {**os.environ, "EDGETRAIN_CACHE_DIR": str(cache_dir), "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "profile", *args],
+        [sys.executable, "-m", "edgetrain", "profile", *args],
         capture_output=True, text=True, timeout=120, env=env,
     )
 

@@ -17,9 +17,9 @@ from edge_sdk.client import DeviceClient, DeviceConfig, declared_rows
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.privacy import PrivateHeat
 from edge_sdk.protocol import ErrorCode, Hello, Limits, ProtocolError, decode, encode
-from orchestrator.admission import parse_hello_ext
 from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
+from orchestrator.server.admission import parse_hello_ext
 from orchestrator.strategies.base import HelloContext
 from orchestrator.strategies.fedsubavg import ROW_BITS, ROW_EPSILON, FedSubAvg
 

@@ -16,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.test_web import _get, _sdk

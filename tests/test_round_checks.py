@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.scripted import scripted_device as _device

@@ -15,8 +15,8 @@ from edge_sdk import protocol as p
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from profiles.accounting import measure_model
 from profiles.planner import plan_split, tail_footprint
 from profiles.runtime import FALLBACK, RUNTIMES, Runtime, UnknownRuntime, device_runtime

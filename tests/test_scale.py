@@ -12,8 +12,8 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.plancache import PlanCache
+from emulator.localfleet import start_orchestrator
+from orchestrator.server.plancache import PlanCache
 from tests.factories import server_config
 
 resource = pytest.importorskip("resource")
@@ -73,7 +73,7 @@ def _lowered_soft_limit() -> int:
 
 @pytest.mark.parametrize("where", ["function", "orchestrator"])
 def test_the_descriptor_limit_is_raised_to_the_hard_limit(tmp_path: Path, where: str) -> None:
-    from orchestrator.limits import raise_fd_limit
+    from orchestrator.server.limits import raise_fd_limit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = _lowered_soft_limit()
@@ -100,8 +100,8 @@ def test_the_descriptor_limit_is_raised_to_the_hard_limit(tmp_path: Path, where:
 def test_hundreds_of_lightweight_devices_are_held_sampled_and_sent_off(tmp_path: Path) -> None:
     """300 real clients in one lightweight worker: every hello gets a welcome from one planning, a
     round samples 10 of them, and the goodbye (said to everyone at once) ends every client."""
-    from orchestrator.emulation.launch import DeviceLaunch
-    from orchestrator.emulation.lightweight import WorkerDevice, WorkerSpec, run_worker
+    from emulator.launch import DeviceLaunch
+    from emulator.lightweight import WorkerDevice, WorkerSpec, run_worker
 
     n = 300
     events: dict[str, int] = {}

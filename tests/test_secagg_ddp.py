@@ -16,7 +16,7 @@ from edge_sdk.protocol import ProtocolError
 from edge_sdk.secagg import SecAggError, identity_public_key
 from edge_sdk.secagg.fixedpoint import FixedPoint, ring_bits_for
 from edge_sdk.secagg.round import DeviceRound
-from orchestrator.secure.round import SecureRound
+from orchestrator.aggregation.secure.round import SecureRound
 from tests.test_secagg_round import SCOPE, Fleet
 
 SIZES = {0: 3000, 1: 3000}

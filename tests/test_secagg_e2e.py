@@ -22,11 +22,11 @@ from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
 from edge_sdk.secagg.round import DeviceRound, weight_of
+from emulator.localfleet import role_budgets, start_orchestrator
+from orchestrator.aggregation.secure.intake import SecureIntake
+from orchestrator.aggregation.secure.roster import record_identity
+from orchestrator.aggregation.secure.round import SecureRound
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
-from orchestrator.secure.intake import SecureIntake
-from orchestrator.secure.roster import record_identity
-from orchestrator.secure.round import SecureRound
 from orchestrator.store import Store
 
 FLEET = {"strong-0": ("strong", "torch"), "strong-1": ("strong", "onnxruntime"),
@@ -214,7 +214,7 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
     import signal
     import sys
 
-    from orchestrator.emulation.localfleet import device_env
+    from emulator.localfleet import device_env
 
     fleet = {d: FLEET[d] for d in ("strong-0", "strong-1", "moderate-2", "weak-3")}
     victim = "moderate-2"

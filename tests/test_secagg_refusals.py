@@ -23,8 +23,8 @@ from edge_sdk.secagg import SEALED_BYTES, SHARE_BYTES
 from edge_sdk.secagg.exchange import start
 from edge_sdk.secagg.layout import block_vectors
 from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.secure.roster import record_identity
+from emulator.localfleet import start_orchestrator
+from orchestrator.aggregation.secure.roster import record_identity
 from orchestrator.store import Store
 from tests.factories import server_config
 

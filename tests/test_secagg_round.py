@@ -1,5 +1,5 @@
 """A secure round end to end in one process: the device side (edge_sdk.secagg.round) and the
-server side (orchestrator.secure.round) with real keys, signatures, shares, seals and masks, the
+server side (orchestrator.aggregation.secure.round) with real keys, signatures, shares, seals and masks, the
 messages through the real codec. Nested cohorts (split k trains blocks k..L-1), dropouts after
 the shares and after the upload, blindness of the uploads, and the refusals."""
 
@@ -15,7 +15,7 @@ from edge_sdk.protocol import messages as m
 from edge_sdk.secagg import (KEY_BYTES, SEALED_BYTES, SHARE_BYTES, SIGNATURE_BYTES, Scope, SecAggError,
                              identity_public_key)
 from edge_sdk.secagg.round import DeviceRound, weight_of
-from orchestrator.secure.round import SecureRefusal, SecureRound
+from orchestrator.aggregation.secure.round import SecureRefusal, SecureRound
 
 SCOPE = Scope("run-a/0", 3)
 SIZES = {0: 40, 1: 25, 2: 7}  # coordinates per block
@@ -271,8 +271,8 @@ def _raw(kind, a, b, ids, n) -> bytes:
 
 
 def test_the_terminal_line_and_status_json_say_a_round_was_secure():
-    from orchestrator.web.status import _secure
-    from orchestrator.web.terminal import round_line
+    from orchestrator.views.terminal import round_line
+    from orchestrator.views.web.status import _secure
 
     metrics = {"round": 2, "reported": 4, "selected": 5, "secure": {
         "blocks": {"fc1": {"cohort": 1, "revealed": False, "reason": "1 masked updates"},

@@ -14,7 +14,7 @@ from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.rounds import Attendance
 from tests.factories import server_config
 

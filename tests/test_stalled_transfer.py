@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
 
@@ -62,8 +62,8 @@ def test_with_no_slowest_pace_a_download_has_no_time_limit(tmp_path: Path) -> No
     download's time limit is its size at that rate: none), and the round completes."""
     from edge_sdk.client import DeviceClient, DeviceConfig
     from edge_sdk.data import load_dataset
+    from emulator.localfleet import role_budgets
     from orchestrator.config import ServerConfig
-    from orchestrator.emulation.localfleet import role_budgets
 
     config = ServerConfig(model="digits_mlp", rounds=1, min_devices=1, local_steps=1, store_dir=tmp_path / "s",
                           deadline_s=120, transfer_min_rate=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.emulation.runner import completed_rounds
+from emulator.runner import completed_rounds
 from orchestrator.store import CheckpointCorrupted, Store, StoreError, checkpoint_name
 
 REPO = Path(__file__).resolve().parents[1]

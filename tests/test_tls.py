@@ -18,8 +18,8 @@ from websockets.exceptions import InvalidMessage
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.data import load_dataset
 from edge_sdk.transport import client_tls
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from tests.factories import server_config
 
 DATA = Path(__file__).parent / "data"

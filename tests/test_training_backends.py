@@ -21,11 +21,11 @@ from edge_sdk import protocol as p
 from edge_sdk.backends import AUTO, BACKENDS, GraphBackend, TorchBackend, backend_class, choose_backend
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
+from emulator.fleet import load_fleet
+from emulator.localfleet import device_env, start_orchestrator
+from emulator.runner import run_emulation
+from emulator.schedule import server_config
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.localfleet import device_env, start_orchestrator
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import server_config
 from profiles.runtime import RUNTIMES, backend_runtime
 from tests.alt_backend import AltBackend
 
@@ -159,7 +159,7 @@ def test_an_emulated_fleet_group_trains_with_a_backend_named_by_reference(tmp_pa
 
 
 def test_a_fleet_refuses_a_backend_it_cannot_load(tmp_path: Path) -> None:
-    from orchestrator.emulation.fleet import FleetError
+    from emulator.fleet import FleetError
 
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET.format(backend="tflite"))

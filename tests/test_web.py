@@ -17,10 +17,10 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
-from orchestrator.web.terminal import announce, page_url
+from orchestrator.views.terminal import announce, page_url
 from tests.factories import server_config
 
 

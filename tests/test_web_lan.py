@@ -23,11 +23,11 @@ from cryptography.x509.verification import PolicyBuilder, Store as TrustStore, V
 
 from edge_sdk import protocol as p  # noqa: E402
 from edge_sdk.transport import client_tls, recv_msg, send_msg, ws_options  # noqa: E402
-from orchestrator.cli.serve import _web_authority  # noqa: E402
+from edgetrain.cli.serve import _web_authority  # noqa: E402
+from emulator.localfleet import start_orchestrator  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.emulation.localfleet import start_orchestrator  # noqa: E402
-from orchestrator.web.certs import local_authority  # noqa: E402
-from orchestrator.web.install import InstallSite  # noqa: E402
+from orchestrator.views.web.certs import local_authority  # noqa: E402
+from orchestrator.views.web.install import InstallSite  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 WASM = bytes(range(256)) * 4096  # 1 MiB that compresses, as WebAssembly does
@@ -200,7 +200,7 @@ def test_a_large_file_is_served_at_once_and_compressed_in_the_background(tmp_pat
     request: its plain bytes serve until the background thread's gzip form is ready, then that."""
     import time
 
-    from orchestrator.web.files import COMPRESS_NOW, Asset
+    from orchestrator.views.web.files import COMPRESS_NOW, Asset
 
     path = tmp_path / "big.wasm"
     path.write_bytes(WASM * (COMPRESS_NOW // len(WASM) + 3))

@@ -21,11 +21,11 @@ from edge_sdk.client import DeviceClient, DeviceConfig, device_seed
 from edge_sdk.data import load_dataset
 from edge_sdk.models.zoo import build_model, model_for_state, scaled, width_shapes
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.rounds import RoundState
-from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, Refused, RoundContext, make_strategy
+from orchestrator.strategies.selection import Selection
 from orchestrator.strategies.width import WidthReduction
 from profiles.planner import plan_split, plan_width, width_capacity, width_cost, width_footprint
 

@@ -18,8 +18,8 @@ from edge_sdk.codecs import CODECS
 from edge_sdk.data import load_dataset
 from edge_sdk.downloads import DeviceRefused
 from edge_sdk.wire_codecs import UpdateEncoder, decode_payload, decode_state, encode_payload, encode_state
+from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import role_budgets, start_orchestrator
 
 UPDATE_CODECS = ("zlib", "shuffle", "float16", "int8", "sr8", "sr4", "sr2", "sr1", "eden4", "eden3", "eden2", "eden1")
 

@@ -1,4 +1,4 @@
-// A real orchestrator (`python -m orchestrator.cli serve`) and devices as processes on 127.0.0.1,
+// A real orchestrator (`python -m edgetrain serve`) and devices as processes on 127.0.0.1,
 // for the end-to-end tests and the benchmark.
 import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, openSync, writeFileSync } from "node:fs";
@@ -51,7 +51,7 @@ export async function waitForPort(port, child, timeoutMs = 120_000) {
  * the events as JSON lines and every log line (`--json-events`), not the progress a person reads. */
 export async function startServer(dir, args) {
   const port = await freePort();
-  const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  const server = start(dir, "server", python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--json-events", ...args]);
   await waitForPort(port, server);
   return { server, url: `ws://127.0.0.1:${port}` };
@@ -78,7 +78,7 @@ export function pythonDevice(dir, url, id, budget, client, numClients) {
 /** Enroll device `id` in the store of `dir` (`edgetrain device enroll`): the path of its secret's file. */
 export function enroll(dir, id) {
   const out = join(dir, `${id}.secret`);
-  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
+  execFileSync(python(), ["-m", "edgetrain", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
     { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
   return out;
 }
@@ -156,7 +156,7 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   // for all of them (--min-devices) before the first round. Every round waits for every device's
   // update (straggler policy deadline): on a loaded machine the straggler grace would otherwise
   // leave the slowest device's update out of some rounds, and the fleets would not be comparable.
-  const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  const server = start(dir, "server", python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
     "--json-events", ...(web ? ["--web"] : [])]);

@@ -30,7 +30,7 @@ def console():
 
 def _register() -> None:
     # Each module adds its commands to `app` when imported.
-    from orchestrator.cli import commands  # noqa: F401
+    from edgetrain.cli import commands  # noqa: F401
 
 
 #: Errors a person causes and can fix (a port in use, a missing file, an unknown model, a store that

@@ -1,5 +1,5 @@
-"""``python -m orchestrator.cli``: the same as the ``edgetrain`` script."""
+"""``python -m edgetrain.cli``: the same as the ``edgetrain`` script."""
 
-from orchestrator.cli import main
+from edgetrain.cli import main
 
 main()

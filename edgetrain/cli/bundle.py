@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 if TYPE_CHECKING:
     from edge_sdk.bundle import Manifest

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 
 @app.command(epilog="Example: edgetrain demo --rounds 5 (a mixed fleet on digits; runs/<time>/accuracy.png)")
@@ -38,12 +38,12 @@ def demo(
     seed: int = typer.Option(0),
 ) -> None:
     """Train a mixed fleet end to end and write metrics.json and accuracy.png under runs/<timestamp>/."""
-    from orchestrator.cli import console as wide_console
+    from edgetrain.cli import console as wide_console
 
+    from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
     from orchestrator.config import ServerConfig
-    from orchestrator.fleetview import FleetView, summarise_run
-    from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
-    from orchestrator.report import new_run_dir, plot_accuracy, write_metrics
+    from orchestrator.views.fleetview import FleetView, summarise_run
+    from orchestrator.views.report import new_run_dir, plot_accuracy, write_metrics
     from profiles.runtime import backend_runtime
 
     console = wide_console()

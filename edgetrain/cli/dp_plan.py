@@ -2,12 +2,12 @@
 
 For a fleet of N devices sampled at rate q (each device independently, Poisson; or exactly K per
 round with ``--sampling fixed``) over R rounds, the smallest noise multiplier z whose epsilon at the
-target delta meets the target (``orchestrator.privacy.calibrate``), and the noise it puts on each
+target delta meets the target (``orchestrator.aggregation.privacy.calibrate``), and the noise it puts on each
 coordinate of the mean update, z C / (q N). With ``--blocks-from-fleet``, the fleet file's device
 groups are planned (``force_split``, or the planner's split at the group's budget) and each block
 gets its cohort, its clip and noise under per-layer clipping, and its epsilon; each split its
 devices' epsilon. ``--noise distributed`` (``--dp --secure-aggregation``: the devices add the noise
-inside the secure round, ``orchestrator.privacy.distributed``) plans the same multiplier and adds
+inside the secure round, ``orchestrator.aggregation.privacy.distributed``) plans the same multiplier and adds
 what each device's share is and what the multiplier becomes as the survivors vary: shares sized for
 a share e of a block's cohort (``--expected-survivors``, by default ``--min-survivors``) give z
 sqrt(s / e) with a share s surviving, no less than z sqrt(min / e) at the floor below which a block
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from orchestrator.emulation.fleet import Fleet
+    from emulator.fleet import Fleet
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def fleet_blocks(path: str) -> FleetBlocks:
     """The fleet's blocks and its devices per split: a group's ``force_split``, else the planner's
     split for the group's budget and batch (its local samples counted when the group caps them)."""
     from edge_sdk.models.zoo import build_model
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
     from profiles.accounting import TrainingMemory, measure_model
     from profiles.planner import plan_split
 
@@ -85,7 +85,7 @@ def _scaled(splits: dict[int, int], devices: int) -> dict[int, int]:
 
 def _schedule(devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
               fleet: FleetBlocks | None) -> tuple[int, float, int]:
-    from orchestrator.privacy.calibrate import PrivacyPlanError
+    from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
 
     n = devices if devices is not None else (sum(fleet.splits.values()) if fleet else None)
     if n is None or n < 1:
@@ -112,8 +112,8 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
                  min_survivors: float = 0.7, expected_survivors: Optional[float] = None) -> dict[str, Any]:
     """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
     ``refusals``, each one line."""
-    from orchestrator.privacy import calibrate as cal
-    from orchestrator.privacy.accountant import epsilon_for
+    from orchestrator.aggregation.privacy import calibrate as cal
+    from orchestrator.aggregation.privacy.accountant import epsilon_for
 
     n, q, r = _schedule(devices, per_round, rate, rounds, fleet)
     if not clip > 0:
@@ -165,11 +165,11 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
 
 def _distributed(z: float, q: float, r: int, d: float, accountant: str, fixed: Optional[int], floor: float,
                  expected: float) -> dict[str, Any]:
-    """What the devices' noise gives (``orchestrator.privacy.distributed``): the multiplier and the
+    """What the devices' noise gives (``orchestrator.aggregation.privacy.distributed``): the multiplier and the
     epsilon of R rounds like it with all of a block's devices surviving, with the expected share, and
     at the floor (``min_survivors``; fewer and the block is withheld). Shares ceil() per block in a run;
     here, as fractions of the expected cohort."""
-    from orchestrator.privacy.accountant import epsilon_for
+    from orchestrator.aggregation.privacy.accountant import epsilon_for
 
     def at(share: float) -> dict[str, float]:
         m = z * math.sqrt(share / expected)
@@ -207,8 +207,8 @@ def dp_plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
-    from orchestrator.cli import console as wide_console
-    from orchestrator.privacy.calibrate import PrivacyPlanError
+    from edgetrain.cli import console as wide_console
+    from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
 
     fleet = fleet_blocks(blocks_from_fleet) if blocks_from_fleet else None
     plan = privacy_plan(devices=devices, per_round=per_round, rate=rate, rounds=rounds, target_epsilon=target_epsilon,

@@ -1,8 +1,8 @@
 """``edgetrain emulate --fleet FILE``: a fleet file's devices against a local orchestrator.
 
 The fleet's ``emulation.mode`` decides how devices run. ``processes``: one OS process per device, held
-to its class's memory budget and CPU share (see ``orchestrator.emulation.supervisor``). ``lightweight``:
-many uncapped devices share a few worker processes (see ``orchestrator.emulation.lightweight``), for
+to its class's memory budget and CPU share (see ``emulator.supervisor``). ``lightweight``:
+many uncapped devices share a few worker processes (see ``emulator.lightweight``), for
 fleets of hundreds of devices. The run writes ``metrics.json`` (the mode, per round, and per device:
 cap mechanism, peak memory against budget, how each process ended, time per phase per round; in the
 lightweight mode also each worker's memory and CPU), ``accuracy.png`` and ``memory.png``.
@@ -14,7 +14,7 @@ fleet's ``[training] strategy`` (its ``[strategy]`` options then apply only if t
 
 ``--backend ray`` runs a lightweight fleet's workers as Ray actors (``pip install 'edgetrain[ray]'``):
 on a local Ray instance, or with ``--address ADDR`` on a running cluster, so a fleet can span machines
-(see ``orchestrator.emulation.ray_backend``). The orchestrator stays in this process and binds
+(see ``emulator.ray_backend``). The orchestrator stays in this process and binds
 ``--host`` (``0.0.0.0`` with ``--address``); the actors dial ``--advertise-host`` (by default this
 node's address as Ray knows it) on ``--port`` (default: any free port). ``metrics.json`` then says
 ``backend: ray`` and each worker's host.
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from emulator.fleet import Fleet
+    from emulator.recorder import EmulationRun
     from orchestrator.config import ServerConfig
-    from orchestrator.emulation.fleet import Fleet
-    from orchestrator.emulation.recorder import EmulationRun
-    from orchestrator.fleetview import FleetView
+    from orchestrator.views.fleetview import FleetView
 
 
 @app.command(epilog="Examples: edgetrain emulate --fleet tiny-capped; edgetrain emulate --fleet my-fleet.toml --rounds 10 --data-root ../datasets")
@@ -76,13 +76,13 @@ def emulate(
                    "port)."),
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
-    from orchestrator.cli import console as wide_console
-    from orchestrator.emulation.fleet import FleetError, load_fleet
-    from orchestrator.emulation.lightweight import WorkerFailed
-    from orchestrator.emulation.ray_backend import RayUnavailable  # Ray itself is imported by a ray run only
-    from orchestrator.emulation.runner import run_emulation
-    from orchestrator.fleetview import FleetView
-    from orchestrator.report import new_run_dir
+    from edgetrain.cli import console as wide_console
+    from emulator.fleet import FleetError, load_fleet
+    from emulator.lightweight import WorkerFailed
+    from emulator.ray_backend import RayUnavailable  # Ray itself is imported by a ray run only
+    from emulator.runner import run_emulation
+    from orchestrator.views.fleetview import FleetView
+    from orchestrator.views.report import new_run_dir
 
     console = wide_console()
     try:
@@ -120,7 +120,7 @@ def emulate(
 def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backend: str, resume: Path | None,
                  rss_guard: bool | None, ray_only: dict[str, object]) -> None:
     """Refuse flags that do not apply to the fleet's mode or the backend, before anything starts."""
-    from orchestrator.emulation.backends import emulation_backend
+    from emulator.backends import emulation_backend
 
     mode = spec.emulation.mode
     if rounds is not None and rounds < 1:
@@ -162,8 +162,8 @@ def _server_config(spec: Fleet, run_dir: Path, *, rounds: int | None, data_root:
     """The orchestrator's settings for the fleet (``--strategy`` replacing its strategy, with those of the
     fleet's [strategy] options the new one also takes, e.g. a paper fleet's ``max_weight_share``), and
     the rounds its store already completed (resuming)."""
-    from orchestrator.emulation.runner import completed_rounds
-    from orchestrator.emulation.schedule import server_config
+    from emulator.runner import completed_rounds
+    from emulator.schedule import server_config
     from orchestrator.strategies import strategy_class
     from orchestrator.strategies.options import option_specs
 
@@ -203,7 +203,7 @@ def _strategy_settings(spec: Fleet, config: ServerConfig) -> ServerConfig:
 def _how(spec: Fleet, config: ServerConfig, n_devices: int, workers: int | None, backend: str,
          address: str | None) -> str:
     """How the devices run, in words."""
-    from orchestrator.emulation.lightweight import default_workers
+    from emulator.lightweight import default_workers
 
     if backend == "ray":
         n_workers_text = (str(workers or default_workers(n_devices)) if address is None
@@ -236,7 +236,7 @@ def _printer(console: Console, view: FleetView, spec: Fleet) -> Callable[[str, d
 def _report(console: Console, spec: Fleet, config: ServerConfig, run: EmulationRun, run_dir: Path, *, wall: float,
             fleet_file: str, backend: str, address: str | None) -> None:
     """metrics.json, the plots, and the summary tables."""
-    from orchestrator.report import plot_accuracy, plot_memory, write_metrics
+    from orchestrator.views.report import plot_accuracy, plot_memory, write_metrics
 
     results = run.to_dict()
     per_device = results["devices"]

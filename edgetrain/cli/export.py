@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 if TYPE_CHECKING:
     from edge_sdk.models.layered import LayeredModel
@@ -46,7 +46,7 @@ SETTINGS_META = "settings"
 #: The key of a round's metrics (and of the model's metadata) holding the privacy ledger's spend
 #: after that round: a mapping with at least ``epsilon`` and ``delta``.
 PRIVACY = "privacy"
-#: The server's evaluation of a round, as its journal entry holds it (orchestrator.evaluate).
+#: The server's evaluation of a round, as its journal entry holds it (orchestrator.server.evaluate).
 EVALUATION = ("accuracy", "test_loss", "test_samples")
 #: The run settings a model's metadata carries: what it was trained under, never where it listened
 #: or its secrets. ``TRAINING_SETTINGS`` is added to these (the settings a fleet file may give).
@@ -78,9 +78,9 @@ def export(
     exporter: str = typer.Option("legacy", help="ONNX exporter: legacy (fast) or dynamo."),
 ) -> None:
     """Write a run's trained model as ONNX (for inference in an app) and a torch state dict, with its metadata."""
+    from edgetrain.cli import console as wide_console
     from exporters.model_export import export_model
     from exporters.onnx_export import ExportSettings
-    from orchestrator.cli import console as wide_console
     from orchestrator.store import Store
 
     if round is not None and round < 1:
@@ -166,7 +166,7 @@ def _io(model: LayeredModel) -> dict[str, Any]:
     """What an app feeds the model and gets back."""
     from exporters.model_export import INPUT_NAME, OUTPUT_NAME
     from exporters.onnx_export import chunk_io
-    from orchestrator.evaluate import model_classes
+    from orchestrator.server.evaluate import model_classes
 
     shapes = chunk_io(model, 0, len(model))
     return {"input": {"name": INPUT_NAME, "shape": ["batch", *shapes.input_shape], "dtype": shapes.input_dtype},

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from orchestrator.cli import app
+from edgetrain.cli import app
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,7 +44,7 @@ def profile(
     Without --device or --budget, plans for every device class. Example: edgetrain profile --model
     leaf_cnn --device pi-zero-2w; on a board: edgetrain profile --measure.
     """
-    from orchestrator.cli import console as wide_console
+    from edgetrain.cli import console as wide_console
 
     console = wide_console()
     if measure:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from orchestrator.cli import app
-from orchestrator.cli.settings import config_from_options, config_parameters
+from edgetrain.cli import app
+from edgetrain.cli.settings import config_from_options, config_parameters
 
 if TYPE_CHECKING:
     from orchestrator.config import ServerConfig
@@ -36,11 +36,11 @@ def serve(**options: Any) -> None:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
                                "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
         return
-    from orchestrator.cli import console
-    from orchestrator.cli.export import record_settings
-    from orchestrator.evaluate import NO_EVALUATION
+    from edgetrain.cli import console
+    from edgetrain.cli.export import record_settings
     from orchestrator.server import Orchestrator
-    from orchestrator.web.terminal import ServeOutput
+    from orchestrator.server.evaluate import NO_EVALUATION
+    from orchestrator.views.terminal import ServeOutput
 
     if config.eval_source.strip().lower() == NO_EVALUATION:
         typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
@@ -56,7 +56,7 @@ def serve(**options: Any) -> None:
         if authority is None:
             history = asyncio.run(orchestrator.run())
         else:
-            from orchestrator.web.install import InstallSite
+            from orchestrator.views.web.install import InstallSite
 
             output.install = InstallSite(authority, lambda: orchestrator.port)
 
@@ -74,7 +74,7 @@ def _configure(options: dict[str, Any], strategy_option: list[str],
     """The settings and the strategy the options give, built once; a bad value ends the command with
     one line naming the option, exit status 2, before anything listens. ``given``: the settings the
     command line named (a strategy's server settings leave them as given)."""
-    from orchestrator.cli.settings import option_spelling
+    from edgetrain.cli.settings import option_spelling
     from orchestrator.strategies import make_strategy, strategy_options
     from orchestrator.strategies.server_settings import apply_server_settings
 
@@ -103,7 +103,7 @@ def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, w
     """With ``--web`` beyond this machine (``--web-tls auto``) or ``--web-tls local-ca``: the local
     certificate authority kept in ``--web-ca`` and a certificate for this machine's addresses, which the
     port then serves TLS with (docs/web.md, "A phone on the LAN"). None: the port serves as configured."""
-    from orchestrator.web.site import CONDITIONS
+    from orchestrator.views.web.site import CONDITIONS
 
     def fail(message: str) -> None:
         typer.echo(f"edgetrain serve: {message}", err=True)
@@ -122,7 +122,7 @@ def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, w
     loopback = config.host in ("localhost", "::1") or config.host.startswith("127.")
     if not config.web or config.tls_cert or web_tls == "off" or (web_tls == "auto" and loopback):
         return None
-    from orchestrator.web.certs import local_authority, machine_addresses
+    from orchestrator.views.web.certs import local_authority, machine_addresses
 
     authority = local_authority(web_ca or config.store_dir / "web-ca", machine_addresses(config.host))
     config.tls_cert, config.tls_key = str(authority.cert_file), str(authority.key_file)
@@ -218,7 +218,7 @@ def credentials(command: str, argv: list[str]) -> None:
     ``revoke --store DIR --id ID``; ``list --store DIR``. The store is the server's --store folder."""
     import argparse
 
-    from orchestrator.secure.roster import record_identity
+    from orchestrator.aggregation.secure.roster import record_identity
     from orchestrator.store import Store
 
     parser = argparse.ArgumentParser(prog=f"edgetrain device {command}", description=credentials.__doc__)

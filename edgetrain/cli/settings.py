@@ -13,8 +13,8 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from orchestrator.config import ServerConfig, SettingError, setting_hints
 from edge_sdk.values import ByteSize, convert, split_annotated
+from orchestrator.config import ServerConfig, SettingError, setting_hints
 
 __all__ = ["cli_fields", "config_from_options", "config_parameters", "option_spelling"]
 

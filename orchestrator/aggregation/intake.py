@@ -18,7 +18,7 @@ loop is its only caller (docs/architecture.md, "The server", "Report intake"):
 
 :class:`PlainIntake` sees each update: it checks it against the instruction (:meth:`Selection.check`:
 the names, shapes, dtypes and rows the device was sent), weighs it by the sample count registered for
-the device, never the one it claims, and bounds its norm per layer group (:mod:`orchestrator.normbound`)
+the device, never the one it claims, and bounds its norm per layer group (:mod:`orchestrator.aggregation.normbound`)
 before the strategy folds it; the strategy's weight cap is journaled with the report it reduced.
 """
 
@@ -34,14 +34,14 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from edge_sdk.wire_codecs import decode_state
+from orchestrator.aggregation.normbound import NormBound
+from orchestrator.aggregation.trust import DirectionTrust
 from orchestrator.config import ServerConfig
-from orchestrator.normbound import NormBound
 from orchestrator.parts import Folded, Reference, Session, Work
 from orchestrator.rounds import RoundState
+from orchestrator.server.uploads import Uploads
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, Refused, RoundContext, RoundResult, Strategy
-from orchestrator.trust import DirectionTrust
-from orchestrator.uploads import Uploads
 
 __all__ = ["PlainIntake", "ReportIntake", "TENSOR_PHASES", "report_info"]
 
@@ -241,7 +241,7 @@ class PlainIntake(ReportIntake):
 
     def fold(self, session: Session, msg: p.Report, work: Work, tensors: Tensors, ctx: RoundContext) -> Folded:
         """Check, weigh and bound a report, then hand it to the strategy's ``on_report``: its weight
-        in each block's mean scaled by the block's direction trust (:mod:`orchestrator.trust`),
+        in each block's mean scaled by the block's direction trust (:mod:`orchestrator.aggregation.trust`),
         journaled per block as ``trust``."""
         self.check(msg, work, tensors, ctx.global_state)
         # Bounded influence: the weight is at most the sample count registered for the device.

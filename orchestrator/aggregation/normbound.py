@@ -3,7 +3,7 @@
 A device's update is split by block (the model's layer groups: what partial training hands out
 whole). Each block's norm is bounded by ``norm_bound`` times a reference for that block, the larger of:
 
-- the norm of the server's own reference update of that block (:mod:`orchestrator.reference`),
+- the norm of the server's own reference update of that block (:mod:`orchestrator.aggregation.reference`),
   computed every round: the global model trained from the round's state on the server's held-out
   data with the round's learning rate, local steps and batch size (Cao et al., 2021, "FLTrust",
   Section 4.2: client updates are normalised to the magnitude of an update the server computes on
@@ -94,7 +94,8 @@ class NormBound:
         self._history: dict[int, deque[tuple[str, int, float]]] = {}
         self._pending: list[tuple[str, int, int, float]] = []  # this round's (device, block, split, norm)
         self._reference: dict[int, float] | None = None
-        #: The round's reference update itself, also computed for direction trust alone (orchestrator.trust).
+        #: The round's reference update itself, also computed for direction trust alone
+        #: (orchestrator.aggregation.trust).
         self.direction = config.direction_trust
         self.update: dict[str, np.ndarray] | None = None
         for row in store.norm_history(HISTORY):

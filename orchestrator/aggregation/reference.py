@@ -3,7 +3,7 @@
 Every round the server trains the global model from the round's state on its held-out data with the
 round's learning rate, local steps and batch size (Cao et al., 2021, "FLTrust", Section 4.2: client
 updates are normalised to the magnitude of an update the server computes on a small root dataset it
-holds). The norm bound (:mod:`orchestrator.normbound`) takes each block's norm of it; it exists
+holds). The norm bound (:mod:`orchestrator.aggregation.normbound`) takes each block's norm of it; it exists
 before any history, so round 1, and blocks only one device trains, are bounded too. One owner, so
 that a direction check per block (FLTrust's cosine trust score) reads the same update.
 """
@@ -20,8 +20,8 @@ from edge_sdk.models import LayeredModel
 from edge_sdk.trainer import train_tail
 from edge_sdk.training import TrainConfig
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import Evaluator
-from orchestrator.payloads import model_at
+from orchestrator.server.evaluate import Evaluator
+from orchestrator.server.payloads import model_at
 
 __all__ = ["ReferenceUpdate"]
 

@@ -1,14 +1,14 @@
 """Direction-aware trust per block: an update is weighed by how far its direction agrees with the
 server's own update of the round, block by block.
 
-The norm bound (:mod:`orchestrator.normbound`) limits how *large* an update may be; an update of
+The norm bound (:mod:`orchestrator.aggregation.normbound`) limits how *large* an update may be; an update of
 honest size pointing the wrong way (a sign-flipped one) passes it and cancels an honest device's
 step. FLTrust (Cao et al., NDSS 2021, Section 4.2 and Algorithm 1) gives each update the trust score
 ``TS_i = ReLU(cos(g_i, g_0))`` against the server's update ``g_0`` on its root dataset, and
 aggregates ``sum_i TS_i g_i / sum_i TS_j``: an update at 90 degrees or more from the server's
 weighs nothing. FLTrust scores the whole update; under partial training a device trains only its
 tail of blocks, so here each block (layer group) a device trained gets its own score from that
-block's cosine with the same block of the reference update (:mod:`orchestrator.reference`), and the
+block's cosine with the same block of the reference update (:mod:`orchestrator.aggregation.reference`), and the
 device's weight in that block's mean is multiplied by it (``DeviceReport.entry_weights``; the
 magnitude side of FLTrust, normalising each update to the reference's norm, is the norm bound's).
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
-from orchestrator.selection import Selection
+from orchestrator.strategies.selection import Selection
 
 __all__ = ["DirectionTrust", "block_cosines"]
 

@@ -33,11 +33,11 @@ from edge_sdk.credentials import CredentialError, ReplayWindow, verify_proof
 from edge_sdk.models import LayeredModel
 from edge_sdk.settings import device_id_problem
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import data_mismatch, model_classes
+from orchestrator.server.evaluate import data_mismatch, model_classes
+from orchestrator.server.tickets import TicketError, Tickets
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceInfo, Strategy
 from orchestrator.strategies.base import HelloContext
-from orchestrator.tickets import TicketError, Tickets
 from profiles.planner import Plan
 
 __all__ = ["Admission", "MAX_BUDGET_BYTES", "check_hello_bounds", "check_hello_data", "device_info", "model_context",
@@ -161,7 +161,7 @@ class Admission:
         self._refusals, self._refusals_logged = 0, -math.inf  # connections turned away for capacity
         # The replay cache lives in the store too: a proof captured before a restart stays refused.
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
-        self.tickets = Tickets()  # a browser page's proof on the upgrade (:mod:`orchestrator.tickets`)
+        self.tickets = Tickets()  # a browser page's proof on the upgrade (:mod:`orchestrator.server.tickets`)
         for device_id, nonce, seen in store.proofs_since(time.time() - self._replay.window_s):
             self._replay.check_and_add(device_id, nonce, seen)
         self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
@@ -219,7 +219,7 @@ class Admission:
         return connection.respond(refusal[0], refusal[1] + "\n")
 
     def issue_ticket(self, device_id: str) -> str:
-        """A ticket for one upgrade of ``device_id`` (:mod:`orchestrator.tickets`); the caller has
+        """A ticket for one upgrade of ``device_id`` (:mod:`orchestrator.server.tickets`); the caller has
         proved the request (``/ticket.json``). No room: ``refused``."""
         try:
             return self.tickets.issue(device_id, time.monotonic())

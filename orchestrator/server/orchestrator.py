@@ -1,11 +1,11 @@
 """The orchestrator: an asyncio websockets server that plans devices and carries out the strategy's rounds.
 
 This module does the I/O and wires the parts, each one job (docs/architecture.md, "The server"):
-admission and identity (:mod:`orchestrator.admission`), planning, the one owner of budget
-arithmetic (:mod:`orchestrator.planning` over :mod:`profiles.planner`), payload preparation and
-caching (:mod:`orchestrator.payloads`), report intake, from an upload's first byte to the fold
-(:mod:`orchestrator.intake`, chosen here once), and the round loop that drives the strategy
-(:mod:`orchestrator.roundloop`). The parts share the records of :mod:`orchestrator.parts`. The
+admission and identity (:mod:`orchestrator.server.admission`), planning, the one owner of budget
+arithmetic (:mod:`orchestrator.server.planning` over :mod:`profiles.planner`), payload preparation and
+caching (:mod:`orchestrator.server.payloads`), report intake, from an upload's first byte to the fold
+(:mod:`orchestrator.aggregation.intake`, chosen here once), and the round loop that drives the strategy
+(:mod:`orchestrator.server.roundloop`). The parts share the records of :mod:`orchestrator.parts`. The
 session state machine (:mod:`edge_sdk.protocol.session`) checks every message against the
 conversation so far.
 """
@@ -31,30 +31,30 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.admission import Admission, device_info, journaled_id, model_context
+from orchestrator.aggregation.intake import PlainIntake, ReportIntake
+from orchestrator.aggregation.privacy import PrivacyBudgetSpent
+from orchestrator.aggregation.reference import ReferenceUpdate
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import Evaluator
-from orchestrator.heap import RoundHeap
-from orchestrator.intake import PlainIntake, ReportIntake
-from orchestrator.limits import raise_fd_limit
 from orchestrator.parts import Session, Traffic, Work
-from orchestrator.payloads import FetchLimits, Payloads
-from orchestrator.plancache import PlanCache
-from orchestrator.privacy import PrivacyBudgetSpent
-from orchestrator.planning import Planning
-from orchestrator.reference import ReferenceUpdate
-from orchestrator.resume import start_run
-from orchestrator.revocation import Revocations
-from orchestrator.roundloop import RoundLoop
 from orchestrator.rounds import RoundState
+from orchestrator.server.admission import Admission, device_info, journaled_id, model_context
+from orchestrator.server.evaluate import Evaluator
+from orchestrator.server.heap import RoundHeap
+from orchestrator.server.limits import raise_fd_limit
+from orchestrator.server.payloads import FetchLimits, Payloads
+from orchestrator.server.plancache import PlanCache
+from orchestrator.server.planning import Planning
+from orchestrator.server.resume import start_run
+from orchestrator.server.revocation import Revocations
+from orchestrator.server.roundloop import RoundLoop
+from orchestrator.server.uploads import Uploads
 from orchestrator.store import Store
-from orchestrator.uploads import Uploads
 from orchestrator.strategies import Strategy, make_strategy
 from profiles.accounting import measure_model
 from profiles.planner import Plan
 
 if TYPE_CHECKING:
-    from orchestrator.secure.intake import SecureIntake
+    from orchestrator.aggregation.secure.intake import SecureIntake
 
 __all__ = ["Orchestrator", "Session"]
 
@@ -103,11 +103,11 @@ class Orchestrator:
                               start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
                               emit=emit)
         self.port: int | None = None
-        # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.web).
+        # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.views.web).
         self.process_request: Callable[..., object] = self.admission.admit
         self.web: object | None = None
         if config.web:
-            from orchestrator.web import WebSite
+            from orchestrator.views.web import WebSite
 
             self.web = WebSite(self)
 
@@ -119,12 +119,14 @@ class Orchestrator:
         parts = {"reference": ReferenceUpdate(config, self.model, evaluator, heap),
                  "uploads": Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
                  "check_revoked": self.revocations.check, "limits": self.limits}
-        if config.secure_aggregation:  # masked uploads, block sums (orchestrator.secure; cryptography loads only then)
-            from orchestrator.secure.intake import SecureIntake
+        # Masked uploads, block sums (orchestrator.aggregation.secure; cryptography loads only then).
+        if config.secure_aggregation:
+            from orchestrator.aggregation.secure.intake import SecureIntake
 
             secure: type[SecureIntake] = SecureIntake
-            if config.dp:  # the devices add the noise, the server accounts the survivors' (orchestrator.privacy.distributed)
-                from orchestrator.privacy.distributed import DistributedDPIntake
+            # The devices add the noise, the server accounts the survivors' (aggregation.privacy.distributed).
+            if config.dp:
+                from orchestrator.aggregation.privacy.distributed import DistributedDPIntake
 
                 secure = DistributedDPIntake
             self.secure = secure(config, self.model, self.strategy, self.store, round_state=self._round_state,
@@ -132,8 +134,8 @@ class Orchestrator:
                                  emit=self._emit, **parts)
             return self.secure
         intake: type[PlainIntake] = PlainIntake
-        if config.dp:  # clipped, noised, accounted (orchestrator.privacy; dp-accounting loads only then)
-            from orchestrator.privacy.intake import CentralDPIntake
+        if config.dp:  # clipped, noised, accounted (orchestrator.aggregation.privacy; dp-accounting loads only then)
+            from orchestrator.aggregation.privacy.intake import CentralDPIntake
 
             intake = CentralDPIntake
         return intake(config, self.model, self.strategy, self.store, **parts)

@@ -2,7 +2,7 @@
 
 For every instruction the round loop dispatches, :meth:`Payloads.prepare` (run in a worker thread:
 ONNX export and encoding are CPU work) checks that the selection fits the device's budget (asking
-:class:`~orchestrator.planning.Planning`), exports the frozen chunks of the state's version, cuts and
+:class:`~orchestrator.server.planning.Planning`), exports the frozen chunks of the state's version, cuts and
 encodes the model payload, encodes any broadcast, and names the training graph of a device on a
 graph runtime. Exports never run on a model the round loop or the evaluator uses: chunks are
 exported from a model built for the version they belong to (:func:`model_at`), and the exporters
@@ -28,12 +28,12 @@ from exporters.cache import ChunkCache
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
-from orchestrator.download_deltas import DeltaDownloads
 from orchestrator.parts import Payload, Prepared, Session, Work
-from orchestrator.planning import Planning
-from orchestrator.selection import Selection
+from orchestrator.server.download_deltas import DeltaDownloads
+from orchestrator.server.planning import Planning
 from orchestrator.strategies import Broadcast, Instruction, Strategy
 from orchestrator.strategies.base import SelectionCost
+from orchestrator.strategies.selection import Selection
 from profiles.accounting import ModelCost
 from profiles.planner import Plan
 from profiles.runtime import RUNTIMES

@@ -1,6 +1,6 @@
 """Planning: the server's one owner of budget arithmetic, over :mod:`profiles.planner`.
 
-Every hello is planned here (once per distinct profile, :mod:`orchestrator.plancache`), on the
+Every hello is planned here (once per distinct profile, :mod:`orchestrator.server.plancache`), on the
 runtime its hello names (:data:`profiles.runtime.RUNTIMES`: a hello naming none is refused), and
 every instruction that asks a device for more than its plan (a longer tail, more rows, another
 model such as width reduction's) is checked here against the device's budget with the planner's
@@ -21,7 +21,7 @@ from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
-from orchestrator.plancache import PlanCache
+from orchestrator.server.plancache import PlanCache
 from profiles.accounting import ModelCost, TrainingMemory
 from profiles.planner import Plan, PlanError, plan_at, plan_split, tail_footprint
 from profiles.runtime import Runtime, UnknownRuntime, device_runtime
@@ -75,7 +75,7 @@ class Planning:
         return out
 
     def plan_key(self, hello: p.Hello) -> tuple:
-        """What a hello's plan depends on (:mod:`orchestrator.plancache`): equal keys, equal plans."""
+        """What a hello's plan depends on (:mod:`orchestrator.server.plancache`): equal keys, equal plans."""
         forced = hello.labels.get("force_split") if self.config.allow_forced_split else None
         return (self.config.model, self.config.planner_batch, hello.budget_bytes, hello.cores,
                 self.runtime(hello).name, hello.num_samples, tuple(sorted(self.planned_rows(hello).items())), forced)

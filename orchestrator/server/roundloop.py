@@ -2,15 +2,15 @@
 
 One round (docs/architecture.md, "One round"): the strategy's :meth:`~Strategy.configure` chooses
 instructions over the idle devices; :meth:`RoundLoop.dispatch` has their payloads prepared
-(:mod:`orchestrator.payloads`) and sends them; each report is taken in by report intake
-(:mod:`orchestrator.intake`: received, checked, bounded and folded by :meth:`~Strategy.on_report`),
+(:mod:`orchestrator.server.payloads`) and sends them; each report is taken in by report intake
+(:mod:`orchestrator.aggregation.intake`: received, checked, bounded and folded by :meth:`~Strategy.on_report`),
 and its follow-ups are dispatched in turn (:meth:`RoundLoop.take_report`); the round closes when
 nothing is outstanding, at its deadline, or when :meth:`~Strategy.round_complete` says so; the
 aggregate (:meth:`ReportIntake.aggregate`) gives the new state, which is committed only if it
-passes its checks (:class:`~orchestrator.validation.CommitCheck`: finite, its chunks export, its
+passes its checks (:class:`~orchestrator.server.validation.CommitCheck`: finite, its chunks export, its
 validation loss did not jump); else the round runs again from the last good state
 (``round_retries`` times, then it is journaled as failed). Between rounds the heap is kept or
-handed back (:mod:`orchestrator.heap`); where the rounds begin is :mod:`orchestrator.resume`'s.
+handed back (:mod:`orchestrator.server.heap`); where the rounds begin is :mod:`orchestrator.server.resume`'s.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
+from orchestrator.aggregation.intake import ReportIntake
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import Evaluator
-from orchestrator.heap import RoundHeap
-from orchestrator.intake import ReportIntake
 from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
-from orchestrator.payloads import Payloads
 from orchestrator.rounds import Attendance, RoundState
+from orchestrator.server.evaluate import Evaluator
+from orchestrator.server.heap import RoundHeap
+from orchestrator.server.payloads import Payloads
+from orchestrator.server.validation import CommitCheck
 from orchestrator.store import Store
 from orchestrator.strategies import Instruction, RoundContext, RoundResult, Strategy
-from orchestrator.validation import CommitCheck
 
 __all__ = ["RoundLoop", "role_counts"]
 

@@ -5,7 +5,7 @@ checked against a bound at its first message, before anything is allocated for i
 arrive at a pace the device must keep (:class:`~edge_sdk.transport.Pace`), within the frame
 limits. An upload that a dropped connection cuts short is kept until the round ends, so that the
 device's reconnect continues it from the bytes held (docs/protocol.md, "Resume"). Report intake
-(:mod:`orchestrator.intake`) decides the bound and what the bytes mean; this is only the bytes.
+(:mod:`orchestrator.aggregation.intake`) decides the bound and what the bytes mean; this is only the bytes.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ import numpy as np
 
 from edge_sdk.models import LayeredModel
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import Evaluator
 from orchestrator.parts import Session
-from orchestrator.payloads import Payloads, model_at
+from orchestrator.server.evaluate import Evaluator
+from orchestrator.server.payloads import Payloads, model_at
 from orchestrator.strategies import Strategy
 
 __all__ = ["SLACK", "CommitCheck", "RoundValidation"]

@@ -4,7 +4,7 @@ In the spirit of Flower's ``configure_train`` / ``aggregate_train``, but streami
 (docs/architecture.md, "Strategies"):
 
 1. :meth:`Strategy.configure` chooses who takes part and with what :class:`Instruction`
-   (phase, payload :class:`~orchestrator.selection.Selection`, config values, a :class:`Broadcast`).
+   (phase, payload :class:`~orchestrator.strategies.selection.Selection`, config values, a :class:`Broadcast`).
 2. :meth:`Strategy.on_report` sees each :class:`DeviceReport` as it arrives, folds it into running
    sums (O(model) memory however many devices report) or refuses it (:class:`Refused`), and may
    return follow-up instructions for any device: a second phase in the same round.
@@ -39,12 +39,12 @@ from typing import Annotated, ClassVar, Literal, get_args
 import numpy as np
 
 from edge_sdk.protocol import RowSparse, Scalar
-from profiles.accounting import ModelCost
 from orchestrator.rounds import RoundState, sample_devices
-from orchestrator.selection import Selection
 from orchestrator.strategies.options import typed_init
 from orchestrator.strategies.robust import AGGREGATIONS, Aggregation, RobustHistory, RobustRound, WeightCap
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import NonNegative, NonNegativeInt, Range
+from profiles.accounting import ModelCost
 
 Weighting = Literal["samples", "uniform"]
 
@@ -164,7 +164,7 @@ class DeviceReport:
     rows. Phases without tensors (evaluate, compare) report only ``metrics``.
 
     ``entry_weights``: entry name -> a factor in [0, 1] on the report's weight in that entry's mean
-    (the server's direction trust of the entry's block, :mod:`orchestrator.trust`; 1 where absent).
+    (the server's direction trust of the entry's block, :mod:`orchestrator.aggregation.trust`; 1 where absent).
     A strategy that weighs reports applies it through :meth:`weight_of`; a factor of 0 leaves the
     entry out of the round (:meth:`WeightedSums.add_report`), so robust statistics skip it too.
     """

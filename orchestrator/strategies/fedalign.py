@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     Weighting,
     DeviceReport,
@@ -64,6 +63,7 @@ from orchestrator.strategies.base import (
 from orchestrator.strategies.groups import (
     PRIORITIZED_SERVER_SETTINGS, PriorityRule, json_ready, number_option, parse_ids, weighted_metrics,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import NonNegative, NonNegativeInt, Unit
 
 __all__ = ["DEFAULT_EVAL_SAMPLES", "DEFAULT_RELATIVE_EPSILON", "DEFAULT_WARMUP", "FedALIGN"]

@@ -65,7 +65,6 @@ from typing import Literal
 import numpy as np
 
 from edge_sdk.protocol import RowSparse
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     Broadcast,
     DeviceReport,
@@ -79,6 +78,7 @@ from orchestrator.strategies.base import (
 from orchestrator.strategies.groups import (
     PRIORITIZED_SERVER_SETTINGS, PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import NonNegative, NonNegativeInt
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]

@@ -49,7 +49,6 @@ import numpy as np
 
 from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the ratio from this key
 from edge_sdk.models.zoo import model_for_state, width_shapes
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     DEFAULT_WEIGHT_SHARE,
     AveragingStrategy,
@@ -62,6 +61,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
     Weighting,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import Fraction
 from profiles.planner import width_cost
 
@@ -203,7 +203,7 @@ class WidthReduction(AveragingStrategy):
             if ctx.global_state[name].dtype.kind != "f":
                 self._sums.add(name, delta, weight)  # a counter: whole, the largest any holder reached
                 continue
-            w = report.weight_of(name, weight)  # scaled by the block's direction trust (orchestrator.trust)
+            w = report.weight_of(name, weight)  # scaled by the block's direction trust (orchestrator.aggregation.trust)
             if w > 0:
                 self._sums.add(name, delta, w, report.selection.region(name))  # the slice it trained
         self._sums.note(report)

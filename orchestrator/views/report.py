@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.wirebytes import round_bytes, run_bytes
+from orchestrator.server.wirebytes import round_bytes, run_bytes
 
 
 def new_run_dir(base: Path = Path("runs")) -> Path:
@@ -24,7 +24,7 @@ def new_run_dir(base: Path = Path("runs")) -> Path:
 
 
 def write_metrics(run_dir: Path, payload: Mapping[str, object]) -> Path:
-    """``metrics.json`` (with the run's bytes per device-round, :func:`orchestrator.wirebytes.run_bytes`)
+    """``metrics.json`` (with the run's bytes per device-round, :func:`orchestrator.server.wirebytes.run_bytes`)
     and ``rounds.csv`` (one row per round, with its bytes down and up and per device)."""
     path = run_dir / "metrics.json"
     rounds = payload.get("rounds")

@@ -20,8 +20,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
-from orchestrator.fleetview import FleetView
-from orchestrator.web.status import NOTICES, StatusFeed
+from orchestrator.views.fleetview import FleetView
+from orchestrator.views.web.status import NOTICES, StatusFeed
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -80,7 +80,7 @@ def announce(url: str, stream: TextIO, *, install_url: str | None = None, finger
 
 
 def privacy_words(privacy: Mapping[str, Any]) -> str:
-    """The privacy a DP run has spent (orchestrator.privacy.intake), in a few words, with where its
+    """The privacy a DP run has spent (orchestrator.aggregation.privacy.intake), in a few words, with where its
     noise is added (``mode``: the server's central noise, or the devices' distributed noise)."""
     mode = f", {privacy['mode']} noise" if privacy.get("mode") else ""
     return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g}{mode})"
@@ -116,7 +116,7 @@ def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str
 class ServeView(FleetView):
     """``FleetView``'s live progress (rounds, devices connected, this round's reports) for a server, whose
     fleet is whoever connects, plus the lines a person reads afterwards: where it listens, each round,
-    and each refusal or error as the status page lists them (:class:`~orchestrator.web.status.StatusFeed`)."""
+    and each refusal or error as the status page lists them (:class:`~orchestrator.views.web.status.StatusFeed`)."""
 
     def __init__(self, console: Console, config: ServerConfig) -> None:
         super().__init__(console, rounds=config.rounds, devices=max(1, config.min_devices))

@@ -22,7 +22,7 @@ partial training the device at the smallest split trains every released block, s
 epsilon is the combination of every released block's multiplier each round. That is larger than the
 worst block's epsilon: a strong device of an L-block model released with equal multipliers z_b has
 z = z_b / sqrt(L). (Calibrate z for the model and give each block z sqrt(L): McMahan et al.'s
-per-layer clipping with equal noise on every layer, ``orchestrator.privacy.calibrate``.)
+per-layer clipping with equal noise on every layer, ``orchestrator.aggregation.privacy.calibrate``.)
 
 Accountant. Privacy loss distributions (``dp_accounting.pld.PLDAccountant``, pessimistic estimate,
 discretisation 1e-3) by default: an upper bound, tighter than RDP (q = 0.1, z = 1, 100 rounds,

@@ -13,7 +13,7 @@ The noise it costs. The server averages a block's noised sum over the block's ex
 noise on each coordinate of the mean update has standard deviation z C / m.
 
 Per block, under partial training (:func:`plan_blocks`). The model's epsilon is that of the device
-that trains every released block (``orchestrator.privacy.accountant``). Per-layer clipping with
+that trains every released block (``orchestrator.aggregation.privacy.accountant``). Per-layer clipping with
 equal noise (McMahan et al., 2018, Section 3): with L released blocks, each block is clipped to
 C_b = C / sqrt(L) and noised with standard deviation z C on its sum, i.e. multiplier z_b = z sqrt(L);
 a device training all L blocks then has combined multiplier z, exactly the model's target, and a
@@ -34,7 +34,7 @@ from typing import Any
 
 import dp_accounting
 
-from orchestrator.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
+from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
 
 __all__ = [
     "DP_STRATEGIES",

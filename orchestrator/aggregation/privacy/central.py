@@ -3,19 +3,19 @@ the delta, the per-block clips and multipliers, and the settings refused in one 
 
 The planned schedule. The server waits for ``min_devices`` (N) before its first round and samples
 K = ceil(fraction x N) of its idle devices each round, uniformly without replacement: fixed-size
-sampling, which the ledger accounts as such (``orchestrator.privacy.accountant``: replace-one, RDP);
+sampling, which the ledger accounts as such (``orchestrator.aggregation.privacy.accountant``: replace-one, RDP);
 with ``dp_sampling = "poisson"`` each idle device is in a round with probability q = fraction,
 independently (``orchestrator.rounds.sample_devices``), accounted as Poisson-sampled Gaussians
 (add/remove, PLD by default). Every round's actual N and K are accounted as they were; the plan's
 are what the up-front checks (cohort, multiplier against the target) and the calibration from
 ``dp_target_epsilon`` use.
 
-Per block (``orchestrator.privacy.calibrate``, McMahan et al., 2018, Section 3): each of the model's
+Per block (``orchestrator.aggregation.privacy.calibrate``, McMahan et al., 2018, Section 3): each of the model's
 L blocks is clipped to C_b = C / sqrt(L) and its sum noised with multiplier z_b = z sqrt(L), so a
 device that trains every block is clipped to C overall and released with multiplier z; a device
 training fewer blocks spends less. With adaptive clipping each block's count gets standard deviation
 sigma_c (default m_b / 20, Andrew et al., 2021) and the sum the multiplier that leaves the block's
-total at z_b (``orchestrator.privacy.clipping.sum_multiplier``).
+total at z_b (``orchestrator.aggregation.privacy.clipping.sum_multiplier``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.aggregation.privacy.calibrate import (PrivacyPlanError, check_cohort, check_delta, check_noise,
+                                                        check_strategy, default_delta, noise_multiplier)
+from orchestrator.aggregation.privacy.clipping import sum_multiplier
 from orchestrator.config import ServerConfig
-from orchestrator.privacy.calibrate import (PrivacyPlanError, check_cohort, check_delta, check_noise, check_strategy,
-                                            default_delta, noise_multiplier)
-from orchestrator.privacy.clipping import sum_multiplier
 
 __all__ = ["CentralPlan", "DEFAULT_DELTA", "plan_central"]
 

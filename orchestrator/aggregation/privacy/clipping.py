@@ -18,7 +18,7 @@ Privacy's QuantileEstimatorQuery), so the count is a Gaussian of multiplier 2 si
 and the update sum are released about the same sample, so their privacy composes into one Gaussian
 (Andrew et al., Section 3.1): to keep a block's overall multiplier at z, its sum gets the larger
 multiplier z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 (:func:`sum_multiplier`), and the ledger records
-both (``orchestrator.privacy.accountant.BlockRelease``). The paper's defaults: gamma = 0.5 (the
+both (``orchestrator.aggregation.privacy.accountant.BlockRelease``). The paper's defaults: gamma = 0.5 (the
 median), eta = 0.2, sigma_b = m / 20.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edge_sdk.dp import Clipped, clip_blocks, clip_factor
-from orchestrator.privacy.noise import gaussian
+from orchestrator.aggregation.privacy.noise import gaussian
 
 __all__ = [
     "AdaptiveClip",

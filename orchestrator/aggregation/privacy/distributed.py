@@ -2,7 +2,7 @@
 server accounts what survived (docs/security.md, "Distributed noise on secure aggregation").
 
 With ``dp`` and ``secure_aggregation`` both on, :class:`DistributedDPIntake` replaces the secure
-intake. The plan is central DP's (``orchestrator.privacy.central.plan_central``: the same N, K,
+intake. The plan is central DP's (``orchestrator.aggregation.privacy.central.plan_central``: the same N, K,
 sampling, delta, multiplier z, per-block clip C_b = C / sqrt(L) and multiplier z_b = z sqrt(L)), and
 the mechanism is Kairouz, Liu and Steinke's (2021, "The Distributed Discrete Gaussian Mechanism
 for Federated Learning with Secure Aggregation", Algorithm 1) on EmbracingFL's block cohorts:
@@ -19,7 +19,7 @@ for Federated Learning with Secure Aggregation", Algorithm 1) on EmbracingFL's b
    (n_exp_b = n_min_b by default: never less than z_b), one with fewer is not revealed
    (``SecureRound.finish``): the honest server never releases a sum under-noised for its floor;
 4. each revealed block's mean is its noised sum over its *expected* cohort m_b = q N_b (central DP's
-   fixed denominator, :func:`~orchestrator.privacy.intake.expected_cohorts`), and the round's release,
+   fixed denominator, :func:`~orchestrator.aggregation.privacy.intake.expected_cohorts`), and the round's release,
    each block at the multiplier its survivors gave, goes to the same ledger as central DP's, journaled
    with the round (``mode`` "distributed"), so that a resumed run continues it and
    ``dp_target_epsilon`` ends the run before the round that would pass it.
@@ -42,13 +42,14 @@ import numpy as np
 
 from edge_sdk.models import LayeredModel
 from edge_sdk.secagg.layout import split_vector
+from orchestrator.aggregation.privacy import PrivacyBudgetSpent
+from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
+from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
+from orchestrator.aggregation.privacy.intake import (DISTRIBUTED, expected_cohorts, next_stop, over_target,
+                                                     resumed_ledger)
+from orchestrator.aggregation.secure.intake import SecureIntake
+from orchestrator.aggregation.secure.round import BlockOutcome, SecureRound
 from orchestrator.config import ServerConfig
-from orchestrator.privacy import PrivacyBudgetSpent
-from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
-from orchestrator.privacy.central import CentralPlan, plan_central
-from orchestrator.privacy.intake import DISTRIBUTED, expected_cohorts, next_stop, over_target, resumed_ledger
-from orchestrator.secure.intake import SecureIntake
-from orchestrator.secure.round import BlockOutcome, SecureRound
 from orchestrator.store import Store
 from orchestrator.strategies import RoundContext, RoundResult, Strategy
 

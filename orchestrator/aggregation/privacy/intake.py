@@ -1,24 +1,24 @@
 """Central differential privacy in a running server: the report intake that clips, sums, noises and
 accounts (docs/security.md, "Differential privacy"; docs/architecture.md, "Report intake").
 
-:class:`CentralDPIntake` is :class:`~orchestrator.intake.PlainIntake` with the norm bound replaced by
+:class:`CentralDPIntake` is :class:`~orchestrator.aggregation.intake.PlainIntake` with the norm bound replaced by
 the DP clip (the bound's reference is the median of earlier devices' norms: data that no accountant
 covers). Each round (McMahan et al., 2018, "Learning Differentially Private Recurrent Language
 Models", Algorithm 1, per layer as in its Section 3):
 
 1. each folded report's update is clipped per block to the block's clip C_b
-   (``orchestrator.privacy.clipping.clip_blocks``, the devices' rule), and the strategy folds the
+   (``orchestrator.aggregation.privacy.clipping.clip_blocks``, the devices' rule), and the strategy folds the
    clipped update (its checks, refusals, roles and losses stay its own);
 2. the clipped updates are summed per block over the block's cohort: under EmbracingFL's partial
    training the devices that trained it;
 3. when the round closes, N(0, (z_sum_b C_b)^2) is added to every coordinate of each block's sum
-   (``orchestrator.privacy.noise``) and the mean update is the noised sum over the block's expected
+   (``orchestrator.aggregation.privacy.noise``) and the mean update is the noised sum over the block's expected
    cohort m_b (:meth:`CentralDPIntake.expected_cohorts`), unweighted: the strategies DP allows
    (FedAvg, EmbracingFL) average each entry over its contributors, and a weight per sample count
    would let one device's weight, and so its sensitivity, grow;
 4. with adaptive clipping, each block's clip moves towards the target quantile of its norms
    (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
-5. the round's release goes to the :class:`~orchestrator.privacy.accountant.PrivacyLedger` (fixed-size
+5. the round's release goes to the :class:`~orchestrator.aggregation.privacy.accountant.PrivacyLedger` (fixed-size
    sampling: K of the N idle devices; or Poisson sampling at rate q = fraction), whose (epsilon, delta), per block and for the model, goes into
    the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
    resumed run continues them.
@@ -41,14 +41,14 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.models import LayeredModel
+from orchestrator.aggregation.intake import PlainIntake
+from orchestrator.aggregation.privacy import PrivacyBudgetSpent
+from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
+from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
+from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
+from orchestrator.aggregation.privacy.clipping import AdaptiveClip, AdaptiveClipping, clip_blocks
+from orchestrator.aggregation.privacy.noise import gaussian
 from orchestrator.config import ServerConfig
-from orchestrator.intake import PlainIntake
-from orchestrator.privacy import PrivacyBudgetSpent
-from orchestrator.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
-from orchestrator.privacy.calibrate import PrivacyPlanError
-from orchestrator.privacy.central import CentralPlan, plan_central
-from orchestrator.privacy.clipping import AdaptiveClip, AdaptiveClipping, clip_blocks
-from orchestrator.privacy.noise import gaussian
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, RoundContext, RoundResult, Strategy
 

@@ -1,6 +1,6 @@
 """Central Gaussian noise for a block's sum, from a cryptographically secure source.
 
-In plain mode the server clips each device's update per block (``orchestrator.privacy.clipping``),
+In plain mode the server clips each device's update per block (``orchestrator.aggregation.privacy.clipping``),
 sums a block's clipped updates, and adds N(0, (z_b C_b)^2) to every coordinate of the sum
 (McMahan et al., 2018, Algorithm 1: the Gaussian mechanism on the clipped sum), before dividing
 by the block's expected cohort. :func:`noise_block_sum` does the adding.

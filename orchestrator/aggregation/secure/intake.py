@@ -1,4 +1,4 @@
-"""Report intake for secure rounds: drives a :class:`~orchestrator.secure.round.SecureRound` over the
+"""Report intake for secure rounds: drives a :class:`~orchestrator.aggregation.secure.round.SecureRound` over the
 connections and turns its revealed block sums into the round's state (docs/security.md, "Secure
 aggregation"; docs/architecture.md, "Report intake").
 
@@ -38,12 +38,12 @@ from edge_sdk.models import LayeredModel
 from edge_sdk.secagg import Scope, SecAggError
 from edge_sdk.secagg.exchange import BLOCKS_KEY, CLIP_KEY, upload_name
 from edge_sdk.secagg.layout import block_entries, split_vector
+from orchestrator.aggregation.intake import PlainIntake
+from orchestrator.aggregation.secure.roster import load_roster
+from orchestrator.aggregation.secure.round import BlockOutcome, SecureRound
 from orchestrator.config import ServerConfig
-from orchestrator.intake import PlainIntake
 from orchestrator.parts import Folded, Session, Work
 from orchestrator.rounds import RoundState
-from orchestrator.secure.roster import load_roster
-from orchestrator.secure.round import BlockOutcome, SecureRound
 from orchestrator.store import Store
 from orchestrator.strategies import RoundContext, RoundResult, Strategy
 
@@ -181,7 +181,7 @@ class SecureIntake(PlainIntake):
 
     def plan_noise(self, secure: SecureRound) -> None:
         """Before the cohort is sent: the noise each device adds to its blocks (none here; distributed
-        DP's intake, ``orchestrator.privacy.distributed``, sizes it from the advertised cohorts)."""
+        DP's intake, ``orchestrator.aggregation.privacy.distributed``, sizes it from the advertised cohorts)."""
 
     def _weight_scale(self, devices: Mapping[str, object]) -> float:
         """The scale of the devices' weights w = min(1, samples / scale): the largest sample count

@@ -1,7 +1,7 @@
 """The server's side of one secure round, sans-I/O: what it relays, what it checks, what it learns.
 
 Stages (SecAgg+: Bell et al. 2020, Algorithm 2; the rounds of Bonawitz et al. 2017), each closed by
-its driver (:mod:`orchestrator.secure.intake`) when every device it awaits has answered or its time
+its driver (:mod:`orchestrator.aggregation.secure.intake`) when every device it awaits has answered or its time
 is up:
 
 0. keys: :meth:`SecureRound.advertise` takes each device's two public keys with their signature

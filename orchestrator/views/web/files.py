@@ -58,7 +58,7 @@ KEEP_A_DAY = "public, max-age=86400"
 
 def default_sdk_dir() -> Path:
     """``edge_sdk_js`` beside the orchestrator package (a checkout of the repository)."""
-    return Path(__file__).resolve().parents[2] / "edge_sdk_js"
+    return Path(__file__).resolve().parents[3] / "edge_sdk_js"
 
 
 def respond(status: int, body: bytes, content_type: str, *, cache: str = "no-store",

@@ -1,4 +1,4 @@
-"""How a phone comes to trust the local certificate authority (:mod:`~orchestrator.web.certs`): a small
+"""How a phone comes to trust the local certificate authority (:mod:`~orchestrator.views.web.certs`): a small
 plain-http site beside the server's https port, which a phone opens before it trusts anything.
 
 - ``/`` (and ``/install``): the install page: the authority's SHA-256 fingerprint, its certificate to
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from orchestrator.web.certs import LocalAuthority
-from orchestrator.web.files import STATIC, respond
+from orchestrator.views.web.certs import LocalAuthority
+from orchestrator.views.web.files import STATIC, respond
 
 __all__ = ["InstallSite", "ca_response", "install_page", "trust_response"]
 

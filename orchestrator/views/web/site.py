@@ -7,8 +7,8 @@ Served with ``--web`` only, each response with the cross-origin isolation header
   a device trained (the journal's), ``/shard/<k>.bin`` the demo's shards (the training split of
   ``--data``, cut as the Python device's ``--client k --num-clients n``), ``/sdk/...`` the built
   JavaScript SDK and onnxruntime-web, ``/sw.js`` the page's service worker (an installable page);
-- ``/install``, ``/ca.crt``: with a local certificate authority (:mod:`~orchestrator.web.certs`), how a
-  phone installs it, and its certificate (the plain-http side serves them too: :mod:`~orchestrator.web.install`);
+- ``/install``, ``/ca.crt``: with a local certificate authority (:mod:`~orchestrator.views.web.certs`), how a
+  phone installs it, and its certificate (the plain-http side serves them too: :mod:`~orchestrator.views.web.install`);
 - ``/status``: the read-only status page, whose data (``/status.json``) needs the devices' token, or with
   ``--require-credentials`` an enrolled device's credential proof, in its ``Authorization`` header;
 - ``/ticket.json?id=<device>``: a single-use, short-lived ticket the device page carries on its websocket
@@ -33,10 +33,10 @@ from websockets.http11 import Request, Response
 
 from edge_sdk.protocol import ProtocolError
 from edge_sdk.settings import device_id_problem
-from orchestrator.web.certs import LocalAuthority
-from orchestrator.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
-from orchestrator.web.install import ca_response, install_page, trust_response
-from orchestrator.web.status import Served, StatusFeed, snapshot
+from orchestrator.views.web.certs import LocalAuthority
+from orchestrator.views.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
+from orchestrator.views.web.install import ca_response, install_page, trust_response
+from orchestrator.views.web.status import Served, StatusFeed, snapshot
 
 __all__ = ["WebSite"]
 
@@ -130,7 +130,7 @@ class WebSite:
         """What the device page needs: the run's model and rounds, the demo's shards, how devices prove themselves."""
         c = self.config
         auth = "credentials" if c.require_credentials else "token" if c.token else "none"
-        from orchestrator.evaluate import model_classes
+        from orchestrator.server.evaluate import model_classes
 
         model = getattr(self.server, "model", None)
         return {"model": c.model, "rounds": c.rounds, "local_steps": c.local_steps, "data": c.eval_data,
@@ -207,7 +207,7 @@ class WebSite:
 
     def ticket(self, authorization: str, device_id: str) -> Response:
         """``/ticket.json?id=<device id>``: a ticket for one websocket upgrade of that device
-        (:mod:`orchestrator.tickets`), for a browser page, which cannot set the upgrade's header. The
+        (:mod:`orchestrator.server.tickets`), for a browser page, which cannot set the upgrade's header. The
         request proves itself as the upgrade would (a proof made for ``ticket`` of the same device, or
         the token); a server that asks nothing has no use for tickets (404)."""
         c = self.config

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from orchestrator.wirebytes import device_bytes, round_bytes
+from orchestrator.server.wirebytes import device_bytes, round_bytes
 
 __all__ = ["Notice", "Served", "StatusFeed", "snapshot"]
 
@@ -31,7 +31,7 @@ class Served(Protocol):
     sessions: Mapping[str, Any]
     loop: Any
     model: Any  # the layered model: its input shape and classes, for the device page
-    planning: Any  # the budget arithmetic (orchestrator.planning.Planning): the page's least budget
+    planning: Any  # the budget arithmetic (orchestrator.server.planning.Planning): the page's least budget
     port: int | None
     on_event: Callable[[str, dict], None]
     process_request: Callable[..., object]
@@ -96,7 +96,7 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
 
 
 def _secure(metrics: dict | None) -> dict[str, object]:
-    """A secure round's summary (orchestrator.secure.intake): each block's cohort and whether it was
+    """A secure round's summary (orchestrator.aggregation.secure.intake): each block's cohort and whether it was
     revealed, the dropouts whose masks were removed, the protocol's cost; nothing for a plain round."""
     secure = (metrics or {}).get("secure")
     if not isinstance(secure, dict):
