@@ -132,9 +132,9 @@ class Runtime:
 #: figure of 287 MiB then planned it at 383.5 MiB (SwiftShader on the shared 2-core machine, loaded,
 #: 2026-12-06: ``node edge_sdk_js/bench/budgets.mjs gputab digits_mlp 400 5 --trace``); 430 MiB puts the
 #: weak plan (527 MiB) 24 MiB above the highest peak. It stays above onnxruntime-web, whose fallback it
-#: covers. The GPU process (SwiftShader's buffers and shaders: 298-365 MiB at its peak in the same runs)
-#: is reported beside the renderer, not planned: on a phone it is the GPU driver's memory, which a page can
-#: neither see nor bound.
+#: covers. The GPU process (SwiftShader's buffers and shaders: 290-299 MiB at its peak in the same runs,
+#: 383-407 MiB beside a moderate tab) is reported beside the renderer, not planned: on a phone it is the
+#: GPU driver's memory, which a page can neither see nor bound.
 WEBGPU_RUNTIME_BYTES = 430 * _MiB
 
 #: Resident memory of the JavaScript runtimes with the SDK loaded and a first session run, in bytes

@@ -116,7 +116,7 @@ async function tracePage(browser) {
       const seen = await page.evaluate(() => ({ phase: window.trace.phase, runs: window.trace.runs, rounds: (window.events ?? []).filter((e) => e.event === "round_done").length,
         wasm: window.trace.memories.reduce((a, m) => a + m.buffer.byteLength, 0), js: performance.memory?.usedJSHeapSize ?? 0 }));
       const r = rendererMemory(browser).sort((a, b) => b.rss - a.rss)[0] ?? { rss: 0, peak: 0 };
-      const gpu = rendererMemory(browser, "gpu-process")[0]?.rss ?? 0;
+      const gpu = Math.max(0, ...rendererMemory(browser, "gpu-process").map((m) => m.rss));
       return { ...seen, rss: r.rss, peak: r.peak, gpu };
     },
   };
@@ -160,7 +160,7 @@ export async function tabDevice(model, budgetMiB, rounds, { trace = false, webgp
     // The renderer's high-water mark at the end, or a higher one a sample saw (one run's renderer read
     // 361.8 MiB in rounds 1-3 and 316.0 MiB at the end).
     const peak = Math.max(0, ...rendererMemory(tab.browser).map((m) => m.peak), ...samples.map((s) => s.peak));
-    const gpuPeak = Math.max(0, ...rendererMemory(tab.browser, "gpu-process").map((m) => m.peak));
+    const gpuPeak = Math.max(0, ...rendererMemory(tab.browser, "gpu-process").map((m) => m.peak), ...samples.map((s) => s.gpu));
     await srv.done;
     return { kind: webgpu ? "gputab" : "tab", model, budget: budgetMiB * MiB, logs: dir, reports, peak, gpuPeak, ...outcome(dir, "tab-1"),
       ...(trace ? { phases: tracePhases(samples) } : {}) };

@@ -4,7 +4,9 @@
 // (an NSS database with the authority, test/lan.mjs). Before: "Open the device page" is not shown and
 // the page says the phone does not trust the server yet; after: the button shows and leads to the https
 // device page. Either way the page says what the authority may vouch for and names the certificate's
-// addresses. Skipped with one line where chromium is missing. In `make test-slow`.
+// addresses. Then the device page, in a browser with a WebGPU adapter (SwiftShader) at a budget below
+// the GPU path's least: it trains on WebAssembly and says why. Skipped with one line where chromium is
+// missing. In `make test-slow`.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -59,6 +61,20 @@ test("the install page shows 'Open the device page' only once the browser trusts
         assert.match(page.reach, /^It may vouch only for private network addresses, localhost and \.local names, never for another site/);
         assert.match(page.reach, /This server's certificate names 127\.0\.0\.1, localhost/);
       }
+
+      // The device page in a browser with a WebGPU adapter: the GPU box is ticked, and a budget below the least
+      // the server plans a tab on the GPU for trains on WebAssembly, saying why.
+      const gpu = browsers[browsers.push(await launchBrowser(trust.args, { env: trust.env, webgpu: true })) - 1];
+      const tab = await gpu.newPage();
+      await tab.goto(`${after.href}?id=gpu-small&budget=400MiB&shard=0&autostart=1`);
+      await tab.waitForFunction(() => window.edgetrain?.backend !== null || window.edgetrain?.error, { timeout: 120_000, polling: 200 });
+      const path = await tab.evaluate(() => ({ backend: window.edgetrain.backend, error: window.edgetrain.error,
+        box: document.getElementById("webgpu").checked, runtime: document.getElementById("runtime").textContent }));
+      console.log(`# the GPU browser at 400 MiB: ${path.runtime}`);
+      assert.equal(path.error, null);
+      assert.equal(path.box, true, "the GPU box is ticked where the browser gives an adapter");
+      assert.equal(path.backend, "onnxruntime-web");
+      assert.match(path.runtime, /^onnxruntime-web \(WebAssembly, \d threads?; the GPU needs a budget of \d+ MiB\)$/);
     } finally {
       for (const b of browsers) await b.close();
       if (server.exitCode === null) server.kill();
