@@ -231,7 +231,8 @@ def test_the_install_page_names_the_public_addresses_the_authority_covers(tmp_pa
     from orchestrator.web.install import coverage, install_page
 
     authority = local_authority(tmp_path / "ca", ["127.0.0.1", "203.0.113.7"])
-    assert coverage(authority) == "private network addresses, localhost and .local names, and this machine's public address 203.0.113.7"
+    assert coverage(authority) == ("private network addresses, localhost and .local names, "
+                                   "and this machine's public address 203.0.113.7")
     page = install_page(authority, "https://203.0.113.7:8765/").body.decode()
     assert "public address 203.0.113.7, never for another site on the internet" in page
     assert "This server's certificate names 127.0.0.1, 203.0.113.7, localhost" in page

@@ -47,7 +47,7 @@ def coverage(authority: LocalAuthority) -> str:
         x509.NameConstraints).value.permitted_subtrees or []
     public = [str(g.value.network_address) for g in permitted
               if isinstance(g, x509.IPAddress) and g.value not in PRIVATE_RANGES]
-    where = f", and this machine's public address{'es' if len(public) > 1 else ''} {', '.join(public)}" if public else ""
+    where = "" if not public else f", and this machine's public address{'es' * (len(public) > 1)} {', '.join(public)}"
     return f"private network addresses, localhost and .local names{where}"
 
 
