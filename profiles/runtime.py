@@ -128,13 +128,14 @@ class Runtime:
 #: (split 3, 82 KB of trainable parameters, so nothing a parameter copy could count) grows by 100-150 MiB
 #: of anonymous memory during its GPU steps, outside the JavaScript heap (9-80 MiB) and the WebAssembly
 #: memory (75.6 MiB); a full collection after every run does not remove it, and it lasts into the next
-#: round's downloads. Its renderer peaked at 448-503 MiB in nine runs of 4-5 rounds of 10 steps, where the
-#: figure of 287 MiB then planned it at 383.5 MiB (SwiftShader on the shared 2-core machine, loaded,
-#: 2026-12-06: ``node edge_sdk_js/bench/budgets.mjs gputab digits_mlp 400 5 --trace``); 430 MiB puts the
-#: weak plan (527 MiB) 24 MiB above the highest peak. It stays above onnxruntime-web, whose fallback it
-#: covers. The GPU process (SwiftShader's buffers and shaders: 290-299 MiB at its peak in the same runs,
-#: 383-407 MiB beside a moderate tab) is reported beside the renderer, not planned: on a phone it is the
-#: GPU driver's memory, which a page can neither see nor bound.
+#: round's downloads. Its renderer peaked at 448-484 MiB in nine runs of 4-5 rounds of 10 steps, where the
+#: figure of 287 MiB then planned it at 383.5 MiB, and at 503 MiB in one more (SwiftShader on the shared
+#: 2-core machine, loaded, 2026-12-06: ``node edge_sdk_js/bench/budgets.mjs gputab digits_mlp 400 5
+#: --trace``; BENCHMARKS.md); 430 MiB puts the weak plan (527 MiB) 24 MiB above the highest peak. It
+#: stays above onnxruntime-web, whose fallback it covers. The GPU process (SwiftShader's buffers and
+#: shaders: 290-299 MiB at its peak in the same runs, 383-407 MiB beside a moderate tab) is reported beside
+#: the renderer, not planned: on a phone it is the GPU driver's memory, which a page can neither see nor
+#: bound.
 WEBGPU_RUNTIME_BYTES = 430 * _MiB
 
 #: Resident memory of the JavaScript runtimes with the SDK loaded and a first session run, in bytes
