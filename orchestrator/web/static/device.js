@@ -84,11 +84,16 @@ async function offeredBudget(samples) {
   return { budget: `${leastMiB}MiB`, source: `(the least the server plans this device for; a quarter of the ${gib} GiB the browser reports is less)` };
 }
 
-/** The least budget the server plans a tab on `runtime` for (the GPU path holds more than WebAssembly), or `{ error }`. */
+/** The least budget the server plans a tab on `runtime` for (the GPU path holds more than WebAssembly), or `{ error }`
+ * (the server's reason, or offline with no copy kept). */
 async function leastBudget(samples, runtime) {
-  const res = await fetch(`/budget.json?samples=${samples}&runtime=${runtime}`);
-  const least = await res.json();
-  return res.ok ? least : { error: least.error ?? res.statusText };
+  try {
+    const res = await fetch(`/budget.json?samples=${samples}&runtime=${runtime}`);
+    const least = await res.json();
+    return res.ok ? least : { error: least.error ?? res.statusText };
+  } catch (exc) {
+    return { error: exc instanceof Error ? exc.message : String(exc) };
+  }
 }
 
 /** The device's rounds in the run, as the server's journal has them (a reopened tab counts those of earlier tabs). */
@@ -167,8 +172,9 @@ async function gpuMissing() {
 
 /**
  * What trains: onnxruntime-web's WebGPU build on the GPU (operators without a WebGPU kernel on
- * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter or with
- * WebGPU turned off, its WebAssembly build. The frozen chunks run on WebAssembly either way.
+ * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter, with
+ * WebGPU turned off or with a budget below the GPU path's least, its WebAssembly build. The frozen
+ * chunks run on WebAssembly either way.
  */
 async function trainingPath(threads, budgetBytes, samples) {
   // The GPU path holds more than WebAssembly: a budget below its least trains on WebAssembly.
