@@ -330,6 +330,14 @@ export class DeviceClient {
     this.reports.push({ round: report.round, role, phase: report.phase, trained: report.trained, accepted: ack.accepted, metrics: report.metrics });
     this.emit("round_done", { device: this.options.deviceId, round: report.round, phase: report.phase, accepted: ack.accepted,
       reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name,
-      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }), ...prog.timings });
+      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }),
+      ...lossOf(report.metrics), ...prog.timings });
   }
+}
+
+/** The loss before and after the local steps, where the report carries them (what a person watches a round for). */
+function lossOf(metrics: Record<string, unknown>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const k of ["loss_before", "loss_after"]) if (typeof metrics[k] === "number") out[k] = metrics[k];
+  return out;
 }

@@ -123,7 +123,7 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * Start the devices of one fleet of the workload into `fleet` (its processes and pages, so that the
  * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
  * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
- * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 420 MiB, on the GPU:
+ * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 710 MiB, on the GPU:
  * WebGPU, moderate; the second, at 400 MiB, on WebAssembly, weak), else under Node (400 MiB, 400 MiB).
  */
 async function startFleet(kind, dir, url, tabs, { procs, pages }) {
@@ -136,7 +136,7 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const shards = writeShards(dir, [2, 3, 4, 5], N);
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
-    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 420, { webgpu: true }));
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 710, { webgpu: true }));
     pages.push(await browserDevice(dir, url, "tab-5", shards[5], 400));
   } else {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "400MiB", shards[5], "web"));

@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from orchestrator.views.web.certs import LocalAuthority
+from orchestrator.views.web.certs import PRIVATE_RANGES, LocalAuthority
 from orchestrator.views.web.files import STATIC, respond
 
-__all__ = ["InstallSite", "ca_response", "install_page", "trust_response"]
+__all__ = ["InstallSite", "ca_response", "coverage", "install_page", "trust_response"]
 
 HTML = "text/html; charset=utf-8"
 
@@ -37,11 +37,25 @@ def ca_response(authority: LocalAuthority, *, pem: bool = False) -> Response:
     return respond(200, body, kind, extra={"Content-Disposition": f'attachment; filename="{name}"'}, isolated=False)
 
 
+def coverage(authority: LocalAuthority) -> str:
+    """What the authority may vouch for, in words: its name constraints, which are the private ranges and
+    names (:data:`~orchestrator.views.web.certs.PRIVATE_RANGES`) and the public addresses this machine had when
+    the authority was made."""
+    from cryptography import x509
+
+    permitted = x509.load_der_x509_certificate(authority.ca_der).extensions.get_extension_for_class(
+        x509.NameConstraints).value.permitted_subtrees or []
+    public = [str(g.value.network_address) for g in permitted
+              if isinstance(g, x509.IPAddress) and g.value not in PRIVATE_RANGES]
+    where = "" if not public else f", and this machine's public address{'es' * (len(public) > 1)} {', '.join(public)}"
+    return f"private network addresses, localhost and .local names{where}"
+
+
 def install_page(authority: LocalAuthority, device_url: str) -> Response:
     """The install page (``static/install.html``) for this authority and the device page at ``device_url``."""
     text = (STATIC / "install.html").read_text()
     for key, value in {"FINGERPRINT": authority.fingerprint, "DEVICE_URL": device_url,
-                       "NAMES": ", ".join(authority.names)}.items():
+                       "NAMES": ", ".join(authority.names), "COVERS": coverage(authority)}.items():
         text = text.replace(f"{{{{{key}}}}}", html.escape(value))
     return respond(200, text.encode(), HTML, isolated=False)
 

@@ -44,8 +44,10 @@ log = logging.getLogger("edgetrain.web")
 JSON = "application/json"
 #: What the device page can wait for before it trains (where the browser tells: docs/web.md).
 CONDITIONS = ("charging", "unmetered")
-#: The runtime the device page declares; budgets are offered for it.
+#: The runtime the device page declares; budgets are offered for it, or for its GPU (WebGPU) build, which
+#: it declares before it (``/budget.json?runtime=``).
 WEB_RUNTIME = "onnxruntime-web"
+WEB_RUNTIMES = ("onnxruntime-web", "onnxruntime-webgpu")
 
 
 class WebSite:
@@ -59,7 +61,7 @@ class WebSite:
         threading.Thread(target=self.files.warm, name="web files", daemon=True).start()
         self.feed = StatusFeed()
         self._shards: dict[int, bytes] = {}
-        self._budgets: dict[int, dict[str, object]] = {}
+        self._budgets: dict[tuple[int, str], dict[str, object]] = {}
         #: Conditions the server asks of every device page (``serve --web-condition``).
         self.conditions: tuple[str, ...] = ()
         #: The local certificate authority the port serves TLS from, if any (``serve --web-tls``).
@@ -96,7 +98,7 @@ class WebSite:
         elif path == "/web.json":
             found = self._json(200, self.run_info())
         elif path == "/budget.json":
-            found = await self.budget(query.get("samples", ["0"])[0])
+            found = await self.budget(query.get("samples", ["0"])[0], query.get("runtime", [WEB_RUNTIME])[0])
         elif path in ("/status.json", "/device.json"):
             refused = self.refusal(headers.get("Authorization", ""))
             if refused:
@@ -139,28 +141,32 @@ class WebSite:
                 "num_classes": model_classes(model) if model is not None else None,
                 "conditions": list(self.conditions), "tls": self.authority is not None}
 
-    async def budget(self, samples: str) -> Response:
+    async def budget(self, samples: str, runtime: str = WEB_RUNTIME) -> Response:
         """The least budget the server plans a browser device with ``samples`` local samples for, and
-        that plan: what the device page offers when the browser reports no memory size. The server's
-        own plan arithmetic (``profiles.planner.plan_split`` over the model, the splits with a training
-        graph and the planner's batch, as a hello is planned), without an export: it answers at once."""
+        that plan: what the device page offers when the browser reports no memory size. ``runtime``: the
+        page trains on WebAssembly (``onnxruntime-web``) or on its GPU (``onnxruntime-webgpu``, which holds
+        more). The server's own plan arithmetic (``profiles.planner.plan_split`` over the model, the splits
+        with a training graph and the planner's batch, as a hello is planned), without an export: it
+        answers at once."""
         if not samples.isdigit() or int(samples) > self.config.max_device_samples:
             return self._json(400, {"error": f"samples must be a count up to {self.config.max_device_samples}"})
-        n = int(samples)
-        if n not in self._budgets:
+        if runtime not in WEB_RUNTIMES:
+            return self._json(400, {"error": f"runtime is one of {', '.join(WEB_RUNTIMES)}"})
+        key = (int(samples), runtime)
+        if key not in self._budgets:
             if len(self._budgets) > 64:
                 self._budgets.clear()
-            self._budgets[n] = await asyncio.to_thread(self._least_budget, n)
-        found = self._budgets[n]
+            self._budgets[key] = await asyncio.to_thread(self._least_budget, *key)
+        found = self._budgets[key]
         return self._json(409 if "error" in found else 200, found)
 
-    def _least_budget(self, samples: int) -> dict[str, object]:
+    def _least_budget(self, samples: int, runtime: str = WEB_RUNTIME) -> dict[str, object]:
         from edge_sdk import protocol as p
         from profiles.planner import PlanError, plan_split
 
         planning = self.server.planning
-        hello = p.Hello(device_id="web-budget", token="", budget_bytes=1, cores=1, runtimes=[WEB_RUNTIME],
-                        num_samples=samples)
+        hello = p.Hello(device_id="web-budget", token="", budget_bytes=1, cores=1,
+                        runtimes=list(dict.fromkeys([runtime, WEB_RUNTIME])), num_samples=samples)
 
         def plan(budget: int):  # as Planning plans a hello of this budget
             return plan_split(planning.cost, budget, self.config.planner_batch, local_samples=samples,
@@ -174,7 +180,7 @@ class WebSite:
             least = exc.needed_bytes
         found = plan(least)
         return {"budget_bytes": least, "role": found.role, "split": found.split, "num_blocks": found.num_blocks,
-                "samples": samples}
+                "samples": samples, "runtime": found.backend}
 
     def device_rounds(self, device_id: str) -> dict[str, object]:
         """The rounds whose train report of ``device_id`` the journal holds as accepted: what a reopened

@@ -12,7 +12,8 @@ const fragment = new URLSearchParams(location.hash.slice(1));
 const MiB = 2 ** 20;
 const JOINED = "edgetrain-joined"; // set while the person wants this device in the run: a reload joins again
 const state = { state: "not started", role: null, split: null, rounds: 0, reports: [], events: [], error: null,
-  paused: [], budgetSource: null, conditions: {}, backend: null, adapter: null };
+  paused: [], budgetSource: null, conditions: {}, backend: null, adapter: null, samples: null,
+  noGpu: null };
 window.edgetrain = state; // for scripts driving the page
 let client = null;
 let wakeLock = null;
@@ -73,15 +74,26 @@ async function chosenData(info) {
  * from the server's own planning); without a reported size, that least budget.
  */
 async function offeredBudget(samples) {
-  const res = await fetch(`/budget.json?samples=${samples}`);
-  const least = await res.json();
-  if (!res.ok) return { budget: null, source: `(the server plans no browser device: ${least.error})` };
+  const least = await leastBudget(samples, $("webgpu").checked ? "onnxruntime-webgpu" : "onnxruntime-web");
+  if (least.error) return { budget: null, source: `(the server plans no browser device: ${least.error})` };
   const leastMiB = Math.ceil(least.budget_bytes / MiB);
   const gib = navigator.deviceMemory;
   if (!gib) return { budget: `${leastMiB}MiB`, source: `(the least the server plans this device for, ${least.role}; the browser reports no memory size)` };
   const quarter = Math.min(2048, Math.floor((gib * 1024) / 4));
   if (quarter >= leastMiB) return { budget: `${quarter}MiB`, source: `(a quarter of the ${gib} GiB the browser reports)` };
   return { budget: `${leastMiB}MiB`, source: `(the least the server plans this device for; a quarter of the ${gib} GiB the browser reports is less)` };
+}
+
+/** The least budget the server plans a tab on `runtime` for (the GPU path holds more than WebAssembly), or `{ error }`
+ * (the server's reason, or offline with no copy kept). */
+async function leastBudget(samples, runtime) {
+  try {
+    const res = await fetch(`/budget.json?samples=${samples}&runtime=${runtime}`);
+    const least = await res.json();
+    return res.ok ? least : { error: least.error ?? res.statusText };
+  } catch (exc) {
+    return { error: exc instanceof Error ? exc.message : String(exc) };
+  }
 }
 
 /** The device's rounds in the run, as the server's journal has them (a reopened tab counts those of earlier tabs). */
@@ -121,7 +133,7 @@ async function train(info) {
   if ($("budget").dataset.auto === "1" || !$("budget").value.trim()) await showBudget(data.x.shape[0]);
   const budgetBytes = parseBudget($("budget").value);
   const threads = crossOriginIsolated ? Math.max(1, Math.min(4, navigator.hardwareConcurrency || 1)) : 1;
-  const { runtime, backend } = await trainingPath(threads);
+  const { runtime, backend } = await trainingPath(threads, budgetBytes, data.x.shape[0]);
   const labels = data.y.data;
   let top = -1n;
   for (const v of labels) if (v > top) top = v;
@@ -152,19 +164,30 @@ async function train(info) {
   releaseWakeLock();
 }
 
+/** Why this browser cannot train on its GPU (no WebGPU, or no adapter), or null where it can. */
+async function gpuMissing() {
+  if (!navigator.gpu) return "this browser has no WebGPU";
+  return (await navigator.gpu.requestAdapter().catch(() => null)) ? null : "no WebGPU adapter";
+}
+
 /**
  * What trains: onnxruntime-web's WebGPU build on the GPU (operators without a WebGPU kernel on
- * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter or with
- * WebGPU turned off, its WebAssembly build. The frozen chunks run on WebAssembly either way.
+ * WebAssembly, and all of it on WebAssembly if the GPU goes away), or, without an adapter, with
+ * WebGPU turned off or with a budget below the GPU path's least, its WebAssembly build. The frozen
+ * chunks run on WebAssembly either way.
  */
-async function trainingPath(threads) {
-  const wanted = $("webgpu").checked;
+async function trainingPath(threads, budgetBytes, samples) {
+  // The GPU path holds more than WebAssembly: a budget below its least trains on WebAssembly.
+  const gpuLeast = $("webgpu").checked ? await leastBudget(samples, "onnxruntime-webgpu") : null;
+  const small = gpuLeast !== null && !gpuLeast.error && budgetBytes < gpuLeast.budget_bytes
+    ? `the GPU needs a budget of ${Math.ceil(gpuLeast.budget_bytes / MiB)} MiB` : null;
+  const wanted = $("webgpu").checked && small === null;
   const adapter = wanted ? await navigator.gpu.requestAdapter().catch(() => null) : null;
   const ort = await import(adapter ? "/sdk/ort/ort.webgpu.min.mjs" : "/sdk/ort/ort.wasm.min.mjs");
   ort.env.wasm.wasmPaths = "/sdk/ort/";
   const runtime = makeRuntime("onnxruntime-web", ort, threads);
   if (!adapter) {
-    showPath(runtime.name, !navigator.gpu ? "this browser has no WebGPU" : wanted ? "no WebGPU adapter" : "WebGPU turned off", threads);
+    showPath(runtime.name, state.noGpu ?? small ?? (wanted ? "no WebGPU adapter" : "WebGPU turned off"), threads);
     return { runtime, backend: undefined };
   }
   set("state", "looking for the GPU");
@@ -246,6 +269,7 @@ function isolationNote() {
 }
 
 async function showBudget(samples) {
+  state.samples = samples;
   const offered = await offeredBudget(samples);
   if (offered.budget === null) throw new Error(offered.source.slice(1, -1));
   $("budget").value = offered.budget;
@@ -295,9 +319,13 @@ async function main() {
   $("device-id").value = query.get("id") ?? localStorage.getItem("edgetrain-device-id")
     ?? `web-${Math.random().toString(16).slice(2, 8)}`;
   $("shard").value = query.get("shard") ?? "";
-  $("webgpu").disabled = !navigator.gpu;
-  $("webgpu").checked = Boolean(navigator.gpu) && query.get("webgpu") !== "0";
-  $("webgpu-note").textContent = navigator.gpu ? "" : "(this browser has no WebGPU: WebAssembly)";
+  state.noGpu = await gpuMissing();
+  $("webgpu").disabled = state.noGpu !== null;
+  $("webgpu").checked = state.noGpu === null && query.get("webgpu") !== "0";
+  $("webgpu-note").textContent = state.noGpu === null ? "" : `(${state.noGpu}: WebAssembly)`;
+  $("webgpu").addEventListener("change", () => { // the GPU path's least budget is another
+    if ($("budget").dataset.auto === "1" && state.samples) showBudget(state.samples).catch(() => {});
+  });
   $("shard").max = String(info.shards - 1);
   $("shard").placeholder = `0–${info.shards - 1} (default: from the id)`;
   $("budget").addEventListener("input", () => { $("budget").dataset.auto = "0"; $("budget-source").textContent = ""; });
