@@ -289,7 +289,11 @@ def run_case(case: Case, root: Path, data_root: str, timeout_s: float, fixed: bo
         tail = (work / "output.log").read_text(errors="replace").splitlines()[-15:]
         entry["error"] = f"exit {rc}: " + "\n".join(tail)
         return entry
-    entry["runs"] = case.read(work)
+    try:
+        entry["runs"] = case.read(work)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:  # the run's output has changed shape
+        entry["error"] = f"ran, but its numbers could not be read: {exc!r} (update {case.read.__name__})"
+        return entry
     if entry["seeded"] and (problem := hook_problem(case, work / "seeded.log")):
         entry["error"] = problem
     entry["incomplete_rounds"] = [f"{run}: round {r['round']}" for run, rows in entry["runs"].items() for r in rows
