@@ -14,13 +14,13 @@ def main() -> None:
     with Store.open_readonly(sys.argv[1]) as store:
         devices = {d["device_id"]: {"runtimes": d["profile"].get("runtimes"), "role": d["plan"].get("role"),
                                     "split": d["plan"].get("split"), "backend": d["plan"].get("backend")}
-                   for d in store.devices()}
-        rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
+                   for d in store.devices.all()}
+        rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds.all()]
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
                     "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
                     "backend": (u.get("metrics") or {}).get("backend"),
                     "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes")}
-                   for u in store.updates()]
+                   for u in store.reports.all()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 
 

@@ -125,7 +125,7 @@ class CentralDPIntake(PlainIntake):
         self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant,
                                     sampling=config.dp_sampling)
         if config.resume:
-            self._restore(store.privacy_state(), store.completed_rounds())
+            self._restore(store.privacy.last(), store.rounds.completed())
         self.stop_reason: str | None = None
         self._begin_sums()
 
@@ -203,7 +203,7 @@ class CentralDPIntake(PlainIntake):
         if self.config.dp_adaptive_clip:
             self.clipping.update({b: self._bits.get(b, 0.0) for b in expected}, expected)
         self.ledger.record(event)
-        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json(),
+        self.store.privacy.record(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json(),
                                               "mode": CENTRAL})
         self._check_next(ctx.round, event)
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
