@@ -1,6 +1,6 @@
 """Print what an orchestrator's journal says about a run, as JSON: each device's runtimes, role
 and split, the rounds and how many finished, and every report (with the runtime it says trained it). Read through the store's own
-read-only view (orchestrator/store.py owns the journal's schema), so the run may still be going."""
+read-only view (orchestrator/store/ owns the journal's schema), so the run may still be going."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ whole). Each block's norm is bounded by ``norm_bound`` times a reference for tha
 
 An update over its bound is clipped block by block to the limit (``norm_bound_action="clip"``:
 g <- g * limit / ||g||, per block) or refused (``"reject"``). The norms accepted in a committed
-round (after clipping) become history, kept in the store (:meth:`Store.record_norms`), so a
+round (after clipping) become history, kept in the store (``store.norms.record``), so a
 resumed server bounds its first round as the interrupted one would have. History only counts
 rounds before the current one, so a round's bounds never depend on its reports' arrival order.
 """

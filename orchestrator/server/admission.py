@@ -307,7 +307,7 @@ class Admission:
         refused before any model data is sent, and a device id can be taken only by its own
         credential. Otherwise the shared ``token`` (a lab setting) is compared in constant time.
         A connection whose upgrade request proved a device id (``proven``) says hello as that device.
-        Every refusal is journaled (:meth:`Store.closures`, kind ``unauthorized``).
+        Every refusal is journaled (``store.closures``, kind ``unauthorized``).
         """
         try:
             if proven and hello.device_id != proven:
@@ -362,7 +362,7 @@ class Admission:
 
     def journal(self, hello: p.Hello, plan: Plan) -> None:
         """Journal a registered device. The hellos taken in one turn of the event loop share one
-        commit (:meth:`Store.record_devices`), written as soon as that turn's callbacks are done:
+        commit (``store.devices.record_many``), written as soon as that turn's callbacks are done:
         a commit per hello was most of the server's own work per hello."""
         self._device_rows.append((hello.device_id, hello_profile(hello), plan_summary(plan)))
         self._flush_soon()

@@ -20,7 +20,7 @@ Models", Algorithm 1, per layer as in its Section 3):
    (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
 5. the round's release goes to the :class:`~orchestrator.aggregation.privacy.accountant.PrivacyLedger` (fixed-size
    sampling: K of the N idle devices; or Poisson sampling at rate q = fraction), whose (epsilon, delta), per block and for the model, goes into
-   the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
+   the round's metrics; the ledger and the clips are journaled (``store.privacy.record``) so that a
    resumed run continues them.
 
 The fleet's composition (N, and N_b: the devices able to train block b, by their planned roles,
