@@ -15,6 +15,8 @@ import logging
 import shutil
 from pathlib import Path
 
+import pytest
+
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.credentials import derive_key
@@ -22,7 +24,7 @@ from edge_sdk.models import build_model
 from edge_sdk.secagg import identity_public_key
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.store import Store
+from orchestrator.store import Store, StoreError, schema
 from orchestrator.store.schema import LEGACY_ROSTER, VERSION
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "store_v1"
@@ -111,3 +113,16 @@ def test_a_secure_run_of_the_old_store_resumes(tmp_path: Path) -> None:
     with Store.open_readonly(store_dir) as store:
         assert [r["round"] for r in store.rounds.all() if r["complete"]] == [1, 2]
 
+
+
+def test_a_store_of_a_newer_version_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """This code does not know the tables a later version added: it refuses to open that store to write."""
+    monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, schema.Migration(VERSION + 1, "")))
+    monkeypatch.setattr(schema, "VERSION", VERSION + 1)
+    with Store(tmp_path) as store:
+        assert store.db.version() == VERSION + 1
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match=f"schema version {VERSION + 1}; this edgetrain knows up to {VERSION}"):
+        Store(tmp_path)
+    with Store.open_readonly(tmp_path) as store:  # a reader still reads what it knows
+        assert store.rounds.completed() == 0
