@@ -52,7 +52,7 @@ def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: 
                        options=PLAIN_OPTIONS if plain else options, settings=PLAIN if plain else None)
     last = result.history[-1]
     with Store(root / name) as store:
-        bounded = [u for u in store.updates() if u.get("bounded")]
+        bounded = [u for u in store.reports.all() if u.get("bounded")]
     row = {"run": name, "accuracy": round(100 * result.accuracy, 2), "wall_s": round(time.monotonic() - t0, 1),
            "honest_bounded": sum(u["device_id"] != "attacker" for u in bounded),
            "attacker_bounded": sum(u["device_id"] == "attacker" for u in bounded),

@@ -369,7 +369,7 @@ def result_from_store(spec: RunSpec) -> dict | None:
     except FileNotFoundError:
         return None
     with store:
-        rounds = store.rounds()
+        rounds = store.rounds.all()
     history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in (r["metrics"] for r in rounds if r["complete"])
                if m]
     if not history:
@@ -467,7 +467,7 @@ def final_correct(config, store: Path) -> str:
     from orchestrator.store import Store
 
     with Store.open_readonly(store) as journal:
-        last = journal.last_completed()
+        last = journal.checkpoints.last()
     if last is None:
         return ""
     template = build_model(config.model, seed=config.seed)

@@ -177,7 +177,7 @@ def defences_seen(store: Path, history: Sequence[Mapping], priority: set[str]) -
     from orchestrator.store import Store
 
     with Store.open_readonly(store) as journal:
-        trains = [u for u in journal.updates() if u["phase"] == "train" and u.get("accepted", True)]
+        trains = [u for u in journal.reports.all() if u["phase"] == "train" and u.get("accepted", True)]
     clipped = [u for u in trains if (u.get("bounded") or {}).get("clipped")]
     return {"train_updates": len(trains), "clipped": len(clipped),
             "clipped_priority": sum(u["device_id"] in priority for u in clipped),

@@ -65,4 +65,4 @@ def completed_rounds(store_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     with store:
-        return store.completed_rounds()
+        return store.rounds.completed()

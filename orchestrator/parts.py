@@ -113,7 +113,7 @@ class Traffic:
     Per device and payload kind: bytes down (``down``), up (``up``), and the bytes of payloads the
     device took from its own store or bundle instead (``held``: sent as zero bytes). ``transfers``
     lists each movement (device, payload id, kind, direction, bytes, whether it came from the
-    device's store) for the journal (``Store.record_transfers``)."""
+    device's store) for the journal (``store.transfers.record``)."""
 
     def __init__(self) -> None:
         self.restart()

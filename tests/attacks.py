@@ -170,7 +170,7 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
     secrets: dict[str, str] = {}
     if credentials:
         with Store(store_dir) as store:
-            secrets = {d.device_id: store.enroll(d.device_id) for d in devices}
+            secrets = {d.device_id: store.credentials.enroll(d.device_id) for d in devices}
     return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"], secrets))
 
 

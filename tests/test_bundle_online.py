@@ -102,7 +102,7 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
     used = {(e["round"], e["kind"]) for e in device_events if e["event"] == "from_bundle"}
     assert used == {(1, "chunk"), (1, "train_graph"), (2, "train_graph")}, used
     with Store(tmp_path / "store") as store:
-        folded = {(u["device_id"], u["round"]) for u in store.updates() if u["accepted"]}
+        folded = {(u["device_id"], u["round"]) for u in store.reports.all() if u["accepted"]}
     assert folded == {(d, r) for d in ("bundled", "strong") for r in (1, 2)}
     assert np.isfinite(history[-1]["test_loss"])
 

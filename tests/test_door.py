@@ -63,7 +63,7 @@ def test_a_wrong_token_in_the_upgrade_request_is_refused_before_the_websocket_op
 def test_a_credential_proof_in_the_upgrade_request_is_checked_and_binds_the_hello(tmp_path: Path) -> None:
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main():
         config = server_config(store_dir, require_credentials=True, wait_devices_s=30)

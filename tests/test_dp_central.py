@@ -110,7 +110,7 @@ def test_real_devices_train_a_dp_run_that_reports_epsilon_every_round(tmp_path: 
     assert history[-1]["accuracy"] > 0.6
     store = Store(tmp_path / "s")
     try:
-        assert [r["metrics"]["privacy"]["epsilon"] for r in store.rounds()] == epsilons
+        assert [r["metrics"]["privacy"]["epsilon"] for r in store.rounds.all()] == epsilons
     finally:
         store.close()
 
@@ -139,11 +139,11 @@ def test_adaptive_clips_grow_towards_updates_over_them_and_a_resumed_run_continu
     settings = {"min_devices": 12, "dp_noise_multiplier": z, "dp_adaptive_clip": True, "dp_count_stddev": 1.0}
     asyncio.run(_serve(dp_config(tmp_path / "s", rounds=2, **settings), devices))
     store = Store(tmp_path / "s")
-    saved = store.privacy_state()["clips"]
+    saved = store.privacy.last()["clips"]
     store.close()
     orch, history = asyncio.run(_serve(dp_config(tmp_path / "s", rounds=3, resume=True, **settings), devices))
     store = Store(tmp_path / "s")
-    clips = [r["metrics"]["privacy"]["clips"] for r in store.rounds()]
+    clips = [r["metrics"]["privacy"]["clips"] for r in store.rounds.all()]
     store.close()
     blocks = orch.model.block_names
     start = 1.0 / math.sqrt(len(blocks))
@@ -185,8 +185,8 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
     for store_dir in (tmp_path / "a", tmp_path / "b"):
         store = Store(store_dir)
         try:
-            journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds()]
-            saved = PrivacyLedger.from_json(store.privacy_state()["ledger"])
+            journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds.all()]
+            saved = PrivacyLedger.from_json(store.privacy.last()["ledger"])
             status = snapshot(SimpleNamespace(config=orch.config, loop=SimpleNamespace(round=None), store=store,
                                               sessions={}), StatusFeed())
             exported = model_metadata(store, store_dir, 3)["privacy"]

@@ -57,9 +57,9 @@ def run200(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        metrics["journal_devices"] = store.devices()
-        metrics["journal_rounds"] = store.rounds()
-        metrics["journal_updates"] = store.updates()
+        metrics["journal_devices"] = store.devices.all()
+        metrics["journal_rounds"] = store.rounds.all()
+        metrics["journal_updates"] = store.reports.all()
     metrics["stdout"] = stdout
     metrics["by_id"] = {d["device"]: d for d in metrics["devices"]}
     return metrics

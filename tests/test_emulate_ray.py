@@ -93,9 +93,9 @@ def test_a_fleet_runs_to_the_end_through_a_local_ray_instance(tmp_path: Path) ->
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        journal_devices = {d["device_id"] for d in store.devices()}
-        journal_rounds = store.rounds()
-        updates = store.updates()
+        journal_devices = {d["device_id"] for d in store.devices.all()}
+        journal_rounds = store.rounds.all()
+        updates = store.reports.all()
 
     expected = {s.id for s in load_fleet(fleet).devices()}
     assert len(expected) == 6 and journal_devices == expected

@@ -61,7 +61,7 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[
     joins = [join(i, *j) for i, j in enumerate(JOINS)]
     history, *_ = await asyncio.wait_for(asyncio.gather(server, *fleet, *joins), timeout=600)
     store = Store(config.store_dir)
-    trained = {u["device_id"] for u in store.updates() if u.get("accepted")}
+    trained = {u["device_id"] for u in store.reports.all() if u.get("accepted")}
     store.close()
     return history, events, trained
 

@@ -50,8 +50,8 @@ def test_each_bad_hello_is_refused_journaled_and_the_server_goes_on(tmp_path: Pa
         assert isinstance(error, p.Error) and error.code == code and fragment in error.message, (changes, error)
     assert isinstance(welcome, p.Welcome)
     with Store(tmp_path / "s") as store:
-        assert [d["device_id"] for d in store.devices()] == ["d"]  # no refused hello was registered
-        refused = store.closures("hello_refused")
+        assert [d["device_id"] for d in store.devices.all()] == ["d"]  # no refused hello was registered
+        refused = store.closures.all("hello_refused")
     assert len(refused) == len(BAD_HELLOS)
     for row, (_, code, fragment) in zip(refused, BAD_HELLOS, strict=True):
         assert row["reason"].startswith(code) and fragment in row["reason"]

@@ -71,7 +71,7 @@ async def _run(tmp_path: Path) -> tuple[Tagged, list[dict], p.Message, list[str]
         clients.append(DeviceClient(cfg, data.x[idx], data.y[idx]))
     history, *_ = await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)
     store = Store(config.store_dir)
-    planned = [d["device_id"] for d in store.devices() if d.get("plan", {}).get("role")]
+    planned = [d["device_id"] for d in store.devices.all() if d.get("plan", {}).get("role")]
     store.close()
     return orch.strategy, history, error, planned
 

@@ -159,7 +159,7 @@ def test_a_reconnected_device_and_one_in_its_second_round_download_no_byte_they_
     assert round_bytes(history[1])["held"] == round_bytes(history[0])["down"] - sum(
         history[0]["bytes"][d]["down"]["model"] for d in ("back", "stays"))  # every chunk byte of round 1, held
     with Store(tmp_path / "store") as store:
-        rows = store.transfers(2)
+        rows = store.transfers.all(2)
     from_store = {(r["device_id"], r["kind"]) for r in rows if r["from_device_store"]}
     assert from_store == {("back", "chunk"), ("stays", "chunk")}, rows
     assert all(r["bytes"] > 0 for r in rows if not r["from_device_store"])

@@ -133,8 +133,8 @@ def test_tls_from_the_authority_install_page_budget_and_rounds(tmp_path: Path) -
                 await send_msg(ws, p.Hello(device_id=f"phone-{budget}", token="", budget_bytes=budget, cores=1,
                                            runtimes=["onnxruntime-web"], num_samples=180))
                 out[budget] = await recv_msg(ws)
-        orch.store.begin_round(1, ["phone-1"])
-        orch.store.record_update(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
+        orch.store.rounds.begin(1, ["phone-1"])
+        orch.store.reports.record(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
         out["rounds"] = await get("/device.json?id=phone-1")
         out["untrusted"] = await asyncio.to_thread(_get, site + "/web.json", None, ssl.create_default_context())
         install = InstallSite(authority, lambda: orch.port)

@@ -218,7 +218,6 @@ def credentials(command: str, argv: list[str]) -> None:
     ``revoke --store DIR --id ID``; ``list --store DIR``. The store is the server's --store folder."""
     import argparse
 
-    from orchestrator.aggregation.secure.roster import record_identity
     from orchestrator.store import Store
 
     parser = argparse.ArgumentParser(prog=f"edgetrain device {command}", description=credentials.__doc__)
@@ -233,10 +232,9 @@ def credentials(command: str, argv: list[str]) -> None:
     with Store(args.store) as store:
         if command == "enroll":
             try:
-                secret = store.enroll(args.device_id, samples=args.samples)
+                secret = store.credentials.enroll(args.device_id, samples=args.samples)
             except ValueError as e:
                 parser.error(str(e))
-            record_identity(args.store, args.device_id, secret)  # the key its secure rounds are signed with
             if args.out is None:
                 typer.echo(secret)
             else:
@@ -245,10 +243,10 @@ def credentials(command: str, argv: list[str]) -> None:
                 typer.echo(f"enrolled {args.device_id}; its secret is in {args.out} (python -m edge_sdk --secret-file)",
                            err=True)
         elif command == "revoke":
-            if not store.revoke(args.device_id):
+            if not store.credentials.revoke(args.device_id):
                 parser.error(f"{args.device_id} has no credential to revoke")
             typer.echo(f"revoked {args.device_id}", err=True)
         else:
-            for c in store.credentials():
+            for c in store.credentials.all():
                 state = "revoked" if c["revoked"] is not None else "active"
                 typer.echo(f"{c['device_id']}\t{state}\tsamples={c['samples'] if c['samples'] else '-'}")

@@ -159,7 +159,7 @@ class PlainIntake(ReportIntake):
         result = self.strategy.aggregate(ctx)
         capped = result.extra.get("weight_capped")
         if isinstance(capped, dict) and capped:
-            self.store.mark_weight_capped(ctx.round, capped)
+            self.store.reports.mark_weight_capped(ctx.round, capped)
         untrusted = self.trust.untrusted()
         if untrusted:
             log.warning("round %d: %s", ctx.round, "; ".join(f"{b}: {why}" for b, why in untrusted.items()))

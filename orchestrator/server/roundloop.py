@@ -138,7 +138,7 @@ class RoundLoop:
         rs, ctx = self._open(r, attempt)
         self.intake.begin_round(self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
-        self.store.begin_round(r, sorted({i.device_id for i in instructions}))
+        self.store.rounds.begin(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         self.attendance.round_opened({i.device_id for i in instructions})
         await self.dispatch(instructions)
@@ -257,8 +257,8 @@ class RoundLoop:
         if "failed" not in metrics:
             self.intake.commit(r)
             self.checks.committed(scored)
-        self.store.record_transfers(r, self.traffic.transfers)
-        self.store.complete_round(r, self.global_state, metrics)
+        self.store.transfers.record(r, self.traffic.transfers)
+        self.store.rounds.complete(r, self.global_state, metrics)
         self.heap.trim_after_round()
         await asyncio.to_thread(self.payloads.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
@@ -356,7 +356,7 @@ class RoundLoop:
         rs.on_report(session.device_id, msg.phase, folded.accepted)
         for ins in folded.follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
-        self.store.record_update(rs.round, session.device_id, folded.journal, phase=msg.phase)
+        self.store.reports.record(rs.round, session.device_id, folded.journal, phase=msg.phase)
         await self.send(session, p.Ack(rs.round, folded.accepted, folded.reason, msg.phase))
         self.emit("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                              "phase": msg.phase, "accepted": folded.accepted, "reason": folded.reason,
@@ -376,7 +376,7 @@ class RoundLoop:
             return
         if rs.expects(device_id, msg.phase) and exc.code != "timeout":  # a stalled upload is a straggler's
             rs.on_report(device_id, msg.phase, False)
-        self.store.record_update(rs.round, device_id, info, phase=msg.phase)
+        self.store.reports.record(rs.round, device_id, info, phase=msg.phase)
         self.emit("rejected", {"device": device_id, "round": rs.round, "refusal": exc.code, "reason": exc.message})
         self.changed.set()
 

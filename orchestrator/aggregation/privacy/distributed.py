@@ -71,7 +71,7 @@ class DistributedDPIntake(SecureIntake):
         self.ledger = PrivacyLedger(tuple(self.block_names), self.plan.delta, accountant=config.dp_accountant,
                                     sampling=config.dp_sampling)
         if config.resume:
-            self.ledger = resumed_ledger(store.privacy_state(), store.completed_rounds(), self.ledger,
+            self.ledger = resumed_ledger(store.privacy.last(), store.rounds.completed(), self.ledger,
                                          DISTRIBUTED) or self.ledger
         self.stop_reason: str | None = None
 
@@ -109,7 +109,7 @@ class DistributedDPIntake(SecureIntake):
                 state[name] = np.asarray(state[name] + delta, dtype=state[name].dtype)
             noise[self.block_names[out.block]] = out.multiplier * self.plan.block_clip / m
         self.ledger.record(event)
-        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "mode": DISTRIBUTED})
+        self.store.privacy.record(ctx.round, {"ledger": self.ledger.to_json(), "mode": DISTRIBUTED})
         self.stop_reason = next_stop(self.ledger, self.target, ctx.round, self.config.rounds, event)
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary_dp({
             "mode": DISTRIBUTED, "noise_stddev": noise, "fleet": fleet, "cohort": cohort,

@@ -20,7 +20,7 @@ Models", Algorithm 1, per layer as in its Section 3):
    (Andrew et al., 2021, Algorithm 1) from the noised count of unclipped updates;
 5. the round's release goes to the :class:`~orchestrator.aggregation.privacy.accountant.PrivacyLedger` (fixed-size
    sampling: K of the N idle devices; or Poisson sampling at rate q = fraction), whose (epsilon, delta), per block and for the model, goes into
-   the round's metrics; the ledger and the clips are journaled (``Store.record_privacy``) so that a
+   the round's metrics; the ledger and the clips are journaled (``store.privacy.record``) so that a
    resumed run continues them.
 
 The fleet's composition (N, and N_b: the devices able to train block b, by their planned roles,
@@ -125,7 +125,7 @@ class CentralDPIntake(PlainIntake):
         self.ledger = PrivacyLedger(self.blocks, self.plan.delta, accountant=config.dp_accountant,
                                     sampling=config.dp_sampling)
         if config.resume:
-            self._restore(store.privacy_state(), store.completed_rounds())
+            self._restore(store.privacy.last(), store.rounds.completed())
         self.stop_reason: str | None = None
         self._begin_sums()
 
@@ -203,7 +203,7 @@ class CentralDPIntake(PlainIntake):
         if self.config.dp_adaptive_clip:
             self.clipping.update({b: self._bits.get(b, 0.0) for b in expected}, expected)
         self.ledger.record(event)
-        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json(),
+        self.store.privacy.record(ctx.round, {"ledger": self.ledger.to_json(), "clips": self.clipping.to_json(),
                                               "mode": CENTRAL})
         self._check_next(ctx.round, event)
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(

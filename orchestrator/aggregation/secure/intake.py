@@ -39,7 +39,6 @@ from edge_sdk.secagg import Scope, SecAggError
 from edge_sdk.secagg.exchange import BLOCKS_KEY, CLIP_KEY, upload_name
 from edge_sdk.secagg.layout import block_entries, split_vector
 from orchestrator.aggregation.intake import PlainIntake
-from orchestrator.aggregation.secure.roster import load_roster
 from orchestrator.aggregation.secure.round import BlockOutcome, SecureRound
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Folded, Session, Work
@@ -89,7 +88,7 @@ class SecureIntake(PlainIntake):
         # mask of another attempt verifies, opens or cancels in this one.
         scope = Scope(f"{self.config.model}/{self.config.seed}/{os.urandom(12).hex()}", round)
         self.secure = SecureRound(scope, len(self.block_names), self.sizes, clip=self.config.secure_clip,
-                                  identities=load_roster(self.config.store_dir), weight_scale=1.0,
+                                  identities=self.store.credentials.identities(), weight_scale=1.0,
                                   degree=self.config.secure_degree, min_survivors=self.config.secure_threshold)
 
     def instruction_config(self, work: Work) -> dict[str, p.Scalar]:
@@ -219,7 +218,7 @@ class SecureIntake(PlainIntake):
     def _journal(self, rs: RoundState | None, device: str, reason: str, *, closed: bool) -> None:
         log.info("secure round: %s: %s", device, reason)
         if rs is not None:
-            self.store.record_update(rs.round, device, {"accepted": False, "reason": reason, "secure": True,
+            self.store.reports.record(rs.round, device, {"accepted": False, "reason": reason, "secure": True,
                                                         "closed": closed}, phase="train")
             self.emit("rejected", {"device": device, "round": rs.round, "refusal": "secure", "reason": reason})
 

@@ -185,7 +185,7 @@ class WebSite:
     def device_rounds(self, device_id: str) -> dict[str, object]:
         """The rounds whose train report of ``device_id`` the journal holds as accepted: what a reopened
         device page shows as this device's rounds (a tab counts only its own otherwise)."""
-        rounds = sorted({u["round"] for u in self.server.store.updates()
+        rounds = sorted({u["round"] for u in self.server.store.reports.all()
                          if u["device_id"] == device_id and u.get("phase", "train") == "train" and u.get("accepted")})
         return {"device": device_id, "rounds": len(rounds), "last_round": rounds[-1] if rounds else None}
 

@@ -83,7 +83,7 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
     rs = server.loop.round
     current = None if rs is None else {"round": rs.round, "selected": rs.num_selected, "reported": rs.num_reported(),
                                        "deadline_s": max(0.0, rs.deadline - time.monotonic())}
-    journaled = server.store.rounds()
+    journaled = server.store.rounds.all()
     rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
                "reported": r["reported"], "started": r["started"], "finished": r["finished"],
                "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss"),
@@ -132,7 +132,7 @@ def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
     (``peak_rss_bytes``; a tab cannot read its own), from the journal's rounds of the devices' last reports."""
     out: dict[str, dict[str, object]] = {}
     for rnd in sorted({r["round"] for r in feed.last_report.values() if isinstance(r.get("round"), int)}):
-        for update in server.store.updates(rnd):
+        for update in server.store.reports.all(rnd):
             metrics, mine = update.get("metrics") or {}, out.setdefault(update["device_id"], {})
             if isinstance(metrics.get("backend"), str):
                 mine["backend"] = metrics["backend"]
@@ -147,7 +147,7 @@ def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, obj
     what their last round cost them in bytes."""
     reported = _reported(server, feed)
     out = []
-    for d in server.store.devices():
+    for d in server.store.devices.all():
         device_id, profile, plan = d["device_id"], d["profile"], d["plan"]
         session = server.sessions.get(device_id)
         if session is not None:  # what this connection declared and was planned (the journal may lag a turn)
