@@ -4,8 +4,8 @@ fleet of 1,000 emulated devices.
 Each run is the emulator's lightweight mode (``emulator.lightweight``: the real
 :class:`edge_sdk.client.DeviceClient` over websockets on 127.0.0.1, devices as asyncio tasks in a
 few worker processes) against the real orchestrator with
-:class:`orchestrator.aggregation.privacy.intake.CentralDPIntake` (``--noise central``) or
-:class:`orchestrator.aggregation.privacy.distributed.DistributedDPIntake` (``--noise distributed``:
+:class:`orchestrator.aggregation.privacy.gaussian.CentralGaussian` (``--noise central``) or
+:class:`orchestrator.aggregation.privacy.distributed.DistributedDiscreteGaussian` (``--noise distributed``:
 secure rounds whose devices, enrolled with credentials, add discrete Gaussian noise):
 ``mnist_2nn`` (784-64-10, two blocks, 51k parameters) on MNIST split IID across the devices, 10% of
 them (fixed-size cohorts) sampled per round, EmbracingFL. For each fleet (``mixed``: a quarter strong,

@@ -51,7 +51,7 @@ def plain_round(n: int, sizes: dict[int, int], rng: np.random.Generator) -> dict
 def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.Generator) -> dict[str, object]:
     scope, ids = Scope("bench", 1), [f"d{i:04d}" for i in range(n)]
     roster = {d: identity_public_key(f"s-{d}", d) for d in ids}
-    server = SecureRound(scope, len(sizes), sizes, clip=1.0, identities=roster, weight_scale=100.0)
+    server = SecureRound(scope, len(sizes), sizes, clip=1.0, identities=roster)
     devices = {d: DeviceRound(d, f"s-{d}", scope, 0, len(sizes)) for d in ids}
     cpu = dict.fromkeys(ids, 0.0)
     sent = dict.fromkeys(ids, 0)
@@ -74,7 +74,7 @@ def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.G
         msg, size = _wire(p.SecAggKeys(1, *device_step(d, dev.advertise)))
         sent[d] += size
         server_step(lambda: server.advertise(d, 0, msg.cipher_public, msg.mask_public, msg.signature))
-    peers = server_step(server.close_keys)
+    peers = server_step(lambda: server.close_keys(weight_scale=100.0))
     for d, fields in peers.items():
         msg, _ = _wire(p.SecAggPeers(round=1, **fields))
         shares, size = _wire(p.SecAggShares(1, device_step(d, lambda: devices[d].share(msg))))

@@ -41,6 +41,10 @@ class Session:
     def ws(self) -> ServerConnection:
         return self.channel.ws
 
+    def mark_revoked(self) -> None:
+        """Its credential was revoked while it is connected: nothing it sends is taken any more."""
+        self.revoked = True
+
 
 @dataclass
 class Work:

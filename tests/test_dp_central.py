@@ -24,7 +24,8 @@ from edgetrain.cli.export import model_metadata
 from emulator.localfleet import start_orchestrator
 from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
-from orchestrator.aggregation.privacy.intake import CentralDPIntake
+from orchestrator.aggregation.privacy.gaussian import CentralGaussian
+from orchestrator.aggregation.privacy.release import PrivateRelease
 from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
@@ -69,7 +70,7 @@ def test_each_blocks_noise_through_the_intake_is_z_c_over_its_cohort(tmp_path: P
     config = dp_config(tmp_path / "s", min_devices=n, dp_noise_multiplier=z, dp_clip=clip)
     initial = {k: v.detach().numpy().copy() for k, v in build_model(config.model, seed=config.seed).state_dict().items()}
     orch, history = asyncio.run(_serve(config, [f"d{i}" for i in range(n)]))
-    assert isinstance(orch.intake, CentralDPIntake)
+    assert isinstance(orch.intake.release, PrivateRelease) and isinstance(orch.intake.release.mechanism, CentralGaussian)
     state, blocks = orch.global_state, orch.model.block_names
     block_clip = clip / math.sqrt(len(blocks))
     for b, block in enumerate(blocks):
@@ -187,7 +188,7 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
         try:
             journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds.all()]
             saved = PrivacyLedger.from_json(store.privacy.last()["ledger"])
-            status = snapshot(SimpleNamespace(config=orch.config, loop=SimpleNamespace(round=None), store=store,
+            status = snapshot(SimpleNamespace(config=orch.config, round=lambda: None, store=store,
                                               sessions={}), StatusFeed())
             exported = model_metadata(store, store_dir, 3)["privacy"]
         finally:

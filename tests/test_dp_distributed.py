@@ -19,7 +19,9 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.aggregation.privacy.accountant import PrivacyLedger
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
-from orchestrator.aggregation.privacy.intake import CENTRAL, DISTRIBUTED, resumed_ledger
+from orchestrator.aggregation.privacy.distributed import DISTRIBUTED
+from orchestrator.aggregation.privacy.gaussian import CENTRAL
+from orchestrator.aggregation.privacy.release import resumed_ledger
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
 from orchestrator.views.terminal import privacy_words

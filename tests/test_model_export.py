@@ -265,7 +265,7 @@ def _stored_run(tmp_path: Path, extra: dict) -> tuple[Path, dict]:
     states = {r: {k: v.numpy() * r for k, v in model.state_dict().items()} for r in (1, 2)}
     with Store(store_dir, keep=1) as store:
         for key, value in (("model", "tiny"), ("strategy", "fedavg"), ("seed", "1")):
-            store.meta.set(key, value)
+            store.meta.record(key, value)
         for r, state in states.items():
             store.rounds.begin(r, ["a", "b"])
             store.rounds.complete(r, state, {"round": r, "accuracy": 0.25 * r, "test_loss": 1.0 / r,

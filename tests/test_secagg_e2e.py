@@ -23,7 +23,7 @@ from edge_sdk.client import DeviceClient, DeviceConfig
 from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
 from edge_sdk.secagg.round import DeviceRound, weight_of
 from emulator.localfleet import role_budgets, start_orchestrator
-from orchestrator.aggregation.secure.intake import SecureIntake
+from orchestrator.aggregation.intake import Intake
 from orchestrator.aggregation.secure.round import SecureRound
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
@@ -41,7 +41,7 @@ class Recorder:
         self.outcomes: dict[int, tuple[FixedPoint, list]] = {}
         local = threading.local()  # devices mask in worker threads, several at once: each its own record
         start, rounding = BlockEncoder.__init__, BlockEncoder._round
-        mask, fold, finish = DeviceRound.mask, SecureIntake.fold, SecureRound.finish
+        mask, fold, finish = DeviceRound.mask, Intake.fold, SecureRound.finish
 
         def starting(encoder, *args, **kwargs):  # a block's encoding begins: its words come slice by slice
             start(encoder, *args, **kwargs)
@@ -73,7 +73,7 @@ class Recorder:
         monkeypatch.setattr(BlockEncoder, "__init__", starting)
         monkeypatch.setattr(BlockEncoder, "_round", encoding)
         monkeypatch.setattr(DeviceRound, "mask", masking)
-        monkeypatch.setattr(SecureIntake, "fold", folding)
+        monkeypatch.setattr(Intake, "fold", folding)
         monkeypatch.setattr(SecureRound, "finish", finishing)
 
 

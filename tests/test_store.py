@@ -82,8 +82,8 @@ def test_updates_devices_and_meta_are_journaled(tmp_path):
         store.devices.record("phone-1", {"ram_mib": 4096, "cores": 8}, {"role": "moderate", "split": 2})
         store.devices.record("pi-zero", {"ram_mib": 512}, {"role": "weak", "split": 3})
         run_rounds(store, [1, 2])
-        store.meta.set("model", "resnet20")
-        store.meta.set("config", {"rounds": 100, "strategy": "embracingfl"})
+        store.meta.record("model", "resnet20")
+        store.meta.record("config", {"rounds": 100, "strategy": "embracingfl"})
     with Store(tmp_path) as store:
         devices = {d["device_id"]: d for d in store.devices.all()}
         assert devices["phone-1"]["plan"] == {"role": "moderate", "split": 2}
@@ -119,7 +119,7 @@ def test_a_read_only_store_watches_a_run_that_is_still_going(tmp_path):
             assert reader.devices.all()[0]["plan"] == {"role": "strong", "split": 0}
             assert reader.checkpoints.last()[0] == 3
             with pytest.raises(Exception, match="readonly"):
-                reader.meta.set("model", "tiny")
+                reader.meta.record("model", "tiny")
         assert writer.meta.get("model") is None
 
 
@@ -137,7 +137,7 @@ def test_journal_refuses_out_of_order_calls(tmp_path):
         with pytest.raises(ValueError, match="round must be a non-negative integer"):
             store.rounds.begin(-1, [])
         with pytest.raises(TypeError, match="cannot store object"):
-            store.meta.set("bad", object())
+            store.meta.record("bad", object())
 
 
 def test_only_the_last_checkpoints_are_kept(tmp_path):

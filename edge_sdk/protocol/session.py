@@ -39,6 +39,7 @@ from .messages import (
     Hello,
     Instruction,
     Message,
+    PHASES,
     Report,
     Resume,
     SECAGG_KEY,
@@ -48,6 +49,7 @@ from .messages import (
     SecAggReveal,
     SecAggShares,
     SecAggUnmask,
+    TENSOR_PHASES,
     TRAIN_GRAPH_KEY,
     TransferBegin,
     TransferEnd,
@@ -80,8 +82,7 @@ class SessionState(enum.Enum):
 
 
 #: Phases whose report carries tensors (an ``update`` transfer), and phases whose report does not.
-_TENSOR_PHASES = frozenset({"train"})
-_PLAIN_PHASES = frozenset({"evaluate", "compare"})
+_PLAIN_PHASES = PHASES - TENSOR_PHASES
 _AFTER_WELCOME = frozenset({SessionState.IDLE, SessionState.WORKING, SessionState.UPLOADING,
                             SessionState.AWAITING_ACK})
 
@@ -296,7 +297,7 @@ class _Session:
         if (msg.round, msg.phase) != (instruction.round, instruction.phase):
             raise _unexpected(f"report of round {msg.round}, phase {msg.phase!r} answers no instruction: the "
                               f"current one is of round {instruction.round}, phase {instruction.phase!r}")
-        if msg.phase in _TENSOR_PHASES and not msg.transfer_id:
+        if msg.phase in TENSOR_PHASES and not msg.transfer_id:
             raise _unexpected(f"a report of phase {msg.phase!r} carries tensors: its transfer_id is empty")
         if msg.phase in _PLAIN_PHASES and msg.transfer_id:
             raise _unexpected(f"a report of phase {msg.phase!r} carries no tensors, but names transfer "

@@ -62,7 +62,7 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def record_settings(store: Store, config: ServerConfig) -> None:
     """Keep the run's settings in its journal, for the models exported from it."""
-    store.meta.set(SETTINGS_META, run_settings(config.to_dict()))
+    store.meta.record(SETTINGS_META, run_settings(config.to_dict()))
 
 
 @app.command(epilog="Examples: edgetrain export --store runs/serve-20261127-101500-4242; "

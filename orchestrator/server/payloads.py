@@ -111,7 +111,7 @@ class Payloads:
         self.state: Mapping[str, np.ndarray] = {}
         self._models: dict[str, LayeredModel] = {}  # version -> the model its chunks export from
         self._lock = threading.Lock()
-        bits = {"none": 0, "int8": 8, "int4": 4, "int2": 2}[config.download_delta]
+        bits = 0 if config.download_delta == "none" else int(config.download_delta.removeprefix("int"))
         self.deltas = DeltaDownloads(bits, config.download_delta_keep) if bits else None
 
     def __getitem__(self, payload_id: str) -> Payload:

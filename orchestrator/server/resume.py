@@ -46,5 +46,5 @@ def start_run(config: ServerConfig, store: Store, strategy: str, template: Layer
     elif any(r["complete"] for r in store.rounds.all()):
         raise ValueError(f"{config.store_dir} already holds a run; pass --resume to continue it or choose a fresh --store")
     for key, value in identity.items():
-        store.meta.set(key, value)
+        store.meta.record(key, value)
     return start

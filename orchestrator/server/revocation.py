@@ -63,7 +63,7 @@ class Revocations:
         session = self.sessions.get(device_id)
         if session is None or session.revoked:
             return
-        session.revoked = True
+        session.mark_revoked()
         self.note_closure(device_id, "revoked", "credential revoked while connected", self._round())
         self.emit("revoked", {"device": device_id})
         await self.close(session.ws, "unauthorized", "this device's credential was revoked")
@@ -72,6 +72,6 @@ class Revocations:
         """Before a report is taken: a credential revoked since the last poll still refuses it."""
         if session.revoked or (self.config.require_credentials
                                and (self.store.credentials.get(session.device_id) or {}).get("revoked") is not None):
-            session.revoked = True
+            session.mark_revoked()
             self.note_closure(session.device_id, "revoked", "report refused: credential revoked", self._round())
             raise p.ProtocolError("unauthorized", "this device's credential was revoked")

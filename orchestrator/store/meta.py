@@ -15,7 +15,7 @@ class Meta:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def set(self, key: str, value: object) -> None:
+    def record(self, key: str, value: object) -> None:
         """Remember a run setting (model, strategy, config) so ``--resume`` can check it."""
         with self.db.write() as db:
             db.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
