@@ -28,11 +28,7 @@ MUTATORS = frozenset({"append", "appendleft", "add", "clear", "discard", "extend
                       "remove", "reverse", "set", "setdefault", "sort", "update"})
 #: Writes across parts the check knows of, in code outside the server (each with its reason). The
 #: test fails when one of them is gone too, so that this list stays true.
-KNOWN = {
-    "emulator/ray_backend.py: _RayEmulator.on_worker_event writes self.recorder.current_round": (
-        "the Ray fleet dates a device's life in the round it vanished in through the recorder's current "
-        "round; a Recorder method for it belongs to the emulation's owner"),
-}
+KNOWN: dict[str, str] = {}
 #: The server's parts (docs/architecture.md, "The server"): they share records through orchestrator.parts.
 #: Module paths under orchestrator/: the server's I/O and its parts in server/, report intake in aggregation/.
 SERVER_PARTS = ("server.admission", "server.heap", "aggregation.intake", "aggregation.normbound", "server.payloads",
