@@ -18,7 +18,7 @@ tails (:class:`edge_sdk.warm_tails.WarmTails`; a tail is taken in the training t
 the round's state, trained and given back, so a device that is not training holds no model) and the
 heap (no ``malloc_trim`` after each report, and glibc's own policy for large buffers instead of a
 mapping per buffer: the next device reuses them at once, without faulting their pages in again; a
-quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceConfig.trim_memory), and
+quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceSettings.trim_memory), and
 each device's shard is a read-only map of a file of its own (:mod:`emulator.shards`).
 Every check of the protocol stays on: each transfer's sha256, each tensor's validation.
 
