@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edge_sdk.values import SettingError
 from emulator.recorder import Recorder
 from emulator.schedule import drop_schedule
 
@@ -144,7 +143,7 @@ class EmulationBackend(ABC):
 
     @classmethod
     def validate(cls, fleet: Fleet, options: Mapping[str, Any]) -> None:
-        """Refuse an option value that cannot work for `fleet`, before anything starts:
+        """Refuse an option value that cannot work for `fleet`, before anything starts: raise
         :class:`~edge_sdk.values.SettingError` naming its flag."""
 
     @classmethod
@@ -161,10 +160,6 @@ class EmulationBackend(ABC):
     def report(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         """What ``metrics.json`` says of the backend."""
         return {"backend": cls.where}
-
-    @staticmethod
-    def refuse(flag: str, problem: str) -> SettingError:
-        return SettingError(flag, problem)
 
     # -- a run's three steps --------------------------------------------------------------------------
     async def prepare(self) -> None:
