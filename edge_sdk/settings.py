@@ -253,12 +253,12 @@ class DeviceSettings:
         def path(value: Any) -> Path | None:
             return None if value is None else Path(value)
 
-        return dataclasses.replace(self, budget_bytes=self.budget(), cores=self.declared_cores(),
+        return dataclasses.replace(self, budget_bytes=self.declared_budget(), cores=self.declared_cores(),
                                    registry=self.device_registry(), private_heat=self.heat(),
                                    bundle=path(self.bundle), payload_cache=path(self.payload_cache),
                                    work_dir=path(self.work_dir))
 
-    def budget(self) -> int:
+    def declared_budget(self) -> int:
         """The budget this device declares: ``budget_bytes``, else what this machine offers."""
         if self.budget_bytes is not None:
             return self.budget_bytes
@@ -280,12 +280,31 @@ class DeviceSettings:
             return self.registry
         return load_registry(self.registry)
 
+    @property
+    def budget(self) -> int | None:
+        """``budget_bytes``, by the name this record's field had before the API joined it."""
+        _renamed("budget", "budget_bytes")
+        return self.budget_bytes
+
+    @property
+    def payload_cache_size(self) -> int:
+        """``payload_cache_bytes``, by the name this record's field had before the API joined it."""
+        _renamed("payload_cache_size", "payload_cache_bytes")
+        return self.payload_cache_bytes
+
     def heat(self) -> PrivateHeat | None:
         """Private heat as the client runs it: ``private_heat`` (an epsilon, with ``table_rows``, or
         the PrivateHeat an app hands); None without it."""
         if self.private_heat is None or isinstance(self.private_heat, PrivateHeat):
             return self.private_heat
         return private_heat_of(self.private_heat, self.table_rows, self.data)
+
+
+def _renamed(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(f"DeviceSettings.{old} is DeviceSettings.{new} now (its config key and option keep their name)",
+                  DeprecationWarning, stacklevel=3)
 
 
 def load_registry(reference: str) -> DeviceRegistry:
@@ -544,16 +563,18 @@ def load_settings(given: Mapping[str, Any], config: str | Path | None = None, *,
     return DeviceSettings(**values)
 
 
-def settings_subset(*names: str, frozen: bool = True) -> Callable[[type], type]:
+def settings_subset(*names: str, required: tuple[str, ...] = (), frozen: bool = True) -> Callable[[type], type]:
     """A class decorator: the class becomes a dataclass whose first fields are the settings `names`
-    of :class:`DeviceSettings` (their types, defaults, help and repr, in that order), followed by
-    its own. A typed subset of the one record, derived, never declared twice: the emulator's
+    of :class:`DeviceSettings` (their types, defaults, help and repr, in that order; those of
+    `required`, which lead `names`, without their defaults), followed by its own. A typed subset of the one record, derived, never declared twice: the emulator's
     launch record (:class:`emulator.launch.DeviceLaunch`) is one. The class's ``SETTINGS`` holds
     `names`; :func:`check_subset` checks them as the record does, :func:`subset_settings` gives
     them back for a :class:`DeviceSettings`."""
     unknown = [n for n in names if n not in _FIELDS]
     if unknown:
         raise ValueError(f"not settings of DeviceSettings: {unknown}")
+    if tuple(names[:len(required)]) != tuple(required):
+        raise ValueError(f"the required settings {required} must lead {names}")
 
     def derive(cls: type) -> type:
         own = dict(cls.__dict__.get("__annotations__", {}))
@@ -564,7 +585,9 @@ def settings_subset(*names: str, frozen: bool = True) -> Callable[[type], type]:
         for n in names:
             f = _FIELDS[n]
             kwargs: dict[str, Any] = {"metadata": f.metadata, "repr": f.repr}
-            if f.default_factory is not dataclasses.MISSING:
+            if n in required:
+                pass
+            elif f.default_factory is not dataclasses.MISSING:
                 kwargs["default_factory"] = f.default_factory
             else:
                 kwargs["default"] = f.default

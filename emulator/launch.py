@@ -33,12 +33,13 @@ from emulator.faults import Faults
 __all__ = ["LAUNCH_SETTINGS", "DeviceLaunch", "Faults", "device_argv"]
 
 #: The device's settings a launch holds (edge_sdk.settings.DeviceSettings' fields), in its order:
-#: ``DeviceLaunch(device_id, budget_bytes, client, num_clients, ...)``.
+#: ``DeviceLaunch(device_id, budget_bytes, client, num_clients, ...)``, the first four required.
 LAUNCH_SETTINGS = ("device_id", "budget_bytes", "client", "num_clients", "data", "partition", "device_class", "seed",
                    "data_limit", "threads", "cores", "backend", "labels", "secret")
+REQUIRED = LAUNCH_SETTINGS[:4]
 
 
-@settings_subset(*LAUNCH_SETTINGS)
+@settings_subset(*LAUNCH_SETTINGS, required=REQUIRED)
 class DeviceLaunch:
     """One emulated device: who it is, its budget, its share of the data and its faults.
 
@@ -57,7 +58,7 @@ class DeviceLaunch:
     def __post_init__(self) -> None:
         if not self.device_id:
             raise ValueError("a device needs an id")
-        if self.budget_bytes is None or isinstance(self.budget_bytes, bool) or int(self.budget_bytes) <= 0:
+        if isinstance(self.budget_bytes, bool) or int(self.budget_bytes) <= 0:
             raise ValueError(f"{self.device_id}: budget_bytes must be positive, got {self.budget_bytes!r}")
         check_subset(self, self.device_id)
         if not 0 <= self.client < self.num_clients:

@@ -22,6 +22,12 @@ quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceSettings
 each device's shard is a read-only map of a file of its own (:mod:`emulator.shards`).
 Every check of the protocol stays on: each transfer's sha256, each tensor's validation.
 
+The emulator's side is :class:`LightweightBackend`, the ``lightweight`` row of the backend table
+(:mod:`emulator.backends`): it starts the workers (:meth:`~LightweightBackend.prepare`), hands them
+the orchestrator's address (:meth:`~LightweightBackend.start`), stops the run when one dies during it
+(:class:`WorkerFailed`) and stops them all after the last round (:meth:`~LightweightBackend.cancel`);
+:class:`LightweightEmulator` records what they report.
+
 Run as ``python -m emulator.lightweight --url URL --spec-file F`` this module is the
 worker: F is a :class:`WorkerSpec` as JSON. With ``--url -`` it reads the orchestrator's address
 from the first line of stdin once its runtimes and shards are loaded: the emulator starts its

@@ -11,10 +11,11 @@ the orchestrator, its own state and its own shard of the data, exactly as in the
 Events go back to the emulator in batches: the emulator keeps one call to the actor's
 :meth:`WorkerActor.next_events` outstanding per worker; it returns as soon as the worker has emitted
 anything (or after ``poll_s``, the length of an idle call), with every event so far as the JSON
-lines a local worker prints, plus the actor process's CPU and memory. The emulator feeds them to the same
-:class:`~emulator.lightweight.LightweightEmulator` and
-:class:`~emulator.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
-the same (``backend: ray`` added by the command). Stopping is a call to :meth:`WorkerActor.stop` (a
+lines a local worker prints, plus the actor process's CPU and memory. :class:`RayBackend` is the
+local mode's backend (:class:`~emulator.lightweight.LightweightBackend`) with the workers placed
+as actors: it feeds them to the same bookkeeping (:class:`ActorBookkeeping`, a
+:class:`~emulator.lightweight.LightweightEmulator`) and :class:`~emulator.recorder.Recorder`, so a
+run's ``metrics.json`` is the same (``backend: ray`` and the cluster's address added). Stopping is a call to :meth:`WorkerActor.stop` (a
 local worker's stdin closing); an actor that dies (its process killed, its node lost) stops the run
 with :class:`~emulator.lightweight.WorkerFailed`, as a local worker's death does.
 
@@ -22,8 +23,8 @@ The orchestrator stays in the emulator's process: the actors must reach its URL.
 instance that is 127.0.0.1; on a cluster the server binds ``--host`` (``0.0.0.0`` by default there)
 and the actors dial ``--advertise-host`` (by default this node's address as Ray knows it).
 
-Ray is an optional dependency (``pip install 'edgetrain[ray]'``): this module imports it only when a
-run starts, and nothing else in edgetrain imports this module until ``--backend ray`` is asked for.
+Ray is an optional dependency (``pip install 'edgetrain[ray]'``, the backend's ``requires``): this
+module, which the backend table imports, imports Ray only when a run starts.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ The supervisor therefore also guards the resident set (``rss_guard``): it polls 
 kills a device over its budget, so every mechanism holds a device to the quantity the budget means.
 The report says which enforced the kill (``killed_by``: "kernel", "watchdog", "rss-guard", "timeout").
 
-What the devices did is recorded by :class:`~emulator.recorder.Recorder`.
+:class:`ProcessBackend` is this mode's row of the backend table (:mod:`emulator.backends`):
+:class:`DeviceSupervisor` starts, watches and restarts the processes, and what the devices did is
+recorded by :class:`~emulator.recorder.Recorder`.
 """
 
 from __future__ import annotations
