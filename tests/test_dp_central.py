@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.models import build_model
 from edgetrain.cli.export import model_metadata
@@ -96,7 +96,7 @@ def test_real_devices_train_a_dp_run_that_reports_epsilon_every_round(tmp_path: 
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         data = load_dataset("synthetic", split="train")
-        clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}",
+        clients = [DeviceClient(DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}",
                                              budget_bytes=2 << 30), data.x[idx], data.y[idx])
                    for i, idx in enumerate(partition(data.y, 4, "iid", seed=0))]
         history, *_ = await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.aggregation.privacy.accountant import PrivacyLedger
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
@@ -50,7 +50,7 @@ def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | N
         devices = []
         for i, (d, role) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[role],
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[role],
                                backend="torch", secret=secrets[d], reconnect_retries=0)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=600)

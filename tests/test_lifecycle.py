@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
 from emulator.localfleet import start_orchestrator
@@ -103,7 +103,7 @@ def test_a_proof_captured_before_a_restart_is_refused_after_it(tmp_path: Path) -
                                                         require_credentials=True), lambda k, d: None)
         relay = await proxy(f"ws://127.0.0.1:{orch.port}")
         x, y = load_shard("synthetic", client=0, num_clients=2)
-        cfg = DeviceConfig(f"ws://127.0.0.1:{relay.sockets[0].getsockname()[1]}", "dev-0", 2 << 30, secret=secret,
+        cfg = DeviceSettings(f"ws://127.0.0.1:{relay.sockets[0].getsockname()[1]}", "dev-0", 2 << 30, secret=secret,
                            reconnect=False)
         await asyncio.gather(DeviceClient(cfg, x, y).run(), server, return_exceptions=True)
         relay.close()
@@ -205,7 +205,7 @@ def test_a_device_fetching_its_model_in_a_loop_is_cut_off_and_honest_devices_tra
                                                         straggler_grace_s=1.0), lambda k, d: None)
         url = f"ws://127.0.0.1:{orch.port}"
         x, y = load_shard("synthetic", client=0, num_clients=2)
-        honest = DeviceClient(DeviceConfig(url, "honest", 2 << 30, reconnect=False), x, y)
+        honest = DeviceClient(DeviceSettings(url, "honest", 2 << 30, reconnect=False), x, y)
         return await asyncio.gather(_fetch_loop(url, "looper"), honest.run(), server)
 
     (got, ended), _, history = asyncio.run(main())

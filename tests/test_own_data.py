@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = """
 import asyncio, sys
 import numpy as np
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data.sources import BatchSource
 from edge_sdk.logs import configure_logging, event_logger
 
@@ -39,7 +39,7 @@ def batches():
         yield x[i:i + 50], y[i:i + 50]
 
 data = (x, y) if kind == "arrays" else (BatchSource(batches, spool_dir=folder + "/spool"),)
-config = DeviceConfig(server=server, device_id=device_id, budget_bytes=int(budget), backend="onnxruntime")
+config = DeviceSettings(server=server, device_id=device_id, budget_bytes=int(budget), backend="onnxruntime")
 configure_logging("json", stream=sys.stdout)
 asyncio.run(DeviceClient(config, *data, on_event=event_logger()).run())
 """

@@ -34,18 +34,6 @@ MUTATORS = frozenset({"append", "appendleft", "add", "clear", "discard", "extend
 #: Writes across parts the check knows of, in code outside the server (each with its reason). The
 #: test fails when one of them is gone too, so that this list stays true.
 KNOWN = {
-    "emulator/ray_backend.py: _RayEmulator.on_worker_event writes self.recorder.current_round": (
-        "the Ray fleet dates a device's life in the round it vanished in through the recorder's current "
-        "round; a Recorder method for it belongs to the emulation's owner"),
-    # Found once the check followed names bound to another part; each belongs to a room being reworked
-    # on its own branch (the emulator, the device), which takes them over.
-    "emulator/ray_backend.py: _pump writes emu.failures": (
-        "a Ray worker's pump reports its failure into the lightweight emulator's list; an emulator method for "
-        "it belongs to the emulation backend interface"),
-    "emulator/ray_backend.py: _pump writes emu.worker_failed": (
-        "the same pump sets the emulator's failure event; the same method would set it"),
-    "emulator/ray_backend.py: _stop_actors writes emu.finished": (
-        "stopping the Ray actors marks the lightweight emulator finished; its stop belongs to the emulator"),
     "edge_sdk/algorithms/fedalign.py: check_after_evaluate writes ctx.notes": (
         "PhaseContext.notes is the map a phase leaves notes in for a later phase of the same instruction; "
         "a PhaseContext method for it belongs to edge_sdk/phases.py"),

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset
 from edge_sdk.payload_store import PayloadStore
 from emulator.localfleet import role_budgets, start_orchestrator
@@ -136,7 +136,7 @@ def test_a_reconnected_device_and_one_in_its_second_round_download_no_byte_they_
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: server_events.append((kind, data)))
         url = f"ws://127.0.0.1:{orch.port}"
-        devices = [DeviceClient(DeviceConfig(url, name, budget, backend="torch", payload_cache=tmp_path / name,
+        devices = [DeviceClient(DeviceSettings(url, name, budget, backend="torch", payload_cache=tmp_path / name,
                                              reconnect_max_delay=0.5),
                                 digits.x[i::2], digits.y[i::2], on_event=on_device,
                                 connect=conns if name == "back" else None)

@@ -241,7 +241,7 @@ def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -
     with backoff (an error frame would have been final) and is welcomed once there is room."""
     import numpy as np
 
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient, DeviceSettings
 
     async def main():
         config = server_config(tmp_path / "s", min_devices=9, max_pending_hellos=2, hello_timeout_s=1.5,
@@ -257,7 +257,7 @@ def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -
             if kind == "welcome":
                 welcomed.set()
 
-        client = DeviceClient(DeviceConfig(server=url, device_id="late", budget_bytes=2 << 30, backend="torch"),
+        client = DeviceClient(DeviceSettings(server=url, device_id="late", budget_bytes=2 << 30, backend="torch"),
                               np.zeros((4, 4), np.float32), np.zeros(4, np.int64), on_event=on_event)
         task = asyncio.create_task(client.run())
         await asyncio.wait_for(welcomed.wait(), timeout=30)

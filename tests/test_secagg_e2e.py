@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
 from edge_sdk.secagg.round import DeviceRound, weight_of
 from emulator.localfleet import role_budgets, start_orchestrator
@@ -93,7 +93,7 @@ def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, secure: 
         devices = []
         for i, (d, (role, backend)) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[backend][role],
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[backend][role],
                                backend=backend, secret=secrets[d], reconnect_retries=reconnect_retries)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=900)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.codecs import CODECS
 from edge_sdk.data import load_dataset
 from edge_sdk.downloads import DeviceRefused
@@ -68,7 +68,7 @@ def _run(tmp_path: Path, config: ServerConfig, *, tamper: str = "",
     async def run() -> tuple[list[dict], list]:
         orch, server = await start_orchestrator(config, lambda kind, data: events.append((kind, data)))
         url = f"ws://127.0.0.1:{orch.port}"
-        devices = [DeviceClient(DeviceConfig(url, name, budgets[i], backend="torch", reconnect=False),
+        devices = [DeviceClient(DeviceSettings(url, name, budgets[i], backend="torch", reconnect=False),
                                 digits.x[i::2], digits.y[i::2]) for i, name in enumerate(("a", "b"))]
         if tamper:
             good = devices[1].work.updates.encode

@@ -158,8 +158,9 @@ class _Flow:
                                                         f"{begin.total_size} bytes")
 
 
-class _Session:
-    """What both sides track; subclasses map ``send``/``receive`` to the two directions."""
+class _SessionRecord:
+    """What both sides of a connection track (its state, the current instruction, the messages that
+    shaped them), and the read-only view of it; :class:`_Session` makes the transitions."""
 
     _SIDE = ""
 
@@ -181,7 +182,6 @@ class _Session:
         self._secagg_next: type[Message] | None = None  # the device's next step of a secure round
         self._unmask_due = -1  # the round whose SecAggUnmask awaits the device's SecAggReveal
 
-    # -- what the session knows ----------------------------------------------------------------
     @property
     def state(self) -> SessionState:
         return self._state
@@ -238,7 +238,10 @@ class _Session:
         return (f"{type(self).__name__}(state={self._state.name}, round={self._round}, "
                 f"pending={len(self._pending)})")
 
-    # -- transitions ---------------------------------------------------------------------------
+
+class _Session(_SessionRecord):
+    """The transitions both sides share; subclasses map ``send``/``receive`` to the two directions."""
+
     def _not_allowed(self, msg: Message, why: str = "") -> ProtocolError:
         text = f"{self._SIDE}: {msg.TYPE} is not allowed in state {self._state.name}"
         return _unexpected(f"{text}: {why}" if why else text)
