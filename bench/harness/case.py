@@ -72,7 +72,8 @@ class Case:
     seeds: str | None = None
     data_root: bool = False
     quick: Mapping[str, Any] = field(default_factory=dict)
-    results: Callable[[argparse.Namespace], str] | None = None  # the results name from the options
+    results: Callable[[argparse.Namespace], str] | None = None  # the results name from the options (its
+    #                                                               docstring: the pattern --help shows)
     metrics: tuple[str, ...] = ()  # the run records' numbers the summary covers
     group_by: tuple[str, ...] = ()  # the run records' keys that name a group (a lane, a size, ...)
     script: str | None = None  # how the command line names the script (default: bench/<name>.py)
@@ -82,8 +83,8 @@ class Case:
         ap = argparse.ArgumentParser(description=self.doc.strip().split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
         common = ap.add_argument_group("common benchmark options (bench/harness)")
-        common.add_argument("--out", type=Path, default=None,
-                            help=f"results file (default: bench/results/{self.name}.json)")
+        named = self.name if self.results is None else (self.results.__doc__ or f"{self.name}-...").strip()
+        common.add_argument("--out", type=Path, default=None, help=f"results file (default: bench/results/{named}.json)")
         if self.repeats is not None:
             common.add_argument("--repeats", type=int, default=self.repeats,
                                 help=f"runs of each lane, interleaved (default {self.repeats})")
