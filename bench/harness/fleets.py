@@ -178,12 +178,14 @@ def write_fleet(fleet: Fleet, path: Path | str, comment: str = "") -> Path:
 
 
 def same_fleet(a: str, b: str) -> bool:
-    """Whether two fleet files' texts describe the same fleet (comments, order and spelling aside)."""
+    """Whether two fleet files' texts describe the same fleet: the same devices, data and settings (their
+    names, comments, order and spelling aside: a fleet's name labels it, nothing is drawn from it)."""
     if a == b:
         return True
     try:
         from emulator.fleet import parse_fleet
 
-        return parse_fleet(tomllib.loads(a)) == parse_fleet(tomllib.loads(b))
+        fa, fb = (parse_fleet(tomllib.loads(t)) for t in (a, b))
     except Exception:  # noqa: BLE001 - a text that no longer parses is simply not the same fleet
         return False
+    return dataclasses.replace(fa, name="") == dataclasses.replace(fb, name="")
