@@ -50,10 +50,8 @@ $PY bench/embracing.py --paper-scale --device "${DEVICE:-cuda}" --cases 1,6 --se
     2>&1 | tee "$RESULTS/embracing-paper.log"
 $PY - "$RESULTS/embracing-paper.json" <<'EOF'
 import json, sys
-runs = json.load(open(sys.argv[1]))["report"]["datasets"]["cifar10"]["runs"]
-for key, rs in runs.items():
-    for r in rs:
-        walls = r["round_wall_s"]
-        print(f"{key} seed {r['seed']}: {len(walls)} rounds, wall per round {sum(walls) / len(walls):.1f} s "
-              f"(first {walls[0]:.1f} s), run {r['wall_s']:.0f} s")
+for r in json.load(open(sys.argv[1]))["runs"]:  # bench/harness/results.py's schema: one record per run
+    walls = r["round_wall_s"]
+    print(f"c{r['case']}/{r['method']} seed {r['seed']}: {len(walls)} rounds, wall per round "
+          f"{sum(walls) / len(walls):.1f} s (first {walls[0]:.1f} s), run {r['wall_s']:.0f} s")
 EOF

@@ -6,8 +6,9 @@ emulator's own reader (``emulator.fleet.parse_fleet``: every key and value check
 benchmark's fleet is exactly a fleet a user could write. :func:`derive` changes a fleet (a shipped
 one, or one built here) the same way: its tables with some keys set or, given None, back to their
 defaults. :func:`fleet_toml` is the one writer of fleet files: the tables of :func:`fleet_tables`,
-which hold what the reader would not fill in by itself (the class's figures and the defaults are
-left out), so that ``parse_fleet(tomllib.loads(fleet_toml(f)))`` is ``f`` again.
+which hold the workload's settings and what the reader would not fill in by itself (the class's
+figures and other defaults are left out), so that ``parse_fleet(tomllib.loads(fleet_toml(f)))`` is
+``f`` again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["build_fleet", "derive", "fleet_tables", "fleet_toml", "group", "same_fleet", "write_fleet"]
 
 MiB = 1 << 20
+#: The settings a fleet file always states, defaults or not: the workload's own numbers, which a change
+#: of a server default must not move under a fleet file.
+WORKLOAD = ("strategy", "rounds", "fraction", "local_steps", "batch_size", "lr", "momentum", "weight_decay")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -87,7 +91,7 @@ def _training(fleet: Fleet) -> dict[str, Any]:
 
     default = ServerConfig()
     return {k: getattr(fleet.training, k) for k in TRAINING_SETTINGS
-            if _changed(getattr(fleet.training, k), getattr(default, k))}
+            if k in WORKLOAD or _changed(getattr(fleet.training, k), getattr(default, k))}
 
 
 def _group(g: Any) -> dict[str, Any]:
@@ -111,8 +115,9 @@ def _group(g: Any) -> dict[str, Any]:
 
 
 def fleet_tables(fleet: Fleet) -> dict[str, Any]:
-    """The tables of ``fleet``'s file: what the reader would not fill in by itself. Every group's
-    behaviour is written in the group (no ``[behaviour]`` table); a budget only where the file set one."""
+    """The tables of ``fleet``'s file: what the reader would not fill in by itself, and always the
+    workload's settings (:data:`WORKLOAD`) and the emulation mode. Every group's behaviour is written in
+    the group (no ``[behaviour]`` table); a budget only where the file set one."""
     from emulator.fleet import EmulationSettings
 
     head = {"name": fleet.name, "description": fleet.description, "model": fleet.model, "dataset": fleet.dataset,
@@ -124,7 +129,7 @@ def fleet_tables(fleet: Fleet) -> dict[str, Any]:
         partition["seed"] = fleet.partition.seed
     emulation_default = EmulationSettings()
     emulation = {f.name: getattr(fleet.emulation, f.name) for f in dataclasses.fields(EmulationSettings)
-                 if _changed(getattr(fleet.emulation, f.name), getattr(emulation_default, f.name))}
+                 if f.name == "mode" or _changed(getattr(fleet.emulation, f.name), getattr(emulation_default, f.name))}
     return {"fleet": {k: v for k, v in head.items() if v not in (None, "")}, "training": _training(fleet),
             "strategy": dict(fleet.strategy_options), "partition": partition, "emulation": emulation,
             "groups": [_group(g) for g in fleet.groups]}
