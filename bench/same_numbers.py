@@ -17,7 +17,7 @@ The cases:
   (``movielens-lr-fedsubavg``: 610 user devices, K = 50) through the orchestrator and the lightweight
   emulator, FedAvg and FedSubAvg, lr 0.3, seed 0, 4 rounds;
 - ``fleet-plain``, ``fleet-secure``, ``fleet-central-dp``, ``fleet-distributed-dp``: one fleet
-  (:data:`FLEET`: ``mnist_2nn`` on MNIST, 6 devices training both blocks and 4 the head only,
+  (:func:`fleet_text`: ``mnist_2nn`` on MNIST, 6 devices training both blocks and 4 the head only,
   EmbracingFL, every device every round, 4 rounds) through ``edgetrain emulate``, four ways: plain,
   ``secure_aggregation``, ``dp`` (central Gaussian noise) and both (distributed discrete Gaussian noise
   added by the devices inside the secure round), the noise multiplier fixed at 0.5.
