@@ -178,12 +178,13 @@ def _plain(value: Any) -> Any:
 
 
 def write(path: Path, doc: Mapping[str, Any]) -> Path:
-    """Write ``doc`` to ``path`` (its folder created; atomically: a reader sees the old file or the new)."""
+    """Write ``doc`` to ``path`` (its folder created; atomically: a reader sees the old file or the new;
+    a value JSON has no type for, as its text)."""
     from edge_sdk.fileio import atomic_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(doc, indent=1, allow_nan=True) + "\n").encode(), durable=False)
+    atomic_write(path, (json.dumps(doc, indent=1, default=str) + "\n").encode(), durable=False)
     return path
 
 
