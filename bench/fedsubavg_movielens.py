@@ -29,7 +29,7 @@ Writes ``bench/results/fedsubavg_movielens.json`` and ``.png``.
 
 ``--emulate``: the same comparison through the real orchestrator instead: a shipped fleet of 610
 user devices (natural partition, K = 50, batch 5, 10 local steps) run by ``edgetrain emulate``'s
-lightweight machinery (:func:`emulator.lightweight.run_lightweight`: real
+lightweight machinery (:func:`emulator.runner.run_emulation`, the fleet's lightweight mode: real
 ``DeviceClient`` devices over websockets in a few worker processes, row selections and row-sparse
 uploads on the wire). ``--fleet movielens-lr-fedsubavg``: the LR above as the zoo model
 ``movielens_lr`` on the ``movielens_lr`` dataset (the ``paper`` features); the default
@@ -211,7 +211,7 @@ def run_emulated(ctx: Context) -> dict:
     import tempfile
 
     from emulator import load_fleet
-    from emulator.lightweight import run_lightweight
+    from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
     args = ctx.args
@@ -225,7 +225,7 @@ def run_emulated(ctx: Context) -> dict:
                     config = dataclasses.replace(config, lr=lr, seed=seed, strategy_options={
                         **config.strategy_options, "correction": name == "fedsubavg"})
                     t0 = time.time()
-                    run = asyncio.run(run_lightweight(fleet, config, stderr_dir=Path(tmp) / "logs"))
+                    run = asyncio.run(run_emulation(fleet, config, stderr_dir=Path(tmp) / "logs"))
                 hist = run.history
                 entry = {"algorithm": name, "lr": lr, "seed": seed,
                          "test_loss": [float(h.get("test_loss", np.nan)) for h in hist],

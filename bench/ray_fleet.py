@@ -82,7 +82,7 @@ def _tree_rss() -> dict[int, tuple[str, int]]:
 # -- one run, in its own process ----------------------------------------------------------------------
 def run_one(mode: str, args: argparse.Namespace) -> dict:
     from edge_sdk.memory import process_memory
-    from emulator.lightweight import run_lightweight
+    from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
     tmp = Path(tempfile.mkdtemp(prefix=f"ray-fleet-{mode}-"))
@@ -114,14 +114,9 @@ def run_one(mode: str, args: argparse.Namespace) -> dict:
         elif kind == "round_end":
             marks["last_round_end_s"] = now
 
-    if mode == "ray":
-        from emulator.ray_backend import run_ray
-
-        run = asyncio.run(run_ray(fleet, config, workers=args.workers, on_event=on_event, data_root=args.data_root,
-                                  stderr_dir=tmp / "logs"))
-    else:
-        run = asyncio.run(run_lightweight(fleet, config, workers=args.workers, on_event=on_event,
-                                          data_root=args.data_root, stderr_dir=tmp / "logs"))
+    # The lightweight mode's workers here, or as Ray actors: the backend `edgetrain emulate --backend` names.
+    run = asyncio.run(run_emulation(fleet, config, workers=args.workers, on_event=on_event, data_root=args.data_root,
+                                    stderr_dir=tmp / "logs", backend="ray" if mode == "ray" else "local"))
     wall = time.monotonic() - t0
     server = process_memory()
     devices = run.devices
