@@ -154,7 +154,7 @@ def run(ctx: Context) -> dict:
 
 
 CASE = Case("dp_utility", __doc__, run, arguments=arguments, data_root=True,
-            quick={"devices": 8, "rounds": 1, "fraction": 0.5, "epsilons": "8", "fleets": "mixed",
+            quick={"devices": 20, "rounds": 1, "fraction": 0.5, "epsilons": "8", "fleets": "mixed",
                    "noise": "central", "eval_limit": 200})
 
 
