@@ -56,6 +56,7 @@ def test_every_bench_script_is_a_case_of_the_harness(name):
     declared = {"--repeats": case.repeats is not None, "--seeds": case.seeds is not None,
                 "--data-root": case.data_root, "--quick": bool(case.quick)}
     assert {o for o, on in declared.items() if on} == options & set(declared), f"bench/{name}.py"
+    assert set(case.quick) <= {a.dest for a in parser._actions}, f"bench/{name}.py: --quick sets unknown options"
     source = (ROOT / "bench" / f"{name}.py").read_text()
     assert "ArgumentParser(" not in source, f"bench/{name}.py builds its own parser"
     assert re.search(r"\b(ctx|context)\.write\(", source), f"bench/{name}.py writes no results through the harness"
