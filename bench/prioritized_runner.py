@@ -174,10 +174,9 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
 def defences_seen(store: Path, history: Sequence[Mapping], priority: set[str]) -> dict[str, int]:
     """What the server's defences did in a run: train updates folded, those the norm bound clipped
     (of them, the priority devices'), and rounds not committed at first (validation) or at all."""
-    from orchestrator.store import Store
+    from bench.harness.journal import updates
 
-    with Store.open_readonly(store) as journal:
-        trains = [u for u in journal.reports.all() if u["phase"] == "train" and u.get("accepted", True)]
+    trains = [u for u in updates(store) if u["phase"] == "train" and u.get("accepted", True)]
     clipped = [u for u in trains if (u.get("bounded") or {}).get("clipped")]
     return {"train_updates": len(trains), "clipped": len(clipped),
             "clipped_priority": sum(u["device_id"] in priority for u in clipped),

@@ -17,7 +17,7 @@ The cases:
   (``movielens-lr-fedsubavg``: 610 user devices, K = 50) through the orchestrator and the lightweight
   emulator, FedAvg and FedSubAvg, lr 0.3, seed 0, 4 rounds;
 - ``fleet-plain``, ``fleet-secure``, ``fleet-central-dp``, ``fleet-distributed-dp``: one fleet
-  (:data:`FLEET`: ``mnist_2nn`` on MNIST, 6 devices training both blocks and 4 the head only,
+  (:func:`fleet_text`: ``mnist_2nn`` on MNIST, 6 devices training both blocks and 4 the head only,
   EmbracingFL, every device every round, 4 rounds) through ``edgetrain emulate``, four ways: plain,
   ``secure_aggregation``, ``dp`` (central Gaussian noise) and both (distributed discrete Gaussian noise
   added by the devices inside the secure round), the noise multiplier fixed at 0.5.
@@ -46,6 +46,8 @@ commit); the secure and DP runs switch the first two off themselves.
 ``python bench/same_numbers.py --label before-b18d409`` runs every case (about 5 minutes on the shared
 2-core machine); ``--against before-b18d409`` runs them and compares; ``--cases`` picks some;
 ``--os-randomness`` leaves the randomness to the OS (the secure and DP cases then differ run to run).
+The results file is the harness's (bench/harness/results.py), one run record per case; ``--compare``
+also reads the files written before the harness (their cases under ``cases``), such as the baseline.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -67,12 +68,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "same_numbers"
 HOOK = ROOT / "bench" / "same_numbers_hook"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from edge_sdk.fileio import atomic_write  # noqa: E402  (edge_sdk/ stays where it is)
+from bench.harness import RESULTS as ALL_RESULTS, SCHEMA, Case, Context, parse_list, report_of  # noqa: E402
+from bench.harness.fleets import build_fleet, fleet_toml, group, same_fleet  # noqa: E402
+
+RESULTS = ALL_RESULTS / "same_numbers"
 
 
 def cli_entry() -> list[str]:
@@ -94,52 +97,29 @@ ROUNDING, NOISE = "edge_sdk.secagg.fixedpoint", "edge_sdk.dp"
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
        "EDGETRAIN_TORCH_DEVICE": "cpu"}
 
-FLEET = """\
-# bench/same_numbers.py's fleet: mnist_2nn on MNIST, 10 devices, every one in every round.
-[fleet]
-description = "same numbers: mnist_2nn, 6 devices train both blocks, 4 the head only"
-model = "mnist_2nn"
-dataset = "mnist"
-seed = 0
+#: The fleet's [training] beside the plain run's: secure aggregation, and DP with a fixed noise multiplier.
+SECURE = {"secure_aggregation": True}
+DP = {"dp": True, "dp_noise_multiplier": 0.5, "dp_clip": 1.0}
 
-[training]
-strategy = "embracingfl"
-rounds = 4
-fraction = 1.0
-local_steps = 5
-batch_size = 16
-lr = 0.1
-momentum = 0.0
-weight_decay = 0.0
-{mode}
-[partition]
-scheme = "iid"
 
-[emulation]
-mode = "lightweight"
-memory_cap = "none"
-timeout_s = 900
-throttle_cpu = false
+def fleet_text(mode: dict[str, object]) -> str:
+    """The fleet file of the fleet cases: mnist_2nn on MNIST, 10 devices, every one in every round."""
+    fleet = build_fleet(
+        "same-numbers", model="mnist_2nn", dataset="mnist", seed=0,
+        description="same numbers: mnist_2nn, 6 devices train both blocks, 4 the head only",
+        training={"strategy": "embracingfl", "rounds": 4, "fraction": 1.0, "local_steps": 5, "batch_size": 16,
+                  "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, **mode},
+        partition={"scheme": "iid"},
+        emulation={"mode": "lightweight", "memory_cap": "none", "timeout_s": 900, "throttle_cpu": False},
+        groups=[group("mid-phone", 6, "strong"), group("mid-phone", 4, "head", force_split=1)])
+    return fleet_toml(fleet, "bench/same_numbers.py's fleet: mnist_2nn on MNIST, 10 devices, every one in every round.")
 
-[[groups]]
-name = "strong"
-class = "mid-phone"
-count = 6
-
-[[groups]]
-name = "head"
-class = "mid-phone"
-count = 4
-force_split = 1
-"""
-SECURE = "secure_aggregation = true\n"
-DP = "dp = true\ndp_noise_multiplier = 0.5\ndp_clip = 1.0\n"
 
 Rounds = list[dict[str, float]]
 
 
 @dataclass(frozen=True)
-class Case:
+class SeededCase:
     """One seeded run (or a few: a bench's algorithms) and how to read its per-round numbers."""
 
     name: str
@@ -199,14 +179,12 @@ def fedsubavg_command(work: Path, data_root: str) -> list[str]:
 
 
 def fedsubavg_read(work: Path) -> dict[str, Rounds]:
-    runs = json.loads(only_one(work, "fedsubavg_movielens_emulated*.json").read_text())["runs"]
+    """Per algorithm, learning rate and seed: the test accuracy and loss and the devices that reported."""
     out = {}
-    for name, by_lr in runs.items():
-        for lr, seeds in by_lr.items():
-            for seed, r in enumerate(seeds):
-                out[f"{name}/lr{lr}/s{seed}"] = [
-                    {"round": i + 1, "accuracy": acc, "test_loss": loss, "reported": rep}
-                    for i, (acc, loss, rep) in enumerate(zip(r["accuracy"], r["test_loss"], r["reported"], strict=True))]
+    for r in json.loads(only_one(work, "fedsubavg*.json").read_text())["runs"]:
+        out[f"{r['algorithm']}/lr{r['lr']}/s{r['seed']}"] = [
+            {"round": i + 1, "accuracy": acc, "test_loss": loss, "reported": rep}
+            for i, (acc, loss, rep) in enumerate(zip(r["accuracy"], r["test_loss"], r["reported"], strict=True))]
     return out
 
 
@@ -229,23 +207,24 @@ def fleet_read(work: Path) -> dict[str, Rounds]:
     return {"fleet": rows}
 
 
-def fleet_case(name: str, mode: str, seeded: tuple[str, ...] = (), by_device: tuple[str, ...] = ()) -> Case:
-    return Case(name, fleet_command, fleet_read, seeded, by_device, {"fleet.toml": FLEET.format(mode=mode)})
+def fleet_case(name: str, mode: dict[str, object], seeded: tuple[str, ...] = (), by_device: tuple[str, ...] = ()
+               ) -> SeededCase:
+    return SeededCase(name, fleet_command, fleet_read, seeded, by_device, {"fleet.toml": fleet_text(mode)})
 
 
 CASES = {c.name: c for c in (
-    Case("embracing-femnist", embracing_command, embracing_read),
-    Case("prioritized-mnist", prioritized_command, prioritized_read),
-    Case("fedsubavg-movielens", fedsubavg_command, fedsubavg_read),
-    fleet_case("fleet-plain", ""),
+    SeededCase("embracing-femnist", embracing_command, embracing_read),
+    SeededCase("prioritized-mnist", prioritized_command, prioritized_read),
+    SeededCase("fedsubavg-movielens", fedsubavg_command, fedsubavg_read),
+    fleet_case("fleet-plain", {}),
     fleet_case("fleet-secure", SECURE, (ROUNDING,), (ROUNDING,)),
     fleet_case("fleet-central-dp", DP, (NOISE,)),  # the server draws the noise
-    fleet_case("fleet-distributed-dp", SECURE + DP, (ROUNDING, NOISE), (ROUNDING, NOISE)),
+    fleet_case("fleet-distributed-dp", SECURE | DP, (ROUNDING, NOISE), (ROUNDING, NOISE)),
 )}
 
 
 # -- running ----------------------------------------------------------------------------------------------
-def case_env(case: Case, work: Path, data_root: str, fixed: bool) -> dict[str, str]:
+def case_env(case: SeededCase, work: Path, data_root: str, fixed: bool) -> dict[str, str]:
     env = {**os.environ, **ENV, "EDGETRAIN_DATA": data_root}
     if case.seeded and fixed:
         env.update(PYTHONPATH=os.pathsep.join([str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -262,7 +241,7 @@ def shown(argv: list[str], work: Path, data_root: str = "") -> str:
     return " ".join(map(one, argv))
 
 
-def run_case(case: Case, root: Path, data_root: str, timeout_s: float, fixed: bool = True) -> dict:
+def run_case(case: SeededCase, root: Path, data_root: str, timeout_s: float, fixed: bool = True) -> dict:
     """Run one case in its own process group (killed whole on a timeout); its numbers, or its error.
     ``fixed`` False: the OS randomness left as it is (the secure and DP cases then differ run to run)."""
     work = root / case.name
@@ -301,7 +280,7 @@ def run_case(case: Case, root: Path, data_root: str, timeout_s: float, fixed: bo
     return entry
 
 
-def hook_problem(case: Case, log: Path) -> str | None:
+def hook_problem(case: SeededCase, log: Path) -> str | None:
     """Why the hook did not fix the case's randomness (the numbers would not repeat), or None."""
     streams: dict[str, set[str]] = {}
     for line in log.read_text().splitlines() if log.is_file() else []:
@@ -316,21 +295,15 @@ def hook_problem(case: Case, log: Path) -> str | None:
     return None
 
 
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-
-def run_all(names: list[str], data_root: str, workdir: Path | None, timeout_s: float, fixed: bool) -> dict:
+def run_all(names: list[str], data_root: str, workdir: Path | None, timeout_s: float, fixed: bool) -> list[dict]:
+    """Every case in turn: one run record each (its command, numbers or error)."""
     root = Path(tempfile.mkdtemp(prefix="same-numbers-")) if workdir is None else workdir
-    started = time.monotonic()
-    out = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-           "cli": shown(CLI, root), "env": ENV, "date": time.strftime("%Y-%m-%d"),
-           "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-           "cases": {}}
+    runs = []
     try:
         for name in names:
             print(f"{name}: running", flush=True)
-            entry = out["cases"][name] = run_case(CASES[name], root, data_root, timeout_s, fixed)
+            entry = run_case(CASES[name], root, data_root, timeout_s, fixed)
+            runs.append({"case": name, **entry})
             print(f"{name}: {'FAILED ' + entry['error'] if 'error' in entry else 'done'} in {entry['wall_s']:.0f} s",
                   flush=True)
             if entry.get("incomplete_rounds"):
@@ -339,8 +312,7 @@ def run_all(names: list[str], data_root: str, workdir: Path | None, timeout_s: f
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    out["wall_s"] = round(time.monotonic() - started, 1)
-    return out
+    return runs
 
 
 # -- comparing --------------------------------------------------------------------------------------------
@@ -367,20 +339,38 @@ def case_differences(a: dict | None, b: dict | None) -> list[tuple[str, str, str
     return rows
 
 
+def cases_of(doc: dict) -> dict[str, dict]:
+    """A results file's cases by name: the run records of a harness document, ``cases`` of an older file."""
+    if doc.get("schema") == SCHEMA:
+        return {r["case"]: {k: v for k, v in r.items() if k != "case"} for r in doc["runs"]}
+    return doc["cases"]
+
+
+def same_files(a: dict[str, str], b: dict[str, str]) -> bool:
+    """The cases' files alike: fleet files describing the same fleet, others the same text."""
+    return set(a) == set(b) and all(same_fleet(a[k], b[k]) if k.endswith(".toml") else a[k] == b[k] for k in a)
+
+
+def heading(doc: dict) -> str:
+    label = doc.get("label") or report_of(doc).get("label")
+    return f"{label} ({(doc.get('commit') or '?')[:9]}{', dirty' if doc.get('dirty') else ''}, {doc['date']})"
+
+
 def compare(a: dict, b: dict, names: list[str] | None = None) -> int:
     """Print the differences of B from A per case; 1 if any number differs (or a case is missing or failed)."""
-    names = names or sorted(set(a["cases"]) | set(b["cases"]), key=lambda n: list(CASES).index(n) if n in CASES else 99)
-    print(f"A: {a.get('label')} ({a['commit'][:9]}{', dirty' if a.get('dirty') else ''}, {a['date']})\n"
-          f"B: {b.get('label')} ({b['commit'][:9]}{', dirty' if b.get('dirty') else ''}, {b['date']})")
+    ca_all, cb_all = cases_of(a), cases_of(b)
+    names = names or sorted(set(ca_all) | set(cb_all), key=lambda n: list(CASES).index(n) if n in CASES else 99)
+    print(f"A: {heading(a)}\nB: {heading(b)}")
     differ = 0
     for name in names:
-        ca, cb = a["cases"].get(name) or {}, b["cases"].get(name) or {}
+        ca, cb = ca_all.get(name) or {}, cb_all.get(name) or {}
         for what in ("command", "files", "seeded"):
-            if what in ca and what in cb and ca[what] != cb[what]:
+            if what in ca and what in cb and not (same_files(ca[what], cb[what]) if what == "files"
+                                                  else ca[what] == cb[what]):
                 print(f"{name}: note: ran with another {what} (A: {ca[what]!r:.200}; B: {cb[what]!r:.200})")
-        rows = case_differences(a["cases"].get(name), b["cases"].get(name))
+        rows = case_differences(ca_all.get(name), cb_all.get(name))
         if not rows:
-            runs = a["cases"][name]["runs"]
+            runs = ca_all[name]["runs"]
             count = sum(len(row) for rounds in runs.values() for row in rounds)
             print(f"{name}: identical ({', '.join(f'{k} {len(v)} rounds' for k, v in runs.items())}; {count} numbers)")
             continue
@@ -398,41 +388,55 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def label_of(args: argparse.Namespace) -> str:
+    """same_numbers/<label> (default label: the commit, '-dirty' if a tracked file differs)"""
+    if args.label:
+        return f"same_numbers/{args.label}"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return f"same_numbers/{git('rev-parse', '--short=7', 'HEAD')}{'-dirty' if dirty else ''}"
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cases", default="all", help=f"comma-separated, of: {', '.join(CASES)} (default all)")
     ap.add_argument("--label", default=None, help="name of the results file (default: the commit, '-dirty' if so)")
     ap.add_argument("--against", default=None, metavar="LABEL",
                     help="after the run, compare with bench/results/same_numbers/LABEL.json; exit 1 if any differ")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="only compare two results files")
-    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"),
-                    help="folder of the datasets (FEMNIST, MNIST, MovieLens; default: $EDGETRAIN_DATA)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' folders here (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds one case may take")
     ap.add_argument("--os-randomness", action="store_true",
                     help="leave the secure rounding and the DP noise to the OS CSPRNG (shows that those cases then "
                          "differ from run to run)")
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> int:
+    args, ap = ctx.args, ctx.parser
     if args.compare:
         return compare(load(args.compare[0]), load(args.compare[1]))
-    names = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    names = list(CASES) if args.cases == "all" else parse_list(args.cases)
     if unknown := [n for n in names if n not in CASES]:
         ap.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
     if not args.data_root or not Path(args.data_root).is_dir():
         ap.error("give --data-root (or set EDGETRAIN_DATA): the folder holding femnist_leaf_flic, mnist and "
                  "movielens_latest_small")
     baseline = load(RESULTS / f"{args.against}.json") if args.against else None  # a missing one fails before the runs
-    sha = git("rev-parse", "--short=7", "HEAD")
-    result = run_all(names, str(Path(args.data_root).resolve()), args.workdir, args.timeout, not args.os_randomness)
-    result["label"] = args.label or sha + ("-dirty" if result["dirty"] else "")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{result['label']}.json"
-    atomic_write(path, (json.dumps(result, indent=1) + "\n").encode(), durable=False)
-    print(f"wall {result['wall_s']:.0f} s; wrote {path.relative_to(ROOT)}")
-    failed = [n for n, c in result["cases"].items() if "error" in c]
+    runs = run_all(names, args.data_root, args.workdir, args.timeout, not args.os_randomness)
+    doc = ctx.write(runs, {"label": ctx.name.split("/", 1)[1], "cli": shown(CLI, ROOT), "env": ENV}, quiet=True)
+    print(f"wall {doc['wall_s']:.0f} s; wrote {ctx.out}")
     if baseline is not None:
-        return compare(baseline, result, names)
-    return 1 if failed else 0
+        return compare(baseline, doc, names)
+    return 1 if any("error" in r for r in runs) else 0
+
+
+CASE = Case("same_numbers", __doc__, run, arguments=arguments, data_root=True, results=label_of)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":
