@@ -45,7 +45,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -57,10 +56,11 @@ import numpy as np
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import results as results_io  # noqa: E402
+from bench.harness.case import Case, Context  # noqa: E402
 from bench.intervals import interval, paired_draws  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 ADAPTED = "char_transformer@rank=8"
 #: (model, fleet) rows of the accuracy table, in the order printed.
 ROWS = (("char_lstm", "allstrong"), ("char_lstm", "75weak"), ("char_transformer", "allstrong"),
@@ -104,7 +104,7 @@ def load_fleet(root: str, devices: int, samples: int, test_samples: int) -> tupl
 def weak_budget(samples: int, batch: int) -> int:
     """The least budget at which the adapted transformer is planned through adapters at split 1."""
     from edge_sdk.models import build_model
-    from orchestrator.emulation.localfleet import min_budget_for_split
+    from emulator.localfleet import min_budget_for_split
     from profiles.accounting import measure_model
 
     return min_budget_for_split(measure_model(build_model(ADAPTED, seed=None)), 1, batch, samples)
@@ -187,7 +187,8 @@ async def run_one(model: str, kind: str, seed: int, fleet: Fleet, args: argparse
     """One run through the real server and devices; the held-out score every ``eval_every`` rounds."""
     import torch
 
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient
+    from edge_sdk.settings import DeviceSettings
     from bench.prioritized_runner import in_process_server
     from orchestrator.config import ServerConfig
 
@@ -212,7 +213,7 @@ async def run_one(model: str, kind: str, seed: int, fleet: Fleet, args: argparse
 
     started = time.monotonic()
     orch, server, url = await in_process_server(config, on_event)
-    clients = [DeviceClient(DeviceConfig(server=url, device_id=f"d{i}", budget_bytes=b, backend="torch"), x, y).run()
+    clients = [DeviceClient(DeviceSettings(server=url, device_id=f"d{i}", budget_bytes=b, backend="torch"), x, y).run()
                for i, ((x, y), b) in enumerate(zip(fleet.devices, budgets(kind, len(fleet.devices), fleet.weak_budget)))]
     history = (await asyncio.gather(server, *clients))[0]
     return {"model": model, "fleet": kind, "seed": seed, "seconds": time.monotonic() - started, "curve": curve,
@@ -225,7 +226,7 @@ def device_round_bytes(history: list[dict], store: Path) -> dict:
     from orchestrator.store import Store
 
     with Store.open_readonly(store) as journal:
-        role = {d["device_id"]: ("adapters" if d["plan"].get("adapters") else d["plan"]["role"]) for d in journal.devices()}
+        role = {d["device_id"]: ("adapters" if d["plan"].get("adapters") else d["plan"]["role"]) for d in journal.devices.all()}
     sums: dict[str, list[float]] = {}
     for h in history:
         for device, b in (h.get("bytes") or {}).items():
@@ -359,10 +360,7 @@ def runtimes(cases: dict[str, str], args: argparse.Namespace, tmp: Path) -> dict
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA", str(ROOT.parent / "shared" / "datasets")))
-    ap.add_argument("--seeds", default="0,1,2")
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=32)
@@ -374,45 +372,60 @@ def main() -> None:
     ap.add_argument("--parts", default="accuracy,runtimes")
     ap.add_argument("--runtime-steps", type=int, default=20)
     ap.add_argument("--pilot-steps", type=int, default=600, help="--parts pilot: steps per learning rate")
-    ap.add_argument("--out", type=Path, default=RESULTS / "lm_roles.json")
-    args = ap.parse_args()
-    results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
+
+
+def run(ctx: Context) -> dict:
+    """Every (model, fleet, seed) run not already in the results file, then the parts asked for;
+    the results file rewritten after every run, so an interrupted bench keeps what it did."""
+    args = ctx.args
+    args.data_root = ctx.data_root
+    before = results_io.load(ctx.out) if ctx.out.exists() else {}
+    runs: list[dict] = results_io.runs_of(before)
+    report = {k: v for k, v in results_io.report_of(before).items() if k != "runs"} if before else {}
     shares, test_x, test_y = load_fleet(args.data_root, args.devices, args.samples, args.test_samples)
     weak = weak_budget(args.samples, args.batch)
     fleet = Fleet(shares, test_x, test_y, weak)
-    results.update({"weak_budget": weak, "plans": plans(weak, args.samples, args.batch),
-                    "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data_root")} | {"lr": LR},
-                    "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "node": platform.node()}})
+    report.update({"weak_budget": weak, "plans": plans(weak, args.samples, args.batch),
+                   "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data_root")} | {"lr": LR}})
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="edgetrain-lm-") as tmp:
         if "pilot" in args.parts:  # the learning rates tried for each model, without federation
-            results["pilot"] = [pilot(m, lr, args.pilot_steps, fleet) for m, lrs in
-                                (("char_lstm", (0.5,)), ("char_transformer", (0.3, 0.1, 0.03, 0.01))) for lr in lrs]
-            print(json.dumps(results["pilot"]), flush=True)
+            report["pilot"] = [pilot(m, lr, args.pilot_steps, fleet) for m, lrs in
+                               (("char_lstm", (0.5,)), ("char_transformer", (0.3, 0.1, 0.03, 0.01))) for lr in lrs]
+            print(json.dumps(report["pilot"]), flush=True)
         if "accuracy" in args.parts:
             wanted = [tuple(r.split("/")) for r in args.rows.split(",")]
-            for seed in (int(s) for s in args.seeds.split(",")):
+            for seed in ctx.seeds:
                 for model, kind in wanted:
-                    if any((r["model"], r["fleet"], r["seed"]) == (model, kind, seed) for r in results["runs"]):
+                    if any((r["model"], r["fleet"], r["seed"]) == (model, kind, seed) for r in runs):
                         continue
-                    run = asyncio.run(run_one(model, kind, seed, fleet, args, Path(tmp) / f"{model}-{kind}-{seed}"))
-                    results["runs"].append(run)
-                    print(f"{model:26s} {kind:9s} seed {seed}: accuracy {run['final']['accuracy']:.3f} perplexity "
-                          f"{run['final']['perplexity']:.2f} ({run['seconds']:.0f} s)", flush=True)
-                    results["summary"] = summarise(results["runs"])
-                    args.out.write_text(json.dumps(results, indent=1))
+                    one = asyncio.run(run_one(model, kind, seed, fleet, args, Path(tmp) / f"{model}-{kind}-{seed}"))
+                    runs.append(one)
+                    print(f"{model:26s} {kind:9s} seed {seed}: accuracy {one['final']['accuracy']:.3f} perplexity "
+                          f"{one['final']['perplexity']:.2f} ({one['seconds']:.0f} s)", flush=True)
+                    report["summary"] = summarise(runs)
+                    ctx.write(runs, report, quiet=True)
         if "runtimes" in args.parts:
-            full = results["plans"]["char_transformer"]["split"]
-            adapted = results["plans"][ADAPTED]
+            full = report["plans"]["char_transformer"]["split"]
+            adapted = report["plans"][ADAPTED]
             cases = {"strong": "char_transformer:0", "weak, whole blocks": f"char_transformer:{full}",
                      "weak, adapters": f"{ADAPTED}:{adapted['split']}:adapters"}
-            results["runtimes"] = runtimes(cases, args, Path(tmp))
-    results["summary"] = summarise(results["runs"])
-    results["when"] = time.strftime("%Y-%m-%d %H:%M")
-    args.out.write_text(json.dumps(results, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+            report["runtimes"] = runtimes(cases, args, Path(tmp))
+    report["summary"] = summarise(runs)
+    doc = ctx.write(runs, report)
+    ctx.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return doc
+
+
+CASE = Case("lm_roles", __doc__, run, arguments=arguments, seeds="0,1,2", data_root=True,
+            quick={"rounds": 2, "seeds": "0", "rows": "char_lstm/allstrong", "parts": "accuracy", "samples": 64,
+                   "test_samples": 128, "devices": 2, "eval_every": 1})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Models", Algorithm 1) bounds each device's influence by clipping its update, the
 noise to the sum. Under partial training a device sends only the blocks it trains, so the clip is
 per block (McMahan et al., 2018, Section 3, "per-layer clipping"): block b is clipped to ``C_b``;
 the whole update's norm is then at most sqrt(sum_b C_b^2). :func:`clip_blocks` is that rule, the
-one the server applies to plain updates (``orchestrator.privacy.clipping``) and the JavaScript
+one the server applies to plain updates (``orchestrator.aggregation.privacy.clipping``) and the JavaScript
 device applies too (``edge_sdk_js/src/dp.ts``): per block, ``g <- g * min(1, C_b / ||g||_2)``, the
 norm taken over the block's float tensors in float64. A block over its clip is scaled by the factor
 times ``1 - 8 eps`` of its dtype (float32: ~1e-6), so that rounding the scaled values never leaves
@@ -27,7 +27,7 @@ two geometric variables), accepted with probability exp(-(|Y| - sigma^2/t)^2 / (
 TensorFlow Privacy's vectorised sampler it computes the geometric draws and the acceptance
 probability in float64 rather than in exact rational arithmetic, so the probabilities are exact to
 about 1e-16 relative; the outputs are integers, so no floating-point output lattice leaks (the
-attack of Mironov, 2012, on floating-point noise; see ``orchestrator.privacy.noise``). The discrete
+attack of Mironov, 2012, on floating-point noise; see ``orchestrator.aggregation.privacy.noise``). The discrete
 Gaussian, not Skellam (Agarwal, Kairouz, Liu, 2021), because its sampler needs only uniforms, a log
 and an exp, which both SDKs compute the same way; Skellam needs a Poisson sampler per language.
 

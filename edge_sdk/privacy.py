@@ -4,7 +4,7 @@ Hot-and-cold FedSubAvg, appendix F: the server needs n_m, how many devices invol
 which device does. Each device reports one bit per row of the table: the true bit ("my data
 touches row m") with probability ``p = e^eps / (1 + e^eps)``, its flip with ``q = 1 - p``
 (Warner's randomized response). Each bit is eps-locally differentially private; the server's
-estimate ``sum_i (b'_i - q) / (p - q)`` is unbiased (``orchestrator.heat``).
+estimate ``sum_i (b'_i - q) / (p - q)`` is unbiased (``orchestrator.strategies.heat``).
 
 The row download is another matter: a device fetches the rows it trains by selection, so the
 server sees the rows it asks for. :func:`download_rows` pads the true rows with decoys (each other

@@ -21,7 +21,7 @@ Every graph is verified before it is used (:func:`verify_train_graph`): loss, gr
 buffers against torch autograd in float64 on a sample batch, and the evaluation output against
 torch eval; a graph that disagrees raises :class:`ExportError` naming the worst tensor. A ReLU
 whose float64 input lies within float32 rounding of zero has no float32-determined derivative:
-there the reference takes the graph's side (:class:`_ReluSides`). Without that, one such unit in
+there the reference takes the graph's side (:class:`ReluSides`). Without that, one such unit in
 ResNet20's whole-model step (an input of 7e-7 that ONNX Runtime's float32 rounds to zero, torch's
 does not) moved the stem's weight gradient by 1e-3 and refused a correct graph.
 
@@ -62,9 +62,14 @@ from edge_sdk.ort_trainer import GRAPH_FORMAT, OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
 
 __all__ = [
+    "ReluSides",
     "TrainExportSettings",
     "TrainGraphCache",
     "export_train_graph",
+    "state_name",
+    "tail_names",
+    "task_loss",
+    "torch_step",
     "train_graph_id",
     "train_graph_refusal",
     "verify_train_graph",
@@ -252,9 +257,10 @@ class _Eval(nn.Module):
         return torch.func.functional_call(self.tail, dict(zip(self.names, tensors)), (x,), strict=False)
 
 
-def _tail_names(tail: nn.Module) -> tuple[list[str], list[str], list[str]]:
+def tail_names(tail: nn.Module) -> tuple[list[str], list[str], list[str]]:
     """Trainable parameters, floating buffers and frozen parameters of the tail (names inside the
-    tail module).
+    tail module), in the order the training graph takes them as inputs: what a caller feeds a graph,
+    and what :func:`torch_step` returns gradients (parameters) and new buffers for.
 
     Only buffers kept in the state count: a non-persistent buffer (``persistent=False``, a causal
     mask) is no state a device receives or returns, so the graph holds it as a constant. Frozen
@@ -284,8 +290,9 @@ def _through_adapters(tail: nn.Module, adapters: bool) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _state_name(model: LayeredModel, split: int, tail_name: str) -> str:
-    """The model's state-dict name of a tail entry (``"0.conv1.weight"`` -> ``"blocks.<block>.conv1.weight"``)."""
+def state_name(model: LayeredModel, split: int, tail_name: str) -> str:
+    """The model's state-dict name of a tail entry (``"0.conv1.weight"`` -> ``"blocks.<block>.conv1.weight"``):
+    the name of the graph's input for it, and of its ``grad:``/``new:`` output."""
     index, _, rest = tail_name.partition(".")
     return f"blocks.{model.block_names[split + int(index)]}.{rest}"
 
@@ -354,7 +361,7 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
 
 def _export(model: LayeredModel, split: int, tail: nn.Module, settings: TrainExportSettings,
             faithful_batch_norm: bool) -> bytes:
-    params, buffers, frozen = _tail_names(tail)
+    params, buffers, frozen = tail_names(tail)
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     modes = [(m, m.training) for m in model.modules()]
     table = _decompositions(faithful_batch_norm)
@@ -371,7 +378,7 @@ def _export(model: LayeredModel, split: int, tail: nn.Module, settings: TrainExp
             joint = torch.export.experimental._export_forward_backward(ep)
         _check_buffers(model, split, joint, buffers)
         step = _Step(joint, *([f"tail.{n}" for n in names] for names in (params, buffers, frozen)))
-        sp, sb, sf = ([_state_name(model, split, n) for n in names] for names in (params, buffers, frozen))
+        sp, sb, sf = ([state_name(model, split, n) for n in names] for names in (params, buffers, frozen))
         train_bytes = _onnx(step, (x, y, *values), ["input", "target", *sp, *sb, *sf],
                             ["loss", *(f"grad:{n}" for n in sp), *(f"new:{n}" for n in sb)],
                             settings.opset, table, batch_args=2)
@@ -401,13 +408,14 @@ def _check_buffers(model: LayeredModel, split: int, joint: torch.export.Exported
     constant = [n for n in buffers if f"tail.{n}" not in changed]
     if constant:
         raise ExportError(
-            f"{model.name} tail [{split}, {len(model)}): floating buffer {_state_name(model, split, constant[0])!r} is "
+            f"{model.name} tail [{split}, {len(model)}): floating buffer {state_name(model, split, constant[0])!r} is "
             "kept in the model's state but no training step changes it (a constant, such as a causal mask): build "
             "it in forward, or register it with persistent=False so the graph holds it as a constant")
 
 
-def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """LayeredModel.loss in the output's dtype (the model's own casts the target to float32)."""
+def task_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """LayeredModel.loss in the output's dtype (the model's own casts the target to float32), so that
+    the float64 reference of the export check computes the loss in float64 too."""
     if task == "classification":
         return nn.functional.cross_entropy(out, y.long())
     if task == "binary":
@@ -415,9 +423,12 @@ def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out.squeeze(-1), y.to(out.dtype))
 
 
-def _torch_step(tail: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, params: list[str], buffers: list[str]
+def torch_step(tail: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, params: list[str], buffers: list[str]
                 ) -> dict[str, np.ndarray]:
-    """One train-mode step of ``tail`` (changed: gradients set, buffers moved): loss, grads, new buffers, eval output."""
+    """One train-mode step of ``tail`` in torch autograd (the tail is changed: gradients set, buffers
+    moved): the loss, ``grad:<name>`` per parameter and ``new:<name>`` per buffer, as float64 arrays
+    named as in the tail (:func:`tail_names`). The export check's reference, and a benchmark's
+    (bench/relu_sides.py), run in float32 or, on a ``.double()`` copy, in float64."""
     tail.train()
     for p in tail.parameters():
         p.grad = None
@@ -453,11 +464,11 @@ class _SidedRelu(torch.autograd.Function):
         return grad * side.to(grad.dtype), None
 
 
-class _ReluSides(TorchFunctionMode):
-    """Records every ReLU's input in call order (``inputs``). Given ``graph`` (the graph's own ReLU
-    outputs) and ``float32`` (torch float32's ReLU inputs), both in the same order, a unit whose
-    float64 input is within float32 rounding of zero (:data:`RELU_BAND`) takes the graph's side:
-    derivative 1 where the graph's output is positive. ``taken`` counts the units where that
+class ReluSides(TorchFunctionMode):
+    """A torch function mode around :func:`torch_step`: records every ReLU's input in call order
+    (``inputs``). Given ``graph`` (the graph's own ReLU outputs) and ``float32`` (torch float32's ReLU
+    inputs), both in the same order, a unit whose float64 input is within float32 rounding of zero
+    (:data:`RELU_BAND`) takes the graph's side: derivative 1 where the graph's output is positive. ``taken`` counts the units where that
     differs from float64's own side."""
 
     def __init__(self, graph: list[np.ndarray] | None = None, float32: list[np.ndarray] | None = None) -> None:
@@ -525,15 +536,15 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
 
 def _verify(model: LayeredModel, split: int, tail: nn.Module, graph: TrainGraph, tol: float, strict: bool,
             batch_size: int) -> float:
-    params, buffers, frozen = _tail_names(tail)
+    params, buffers, frozen = tail_names(tail)
     if [list(graph.params), list(graph.buffers), list(graph.frozen)] != \
-            [[_state_name(model, split, n) for n in names] for names in (params, buffers, frozen)]:
+            [[state_name(model, split, n) for n in names] for names in (params, buffers, frozen)]:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): the graph's tensors do not match the model's")
     try:
         runner = OrtTail(graph)
     except Exception as exc:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): ONNX Runtime cannot load the graph: {exc}") from exc
-    rename = {n: _state_name(model, split, n) for n in params + buffers + frozen}
+    rename = {n: state_name(model, split, n) for n in params + buffers + frozen}
     modes = [(m, m.training) for m in model.modules()]
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     worst = (0.0, "")
@@ -547,15 +558,15 @@ def _verify(model: LayeredModel, split: int, tail: nn.Module, graph: TrainGraph,
             got = {"loss": np.asarray(loss_g), "output (eval)": runner.forward(x.numpy(), state)}
             got |= {f"grad:{n}": grads_g[rename[n]] for n in params}
             got |= {f"new:{n}": new_g[rename[n]] for n in buffers}
-            with _ReluSides() as float32:
-                ref32 = _torch_step(tail, lambda o, t: _loss64(model.task, o, t), x, y, params, buffers)
+            with ReluSides() as float32:
+                ref32 = torch_step(tail, lambda o, t: task_loss(model.task, o, t), x, y, params, buffers)
             wide = copy.deepcopy(tail).double()
             with torch.no_grad():
                 for k, v in wide.state_dict().items():
                     v.copy_(saved[k])
-            sides = _ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
+            sides = ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
             with sides:
-                ref64 = _torch_step(wide, lambda o, t: _loss64(model.task, o, t), x.double() if x.is_floating_point()
+                ref64 = torch_step(wide, lambda o, t: task_loss(model.task, o, t), x.double() if x.is_floating_point()
                                     else x, y.double() if y.is_floating_point() else y, params, buffers)
             sided += sides.taken
             with torch.no_grad():

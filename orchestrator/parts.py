@@ -17,8 +17,8 @@ from websockets.asyncio.server import ServerConnection
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import Channel
-from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, Instruction
+from orchestrator.strategies.selection import Selection
 from profiles.planner import Plan
 
 __all__ = ["Emit", "Folded", "PartialUpload", "Payload", "Prepared", "Reference", "RunStart", "Send", "Session", "Traffic",
@@ -40,6 +40,10 @@ class Session:
     @property
     def ws(self) -> ServerConnection:
         return self.channel.ws
+
+    def mark_revoked(self) -> None:
+        """Its credential was revoked while it is connected: nothing it sends is taken any more."""
+        self.revoked = True
 
 
 @dataclass
@@ -97,7 +101,7 @@ class Folded:
 
 @dataclass
 class RunStart:
-    """Where a run's rounds begin (``orchestrator.resume``): the first round to run, the state it
+    """Where a run's rounds begin (``orchestrator.server.resume``): the first round to run, the state it
     starts from, and the metrics of the rounds a resumed store already completed."""
 
     round: int
@@ -113,7 +117,7 @@ class Traffic:
     Per device and payload kind: bytes down (``down``), up (``up``), and the bytes of payloads the
     device took from its own store or bundle instead (``held``: sent as zero bytes). ``transfers``
     lists each movement (device, payload id, kind, direction, bytes, whether it came from the
-    device's store) for the journal (``Store.record_transfers``)."""
+    device's store) for the journal (``store.transfers.record``)."""
 
     def __init__(self) -> None:
         self.restart()
@@ -147,7 +151,7 @@ class Traffic:
 
 #: How a part sends a device a message (the server's send, under the connection's send lock).
 Send = Callable[[Session, p.Message], Awaitable[None]]
-#: The server's own update of the whole model from a round's state (``orchestrator.reference``).
+#: The server's own update of the whole model from a round's state (``orchestrator.aggregation.reference``).
 Reference = Callable[[Mapping[str, np.ndarray], int], dict[str, np.ndarray]]
 #: How a part reports an event (the server's ``on_event``, as it is at the time).
 Emit = Callable[[str, dict], None]

@@ -122,6 +122,22 @@ class Runtime:
         return not self.needs_graph or split in graph_splits
 
 
+#: What the WebGPU build's tab holds before its model: its renderer after the probe (256.1 MiB) and what
+#: the GPU process grew by for it (22.4 MiB; ``node edge_sdk_js/bench/run.mjs runtime webgpu``,
+#: 2026-11-28), and beyond that what its renderer holds while it trains on the GPU: a weak digits_mlp tab
+#: (split 3, 82 KB of trainable parameters, so nothing a parameter copy could count) grows by 100-150 MiB
+#: of anonymous memory during its GPU steps, outside the JavaScript heap (9-80 MiB) and the WebAssembly
+#: memory (75.6 MiB); a full collection after every run does not remove it, and it lasts into the next
+#: round's downloads. Its renderer peaked at 448-484 MiB in nine runs of 4-5 rounds of 10 steps, where the
+#: figure of 287 MiB then planned it at 383.5 MiB, and at 503 MiB in one more (SwiftShader on the shared
+#: 2-core machine, loaded, 2026-12-06: ``node edge_sdk_js/bench/budgets.mjs gputab digits_mlp 400 5
+#: --trace``; BENCHMARKS.md); 430 MiB puts the weak plan (527 MiB) 24 MiB above the highest peak. It
+#: stays above onnxruntime-web, whose fallback it covers. The GPU process (SwiftShader's buffers and
+#: shaders: 290-299 MiB at its peak in the same runs, 383-407 MiB beside a moderate tab) is reported beside
+#: the renderer, not planned: on a phone it is the GPU driver's memory, which a page can neither see nor
+#: bound.
+WEBGPU_RUNTIME_BYTES = 430 * _MiB
+
 #: Resident memory of the JavaScript runtimes with the SDK loaded and a first session run, in bytes
 #: (Node 20, onnxruntime-node/-web 1.30). Re-measured on the shared 2-core machine, 2026-11-28, with the
 #: SDK's session options (no CPU arena, no prepacked weights): ``node edge_sdk_js/bench/run.mjs runtime node``
@@ -133,17 +149,15 @@ class Runtime:
 #: shrinks, so the largest session a tab has created (a frozen chunk's: its bytes copied into the heap,
 #: parsed, its initializers) stays resident, which the planner's frozen-chunk copies, sized for a native
 #: runtime that frees them, leave out (a weak digits_mlp tab, two 17 MB chunks, peaked 365 MiB on a plan
-#: of 320 MiB); what a tab holds while it trains is :data:`WEB_TRAINING_COPIES`. onnxruntime-webgpu: the
-#: WebGPU build's renderer after the probe (256.1 MiB) and what the GPU process grew by (22.4 MiB),
-#: re-measured the same day with ``node edge_sdk_js/bench/run.mjs runtime webgpu`` (278.5 MiB, SwiftShader);
-#: it stays above onnxruntime-web, whose fallback it covers. Both carry 16 MiB more than the renderer's
-#: measured figure: a weak digits_mlp tab peaked at 379.9 MiB between rounds (its update going out while
-#: the next round's chunks come in) on a plan of 367 MiB without it (``bench/js_budgets.py --trace``,
-#: 2026-11-28), so the weak plan is 383 MiB and a 375 MiB tab is refused rather than overrun.
+#: of 320 MiB); what a tab holds while it trains is :data:`WEB_TRAINING_COPIES`. onnxruntime-web carries
+#: 16 MiB more than the renderer's measured figure: a weak digits_mlp tab peaked at 379.9 MiB between
+#: rounds (its update going out while the next round's chunks come in) on a plan of 367 MiB without it
+#: (``bench/js_budgets.py --trace``, 2026-11-28), so the weak plan is 383 MiB and a 375 MiB tab is refused
+#: rather than overrun. onnxruntime-webgpu: :data:`WEBGPU_RUNTIME_BYTES`.
 JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
     "onnxruntime-node": 82 * _MiB,
     "onnxruntime-web": 286 * _MiB,
-    "onnxruntime-webgpu": 287 * _MiB,
+    "onnxruntime-webgpu": WEBGPU_RUNTIME_BYTES,
 })
 
 #: Copies of the trainable parameters a Chromium tab (onnxruntime-web, WebAssembly) holds while it
@@ -154,6 +168,10 @@ JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
 #: up to 110 MiB of them, about 7 steps' gradients of a 4.2M-parameter tail, at its peak). Measured on
 #: the shared 2-core machine, 2026-11-28: a moderate digits_mlp tab (split 2, 16 MiB of trainable
 #: parameters) peaked at 478-524 MiB on a plan of 387 MiB without them (``bench/js_budgets.py --trace``).
+#: The WebGPU build's tab holds them too (its trainer copies each step's gradients out of the GPU into new
+#: arrays the same way): a moderate digits_mlp tab on the GPU (split 2) had up to 155 MiB of JavaScript
+#: heap, 110 MiB more than a weak one, and peaked at 512-529 MiB on a plan of 403 MiB without them
+#: (SwiftShader, 2026-12-06).
 WEB_TRAINING_COPIES = 9
 
 #: The training runtimes, in the order the planner prefers them (a device that names several is
@@ -170,10 +188,11 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # hot kernels to optimised code, which holds about 120 MiB more for a few seconds (ResNet20's tail).
     Runtime("onnxruntime-node", memory=JS_RUNTIME_MEMORY["onnxruntime-node"], backend="graph"),
     # A tab training on its GPU (onnxruntime-web's WebGPU build) names this and onnxruntime-web, and is
-    # planned on this: its renderer with the WebGPU build and a first WebGPU session (256-259 MiB) and what
-    # the GPU process grew by for it (22 MiB; on SwiftShader, docs/js-device.md "WebGPU" says what a page
-    # cannot see). Before the web entry: it costs more, and covers the tab falling back to WebAssembly.
-    Runtime("onnxruntime-webgpu", memory=JS_RUNTIME_MEMORY["onnxruntime-webgpu"], backend="graph"),
+    # planned on this: its renderer with the WebGPU build, what it holds while it trains on the GPU and the
+    # same gradient copies as the WebAssembly build (WEBGPU_RUNTIME_BYTES; on SwiftShader, docs/js-device.md
+    # "WebGPU" says what a page cannot see). Before the web entry: it costs more, and covers the tab
+    # falling back to WebAssembly.
+    Runtime("onnxruntime-webgpu", memory=WEBGPU_RUNTIME_BYTES, backend="graph", training_copies=WEB_TRAINING_COPIES),
     Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph",
             training_copies=WEB_TRAINING_COPIES),
 )})

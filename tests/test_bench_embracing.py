@@ -68,7 +68,7 @@ def test_a_report_for_fewer_rounds_reads_the_first_rounds_of_an_extended_run():
 
 @pytest.mark.parametrize("dataset", sorted(eb.SETUPS))
 def test_the_shipped_case_fleets_are_what_the_bench_renders(dataset):
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     for case in eb.CASES.values():
         path = eb.FLEETS / f"{eb.fleet_name(dataset, case)}.toml"
@@ -82,10 +82,11 @@ def test_the_shipped_case_fleets_are_what_the_bench_renders(dataset):
 def test_a_decay_schedule_reaches_the_fleet_and_keeps_its_runs_apart(tmp_path: Path):
     import tomllib
 
-    from orchestrator.emulation.fleet import parse_fleet
+    from emulator.fleet import parse_fleet
 
     setup, case = eb.SETUPS["cifar10"], eb.CASES[6]
     fleet = parse_fleet(tomllib.loads(eb.render_fleet(setup, case, lr_decay_at=(240, 260))), source="x")
+    assert fleet == eb.case_fleet(setup, case, lr_decay_at=(240, 260))  # the file says what the bench runs
     assert (fleet.training.lr_decay_at, fleet.training.lr_decay) == ((240, 260), 0.1)
     spec = eb.RunSpec("cifar10", 6, "width", 0, 280, 8, 1.0, 0.01, 2, 1000, 1, None, str(tmp_path))
     decayed = eb.RunSpec(**{**spec.__dict__, "lr_decay_at": (240, 260)})

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import DeviceLaunch, role_budgets, run_local_fleet
 
 
 def test_fedavg_never_sends_the_whole_model_to_a_weak_device(tmp_path: Path) -> None:

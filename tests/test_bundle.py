@@ -196,7 +196,7 @@ def test_strong_bundle_has_no_chunks_and_the_cache_is_reused(model, tmp_path):
 
 # -- the command line --------------------------------------------------------------------------
 def _cli(*args: str):
-    from orchestrator.cli import _register, app
+    from edgetrain.cli import _register, app
 
     _register()
     return CliRunner().invoke(app, ["bundle", *args])

@@ -98,7 +98,7 @@ def test_a_torch_bundle_has_no_graph_and_a_refused_tail_gets_none(model, graphs,
 def test_cli_writes_a_bundle_for_a_device_without_torch(tmp_path: Path, graphs: TrainGraphCache) -> None:
     from typer.testing import CliRunner
 
-    from orchestrator.cli import _register, app
+    from edgetrain.cli import _register, app
 
     _register()
     out = tmp_path / "ort.tar"

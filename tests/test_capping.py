@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation import capping, cgroups
-from orchestrator.emulation.capping import (
+from emulator import capping, cgroups
+from emulator.capping import (
     MEMORY_EXIT_CODE,
     CapError,
     CappedProcess,
@@ -35,7 +35,7 @@ CAPS = ["cgroup-v2", "cgroup-v1", "rlimit-as+watchdog"]
 # The device side of a capped child: its imports, then the self-limit (a no-op under a cgroup).
 PRELUDE = (
     "import numpy as np\n"
-    "from orchestrator.emulation.capping import apply_self_limit\n"
+    "from emulator.capping import apply_self_limit\n"
     "apply_self_limit()\n"
 )
 
@@ -258,7 +258,7 @@ def test_an_interrupted_parent_kills_its_devices_and_removes_their_cgroups():
         # A shell starts background jobs with SIGINT ignored, and Python keeps an inherited SIG_IGN:
         # restore the KeyboardInterrupt handler so the test does not depend on how it was launched.
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from orchestrator.emulation.capping import CappedProcess\n"
+        "from emulator.capping import CappedProcess\n"
         f"p = CappedProcess.start([sys.executable, '-c', 'import time; time.sleep(60)'], {64 * MiB}, "
         f"mechanism={CGROUP!r}, timeout_s=60)\n"
         "print(p.pid, flush=True)\n"
@@ -295,7 +295,7 @@ def test_many_short_devices_leave_nothing_behind():
 def test_a_device_process_can_import_the_self_limit_without_torch():
     code = (
         "import sys\n"
-        "import orchestrator.emulation.capping\n"
+        "import emulator.capping\n"
         "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

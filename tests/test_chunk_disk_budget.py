@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.models import build_model
+from emulator.localfleet import start_orchestrator
 from exporters.onnx_export import export_chunk
-from orchestrator.emulation.localfleet import start_orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def edgetrain(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=180, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 

@@ -15,11 +15,11 @@ from typing import Annotated, Literal, Optional
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
-from orchestrator.cli import commands  # noqa: F401  (registers the commands)
-from orchestrator.cli.settings import cli_fields, option_spelling
+from edgetrain.cli import app
+from edgetrain.cli import commands  # noqa: F401  (registers the commands)
+from edgetrain.cli.settings import cli_fields, option_spelling
+from emulator.fleet import FleetError, parse_fleet
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
-from orchestrator.emulation.fleet import FleetError, parse_fleet
 from orchestrator.values import Range, convert
 
 
@@ -66,8 +66,9 @@ def test_serve_help_lists_every_strategy():
     (["--norm-bound-action", "drop"], "edgetrain serve: --norm-bound-action: must be one of clip, reject, got 'drop'"),
     (["--tls-key", "k.pem"], "edgetrain serve: --tls-key: a private key needs its certificate (tls_cert)"),
     (["-O", "trim"], "edgetrain serve: --strategy-option: a strategy option is KEY=VALUE, got 'trim'"),
-    (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel needs "
-     "individual updates; secure aggregation sums them (it runs fedavg, embracingfl)"),
+    (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel combines "
+     "by a rule of its own (external devices weighted to minimise the gradient variance, from compare reports); "
+     "secure aggregation sums whole blocks and runs a strategy that declares a weighted mean (Strategy.combines)"),
     (["--secure-aggregation", "--dp", "--dp-adaptive-clip"], "edgetrain serve: --secure-aggregation: "
      "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"),
     (["--strategy", "fedprox"], "edgetrain serve: unknown strategy 'fedprox'; known: fedavg, embracingfl, fedsubavg, "
@@ -75,7 +76,7 @@ def test_serve_help_lists_every_strategy():
 ])
 def test_serve_refuses_a_bad_value_with_one_line_before_it_listens(argv: list[str], line: str, tmp_path: Path):
     # No --check: the command would listen on port 8765 if the value passed.
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--store", str(tmp_path), *argv],
+    out = subprocess.run([sys.executable, "-m", "edgetrain", "serve", "--store", str(tmp_path), *argv],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [line], out.stderr
     assert out.stdout == "" and not (tmp_path / "journal.sqlite").exists()

@@ -12,7 +12,7 @@ from websockets.exceptions import InvalidStatus
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from tests.factories import server_config
 
 

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.credentials import CredentialError, ReplayWindow, derive_key, make_proof, verify_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 
@@ -62,10 +62,10 @@ def _hello(device_id: str, token: str) -> p.Hello:
 def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> None:
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secret_a = store.enroll("dev-a", samples=30)
-        secret_b = store.enroll("dev-b")
-        assert store.credential("dev-a")["key"] == derive_key(secret_a)  # the secret itself is never stored
-        assert [c["device_id"] for c in store.credentials()] == ["dev-a", "dev-b"]
+        secret_a = store.credentials.enroll("dev-a", samples=30)
+        secret_b = store.credentials.enroll("dev-b")
+        assert store.credentials.get("dev-a")["key"] == derive_key(secret_a)  # the secret itself is never stored
+        assert [c["device_id"] for c in store.credentials.all()] == ["dev-a", "dev-b"]
 
     async def answer(url: str, hello: p.Hello):
         async with connect(url, **ws_options()) as ws:
@@ -88,7 +88,7 @@ def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> No
             out["unknown"] = await answer(url, _hello("dev-z", make_proof("dev-z", secret_a)))
             out["a_kept"] = orch.sessions["dev-a"] is first and ws_a.close_code is None
             with Store(store_dir) as store:
-                assert store.revoke("dev-b") and not store.revoke("dev-b")
+                assert store.credentials.revoke("dev-b") and not store.credentials.revoke("dev-b")
             out["revoked"] = await answer(url, _hello("dev-b", make_proof("dev-b", secret_b)))
             out["again"] = await answer(url, _hello("dev-a", make_proof("dev-a", secret_a)))  # replaces, by proof
             out["a_replaced"] = orch.sessions.get("dev-a") is not first
@@ -110,7 +110,7 @@ def test_enrolled_device_processes_train_and_others_are_refused(tmp_path: Path) 
 
     root = Path(__file__).resolve().parents[1]
     store_dir = tmp_path / "s"
-    cli = [sys.executable, "-m", "orchestrator.cli", "device"]
+    cli = [sys.executable, "-m", "edgetrain", "device"]
     for d in ("dev-0", "dev-1"):
         subprocess.run([*cli, "enroll", "--store", str(store_dir), "--id", d, "--out", str(tmp_path / f"{d}.secret")],
                        check=True, cwd=root, capture_output=True)

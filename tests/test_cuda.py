@@ -13,8 +13,8 @@ import torch
 from edge_sdk.accelerator import ENV, torch_device
 from edge_sdk.models import build_model
 from orchestrator.config import ServerConfig
-from orchestrator.evaluate import Evaluator
-from orchestrator.payloads import model_at
+from orchestrator.server.evaluate import Evaluator
+from orchestrator.server.payloads import model_at
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 

@@ -19,9 +19,9 @@ from edge_sdk.data import DATA_ENV, DATASETS, Dataset, DatasetUnavailable, load_
 from edge_sdk.data.shakespeare import SEQ_LEN, STRIDE, load_roles, role_split, windows
 from edge_sdk.data.tcga_brca import REGIONS
 from edge_sdk.models.zoo import MODEL_NAMES, build_model, model_spec
-from orchestrator.emulation.fleet import FleetError, load_fleet, parse_fleet
-from orchestrator.emulation.localfleet import device_env
-from orchestrator.evaluate import data_mismatch
+from emulator.fleet import FleetError, load_fleet, parse_fleet
+from emulator.localfleet import device_env
+from orchestrator.server.evaluate import data_mismatch
 from orchestrator.store import Store
 from tests.shared_data import REPO, need
 
@@ -150,7 +150,7 @@ def test_natural_partitions_follow_the_table_and_the_data_root_sits_beside_the_f
 
 
 def _edgetrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True,
                           env=env, timeout=300, cwd=REPO)
 
 
@@ -190,8 +190,8 @@ def test_the_fleet_runs_two_rounds_through_edgetrain_emulate(fleet: str, folder:
     assert [(r["round"], r["reported"]) for r in rounds] == [(1, devices), (2, devices)]
     assert all(math.isfinite(r["test_loss"]) for r in rounds)
     with Store.open_readonly(run_dir / "store") as store:
-        assert store.completed_rounds() == 2
-        held = sorted(u["num_samples"] for u in store.updates(1))
+        assert store.rounds.completed() == 2
+        held = sorted(u["num_samples"] for u in store.reports.all(1))
     dataset = load_dataset(load_fleet(fleet).dataset, root=root)
     assert sum(held) == len(dataset)  # every training sample is on exactly one device
     if samples is not None:

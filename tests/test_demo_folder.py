@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_a_demo_run_folder_stays_small(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "demo", "--rounds", "2", "--out",
+    out = subprocess.run([sys.executable, "-m", "edgetrain", "demo", "--rounds", "2", "--out",
                           str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,6 +1,6 @@
 """The device's entry point ships with the device SDK: ``python -m edge_sdk`` (and ``edgetrain device``,
 which adds device classes) runs a real device, imports nothing outside ``edge_sdk``, and carries no
-fault-injection options (those belong to ``python -m orchestrator.emulation.device``)."""
+fault-injection options (those belong to ``python -m emulator.device``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from emulator.localfleet import device_env, start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import device_env, start_orchestrator
 from orchestrator.store import Store
 from profiles.devices import load_device_class
 
@@ -36,7 +36,7 @@ def test_the_entry_point_imports_only_the_device_sdk() -> None:
 
 def test_production_options_only() -> None:
     device = _run("-m", "edge_sdk", "--help")
-    wrapper = _run("-m", "orchestrator.cli", "device", "--help")
+    wrapper = _run("-m", "edgetrain", "device", "--help")
     assert device.returncode == wrapper.returncode == 0, device.stderr + wrapper.stderr
     for option in ("--server", "--id", "--budget", "--data", "--client", "--num-clients", "--json-events", "--token",
                    "--tls-ca", "--threads", "--storage", "--data-root", "--data-limit", "--partition", "--seed",
@@ -52,7 +52,7 @@ def test_usage_errors_are_reported_as_such() -> None:
     assert bad.returncode == 2 and "--budget" in bad.stderr
     bad = _run("-m", "edge_sdk", "--id", "d", "--client", "3", "--num-clients", "2")
     assert bad.returncode == 2 and "client 3 outside [0, 2)" in bad.stderr
-    bad = _run("-m", "orchestrator.cli", "device", "--id", "d", "--device-class", "toaster")
+    bad = _run("-m", "edgetrain", "device", "--id", "d", "--device-class", "toaster")
     assert bad.returncode == 2 and "unknown device class" in bad.stderr
 
 
@@ -67,7 +67,7 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
         argvs = [
             ["-m", "edge_sdk", "--server", url, "--id", "sdk-0", "--budget", "1GiB", "--client", "0",
              "--num-clients", "2", "--json-events", "--once"],
-            ["-m", "orchestrator.cli", "device", "--server", url, "--id", "cli-1", "--device-class", "pi-4-2gb",
+            ["-m", "edgetrain", "device", "--server", url, "--id", "cli-1", "--device-class", "pi-4-2gb",
              "--client", "1", "--num-clients", "2", "--json-events", "--once"],
         ]
         procs = [await asyncio.create_subprocess_exec(sys.executable, *argv, cwd=REPO, env=device_env(),
@@ -84,7 +84,7 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
         events = [json.loads(line)["event"] for line in out.splitlines() if line.startswith("{")]
         assert "welcome" in events and "round_done" in events, out
     with Store(tmp_path / "store") as store:
-        profiles = {d["device_id"]: d["profile"] for d in store.devices()}
+        profiles = {d["device_id"]: d["profile"] for d in store.devices.all()}
     assert profiles["sdk-0"]["budget_bytes"] == 1 << 30 and profiles["sdk-0"]["device_class"] == ""
     assert profiles["cli-1"]["budget_bytes"] == load_device_class("pi-4-2gb").budget_bytes
     assert profiles["cli-1"]["device_class"] == "pi-4-2gb"

@@ -52,7 +52,7 @@ def _device(tmp: Path, device_id: str, port: int, **extra: object) -> tuple[subp
 
 def _server(tmp: Path, port: int, store: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "tiny", "--data", "synthetic", "--port",
+        [sys.executable, "-m", "edgetrain", "serve", "--model", "tiny", "--data", "synthetic", "--port",
          str(port), "--store", str(store), "--min-devices", "2", "--local-steps", "2", "--deadline", "60", "--json-events",
          *extra],
         cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -87,7 +87,7 @@ def _stop(*procs: subprocess.Popen) -> None:
 
 def _rounds_done(store: Path) -> int:
     with Store(store) as s:
-        return sum(r["complete"] for r in s.rounds())
+        return sum(r["complete"] for r in s.rounds.all())
 
 
 @pytest.mark.slow
@@ -143,7 +143,7 @@ def test_devices_rejoin_a_server_killed_mid_round_and_restarted(tmp_path: Path) 
         assert restarted.returncode == 0, out[-2000:]
         assert _rounds_done(store) == rounds
         with Store(store) as s:
-            late = {u["device_id"] for u in s.updates() if u["accepted"] and u["round"] > killed_at}
+            late = {u["device_id"] for u in s.reports.all() if u["accepted"] and u["round"] > killed_at}
         assert late == {"dev-0", "dev-1"}  # both came back by themselves and trained after the restart
         for proc, log in devices:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -177,7 +177,7 @@ def test_install_service_writes_a_unit_systemd_accepts(tmp_path: Path) -> None:
                            "root"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
     assert root.returncode == 2 and "unprivileged" in root.stderr and "Traceback" not in root.stderr
     # edgetrain device install-service is the same command.
-    wrapper = subprocess.run([sys.executable, "-m", "orchestrator.cli", "device", "install-service", "--config",
+    wrapper = subprocess.run([sys.executable, "-m", "edgetrain", "device", "install-service", "--config",
                               str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
     assert wrapper.returncode == 0 and "User=edgetrain" in wrapper.stdout, wrapper.stderr
 

@@ -1,4 +1,4 @@
-"""Direction trust per layer group (orchestrator/trust.py): a report's weight in each block's mean is
+"""Direction trust per layer group (orchestrator/aggregation/trust.py): a report's weight in each block's mean is
 its block's ReLU(cosine) with the server's reference update, carried to the strategy as
 ``DeviceReport.entry_weights``; a block no report was trusted for keeps its value; robust statistics
 leave a zero-trust report out. The live fleets with each insider are in tests/test_attacks_trust.py
@@ -13,11 +13,11 @@ import pytest
 
 from edge_sdk import protocol as p
 from edge_sdk.models.zoo import tiny
-from orchestrator.selection import Selection
+from orchestrator.aggregation.trust import DirectionTrust, block_cosines
 from orchestrator.strategies import DeviceReport
 from orchestrator.strategies.base import RobustStack, WeightedSums
 from orchestrator.strategies.robust import RobustRound
-from orchestrator.trust import DirectionTrust, block_cosines
+from orchestrator.strategies.selection import Selection
 
 TEMPLATE = tiny()
 STATE = {k: v.detach().numpy().copy() for k, v in TEMPLATE.state_dict().items()}

@@ -1,4 +1,4 @@
-"""The privacy ledger (orchestrator/privacy/accountant.py) against independent computations, per block
+"""The privacy ledger (orchestrator/aggregation/privacy/accountant.py) against independent computations, per block
 and for the model, and its JSON state: a resumed ledger is the uninterrupted one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from dp_accounting import pld, rdp
 from scipy import optimize, stats
 
-from orchestrator.privacy.accountant import (
+from orchestrator.aggregation.privacy.accountant import (
     RDP_ORDERS,
     BlockRelease,
     LedgerError,
@@ -180,7 +180,7 @@ def test_a_look_ahead_answers_the_rounds_questions_without_the_accountant(monkey
     """The server computes a round's look-ahead in a worker thread; then whether it would pass the
     target, what it spent once recorded, and whether the next like it would pass the target are
     answered from what was computed, with the same numbers as a ledger without the look-ahead."""
-    from orchestrator.privacy import accountant
+    from orchestrator.aggregation.privacy import accountant
 
     event = RoundEvent.fixed(1000, 100, {b: BlockRelease(3.0) for b in BLOCKS})
     plain, ahead = PrivacyLedger(BLOCKS, 1e-5, sampling="fixed"), PrivacyLedger(BLOCKS, 1e-5, sampling="fixed")

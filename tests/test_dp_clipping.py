@@ -1,4 +1,4 @@
-"""Clipping on the server (orchestrator/privacy/clipping.py): per-layer clips, adaptive clipping that
+"""Clipping on the server (orchestrator/aggregation/privacy/clipping.py): per-layer clips, adaptive clipping that
 tracks a known quantile of synthetic norms (Andrew et al., 2021), and the noise split it implies."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 from edge_sdk import dp
-from orchestrator.privacy import clipping
-from orchestrator.privacy.accountant import BlockRelease
-from orchestrator.privacy.clipping import AdaptiveClip, AdaptiveClipping, equal_clips, sum_multiplier
+from orchestrator.aggregation.privacy import clipping
+from orchestrator.aggregation.privacy.accountant import BlockRelease
+from orchestrator.aggregation.privacy.clipping import AdaptiveClip, AdaptiveClipping, equal_clips, sum_multiplier
 
 
 def test_the_server_clips_with_the_devices_rule() -> None:

@@ -1,4 +1,4 @@
-"""Central noise (orchestrator/privacy/noise.py): noised sums of a fixed input have the standard deviation
+"""Central noise (orchestrator/aggregation/privacy/noise.py): noised sums of a fixed input have the standard deviation
 the calibration says, sigma x clip on the sum and sigma x clip / cohort on the mean, per block, and
 the noise is Gaussian and comes from os.urandom."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from orchestrator.privacy.clipping import clip_blocks
-from orchestrator.privacy.noise import gaussian, noise_block_sum
+from orchestrator.aggregation.privacy.clipping import clip_blocks
+from orchestrator.aggregation.privacy.noise import gaussian, noise_block_sum
 
 #: Blocks with different clips and expected cohorts (the input side trained by few devices).
 BLOCKS = {"stem": (0.3, 20), "middle": (2.5, 50), "head": (1.0, 200)}

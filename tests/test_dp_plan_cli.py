@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.privacy.accountant import epsilon_for
+from orchestrator.aggregation.privacy.accountant import epsilon_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ force_split = 2
 
 
 def edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "dp-plan", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", "dp-plan", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -56,7 +56,7 @@ def test_the_plan_for_scripts_names_the_multiplier_and_the_noise_on_the_mean() -
 
 
 def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
-    from orchestrator.cli.dp_plan import fleet_blocks, privacy_plan
+    from edgetrain.cli.dp_plan import fleet_blocks, privacy_plan
 
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
@@ -76,7 +76,7 @@ def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
 def test_distributed_noise_names_each_device_share_and_the_multiplier_as_survivors_vary(tmp_path: Path) -> None:
     """--noise distributed: the same multiplier z; shares sized for 90% of each cohort give z sqrt(s / 0.9)
     with a share s surviving, so all surviving spends less than the target and the floor (70%) more."""
-    from orchestrator.cli.dp_plan import fleet_blocks, privacy_plan
+    from edgetrain.cli.dp_plan import fleet_blocks, privacy_plan
 
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation.capping import available_mechanisms
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.recorder import PHASES
-from orchestrator.emulation.schedule import drop_schedule
-from orchestrator.emulation.localfleet import device_env, role_budgets
+from emulator.capping import available_mechanisms
+from emulator.fleet import load_fleet
+from emulator.localfleet import device_env, role_budgets
+from emulator.recorder import PHASES
+from emulator.schedule import drop_schedule
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         pytest.skip("no memory capping mechanism works on this machine (no cgroup, no RLIMIT_AS)")
     tmp = tmp_path_factory.mktemp("emulate")
     fleet = _fleet_file(tmp)
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", str(fleet), "--out", str(tmp / "runs"),
+    argv = [sys.executable, "-m", "edgetrain", "emulate", "--fleet", str(fleet), "--out", str(tmp / "runs"),
             "--deadline", str(DEADLINE_S)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=device_env(), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -163,8 +163,8 @@ def test_without_cgroups_the_rlimit_fallback_enforces_the_same_fleet(tmp_path: P
     """Where no cgroup can be written (no root), RLIMIT_AS + the RSS watchdog hold the budgets."""
     import asyncio
 
-    from orchestrator.emulation.schedule import server_config
-    from orchestrator.emulation.supervisor import run_fleet
+    from emulator.schedule import server_config
+    from emulator.supervisor import run_fleet
 
     if "rlimit-as+watchdog" not in available_mechanisms():
         pytest.skip("RLIMIT_AS is not available on this system")

@@ -22,18 +22,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.lightweight import (
+from emulator.fleet import load_fleet
+from emulator.launch import DeviceLaunch, Faults
+from emulator.lightweight import (
     WorkerDevice,
     WorkerFailed,
     WorkerSpec,
     default_workers,
     split_devices,
 )
-from orchestrator.emulation.launch import DeviceLaunch, Faults
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import drop_schedule, server_config
-from orchestrator.emulation.localfleet import device_env
+from emulator.localfleet import device_env
+from emulator.runner import run_emulation
+from emulator.schedule import drop_schedule, server_config
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ WORKERS = 2
 
 def _emulate(*args: str, timeout: float = 180) -> str:
     """Run the command; its console output with rich's line wrapping undone."""
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", *args]
+    argv = [sys.executable, "-m", "edgetrain", "emulate", *args]
     proc = subprocess.run(argv, capture_output=True, text=True, env=device_env(), timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return " ".join(proc.stdout.split())
@@ -57,9 +57,9 @@ def run200(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        metrics["journal_devices"] = store.devices()
-        metrics["journal_rounds"] = store.rounds()
-        metrics["journal_updates"] = store.updates()
+        metrics["journal_devices"] = store.devices.all()
+        metrics["journal_rounds"] = store.rounds.all()
+        metrics["journal_updates"] = store.reports.all()
     metrics["stdout"] = stdout
     metrics["by_id"] = {d["device"]: d for d in metrics["devices"]}
     return metrics
@@ -209,12 +209,13 @@ def test_process_mode_reports_say_processes(tmp_path: Path) -> None:
 
 
 def test_workers_option_is_checked() -> None:
-    from orchestrator.cli import app
-    from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+    from edgetrain.cli import app
+    from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 
     runner = CliRunner()
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-capped", "--workers", "2"])
-    assert result.exit_code != 0 and "applies to mode" in result.output
+    shown = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
+    assert result.exit_code != 0 and "applies to emulation.mode 'lightweight'" in shown
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--workers", "0"])
     assert result.exit_code != 0 and "between 1 and" in result.output
 
@@ -235,6 +236,6 @@ def test_devices_are_dealt_round_robin_and_specs_are_validated(tmp_path: Path) -
         WorkerSpec.from_json(WorkerSpec(0, (device, device)).to_json())
     bad = tmp_path / "spec.json"
     bad.write_text("[]")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.emulation.lightweight", "--url", "ws://127.0.0.1:1",
+    proc = subprocess.run([sys.executable, "-m", "emulator.lightweight", "--url", "ws://127.0.0.1:1",
                            "--spec-file", str(bad)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a worker spec" in proc.stderr

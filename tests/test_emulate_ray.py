@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.lightweight import WorkerFailed
-from orchestrator.emulation.runner import run_emulation
-from orchestrator.emulation.schedule import server_config
-from orchestrator.emulation.localfleet import device_env
+from emulator.fleet import load_fleet
+from emulator.lightweight import WorkerFailed
+from emulator.localfleet import device_env
+from emulator.runner import run_emulation
+from emulator.schedule import server_config
 from orchestrator.store import Store
 
 ROUNDS = 2
@@ -85,7 +85,7 @@ def test_a_fleet_runs_to_the_end_through_a_local_ray_instance(tmp_path: Path) ->
     fleet = tmp_path / "ray.toml"
     fleet.write_text(FLEET)
     out = tmp_path / "runs"
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
+    argv = [sys.executable, "-m", "edgetrain", "emulate", "--fleet", str(fleet), "--rounds", str(ROUNDS),
             "--workers", str(WORKERS), "--backend", "ray", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_ray_env(), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -93,9 +93,9 @@ def test_a_fleet_runs_to_the_end_through_a_local_ray_instance(tmp_path: Path) ->
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        journal_devices = {d["device_id"] for d in store.devices()}
-        journal_rounds = store.rounds()
-        updates = store.updates()
+        journal_devices = {d["device_id"] for d in store.devices.all()}
+        journal_rounds = store.rounds.all()
+        updates = store.reports.all()
 
     expected = {s.id for s in load_fleet(fleet).devices()}
     assert len(expected) == 6 and journal_devices == expected
@@ -157,7 +157,7 @@ def test_nothing_imports_ray_until_a_ray_run_starts() -> None:
     code = textwrap.dedent("""
         import json, sys
         import edge_sdk, edge_sdk.client
-        import orchestrator.cli.commands, orchestrator.emulation.runner, orchestrator.emulation.ray_backend
+        import edgetrain.cli.commands, emulator.runner, emulator.ray_backend
         print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "ray")))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -166,18 +166,20 @@ def test_nothing_imports_ray_until_a_ray_run_starts() -> None:
 
 
 def test_ray_options_are_checked() -> None:
-    from orchestrator.cli import app
-    from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+    from edgetrain.cli import app
+    from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 
     runner = CliRunner()
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--address", "10.0.0.5:6379"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--advertise-host", "10.0.0.2"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--port", "9000"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--backend", "spark"])
-    assert result.exit_code != 0 and "must be one of local, ray" in result.output
+
+    def refused(*argv: str) -> str:
+        result = runner.invoke(app, ["emulate", *argv])
+        assert result.exit_code != 0
+        return " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
+
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--address", "10.0.0.5:6379")
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--advertise-host", "10.0.0.2")
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--port", "9000")
+    assert "must be one of local, ray" in refused("--fleet", "tiny-200", "--backend", "spark")
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-capped", "--backend", "ray"])
     shown = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
     assert result.exit_code != 0 and "runs emulation.mode 'lightweight', not 'processes'" in shown

@@ -1,4 +1,4 @@
-"""Memory-mapped shards of emulated devices (orchestrator.emulation.shards)."""
+"""Memory-mapped shards of emulated devices (emulator.shards)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from orchestrator.emulation.shards import UNUSED_DAYS, mapped_rows, shard_path
+from emulator.shards import UNUSED_DAYS, mapped_rows, shard_path
 
 
 def _source(tmp_path, values: np.ndarray) -> np.memmap:

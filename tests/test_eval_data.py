@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
+from edge_sdk.client import DeviceClient, DeviceSettings, DeviceRefused
 from edge_sdk.data import load_dataset, partition
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
-from orchestrator.evaluate import Evaluator, evaluation_arrays
+from orchestrator.server.evaluate import Evaluator, evaluation_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.own_model.model:make_model"
@@ -38,7 +38,7 @@ def _csv(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
 
 
 def _edgetrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=180, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
@@ -53,7 +53,7 @@ def test_a_model_outside_the_zoo_is_scored_on_the_users_file(tmp_path: Path) -> 
 
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
-        devices = [DeviceClient(DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"d{i}", 1 << 30, backend="torch"), x, y)
+        devices = [DeviceClient(DeviceSettings(f"ws://127.0.0.1:{orch.port}", f"d{i}", 1 << 30, backend="torch"), x, y)
                    for i, (x, y) in enumerate(shards)]
         await asyncio.gather(*(d.run() for d in devices))
         return await asyncio.wait_for(server, timeout=120)
@@ -78,7 +78,7 @@ def test_eval_data_takes_a_function_a_table_or_none(tmp_path: Path) -> None:
 
 
 def test_a_fleet_file_names_its_evaluation_set(tmp_path: Path) -> None:
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     fleet = tmp_path / "own.toml"
     fleet.write_text('[fleet]\nmodel = "digits_mlp"\n[training]\nrounds = 1\neval_source = "tests.test_eval_data:holdout"\n'
@@ -88,7 +88,7 @@ def test_a_fleet_file_names_its_evaluation_set(tmp_path: Path) -> None:
 
 def test_a_fleet_files_relative_evaluation_file_is_read_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet runs the same from any working directory: its held-out file is found next to it."""
-    from orchestrator.emulation.fleet import load_fleet
+    from emulator.fleet import load_fleet
 
     x, y = holdout()
     folder = tmp_path / "fleets"
@@ -133,10 +133,10 @@ def test_a_device_whose_data_does_not_fit_is_refused_at_hello(tmp_path: Path) ->
     async def run() -> tuple[BaseException | list, list[dict]]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
-        wrong = DeviceClient(DeviceConfig(url, "narrow", 1 << 30, backend="torch", reconnect=False),
+        wrong = DeviceClient(DeviceSettings(url, "narrow", 1 << 30, backend="torch", reconnect=False),
                              digits.x[:, :32].copy(), digits.y, on_event=lambda k, d: events.append((k, d)))
         refused = (await asyncio.gather(wrong.run(), return_exceptions=True))[0]
-        right = DeviceClient(DeviceConfig(url, "fits", 1 << 30, backend="torch"), digits.x, digits.y)
+        right = DeviceClient(DeviceSettings(url, "fits", 1 << 30, backend="torch"), digits.x, digits.y)
         await right.run()
         return refused, await asyncio.wait_for(server, timeout=60)
 

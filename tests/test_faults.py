@@ -22,9 +22,9 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import send_msg, send_payload, ws_options
-from orchestrator.emulation import faults as faults_module
-from orchestrator.emulation.faults import DROP_EXIT, DeviceVanished, FaultInjector, Faults
-from orchestrator.emulation.launch import DeviceLaunch, device_argv
+from emulator import faults as faults_module
+from emulator.faults import DROP_EXIT, DeviceVanished, FaultInjector, Faults
+from emulator.launch import DeviceLaunch, device_argv
 
 FRAME = 1024
 PAYLOAD = bytes(range(256)) * 32  # 8 KiB: 8 frames
@@ -157,8 +157,8 @@ def test_a_drop_at_upload_holds_the_model_and_vanishes_as_its_upload_begins() ->
 def test_a_fleet_group_names_where_its_devices_drop() -> None:
     import tomllib
 
-    from orchestrator.emulation.fleet import FleetError, parse_fleet
-    from orchestrator.emulation.schedule import device_launch
+    from emulator.fleet import FleetError, parse_fleet
+    from emulator.schedule import device_launch
 
     text = ('[fleet]\nmodel = "tiny"\n[behaviour]\ndropout = 0.5\ndrop_at = "upload"\n'
             '[[groups]]\nname = "a"\nclass = "mid-phone"\ncount = 1\n'
@@ -242,7 +242,7 @@ def test_a_device_process_that_drops_exits_with_the_drop_status(tmp_path: Path) 
         from websockets.asyncio.server import serve
         from edge_sdk import protocol as p
         from edge_sdk.transport import send_msg, send_payload, ws_options
-        from orchestrator.emulation.faults import FaultInjector, Faults
+        from emulator.faults import FaultInjector, Faults
 
         async def handler(ws):
             await send_msg(ws, p.Ack(round=1, accepted=True))
@@ -272,7 +272,7 @@ def test_launch_records_round_trip_as_json() -> None:
     assert launch.faults.drop_rounds == (1, 3)
     assert DeviceLaunch.from_json(launch.to_json()) == launch
     argv = device_argv(launch, "ws://127.0.0.1:1", data_root="/data")
-    assert argv[1:3] == ["-m", "orchestrator.emulation.device"] and DeviceLaunch.from_json(argv[3]) == launch
+    assert argv[1:3] == ["-m", "emulator.device"] and DeviceLaunch.from_json(argv[3]) == launch
     assert argv[4:] == ["--server", "ws://127.0.0.1:1", "--json-events", "--data-root", "/data"]
     with pytest.raises(ValueError, match="unknown fields"):
         DeviceLaunch.from_dict({**launch.to_dict(), "extra_args": ["--drop-rounds", "1"]})
@@ -283,6 +283,6 @@ def test_launch_records_round_trip_as_json() -> None:
 
 
 def test_the_device_entry_refuses_a_bad_launch() -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.emulation.device", '{"device_id": "d"}', "--server",
+    proc = subprocess.run([sys.executable, "-m", "emulator.device", '{"device_id": "d"}', "--server",
                            "ws://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a device launch" in proc.stderr

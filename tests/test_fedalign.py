@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from edge_sdk.protocol import RowSparse
-from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, FedALIGN, FedAvg, Instruction, Refused, make_strategy
 from orchestrator.strategies.groups import PriorityRule
+from orchestrator.strategies.selection import Selection
 from tests.strategy_driver import context, drive
 
 F32 = np.float32
@@ -307,8 +307,8 @@ def test_row_sparse_reports_fold_per_row():
 
 
 def test_a_fleet_selects_fedalign_with_options_and_tags_priority_groups():
-    from orchestrator.emulation.fleet import FleetError, device_labels, load_fleet, parse_fleet
-    from orchestrator.emulation.schedule import server_config
+    from emulator.fleet import FleetError, device_labels, load_fleet, parse_fleet
+    from emulator.schedule import server_config
 
     fleet = load_fleet("prioritized-femnist")
     config = server_config(fleet, store_dir=Path("unused"))

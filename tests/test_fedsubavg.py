@@ -1,4 +1,4 @@
-"""FedSubAvg (orchestrator/strategies/fedsubavg.py) and row heat (orchestrator/heat.py), driven as the
+"""FedSubAvg (orchestrator/strategies/fedsubavg.py) and row heat (orchestrator/strategies/heat.py), driven as the
 server drives a strategy (configure, on_report per report, aggregate), without sockets.
 
 - the paper's Example 1 (hot-and-cold Section 3): FedAvg's cold parameter decays like (1 - 1/N)^r,
@@ -21,10 +21,10 @@ import pytest
 
 from edge_sdk.privacy import PrivateHeat, private_hello_fields, randomized_response
 from edge_sdk.protocol import RowSparse
-from orchestrator.heat import RowHeat, TableHeat, rr_probabilities
 from orchestrator.rounds import RoundState
 from orchestrator.strategies import DeviceInfo, DeviceReport, Instruction, RoundContext, make_strategy
 from orchestrator.strategies.fedsubavg import ROW_BITS, ROW_EPSILON, FedSubAvg, RowSums
+from orchestrator.strategies.heat import RowHeat, TableHeat, rr_probabilities
 
 TABLE = "blocks.emb.weight"
 BIAS = "blocks.head.bias"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation.fleet import (
+from emulator.fleet import (
     FLEETS_DIR,
     Fleet,
     FleetError,
@@ -18,7 +18,7 @@ from orchestrator.emulation.fleet import (
     load_fleet,
     parse_fleet,
 )
-from orchestrator.emulation.schedule import server_config
+from emulator.schedule import server_config
 
 MiB = 1 << 20
 RUNTIME = 400 * MiB  # a training runtime's memory, for budgets written as "runtime+..."

@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from orchestrator.emulation.device import build_client, shape_data
-from orchestrator.emulation.fleet import FleetError, parse_fleet
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.emulation.schedule import device_launch
-from orchestrator.emulation.localfleet import device_env
+from emulator.device import build_client, shape_data
+from emulator.fleet import FleetError, parse_fleet
+from emulator.launch import DeviceLaunch
+from emulator.localfleet import device_env
+from emulator.schedule import device_launch
 from orchestrator.server import Orchestrator
-from tests.shared_data import SHARED
 from tests.factories import server_config
+from tests.shared_data import SHARED
 
 MNIST = SHARED / "mnist"
 
@@ -116,7 +116,7 @@ def test_bad_group_data_options_name_the_key(key: str, value: object) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not MNIST.is_dir(), reason="the shared MNIST folder is not on this machine")
 def test_the_prioritized_mnist_fleet_runs_fedalign_in_the_emulator(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", "prioritized-mnist", "--rounds", "4",
+    argv = [sys.executable, "-m", "edgetrain", "emulate", "--fleet", "prioritized-mnist", "--rounds", "4",
             "--out", str(tmp_path)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=device_env(), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,8 +16,8 @@ from edge_sdk.ort_trainer import OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
-from orchestrator.selection import Selection
 from orchestrator.server import Orchestrator
+from orchestrator.strategies.selection import Selection
 from profiles.planner import plan_split
 from tests.refused_graphs import graphs_refusing
 

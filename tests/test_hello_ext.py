@@ -2,7 +2,7 @@
 in the test suite only, with no edit to the protocol, the device client or the server.
 
 ``Tagged`` declares the hello field ``tagging.color`` (``Strategy.hello_fields``); devices send it in
-the hello's extension fields (``DeviceConfig.hello_ext`` passes it through as it is); the server
+the hello's extension fields (``DeviceSettings.hello_ext`` passes it through as it is); the server
 parses it at hello and hands the parsed value to the strategy (``DeviceInfo.ext``). The server loads
 the strategy by ``tests.test_hello_ext:Tagged``, plans the devices, and runs two rounds over real
 websockets on 127.0.0.1; a device sending a bad value is refused with ``malformed`` and the others
@@ -20,11 +20,11 @@ import pytest
 from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from orchestrator.strategies import FedAvg, Instruction, RoundContext
 from orchestrator.strategies.base import HelloContext, HelloField
@@ -67,11 +67,11 @@ async def _run(tmp_path: Path) -> tuple[Tagged, list[dict], p.Message, list[str]
     colors = {"dev-0": "red", "dev-1": "red", "dev-2": "green"}
     clients = []
     for (device_id, color), idx in zip(colors.items(), partition(data.y, len(colors), "iid", seed=0)):
-        cfg = DeviceConfig(server=url, device_id=device_id, budget_bytes=2 << 30, hello_ext={COLOR: color})
+        cfg = DeviceSettings(server=url, device_id=device_id, budget_bytes=2 << 30, hello_ext={COLOR: color})
         clients.append(DeviceClient(cfg, data.x[idx], data.y[idx]))
     history, *_ = await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)
     store = Store(config.store_dir)
-    planned = [d["device_id"] for d in store.devices() if d.get("plan", {}).get("role")]
+    planned = [d["device_id"] for d in store.devices.all() if d.get("plan", {}).get("role")]
     store.close()
     return orch.strategy, history, error, planned
 
@@ -89,7 +89,7 @@ def test_a_strategy_of_the_tests_own_reads_its_hello_field(tmp_path: Path) -> No
 
 
 def test_a_declared_field_is_parsed_and_an_undeclared_one_ignored() -> None:
-    from orchestrator.admission import parse_hello_ext
+    from orchestrator.server.admission import parse_hello_ext
 
     hello = p.Hello("d", "", 1, 1, ["torch"], 1, ext={COLOR: "green", "other.thing": [1, 2]})
     context = HelloContext(columns={}, shapes={})

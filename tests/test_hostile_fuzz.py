@@ -25,8 +25,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as sync_connect
 
 from edge_sdk import protocol as p
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from test_protocol_messages import any_message
 from tests.factories import server_config
 from tests.scripted import scripted_device

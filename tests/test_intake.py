@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.intake import PlainIntake, ReportIntake
+from orchestrator.aggregation.combine import StrategyFold
+from orchestrator.aggregation.formats import PlainUpload
+from orchestrator.aggregation.intake import Intake, ReportIntake
 from orchestrator.server import Orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -31,7 +33,8 @@ def _intake_uses(tree: ast.AST) -> set[str]:
 def test_the_server_meets_report_intake_only_through_its_interface() -> None:
     interface = {name for name in vars(ReportIntake) if not name.startswith("_")}
     used = {}
-    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
+    for path in sorted(p for package in ("orchestrator", "emulator", "edgetrain")
+                       for p in (ROOT / package).rglob("*.py")):
         if path.name != "intake.py":
             for name in _intake_uses(ast.parse(path.read_text(encoding="utf-8"))):
                 used.setdefault(name, []).append(str(path.relative_to(ROOT)))
@@ -110,7 +113,8 @@ def test_a_round_takes_each_report_in_then_aggregates_through_report_intake(tmp_
 
     orch, acks, history = asyncio.run(main())
     assert [h["reported"] for h in history] == [2, 2] and all(a.accepted for device in acks for a in device)
-    assert isinstance(orch.intake.inner, PlainIntake)
+    inner = orch.intake.inner
+    assert isinstance(inner, Intake) and isinstance(inner.format, PlainUpload) and isinstance(inner.combiner, StrategyFold)
     calls = orch.intake.calls
     for r in (1, 2):
         start, end = calls.index(("begin_round", r)), calls.index(("commit", r))

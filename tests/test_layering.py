@@ -1,8 +1,10 @@
-"""The packages stay in layers: edge_sdk < profiles < exporters < orchestrator, and no import cycles.
+"""The packages stay in layers: edge_sdk < profiles < exporters < orchestrator < emulator < edgetrain,
+and no import cycles.
 
 A device ships ``edge_sdk`` alone, the planner adds ``profiles``, the exporters add torch and ONNX,
-and the orchestrator sits on top: a lower layer that imports a higher one drags the higher one (and
-its dependencies) onto every device. Cycles between modules make import order matter and a module
+the orchestrator sits on them, the emulator (fleets of emulated devices) drives the orchestrator, and
+the command line (``edgetrain``) sits on top: a lower layer that imports a higher one drags the higher
+one (and its dependencies) onto every device. Cycles between modules make import order matter and a module
 impossible to read alone. Imports are read from the source with ``ast``: relative imports resolved,
 imports inside functions and under ``TYPE_CHECKING`` included (each is a dependency all the same).
 A package ``__init__`` importing its own children (re-exports) is not a cycle.
@@ -16,7 +18,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("edge_sdk", "profiles", "exporters", "orchestrator")  # each may import itself and those before it
+#: Each may import itself and those before it.
+LAYERS = ("edge_sdk", "profiles", "exporters", "orchestrator", "emulator", "edgetrain")
+#: The orchestrator's top level holds the shared modules only; the rest lives in its rooms (server/,
+#: aggregation/, strategies/, views/).
+MAX_ORCHESTRATOR_TOP_MODULES = 12
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -115,7 +121,7 @@ def _without_reexports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_no_layer_imports_a_higher_one() -> None:
     upward = sorted(f"{m} -> {t}" for m, targets in _graph().items() for t in targets if _layer(t) > _layer(m))
-    assert not upward, "imports of a higher layer (edge_sdk < profiles < exporters < orchestrator):\n" + "\n".join(upward)
+    assert not upward, "imports of a higher layer (" + " < ".join(LAYERS) + "):\n" + "\n".join(upward)
 
 
 def test_no_import_cycles_between_modules() -> None:
@@ -123,12 +129,20 @@ def test_no_import_cycles_between_modules() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_the_emulation_layer_never_imports_the_command_line() -> None:
-    """The command line sits on top of the emulator, not beside it: device processes stay lean."""
+def test_the_orchestrator_never_imports_the_emulator_or_the_command_line() -> None:
+    """The emulator and the command line sit on top of the orchestrator, not inside it: a server
+    loads neither, and the emulator's device processes never load the command line."""
     graph = _graph()
-    offending = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("orchestrator.emulation")
-                       for t in targets if t == "orchestrator.cli" or t.startswith("orchestrator.cli."))
+    offending = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                       if (m.split(".")[0] == "orchestrator" and t.split(".")[0] in ("emulator", "edgetrain"))
+                       or (m.split(".")[0] == "emulator" and t.split(".")[0] == "edgetrain"))
     assert not offending, "\n".join(offending)
+
+
+def test_the_orchestrator_top_level_holds_few_modules() -> None:
+    """Everything but the shared modules (config, values, records, the store) lives in a room."""
+    top = sorted(path.name for path in (ROOT / "orchestrator").glob("*.py"))
+    assert len(top) <= MAX_ORCHESTRATOR_TOP_MODULES, top
 
 
 # -- the checker itself, on small trees ------------------------------------------------------------

@@ -90,9 +90,9 @@ def test_an_emulated_device_process_loads_no_server_and_no_torch_at_import():
     device holds is what is measured against its budget."""
     code = """
         import json, sys
-        import orchestrator.emulation.device, orchestrator.emulation.lightweight
+        import emulator.device, emulator.lightweight
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx", "typer", "rich")
-                        or m in ("orchestrator.server", "orchestrator.cli", "orchestrator.emulation.localfleet"))
+                        or m in ("orchestrator.server.orchestrator", "edgetrain.cli", "emulator.localfleet"))
         print(json.dumps({"loaded": loaded}))
     """
     assert run_fresh(code)["loaded"] == []

@@ -98,7 +98,7 @@ def test_the_planner_trains_more_blocks_through_adapters_where_fewer_fit_whole()
 
 
 def test_the_server_takes_back_only_the_adapters() -> None:
-    from orchestrator.selection import Selection
+    from orchestrator.strategies.selection import Selection
 
     model = build_model(MODEL, seed=0)
     split = 2
@@ -138,8 +138,8 @@ def test_a_weak_device_trains_adapters_through_serve(tmp_path) -> None:
     import asyncio
 
     from orchestrator.config import ServerConfig
-    from orchestrator.emulation.launch import DeviceLaunch
-    from orchestrator.emulation.localfleet import min_budget_for_split, run_local_fleet
+    from emulator.launch import DeviceLaunch
+    from emulator.localfleet import min_budget_for_split, run_local_fleet
     from orchestrator.store import Store
     from tests.shared_data import need
 
@@ -159,8 +159,8 @@ def test_a_weak_device_trains_adapters_through_serve(tmp_path) -> None:
     run = asyncio.run(run_local_fleet(config, launches, data_root=root, stderr_dir=tmp_path / "stderr"))
     assert [h["round"] for h in run.history] == [1, 2]
     with Store.open_readonly(tmp_path / "store") as store:
-        plans = {d["device_id"]: d["plan"] for d in store.devices()}
-        updates = store.updates()
+        plans = {d["device_id"]: d["plan"] for d in store.devices.all()}
+        updates = store.reports.all()
     assert plans["adapters-1"].get("adapters") and not plans["strong-0"].get("adapters")
     assert all(u["accepted"] for u in updates) and {u["device_id"] for u in updates} == {"strong-0", "adapters-1"}
     assert all(u["selection"] == ("adapters" if u["device_id"] == "adapters-1" else "tail") for u in updates)

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from edge_sdk import protocol as p
-from orchestrator.cli import app
-from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+from edgetrain.cli import app
+from edgetrain.cli import commands  # noqa: F401  (registers the commands)
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
 

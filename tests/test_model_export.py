@@ -25,13 +25,13 @@ import torch
 from rich.console import Console
 
 from edge_sdk.models import build_model
+from emulator.launch import DeviceLaunch, device_argv
+from emulator.localfleet import device_env, role_budgets
 from exporters.model_export import export_model, read_metadata
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch, device_argv
-from orchestrator.emulation.localfleet import device_env, role_budgets
-from orchestrator.evaluate import Evaluator
+from orchestrator.server.evaluate import Evaluator
 from orchestrator.store import Store
-from orchestrator.web.terminal import ServeOutput, ServeView, round_line
+from orchestrator.views.terminal import ServeOutput, ServeView, round_line
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 2
@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 
 def _edgetrain(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=device_env())
 
 
@@ -56,7 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("served")
     port, store, log = _free_port(), tmp / "store", tmp / "serve.jsonl"
     server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "serve", "--model", "digits_mlp", "--rounds", str(ROUNDS),
+        [sys.executable, "-m", "edgetrain", "serve", "--model", "digits_mlp", "--rounds", str(ROUNDS),
          "--min-devices", "2", "--local-steps", "3", "--port", str(port), "--store", str(store), "--log-file", str(log),
          "--straggler-policy", "deadline"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=device_env())
@@ -77,14 +77,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 proc.wait()
     assert server.returncode == 0, err[-3000:]
     with Store.open_readonly(store) as s:
-        rounds = {r["round"]: r["metrics"] for r in s.rounds() if r["complete"]}
-        plans = {d["device_id"]: d["plan"] for d in s.devices()}
+        rounds = {r["round"]: r["metrics"] for r in s.rounds.all() if r["complete"]}
+        plans = {d["device_id"]: d["plan"] for d in s.devices.all()}
     assert sorted(rounds) == [1, 2] and plans["weak-1"]["backend"] == "onnxruntime", plans  # it trains from a training graph
     return {"store": store, "out": out, "err": err, "log": log, "rounds": rounds}
 
 
 def _scores(session: ort.InferenceSession, evaluator: Evaluator, model_name: str) -> dict[str, float]:
-    """The server's scoring (orchestrator.evaluate.Evaluator.evaluate), on ONNX Runtime's outputs."""
+    """The server's scoring (orchestrator.server.evaluate.Evaluator.evaluate), on ONNX Runtime's outputs."""
     loss_fn = build_model(model_name, seed=None).loss
     loss_sum, correct = 0.0, 0
     for i in range(0, len(evaluator.x), 256):
@@ -163,9 +163,9 @@ def test_serve_shows_rounds_and_no_third_party_lines(served: dict) -> None:
 QUIET_THEN_LOUD = """
 import logging, sys
 from pathlib import Path
-from orchestrator.cli import console
+from edgetrain.cli import console
 from orchestrator.config import ServerConfig
-from orchestrator.web.terminal import ServeOutput
+from orchestrator.views.terminal import ServeOutput
 ServeOutput(ServerConfig(store_dir=Path(sys.argv[1])), console(), json_events=True, log_file=None)  # serve's logging
 import exporters
 from edge_sdk.models import build_model
@@ -265,10 +265,10 @@ def _stored_run(tmp_path: Path, extra: dict) -> tuple[Path, dict]:
     states = {r: {k: v.numpy() * r for k, v in model.state_dict().items()} for r in (1, 2)}
     with Store(store_dir, keep=1) as store:
         for key, value in (("model", "tiny"), ("strategy", "fedavg"), ("seed", "1")):
-            store.set_meta(key, value)
+            store.meta.record(key, value)
         for r, state in states.items():
-            store.begin_round(r, ["a", "b"])
-            store.complete_round(r, state, {"round": r, "accuracy": 0.25 * r, "test_loss": 1.0 / r,
+            store.rounds.begin(r, ["a", "b"])
+            store.rounds.complete(r, state, {"round": r, "accuracy": 0.25 * r, "test_loss": 1.0 / r,
                                             "test_samples": 40.0, **extra})
     config = ServerConfig(model="tiny", strategy="fedavg", rounds=2, lr=0.125, eval_data="synthetic", seed=1,
                           token="secret", store_dir=store_dir)
@@ -278,7 +278,7 @@ def _stored_run(tmp_path: Path, extra: dict) -> tuple[Path, dict]:
 
 
 def test_an_emulated_run_exports_with_its_fleet_settings_and_privacy(tmp_path: Path) -> None:
-    from orchestrator.cli import main
+    from edgetrain.cli import main
 
     privacy = {"epsilon": 3.5, "delta": 1e-5, "blocks": {"fc1": 2.0}, "rounds": 2}
     run, state = _stored_run(tmp_path, {"privacy": privacy})
@@ -300,8 +300,8 @@ def test_a_round_without_its_checkpoint_is_a_clear_error(tmp_path: Path) -> None
     run, _ = _stored_run(tmp_path, {})
     with Store.open_readonly(run / "store") as store:
         with pytest.raises(LookupError, match="checkpoint of round 1 is no longer in .*rounds with one: 2"):
-            store.checkpoint(1)  # pruned: the store kept one
+            store.checkpoints.read(1)  # pruned: the store kept one
         with pytest.raises(LookupError, match="round 3 is not a completed round .*last completed round is 2"):
-            store.checkpoint(3)
+            store.checkpoints.read(3)
     out = _edgetrain("export", "--store", str(run), "--round", "1")
     assert out.returncode == 1 and out.stderr.startswith("edgetrain export: the checkpoint of round 1"), out.stderr

@@ -16,11 +16,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from emulator.launch import DeviceLaunch
+from emulator.localfleet import role_budgets, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.fleetview import summarise_run
-from orchestrator.emulation.localfleet import role_budgets, run_local_fleet
 from orchestrator.store import Store
+from orchestrator.views.fleetview import summarise_run
 from tests.conftest import _digits_csv
 
 pytestmark = pytest.mark.slow
@@ -68,8 +68,8 @@ def test_mixed_fleet_with_onnxruntime_devices_without_torch(tmp_path: Path, no_t
     assert run.history[-1]["accuracy"] > 0.6, run.history[-1]
 
     store = Store(tmp_path / "store")
-    devices = {d["device_id"]: d for d in store.devices()}
-    updates = store.updates()
+    devices = {d["device_id"]: d for d in store.devices.all()}
+    updates = store.reports.all()
     for launch in launches:
         plan = devices[launch.device_id]["plan"]
         role = launch.device_id.split("-")[0]

@@ -20,10 +20,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
-from orchestrator.cli import commands  # noqa: F401  (registers the commands)
-from orchestrator.emulation.fleet import load_fleet
-from orchestrator.emulation.schedule import server_config
+from edgetrain.cli import app
+from edgetrain.cli import commands  # noqa: F401  (registers the commands)
+from emulator.fleet import load_fleet
+from emulator.schedule import server_config
 from orchestrator.strategies import STRATEGY_NAMES, make_strategy, strategy_class
 from orchestrator.strategies.options import OptionSpec, option_specs
 from orchestrator.values import Range, split_annotated

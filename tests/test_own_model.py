@@ -16,10 +16,10 @@ import pytest
 from edge_sdk.models import LayeredModel
 from edge_sdk.models.zoo import build_model, model_spec, width_shapes
 from edge_sdk.references import load_reference
+from emulator.fleet import FleetError, parse_fleet
+from emulator.launch import DeviceLaunch
+from emulator.localfleet import Faults, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.fleet import FleetError, parse_fleet
-from orchestrator.emulation.launch import DeviceLaunch
-from orchestrator.emulation.localfleet import Faults, run_local_fleet
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_a_fleet_file_takes_a_reference(own_module: str) -> None:
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=240)
 
 
@@ -151,8 +151,8 @@ def test_the_example_trains_on_both_backends(tmp_path: Path, monkeypatch: pytest
     assert run.history[-1]["accuracy"] > 0.5, run.history
     assert run.history[-1]["accuracy"] > run.history[0]["accuracy"], run.history
     store = Store(tmp_path / "store")
-    plans = {d["device_id"]: d["plan"] for d in store.devices()}
-    updates = store.updates()
+    plans = {d["device_id"]: d["plan"] for d in store.devices.all()}
+    updates = store.reports.all()
     store.close()
     assert {d: (plan["backend"], plan["split"]) for d, plan in plans.items()} == {
         "torch-0": ("torch", 0), "ort-1": ("onnxruntime", 0), "ort-2": ("onnxruntime", 2)}

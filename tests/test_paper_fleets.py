@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.emulate import _server_config
-from orchestrator.emulation.fleet import load_fleet
+from edgetrain.cli.emulate import _server_config
+from emulator.fleet import load_fleet
 from orchestrator.strategies import make_strategy, strategy_class
 from orchestrator.strategies.base import DEFAULT_WEIGHT_SHARE
 from orchestrator.strategies.options import option_specs

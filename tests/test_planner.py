@@ -332,7 +332,7 @@ def edgetrain(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
     cache.write_text(json.dumps({runtime_key(): {f: getattr(FALLBACK, f) for f in RUNTIME_FIELDS}}))
     env = {**os.environ, "EDGETRAIN_CACHE_DIR": str(cache_dir), "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "profile", *args],
+        [sys.executable, "-m", "edgetrain", "profile", *args],
         capture_output=True, text=True, timeout=120, env=env,
     )
 
@@ -426,3 +426,27 @@ def test_a_tab_is_charged_the_parameter_copies_it_holds_while_training() -> None
     assert (weak.split, weak.role) == (3, "weak")
     moderate = plan_split(cost, 580 << 20, 32, backends=("onnxruntime-web",), graph_splits=range(4), local_samples=450)
     assert (moderate.split, moderate.role) == (2, "moderate") and moderate.footprint_bytes > 500 << 20
+
+
+def test_a_tab_on_its_gpu_is_planned_with_what_its_renderer_holds_while_it_trains() -> None:
+    # The WebGPU build's tab: its renderer holds more than the WebAssembly build's while it trains on the GPU
+    # (profiles.runtime.WEBGPU_RUNTIME_BYTES, measured) and the same gradient copies, so a digits_mlp tab on
+    # the GPU is refused at 500 MiB (where one on WebAssembly is moderate), weak from 526 MiB and moderate
+    # from 706 MiB; its plan covers the WebAssembly fallback's at every split.
+    from profiles.planner import tail_footprint
+    from profiles.runtime import JS_RUNTIME_MEMORY, RUNTIMES, WEB_TRAINING_COPIES, WEBGPU_RUNTIME_BYTES
+
+    gpu = RUNTIMES["onnxruntime-webgpu"]
+    assert gpu.training_copies == WEB_TRAINING_COPIES and gpu.memory == WEBGPU_RUNTIME_BYTES
+    assert WEBGPU_RUNTIME_BYTES > JS_RUNTIME_MEMORY["onnxruntime-web"]
+    cost = measure_model(build_model("digits_mlp"))
+    for split in range(4):
+        on = {b: tail_footprint(cost, split, 32, backend=b, local_samples=337).total
+              for b in ("onnxruntime-webgpu", "onnxruntime-web")}
+        assert on["onnxruntime-webgpu"] > on["onnxruntime-web"]
+    plan = lambda mib: plan_split(cost, mib << 20, 32, backends=("onnxruntime-webgpu",),  # noqa: E731
+                                  graph_splits=range(4), local_samples=337)
+    with pytest.raises(PlanError):
+        plan(500)
+    assert (plan(530).split, plan(530).role) == (3, "weak")
+    assert (plan(710).split, plan(710).role) == (2, "moderate")

@@ -16,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.test_web import _get, _sdk
@@ -44,7 +44,7 @@ async def _knock(door: str, port: int, proof: str) -> bool:
 
 def test_a_proof_is_good_once_and_only_at_the_door_it_names(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main() -> dict[tuple[str, str], tuple[bool, bool, bool]]:
         config = server_config(tmp_path / "s", require_credentials=True, web=True, min_devices=5, wait_devices_s=60,

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -81,7 +81,7 @@ def test_every_refused_report_is_journaled_with_its_kind(tmp_path: Path) -> None
     for kind, answer in zip(KINDS, answers):
         assert not isinstance(answer, p.Ack) or not answer.accepted, (kind, answer)
     with Store(tmp_path / "s") as store:
-        rows = {u["device_id"]: u for u in store.updates(1)}
+        rows = {u["device_id"]: u for u in store.reports.all(1)}
     assert rows["honest"]["accepted"]
     for kind in KINDS:
         row = rows.get(f"bad-{kind}")

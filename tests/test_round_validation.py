@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -48,8 +48,8 @@ def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path, validation_sa
     assert history[1]["test_loss"] < 2 * history[0]["test_loss"] + 0.1
     assert all(h["test_samples"] == 100 for h in history)  # the rounds' scores: the whole held-out set
     with Store(tmp_path / "s") as store:
-        done, state = store.last_completed()
-        journaled = store.rounds()[0]["metrics"]
+        done, state = store.checkpoints.last()
+        journaled = store.rounds.all()[0]["metrics"]
     assert done == 2 and "validation loss rose" in journaled["retried"][0]
     for name, value in state.items():  # two committed rounds of small updates: nothing of the poison
         assert np.abs(value - initial[name]).max() < 0.1, name
@@ -59,7 +59,7 @@ def test_validation_scores_a_fixed_subset_of_the_held_out_set() -> None:
     """Validation every round costs a thousand samples, not a whole evaluation: the same samples
     every round (a candidate is compared with the committed model on equal terms), the whole set
     when it is no larger, and an evaluation round of such a set scores once for both."""
-    from orchestrator.evaluate import Evaluator
+    from orchestrator.server.evaluate import Evaluator
 
     full = Evaluator(ServerConfig(model="digits_mlp", eval_data="digits"))
     part = full.subset(100, seed=3)
@@ -72,7 +72,7 @@ def test_validation_scores_a_fixed_subset_of_the_held_out_set() -> None:
 
 def test_the_bound_holds_for_a_negative_loss() -> None:
     """A loss that may be negative (a Cox model's) gets the same margin above it, not a bound below it."""
-    from orchestrator.validation import SLACK, RoundValidation
+    from orchestrator.server.validation import SLACK, RoundValidation
 
     v = RoundValidation(max_rise=0.5)
     v.committed({"test_loss": -2.0})

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation.capping import available_mechanisms
-from orchestrator.emulation.localfleet import device_env, role_budgets
+from emulator.capping import available_mechanisms
+from emulator.localfleet import device_env, role_budgets
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def _emulate(tmp: Path, secure: bool, budgets: dict[str, int]) -> dict:
     fleet = tmp / f"{name}.toml"
     fleet.write_text(FLEET.format(rounds=ROUNDS, secure=str(secure).lower(), strong=budgets["strong"],
                                   weak=budgets["weak"]))
-    argv = [sys.executable, "-m", "orchestrator.cli", "emulate", "--fleet", str(fleet), "--out", str(tmp / name)]
+    argv = [sys.executable, "-m", "edgetrain", "emulate", "--fleet", str(fleet), "--out", str(tmp / name)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=device_env(), timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = (tmp / name).iterdir()

@@ -1,5 +1,5 @@
 """A secure round end to end in one process: the device side (edge_sdk.secagg.round) and the
-server side (orchestrator.secure.round) with real keys, signatures, shares, seals and masks, the
+server side (orchestrator.aggregation.secure.round) with real keys, signatures, shares, seals and masks, the
 messages through the real codec. Nested cohorts (split k trains blocks k..L-1), dropouts after
 the shares and after the upload, blindness of the uploads, and the refusals."""
 
@@ -15,7 +15,7 @@ from edge_sdk.protocol import messages as m
 from edge_sdk.secagg import (KEY_BYTES, SEALED_BYTES, SHARE_BYTES, SIGNATURE_BYTES, Scope, SecAggError,
                              identity_public_key)
 from edge_sdk.secagg.round import DeviceRound, weight_of
-from orchestrator.secure.round import SecureRefusal, SecureRound
+from orchestrator.aggregation.secure.round import SecureRefusal, SecureRound
 
 SCOPE = Scope("run-a/0", 3)
 SIZES = {0: 40, 1: 25, 2: 7}  # coordinates per block
@@ -35,7 +35,8 @@ class Fleet:
         self.splits = splits
         self.secrets = {d: f"secret-of-{d}" for d in splits}
         roster = {d: identity_public_key(s, d) for d, s in self.secrets.items()}
-        self.server = SecureRound(SCOPE, 3, SIZES, clip=CLIP, identities=roster, weight_scale=100.0, degree=degree)
+        self.server = SecureRound(SCOPE, 3, SIZES, clip=CLIP, identities=roster, degree=degree)
+        self.weight_scale, self.noise_plan = 100.0, None  # what the server passes in when the key stage closes
         self.devices = {d: DeviceRound(d, self.secrets[d], SCOPE, k, 3) for d, k in splits.items()}
         self.updates = {d: [rng.normal(0, 0.3, SIZES[b]) for b in range(k, 3)] for d, k in splits.items()}
         self.samples = {d: int(rng.integers(20, 120)) for d in splits}
@@ -46,7 +47,8 @@ class Fleet:
             c, mk, sig = dev.advertise()
             msg = wire(p.SecAggKeys(SCOPE.round, c, mk, sig))
             self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature)
-        return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys().items()}
+        return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys(
+            weight_scale=self.weight_scale, noise=self.noise_plan).items()}
 
     def shares(self, peers: dict[str, p.SecAggPeers], absent: set[str] = frozenset()) -> dict[str, p.SecAggInbox]:
         for d, msg in peers.items():
@@ -162,7 +164,7 @@ def test_replayed_and_forged_advertisements_are_refused():
         fleet.server.advertise("a", 0, c, mk, sig)
     with pytest.raises(SecAggError, match="not signed"):
         fleet.server.advertise("b", 0, c, mk, sig)  # a's keys and signature under b's name
-    other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities, weight_scale=1.0)
+    other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities)
     with pytest.raises(SecAggError, match="not signed"):
         other.advertise("a", 0, c, mk, sig)  # round 3's advertisement replayed in round 4
 
@@ -271,8 +273,8 @@ def _raw(kind, a, b, ids, n) -> bytes:
 
 
 def test_the_terminal_line_and_status_json_say_a_round_was_secure():
-    from orchestrator.web.status import _secure
-    from orchestrator.web.terminal import round_line
+    from orchestrator.views.terminal import round_line
+    from orchestrator.views.web.status import _secure
 
     metrics = {"round": 2, "reported": 4, "selected": 5, "secure": {
         "blocks": {"fc1": {"cohort": 1, "revealed": False, "reason": "1 masked updates"},

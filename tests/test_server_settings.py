@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
-from orchestrator.cli import commands  # noqa: F401  (registers the commands)
+from edgetrain.cli import app
+from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 from orchestrator.config import ServerConfig
 from orchestrator.strategies import FedALIGN, VaRSeL
 from orchestrator.strategies.server_settings import apply_server_settings
@@ -45,9 +45,9 @@ def test_serve_says_which_default_a_prioritized_strategy_turns_off(tmp_path: Pat
 
 
 def test_emulate_applies_them_where_the_fleet_left_the_default(tmp_path: Path, capsys):
-    from orchestrator.cli.emulate import _strategy_settings
-    from orchestrator.emulation.fleet import FLEETS_DIR, load_fleet
-    from orchestrator.emulation.schedule import server_config
+    from edgetrain.cli.emulate import _strategy_settings
+    from emulator.fleet import FLEETS_DIR, load_fleet
+    from emulator.schedule import server_config
 
     text = (FLEETS_DIR / "prioritized-mnist.toml").read_text()
     assert "norm_bound = 0.0" in text

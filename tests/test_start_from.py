@@ -18,7 +18,7 @@ import torch
 from edge_sdk.models import build_model
 from exporters.checkpoints import read_start_state
 from orchestrator.config import ServerConfig
-from orchestrator.resume import start_run
+from orchestrator.server.resume import start_run
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_a_run_starts_from_the_given_model_and_the_store_names_it(tmp_path: Path
         np.testing.assert_array_equal(start.state[name], value.numpy())
     adapters = [n for n in fresh if ".lora_" in n]
     assert adapters and all(np.array_equal(start.state[n], fresh[n]) for n in adapters)  # fresh: B is zero
-    assert store.get_meta("start_from") == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert store.meta.get("start_from") == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_a_starting_model_of_another_model_is_refused(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_starting_model_of_another_model_is_refused(tmp_path: Path) -> None:
 
 def _edgetrain(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "edgetrain.cli", *args], capture_output=True, text=True, env=env,
                           timeout=1500, cwd=ROOT)
 
 
@@ -78,7 +78,7 @@ def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model
     their training graphs while they wait for a plan can outlast the server's wait for devices on a
     loaded machine; tests/test_lora.py runs such devices): from scratch; its exported model; a second
     run from that model, whose first round starts where the first run ended."""
-    from orchestrator.emulation.fleet import FLEETS_DIR
+    from emulator.fleet import FLEETS_DIR
     from tests.shared_data import need
 
     root = need("tinyshakespeare")
@@ -99,9 +99,9 @@ def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     run_b = next((tmp_path / "b").iterdir())
     with Store.open_readonly(run_a / "store") as a, Store.open_readonly(run_b / "store") as b:
-        assert b.get_meta("start_from") and a.get_meta("start_from") is None
-        loss = {name: [r["metrics"]["loss_before"] for r in s.rounds()] for name, s in (("a", a), ("b", b))}
-        final_a = a.checkpoint(a.completed_rounds())
+        assert b.meta.get("start_from") and a.meta.get("start_from") is None
+        loss = {name: [r["metrics"]["loss_before"] for r in s.rounds.all()] for name, s in (("a", a), ("b", b))}
+        final_a = a.checkpoints.read(a.rounds.completed())
         first_b = b.updates(1)
     assert loss["b"][0] < loss["a"][0] - 0.2, loss  # it fine-tuned the trained model, not a fresh one
     assert all(u["accepted"] for u in first_b) and len({u["device_id"] for u in first_b}) == 8

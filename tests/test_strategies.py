@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from edge_sdk.protocol import RowSparse
 from orchestrator.rounds import RoundState
-from orchestrator.selection import Selection
 from orchestrator.strategies import (
     STRATEGY_NAMES,
     DeviceInfo,
@@ -25,6 +24,7 @@ from orchestrator.strategies import (
     WeightedSums,
     make_strategy,
 )
+from orchestrator.strategies.selection import Selection
 
 F32 = np.float32
 BLOCKS = ("fc1", "head")

@@ -61,12 +61,12 @@ def test_text_typed_and_python_values_convert_alike():
 
 
 def test_serve_check_builds_fedsubavg_with_correction_off(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--check", "--strategy", "fedsubavg",
+    out = subprocess.run([sys.executable, "-m", "edgetrain", "serve", "--check", "--strategy", "fedsubavg",
                           "-O", "correction=false", "-O", "k=5", "--store", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert '"correction": "False"' in out.stdout and '"k": "5"' in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--check", "--strategy", "fedsubavg",
+    bad = subprocess.run([sys.executable, "-m", "edgetrain", "serve", "--check", "--strategy", "fedsubavg",
                           "-O", "k=five", "--store", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines() == [

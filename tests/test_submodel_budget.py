@@ -16,9 +16,9 @@ import pytest
 
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.models import build_model
+from emulator.faults import Faults
+from emulator.localfleet import DeviceLaunch, run_local_fleet
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.faults import Faults
-from orchestrator.emulation.localfleet import DeviceLaunch, run_local_fleet
 from profiles.accounting import measure_model
 from profiles.planner import PlanError, plan_split
 from profiles.runtime import runtime_memory

@@ -1,4 +1,4 @@
-"""A browser page's ticket (:mod:`orchestrator.tickets`, docs/security.md "Tickets"): issued by
+"""A browser page's ticket (:mod:`orchestrator.server.tickets`, docs/security.md "Tickets"): issued by
 ``/ticket.json`` only to a request that proves itself (a credential proof made for ``ticket`` of the same
 device, or the token), good for one upgrade of that device within seconds, and on that upgrade exempt
 from the pending-hello caps as the ``Authorization`` header is."""
@@ -16,9 +16,9 @@ from websockets.exceptions import InvalidStatus
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
+from orchestrator.server.tickets import TicketError, Tickets
 from orchestrator.store import Store
-from orchestrator.tickets import TicketError, Tickets
 from tests.factories import server_config
 from tests.test_web import _get, _sdk
 
@@ -73,7 +73,7 @@ async def _upgrade(port: int, ticket: str, hello: p.Hello | None = None) -> int 
 
 def test_with_credentials_a_ticket_opens_one_upgrade_past_full_pending_caps(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main() -> dict[str, object]:
         config = server_config(tmp_path / "s", require_credentials=True, web=True, min_devices=5, wait_devices_s=60,

@@ -11,7 +11,7 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
-from orchestrator.emulation.localfleet import start_orchestrator
+from emulator.localfleet import start_orchestrator
 from tests.factories import server_config
 
 
@@ -57,7 +57,7 @@ def test_an_upload_from_an_unselected_device_is_refused_at_its_first_message(tmp
             error = await recv_msg(ws)
         grown = psutil.Process().memory_info().rss - rss_before
         server.cancel()
-        return error, grown, orch.store.updates()
+        return error, grown, orch.store.reports.all()
 
     error, grown, journaled = asyncio.run(main())
     assert isinstance(error, p.Error) and error.code == "unexpected" and "report" in error.message

@@ -12,8 +12,8 @@ from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from tests.factories import server_config
 
 FRAME = 64  # many frames for the tiny model's update

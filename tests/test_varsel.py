@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edge_sdk.phases import update_distance
-from orchestrator.selection import Selection
 from orchestrator.strategies import DeviceInfo, DeviceReport, Instruction, VaRSeL, make_strategy
+from orchestrator.strategies.selection import Selection
 from orchestrator.strategies.varsel import approx_weights, phi, phi_tilde, solve_weights
 from tests.strategy_driver import context, drive
 

@@ -17,10 +17,10 @@ from websockets.asyncio.client import connect
 from edge_sdk import protocol as p
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
+from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
-from orchestrator.emulation.localfleet import start_orchestrator
 from orchestrator.store import Store
-from orchestrator.web.terminal import announce, page_url
+from orchestrator.views.terminal import announce, page_url
 from tests.factories import server_config
 
 
@@ -107,7 +107,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
 
 def test_status_behind_credentials(tmp_path: Path) -> None:
     with Store(tmp_path / "store") as store:
-        secret = store.enroll("viewer-1")
+        secret = store.credentials.enroll("viewer-1")
 
     async def main() -> list[int]:
         orch, server = await start_orchestrator(_config(tmp_path, web=True, require_credentials=True), lambda k, d: None)

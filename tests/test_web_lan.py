@@ -23,11 +23,11 @@ from cryptography.x509.verification import PolicyBuilder, Store as TrustStore, V
 
 from edge_sdk import protocol as p  # noqa: E402
 from edge_sdk.transport import client_tls, recv_msg, send_msg, ws_options  # noqa: E402
-from orchestrator.cli.serve import _web_authority  # noqa: E402
+from edgetrain.cli.serve import _web_authority, _with_tls  # noqa: E402
+from emulator.localfleet import start_orchestrator  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.emulation.localfleet import start_orchestrator  # noqa: E402
-from orchestrator.web.certs import local_authority  # noqa: E402
-from orchestrator.web.install import InstallSite  # noqa: E402
+from orchestrator.views.web.certs import local_authority  # noqa: E402
+from orchestrator.views.web.install import InstallSite  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 WASM = bytes(range(256)) * 4096  # 1 MiB that compresses, as WebAssembly does
@@ -103,7 +103,7 @@ def test_serve_options_choose_the_authority(tmp_path: Path) -> None:
     assert _web_authority(config(host="0.0.0.0"), **options) is None  # no pages: nothing to make
     lan = config(web=True, host="0.0.0.0")
     authority = _web_authority(lan, **options)
-    assert authority is not None and lan.tls_cert == str(authority.cert_file)
+    assert authority is not None and _with_tls(lan, authority).tls_cert == str(authority.cert_file)
     assert authority.folder == tmp_path / "store" / "web-ca"
     assert _web_authority(config(web=True, host="0.0.0.0"), **{**options, "web_tls": "off"}) is None
     for bad in ({"web_tls": "local-ca"}, {"web_tls": "maybe"}, {"web_condition": ["sunny"]}):
@@ -124,15 +124,17 @@ def test_tls_from_the_authority_install_page_budget_and_rounds(tmp_path: Path) -
         site = f"https://127.0.0.1:{orch.port}"
         get = lambda path, **h: asyncio.to_thread(_get, site + path, h, trusted)  # noqa: E731
         out: dict = {k: await get(k) for k in ("/web.json", "/trust.json", "/ca.crt", "/sw.js", "/budget.json?samples=180",
-                                               "/budget.json?samples=x", "/device.json?id=phone-1")}
+                                               "/budget.json?samples=x", "/device.json?id=phone-1",
+                                               "/budget.json?samples=180&runtime=onnxruntime-webgpu",
+                                               "/budget.json?samples=180&runtime=torch")}
         least = json.loads(out["/budget.json?samples=180"][2])["budget_bytes"]
         for budget in (least - 1, least):
             async with connect(f"wss://127.0.0.1:{orch.port}", ssl=trusted, **ws_options()) as ws:
                 await send_msg(ws, p.Hello(device_id=f"phone-{budget}", token="", budget_bytes=budget, cores=1,
                                            runtimes=["onnxruntime-web"], num_samples=180))
                 out[budget] = await recv_msg(ws)
-        orch.store.begin_round(1, ["phone-1"])
-        orch.store.record_update(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
+        orch.store.rounds.begin(1, ["phone-1"])
+        orch.store.reports.record(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
         out["rounds"] = await get("/device.json?id=phone-1")
         out["untrusted"] = await asyncio.to_thread(_get, site + "/web.json", None, ssl.create_default_context())
         install = InstallSite(authority, lambda: orch.port)
@@ -152,12 +154,19 @@ def test_tls_from_the_authority_install_page_budget_and_rounds(tmp_path: Path) -
     assert out["/ca.crt"][1]["Content-Type"] == "application/x-x509-ca-cert"
     status, _, page = out["install"]
     assert status == 200 and authority.fingerprint.encode() in page and b"Certificate Trust Settings" in page
+    # What the authority covers, as its name constraints say: private ranges and names (no public address here).
+    assert b"It may vouch only for private network addresses, localhost and .local names, never" in page
+    assert b"[hidden] { display: none !important; }" in page  # the button's own display would show it hidden
     assert "Cross-Origin-Embedder-Policy" not in out["install"][1]  # it checks the https port from its own origin
     assert out["redirect"][0] == 302 and out["redirect"][1]["Location"].endswith("/status?x=1")
     assert out["redirect"][1]["Location"].startswith("https://127.0.0.1:")
     sw = out["/sw.js"][2].decode()
     assert sw.startswith("const VERSION = ") and "/sdk/dist/edgetrain.browser.mjs" in sw
     assert out["/budget.json?samples=x"][0] == 400
+    # A page training on its GPU is offered the least budget of the WebGPU build, which holds more.
+    gpu = json.loads(out["/budget.json?samples=180&runtime=onnxruntime-webgpu"][2])
+    assert gpu["runtime"] == "onnxruntime-webgpu" and gpu["budget_bytes"] > out["least"]
+    assert out["/budget.json?samples=180&runtime=torch"][0] == 400
     # The least budget the page is offered is the server's own: at it the device is welcomed, below refused.
     assert isinstance(out[out["least"]], p.Welcome)
     assert isinstance(out[out["least"] - 1], p.Error) and out[out["least"] - 1].code == "refused"
@@ -200,7 +209,7 @@ def test_a_large_file_is_served_at_once_and_compressed_in_the_background(tmp_pat
     request: its plain bytes serve until the background thread's gzip form is ready, then that."""
     import time
 
-    from orchestrator.web.files import COMPRESS_NOW, Asset
+    from orchestrator.views.web.files import COMPRESS_NOW, Asset
 
     path = tmp_path / "big.wasm"
     path.write_bytes(WASM * (COMPRESS_NOW // len(WASM) + 3))
@@ -214,3 +223,16 @@ def test_a_large_file_is_served_at_once_and_compressed_in_the_background(tmp_pat
     later = asset.response("gzip", "", "no-cache")
     assert later.headers["Content-Encoding"] == "gzip" and gzip.decompress(later.body) == path.read_bytes()
     assert later.headers["ETag"] != asset.response("identity", "", "no-cache").headers["ETag"]
+
+
+def test_the_install_page_names_the_public_addresses_the_authority_covers(tmp_path: Path) -> None:
+    # An authority made on a machine with a public address also vouches for that address (its name
+    # constraints): the install page says so rather than "private network addresses" alone.
+    from orchestrator.views.web.install import coverage, install_page
+
+    authority = local_authority(tmp_path / "ca", ["127.0.0.1", "203.0.113.7"])
+    assert coverage(authority) == ("private network addresses, localhost and .local names, "
+                                   "and this machine's public address 203.0.113.7")
+    page = install_page(authority, "https://203.0.113.7:8765/").body.decode()
+    assert "public address 203.0.113.7, never for another site on the internet" in page
+    assert "This server's certificate names 127.0.0.1, 203.0.113.7, localhost" in page

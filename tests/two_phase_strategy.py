@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.selection import Selection
 from orchestrator.strategies import (
     Broadcast,
     DeviceReport,
@@ -30,6 +29,7 @@ from orchestrator.strategies import (
     Strategy,
     WeightedSums,
 )
+from orchestrator.strategies.selection import Selection
 
 HEAD = ("blocks.head.weight", "blocks.head.bias")
 

@@ -13,23 +13,24 @@
  * error; `--debug` adds the stack), 130 when interrupted.
  */
 import { readFileSync } from "node:fs";
-import { freemem } from "node:os";
+import { availableParallelism, cpus, freemem } from "node:os";
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import WebSocket from "ws";
 import { DeviceClient } from "./client.js";
 import { declaredData } from "./data.js";
 import { readConfig, strerror } from "./config.js";
-import { DeviceRefused, UsageError } from "./errors.js";
+import { DeviceRefused, MissingPackages, UsageError } from "./errors.js";
 import { readLocalData } from "./data-file.js";
 import { folderPayloadStore } from "./payload-store-file.js";
 import { fileStore } from "./pending-file.js";
 import { pyRepr } from "./pyformat.js";
 import type { EventSink } from "./roundwork.js";
-import { loadRuntime } from "./load-runtime.js";
+import { importPeers, loadRuntime, RUNTIME_PACKAGES } from "./load-runtime.js";
+import { eventPrinter, logLine } from "./logs.js";
 import { runService } from "./service.js";
 import { resolveSettings, settingRow, settingRows, settingsJson, THIS_SDK, type Settings } from "./settings.js";
 import { installService } from "./systemd.js";
 import type { WebSocketLike } from "./transport.js";
+import type WebSocket from "ws";
 
 const EXIT_USAGE = 2;
 const EXIT_REFUSED = 3;
@@ -109,11 +110,9 @@ function machineBudget(): number {
   return typeof process.availableMemory === "function" ? process.availableMemory() : freemem();
 }
 
-function eventPrinter(json: boolean): EventSink {
-  return (kind, data) => {
-    if (json) console.log(JSON.stringify({ event: kind, ...data }));
-    else console.error(`${kind}: ${JSON.stringify(data)}`);
-  };
+/** The cores this process may run on, declared in the hello when `cores` is not given (the Python device's `usable_cores`). */
+function machineCores(): number {
+  return typeof availableParallelism === "function" ? availableParallelism() : Math.max(1, cpus().length);
 }
 
 /** Clients as the settings describe them, one per run; what cannot work (data, secret, labels) fails here, before any connection. */
@@ -125,15 +124,18 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
     { vocabulary: s["vocabulary"] as string, context: s["text-context"] as number, stride: s["text-stride"] as number });
   const first = [data()];
   const threads = s["threads"] as number;
-  const runtime = await loadRuntime(s["runtime"] as "node" | "web", threads);
+  const kind = s["runtime"] as "node" | "web";
+  // ws and the runtime are optional peers (a page's install has neither): both named at once when missing.
+  const [{ default: WebSocketClass }] = await importPeers(["ws", RUNTIME_PACKAGES[kind]]) as [{ default: typeof WebSocket }];
+  const runtime = await loadRuntime(kind, threads);
   const webSocket = (url: string, maxPayload: number, headers?: Record<string, string>) =>
-    withRefusalReason(new WebSocket(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) })) as unknown as WebSocketLike;
+    withRefusalReason(new WebSocketClass(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) })) as unknown as WebSocketLike;
   return () => {
     const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
     return new DeviceClient({
       server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(),
       runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
-      threads, cores: threads, deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
+      threads, cores: (s["cores"] as number | null) ?? machineCores(), deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
       maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
       ...(s["payload-cache"]
         ? { payloadStore: folderPayloadStore(s["payload-cache"] as string, s["payload-cache-size"] as number) }
@@ -146,7 +148,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
 async function runDevice(s: Settings): Promise<void> {
   const onEvent = eventPrinter(s["json-events"] === true);
   await runService(await clients(s, onEvent), { once: s["once"] === true, maxDelayS: s["reconnect-max-delay"] as number, onEvent });
-  if (s["json-events"] !== true) console.error("stopped");
+  if (s["json-events"] !== true) console.error(logLine("stopped", {}));
 }
 
 async function device(argv: string[]): Promise<number> {
@@ -187,6 +189,7 @@ function failure(exc: unknown, debug: boolean): number {
   if (debug && exc instanceof Error) console.error(exc.stack);
   if (exc instanceof DeviceRefused) return fail(`the server refused this device: ${exc.message}`, EXIT_REFUSED);
   if (exc instanceof UsageError) return fail(exc.message, EXIT_USAGE);
+  if (exc instanceof MissingPackages) return fail(exc.message, 1);
   const text = exc instanceof Error ? exc.message.split("\n")[0] || exc.name : String(exc);
   return fail(debug ? text : `${text} (--debug shows the stack)`, 1);
 }

@@ -34,6 +34,7 @@ export interface DeviceOptions {
   runtime: Runtime;
   webSocket: WebSocketFactory;
   data: DataSource;
+  /** CPU cores declared in the hello, for the server's planner (default 1); a setting apart from `threads`. */
   cores?: number;
   deviceClass?: string;
   /** The server's shared token (a lab setting), or: */
@@ -47,6 +48,7 @@ export interface DeviceOptions {
   /** Extension fields sent in the hello as they are (`Hello.ext`: `namespace.name` -> value), for a
    * strategy that declares them (docs/protocol.md, "Extension fields"). */
   helloExt?: Record<string, unknown>;
+  /** Threads of ONNX Runtime (the frozen chunks and the training backend). */
   threads?: number;
   /** Batch of the multi-step forward pass; 0: the planned batch size. */
   forwardBatch?: number;
@@ -330,6 +332,14 @@ export class DeviceClient {
     this.reports.push({ round: report.round, role, phase: report.phase, trained: report.trained, accepted: ack.accepted, metrics: report.metrics });
     this.emit("round_done", { device: this.options.deviceId, round: report.round, phase: report.phase, accepted: ack.accepted,
       reason: ack.reason, role, trained: report.trained, runtime: this.options.runtime.name,
-      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }), ...prog.timings });
+      ...(report.metrics["backend"] === undefined ? {} : { backend: report.metrics["backend"] }),
+      ...lossOf(report.metrics), ...prog.timings });
   }
+}
+
+/** The loss before and after the local steps, where the report carries them (what a person watches a round for). */
+function lossOf(metrics: Record<string, unknown>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const k of ["loss_before", "loss_after"]) if (typeof metrics[k] === "number") out[k] = metrics[k];
+  return out;
 }

@@ -68,3 +68,14 @@ export class SettingError extends UsageError {
     this.name = "SettingError";
   }
 }
+
+/**
+ * Optional peer dependencies (package.json) that a command needs and this install lacks: a page's
+ * install carries neither `ws` nor `onnxruntime-node`. `message` is one line saying what to install.
+ */
+export class MissingPackages extends Error {
+  constructor(readonly packages: readonly string[], message: string) {
+    super(message);
+    this.name = "MissingPackages";
+  }
+}

@@ -54,7 +54,7 @@ export const SETTINGS_TABLE: SettingsTable = {
     },
     {
       "key": "budget",
-      "field": "budget",
+      "field": "budget_bytes",
       "type": "size",
       "default": null,
       "choices": [],
@@ -257,7 +257,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "bundle",
       "field": "bundle",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are used instead of downloads wherever the server's have the same bytes",
@@ -269,7 +269,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "payload-cache",
       "field": "payload_cache",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "folder where downloaded payloads (chunks, training graphs, weights) are kept by sha256, so that a payload held from an earlier round or connection is never downloaded again (default: not kept)",
@@ -280,7 +280,7 @@ export const SETTINGS_TABLE: SettingsTable = {
     },
     {
       "key": "payload-cache-size",
-      "field": "payload_cache_size",
+      "field": "payload_cache_bytes",
       "type": "size",
       "default": 268435456,
       "choices": [],
@@ -321,7 +321,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "tls-ca",
       "field": "tls_ca",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "for wss://: trust only this PEM file (a private CA or the server's self-signed certificate); default: the system's",
@@ -338,6 +338,19 @@ export const SETTINGS_TABLE: SettingsTable = {
       "choices": [],
       "min": 1,
       "help": "threads for ONNX Runtime and torch",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "cores",
+      "field": "cores",
+      "type": "int",
+      "default": null,
+      "choices": [],
+      "min": 1,
+      "help": "CPU cores the device declares in its hello, for the server's planner (default: the cores this process may run on)",
       "sdks": [
         "python",
         "javascript"
@@ -363,7 +376,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "work-dir",
       "field": "work_dir",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "folder for activations kept on disk (default: a temporary folder)",

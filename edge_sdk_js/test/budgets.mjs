@@ -116,7 +116,8 @@ async function tracePage(browser) {
       const seen = await page.evaluate(() => ({ phase: window.trace.phase, runs: window.trace.runs, rounds: (window.events ?? []).filter((e) => e.event === "round_done").length,
         wasm: window.trace.memories.reduce((a, m) => a + m.buffer.byteLength, 0), js: performance.memory?.usedJSHeapSize ?? 0 }));
       const r = rendererMemory(browser).sort((a, b) => b.rss - a.rss)[0] ?? { rss: 0, peak: 0 };
-      return { ...seen, rss: r.rss, peak: r.peak };
+      const gpu = Math.max(0, ...rendererMemory(browser, "gpu-process").map((m) => m.rss));
+      return { ...seen, rss: r.rss, peak: r.peak, gpu };
     },
   };
 }
@@ -126,8 +127,8 @@ function tracePhases(samples) {
   const rows = new Map();
   for (const s of samples) {
     const key = `${s.rounds} ${s.phase}`;
-    const row = rows.get(key) ?? { round: s.rounds, phase: s.phase, rss: 0, peak: 0, wasm: 0, js: 0 };
-    for (const k of ["rss", "peak", "wasm", "js"]) row[k] = Math.max(row[k], Math.round(s[k] / MiB * 10) / 10);
+    const row = rows.get(key) ?? { round: s.rounds, phase: s.phase, rss: 0, peak: 0, wasm: 0, js: 0, gpu: 0 };
+    for (const k of ["rss", "peak", "wasm", "js", "gpu"]) row[k] = Math.max(row[k], Math.round(s[k] / MiB * 10) / 10);
     rows.set(key, row);
   }
   return [...rows.values()];
@@ -135,12 +136,14 @@ function tracePhases(samples) {
 
 /** One headless Chromium tab (onnxruntime-web) at `budgetMiB` for `rounds` rounds; `peak`: its renderer's
  * VmHWM. `trace`: also where its memory went (`tracePage`), sampled every 200 ms, as `phases`, and the
- * highest VmHWM a sample saw counts in `peak`. */
-export async function tabDevice(model, budgetMiB, rounds, { trace = false } = {}) {
-  const dir = tempDir("edgetrain-budget-tab-");
+ * highest VmHWM a sample saw counts in `peak`. `webgpu`: the tab trains on its GPU (onnxruntime-web's
+ * WebGPU build; SwiftShader here), and `gpuPeak` is the GPU process's VmHWM, which holds the GPU's
+ * buffers (reported beside the renderer's: a page cannot see or bound it). */
+export async function tabDevice(model, budgetMiB, rounds, { trace = false, webgpu = false } = {}) {
+  const dir = tempDir(`edgetrain-budget-${webgpu ? "gpu" : ""}tab-`);
   const { server: srv, url } = await server(dir, model, rounds);
   const shard = writeShards(dir, [CLIENT], CLIENTS, DATA[model])[CLIENT];
-  const tab = await browserDevice(dir, url, "tab-1", shard, budgetMiB);
+  const tab = await browserDevice(dir, url, "tab-1", shard, budgetMiB, { webgpu });
   const tracer = trace ? await tracePage(tab.browser) : null;
   const samples = [];
   let sampling = tracer !== null;
@@ -157,8 +160,9 @@ export async function tabDevice(model, budgetMiB, rounds, { trace = false } = {}
     // The renderer's high-water mark at the end, or a higher one a sample saw (one run's renderer read
     // 361.8 MiB in rounds 1-3 and 316.0 MiB at the end).
     const peak = Math.max(0, ...rendererMemory(tab.browser).map((m) => m.peak), ...samples.map((s) => s.peak));
+    const gpuPeak = Math.max(0, ...rendererMemory(tab.browser, "gpu-process").map((m) => m.peak), ...samples.map((s) => s.gpu));
     await srv.done;
-    return { kind: "tab", model, budget: budgetMiB * MiB, logs: dir, reports, peak, ...outcome(dir, "tab-1"),
+    return { kind: webgpu ? "gputab" : "tab", model, budget: budgetMiB * MiB, logs: dir, reports, peak, gpuPeak, ...outcome(dir, "tab-1"),
       ...(trace ? { phases: tracePhases(samples) } : {}) };
   } finally {
     sampling = false;

@@ -2,7 +2,8 @@
 // a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
 // rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
 // against a real orchestrator, every round's report accepted, in the role their budget buys, and
-// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget.
+// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget; so
+// does a tab training on its GPU (WebGPU), at a weak and a moderate budget, its GPU process reported.
 // Skipped with one line where there is no cgroup memory controller to cap with (not root) or no
 // Chromium. In `make test-slow`.
 import assert from "node:assert/strict";
@@ -60,6 +61,24 @@ for (const [budget, role] of [[400, "weak"], [580, "moderate"]]) {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
     const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true });
     console.log(`# ${role} tab at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB`);
+    assertKept(r, role);
+  });
+}
+
+/**
+ * A tab training on its GPU (the WebGPU build; SwiftShader here): the planner charges it what its renderer
+ * holds while it trains on the GPU and the same parameter copies (profiles/runtime.py, WEBGPU_RUNTIME_BYTES),
+ * so a digits_mlp tab gets the weak plan from 526 MiB and the moderate one from 706 MiB, and its renderer
+ * stays under the budget; the GPU process, which a page can neither see nor bound, is reported beside it.
+ */
+for (const [budget, role] of [[530, "weak"], [710, "moderate"]]) {
+  test(`a ${role} Chromium tab on its GPU at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 900_000 }, async (t) => {
+    if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
+    const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true, webgpu: true });
+    console.log(`# ${role} tab on the GPU at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB, `
+      + `GPU process peak ${(r.gpuPeak / MiB).toFixed(1)} MiB`);
+    assert.equal(r.runtime, "onnxruntime-webgpu", "planned on the GPU's runtime");
+    assert.ok(r.gpuPeak > 0, "the GPU process is read");
     assertKept(r, role);
   });
 }

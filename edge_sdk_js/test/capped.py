@@ -1,6 +1,6 @@
 """Run a command under a hard memory cap equal to a device's budget, and print what it held, as JSON.
 
-The cap is orchestrator.emulation.capping's (a cgroup memory controller: the kernel kills the
+The cap is emulator.capping's (a cgroup memory controller: the kernel kills the
 process past the budget); the peak is both the cgroup's (memory it was charged) and the process's
 resident high-water mark, sampled (the figure a device's budget is planned in, edge_sdk.memory).
 Exits 77 with one line when this machine has no cgroup memory controller this process may use.
@@ -15,7 +15,7 @@ import sys
 import time
 
 from edge_sdk.memory import peak_rss_bytes
-from orchestrator.emulation.capping import CappedProcess, mechanism_status
+from emulator.capping import CappedProcess, mechanism_status
 
 SKIP = 77
 

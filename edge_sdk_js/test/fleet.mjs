@@ -1,4 +1,4 @@
-// A real orchestrator (`python -m orchestrator.cli serve`) and devices as processes on 127.0.0.1,
+// A real orchestrator (`python -m edgetrain serve`) and devices as processes on 127.0.0.1,
 // for the end-to-end tests and the benchmark.
 import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, openSync, writeFileSync } from "node:fs";
@@ -51,7 +51,7 @@ export async function waitForPort(port, child, timeoutMs = 120_000) {
  * the events as JSON lines and every log line (`--json-events`), not the progress a person reads. */
 export async function startServer(dir, args) {
   const port = await freePort();
-  const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  const server = start(dir, "server", python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--json-events", ...args]);
   await waitForPort(port, server);
   return { server, url: `ws://127.0.0.1:${port}` };
@@ -78,7 +78,7 @@ export function pythonDevice(dir, url, id, budget, client, numClients) {
 /** Enroll device `id` in the store of `dir` (`edgetrain device enroll`): the path of its secret's file. */
 export function enroll(dir, id) {
   const out = join(dir, `${id}.secret`);
-  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
+  execFileSync(python(), ["-m", "edgetrain", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
     { env: pythonEnv(), stdio: ["ignore", "ignore", "inherit"] });
   return out;
 }
@@ -123,7 +123,7 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * Start the devices of one fleet of the workload into `fleet` (its processes and pages, so that the
  * caller stops whatever started). `python`: six Python devices (torch, strong). `mixed`: two Python
  * devices, an onnxruntime-node device at 400 MiB (strong) and one at 185 MiB (weak), and two
- * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 420 MiB, on the GPU:
+ * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 710 MiB, on the GPU:
  * WebGPU, moderate; the second, at 400 MiB, on WebAssembly, weak), else under Node (400 MiB, 400 MiB).
  */
 async function startFleet(kind, dir, url, tabs, { procs, pages }) {
@@ -136,7 +136,7 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
   const shards = writeShards(dir, [2, 3, 4, 5], N);
   procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
   if (tabs) {
-    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 420, { webgpu: true }));
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 710, { webgpu: true }));
     pages.push(await browserDevice(dir, url, "tab-5", shards[5], 400));
   } else {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "400MiB", shards[5], "web"));
@@ -156,7 +156,7 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   // for all of them (--min-devices) before the first round. Every round waits for every device's
   // update (straggler policy deadline): on a loaded machine the straggler grace would otherwise
   // leave the slowest device's update out of some rounds, and the fleets would not be comparable.
-  const server = start(dir, "server", python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  const server = start(dir, "server", python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
     "--json-events", ...(web ? ["--web"] : [])]);

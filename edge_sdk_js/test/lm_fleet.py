@@ -30,7 +30,7 @@ def main() -> None:
     from edge_sdk.data.shakespeare import load_roles
     from edge_sdk.data.sources import TextSource, vocabulary
     from edge_sdk.models import build_model
-    from orchestrator.emulation.localfleet import min_budget_for_split
+    from emulator.localfleet import min_budget_for_split
     from profiles.accounting import measure_model
     from exporters.train_export import TrainGraphCache
     from profiles.planner import PlanError, plan_split

@@ -1,6 +1,6 @@
 // A mixed fleet trains the model as well as an all-Python fleet. One orchestrator, six devices: two
 // Python devices (torch), two onnxruntime-node devices (400 MiB, strong; 185 MiB, weak) and two
-// headless Chromium tabs: one training on its GPU (WebGPU, SwiftShader's adapter; 420 MiB, moderate)
+// headless Chromium tabs: one training on its GPU (WebGPU, SwiftShader's adapter; 710 MiB, moderate)
 // and one on WebAssembly (400 MiB, a tight budget that buys only the head), train digits_mlp for
 // five rounds; an all-Python fleet (six Python devices, the same shards, the same server seed) runs
 // beside it. From the mixed fleet's journal: each device's runtime and split, every device's report

@@ -1,6 +1,8 @@
 // The package as `npm pack` makes it (docs/js-device.md, "The package"): what the tarball holds, its
-// entries by condition, and a browser entry (and its one-file bundle) that imports no Node module and
-// neither onnxruntime-node nor ws, which are optional peer dependencies a board installs beside it.
+// entries by condition, a browser entry (and its one-file bundle) that imports no Node module and
+// neither onnxruntime-node nor ws, and a command whose static imports hold none of the optional peer
+// dependencies (onnxruntime-web, onnxruntime-node, ws: a page installs the first, a board the others),
+// so that `--help` runs in either install. test/package-install.test.mjs installs the tarball.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { builtinModules } from "node:module";
@@ -14,19 +16,22 @@ const ROOT = resolve(HERE, "..");
 const NODE_ONLY = new Set([...builtinModules, ...builtinModules.map((m) => `node:${m}`), "onnxruntime-node", "ws"]);
 const SPECIFIER = /(?:\bimport\s*\(\s*|\bfrom\s*|^\s*import\s*|\bexport\s*\*\s*from\s*|\brequire\s*\(\s*)["']([^"']+)["']/gm;
 
-/** Every module specifier `file` and the package's own modules it reaches import (static and dynamic). */
-function importsOf(file, seen = new Set()) {
+const STATIC = /(?:\bfrom\s*|^\s*import\s*|\bexport\s*\*\s*from\s*)["']([^"']+)["']/gm;
+
+/** Every module specifier `file` and the package's own modules it reaches import (static and dynamic; `pattern`
+ * STATIC: what loads with it, before any of its code runs). */
+function importsOf(file, seen = new Set(), pattern = SPECIFIER) {
   if (seen.has(file)) return [];
   seen.add(file);
   const found = [];
-  for (const [, spec] of readFileSync(file, "utf8").matchAll(SPECIFIER)) {
-    if (spec.startsWith(".")) found.push(...importsOf(resolve(dirname(file), spec), seen));
+  for (const [, spec] of readFileSync(file, "utf8").matchAll(pattern)) {
+    if (spec.startsWith(".")) found.push(...importsOf(resolve(dirname(file), spec), seen, pattern));
     else found.push(spec);
   }
   return found;
 }
 
-test("npm pack: the files, the entries by condition, a browser entry without Node modules", () => {
+test("npm pack: the files, the entries by condition, a browser entry without Node modules", async () => {
   const dir = tempDir("edgetrain-pack-");
   const [packed] = JSON.parse(execFileSync("npm", ["pack", "--json", "--ignore-scripts", "--pack-destination", dir],
     { cwd: ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }));
@@ -39,11 +44,12 @@ test("npm pack: the files, the entries by condition, a browser entry without Nod
   assert.deepEqual(files.filter((f) => /^(test|bench|node_modules)\//.test(f) || f === "package-lock.json"), []);
 
   const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
-  assert.ok(pkg.dependencies["onnxruntime-web"], "the browser's runtime is a dependency");
-  for (const name of ["onnxruntime-node", "ws"]) {
+  for (const name of ["onnxruntime-web", "onnxruntime-node", "ws"]) {
     assert.equal(pkg.dependencies[name], undefined, `${name} is not installed with the package`);
     assert.equal(pkg.peerDependenciesMeta[name]?.optional, true, `${name} is an optional peer`);
   }
+  const cli = importsOf(join(ROOT, "dist", "cli.js"), new Set(), STATIC);
+  assert.deepEqual(cli.filter((s) => s in pkg.peerDependencies), [], "the command loads its optional peers only when it runs a device");
   const dot = pkg.exports["."];
   for (const target of [dot.browser.default, dot.browser.types, dot.node.default, dot.node.types, pkg.exports["./bundle"], pkg.bin["edgetrain-device"]]) {
     assert.ok(files.includes(target.replace(/^\.\//, "")), `${target} is in the package`);
@@ -53,8 +59,8 @@ test("npm pack: the files, the entries by condition, a browser entry without Nod
   const browser = importsOf(join(ROOT, "dist", "browser.js"));
   assert.deepEqual(browser.filter((s) => NODE_ONLY.has(s) || s.startsWith("node:")), [], "the browser entry's imports");
   assert.deepEqual(importsOf(join(ROOT, "dist", "edgetrain.browser.mjs")), [], "the bundle is one module");
-  const node = importsOf(join(ROOT, "dist", "index.js"));
-  assert.ok(node.includes("onnxruntime-node"), "the Node entry loads onnxruntime-node (loadRuntime)");
+  const { loadRuntime } = await import(join(ROOT, "dist", "index.js"));
+  assert.equal((await loadRuntime("node")).name, "onnxruntime-node", "the Node entry loads onnxruntime-node (loadRuntime)");
   console.log(`# npm pack: ${packed.filename}, ${packed.size} bytes, ${files.length} files; bundle `
     + `${readFileSync(join(ROOT, "dist", "edgetrain.browser.mjs")).length} bytes`);
 });

@@ -28,7 +28,7 @@ const ID_OF = () => window.edgetrain?.events.find((e) => e.event === "welcome")?
 
 /** `serve --web --host 0.0.0.0` in the namespace; resolves once it printed its pages. */
 async function serveOnLan(dir, ns, rounds, extra = []) {
-  const [command, args] = ns.wrap(python(), ["-m", "orchestrator.cli", "serve", "--web", "--host", "0.0.0.0",
+  const [command, args] = ns.wrap(python(), ["-m", "edgetrain", "serve", "--web", "--host", "0.0.0.0",
     "--port", String(PORT), "--store", join(dir, "store"), "--model", "digits_mlp", "--rounds", String(rounds),
     "--min-devices", "1", "--local-steps", "5", "--deadline", "200", "--straggler-policy", "deadline", "--json-events", ...extra]);
   const server = start(dir, `server-${rounds}`, command, args);

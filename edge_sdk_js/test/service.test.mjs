@@ -27,7 +27,7 @@ async function until(predicate, what, timeoutMs = 120_000) {
 }
 
 function serve(dir, name, port, store, ...args) {
-  return start(dir, name, python(), ["-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", String(port),
+  return start(dir, name, python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, store), "--model", "digits_mlp", "--min-devices", "1", "--local-steps", "20", "--deadline", "90",
     "--json-events", ...args],
   pythonEnv());

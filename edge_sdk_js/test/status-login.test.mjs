@@ -22,7 +22,7 @@ const SKIP = CHROMIUM === undefined && "chromium is not installed (apt-get insta
 /** `edgetrain device enroll`: the device's secret (the store keeps only its key). */
 function enroll(dir, id) {
   const out = join(dir, `${id}.secret`);
-  execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
+  execFileSync(python(), ["-m", "edgetrain", "device", "enroll", "--store", join(dir, "store"), "--id", id, "--out", out],
     { env: pythonEnv(), stdio: ["ignore", "ignore", "pipe"] });
   return { id, secret: readFileSync(out, "utf8").trim(), file: out };
 }

@@ -17,7 +17,7 @@ test("a browser page's ticket opens the upgrade past a full pending-hello cap; w
   { timeout: 240_000, skip: CHROMIUM === undefined && "chromium is not installed (apt-get install chromium)" }, async () => {
     const dir = tempDir("edgetrain-js-ticket-");
     const secretFile = join(dir, "page-1.secret");
-    execFileSync(python(), ["-m", "orchestrator.cli", "device", "enroll", "--store", join(dir, "store"), "--id", "page-1",
+    execFileSync(python(), ["-m", "edgetrain", "device", "enroll", "--store", join(dir, "store"), "--id", "page-1",
       "--out", secretFile], { env: pythonEnv(), stdio: ["ignore", "ignore", "pipe"] });
     const { server, url } = await startServer(dir, ["--web", "--require-credentials", "--model", "digits_mlp", "--rounds", "1",
       "--min-devices", "5"]);

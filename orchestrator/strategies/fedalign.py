@@ -50,8 +50,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
+    Combines,
     Weighting,
     DeviceReport,
     Instruction,
@@ -64,6 +64,7 @@ from orchestrator.strategies.base import (
 from orchestrator.strategies.groups import (
     PRIORITIZED_SERVER_SETTINGS, PriorityRule, json_ready, number_option, parse_ids, weighted_metrics,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import NonNegative, NonNegativeInt, Unit
 
 __all__ = ["DEFAULT_EVAL_SAMPLES", "DEFAULT_RELATIVE_EPSILON", "DEFAULT_WARMUP", "FedALIGN"]
@@ -131,6 +132,7 @@ class FedALIGN(Strategy):
     """
 
     name = "fedalign"
+    combines = Combines.own("the priority devices' mean, other devices admitted by their loss against epsilon_t")
     #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
     server_settings = PRIORITIZED_SERVER_SETTINGS
 

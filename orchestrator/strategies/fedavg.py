@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import AveragingStrategy, DeviceReport, Instruction, RoundContext
+from orchestrator.strategies.selection import Selection
 
 
 class FedAvg(AveragingStrategy):

@@ -17,7 +17,7 @@ sampled device touched keep their value bit for bit.
 
 Hooks:
 
-- ``configure``: brings the heat (:class:`orchestrator.heat.RowHeat`) in step with the registered
+- ``configure``: brings the heat (:class:`orchestrator.strategies.heat.RowHeat`) in step with the registered
   devices (``ctx.devices``: new ones counted, departed ones taken out), samples K devices (line 3)
   and sends each ``train`` for its planned tail with every table in it cut to the device's rows
   (``Selection.of_rows``: lines 5 and 12-14). With EmbracingFL roles a device whose plan freezes a
@@ -46,9 +46,8 @@ from typing import Literal, get_args
 import numpy as np
 
 from edge_sdk.protocol import RowSparse
-from orchestrator.heat import RowHeat
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
+    Combines,
     Weighting,
     DeviceInfo,
     DeviceReport,
@@ -61,6 +60,8 @@ from orchestrator.strategies.base import (
     Strategy,
     WeightedSums,
 )
+from orchestrator.strategies.heat import RowHeat
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import Count
 
 __all__ = ["HELLO_FIELDS", "ROW_BITS", "ROW_EPSILON", "FedSubAvg", "RowSums"]
@@ -175,6 +176,7 @@ class FedSubAvg(Strategy):
     """
 
     name = "fedsubavg"
+    combines = Combines.own("each table row's update scaled by its heat N / n_m, over row selections")
     #: Devices receive row selections: the server plans them for their declared rows only.
     selects_rows = True
     hello_fields = HELLO_FIELDS
@@ -257,7 +259,7 @@ class FedSubAvg(Strategy):
             self._refused += 1
             raise Refused("the device is not counted in the heat (no samples, or not registered this round)")
         for name, delta in report.tensors.items():
-            wn = report.weight_of(name, w)  # scaled by the block's direction trust (orchestrator.trust)
+            wn = report.weight_of(name, w)  # scaled by the block's direction trust (orchestrator.aggregation.trust)
             if wn <= 0 and ctx.global_state[name].dtype.kind == "f":
                 continue
             if isinstance(delta, RowSparse):

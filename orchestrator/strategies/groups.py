@@ -16,7 +16,7 @@ __all__ = ["PRIORITIZED_SERVER_SETTINGS", "PriorityRule", "flag_option", "json_r
            "weighted_metrics"]
 
 #: What a prioritized round needs of the server (``Strategy.server_settings``): the norm bound and direction
-#: trust (:mod:`orchestrator.trust`, against the same reference) off.
+#: trust (:mod:`orchestrator.aggregation.trust`, against the same reference) off.
 #: Its reference is the whole fleet's, not the priority group's: the server's own update on its
 #: held-out data, or the median norm of every device's earlier updates. A priority group's data differs
 #: from the rest (that is why it is one), so its updates are the ones over that reference, and the bound

@@ -65,9 +65,9 @@ from typing import Literal
 import numpy as np
 
 from edge_sdk.protocol import RowSparse
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     Broadcast,
+    Combines,
     DeviceReport,
     Instruction,
     Refused,
@@ -79,6 +79,7 @@ from orchestrator.strategies.base import (
 from orchestrator.strategies.groups import (
     PRIORITIZED_SERVER_SETTINGS, PriorityRule, flag_option, json_ready, number_option, parse_ids, weighted_metrics,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import NonNegative, NonNegativeInt
 
 __all__ = ["VaRSeL", "approx_weights", "phi", "phi_tilde", "solve_weights"]
@@ -244,6 +245,7 @@ class VaRSeL(Strategy):
     """
 
     name = "varsel"
+    combines = Combines.own("external devices weighted to minimise the gradient variance, from compare reports")
     #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
     server_settings = PRIORITIZED_SERVER_SETTINGS
 

@@ -49,10 +49,10 @@ import numpy as np
 
 from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the ratio from this key
 from edge_sdk.models.zoo import model_for_state, width_shapes
-from orchestrator.selection import Selection
 from orchestrator.strategies.base import (
     DEFAULT_WEIGHT_SHARE,
     AveragingStrategy,
+    Combines,
     DeviceReport,
     Instruction,
     Refused,
@@ -62,6 +62,7 @@ from orchestrator.strategies.base import (
     WeightedSums,
     Weighting,
 )
+from orchestrator.strategies.selection import Selection
 from orchestrator.values import Fraction
 from profiles.planner import width_cost
 
@@ -89,6 +90,11 @@ class WidthReduction(AveragingStrategy):
     #: Every device trains the whole depth: no frozen chunks are ever sent, so the server need not
     #: export and check the planned splits' chunks of each new state.
     sends_chunks = False
+
+    @property  # type: ignore[override]
+    def combines(self) -> Combines:
+        """A weighted mean per element of channel slices: not a sum of whole blocks."""
+        return Combines.own("a weighted mean per element over channel slices of each block")
 
     def __init__(self, weighting: Weighting = "samples", strong: Fraction = 1.0, moderate: Fraction = 0.45,
                  weak: Fraction = 0.2, bn: BnMode = "full", model: str = "",
@@ -203,7 +209,7 @@ class WidthReduction(AveragingStrategy):
             if ctx.global_state[name].dtype.kind != "f":
                 self._sums.add(name, delta, weight)  # a counter: whole, the largest any holder reached
                 continue
-            w = report.weight_of(name, weight)  # scaled by the block's direction trust (orchestrator.trust)
+            w = report.weight_of(name, weight)  # scaled by the block's direction trust (orchestrator.aggregation.trust)
             if w > 0:
                 self._sums.add(name, delta, w, report.selection.region(name))  # the slice it trained
         self._sums.note(report)

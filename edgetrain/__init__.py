@@ -1,0 +1,1 @@
+"""edgetrain: the command line (:mod:`edgetrain.cli`), a layer above the emulator and the orchestrator."""

@@ -1,0 +1,5 @@
+"""``python -m edgetrain.cli``: the same as the ``edgetrain`` script."""
+
+from edgetrain.cli import main
+
+main()

@@ -1,0 +1,219 @@
+"""Choosing the noise before a run: the multiplier that reaches a target epsilon, what it costs per
+coordinate, and the settings refused up front.
+
+The multiplier. For R rounds at sampling rate q and a target (epsilon, delta), the smallest noise
+multiplier z whose epsilon is at most the target, found by ``dp_accounting``'s own search
+(``mechanism_calibration.calibrate_dp_mechanism``: Brent's method over the accountant, the result
+checked to be within budget) in [:data:`Z_MIN`, :data:`Z_MAX`]. A target that z = :data:`Z_MAX` cannot
+reach is refused: the noise would drown any update (sigma C per coordinate of the sum, 100 times a
+whole clipped update's norm). Targets so loose that :data:`Z_MIN` meets them get :data:`Z_MIN`.
+
+The noise it costs. The server averages a block's noised sum over the block's expected cohort m
+(a fixed denominator, as DP-FedAvg does: McMahan et al., 2018, Algorithm 1, estimator f~_f), so the
+noise on each coordinate of the mean update has standard deviation z C / m.
+
+Per block, under partial training (:func:`plan_blocks`). The model's epsilon is that of the device
+that trains every released block (``orchestrator.aggregation.privacy.accountant``). Per-layer clipping with
+equal noise (McMahan et al., 2018, Section 3): with L released blocks, each block is clipped to
+C_b = C / sqrt(L) and noised with standard deviation z C on its sum, i.e. multiplier z_b = z sqrt(L);
+a device training all L blocks then has combined multiplier z, exactly the model's target, and a
+device at split s training k of them has z sqrt(L / k): weak devices spend less. The noise on the
+mean of block b is z C / m_b: the input-side blocks, which only strong devices train, have the
+smaller cohort and the noisier mean.
+
+The delta. 1 / N^1.1 by default (N devices): below 1 / N, so that a mechanism that publishes one
+device's data whole with probability delta cannot meet it; the exponent puts it a little further.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import dp_accounting
+
+from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
+from orchestrator.strategies.base import Combines
+
+__all__ = [
+    "MIN_COHORT",
+    "Z_MAX",
+    "Z_MIN",
+    "BlockPlan",
+    "PrivacyPlanError",
+    "SplitPlan",
+    "check_cohort",
+    "check_delta",
+    "check_noise",
+    "check_strategy",
+    "default_delta",
+    "noise_multiplier",
+    "noise_per_coordinate",
+    "plan_blocks",
+    "plan_splits",
+]
+
+#: The range of noise multipliers searched: below 0.3 one round's epsilon alone is large; above 100
+#: the noise on a sum is 100 clipped updates' worth per coordinate.
+Z_MIN, Z_MAX = 0.3, 100.0
+#: The smallest expected cohort a noised block may have: with fewer devices the noise on the mean,
+#: z C / m per coordinate, is (at z >= 1) over a tenth of a whole clipped update's norm on every
+#: coordinate.
+MIN_COHORT = 10
+
+
+class PrivacyPlanError(ValueError):
+    """DP settings that cannot work, said in one line."""
+
+
+def default_delta(devices: int) -> float:
+    """1 / N^1.1 for a fleet of N devices (see the module docstring)."""
+    if devices < 1:
+        raise PrivacyPlanError(f"a fleet needs at least one device, got {devices}")
+    return float(devices) ** -1.1
+
+
+def check_delta(delta: float, devices: int) -> float:
+    """Refuse a delta of 1 / N or more: it allows publishing a device's data outright."""
+    if not 0 < delta < 1:
+        raise PrivacyPlanError(f"delta must be in (0, 1), got {delta:g}")
+    if delta >= 1.0 / devices:
+        raise PrivacyPlanError(f"delta {delta:g} is not below 1/N = {1.0 / devices:.3g} for {devices} devices: "
+                               f"it would allow publishing one device's data whole")
+    return delta
+
+
+def check_cohort(expected_cohort: float, what: str = "the round", minimum: int = MIN_COHORT) -> float:
+    """Refuse an expected cohort under ``minimum`` devices: its noised mean is mostly noise."""
+    if expected_cohort < minimum:
+        raise PrivacyPlanError(f"{what} expects {expected_cohort:.3g} devices per round, under the {minimum} "
+                               f"a noised mean needs: sample more devices (a larger rate or fleet)")
+    return expected_cohort
+
+
+def _check_schedule(q: float, rounds: int, fleet: int | None) -> None:
+    if not 0 < q <= 1:
+        raise PrivacyPlanError(f"the sampling rate must be in (0, 1], got {q:g}")
+    if rounds < 1:
+        raise PrivacyPlanError(f"rounds must be >= 1, got {rounds}")
+    if fleet is not None and fleet < 1:
+        raise PrivacyPlanError(f"a fleet needs at least one device, got {fleet}")
+
+
+def noise_multiplier(target_epsilon: float, q: float, rounds: int, delta: float, *, accountant: str = "pld",
+                     fleet: int | None = None) -> float:
+    """The smallest multiplier whose epsilon after ``rounds`` rounds at rate ``q`` (Poisson; with
+    ``fleet``, fixed cohorts of round(q * fleet)) is at most ``target_epsilon`` at ``delta``."""
+    _check_schedule(q, rounds, fleet)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise PrivacyPlanError(f"the target epsilon must be a finite number > 0, got {target_epsilon:g}")
+    at_most = epsilon_for(Z_MAX, q, rounds, delta, accountant=accountant, fleet=fleet)
+    if at_most > target_epsilon:
+        raise PrivacyPlanError(f"target epsilon {target_epsilon:g} cannot be reached in {rounds} rounds at rate {q:g}: "
+                               f"even noise multiplier {Z_MAX:g} spends {at_most:.3g}; plan fewer rounds or a "
+                               f"smaller rate")
+    if epsilon_for(Z_MIN, q, rounds, delta, accountant=accountant, fleet=fleet) <= target_epsilon:
+        return Z_MIN
+    cohort = None if fleet is None else max(1, round(q * fleet))
+    sampling = "poisson" if fleet is None else "fixed"
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: fresh_accountant(accountant, sampling),
+        lambda z: dp_accounting.SelfComposedDpEvent(sampled_gaussian(q, z, fleet, cohort), rounds),
+        target_epsilon, delta, dp_accounting.ExplicitBracketInterval(Z_MIN, Z_MAX), tol=1e-4))
+
+
+def check_noise(multiplier: float, target_epsilon: float, q: float, rounds: int, delta: float, *,
+                accountant: str = "pld", fleet: int | None = None) -> float:
+    """The epsilon a configured multiplier spends in the planned rounds; refused, naming the
+    multiplier that would do, when it is over ``target_epsilon``."""
+    _check_schedule(q, rounds, fleet)
+    if not (multiplier > 0 and math.isfinite(multiplier)):
+        raise PrivacyPlanError(f"the noise multiplier must be a finite number > 0, got {multiplier:g}")
+    spent = epsilon_for(multiplier, q, rounds, delta, accountant=accountant, fleet=fleet)
+    if spent > target_epsilon:
+        try:
+            needed = noise_multiplier(target_epsilon, q, rounds, delta, accountant=accountant, fleet=fleet)
+            hint = f"use at least {needed:.4g}"
+        except PrivacyPlanError:
+            hint = "no multiplier up to 100 reaches it: plan fewer rounds or a smaller rate"
+        raise PrivacyPlanError(f"noise multiplier {multiplier:g} spends epsilon {spent:.3g} in {rounds} rounds at rate "
+                               f"{q:g} (delta {delta:g}), over the target {target_epsilon:g}: {hint}")
+    return spent
+
+
+def noise_per_coordinate(multiplier: float, clip: float, expected_cohort: float) -> float:
+    """Standard deviation of the noise on each coordinate of a mean update: z C / m."""
+    return multiplier * clip / expected_cohort
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """One block under per-layer clipping: the devices able to train it, its expected cohort, its
+    clip, multiplier and noise (on the sum, and per coordinate of the mean), and its epsilon."""
+
+    block: str
+    devices: int
+    cohort: float
+    clip: float
+    noise_multiplier: float
+    sum_stddev: float
+    mean_stddev: float
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The devices at one split (training blocks [split, L)): how many, how many released blocks
+    they train, their combined multiplier and their epsilon."""
+
+    split: int
+    devices: int
+    blocks: int
+    noise_multiplier: float
+    epsilon: float
+
+
+def plan_blocks(multiplier: float, clip: float, block_devices: Sequence[tuple[str, int]], q: float, rounds: int,
+                delta: float, *, accountant: str = "pld", fleet: int | None = None) -> list[BlockPlan]:
+    """Per-layer clipping of the blocks some device trains (``block_devices``: block name and the
+    number of devices able to train it, in model order), for a model multiplier ``multiplier``.
+    With ``fleet`` (fixed-size cohorts of the whole fleet), each block's release is accounted as
+    that sample of the fleet: devices that do not train a block add a zero vector to its sum."""
+    released = [(b, n) for b, n in block_devices if n > 0]
+    if not released:
+        raise PrivacyPlanError("no device trains any block")
+    scale = math.sqrt(len(released))
+    z_b, c_b = multiplier * scale, clip / scale
+    eps = epsilon_for(z_b, q, rounds, delta, accountant=accountant, fleet=fleet)
+    return [BlockPlan(b, n, q * n, c_b, z_b, z_b * c_b, noise_per_coordinate(z_b, c_b, q * n), eps)
+            for b, n in released]
+
+
+def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q: float, rounds: int, delta: float,
+                *, accountant: str = "pld", fleet: int | None = None) -> list[SplitPlan]:
+    """Each split's devices (``splits``: split -> devices) under :func:`plan_blocks`'s per-layer
+    clipping of a model of ``num_blocks`` blocks."""
+    low = min(splits)
+    released = num_blocks - low
+    out = []
+    for s in sorted(splits):
+        k = num_blocks - s
+        z = multiplier * math.sqrt(released / k)
+        out.append(SplitPlan(s, splits[s], k, z, epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)))
+    return out
+
+
+def check_strategy(name: str, combines: Combines) -> None:
+    """Refuse DP for a strategy whose rule is not a clipped sum (``combines``: what strategy ``name``
+    declares, ``Strategy.combines``): a median, Krum, a trimmed mean or centered clipping reads
+    individual updates, whose sensitivity the Gaussian's calibration does not cover (and secure
+    aggregation hides them); a rule of a strategy's own (rows scaled by their heat, a loss test, a
+    second phase) is not the sum the ledger accounts."""
+    if combines.rule == "robust":
+        raise PrivacyPlanError(f"differential privacy needs a clipped sum, not aggregation={combines.detail}: a robust "
+                               f"statistic reads individual updates")
+    if not combines.is_sum:
+        raise PrivacyPlanError(f"differential privacy is accounted for the clipped sums of a strategy that declares a "
+                               f"weighted mean of whole blocks, not for strategy {name!r}, which combines by "
+                               f"{combines.describe()}")
