@@ -219,6 +219,7 @@ def event_printer(json_events: bool) -> Callable[[str, dict], None]:
 def device_config(s: Any, *, budget_bytes: int | None = None):
     """The client's settings; the budget is ``--budget``, else ``budget_bytes`` (a device class's),
     else what this machine offers (:func:`edge_sdk.probe.probe`)."""
+    from edge_sdk.payload_store import payload_folder
     from edge_sdk.settings import DeviceConfig
 
     budget = s.budget if s.budget is not None else budget_bytes
@@ -233,7 +234,7 @@ def device_config(s: Any, *, budget_bytes: int | None = None):
                         reconnect_retries=s.reconnect_retries, reconnect_max_delay=s.reconnect_max_delay,
                         tls_ca=s.tls_ca or None,
                         labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
-                        bundle=_bundle(s.bundle), payload_cache=Path(s.payload_cache) if s.payload_cache else None,
+                        bundle=_bundle(s.bundle), payload_cache=payload_folder(s.payload_cache, s.server, s.device_id),
                         payload_cache_bytes=s.payload_cache_size, **_registry(s.registry))
 
 

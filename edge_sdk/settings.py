@@ -116,9 +116,12 @@ class DeviceSettings:
     seed: int = setting(0, "split seed (the same on every device)")
     bundle: str = setting("", "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are "
                               "used instead of downloads wherever the server's have the same bytes", metavar="FILE")
-    payload_cache: str = setting("", "folder where downloaded payloads (chunks, training graphs, weights) are kept by "
-                                      "sha256, so that a payload held from an earlier round or connection is never "
-                                      "downloaded again (default: not kept)", metavar="DIR", sdks=BOTH)
+    payload_cache: str = setting("auto", "folder where downloaded payloads (chunks, training graphs, weights) are kept "
+                                          "by sha256, so that a payload held from an earlier round or connection is "
+                                          "never downloaded again and a changed one comes as a delta from the version "
+                                          "held; auto: a folder of this device's own under the user's cache "
+                                          "($EDGETRAIN_PAYLOAD_CACHE, else ~/.cache/edgetrain/payloads), one per "
+                                          "server and device id; off: not kept", metavar="DIR", sdks=BOTH)
     payload_cache_size: Size = setting(256 << 20, "the most bytes --payload-cache keeps (least recently used "
                                                   "dropped first)", metavar="SIZE", sdks=BOTH)
     secret_file: str = setting("", "file holding this device's enrolled credential (edgetrain device enroll); "
