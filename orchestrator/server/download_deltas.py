@@ -24,7 +24,10 @@ from edge_sdk.codecs.delta import encode_delta
 from edge_sdk.wire_codecs import CODEC_META, DELTA_BASE_META, DELTA_CODEC, RECON_META, tensor_regions
 from orchestrator.parts import Payload
 
-__all__ = ["DeltaDownloads"]
+__all__ = ["DELTA_BITS", "DeltaDownloads"]
+
+#: Bits a weight of each ``download_delta`` setting (0: downloads travel whole).
+DELTA_BITS = {"none": 0, "int8": 8, "int4": 4, "int2": 2}
 
 
 @dataclass(frozen=True)
