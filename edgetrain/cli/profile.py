@@ -12,6 +12,7 @@ from edgetrain.cli import app
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from edge_sdk.models import LayeredModel
     from profiles.accounting import Footprint, ModelCost, TrainingMemory
     from profiles.devices import DeviceClass
     from profiles.planner import Plan, PlanError
@@ -89,13 +90,9 @@ def profile(
         layered = build_model(model)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    from exporters.train_export import train_graph_refusal
-
     cost = measure_model(layered)
     runtime = runtime_memory(refresh=refresh_runtime)
-    # The splits a graph runtime may train: those whose training graph the server can export (its static check).
-    graphs = frozenset(k for k in range(len(cost)) if train_graph_refusal(layered, k) is None)
-    on = Target(chosen, graphs)
+    on = Target.of(chosen, layered)
 
     _print_blocks(console, cost, batch, memory, runtime, samples, on)
     if target is not None:
@@ -114,6 +111,13 @@ class Target:
 
     runtime: Runtime
     graph_splits: frozenset[int]
+
+    @classmethod
+    def of(cls, runtime: Runtime, model: LayeredModel) -> Target:
+        """``runtime``, and the splits of ``model`` whose training graph the server exports (its static check)."""
+        from exporters.train_export import train_graph_refusal
+
+        return cls(runtime, frozenset(k for k in range(len(model)) if train_graph_refusal(model, k) is None))
 
     @property
     def name(self) -> str:
