@@ -32,9 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from orchestrator.store import Store  # noqa: E402
+from bench.harness import Case, Context, interleave  # noqa: E402
+from bench.harness.journal import updates  # noqa: E402
 from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, FleetDevice, run_demo_fleet, run_fleet  # noqa: E402
 
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
@@ -51,8 +54,7 @@ def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: 
     result = run_fleet(root / name, devices, aggregation=None, rounds=rounds, credentials=True, strategy=strategy,
                        options=PLAIN_OPTIONS if plain else options, settings=PLAIN if plain else None)
     last = result.history[-1]
-    with Store(root / name) as store:
-        bounded = [u for u in store.updates() if u.get("bounded")]
+    bounded = [u for u in updates(root / name) if u.get("bounded")]
     row = {"run": name, "accuracy": round(100 * result.accuracy, 2), "wall_s": round(time.monotonic() - t0, 1),
            "honest_bounded": sum(u["device_id"] != "attacker" for u in bounded),
            "attacker_bounded": sum(u["device_id"] == "attacker" for u in bounded),
@@ -76,15 +78,17 @@ def _demo_run(root: Path, attack: str | None, trust: bool, seed: int) -> dict:
     return row
 
 
-def demo(seeds: list[int], out: Path) -> None:
+DEMO_LANES = ("honest-trust", "honest-off", *INSIDERS)
+
+
+def demo(ctx: Context) -> dict:
     """The demo fleet's insiders and the honest cost of direction trust (module docstring)."""
-    rows: dict[str, object] = {"rounds": ROUNDS_DEMO, "date": time.strftime("%Y-%m-%d"), "seeds": seeds, "runs": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in seeds:
-            for attack, trust in [(None, True), (None, False), *((a, True) for a in INSIDERS)]:
-                rows["runs"].append({"seed": seed, "attack": attack, "trust": trust,
-                                     **_demo_run(Path(tmp), attack, trust, seed)})
-    runs = rows["runs"]
+    seeds, runs = ctx.seeds, []
+    with tempfile.TemporaryDirectory() as tmp:  # a seed's runs side by side, the first one rotating
+        for rep, lane in interleave(DEMO_LANES, len(seeds)):
+            attack, trust = (None, lane == "honest-trust") if lane.startswith("honest") else (lane, True)
+            runs.append({"seed": seeds[rep], "attack": attack, "trust": trust,
+                         **_demo_run(Path(tmp), attack, trust, seeds[rep])})
 
     def mean(key: str, attack: str | None, trust: bool = True) -> float:
         vals = [r[key] for r in runs if r["attack"] == attack and r["trust"] == trust]
@@ -98,48 +102,49 @@ def demo(seeds: list[int], out: Path) -> None:
     ratio = mean("wall_s", None) / mean("wall_s", None, False)
     print(f"\nhonest fleet: trust on {honest:.2f} %, off {off:.2f} % ({honest - off:+.2f} points); "
           f"wall time on/off {ratio:.2f}x")
-    rows["summary"] = {"honest_on": honest, "honest_off": off, "wall_ratio": round(ratio, 3),
-                       "moved": {a: round(mean("last5", a) - honest, 2) for a in INSIDERS}}
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    return ctx.write(runs, {"rounds": ROUNDS_DEMO, "seeds": seeds, "honest_on": honest, "honest_off": off,
+                            "wall_ratio": round(ratio, 3),
+                            "moved": {a: round(mean("last5", a) - honest, 2) for a in INSIDERS}})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--plain", action="store_true", help="also run each attack against a plain server")
     ap.add_argument("--attacks", default=",".join(a for a in ATTACKS if a != "boost10"))
     ap.add_argument("--skip-honest-cost", action="store_true")
     ap.add_argument("-O", dest="options", action="append", default=[], help="strategy option of the defaults runs")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attacks.json"))
-    ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost")
-    ap.add_argument("--seeds", default="0", help="--demo: comma-separated seeds")
-    args = ap.parse_args()
+    ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost "
+                    "(--seeds: its seeds; results in bench/results/attacks_demo.json)")
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
     if args.demo:
-        demo([int(s) for s in args.seeds.split(",")], Path(__file__).parent / "results" / "attacks_demo.json")
-        return
+        return demo(ctx)
     options = dict(o.split("=", 1) for o in args.options)
-    out: dict[str, object] = {"rounds": args.rounds, "options": options, "date": time.strftime("%Y-%m-%d"),
-                              "attacks": [], "honest_cost": []}
+    out: dict[str, object] = {"rounds": args.rounds, "options": options, "attacks": [], "honest_cost": []}
+    runs: list[dict] = []
+
+    def one(name: str, devices, *, plain: bool, strategy: str = "embracingfl") -> dict:
+        runs.append(_run(root, name, devices, plain=plain, options=options, rounds=args.rounds, strategy=strategy))
+        return runs[-1]
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        honest = _run(root, "honest-defaults", HONEST, plain=False, options=options, rounds=args.rounds) \
-            if args.attacks else {"accuracy": None}
+        honest = one("honest-defaults", HONEST, plain=False) if args.attacks else {"accuracy": None}
         for attack in filter(None, args.attacks.split(",")):
             devices = HONEST + (FleetDevice("attacker", 4, attack=ATTACKS[attack]),)
             row = {"attack": attack, "honest": honest["accuracy"],
-                   "defaults": _run(root, f"{attack}-defaults", devices, plain=False, options=options,
-                                    rounds=args.rounds)}
+                   "defaults": one(f"{attack}-defaults", devices, plain=False)}
             if args.plain:
-                row["plain"] = _run(root, f"{attack}-plain", devices, plain=True, options=options, rounds=args.rounds)
+                row["plain"] = one(f"{attack}-plain", devices, plain=True)
             out["attacks"].append(row)
         if not args.skip_honest_cost:
-            for fleet, (strategy, devices) in FLEETS.items():
+            for fleet, (strategy, devices) in FLEETS.items():  # each fleet's two settings side by side
                 out["honest_cost"].append({
                     "fleet": fleet, "strategy": strategy,
-                    "defaults": _run(root, f"{fleet}-defaults", devices, plain=False, options=options,
-                                     rounds=args.rounds, strategy=strategy),
-                    "plain": _run(root, f"{fleet}-plain", devices, plain=True, options=options, rounds=args.rounds,
-                                  strategy=strategy)})
+                    **{lane: one(f"{fleet}-{lane}", devices, plain=lane == "plain", strategy=strategy)
+                       for lane in ("defaults", "plain")}})
     print("\n| attack | honest fleet (%) | with the attacker, defaults (%) | points lost |"
           + (" plain server (%) |" if args.plain else ""))
     for r in out["attacks"]:
@@ -150,7 +155,20 @@ def main() -> None:
     for r in out["honest_cost"]:
         p, d = r["plain"]["accuracy"], r["defaults"]["accuracy"]
         print(f"| {r['fleet']} | {r['strategy']} | {p} | {d} | {p - d:.2f} |")
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return ctx.write(runs, out)
+
+
+def results_name(args: argparse.Namespace) -> str:
+    """attacks[_demo]"""
+    return "attacks_demo" if args.demo else "attacks"
+
+
+CASE = Case("attacks", __doc__, run, arguments=arguments, seeds="0", results=results_name,
+            quick={"rounds": 2, "attacks": "boost100", "skip_honest_cost": True})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,7 +50,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, interleave, parse_list  # noqa: E402
 
 MiB = float(1 << 20)
 ROLES = ("strong", "moderate", "weak")
@@ -371,8 +372,7 @@ def check(results: list[dict], backends: list[str]) -> dict[str, dict]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--backends", default="torch,onnxruntime", help="comma-separated: torch, onnxruntime")
     ap.add_argument("--iters", type=int, default=10, help="timed batches per configuration (median)")
@@ -380,47 +380,47 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every runtime")
     ap.add_argument("--splits", default="4,7", help="EmbracingFL's moderate and weak splits")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per device process")
-    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: $EDGETRAIN_DATA)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "device_cost.json")
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict | None:
+    args, ap = ctx.args, ctx.parser
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
-        return
+        return None
     from rich.console import Console
 
     console = Console(width=200)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    backends = parse_list(args.backends)
     if not backends or set(backends) - {"torch", "onnxruntime"}:
         ap.error("--backends: torch and/or onnxruntime")
-    moderate, weak = (int(v) for v in args.splits.split(","))
+    moderate, weak = parse_list(args.splits, int)
     splits = {"strong": 0, "moderate": moderate, "weak": weak}
-    started = time.time()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         console.print("exporting prefixes and training graphs (verified against torch)")
         configs, source = prepare(Path(tmp), backends, splits, console, args.data_root)
-        for spec in configs:
-            for backend in backends:
-                run = {**spec, "backend": backend, "iters": args.iters, "warmup": args.warmup, "threads": args.threads}
-                console.print(f"  {spec['method']} {spec['role']} (split {spec['split']}, width {spec['width']}) on {backend}")
-                res = run_worker(run, args.timeout)
-                results.append({k: v for k, v in run.items() if k not in ("batch", "state", "chunk", "graph")} | res)
+        for i, backend in interleave(backends, len(configs)):  # a configuration's backends side by side
+            spec = configs[i]
+            one = {**spec, "backend": backend, "iters": args.iters, "warmup": args.warmup, "threads": args.threads}
+            console.print(f"  {spec['method']} {spec['role']} (split {spec['split']}, width {spec['width']}) on {backend}")
+            res = run_worker(one, args.timeout)
+            results.append({k: v for k, v in one.items() if k not in ("batch", "state", "chunk", "graph")} | res)
     for line in markdown_tables(results, backends):
         print(line)
     verdict = check(results, backends)
     for key, v in verdict.items():
         console.print(f"{key}: weak / strong backward {v['weak_over_strong_backward']:.2f}, peak RSS "
                       f"{v['weak_over_strong_peak_rss']:.2f} (above the runtime {v['weak_over_strong_peak_above_runtime']:.2f})")
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({
-        "model": "resnet20", "batch": BATCH, "data": source, "iters": args.iters, "warmup": args.warmup,
-        "threads": args.threads, "splits": splits, "widths": WIDTHS, "machine": {
-            "platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "load_average": os.getloadavg()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(time.time() - started, 1),
-        "results": results, "check": verdict, "paper_table8_ms": PAPER,
-    }, indent=2))
-    console.print(f"wrote {args.out} ({time.time() - started:.0f} s)")
+    return ctx.write(results, {"model": "resnet20", "batch": BATCH, "data": source, "splits": splits, "widths": WIDTHS,
+                               "check": verdict, "paper_table8_ms": PAPER})
+
+
+CASE = Case("device_cost", __doc__, run, arguments=arguments, data_root=True,
+            quick={"backends": "torch", "iters": 1, "warmup": 0})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Case, Context  # noqa: E402
 from edge_sdk.models import build_model  # noqa: E402
 
 DEVICES, STEPS, BATCH = 128, 10, 32
@@ -57,14 +58,26 @@ def timed(device: torch.device, rounds: int, warm: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def run(ctx: Context) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("torch sees no CUDA device")
     gpu = timed(torch.device("cuda"), DEVICES, warm=3)
     torch.set_num_threads(1)
     cpu = timed(torch.device("cpu"), 1, warm=0)
-    print(f"GPU ({torch.cuda.get_device_name(0)}): {DEVICES} device rounds one after another {gpu:.2f} s, "
+    name = torch.cuda.get_device_name(0)
+    print(f"GPU ({name}): {DEVICES} device rounds one after another {gpu:.2f} s, "
           f"{1000 * gpu / DEVICES:.1f} ms each; CPU, one thread: one device round {cpu:.2f} s")
+    runs = [{"lane": "cuda", "device": name, "device_rounds": DEVICES, "seconds": gpu, "per_round_s": gpu / DEVICES},
+            {"lane": "cpu", "device": "one CPU thread", "device_rounds": 1, "seconds": cpu, "per_round_s": cpu}]
+    return ctx.write(runs, {"model": "resnet20", "steps": STEPS, "batch": BATCH,
+                            "cpu_over_gpu_per_round": cpu / (gpu / DEVICES)})
+
+
+CASE = Case("device_round_cuda", __doc__, run)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

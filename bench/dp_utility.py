@@ -4,8 +4,8 @@ fleet of 1,000 emulated devices.
 Each run is the emulator's lightweight mode (``emulator.lightweight``: the real
 :class:`edge_sdk.client.DeviceClient` over websockets on 127.0.0.1, devices as asyncio tasks in a
 few worker processes) against the real orchestrator with
-:class:`orchestrator.aggregation.privacy.intake.CentralDPIntake` (``--noise central``) or
-:class:`orchestrator.aggregation.privacy.distributed.DistributedDPIntake` (``--noise distributed``:
+:class:`orchestrator.aggregation.privacy.gaussian.CentralGaussian` (``--noise central``) or
+:class:`orchestrator.aggregation.privacy.distributed.DistributedDiscreteGaussian` (``--noise distributed``:
 secure rounds whose devices, enrolled with credentials, add discrete Gaussian noise):
 ``mnist_2nn`` (784-64-10, two blocks, 51k parameters) on MNIST split IID across the devices, 10% of
 them (fixed-size cohorts) sampled per round, EmbracingFL. For each fleet (``mixed``: a quarter strong,
@@ -28,76 +28,51 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 import tempfile
 import time
-import tomllib
-from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.harness import Case, Context, parse_list  # noqa: E402
+from bench.harness.fleets import build_fleet, group  # noqa: E402
 
 
-def fleet_toml(fleet: str, devices: int, rounds: int, fraction: float, epsilon: float | None, clip: float,
-               noise: str = "central", expected_survivors: float | None = None) -> str:
-    """The fleet file of one run: ``epsilon`` None is the non-private baseline; ``noise`` "distributed"
-    runs the rounds secure, the devices adding the noise (orchestrator.aggregation.privacy.distributed), their
-    shares sized for ``expected_survivors`` of each block's cohort (None: the server's default)."""
+def case_fleet(name: str, fleet: str, devices: int, rounds: int, fraction: float, epsilon: float | None, clip: float,
+              noise: str = "central", expected_survivors: float | None = None):
+    """The fleet of one run: ``epsilon`` None is the non-private baseline; ``noise`` "distributed" runs the
+    rounds secure, the devices adding the noise (orchestrator.aggregation.privacy.distributed), their shares
+    sized for ``expected_survivors`` of each block's cohort (None: the server's default)."""
     strong = devices if fleet == "allstrong" else devices // 4
-    dp = "" if epsilon is None else (f"dp = true\ndp_target_epsilon = {epsilon}\ndp_delta = 1e-5\n"
-                                     f"dp_clip = {clip}\n")
+    dp: dict[str, object] = {} if epsilon is None else {"dp": True, "dp_target_epsilon": epsilon, "dp_delta": 1e-5,
+                                                        "dp_clip": clip}
     if epsilon is not None and noise == "distributed":
-        dp += "secure_aggregation = true\n"
+        dp["secure_aggregation"] = True
         if expected_survivors is not None:
-            dp += f"dp_expected_survivors = {expected_survivors}\n"
-    groups = f'[[groups]]\nname = "strong"\nclass = "mid-phone"\ncount = {strong}\n'
+            dp["dp_expected_survivors"] = expected_survivors
+    groups = [group("mid-phone", strong, "strong")]
     if devices > strong:
-        groups += f'\n[[groups]]\nname = "head-only"\nclass = "mid-phone"\ncount = {devices - strong}\nforce_split = 1\n'
-    return f"""[fleet]
-model = "mnist_2nn"
-dataset = "mnist"
-seed = 0
-
-[training]
-strategy = "embracingfl"
-rounds = {rounds}
-fraction = {fraction}
-local_steps = 5
-batch_size = 16
-lr = 0.1
-momentum = 0.0
-weight_decay = 0.0
-norm_bound = 0.0
-direction_trust = false
-max_loss_rise = 0.0
-{dp}
-[strategy]
-max_weight_share = 1.0
-
-[partition]
-scheme = "iid"
-
-[emulation]
-mode = "lightweight"
-memory_cap = "none"
-timeout_s = 900
-throttle_cpu = false
-
-{groups}"""
+        groups.append(group("mid-phone", devices - strong, "head-only", force_split=1))
+    return build_fleet(
+        name, model="mnist_2nn", dataset="mnist", seed=0,
+        training={"strategy": "embracingfl", "rounds": rounds, "fraction": fraction, "local_steps": 5, "batch_size": 16,
+                  "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, "norm_bound": 0.0, "direction_trust": False,
+                  "max_loss_rise": 0.0, **dp},
+        strategy={"max_weight_share": 1.0}, partition={"scheme": "iid"},
+        emulation={"mode": "lightweight", "memory_cap": "none", "timeout_s": 900, "throttle_cpu": False},
+        groups=groups)
 
 
 def run_one(fleet_kind: str, epsilon: float | None, args: argparse.Namespace, tmp: Path, noise: str = "central") -> dict:
-    from emulator.fleet import parse_fleet
     from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
     name = f"{fleet_kind}-{'nonprivate' if epsilon is None else f'eps{epsilon:g}-{noise}'}"
-    text = fleet_toml(fleet_kind, args.devices, args.rounds, args.fraction, epsilon, args.clip, noise,
+    fleet = case_fleet(name, fleet_kind, args.devices, args.rounds, args.fraction, epsilon, args.clip, noise,
                       args.expected_survivors)
-    fleet = parse_fleet(tomllib.loads(text), source=name, default_name=name)
     config = server_config(fleet, store_dir=tmp / name, data_root=args.data_root, deadline_s=300)
     config = dataclasses.replace(config, eval_every=args.rounds, eval_limit=args.eval_limit, keep_checkpoints=1,
                                  validation_samples=0)
@@ -146,8 +121,7 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--devices", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--fraction", type=float, default=0.1)
@@ -161,28 +135,31 @@ def main() -> None:
                          "(dp_expected_survivors; default: the server's, dp_min_survivors)")
     ap.add_argument("--eval-limit", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "dp_utility.json")
-    args = ap.parse_args()
-    epsilons = [None, *(float(e) for e in args.epsilons.split(","))]
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    epsilons = [None, *parse_list(args.epsilons, float)]
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dp-utility-") as tmp:
-        for fleet_kind in args.fleets.split(","):
+        for fleet_kind in parse_list(args.fleets):
             for eps in epsilons:
-                for noise in (["central"] if eps is None else args.noise.split(",")):
+                for noise in (["central"] if eps is None else parse_list(args.noise)):
                     results.append(run_one(fleet_kind, eps, args, Path(tmp), noise))
                     print(json.dumps(results[-1]), flush=True)
-                    write(results, args)  # after every run: a stopped invocation keeps what it measured
+                    doc = ctx.write(results, quiet=True)  # after every run: a stopped invocation keeps what it measured
+                    ctx.out.with_suffix(".md").write_text(markdown(results, args))
     print(markdown(results, args))
+    return doc
 
 
-def write(results: list[dict], args: argparse.Namespace) -> None:
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": "the shared 2-core machine",
-              "load_average_15min": round(os.getloadavg()[2], 1), "settings": vars(args) | {"out": str(args.out)},
-              "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str))
-    args.out.with_suffix(".md").write_text(markdown(results, args))
+CASE = Case("dp_utility", __doc__, run, arguments=arguments, data_root=True,
+            quick={"devices": 20, "rounds": 1, "fraction": 0.5, "epsilons": "8", "fleets": "mixed",
+                   "noise": "central", "eval_limit": 200})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -68,6 +67,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case as BenchCase, Context, parse_list, report_of, runs_of  # noqa: E402
+from bench.harness.fleets import build_fleet, fleet_toml, write_fleet  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORKDIR = RESULTS / "embracing-runs"
@@ -144,9 +146,9 @@ class Setup:
     lr: float
     eval_every: int
     eval_limit: int | None
-    partition: str  # TOML lines of [partition]
+    partition: dict  # the fleet's [partition]
     samples: int | None  # per device at most (None: the whole shard)
-    groups: dict  # role -> TOML lines of its group (class, budget, force_split)
+    groups: dict  # role -> its group's keys (class, budget, force_split)
     note: str
     lr_decay_at: tuple[int, ...] = ()  # rounds after which lr drops tenfold (appendix 6.2)
 
@@ -154,28 +156,28 @@ class Setup:
 SETUPS = {
     "femnist": Setup(
         dataset="femnist", model="leaf_cnn", devices=32, fraction=0.25, rounds=200, lr=0.04, eval_every=2,
-        eval_limit=None, partition='scheme = "natural"', samples=None,
+        eval_limit=None, partition={"scheme": "natural"}, samples=None,
         groups={
-            "strong": 'class = "pi-4-2gb"',
+            "strong": {"class": "pi-4-2gb"},
             # Table 1: the moderate client drops the two convolutions (capacity 0.99): no budget makes
             # the planner choose that split, so it is forced, as the weak client's (section 4).
-            "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+300MiB"\nforce_split = 2',
-            "weak": 'class = "pi-3b"\nbudget = "runtime+154MiB"\nforce_split = 3',
+            "moderate": {"class": "pi-4-2gb", "budget": "runtime+300MiB", "force_split": 2},
+            "weak": {"class": "pi-3b", "budget": "runtime+154MiB", "force_split": 3},
         },
         note="128 clients scaled to 32 (the staged FEMNIST sample has 110 writers: 3-4 whole writers per "
              "device, the paper gives each client 2); 8 devices per round, the paper's 25% (paper: 32 of 128)."),
     "cifar10": Setup(
         dataset="cifar10", model="resnet20", devices=8, fraction=1.0, rounds=280, lr=0.01, eval_every=2,
-        eval_limit=2000, partition='scheme = "dirichlet"\nalpha = 0.1', samples=1000,
+        eval_limit=2000, partition={"scheme": "dirichlet", "alpha": 0.1}, samples=1000,
         groups={
-            "strong": 'class = "mid-phone"',
+            "strong": {"class": "mid-phone"},
             # Budgets over the runtime measured on the emulating machine, for 1,000 local samples: the
             # planner gives weak devices split 7 (capacity ~0.17, Table 1's weak client). A moderate
             # device's cached stage-1 activations (64 KiB a sample) make split 4 hold more than the
             # whole model at this dataset size, so no budget makes the planner choose it: it is forced,
             # as FEMNIST's are (Table 1: capacity ~0.42).
-            "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+156MiB"\nforce_split = 4',
-            "weak": 'class = "entry-phone"\nbudget = "runtime+100MiB"',
+            "moderate": {"class": "pi-4-2gb", "budget": "runtime+156MiB", "force_split": 4},
+            "weak": {"class": "entry-phone", "budget": "runtime+100MiB"},
         },
         lr_decay_at=(240, 260),
         note="128 clients scaled to 8, every device in every round as in the paper's Table 6 runs "
@@ -194,11 +196,11 @@ SETUPS = {
 #: paper gives a role the same split whatever its data (budgets steer only the planner here).
 PAPER_CIFAR10 = Setup(
     dataset="cifar10", model="resnet20", devices=128, fraction=1.0, rounds=1000, lr=0.4, eval_every=10,
-    eval_limit=None, partition='scheme = "dirichlet"\nalpha = 0.1', samples=None,
+    eval_limit=None, partition={"scheme": "dirichlet", "alpha": 0.1}, samples=None,
     groups={
-        "strong": 'class = "mid-phone"\nbudget = "runtime+2GiB"',
-        "moderate": 'class = "pi-4-2gb"\nbudget = "runtime+2GiB"\nforce_split = 4',
-        "weak": 'class = "entry-phone"\nbudget = "runtime+2GiB"\nforce_split = 7',
+        "strong": {"class": "mid-phone", "budget": "runtime+2GiB"},
+        "moderate": {"class": "pi-4-2gb", "budget": "runtime+2GiB", "force_split": 4},
+        "weak": {"class": "entry-phone", "budget": "runtime+2GiB", "force_split": 7},
     },
     lr_decay_at=(800, 900),
     note="The paper's scale: 128 clients over all 50,000 training images (Dirichlet 0.1), every client in every "
@@ -222,16 +224,36 @@ def fleet_name(dataset: str, case: Case) -> str:
     return f"embracing-{dataset}-{case.slug}"
 
 
-def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fraction: float | None = None,
-                 rounds: int | None = None, lr: float | None = None, samples: int | None = -1,
-                 lr_decay_at: tuple[int, ...] | None = None) -> str:
-    """The fleet file of one case (TOML text), as shipped in profiles/fleets/."""
+def case_fleet(setup: Setup, case: Case, *, devices: int | None = None, fraction: float | None = None,
+               rounds: int | None = None, lr: float | None = None, samples: int | None = -1,
+               lr_decay_at: tuple[int, ...] | None = None, seed: int = 0):
+    """The fleet of one case (the shipped profiles/fleets/ file's at the setup's defaults): SGD with
+    momentum 0.9, weight decay 1e-4, batch 32, tau = 10 (appendix 6.1); the paper's aggregation,
+    without the server's influence bounds, and the papers' sample-weighted mean (no weight cap)."""
     devices = devices or setup.devices
-    fraction = fraction or setup.fraction
-    rounds = rounds or setup.rounds
-    lr = lr or setup.lr
     samples = setup.samples if samples == -1 else samples
     lr_decay_at = setup.lr_decay_at if lr_decay_at is None else lr_decay_at
+    s, m, w = case.counts(devices)
+    groups = [{"name": role, **setup.groups[role], "count": count, "expect_role": role,
+               **({"samples": samples} if samples is not None else {})}
+              for role, count in (("strong", s), ("moderate", m), ("weak", w)) if count]
+    return build_fleet(
+        fleet_name(setup.dataset, case), model=setup.model, dataset=setup.dataset, seed=seed,
+        description=f"EmbracingFL case {case.number}: {setup.model} / {setup.dataset}, {s} strong + {m} moderate "
+                    f"+ {w} weak",
+        training={"norm_bound": 0.0, "direction_trust": False, "max_loss_rise": 0.0, "strategy": "embracingfl",
+                  "rounds": rounds or setup.rounds, "fraction": fraction or setup.fraction, "local_steps": 10,
+                  "batch_size": 32, "lr": lr or setup.lr,
+                  **({"lr_decay_at": list(lr_decay_at), "lr_decay": 0.1} if lr_decay_at else {}),
+                  "momentum": 0.9, "weight_decay": 1e-4},
+        strategy={"max_weight_share": 1.0}, partition=setup.partition,
+        emulation={"mode": "lightweight", "memory_cap": "none", "timeout_s": 900, "throttle_cpu": False},
+        groups=groups)
+
+
+def fleet_comment(setup: Setup, case: Case, devices: int | None = None) -> str:
+    """The header of a case's fleet file: the case, the paper's figures, and how to run it."""
+    devices = devices or setup.devices
     s, m, w = case.counts(devices)
     paper = PAPER_ACCURACY[setup.dataset]
     pe = paper["embracingfl"].get(case.number)
@@ -241,73 +263,30 @@ def render_fleet(setup: Setup, case: Case, *, devices: int | None = None, fracti
             f"{s} strong, {m} moderate, {w} weak. {setup.note} The paper: EmbracingFL {pe[0]:.2f}% after "
             f"{PAPER_ROUNDS_TOTAL[setup.dataset]} rounds"
             + (f", width reduction {pw[0]:.2f}%" if pw and case.number > 1 else "") + ".")
-    lines = [
-        *("# " + line for line in textwrap.wrap(head, 98)),
-        "# Both methods on these devices, data and budgets:",
-        f"#   edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --data-root \"$EDGETRAIN_DATA\"",
-        f"#   edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --strategy width --data-root \"$EDGETRAIN_DATA\"",
-        "# (add --resume runs/<timestamp> to continue an interrupted run). bench/embracing.py runs every case",
-        "# with seeds and writes the tables (BENCHMARKS.md, \"EmbracingFL against width reduction\").",
-        "# Generated by `python bench/embracing.py --write-fleets`.",
-        "[fleet]",
-        f'description = "EmbracingFL case {case.number}: {setup.model} / {setup.dataset}, {s} strong + {m} moderate '
-        f'+ {w} weak"',
-        f'model = "{setup.model}"',
-        f'dataset = "{setup.dataset}"',
-        "seed = 0",
-        "",
-        "# Appendix 6.1: SGD momentum 0.9, weight decay 1e-4, batch 32, tau = 10 local steps.",
-        "[training]",
-        "# A paper's case: its aggregation as the paper gives it, without the server's influence bounds",
-        "# (norm bound, validation before commit: docs/security.md), so its numbers are the paper's method.",
-        "norm_bound = 0.0",
-        "direction_trust = false",
-        "max_loss_rise = 0.0",
-        'strategy = "embracingfl"',
-        f"rounds = {rounds}",
-        f"fraction = {fraction}",
-        "local_steps = 10",
-        "batch_size = 32",
-        f"lr = {lr}",
-        *([f"lr_decay_at = {list(lr_decay_at)}", "lr_decay = 0.1"] if lr_decay_at else []),
-        "momentum = 0.9",
-        "weight_decay = 1e-4",
-        "",
-        "# The papers' sample-weighted mean: no cap on one device's weight (docs/security.md). Kept by",
-        "# --strategy width, which takes the same option.",
-        "[strategy]",
-        "max_weight_share = 1.0",
-        "",
-        "[partition]",
-        setup.partition,
-        "",
-        "[emulation]",
-        'mode = "lightweight"',
-        'memory_cap = "none"',
-        "timeout_s = 900",
-        "throttle_cpu = false",
-    ]
-    for role, count in (("strong", s), ("moderate", m), ("weak", w)):
-        if not count:
-            continue
-        lines += ["", "[[groups]]", f'name = "{role}"', setup.groups[role], f"count = {count}",
-                  f'expect_role = "{role}"']
-        if samples is not None:
-            lines.append(f"samples = {samples}")
-    return "\n".join(lines) + "\n"
+    settings = ("Appendix 6.1: SGD momentum 0.9, weight decay 1e-4, batch 32, tau = 10 local steps. A paper's case: "
+                "its aggregation as the paper gives it, without the server's influence bounds (norm bound, direction "
+                "trust, validation before commit: docs/security.md), and the papers' sample-weighted mean, no cap on "
+                "one device's weight (max_weight_share = 1, kept by --strategy width, which takes the same option), "
+                "so its numbers are the paper's method.")
+    return "\n".join([
+        *textwrap.wrap(head, 98), *textwrap.wrap(settings, 98),
+        "Both methods on these devices, data and budgets:",
+        f"  edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --data-root \"$EDGETRAIN_DATA\"",
+        f"  edgetrain emulate --fleet {fleet_name(setup.dataset, case)} --strategy width --data-root \"$EDGETRAIN_DATA\"",
+        "(add --resume runs/<timestamp> to continue an interrupted run). bench/embracing.py runs every case",
+        "with seeds and writes the tables (BENCHMARKS.md, \"EmbracingFL against width reduction\").",
+        "Generated by `python bench/embracing.py --write-fleets`."])
+
+
+def render_fleet(setup: Setup, case: Case, **given) -> str:
+    """The fleet file of one case (TOML text), as shipped in profiles/fleets/ (``given``: :func:`case_fleet`'s)."""
+    return fleet_toml(case_fleet(setup, case, **given), fleet_comment(setup, case, given.get("devices")))
 
 
 def write_fleets(datasets: list[str]) -> list[Path]:
-    from emulator.fleet import load_fleet
-
-    out = []
-    for dataset in datasets:
-        for case in CASES.values():
-            path = FLEETS / f"{fleet_name(dataset, case)}.toml"
-            path.write_text(render_fleet(SETUPS[dataset], case))
-            load_fleet(path)  # validates
-            out.append(path)
-    return out
+    return [write_fleet(case_fleet(SETUPS[dataset], case), FLEETS / f"{fleet_name(dataset, case)}.toml",
+                        fleet_comment(SETUPS[dataset], case))
+            for dataset in datasets for case in CASES.values()]
 
 
 # -- one run ------------------------------------------------------------------------------------------
@@ -362,16 +341,9 @@ def result_from_store(spec: RunSpec) -> dict | None:
     """A run's result read from its store's journal (read-only, so the run may still be going): what a
     report for fewer rounds than an unfinished run has done uses. Its wall time is the kept rounds' wall
     time (start-ups not counted)."""
-    from orchestrator.store import Store
+    from bench.harness.journal import round_metrics
 
-    try:
-        store = Store.open_readonly(spec.folder / "store")
-    except FileNotFoundError:
-        return None
-    with store:
-        rounds = store.rounds()
-    history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in (r["metrics"] for r in rounds if r["complete"])
-               if m]
+    history = [{k: m[k] for k in HISTORY_KEYS if k in m} for m in round_metrics(spec.folder / "store") or []]
     if not history:
         return None
     sessions_file = spec.folder / "sessions.json"
@@ -384,9 +356,7 @@ def result_from_store(spec: RunSpec) -> dict | None:
 
 def run_one(spec: RunSpec) -> dict:
     """Run (or resume, or extend) one run in this process; write its result.json."""
-    import tomllib
-
-    from emulator.fleet import parse_fleet
+    from bench.harness.journal import final_correct
     from emulator.runner import completed_rounds, run_emulation
     from emulator.schedule import server_config
 
@@ -396,11 +366,8 @@ def run_one(spec: RunSpec) -> dict:
         os.environ[ENV] = spec.torch_device  # this run's server and, inherited, its workers
     setup = setup_of(spec.dataset, spec.paper)
     case = CASES[spec.case]
-    text = render_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
-                        samples=spec.samples, lr_decay_at=spec.lr_decay_at)
-    fleet = parse_fleet(tomllib.loads(text), source=fleet_name(spec.dataset, case),
-                        default_name=fleet_name(spec.dataset, case))
-    fleet = dataclasses.replace(fleet, seed=spec.seed, partition=dataclasses.replace(fleet.partition, seed=spec.seed))
+    fleet = case_fleet(setup, case, devices=spec.devices, fraction=spec.fraction, rounds=spec.rounds, lr=spec.lr,
+                       samples=spec.samples, lr_decay_at=spec.lr_decay_at, seed=spec.seed)
     folder = spec.folder
     folder.mkdir(parents=True, exist_ok=True)
     store = folder / "store"
@@ -456,22 +423,6 @@ def run_one(spec: RunSpec) -> dict:
     for sub in ("chunks", "train_graphs"):
         shutil.rmtree(store / sub, ignore_errors=True)
     return result
-
-
-def final_correct(config, store: Path) -> str:
-    """Per held-out image, whether the run's last model classifies it right ("0"/"1"), scored as the
-    server scores it (the same images): what the report's bootstrap intervals resample."""
-    from edge_sdk.models import build_model
-    from orchestrator.server.evaluate import Evaluator
-    from orchestrator.server.payloads import model_at
-    from orchestrator.store import Store
-
-    with Store.open_readonly(store) as journal:
-        last = journal.last_completed()
-    if last is None:
-        return ""
-    template = build_model(config.model, seed=config.seed)
-    return "".join("1" if c else "0" for c in Evaluator(config, template).correct(model_at(template, last[1])))
 
 
 def launch(spec: RunSpec) -> dict | None:
@@ -738,7 +689,7 @@ def restate(path: Path) -> str:
     lines = [f"{path.name}: difference in points [95% interval over seeds and test images, unpaired images]", "",
              "| dataset | case | measure | EmbracingFL | EmbracingFL - width reduction | EmbracingFL - all strong |",
              "|---|---|---|---|---|---|"]
-    for dataset, rep in json.loads(path.read_text())["datasets"].items():
+    for dataset, rep in report_of(json.loads(path.read_text()))["datasets"].items():
         n = rep["setting"].get("eval_limit") or {"femnist": 1695, "cifar10": 10000}[dataset]
         cases = rep["cases"]
         for number, e in sorted(cases.items(), key=lambda kv: int(kv[0])):
@@ -795,7 +746,9 @@ def plot_case(dataset: str, report: dict, number: int, runs: dict[tuple[int, str
     plt.close(fig)
 
 
-def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> dict:
+def write_outputs(ctx: Context, specs: list[RunSpec]) -> dict:
+    """The dataset's report (beside the other datasets' already in the results file), its tables and plots."""
+    args, out = ctx.args, ctx.out
     setup = setup_of(args.dataset, args.paper_scale)
     runs: dict[tuple[int, str], list[dict]] = {}
     for spec in specs:
@@ -813,27 +766,19 @@ def write_outputs(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> 
                "mode": "lightweight (devices as asyncio tasks in worker processes; real orchestrator, real "
                        "DeviceClient, websockets on 127.0.0.1; no memory caps)", "note": setup.note}
     report = build_report(args.dataset, setting, runs)
-    report["runs"] = {f"c{c}/{m}": [{"seed": r["spec"]["seed"], "wall_s": r["wall_s"], "roles": r["roles"],
-                                     "sessions": r["sessions"],
-                                     "curve": [[h["round"], h.get("accuracy")] for h in r["history"]
-                                               if h.get("accuracy") is not None],
-                                     "round_wall_s": [round(h.get("round_wall_s", 0), 2) for h in r["history"]],
-                                     "over_budget": sum(len(h.get("over_budget") or []) for h in r["history"])}
-                                    for r in rs]
-                      for (c, m), rs in sorted(runs.items())}
-    md = markdown(args.dataset, report)
-    report["markdown"] = md
-    whole = json.loads(out.read_text()) if out.is_file() else {}
-    whole.setdefault("datasets", {})[args.dataset] = report
-    whole["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}
-    whole["paper"] = "Lee et al., Embracing Federated Learning: Enabling Weak Client Participation via Partial " \
-                     "Model Training (Tables 3, 4, 6, 7)"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(whole, indent=1, default=str))
-    os.replace(tmp, out)
-    md_path = out.with_suffix(".md")
-    md_path.write_text("\n".join(d["markdown"] for _, d in sorted(whole["datasets"].items())))
+    records = [{"dataset": args.dataset, "case": c, "method": m, "seed": r["spec"]["seed"], "wall_s": r["wall_s"],
+                "roles": r["roles"], "sessions": r["sessions"],
+                "curve": [[h["round"], h.get("accuracy")] for h in r["history"] if h.get("accuracy") is not None],
+                "round_wall_s": [round(h.get("round_wall_s", 0), 2) for h in r["history"]],
+                "over_budget": sum(len(h.get("over_budget") or []) for h in r["history"])}
+               for (c, m), rs in sorted(runs.items()) for r in rs]
+    report["markdown"] = markdown(args.dataset, report)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    datasets = {**report_of(old).get("datasets", {}), args.dataset: report}
+    kept = [r for r in runs_of(old) if isinstance(r, dict) and r.get("dataset") != args.dataset]
+    ctx.write(kept + records, {"datasets": datasets, "paper": "Lee et al., Embracing Federated Learning: Enabling "
+                               "Weak Client Participation via Partial Model Training (Tables 3, 4, 6, 7)"}, quiet=True)
+    out.with_suffix(".md").write_text("\n".join(d["markdown"] for _, d in sorted(datasets.items())))
     for number in report["cases"]:
         plot_case(args.dataset, report, number, runs,
                   out.parent / f"{out.stem}-{args.dataset}-{CASES[number].slug}.png")
@@ -849,14 +794,9 @@ def resolve(args: argparse.Namespace) -> None:
             args.lr_decay_at = ",".join(map(str, paper_decay(args.rounds)))
         args.workers = args.workers if args.workers > 1 else default_workers()
     setup = setup_of(args.dataset, args.paper_scale)
-    if args.quick:
-        args.cases, args.seeds = "1,6", "0"
-        args.rounds, args.devices = args.rounds or 6, args.devices or 16
-        args.fraction = args.fraction or 0.25
-        args.out = args.out or str(RESULTS / "embracing-quick.json")
-    args.cases = sorted(CASES) if args.cases == "all" else [int(c) for c in args.cases.split(",")]
-    args.methods = [m for m in args.methods.split(",") if m]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.cases = sorted(CASES) if args.cases == "all" else parse_list(args.cases, int)
+    args.methods = parse_list(args.methods)
+    args.seeds = parse_list(args.seeds, int)
     args.rounds = args.rounds or setup.rounds
     args.devices = args.devices or setup.devices
     args.fraction = args.fraction or setup.fraction
@@ -865,8 +805,6 @@ def resolve(args: argparse.Namespace) -> None:
         int(r) for r in args.lr_decay_at.split(",") if r.strip())
     args.samples = args.samples if args.samples is not None else setup.samples
     args.eval_every = args.eval_every or setup.eval_every
-    if args.data_root is None:
-        args.data_root = os.environ.get("EDGETRAIN_DATA")
 
 
 def default_workers() -> int:
@@ -874,12 +812,10 @@ def default_workers() -> int:
     return max(2, (os.cpu_count() or 2) - 1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dataset", choices=sorted(SETUPS), default="femnist")
     ap.add_argument("--cases", default="1,6", help="paper case numbers, e.g. 1,5,6,7 or all")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=None, help="default: the dataset's (femnist 200, cifar10 280)")
     ap.add_argument("--devices", type=int, default=None, help="devices in the fleet (default: femnist 32, cifar10 8; paper 128)")
     ap.add_argument("--fraction", type=float, default=None, help="share sampled per round")
@@ -890,11 +826,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each its own orchestrator and workers)")
     ap.add_argument("--workers", type=int, default=1, help="lightweight worker processes per run")
-    ap.add_argument("--quick", action="store_true", help="smoke run: cases 1 and 6, one seed, 6 rounds, 16 devices, "
-                                                         "written to embracing-quick.json")
-    ap.add_argument("--data-root", default=None, help="folder of the datasets (default: $EDGETRAIN_DATA)")
     ap.add_argument("--workdir", default=str(WORKDIR))
-    ap.add_argument("--out", default=None)
     ap.add_argument("--report-only", action="store_true",
                     help="only render the tables and plots: from finished runs, or the journals of runs that have "
                          "completed at least --rounds rounds")
@@ -909,20 +841,27 @@ def main() -> None:
     ap.add_argument("--restate", nargs="+", type=Path, default=None,
                     help="print the gaps of these results files (runs without per-image results) with intervals")
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def results_name(args: argparse.Namespace) -> str:
+    """embracing[-paper|-quick]"""
+    return "embracing-paper" if args.paper_scale else "embracing-quick" if args.quick else "embracing"
+
+
+def run(ctx: Context) -> dict | None:
+    args = ctx.args
     if args.restate:
         print("\n".join(restate(p) for p in args.restate))
-        return
+        return None
     if args.run_one:
         fields = json.loads(args.run_one)
         run_one(RunSpec(**{**fields, "lr_decay_at": tuple(fields.get("lr_decay_at", ()))}))
-        return
+        return None
     if args.write_fleets:
         for p in write_fleets(sorted(SETUPS)):
             print(p.relative_to(ROOT))
-        return
+        return None
     resolve(args)
-    out = Path(args.out or RESULTS / ("embracing-paper.json" if args.paper_scale else "embracing.json"))
     specs = [RunSpec(args.dataset, c, m, s, args.rounds, args.devices, args.fraction, args.lr, args.eval_every,
                      args.samples, args.workers, args.data_root, args.workdir, args.lr_decay_at, args.paper_scale,
                      args.device or "")
@@ -932,7 +871,6 @@ def main() -> None:
     print(f"bench/embracing.py: {args.dataset}, cases {args.cases}, seeds {args.seeds}, {args.rounds} rounds, "
           f"{args.devices} devices ({per_round} per round), mode lightweight; {len(specs) - len(todo)} of "
           f"{len(specs)} runs already finished, {len(todo)} to run ({args.jobs} at a time)", flush=True)
-    started = time.monotonic()
     if not args.report_only and todo:
         # Most informative first: every case's first seed, then the next seed, ...
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -940,10 +878,19 @@ def main() -> None:
                 if result is not None:
                     print(f"[{spec.key()}] done: best {max(curve(result)[1]):.4f}, final {curve(result)[1][-1]:.4f}, "
                           f"{result['wall_s'] / 60:.1f} min", flush=True)
-                    write_outputs(args, specs, out)
-    report = write_outputs(args, specs, out)
+                    write_outputs(ctx, specs)
+    report = write_outputs(ctx, specs)
     print(report["markdown"])
-    print(f"wall {time.monotonic() - started:.0f} s; wrote {out}, {out.with_suffix('.md')} and the plots")
+    print(f"wall {time.time() - ctx.started:.0f} s; wrote {ctx.out}, {ctx.out.with_suffix('.md')} and the plots")
+    return report
+
+
+CASE = BenchCase("embracing", __doc__, run, arguments=arguments, seeds="0,1,2", data_root=True, results=results_name,
+                 quick={"cases": "1,6", "seeds": "0", "rounds": 6, "devices": 16, "fraction": 0.25})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -32,13 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -47,10 +43,11 @@ import numpy as np
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Case, Context  # noqa: E402
+from bench.harness.fleets import derive  # noqa: E402
 from bench.prioritized_runner import run_algorithm, strategy_options  # noqa: E402
 from bench.prioritized_tasks import add_task_arguments, choices, instance  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: The grid: FedALIGN's default threshold (rel:0.5, ``DEFAULT_RELATIVE_EPSILON``) among smaller and
 #: larger ones, relative and absolute.
 DEFAULT_GRID = "rel:0.02,rel:0.05,rel:0.1,rel:0.2,rel:0.5,rel:1,abs:0.1,abs:0.5"
@@ -89,7 +86,7 @@ async def fleet_run(args: argparse.Namespace, option: str, value: float, seed: i
     fleet = load_fleet(args.fleet)
     if not any(g.priority for g in fleet.groups):
         raise SystemExit(f"{args.fleet}: no group has priority = true; FedALIGN needs priority devices")
-    fleet = dataclasses.replace(fleet, seed=seed, partition=dataclasses.replace(fleet.partition, seed=seed))
+    fleet = derive(fleet, fleet={"seed": seed}, partition={"seed": seed})
     config = server_config(fleet, rounds=args.rounds or None, store_dir=store, data_root=args.data_root)
     # The fleet's own FedALIGN options (priority label, warm-up ...) stay, but for the threshold.
     kept = {k: v for k, v in fleet.strategy_options.items()
@@ -105,12 +102,14 @@ async def fleet_run(args: argparse.Namespace, option: str, value: float, seed: i
     raise SystemExit(f"{args.fleet}: the last round has no score on {args.held_out} (did every round fail?)")
 
 
-async def grid_search(args: argparse.Namespace) -> dict:
+async def grid_search(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """Every grid value's runs (each one's validation score), and the grid's table."""
     if args.fleet:
         return await fleet_grid(args)
     grid = parse_grid(args.grid)
     scores: dict[str, list[float]] = {label(o, v): [] for o, v in grid}
     per_choice: dict[str, dict[str, list[float]]] = {}
+    runs = []
     with TemporaryDirectory() as tmp:
         for choice in args.choices or choices(args.task, args):
             for seed in args.seeds:
@@ -121,9 +120,11 @@ async def grid_search(args: argparse.Namespace) -> dict:
                     key = label(option, value)
                     scores[key].append(run["final"])
                     per_choice.setdefault(choice, {}).setdefault(key, []).append(run["final"])
+                    runs.append({"choice": choice, "seed": seed, "epsilon": key, "score": run["final"],
+                                 "seconds": run["seconds"]})
                     print(f"{choice:24s} seed {seed} {key:10s} validation {run['final']:.4f} ({run['seconds']:.0f} s)",
                           flush=True)
-    return choose(args.task, scores, args.seeds, per_choice)
+    return runs, choose(args.task, scores, args.seeds, per_choice)
 
 
 def choose(task: str, scores: dict[str, list[float]], seeds: list[int], per_choice: dict | None = None) -> dict:
@@ -134,55 +135,64 @@ def choose(task: str, scores: dict[str, list[float]], seeds: list[int], per_choi
             "mean": means, "std": {k: float(np.nanstd(v)) for k, v in scores.items() if v}, "chosen": best}
 
 
-async def fleet_grid(args: argparse.Namespace) -> dict:
+async def fleet_grid(args: argparse.Namespace) -> tuple[list[dict], dict]:
     """The grid on the user's fleet (``--fleet``), scored on ``--held-out``."""
     grid = parse_grid(args.grid)
     scores: dict[str, list[float]] = {label(o, v): [] for o, v in grid}
+    runs = []
     with TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for option, value in grid:
                 key = label(option, value)
                 scores[key].append(await fleet_run(args, option, value, seed, Path(tmp) / f"{seed}-{key}"))
+                runs.append({"seed": seed, "epsilon": key, "score": scores[key][-1]})
                 print(f"seed {seed} {key:10s} held-out score {scores[key][-1]:.4f}", flush=True)
-    return choose(Path(args.fleet).stem, scores, args.seeds)
+    return runs, choose(Path(args.fleet).stem, scores, args.seeds)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     add_task_arguments(ap, required=False)
     ap.add_argument("--fleet", default=None, help="your own task: a fleet file whose priority groups are FedALIGN's")
     ap.add_argument("--held-out", default=None,
                     help="with --fleet: held-out data of the priority devices' kind (.npz/.npy/.csv or module:function)")
-    ap.add_argument("--data-root", default=None, help="with --fleet: where its dataset lives (default $EDGETRAIN_DATA)")
     ap.add_argument("--grid", default=DEFAULT_GRID)
-    ap.add_argument("--seeds", default="0")
     ap.add_argument("--choices", type=lambda s: [c.strip() for c in s.split(";") if c.strip()], default=None)
     ap.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: FedALIGN's default)")
     ap.add_argument("--eval-samples", type=int, default=None, help="samples per loss (default: FedALIGN's default)")
-    ap.add_argument("--out", default=None)
-    return ap
 
 
-def main() -> None:
-    ap = build_parser()
-    args = ap.parse_args()
+def results_name(args: argparse.Namespace) -> str:
+    """fedalign-epsilon-<task or fleet>"""
+    return f"fedalign-epsilon-{args.task or Path(args.fleet or 'fleet').stem}"
+
+
+def run(ctx: Context) -> dict:
+    args, ap = ctx.args, ctx.parser
     if bool(args.fleet) == bool(args.task):
         ap.error("give --task (a built-in task) or --fleet with --held-out (your own), not both")
     if args.fleet and not args.held_out:
         ap.error("--fleet needs --held-out: the priority devices' held-out data the grid is scored on")
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.seeds = ctx.seeds
     logging.basicConfig(level=logging.WARNING)
-    started = time.monotonic()
-    result = asyncio.run(grid_search(args))
-    result["wall_seconds"] = time.monotonic() - started
-    result["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out = Path(args.out or RESULTS / f"fedalign-epsilon-{result['task']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    runs, result = asyncio.run(grid_search(args))
+    doc = ctx.write(runs, result, quiet=True)
     print("| epsilon | validation score (mean ± std) |\n|---|---|")
     for k in result["grid"]:
         print(f"| {k} | {result['mean'][k]:.4f} ± {result['std'][k]:.4f} |")
-    print(f"chosen: {result['chosen']} (wall {result['wall_seconds']:.0f} s; wrote {out})")
+    print(f"chosen: {result['chosen']} (wall {doc['wall_s']:.0f} s; wrote {ctx.out})")
+    return doc
+
+
+CASE = Case("fedalign_epsilon", __doc__, run, arguments=arguments, seeds="0", data_root=True, results=results_name,
+            quick={"rounds": 2, "grid": "rel:0.5,abs:0.5"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return CASE.parser()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

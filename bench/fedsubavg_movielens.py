@@ -29,7 +29,7 @@ Writes ``bench/results/fedsubavg_movielens.json`` and ``.png``.
 
 ``--emulate``: the same comparison through the real orchestrator instead: a shipped fleet of 610
 user devices (natural partition, K = 50, batch 5, 10 local steps) run by ``edgetrain emulate``'s
-lightweight machinery (:func:`emulator.lightweight.run_lightweight`: real
+lightweight machinery (:func:`emulator.runner.run_emulation`, the fleet's lightweight mode: real
 ``DeviceClient`` devices over websockets in a few worker processes, row selections and row-sparse
 uploads on the wire). ``--fleet movielens-lr-fedsubavg``: the LR above as the zoo model
 ``movielens_lr`` on the ``movielens_lr`` dataset (the ``paper`` features); the default
@@ -44,19 +44,24 @@ Usage: ``python bench/fedsubavg_movielens.py [--rounds 300] [--lrs 0.1,0.3,1] [-
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.data import load_dataset
-from edge_sdk.data.datasets import movielens_genres
-from edge_sdk.protocol import RowSparse
-from orchestrator.rounds import RoundState
-from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext
-from orchestrator.strategies.fedsubavg import FedSubAvg
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, parse_list  # noqa: E402
+from edge_sdk.data import load_dataset  # noqa: E402
+from edge_sdk.data.datasets import movielens_genres  # noqa: E402
+from edge_sdk.protocol import RowSparse  # noqa: E402
+from orchestrator.rounds import RoundState  # noqa: E402
+from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext  # noqa: E402
+from orchestrator.strategies.fedsubavg import FedSubAvg  # noqa: E402
 
 BIAS = "blocks.lr.bias"
 FEATURE_SETS = ("paper", "ids")
@@ -199,96 +204,66 @@ def rounds_to(curve: list[float], target: float) -> int | None:
     return int(hit[0]) + 1 if hit.size else None
 
 
-def run_emulated(*, rounds: int, lrs: list[float], seeds: list[int], out: Path,
-                 fleet_name: str = "movielens-fedsubavg") -> None:
+def run_emulated(ctx: Context) -> dict:
     """FedAvg and FedSubAvg through the orchestrator and the lightweight emulator (see the module docstring)."""
     import asyncio
     import dataclasses
     import tempfile
 
-    from emulator.fleet import load_fleet
-    from emulator.lightweight import run_lightweight
+    from emulator import load_fleet
+    from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
-    fleet = load_fleet(fleet_name)
-    t_start = time.time()
-    runs: dict[str, dict[str, list[dict[str, object]]]] = {"fedavg": {}, "fedsubavg": {}}
-    for lr in lrs:
-        for name in runs:
-            runs[name][str(lr)] = []
-            for seed in seeds:
+    args = ctx.args
+    fleet = load_fleet(args.fleet)
+    runs: list[dict[str, object]] = []
+    for lr in args.lrs:
+        for name in ("fedavg", "fedsubavg"):
+            for seed in ctx.seeds:
                 with tempfile.TemporaryDirectory(prefix="fedsubavg-emulated-") as tmp:
-                    config = server_config(fleet, rounds=rounds, store_dir=Path(tmp) / "store", deadline_s=300)
+                    config = server_config(fleet, rounds=args.rounds, store_dir=Path(tmp) / "store", deadline_s=300)
                     config = dataclasses.replace(config, lr=lr, seed=seed, strategy_options={
                         **config.strategy_options, "correction": name == "fedsubavg"})
                     t0 = time.time()
-                    run = asyncio.run(run_lightweight(fleet, config, stderr_dir=Path(tmp) / "logs"))
+                    run = asyncio.run(run_emulation(fleet, config, stderr_dir=Path(tmp) / "logs"))
                 hist = run.history
-                entry = {"test_loss": [float(h.get("test_loss", np.nan)) for h in hist],
+                entry = {"algorithm": name, "lr": lr, "seed": seed,
+                         "test_loss": [float(h.get("test_loss", np.nan)) for h in hist],
                          "accuracy": [float(h.get("accuracy", np.nan)) for h in hist],
                          "reported": [int(h["reported"]) for h in hist],
                          "round_wall_s": [float(h.get("round_wall_s", np.nan)) for h in hist],
                          "bytes_sent": int(sum(h.get("bytes_sent", 0) for h in hist)),
                          "seconds": time.time() - t0}
-                runs[name][str(lr)].append(entry)
+                runs.append(entry)
                 print(f"  emulated {name:9s} lr={lr:<6g} seed={seed}: test loss {entry['test_loss'][-1]:.4f} "
                       f"(min {np.nanmin(entry['test_loss']):.4f}), reported/round "
                       f"{np.mean(entry['reported']):.1f} of 50 ({entry['seconds']:.0f} s)", flush=True)
 
-    def mean_curve(name: str, lr: str) -> np.ndarray:
-        return np.mean([h["test_loss"] for h in runs[name][lr]], axis=0)
+    def mean_curve(name: str, lr: float) -> np.ndarray:
+        return np.mean([r["test_loss"] for r in runs if r["algorithm"] == name and r["lr"] == lr], axis=0)
 
-    best = {name: min(runs[name], key=lambda lr: float(np.nanmin(mean_curve(name, lr)))) for name in runs}
+    names = ("fedavg", "fedsubavg")
+    best = {name: min(args.lrs, key=lambda lr: float(np.nanmin(mean_curve(name, lr)))) for name in names}
     # Target: the best test loss (MSE for the recommender, BCE for the LR) FedAvg reaches at its best
     # learning rate in these rounds (the server measures no train loss).
     target = float(np.nanmin(mean_curve("fedavg", best["fedavg"])))
     summary = {name: {"lr": float(best[name]), "rounds_to_target": rounds_to(mean_curve(name, best[name]).tolist(), target),
                       "final_test_mse": float(mean_curve(name, best[name])[-1]),
-                      "min_test_mse": float(np.nanmin(mean_curve(name, best[name])))} for name in runs}
+                      "min_test_mse": float(np.nanmin(mean_curve(name, best[name])))} for name in names}
     print(f"target test loss (FedAvg's best): {target:.4f}")
     for name, s_ in summary.items():
         print(f"  {name:9s} best lr {s_['lr']:g}: rounds to target {s_['rounds_to_target']}, "
               f"final test loss {s_['final_test_mse']:.4f}")
-    result = {"mode": "emulated", "fleet": fleet.name, "devices": fleet.num_devices, "rounds": rounds, "lrs": lrs,
-              "seeds": seeds, "target_test_mse": target, "summary": summary, "seconds": time.time() - t_start,
-              "runs": runs}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result) + "\n")
-    print(f"wrote {out} in {time.time() - t_start:.0f} s")
+    return ctx.write(runs, {"mode": "emulated", "fleet": fleet.name, "devices": fleet.num_devices,
+                            "target_test_mse": target, "summary": summary})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--emulate", action="store_true",
-                    help="run through the orchestrator and the lightweight emulator")
-    ap.add_argument("--fleet", default="movielens-fedsubavg",
-                    help="--emulate: the fleet (movielens-fedsubavg: the embedding recommender; "
-                         "movielens-lr-fedsubavg: the paper's LR)")
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[0.1, 0.3, 1.0])
-    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1])
-    ap.add_argument("--features", choices=FEATURE_SETS, default="paper",
-                    help="paper: the paper's hot user groups, movie and their crosses; ids: user id, movie, genres")
-    ap.add_argument("--k", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedsubavg_movielens.json")
-    args = ap.parse_args()
-    if args.emulate:
-        suffix = "" if args.fleet == "movielens-fedsubavg" else "_" + args.fleet.replace("-", "_")
-        run_emulated(rounds=args.rounds, lrs=args.lrs, seeds=args.seeds, fleet_name=args.fleet,
-                     out=args.out.with_name(f"fedsubavg_movielens_emulated{suffix}.json"))
-        return
-    t_start = time.time()
-    train, test, sizes = load(args.features)
-    print(f"MovieLens latest-small: {len(train):,} train / {len(test):,} test ratings, positives "
-          f"{train.y.mean():.2f}; tables {sizes}; {len(np.unique(train.user))} devices, K={args.k}")
-
-    runs: dict[str, dict[str, list[dict[str, list[float]]]]] = {"central": {}, "fedavg": {}, "fedsubavg": {}}
+def federated_runs(args: argparse.Namespace, seeds: list[int], train, test, sizes) -> list[dict]:
+    """CentralSGD, FedAvg and FedSubAvg at every learning rate and seed: each run's curves."""
+    runs = []
     for lr in args.lrs:
-        for name in runs:
-            runs[name][str(lr)] = []
-            for seed in args.seeds:
+        for name in ("central", "fedavg", "fedsubavg"):
+            for seed in seeds:
                 t0 = time.time()
                 if name == "central":
                     h = run_central(train, test, sizes, lr=lr, rounds=args.rounds, seed=seed,
@@ -296,30 +271,48 @@ def main() -> None:
                 else:
                     h = run_federated(train, test, sizes, correction=name == "fedsubavg", lr=lr, rounds=args.rounds,
                                       seed=seed, k=args.k, batch=args.batch, steps=args.steps)
-                runs[name][str(lr)].append(h)
+                runs.append({"algorithm": name, "lr": lr, "seed": seed, **h, "seconds": time.time() - t0})
                 print(f"  {name:9s} lr={lr:<5g} seed={seed}: final train loss {h['train_loss'][-1]:.4f}, "
                       f"min {min(h['train_loss']):.4f}, test acc {h['test_acc'][-1]:.4f} ({time.time() - t0:.0f} s)")
+    return runs
 
-    def mean_curve(name: str, lr: str, key: str) -> np.ndarray:
-        return np.mean([h[key] for h in runs[name][lr]], axis=0)
 
-    target = min(float(mean_curve("central", lr, "train_loss").min()) for lr in runs["central"])
+def best_rates(runs: list[dict], lrs: list[float], target: float) -> dict[str, dict[str, object]]:
+    """Per algorithm, its learning rate of the fewest median rounds to ``target`` (then the lowest final loss)."""
     summary: dict[str, dict[str, object]] = {}
     for name in ("central", "fedavg", "fedsubavg"):
         best = None
-        for lr in runs[name]:
-            per_seed = [rounds_to(h["train_loss"], target) for h in runs[name][lr]]
+        for lr in lrs:
+            mine = [r for r in runs if r["algorithm"] == name and r["lr"] == lr]
+            per_seed = [rounds_to(r["train_loss"], target) for r in mine]
             reached = [x for x in per_seed if x is not None]
             med = float(np.median(reached)) if len(reached) == len(per_seed) else None
             entry = {"lr": float(lr), "rounds_per_seed": per_seed, "median_rounds": med,
-                     "final_train_loss": float(mean_curve(name, lr, "train_loss")[-1]),
-                     "final_test_acc": float(mean_curve(name, lr, "test_acc")[-1]),
-                     "best_test_acc": float(mean_curve(name, lr, "test_acc").max())}
+                     "final_train_loss": float(np.mean([r["train_loss"] for r in mine], axis=0)[-1]),
+                     "final_test_acc": float(np.mean([r["test_acc"] for r in mine], axis=0)[-1]),
+                     "best_test_acc": float(np.mean([r["test_acc"] for r in mine], axis=0).max())}
             key = (med if med is not None else np.inf, entry["final_train_loss"])
             if best is None or key < best[0]:
                 best = (key, entry)
         assert best is not None
         summary[name] = best[1]
+    return summary
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    if args.emulate:
+        return run_emulated(ctx)
+    train, test, sizes = load(args.features)
+    print(f"MovieLens latest-small: {len(train):,} train / {len(test):,} test ratings, positives "
+          f"{train.y.mean():.2f}; tables {sizes}; {len(np.unique(train.user))} devices, K={args.k}")
+    runs = federated_runs(args, ctx.seeds, train, test, sizes)
+
+    def mean_curve(name: str, lr: float, key: str) -> np.ndarray:
+        return np.mean([r[key] for r in runs if r["algorithm"] == name and r["lr"] == lr], axis=0)
+
+    target = min(float(mean_curve("central", lr, "train_loss").min()) for lr in args.lrs)
+    summary = best_rates(runs, args.lrs, target)
     fa, fs = summary["fedavg"]["median_rounds"], summary["fedsubavg"]["median_rounds"]
     speedup = (fa / fs) if fa and fs else None
     # FedAvg short of the target in every round run: its rounds are "rounds+" (the paper's Table 2
@@ -332,15 +325,41 @@ def main() -> None:
     print(f"FedAvg / FedSubAvg rounds to target: {speedup if speedup is None else round(speedup, 2)}"
           + (f" (FedAvg {args.rounds}+: at least {speedup_at_least:.1f})" if speedup is None and speedup_at_least else ""))
     out = {"target_train_loss": target, "summary": summary, "speedup": speedup, "speedup_at_least": speedup_at_least,
-           "features": args.features, "rounds": args.rounds,
-           "lrs": args.lrs, "seeds": args.seeds, "k": args.k, "batch": args.batch, "steps": args.steps,
-           "seconds": time.time() - t_start,
-           "curves": {name: {lr: {key: mean_curve(name, lr, key).tolist() for key in ("train_loss", "test_acc")}
-                             for lr in runs[name]} for name in runs}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out) + "\n")
-    plot(out, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')} in {time.time() - t_start:.0f} s")
+           "curves": {name: {str(lr): {key: mean_curve(name, lr, key).tolist() for key in ("train_loss", "test_acc")}
+                             for lr in args.lrs} for name in ("central", "fedavg", "fedsubavg")}}
+    doc = ctx.write(runs, out)
+    plot(out, ctx.out.with_suffix(".png"))
+    return doc
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--emulate", action="store_true",
+                    help="run through the orchestrator and the lightweight emulator")
+    ap.add_argument("--fleet", default="movielens-fedsubavg",
+                    help="--emulate: the fleet (movielens-fedsubavg: the embedding recommender; "
+                         "movielens-lr-fedsubavg: the paper's LR)")
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--lrs", type=lambda v: parse_list(v, float), default=[0.1, 0.3, 1.0])
+    ap.add_argument("--features", choices=FEATURE_SETS, default="paper",
+                    help="paper: the paper's hot user groups, movie and their crosses; ids: user id, movie, genres")
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+
+
+def results_name(args: argparse.Namespace) -> str:
+    """fedsubavg_movielens[_emulated[_<fleet>]]"""
+    if not args.emulate:
+        return "fedsubavg_movielens"
+    return "fedsubavg_movielens_emulated" + ("" if args.fleet == "movielens-fedsubavg" else "_" + args.fleet.replace("-", "_"))
+
+
+CASE = Case("fedsubavg_movielens", __doc__, run, arguments=arguments, seeds="0,1", results=results_name,
+            quick={"rounds": 3, "lrs": "0.3", "seeds": "0"})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 def plot(out: dict, path: Path) -> None:

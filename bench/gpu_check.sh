@@ -43,17 +43,15 @@ $PY -c "from edge_sdk.data import load_dataset; [load_dataset('cifar10', split=s
 echo "== tests/test_cuda.py"
 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$RESULTS/test_cuda.log"
 echo "== bench/device_round_cuda.py"
-$PY bench/device_round_cuda.py 2>&1 | tee "$RESULTS/device_round_cuda.log"
+$PY bench/device_round_cuda.py --out "$RESULTS/device_round_cuda.json" 2>&1 | tee "$RESULTS/device_round_cuda.log"
 echo "== bench/embracing.py --paper-scale --rounds $ROUNDS"
 $PY bench/embracing.py --paper-scale --device "${DEVICE:-cuda}" --cases 1,6 --seeds 0 --rounds "$ROUNDS" \
     --eval-every "${EVAL_EVERY:-3}" --workdir /tmp/edgetrain-paper-runs --out "$RESULTS/embracing-paper.json" \
     2>&1 | tee "$RESULTS/embracing-paper.log"
 $PY - "$RESULTS/embracing-paper.json" <<'EOF'
 import json, sys
-runs = json.load(open(sys.argv[1]))["datasets"]["cifar10"]["runs"]
-for key, rs in runs.items():
-    for r in rs:
-        walls = r["round_wall_s"]
-        print(f"{key} seed {r['seed']}: {len(walls)} rounds, wall per round {sum(walls) / len(walls):.1f} s "
-              f"(first {walls[0]:.1f} s), run {r['wall_s']:.0f} s")
+for r in json.load(open(sys.argv[1]))["runs"]:  # bench/harness/results.py's schema: one record per run
+    walls = r["round_wall_s"]
+    print(f"c{r['case']}/{r['method']} seed {r['seed']}: {len(walls)} rounds, wall per round "
+          f"{sum(walls) / len(walls):.1f} s (first {walls[0]:.1f} s), run {r['wall_s']:.0f} s")
 EOF

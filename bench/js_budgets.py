@@ -24,10 +24,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, parse_list  # noqa: E402
+
 JS = ROOT / "edge_sdk_js"
 MiB = 1 << 20
 
@@ -69,19 +73,25 @@ def _print(rows: list[dict]) -> None:
                   f"{p.get('gpu', 0):7.1f}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", default=",".join(ROWS),
                     help="kind:model:budget_mib, comma-separated (kind: python, node, tab, gputab)")
     ap.add_argument("--trace", action="store_true", help="also where each tab's memory went, per round and phase")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_budgets.json")
-    args = ap.parse_args()
-    rows = [measure(row, args.rounds, args.trace) for row in args.rows.split(",")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds, "rows": rows}, indent=1))
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    rows = [measure(row, args.rounds, args.trace) for row in parse_list(args.rows)]
     _print(rows)
-    print(f"wrote {args.out}")
+    return ctx.write(rows, {"rounds": args.rounds})
+
+
+CASE = Case("js_budgets", __doc__, run, arguments=arguments, quick={"rounds": 1, "rows": "python:digits_mlp:185"})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

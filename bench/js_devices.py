@@ -43,10 +43,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, interleave, parse_list  # noqa: E402
+
 JS = ROOT / "edge_sdk_js"
 MODELS = ("digits_mlp", "mnist_cnn", "leaf_cnn", "resnet20")
 
@@ -176,10 +180,12 @@ def _speed(args: argparse.Namespace, tmp: Path, run: list[str], browser: bool) -
     commands = [[sys.executable, "-c", _PY_STEP, str(case), *times]]
     commands += [[*run, "step", str(case), kind, *times] for kind in ("node", "web", *(["browser"] if browser else []))]
     env = {"EDGETRAIN_BENCH_CHROMIUM_FLAGS": args.chromium_flags}
-    runs = [[_json(cmd, extra_env=env) for cmd in commands] for _ in range(args.repeats)]
-    speed = [min((r[i] for r in runs), key=lambda row: row["msPerStep"]) for i in range(len(commands))]
+    runs: list[list[dict]] = [[] for _ in commands]  # per runtime, its runs in the order they ran
+    for _, i in interleave(range(len(commands)), args.repeats):  # every runtime once a repeat, the first rotating
+        runs[i].append(_json(commands[i], extra_env=env))
+    speed = [min(r, key=lambda row: row["msPerStep"]) for r in runs]
     for i, row in enumerate(speed):
-        row["msPerStepRuns"] = [r[i]["msPerStep"] for r in runs]
+        row["msPerStepRuns"] = [r["msPerStep"] for r in runs[i]]
     if browser and args.webgpu:  # one run of a few steps: on a CPU emulation each step takes seconds
         gpu = _json([*run, "step", str(case), "webgpu", str(args.gpu_steps), str(args.gpu_warmup), str(args.threads)],
                     extra_env=env, timeout=7200)
@@ -213,7 +219,7 @@ def _accuracy(args: argparse.Namespace, browser: bool) -> dict[str, object]:
     """Final accuracy of an all-Python and a mixed fleet per seed, with the all-Python spread."""
     fleet = ["node", str(JS / "bench" / "fleet-accuracy.mjs")]
     runs = []
-    for seed in args.seeds.split(","):
+    for seed in parse_list(args.seeds):
         for kind in ("python", "mixed"):
             runs.append(_json([*fleet, kind, seed, str(args.rounds), *([] if browser else ["--no-browser"])], timeout=3600))
             print(json.dumps({k: runs[-1][k] for k in ("kind", "seed", "accuracy", "wall_s")}), flush=True)
@@ -224,8 +230,7 @@ def _accuracy(args: argparse.Namespace, browser: bool) -> dict[str, object]:
             "mixed_minus_python": gaps}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--case", default="resnet20:7", help="the tail timed (model:split)")
     ap.add_argument("--samples", type=int, default=256)
@@ -236,7 +241,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="speed: ONNX Runtime's threads in every runtime")
     ap.add_argument("--chromium-flags", default="",
                     help="speed: extra Chromium switches, for diagnosis only (a page cannot set them)")
-    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per runtime, interleaved; the fastest counts")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--webgpu", action="store_true",
                     help="also a Chromium tab training on its GPU (WebGPU): conformance, speed and memory rows")
@@ -244,36 +248,48 @@ def main() -> None:
     ap.add_argument("--gpu-warmup", type=int, default=2, help="speed: steps of the WebGPU tab's untimed first round")
     ap.add_argument("--parts", default="conformance,speed,memory", help="which measurements to run")
     ap.add_argument("--cases", type=Path, default=None, help="reuse the conformance cases exported into this folder")
-    ap.add_argument("--seeds", default="0,1,2", help="accuracy: server seeds, one all-Python and one mixed fleet each")
     ap.add_argument("--rounds", type=int, default=5, help="accuracy: rounds per fleet")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "js_devices.json")
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
     browser = not args.no_browser and any(Path(p).exists() for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"))
     if not args.no_browser and not browser:
         print("chromium is not installed (apt-get install chromium): the browser tab is not measured")
-    run = ["node", str(JS / "bench" / "run.mjs")]
-    result: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "browser": browser}
-    parts = set(args.parts.split(","))
+    node = ["node", str(JS / "bench" / "run.mjs")]
+    result: dict[str, object] = {"browser": browser}
+    parts = set(parse_list(args.parts))
     with tempfile.TemporaryDirectory(prefix="edgetrain-js-bench-") as tmp:
         if "conformance" in parts:
-            result.update(_conformance(args, Path(tmp), run, browser))
+            result.update(_conformance(args, Path(tmp), node, browser))
         if "speed" in parts:
-            result["speed"] = _speed(args, Path(tmp), run, browser)
+            result["speed"] = _speed(args, Path(tmp), node, browser)
         if "profile" in parts and browser:
-            result["profile"] = _profile(args, Path(tmp), run)
+            result["profile"] = _profile(args, Path(tmp), node)
         if "placements" in parts and browser:
-            result["placements"] = _placements(args, Path(tmp), run)
+            result["placements"] = _placements(args, Path(tmp), node)
         if "memory" in parts:
             memory = [_json([sys.executable, "-c", _PY_RUNTIME])]
             for kind in ("node", "web", *(["browser"] if browser else []), *(["webgpu"] if browser and args.webgpu else [])):
-                memory.append(_json([*run, "runtime", kind]))
+                memory.append(_json([*node, "runtime", kind]))
             result["runtime_memory"] = memory
         if "accuracy" in parts:
             result["accuracy"] = _accuracy(args, browser)
     _print(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    speed = (result.get("speed") or {}).get("rows", [])
+    runs = [{"part": "speed", "lane": row["runtime"], "repeat": i, "ms_per_step": ms}
+            for row in speed for i, ms in enumerate(row["msPerStepRuns"])]
+    runs += [{"part": "accuracy", **r} for r in (result.get("accuracy") or {}).get("runs", [])]
+    return ctx.write(runs, result)
+
+
+CASE = Case("js_devices", __doc__, run, arguments=arguments, repeats=3, seeds="0,1,2",
+            quick={"models": "digits_mlp", "case": "digits_mlp:1", "steps": 3, "warmup": 1, "repeats": 1,
+                   "parts": "conformance,speed", "no_browser": True})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 def _print(result: dict) -> None:

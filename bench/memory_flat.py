@@ -13,26 +13,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+from bench.harness import Case, Context  # noqa: E402
 from edge_sdk.memory import rss_bytes  # noqa: E402
 from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--local-steps", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_flat.json")
-    args = parser.parse_args()
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--local-steps", type=int, default=1)
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
     rss: dict[int, float] = {}
 
     def on_event(kind: str, data: dict) -> None:
@@ -43,22 +44,23 @@ def main() -> None:
 
     budgets = role_budgets("digits_mlp")
     devices = [DeviceLaunch(f"{role}-0", budgets[role], i, 3) for i, role in enumerate(("strong", "moderate", "weak"))]
-    started = time.time()
     with tempfile.TemporaryDirectory() as store:
         config = ServerConfig(model="digits_mlp", rounds=args.rounds, min_devices=3, local_steps=args.local_steps,
                               eval_every=10, store_dir=Path(store))
         asyncio.run(run_local_fleet(config, devices, on_event=on_event))
     last = max(rss)
     marks = sorted({1, 20, *range(50, last + 1, 50), last} & set(rss))
-    result = {
-        "command": " ".join(["python bench/memory_flat.py", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {platform.python_version()}", "date": time.strftime("%Y-%m-%d"),
-        "rounds": last, "wall_s": round(time.time() - started, 1),
-        "rss_mib": {r: round(rss[r], 1) for r in marks},
-        "last_over_round_20": round(rss[last] / rss[20], 3) if 20 in rss else None,
-    }
-    print(json.dumps(result, indent=1))
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    report = {"rounds": last, "rss_mib": {r: round(rss[r], 1) for r in marks},
+              "last_over_round_20": round(rss[last] / rss[20], 3) if 20 in rss else None}
+    print(report)
+    return ctx.write([{"round": r, "rss_mib": round(v, 2)} for r, v in sorted(rss.items())], report)
+
+
+CASE = Case("memory_flat", __doc__, run, arguments=arguments, quick={"rounds": 3})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -38,13 +38,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from emulator.capping import CappedProcess  # noqa: E402
-from emulator.fleet import DeviceSpec, Fleet, load_fleet  # noqa: E402
+from bench.harness import Case, Context, SCHEMA, parse_list, report_of  # noqa: E402
+from emulator import CappedProcess, DeviceSpec, Fleet, load_fleet  # noqa: E402
 from emulator.recorder import EmulationRun  # noqa: E402
 from emulator.schedule import server_config  # noqa: E402
 from emulator.supervisor import run_fleet  # noqa: E402
@@ -375,8 +377,7 @@ def print_splits(console: Console, rows: list[dict]) -> None:
     console.print(table)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", default="leaf_cnn,resnet20", help="comma-separated: leaf_cnn, resnet20")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--per-role", type=int, default=1, help="devices per role")
@@ -387,26 +388,33 @@ def main() -> None:
     ap.add_argument("--backends", default="torch,onnxruntime",
                     help="comma-separated: the moderate and weak devices' backends, one run each")
     ap.add_argument("--splits-only", action="store_true", help="only the device-class table, into --out")
-    ap.add_argument("--data-root", default=None, help="folder holding the datasets (default: $EDGETRAIN_DATA)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_ratio.json")
-    args = ap.parse_args()
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+
+
+def splits_only(ctx: Context, models: list[str]) -> dict:
+    """The device-class table recomputed into an existing results file (its runs kept)."""
+    saved = json.loads(ctx.out.read_text())
+    runs = saved["runs"] if saved.get("schema") == SCHEMA else [{"key": k, **v} for k, v in saved["models"].items()]
+    splits = device_class_splits(models)
+    print_splits(Console(), splits)
+    return ctx.write(runs, {**report_of(saved), "device_class_splits": splits} if saved.get("schema") == SCHEMA
+                     else {"device_class_splits": splits})
+
+
+def run(ctx: Context) -> dict:
+    args, ap = ctx.args, ctx.parser
+    models = parse_list(args.models)
     unknown = sorted(set(models) - set(CASES))
     if unknown or args.rounds < 1 or args.per_role < 1:
         ap.error(f"unknown models {unknown}; choose from {sorted(CASES)}" if unknown else "rounds and per-role must be >= 1")
     from edge_sdk.data import DatasetUnavailable, data_root
 
+    if args.splits_only:
+        return splits_only(ctx, models)
     console = Console()
     root = data_root(args.data_root)
     root = None if root is None else str(root)
     results = {}
-    if args.splits_only:  # recompute the device-class table into an existing results file
-        saved = json.loads(args.out.read_text())
-        saved["device_class_splits"] = device_class_splits(models)
-        print_splits(Console(), saved["device_class_splits"])
-        args.out.write_text(json.dumps(saved, indent=2))
-        return
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    backends = parse_list(args.backends)
     if set(backends) - {"torch", "onnxruntime"} or not backends:
         ap.error("--backends: torch and/or onnxruntime")
     for model in models:
@@ -432,9 +440,15 @@ def main() -> None:
                       f"{_r(w.get('rss_above_baseline'))}; paper capacity {res['paper_capacity']['weak']:.2f}")
     splits = device_class_splits(models)
     print_splits(console, splits)
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({"models": results, "device_class_splits": splits}, indent=2))
-    console.print(f"wrote {args.out}")
+    return ctx.write([{"key": k, **v} for k, v in results.items()], {"device_class_splits": splits})
+
+
+CASE = Case("memory_ratio", __doc__, run, arguments=arguments, data_root=True,
+            quick={"models": "leaf_cnn", "rounds": 1, "backends": "torch", "eval_limit": 100})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

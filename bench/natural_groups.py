@@ -27,8 +27,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,12 +35,10 @@ from tempfile import TemporaryDirectory
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Case, Context, parse_list, report_of, runs_of  # noqa: E402
 from bench.prioritized_report import markdown, summarise  # noqa: E402
 from bench.prioritized_runner import ALGORITHMS, included_kinds, run_algorithm, strategy_options  # noqa: E402
 from bench.prioritized_tasks import add_task_arguments, choices, instance  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def options(algorithm: str, args: argparse.Namespace, seed: int) -> dict[str, object]:
     """The strategy options of ``algorithm``: its defaults, but for what the command line set."""
@@ -54,16 +50,18 @@ def options(algorithm: str, args: argparse.Namespace, seed: int) -> dict[str, ob
     return strategy_options(algorithm, seed)
 
 
-async def main_async(args: argparse.Namespace, out: Path) -> dict:
-    results: dict = {"task": args.task, "seeds": args.seeds, "settings": {k: v for k, v in vars(args).items()
-                                                                         if k not in ("seeds",)}, "runs": []}
+async def main_async(ctx: Context) -> dict:
+    """Every choice, seed and algorithm; the results written after every run (a long run keeps what it did)."""
+    args, out = ctx.args, ctx.out
+    runs: list[dict] = []
+    report: dict = {"task": args.task, "seeds": args.seeds}
     previous = 0.0
     if args.append and out.exists():  # add these runs (other algorithms, seeds or choices) to the file's
         old = json.loads(out.read_text())
-        previous = float(old.get("wall_seconds", 0.0))
-        results["runs"] = [r for r in old["runs"]
-                           if not (r["algorithm"] in args.algorithms and r["seed"] in args.seeds
-                                   and r["choice"] in (args.choices or choices(args.task, args)))]
+        previous = float(report_of(old).get("wall_seconds", 0.0))
+        runs = [r for r in runs_of(old)
+                if not (r["algorithm"] in args.algorithms and r["seed"] in args.seeds
+                        and r["choice"] in (args.choices or choices(args.task, args)))]
     started = time.monotonic()
     with TemporaryDirectory() as tmp:
         for choice in args.choices or choices(args.task, args):
@@ -75,39 +73,37 @@ async def main_async(args: argparse.Namespace, out: Path) -> dict:
                                               server_defaults=args.server_defaults)
                     run["choice"] = choice
                     run["included_per_round"] = included_kinds(run, inst.devices)
-                    results["runs"].append(run)
-                    results["training"] = vars(inst.training)
+                    runs.append(run)
+                    report["training"] = vars(inst.training)
                     print(f"{choice:24s} seed {seed} {algorithm:16s} {run['final']:.4f} ({run['seconds']:.0f} s)",
                           flush=True)
-                    results["summary"] = summarise(results["runs"])
-                    results["wall_seconds"] = previous + time.monotonic() - started
-                    out.write_text(json.dumps(results, indent=1, default=str))
-    return results
+                    report["summary"] = summarise(runs)
+                    report["wall_seconds"] = previous + time.monotonic() - started
+                    ctx.write(runs, report, quiet=True)
+    report["summary"] = summarise(runs)
+    report["wall_seconds"] = previous + time.monotonic() - started
+    return ctx.write(runs, report, quiet=True)
 
 
-def report(results: dict, out: Path) -> None:
-    """Write the results and their table (``.md`` beside them) and print the table."""
-    out.write_text(json.dumps(results, indent=1, default=str))
-    metric = ("C-index on the region's test patients" if results["task"] == "tcga"
+def table_of(doc: dict) -> str:
+    """The table of a results document (written as ``.md`` beside it)."""
+    report = report_of(doc)
+    metric = ("C-index on the region's test patients" if report["task"] == "tcga"
               else "Accuracy on the priority group's held-out data")
-    table = markdown(results["summary"], metric)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wall {results['wall_seconds']:.0f} s; wrote {out}")
+    return markdown(report["summary"], metric)
 
 
-def merge(task: str, files: list[Path], out: Path) -> dict:
+def merge(ctx: Context, files: list[Path]) -> dict:
     """One result of the runs of several files (runs of other algorithms made by separate commands)."""
     parts = [json.loads(f.read_text()) for f in files]
-    runs = [r for p in parts for r in p["runs"]]
-    return {**parts[0], "task": task, "runs": runs, "summary": summarise(runs), "merged_from": [str(f) for f in files],
-            "wall_seconds": sum(float(p.get("wall_seconds", 0.0)) for p in parts)}
+    runs = [r for p in parts for r in runs_of(p)]
+    return ctx.write(runs, {**report_of(parts[0]), "task": ctx.args.task, "summary": summarise(runs),
+                            "merged_from": [str(f) for f in files],
+                            "wall_seconds": sum(float(report_of(p).get("wall_seconds", 0.0)) for p in parts)})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     add_task_arguments(ap)
-    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--choices", type=lambda s: [c.strip() for c in s.split(";") if c.strip()], default=None,
                     help="priority choices separated by ';' (default: every one)")
@@ -118,27 +114,41 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-fraction", type=float, default=None, help="VaRSeL's K / N (default: its default)")
     ap.add_argument("--server-defaults", action="store_true",
                     help="keep the server's defences on (norm bound, validation before commit, FedAvg's weight cap)")
-    ap.add_argument("--out", default=None)
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (other algorithms ...)")
     ap.add_argument("--merge", nargs="+", type=Path, default=None,
                     help="run nothing: merge these result files into --out and print the table")
-    return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.algorithms = [a for a in args.algorithms.split(",") if a]
-    logging.basicConfig(level=logging.WARNING)
+def results_name(args: argparse.Namespace) -> str:
+    """natural-<task>[-swapped][-defaults]"""
     variant = ("-swapped" if args.priority_labels == "swapped" else "") + ("-defaults" if args.server_defaults else "")
-    out = Path(args.out or RESULTS / f"natural-{args.task}{variant}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if args.merge:
-        report(merge(args.task, args.merge, out), out)
-        return
-    results = asyncio.run(main_async(args, out))
-    results["machine"] = {"cores": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    report(results, out)
+    return f"natural-{args.task}{variant}"
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    args.seeds = ctx.seeds
+    args.algorithms = parse_list(args.algorithms)
+    logging.basicConfig(level=logging.WARNING)
+    doc = merge(ctx, args.merge) if args.merge else asyncio.run(main_async(ctx))
+    table = table_of(doc)
+    ctx.out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wall {report_of(doc)['wall_seconds']:.0f} s; wrote {ctx.out}")
+    return doc
+
+
+CASE = Case("natural_groups", __doc__, run, arguments=arguments, seeds="0,1,2", results=results_name,
+            quick={"seeds": "0", "rounds": 2, "algorithms": "fedavg-priority,fedalign", "roles": 2,
+                   "score_samples": 200})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return CASE.parser()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -41,11 +41,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import platform
 import sys
-import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -54,13 +51,13 @@ import numpy as np
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Case, Context, parse_list  # noqa: E402
 from bench.prioritized_report import markdown, summarise  # noqa: E402
 from bench.prioritized_runner import (  # noqa: E402
     Device, Scorer, Training, accuracy, included_kinds, run_algorithm, strategy_options,
 )
 from edge_sdk.data import load_dataset  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("fedavg-priority", "fedavg-all", "fedalign", "varsel")
 MODEL = "mnist_2nn"
 
@@ -132,7 +129,7 @@ async def run_one(algorithm: str, shards, args: argparse.Namespace, seed: int, t
     return run
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(runs: list[dict], setting: dict, seeds: list[int], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,31 +137,32 @@ def plot(results: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for algorithm in ALGORITHMS:
-        curves = np.array([r["priority_accuracy"] for r in results["runs"] if r["algorithm"] == algorithm])
+        curves = np.array([r["priority_accuracy"] for r in runs if r["algorithm"] == algorithm])
         if not len(curves):
             continue
         mean = curves.mean(axis=0)
         rounds = np.arange(1, len(mean) + 1)
         ax.plot(rounds, mean, label=algorithm)
         ax.fill_between(rounds, curves.min(axis=0), curves.max(axis=0), alpha=0.15)
-    s = results["setting"]
+    s = setting
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy on the priority classes' test set")
     ax.set_title(f"MNIST, {s['priority']} priority + {s['aligned']} aligned + {s['noisy']} noisy + "
-                 f"{s['irrelevant']} irrelevant devices ({len(results['seeds'])} seeds)", fontsize=9)
+                 f"{s['irrelevant']} irrelevant devices ({len(seeds)} seeds)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace, seeds: list[int]) -> tuple[list[dict], dict]:
+    """Every seed's runs of every algorithm; the runs, and how many of each kind the selections folded."""
     train = load_dataset("mnist", split="train")
     test = load_dataset("mnist", split="test")
     runs = []
     kinds: dict[str, dict] = {}
     with TemporaryDirectory() as tmp:
-        for seed in args.seeds:
+        for seed in seeds:
             shards, prio, _ = make_shards(args, seed, train)
             mask = np.isin(test.y, prio)
             test_x, test_y = test.x[mask], test.y[mask]
@@ -176,21 +174,21 @@ async def main_async(args: argparse.Namespace) -> dict:
                 runs.append(run)
                 print(f"seed {seed} {algorithm:16s} final priority accuracy {run['final_priority_accuracy']:.4f} "
                       f"({run['seconds']:.0f} s)", flush=True)
-    summary = summarise([{**r, "final": r["final_priority_accuracy"]} for r in runs]).get("", {})
-    return {"setting": {"priority": 3, "priority_samples": args.priority_samples, "priority_iid": args.priority_iid,
-                        "nonpriority_classes": args.nonpriority_classes, "aligned": args.aligned,
-                        "noisy": args.noisy, "irrelevant": args.irrelevant, "samples": args.samples,
-                        "noise": args.noise, "rounds": args.rounds, "local_steps": args.local_steps,
-                        "batch_size": args.batch_size, "lr": args.lr, "epsilon": args.epsilon,
-                        "relative_epsilon": args.relative_epsilon,
-                        "warmup": args.warmup, "budget": args.budget, "model": MODEL,
-                        "nonpriority_labels": args.nonpriority_labels, "server_defaults": args.server_defaults},
-            "seeds": args.seeds, "summary": summary, "included_per_round": kinds, "runs": runs}
+    return runs, kinds
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1,2")
+def setting(args: argparse.Namespace) -> dict:
+    return {"priority": 3, "priority_samples": args.priority_samples, "priority_iid": args.priority_iid,
+            "nonpriority_classes": args.nonpriority_classes, "aligned": args.aligned,
+            "noisy": args.noisy, "irrelevant": args.irrelevant, "samples": args.samples,
+            "noise": args.noise, "rounds": args.rounds, "local_steps": args.local_steps,
+            "batch_size": args.batch_size, "lr": args.lr, "epsilon": args.epsilon,
+            "relative_epsilon": args.relative_epsilon,
+            "warmup": args.warmup, "budget": args.budget, "model": MODEL,
+            "nonpriority_labels": args.nonpriority_labels, "server_defaults": args.server_defaults}
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--priority-samples", type=int, default=60, help="training images per priority device")
@@ -218,8 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "distribution, as FedALIGN's synthetic experiment)")
     ap.add_argument("--priority-iid", action="store_true",
                     help="priority devices hold all 5 priority classes (VaRSeL's identically distributed internals)")
-    ap.add_argument("--out", default=str(RESULTS / "prioritized.json"))
-    return ap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return CASE.parser()
 
 
 def default_args() -> argparse.Namespace:
@@ -227,24 +227,29 @@ def default_args() -> argparse.Namespace:
     return build_parser().parse_args([])
 
 
-def main() -> None:
-    args = build_parser().parse_args()
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.algorithms = [a for a in args.algorithms.split(",") if a]
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    args.algorithms = parse_list(args.algorithms)
     logging.basicConfig(level=logging.WARNING)
-    started = time.monotonic()
-    results = asyncio.run(main_async(args))
-    results["wall_seconds"] = time.monotonic() - started
-    results["machine"] = {"cores": __import__("os").cpu_count(), "python": platform.python_version(),
-                          "date": time.strftime("%Y-%m-%d")}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    plot(results, out.with_suffix(".png"))
-    table = markdown({"MNIST, 5 priority classes": results["summary"]}, "Final accuracy on the priority test set")
-    out.with_suffix(".md").write_text(table)
+    runs, kinds = asyncio.run(main_async(args, ctx.seeds))
+    summary = summarise([{**r, "final": r["final_priority_accuracy"]} for r in runs]).get("", {})
+    doc = ctx.write(runs, {"setting": setting(args), "seeds": ctx.seeds, "summary": summary,
+                           "included_per_round": kinds})
+    plot(runs, setting(args), ctx.seeds, ctx.out.with_suffix(".png"))
+    table = markdown({"MNIST, 5 priority classes": summary}, "Final accuracy on the priority test set")
+    ctx.out.with_suffix(".md").write_text(table)
     print(table)
-    print(f"wall {results['wall_seconds']:.0f} s; wrote {out} and its .md and .png")
+    print(f"wall {doc['wall_s']:.0f} s; and its .md and .png")
+    return doc
+
+
+CASE = Case("prioritized", __doc__, run, arguments=arguments, seeds="0,1,2",
+            quick={"seeds": "0", "rounds": 2, "algorithms": "fedavg-priority,fedalign"},
+            metrics=("final_priority_accuracy", "seconds"), group_by=("algorithm",))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.models import build_model
 from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
@@ -161,7 +161,7 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
     clients = []
     for d in fleet:
         labels = {"priority": "1", "internal": "1"} if d.priority else {}
-        cfg = DeviceConfig(server=url, device_id=d.device_id, budget_bytes=4 << 30, labels=labels, backend="torch")
+        cfg = DeviceSettings(server=url, device_id=d.device_id, budget_bytes=4 << 30, labels=labels, backend="torch")
         clients.append(DeviceClient(cfg, d.x, d.y).run())
     history = (await asyncio.gather(server, *clients))[0]
     rounds = [{k: h.get(k) for k in KEPT if k in h} for h in history]
@@ -174,10 +174,9 @@ async def run_algorithm(algorithm: str, devices: Sequence[Device], training: Tra
 def defences_seen(store: Path, history: Sequence[Mapping], priority: set[str]) -> dict[str, int]:
     """What the server's defences did in a run: train updates folded, those the norm bound clipped
     (of them, the priority devices'), and rounds not committed at first (validation) or at all."""
-    from orchestrator.store import Store
+    from bench.harness.journal import updates
 
-    with Store.open_readonly(store) as journal:
-        trains = [u for u in journal.updates() if u["phase"] == "train" and u.get("accepted", True)]
+    trains = [u for u in updates(store) if u["phase"] == "train" and u.get("accepted", True)]
     clipped = [u for u in trains if (u.get("bounded") or {}).get("clipped")]
     return {"train_updates": len(trains), "clipped": len(clipped),
             "clipped_priority": sum(u["device_id"] in priority for u in clipped),

@@ -1,14 +1,14 @@
 """An emulated fleet of 1,000 devices, run by the lightweight mode's local workers and by Ray actors.
 
 The same fleet (1,000 devices training ``mnist_2nn`` on MNIST, 60 samples each, FedAvg sampling 100
-per round) runs twice in one invocation against one orchestrator per run, in this order:
+per round) runs in two lanes, side by side in every repeat, against one orchestrator per run:
 
 - ``local``: the lightweight mode's worker processes (``edgetrain emulate``);
 - ``ray``: the same workers as Ray actors on a local Ray instance (``edgetrain emulate --backend ray``),
   the instance started and shut down inside the run, so its start-up counts in the wall time.
 
 Each run is a fresh process (``--one MODE``), so peaks do not carry over; the modes alternate,
-``--repeat`` runs each (default 2), and the table shows each figure's median. For both it reports: wall
+``--repeats`` runs each (default 2, the first mode rotating), and the table shows each figure's median. For both it reports: wall
 time to every device welcomed, hello-to-welcome latency p50/p99 (the server's: hello read to welcome
 written; the devices': connection opened to welcome received), round wall time and the server's and
 workers' CPU per round, the server process's RSS (orchestrator and emulator, and in the Ray run the
@@ -17,7 +17,7 @@ with every device connected, peak), the Ray instance's own processes' RSS (GCS, 
 the total wall time; then the ratio ray / local of each. Writes ``bench/results/ray_fleet.json``.
 
 Not a test: the numbers depend on how busy the machine is. Run
-``python bench/ray_fleet.py [--devices 1000] [--rounds 10] [--repeat 2] [--workers 2] [--data-root DIR]``
+``python bench/ray_fleet.py [--devices 1000] [--rounds 10] [--repeats 2] [--workers 2] [--data-root DIR]``
 (needs the ``[ray]`` extra and MNIST in the data root).
 """
 
@@ -28,53 +28,35 @@ import asyncio
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, interleave, ratio_summary  # noqa: E402
+from bench.harness.fleets import build_fleet, group  # noqa: E402
 
 HERE = Path(__file__).resolve()
-RESULTS = HERE.parent / "results" / "ray_fleet.json"
 MODES = ("local", "ray")
 MIB = float(1 << 20)
 
-FLEET = """
-[fleet]
-description = "bench/ray_fleet.py: {devices} devices, mnist_2nn on MNIST, 100 sampled per round"
-model = "mnist_2nn"
-dataset = "mnist"
-seed = 0
 
-[training]
-strategy = "fedavg"
-rounds = {rounds}
-fraction = {fraction}
-local_steps = 2
-batch_size = 16
-lr = 0.05
-momentum = 0.0
-weight_decay = 0.0
-
-[partition]
-scheme = "iid"
-
-[emulation]
-mode = "lightweight"
-memory_cap = "none"
-timeout_s = 600
-throttle_cpu = false
-
-[[groups]]
-name = "phone"
-class = "mid-phone"
-count = {devices}
-"""
+def case_fleet(devices: int, rounds: int, per_round: int):
+    """The fleet both lanes run: mnist_2nn on MNIST, FedAvg sampling ``per_round`` devices a round."""
+    return build_fleet(
+        "ray-fleet", model="mnist_2nn", dataset="mnist", seed=0,
+        description=f"bench/ray_fleet.py: {devices} devices, mnist_2nn on MNIST, {per_round} sampled per round",
+        training={"strategy": "fedavg", "rounds": rounds, "fraction": per_round / devices, "local_steps": 2,
+                  "batch_size": 16, "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0},
+        partition={"scheme": "iid"},
+        emulation={"mode": "lightweight", "memory_cap": "none", "timeout_s": 600, "throttle_cpu": False},
+        groups=[group("mid-phone", devices, "phone")])
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -100,14 +82,11 @@ def _tree_rss() -> dict[int, tuple[str, int]]:
 # -- one run, in its own process ----------------------------------------------------------------------
 def run_one(mode: str, args: argparse.Namespace) -> dict:
     from edge_sdk.memory import process_memory
-    from emulator.fleet import load_fleet
-    from emulator.lightweight import run_lightweight
+    from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
     tmp = Path(tempfile.mkdtemp(prefix=f"ray-fleet-{mode}-"))
-    path = tmp / "fleet.toml"
-    path.write_text(FLEET.format(devices=args.devices, rounds=args.rounds, fraction=args.per_round / args.devices))
-    fleet = load_fleet(path)
+    fleet = case_fleet(args.devices, args.rounds, args.per_round)
     config = server_config(fleet, store_dir=tmp / "store", data_root=args.data_root, deadline_s=300)
     n = fleet.num_devices
     marks: dict[str, float] = {}
@@ -135,14 +114,9 @@ def run_one(mode: str, args: argparse.Namespace) -> dict:
         elif kind == "round_end":
             marks["last_round_end_s"] = now
 
-    if mode == "ray":
-        from emulator.ray_backend import run_ray
-
-        run = asyncio.run(run_ray(fleet, config, workers=args.workers, on_event=on_event, data_root=args.data_root,
-                                  stderr_dir=tmp / "logs"))
-    else:
-        run = asyncio.run(run_lightweight(fleet, config, workers=args.workers, on_event=on_event,
-                                          data_root=args.data_root, stderr_dir=tmp / "logs"))
+    # The lightweight mode's workers here, or as Ray actors: the backend `edgetrain emulate --backend` names.
+    run = asyncio.run(run_emulation(fleet, config, workers=args.workers, on_event=on_event, data_root=args.data_root,
+                                    stderr_dir=tmp / "logs", backend="ray" if mode == "ray" else "local"))
     wall = time.monotonic() - t0
     server = process_memory()
     devices = run.devices
@@ -261,83 +235,80 @@ def _median_run(runs: list[dict]) -> dict:
     return out
 
 
-def compare(args: argparse.Namespace) -> dict:
-    """Run local, ray, local, ray, ... (`args.repeat` times each, alternating so that a change in the
+def compare(args: argparse.Namespace, repeats: int) -> tuple[list[dict], dict]:
+    """Run local, ray, ray, local, ... (``repeats`` times each, side by side, so that a change in the
     machine's load falls on both); each figure of the summary is the median over a mode's runs."""
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    for rep in range(args.repeat):
-        for mode in MODES:
-            print(f"-- {mode} ({rep + 1}/{args.repeat}): {args.devices} devices, {args.rounds} rounds ...", flush=True)
-            out = Path(tempfile.mkstemp(prefix=f"ray-fleet-{mode}-", suffix=".json")[1])
-            argv = [sys.executable, str(HERE), "--one", mode, "--devices", str(args.devices), "--rounds",
-                    str(args.rounds), "--per-round", str(args.per_round), "--json-out", str(out)]
-            if args.workers:
-                argv += ["--workers", str(args.workers)]
-            if args.data_root:
-                argv += ["--data-root", args.data_root]
-            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
-            proc = subprocess.run(argv, env=env, timeout=args.timeout)
-            if proc.returncode != 0:
-                raise SystemExit(f"the {mode} run failed (exit {proc.returncode})")
-            runs[mode].append(json.loads(out.read_text()))
-            out.unlink()
-    summary = {mode: _median_run(rs) for mode, rs in runs.items()}
+    runs: list[dict] = []
+    for rep, mode in interleave(MODES, repeats):
+        print(f"-- {mode} ({rep + 1}/{repeats}): {args.devices} devices, {args.rounds} rounds ...", flush=True)
+        out = Path(tempfile.mkstemp(prefix=f"ray-fleet-{mode}-", suffix=".json")[1])
+        argv = [sys.executable, str(HERE), "--one", mode, "--devices", str(args.devices), "--rounds",
+                str(args.rounds), "--per-round", str(args.per_round), "--json-out", str(out)]
+        if args.workers:
+            argv += ["--workers", str(args.workers)]
+        if args.data_root:
+            argv += ["--data-root", args.data_root]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+        proc = subprocess.run(argv, env=env, timeout=args.timeout)
+        if proc.returncode != 0:
+            raise SystemExit(f"the {mode} run failed (exit {proc.returncode})")
+        runs.append({"lane": mode, "repeat": rep, **json.loads(out.read_text())})
+        out.unlink()
+    summary = {mode: _median_run([r for r in runs if r["lane"] == mode]) for mode in MODES}
     ratios = {}
     for key in RATIOS:
         a, b = summary["local"].get(key), summary["ray"].get(key)
         ratios[key] = round(b / a, 2) if a and b is not None else None
-    return {"summary": summary, "ray_over_local": ratios, "runs": runs}
+    return runs, {"summary": summary, "ray_over_local": ratios}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--devices", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=2, help="runs of each mode, alternating (the table: medians)")
     ap.add_argument("--per-round", type=int, default=100, help="devices sampled per round")
     ap.add_argument("--workers", type=int, default=None, help="worker processes / actors (default: one per core, 2-4)")
-    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"),
-                    help="folder holding mnist/ (default: $EDGETRAIN_DATA)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict | None:
+    args = ctx.args
     if args.one:
         result = run_one(args.one, args)
         args.json_out.write_text(json.dumps(result, indent=1, default=str))
-        return
-    if not (Path(args.data_root) / "mnist").is_dir():
+        return None
+    if not args.data_root or not (Path(args.data_root) / "mnist").is_dir():
         raise SystemExit(f"no MNIST in {args.data_root}: pass --data-root (the folder holding mnist/)")
     try:
         import ray  # noqa: F401
     except ImportError:
         raise SystemExit("the ray run needs the [ray] extra: pip install -c constraints.txt -e '.[ray]'") from None
-    t0, load0 = time.monotonic(), os.getloadavg()
-    result = compare(args)
-    import psutil
-
-    result.update(
-        benchmark="ray_fleet", devices=args.devices, rounds=args.rounds, per_round=args.per_round, repeat=args.repeat,
-        model="mnist_2nn", dataset="mnist", when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        machine={"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-                 "python": platform.python_version(), "load_avg_at_start": load0,
-                 "load_avg_at_end": os.getloadavg()},
-        bench_wall_s=round(time.monotonic() - t0, 1),
-    )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    load0 = os.getloadavg()
+    runs, report = compare(args, ctx.repeats)
+    report.update(devices=args.devices, rounds=args.rounds, per_round=args.per_round, model="mnist_2nn",
+                  dataset="mnist", load_avg_at_start=load0, load_avg_at_end=os.getloadavg())
+    doc = ctx.write(runs, report, {f"{key}_over_local": ratio_summary(runs, key, "local") for key in RATIOS})
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{args.devices} emulated devices: local lightweight workers vs Ray actors "
-                        f"(median of {args.repeat} runs each)")
+                        f"(median of {ctx.repeats} runs each)")
     for col in ("", "local", "ray"):
         table.add_column(col, justify="left" if not col else "right")
     for label, show in ROWS:
-        table.add_row(label, show(result["summary"]["local"]), show(result["summary"]["ray"]))
+        table.add_row(label, show(report["summary"]["local"]), show(report["summary"]["ray"]))
     Console().print(table)
-    print("ray / local:", ", ".join(f"{k} {v}" for k, v in result["ray_over_local"].items()))
-    print(f"wrote {RESULTS}")
+    print("ray / local:", ", ".join(f"{k} {v}" for k, v in report["ray_over_local"].items()))
+    return doc
+
+
+CASE = Case("ray_fleet", __doc__, run, arguments=arguments, repeats=2, data_root=True,
+            quick={"devices": 20, "rounds": 1, "per_round": 10, "repeats": 1, "timeout": 300})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

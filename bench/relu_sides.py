@@ -21,22 +21,27 @@ import argparse
 import copy
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
-import torch
-
-from edge_sdk.forward import multi_step_forward
-from edge_sdk.models import build_model
-from edge_sdk.protocol import decode_tensors, encode_tensors
-from edge_sdk.training import TrainConfig, sample_plan
-from exporters.onnx_export import export_chunk
-from exporters.train_export import (TrainGraphCache, _loss64, _ReluSides, _state_name, _tail_names, _torch_step)
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+
+from bench.harness import Case, Context, parse_list  # noqa: E402
+from edge_sdk.forward import multi_step_forward  # noqa: E402
+from edge_sdk.models import build_model  # noqa: E402
+from edge_sdk.protocol import decode_tensors, encode_tensors  # noqa: E402
+from edge_sdk.training import TrainConfig, sample_plan  # noqa: E402
+from exporters.onnx_export import export_chunk  # noqa: E402
+from exporters.train_export import ReluSides, TrainGraphCache, state_name, tail_names, task_loss, torch_step  # noqa: E402
 
 
 def _batch(model, split: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,27 +77,27 @@ def measure(model, split: int, cache: TrainGraphCache, folder: Path, kinds: tupl
     proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in relus)
     x, y = _batch(model, split)
     tail = model.chunk(split, len(model))
-    params, buffers = _tail_names(tail)
+    params, buffers = tail_names(tail)
     named = dict(tail.named_parameters()) | dict(tail.named_buffers())
     feed = {"input": x.numpy(), "target": y.numpy(),
-            **{_state_name(model, split, n): named[n].detach().numpy().copy() for n in params + buffers}}
+            **{state_name(model, split, n): named[n].detach().numpy().copy() for n in params + buffers}}
     outs = _run(folder, proto, feed, kinds)
-    loss = lambda o, t: _loss64(model.task, o, t)  # noqa: E731
-    with _ReluSides() as float32:
-        _torch_step(copy.deepcopy(tail), loss, x, y, params, [])
+    loss = lambda o, t: task_loss(model.task, o, t)  # noqa: E731
+    with ReluSides() as float32:
+        torch_step(copy.deepcopy(tail), loss, x, y, params, [])
 
-    def reference(sides: _ReluSides) -> dict[str, np.ndarray]:
+    def reference(sides: ReluSides) -> dict[str, np.ndarray]:
         with sides:
-            return _torch_step(copy.deepcopy(tail).double(), loss, x.double(), y, params, [])
+            return torch_step(copy.deepcopy(tail).double(), loss, x.double(), y, params, [])
 
     def worst(got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
-        return max(float(np.abs(got["grad:" + _state_name(model, split, n)] - ref["grad:" + n]).max())
+        return max(float(np.abs(got["grad:" + state_name(model, split, n)] - ref["grad:" + n]).max())
                    / max(1.0, float(np.abs(ref["grad:" + n]).max())) for n in params)
 
-    own = reference(_ReluSides())
+    own = reference(ReluSides())
     row: dict = {"split": split, "relu_units": int(sum(outs["python"][r].size for r in relus))}
     for runtime, got in outs.items():
-        sides = _ReluSides([got[r] for r in relus], float32.inputs)
+        sides = ReluSides([got[r] for r in relus], float32.inputs)
         row[runtime] = {"float64_sides": worst(got, own), "own_sides": worst(got, reference(sides)),
                         "sides_taken": sides.taken}
     for kind in kinds:
@@ -101,23 +106,30 @@ def measure(model, split: int, cache: TrainGraphCache, folder: Path, kinds: tupl
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--splits", default="0,1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--runtimes", default="node,web",
                     help="JavaScript runtimes beside Python: node, web (under Node), webgpu (a Chromium tab's GPU)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "relu_sides.json")
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict:
     model = build_model("resnet20", seed=0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="relu-sides-") as tmp:
         cache = TrainGraphCache(Path(tmp) / "graphs")
-        for split in (int(s) for s in args.splits.split(",")):
+        for split in parse_list(ctx.args.splits, int):
             folder = Path(tmp) / f"s{split}"
             folder.mkdir()
-            rows.append(measure(model, split, cache, folder, tuple(args.runtimes.split(","))))
+            rows.append(measure(model, split, cache, folder, tuple(parse_list(ctx.args.runtimes))))
             print(json.dumps(rows[-1]), flush=True)
-    args.out.write_text(json.dumps({"model": "resnet20", "rows": rows}, indent=1))
+    return ctx.write(rows, {"model": "resnet20"})
+
+
+CASE = Case("relu_sides", __doc__, run, arguments=arguments, quick={"splits": "9"})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edge_sdk.client import DeviceClient, DeviceConfig  # noqa: E402
+from edge_sdk.client import DeviceClient, DeviceSettings  # noqa: E402
 from edge_sdk.data import load_dataset, partition  # noqa: E402
 from emulator.localfleet import role_budgets, start_orchestrator  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
@@ -115,7 +115,7 @@ def run_one(spec: Run, data_root: str | None) -> dict:
         async def go() -> list[dict]:
             orch, server = await start_orchestrator(config, lambda kind, data: None)
             url = f"ws://127.0.0.1:{orch.port}"
-            clients = [DeviceClient(DeviceConfig(url, f"{role}-{i}", budgets[role], backend="torch",
+            clients = [DeviceClient(DeviceSettings(url, f"{role}-{i}", budgets[role], backend="torch",
                                                  payload_cache=Path(tmp) / f"held-{i}" if held else None),
                                     ds.x[parts[i]], ds.y[parts[i]]) for i, role in enumerate(roles)]
             await asyncio.gather(*(c.run() for c in clients))

@@ -32,19 +32,20 @@ import contextlib
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, parse_list  # noqa: E402
 
 HERE = Path(__file__).resolve()
-RESULTS = HERE.parent / "results" / "scale.json"
 SHARDS = 100  # the synthetic set has 400 training samples: devices share 100 shards of 4
 
 
@@ -401,37 +402,20 @@ def table(results: list[dict], ratios: dict) -> None:
         Console(width=220).print(g)
 
 
-async def drive(args: argparse.Namespace) -> None:
-    sizes = [int(s) for s in args.sizes.split(",")]
+async def drive(args: argparse.Namespace) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory(prefix="edgetrain-scale-") as tmp:
-        for n in sizes:
+        for n in parse_list(args.sizes, int):
             print(f"{n} devices ...", file=sys.stderr, flush=True)
             results.append(await run_size(n, args, Path(tmp)))
             r = results[-1]
             print(f"  connect {r['connect_s']:.1f} s, round {r['round_wall_s']:.2f} s, idle CPU "
                   f"{r['idle_cpu_share']:.3f}, RSS {r['rss_idle_mib']:.0f} MiB, lost {r['lost']}",
                   file=sys.stderr, flush=True)
-    ratios = growth(results)
-    table(results, ratios)
-    with contextlib.suppress(OSError):
-        load = os.getloadavg()
-    doc = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "loadavg_at_end": load},
-        "settings": {"rate": args.rate, "per_round": args.per_round, "rounds": args.rounds, "workers": args.workers,
-                     "idle_s": args.idle_s, "model": "tiny", "strategy": "fedavg", "heartbeat": "websockets ping 20 s"},
-        "results": results, "growth": ratios,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    return results
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=100)
@@ -441,7 +425,6 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0,
                     help="devices connecting per second, over the whole fleet (0: all at once)")
     ap.add_argument("--connect-timeout", type=float, default=900.0)
-    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--profile", help="directory for a cProfile of each server process")
     # internal: the orchestrator process and the worker processes
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -452,14 +435,31 @@ def main() -> None:
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
     ap.add_argument("--workers-total", type=int, default=1, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict | None:
+    args = ctx.args
     if args.serve:
         args.profile = args.profile_file
         serve(args)
-    elif args.work:
+        return None
+    if args.work:
         work(args)
-    else:
-        asyncio.run(drive(args))
+        return None
+    results = asyncio.run(drive(args))
+    ratios = growth(results)
+    table(results, ratios)
+    return ctx.write(results, {"settings": {"model": "tiny", "strategy": "fedavg", "heartbeat": "websockets ping 20 s"},
+                               "growth": ratios})
+
+
+CASE = Case("scale", __doc__, run, arguments=arguments,
+            quick={"sizes": "20", "rounds": 1, "per_round": 10, "workers": 1, "idle_s": 2.0, "settle_s": 1.0,
+                   "rate": 0.0})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

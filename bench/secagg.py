@@ -14,16 +14,21 @@ no network; the round's network time is the transport's (``bench/transport.py``)
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from edge_sdk import protocol as p
-from edge_sdk.secagg import Scope, identity_public_key
-from edge_sdk.secagg.round import DeviceRound
-from orchestrator.aggregation.secure.round import SecureRound
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, parse_list  # noqa: E402
+from edge_sdk import protocol as p  # noqa: E402
+from edge_sdk.secagg import Scope, identity_public_key  # noqa: E402
+from edge_sdk.secagg.round import DeviceRound  # noqa: E402
+from orchestrator.aggregation.secure import round as server_round  # noqa: E402  (the server's stages: what is measured)
 
 
 def _wire(msg: p.Message) -> tuple[p.Message, int]:
@@ -51,7 +56,7 @@ def plain_round(n: int, sizes: dict[int, int], rng: np.random.Generator) -> dict
 def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.Generator) -> dict[str, object]:
     scope, ids = Scope("bench", 1), [f"d{i:04d}" for i in range(n)]
     roster = {d: identity_public_key(f"s-{d}", d) for d in ids}
-    server = SecureRound(scope, len(sizes), sizes, clip=1.0, identities=roster, weight_scale=100.0)
+    server = server_round.SecureRound(scope, len(sizes), sizes, clip=1.0, identities=roster)
     devices = {d: DeviceRound(d, f"s-{d}", scope, 0, len(sizes)) for d in ids}
     cpu = dict.fromkeys(ids, 0.0)
     sent = dict.fromkeys(ids, 0)
@@ -74,7 +79,7 @@ def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.G
         msg, size = _wire(p.SecAggKeys(1, *device_step(d, dev.advertise)))
         sent[d] += size
         server_step(lambda: server.advertise(d, 0, msg.cipher_public, msg.mask_public, msg.signature))
-    peers = server_step(server.close_keys)
+    peers = server_step(lambda: server.close_keys(weight_scale=100.0))
     for d, fields in peers.items():
         msg, _ = _wire(p.SecAggPeers(round=1, **fields))
         shares, size = _wire(p.SecAggShares(1, device_step(d, lambda: devices[d].share(msg))))
@@ -107,31 +112,40 @@ def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.G
             "revealed": sum(o.values is not None for o in outcomes), "degree": len(next(iter(peers.values()))["cipher_keys"])}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--devices", default="10,100")
     ap.add_argument("--params", type=int, default=100_000)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--dropouts", default="0,0.1,0.3")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "secagg.json")
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
     sizes = {b: args.params // args.blocks for b in range(args.blocks)}
     rng = np.random.default_rng(0)
     rows = []
     print("| devices | dropout | degree | device CPU s (secure / plain) | server CPU s (secure / plain) | "
           "upload bytes (secure / plain) | key and share bytes per device | blocks revealed |")
     print("|---|---|---|---|---|---|---|---|")
-    for n in (int(x) for x in args.devices.split(",")):
+    for n in parse_list(args.devices, int):
         plain = plain_round(n, sizes, rng)
-        for dropout in (float(x) for x in args.dropouts.split(",")):
+        for dropout in parse_list(args.dropouts, float):
             sec = secure_round(n, sizes, dropout, rng)
-            rows.append({"devices": n, "dropout": dropout, "params": args.params, "plain": plain, "secure": sec})
+            rows.append({"devices": n, "dropout": dropout, "params": args.params, "plain": plain, "secure": sec,
+                         **{f"{who}_cpu_ratio": sec[f"{who}_cpu_s"] / plain[f"{who}_cpu_s"] if plain[f"{who}_cpu_s"] else None
+                            for who in ("device", "server")}})
             print(f"| {n} | {dropout:.0%} | {sec['degree']} | {sec['device_cpu_s']:.3f} / {plain['device_cpu_s']:.4f} | "
                   f"{sec['server_cpu_s']:.2f} / {plain['server_cpu_s']:.3f} | {sec['upload_bytes']} / "
                   f"{plain['upload_bytes']} | {sec['protocol_bytes']:.0f} | {sec['revealed']} of {args.blocks} |",
                   flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
+    return ctx.write(rows, {"blocks": args.blocks, "params": args.params})
+
+
+CASE = Case("secagg", __doc__, run, arguments=arguments, quick={"devices": "5", "params": 1000, "dropouts": "0,0.2"})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -31,63 +31,34 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-from datetime import datetime, timezone
 from pathlib import Path
 from statistics import mean
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.harness import Case, Context, interleave, parse_list, runs_of  # noqa: E402
+from bench.harness.fleets import build_fleet, group  # noqa: E402
+
 LARGE = 1000  # a fleet this size or larger runs --rounds-large rounds
 
 
-def fleet_toml(devices: int, rounds: int, dropout: float, secure: bool, local_steps: int = 1) -> str:
-    """The fleet file of one case."""
-    return f"""[fleet]
-model = "mnist_2nn"
-dataset = "mnist"
-seed = 0
-
-[training]
-strategy = "fedavg"
-rounds = {rounds}
-fraction = 1.0
-local_steps = {local_steps}
-batch_size = 16
-lr = 0.1
-momentum = 0.0
-weight_decay = 0.0
-norm_bound = 0.0
-direction_trust = false
-max_loss_rise = 0.0
-secure_aggregation = {str(secure).lower()}
-secure_clip = 5.0
-
-[partition]
-scheme = "iid"
-
-[emulation]
-mode = "lightweight"
-memory_cap = "none"
-timeout_s = 1800
-throttle_cpu = false
-
-[behaviour]
-dropout = {dropout}
-drop_at = "upload"
-rejoin_after_s = 0.0
-
-[[groups]]
-name = "d"
-class = "mid-phone"
-count = {devices}
-"""
+def case_fleet(name: str, devices: int, rounds: int, dropout: float, secure: bool, local_steps: int = 1):
+    """The fleet of one case: FedAvg on mnist_2nn, every device every round, the server's checks off."""
+    return build_fleet(
+        name, model="mnist_2nn", dataset="mnist", seed=0,
+        training={"strategy": "fedavg", "rounds": rounds, "fraction": 1.0, "local_steps": local_steps,
+                  "batch_size": 16, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, "norm_bound": 0.0,
+                  "direction_trust": False, "max_loss_rise": 0.0, "secure_aggregation": secure, "secure_clip": 5.0},
+        partition={"scheme": "iid"},
+        emulation={"mode": "lightweight", "memory_cap": "none", "timeout_s": 1800, "throttle_cpu": False},
+        behaviour={"dropout": dropout, "drop_at": "upload", "rejoin_after_s": 0.0},
+        groups=[group("mid-phone", devices, "d")])
 
 
 def round_row(h: dict, rss: int | None) -> dict:
@@ -117,13 +88,11 @@ def run_case(devices: int, dropout: float, secure: bool, rounds: int, workers: i
     """One case, in this process: the run's rounds and this process's (the server's) memory."""
     import emulator.localfleet  # noqa: F401  (torch and the server: loaded before the baseline RSS)
     from edge_sdk.memory import process_memory
-    from emulator.fleet import parse_fleet
     from emulator.runner import run_emulation
     from emulator.schedule import server_config
 
     name = f"{'secure' if secure else 'plain'}-{devices}-drop{round(dropout * 100)}"
-    fleet = parse_fleet(tomllib.loads(fleet_toml(devices, rounds, dropout, secure, local_steps)), source=name,
-                        default_name=name)
+    fleet = case_fleet(name, devices, rounds, dropout, secure, local_steps)
     rss: dict[int, int] = {}
 
     def on_event(kind: str, data: dict) -> None:
@@ -173,7 +142,7 @@ def summary(case: dict) -> dict:
 
 def table(paths: list[Path]) -> str:
     """The markdown table of result files: each secure case beside the plain case of its size and dropout."""
-    cases = [c for path in paths for c in json.loads(path.read_text())["results"]]
+    cases = [c for path in paths for c in runs_of(json.loads(path.read_text()), older="results")]
     plain = {(c["devices"], c["dropout"]): c for c in cases if c["mode"] == "plain"}
     lines = ["| devices | dropout | wall s (secure / plain) | device CPU s | server CPU s | upload B | "
              "key, share, unmask B up | server RSS growth MiB | blocks revealed, masks recovered |",
@@ -215,8 +184,7 @@ def child(args: argparse.Namespace, devices: int, dropout: float, secure: bool) 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--devices", default="10,100,1000")
     ap.add_argument("--dropouts", default="0,0.1,0.3")
     ap.add_argument("--rounds", type=int, default=3)
@@ -227,34 +195,36 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--case-timeout", type=float, default=900)
     ap.add_argument("--stage-s", type=float, default=None, help="secure_stage_s (default: the server's, 30 s)")
-    ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "secagg_fleet.json")
     ap.add_argument("--table", nargs="+", type=Path, default=None, help="print the table of these result files")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # devices,dropout,secure,rounds: one case
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict | None:
+    args = ctx.args
     if args.table:
         print(table(args.table))
-        return
+        return None
     if args.case:
         n, drop, sec, rounds = args.case.split(",")
         print(json.dumps(run_case(int(n), float(drop), sec == "1", int(rounds), args.workers, args.data_root,
                                   args.stage_s, args.local_steps)))
-        return
+        return None
     results = []
-    for n in (int(d) for d in args.devices.split(",")):
-        for drop in (float(x) for x in args.dropouts.split(",")):
-            for secure in (False, True):
-                case = child(args, n, drop, secure)
-                case["summary"] = summary(case) if "failed" not in case else {}
-                results.append(case)
-                print(json.dumps({k: case.get(k) for k in ("mode", "devices", "dropout", "summary", "failed")}),
-                      flush=True)
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": "the shared 2-core machine",
-              "load_average_15min": round(os.getloadavg()[2], 1),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("case", "data_root")} | {"out": str(args.out)},
-              "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    sizes = [(n, drop) for n in parse_list(args.devices, int) for drop in parse_list(args.dropouts, float)]
+    for rep, mode in interleave(("plain", "secure"), len(sizes)):  # a size's two cases side by side
+        case = child(args, *sizes[rep], mode == "secure")
+        case["summary"] = summary(case) if "failed" not in case else {}
+        results.append(case)
+        print(json.dumps({k: case.get(k) for k in ("mode", "devices", "dropout", "summary", "failed")}), flush=True)
+    return ctx.write(results)
+
+
+CASE = Case("secagg_fleet", __doc__, run, arguments=arguments, data_root=True,
+            quick={"devices": "4", "dropouts": "0", "rounds": 1, "case_timeout": 300})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ for _p in (ROOT, BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from bench.harness import Case, Context, interleave, parse_list  # noqa: E402  (the standard library only)
+
 
 def num_shares(n: int) -> int:
     """This project's neighbour count for a cohort of n (orchestrator ``secure_degree = 0``)."""
@@ -144,44 +146,49 @@ def run_lane(flwr_py: Path, s: dict, timeout: float) -> dict:
             "lane_wall_s": round(wall, 1)}
 
 
-def main() -> None:
+def arguments(ap) -> None:
     import argparse
-    from datetime import datetime, timezone
 
-    import vs_flower
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="10,100")
     ap.add_argument("--dropouts", default="0,0.1,0.3")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="plain,secure", help="which lanes: plain, secure or both")
     ap.add_argument("--lane-timeout", type=float, default=600)
     ap.add_argument("--flwr-venv", type=Path, default=BENCH / ".venv-flwr")
-    ap.add_argument("--out", type=Path, default=BENCH / "results" / "secagg_flower.json")
     ap.add_argument("--lane", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def run(ctx: Context) -> dict | None:
+    import vs_flower
+
+    args = ctx.args
     if args.lane:
         print(json.dumps(simulate(json.loads(args.lane))), flush=True)
-        return
+        return None
     with tempfile.TemporaryDirectory(prefix="secagg-flower-") as tmp:
         flwr_py, note = vs_flower.ensure_flwr_venv(args.flwr_venv.resolve(), Path(tmp) / "pip.log")
         if flwr_py is None:
             raise SystemExit(f"Flower's environment: {note}")
         results = []
-        for n in (int(c) for c in args.clients.split(",")):
+        for n in parse_list(args.clients, int):
             shard_dir = Path(tmp) / f"shards-{n}"
             shard_dir.mkdir()
             vs_flower.write_shards({"clients": n, "seed": 0, "data_root": os.environ.get("EDGETRAIN_DATA")}, shard_dir)
-            for drop in (float(d) for d in args.dropouts.split(",")):
-                for secure in (m == "secure" for m in args.modes.split(",")):
-                    s = {"clients": n, "dropout": drop, "secure": secure, "rounds": args.rounds, "seed": 0,
-                         "shard_dir": str(shard_dir)}
-                    results.append(run_lane(flwr_py, s, args.lane_timeout))
-                    print(json.dumps({k: v for k, v in results[-1].items() if k != "rounds"})[:600], flush=True)
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": "the shared 2-core machine",
-              "flwr": note, "model_bytes": 50890 * 4, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+            drops = parse_list(args.dropouts, float)
+            for rep, mode in interleave(parse_list(args.modes), len(drops)):  # a dropout's lanes side by side
+                s = {"clients": n, "dropout": drops[rep], "secure": mode == "secure", "rounds": args.rounds,
+                     "seed": 0, "shard_dir": str(shard_dir)}
+                results.append(run_lane(flwr_py, s, args.lane_timeout))
+                print(json.dumps({k: v for k, v in results[-1].items() if k != "rounds"})[:600], flush=True)
+    return ctx.write(results, {"flwr": note, "model_bytes": 50890 * 4})
+
+
+CASE = Case("secagg_flower", __doc__, run, arguments=arguments, data_root=True,
+            quick={"clients": "4", "dropouts": "0", "rounds": 1})
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,22 @@ Usage: ``python bench/sparse_aggregation.py [--rows 1000000] [--dim 64] [--touch
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.protocol import RowSparse
-from orchestrator.rounds import RoundState
-from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext
-from orchestrator.strategies.fedsubavg import FedSubAvg
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, interleave, parse_list, ratio_summary  # noqa: E402
+from edge_sdk.protocol import RowSparse  # noqa: E402
+from orchestrator.rounds import RoundState  # noqa: E402
+from orchestrator.strategies import DeviceInfo, DeviceReport, RoundContext  # noqa: E402
+from orchestrator.strategies.fedsubavg import FedSubAvg  # noqa: E402
 
 TABLE = "blocks.emb.weight"
 BIAS = "blocks.head.bias"
@@ -83,32 +88,45 @@ def traced_peak(state, infos, updates) -> int:
     return peak
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--touch", type=int, default=1_000)
     ap.add_argument("--devices", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--fleets", type=lambda v: [int(x) for x in v.split(",")], default=[50, 200, 2000],
+    ap.add_argument("--fleets", type=lambda v: parse_list(v, int), default=[50, 200, 2000],
                     help="fleet sizes whose peak memory is traced (2,000 x 1,000 rows touch most of the table)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sparse_aggregation.json")
-    args = ap.parse_args()
 
+
+def timed_runs(state, infos, updates, repeats: int) -> list[dict]:
+    """A numpy copy of the table (the ceiling) and a round of folds and aggregate, side by side each repeat."""
+    table = state[TABLE]
+    table.copy()  # warm-up: the copy's pages
+    runs = []
+    for rep, lane in interleave(("copy", "round"), repeats):
+        if lane == "copy":
+            t0 = time.perf_counter()
+            c = table.copy()
+            runs.append({"lane": "copy", "repeat": rep, "seconds": time.perf_counter() - t0, "rows": len(table)})
+            del c
+        else:
+            r = run_round(state, infos, updates)
+            runs.append({"lane": "round", "repeat": rep, "seconds": r["fold_s"], **r})
+    for r in runs:
+        r["rows_per_s"] = (r["folded_rows"] if r["lane"] == "round" else r["rows"]) / r["seconds"]
+    return runs
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
     state, infos, updates = make_round(args.rows, args.dim, args.touch, args.devices)
     table = state[TABLE]
     row_bytes = args.dim * 4
-    copies = []
-    for _ in range(args.repeats + 1):
-        t0 = time.perf_counter()
-        c = table.copy()
-        copies.append(time.perf_counter() - t0)
-        del c
-    copy_s = min(copies[1:])
-    runs = [run_round(state, infos, updates) for _ in range(args.repeats)]
-    best = min(runs, key=lambda r: r["fold_s"])
+    runs = timed_runs(state, infos, updates, ctx.repeats)
+    rounds = [r for r in runs if r["lane"] == "round"]
+    copy_s = min(r["seconds"] for r in runs if r["lane"] == "copy")
+    best = min(rounds, key=lambda r: r["fold_s"])
     fold_rows_s = best["folded_rows"] / best["fold_s"]
-    agg = min(r["aggregate_s"] for r in runs)
+    agg = min(r["aggregate_s"] for r in rounds)
     table_mib = table.nbytes / 2**20
 
     peaks = {}
@@ -121,7 +139,7 @@ def main() -> None:
         "table_mib": table_mib,
         "fold_rows_per_s": fold_rows_s, "fold_mib_per_s": fold_rows_s * row_bytes / 2**20,
         "fold_s_per_update": best["fold_s"] / best["updates"],
-        "aggregate_s": agg, "configure_s": min(r["configure_s"] for r in runs),
+        "aggregate_s": agg, "configure_s": min(r["configure_s"] for r in rounds),
         "copy_s": copy_s, "copy_mib_per_s": table_mib / copy_s, "copy_rows_per_s": args.rows / copy_s,
         "fold_vs_copy_rows": fold_rows_s / (args.rows / copy_s),
         "peak_traced_over_table": peaks,
@@ -135,8 +153,16 @@ def main() -> None:
           f"  (fold/copy: {out['fold_vs_copy_rows']:.2f})")
     for k, v in out["peak_traced_over_table"].items():
         print(f"  peak traced memory (fold + aggregate) with {k} updates: {v:.2f} x the table")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return ctx.write(runs, out, {"rows_per_s_over_copy": ratio_summary(runs, "rows_per_s", "copy")})
+
+
+CASE = Case("sparse_aggregation", __doc__, run, arguments=arguments, repeats=3,
+            quick={"rows": 20_000, "dim": 8, "touch": 100, "devices": 20, "fleets": "10,20", "repeats": 1},
+            metrics=("seconds", "rows_per_s"), group_by=("lane",))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import multiprocessing
 import platform
 import statistics
@@ -53,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness import Case, Context, interleave, parse_list, ratio_summary  # noqa: E402
 from edge_sdk.protocol import (  # noqa: E402
     DEFAULT_FRAME_SIZE,
     Limits,
@@ -167,9 +167,8 @@ async def _measure(proto_port: int, bare_port: int, sizes: list[int], repeats: i
         for size in sizes:  # one size at a time, so that a 100 MiB run does not disturb a 1 MiB one
             for method in METHODS:  # warm-up: allocator, socket buffers
                 await run[method](method, size)
-            for rep in range(repeats):
-                for method in METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]:
-                    times[size][method].append(await run[method](method, size))
+            for _, method in interleave(METHODS, repeats):
+                times[size][method].append(await run[method](method, size))
             block = max(3, 200 // size)  # enough back-to-back transfers to time small CPU costs
             for method in METHODS:
                 ws = bare if method in ("bare", "floor") else proto
@@ -203,14 +202,14 @@ def _codec_speed(sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,10,100", help="tensor sizes in MiB, comma-separated")
-    parser.add_argument("--repeats", type=int, default=15, help="timed transfers per size and method")
     parser.add_argument("--frame-size", type=int, default=DEFAULT_FRAME_SIZE, help="protocol frame size in bytes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "transport.json")
-    args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+
+
+def run(context: Context) -> dict:
+    args = context.args
+    sizes = parse_list(args.sizes, int)
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -261,19 +260,20 @@ def main(argv: list[str] | None = None) -> dict:
         cpu_table.add_row(f"{row['size_mib']} MiB", *cells, f"{row['size_mib'] / row['sha256_mib_s'] * 1e3:.2f}")
     console.print(cpu_table)
 
-    result = {
-        "benchmark": "transport",
-        "frame_size": args.frame_size,
-        "repeats": args.repeats,
-        "bare_options": {k: v for k, v in BARE_OPTIONS.items()},
-        "machine": {"python": platform.python_version(), "websockets": websockets.__version__,
-                    "numpy": np.__version__, "cpus": multiprocessing.cpu_count()},
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return result
+    runs = [{"size_mib": size, "lane": m, "repeat": rep, "seconds": t, "mib_s": size / t}
+            for size in sizes for m in METHODS for rep, t in enumerate(times[size][m])]
+    ratios = {f"mib_s_over_{base}": ratio_summary(runs, "mib_s", base, by=("size_mib",)) for base in ("bare", "floor")}
+    return context.write(runs, {"frame_size": args.frame_size, "bare_options": dict(BARE_OPTIONS),
+                                "versions": {"python": platform.python_version(), "websockets": websockets.__version__,
+                                             "numpy": np.__version__}, "rows": rows}, ratios)
+
+
+CASE = Case("transport", __doc__, run, arguments=arguments, repeats=15, quick={"sizes": "1", "repeats": 2},
+            metrics=("mib_s",), group_by=("size_mib", "lane"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

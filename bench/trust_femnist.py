@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -21,23 +20,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEET = ROOT / "profiles" / "fleets" / "femnist-75weak.toml"
-#: The fleet file's lines that turn the server's checks off (a paper's aggregation); "defaults" drops them.
-CHECKS_OFF = ("norm_bound = 0.0", "direction_trust = false", "max_loss_rise = 0.0", "max_weight_share = 1.0")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context, interleave, ratio_summary  # noqa: E402
+from bench.harness.fleets import derive, write_fleet  # noqa: E402
+
+FLEET = "femnist-75weak"
+#: The fleet's settings that turn the server's checks off (a paper's aggregation); "defaults" puts them back
+#: to the server's defaults.
+CHECKS_OFF = {"training": ("norm_bound", "direction_trust", "max_loss_rise"), "strategy": ("max_weight_share",)}
+LANES = ("defaults", "off")
 
 
-def fleet_text(seed: int, defaults: bool) -> str:
-    text = FLEET.read_text().replace('mode = "processes"', 'mode = "lightweight"')
-    text = re.sub(r"^seed = \d+$", f"seed = {seed}", text, count=1, flags=re.M)
-    if defaults:
-        text = "\n".join(line for line in text.splitlines() if line.strip() not in CHECKS_OFF) + "\n"
-    return text
+def fleet_for(seed: int, defaults: bool):
+    """The shipped fleet in the lightweight emulation at ``seed``; with ``defaults``, the server's checks on."""
+    from emulator.fleet import load_fleet
+
+    back = {table: dict.fromkeys(keys) for table, keys in CHECKS_OFF.items()} if defaults else {}
+    return derive(load_fleet(FLEET), fleet={"seed": seed}, emulation={"mode": "lightweight"}, **back)
 
 
-def run(tmp: Path, seed: int, defaults: bool, rounds: int) -> dict:
+def run_one(tmp: Path, seed: int, defaults: bool, rounds: int) -> dict:
     name = f"{'defaults' if defaults else 'off'}-{seed}"
-    fleet = tmp / f"{name}.toml"
-    fleet.write_text(fleet_text(seed, defaults))
+    fleet = write_fleet(fleet_for(seed, defaults), tmp / f"{name}.toml")
     out = tmp / name
     t0 = time.monotonic()
     subprocess.run([str(Path(sys.executable).parent / "edgetrain"), "emulate", "--fleet", str(fleet), "--rounds", str(rounds),
@@ -45,29 +51,38 @@ def run(tmp: Path, seed: int, defaults: bool, rounds: int) -> dict:
     wall = time.monotonic() - t0
     metrics = json.loads(next(out.rglob("metrics.json")).read_text())
     acc = [h["accuracy"] for h in metrics["rounds"] if "accuracy" in h]
-    row = {"run": name, "seed": seed, "defaults": defaults, "last5": round(100 * sum(acc[-5:]) / len(acc[-5:]), 2),
-           "final": round(100 * acc[-1], 2), "wall_s": round(wall, 1), "emulate_wall_s": round(metrics["wall_s"], 1)}
+    row = {"run": name, "lane": "defaults" if defaults else "off", "seed": seed, "defaults": defaults,
+           "last5": round(100 * sum(acc[-5:]) / len(acc[-5:]), 2), "final": round(100 * acc[-1], 2),
+           "wall_s": round(wall, 1), "emulate_wall_s": round(metrics["wall_s"], 1)}
     print(json.dumps(row), flush=True)
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--seeds", default="0,1,2")
-    args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+
+
+def run(ctx: Context) -> dict:
+    seeds = ctx.seeds
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in seeds:
-            rows += [run(Path(tmp), seed, True, args.rounds), run(Path(tmp), seed, False, args.rounds)]
+    with tempfile.TemporaryDirectory() as tmp:  # a seed's two lanes side by side, the first lane alternating
+        for rep, lane in interleave(LANES, len(seeds)):
+            rows.append(run_one(Path(tmp), seeds[rep], lane == "defaults", ctx.args.rounds))
     print("\n| seed | checks off (%) | defaults (%) | points | wall off (s) | wall defaults (s) | ratio |")
     for seed in seeds:
         on, off = (next(r for r in rows if r["seed"] == seed and r["defaults"] is d) for d in (True, False))
         print(f"| {seed} | {off['last5']} | {on['last5']} | {on['last5'] - off['last5']:+.2f} | {off['wall_s']} | "
               f"{on['wall_s']} | {on['wall_s'] / off['wall_s']:.2f} |")
-    out = {"rounds": args.rounds, "seeds": seeds, "date": time.strftime("%Y-%m-%d"), "runs": rows}
-    (Path(__file__).parent / "results" / "trust_femnist.json").write_text(json.dumps(out, indent=1) + "\n")
+    return ctx.write(rows, {"rounds": ctx.args.rounds, "seeds": seeds},
+                     {"wall_s_ratio": ratio_summary(rows, "wall_s", "off", pair=("seed",))})
+
+
+CASE = Case("trust_femnist", __doc__, run, arguments=arguments, seeds="0,1,2", quick={"rounds": 2, "seeds": "0"},
+            metrics=("last5", "final", "wall_s"), group_by=("lane",))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

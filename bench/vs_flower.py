@@ -67,7 +67,7 @@ Usage: ``.venv/bin/python bench/vs_flower.py [--lanes plain,ours-light,ours-ligh
 [--rounds 5] [--clients 20] [--per-round 10] [--workers 2] [--threads 2] [--steps 5] [--batch 32] [--lr 0.1] [--seed 0] [--data-root DIR]
 [--flwr-venv bench/.venv-flwr] [--no-netns] [--keep-logs DIR] [--repeats 1] [--out bench/results/vs_flower.json]``.
 
-``--repeats N`` runs the lanes N times, interleaved (plain, ours, ..., then again), and reports each
+``--repeats N`` runs the lanes N times, interleaved (every lane once a repeat, the first one rotating), and reports each
 figure's median; a lane's ratio to the plain loop is the median of the ratios each repeat measured
 against its own plain run, minutes apart on the same machine. On a shared machine one run of a lane
 can take a quarter more CPU than the next: one repeat's ratios are a sample, not a result.
@@ -77,11 +77,9 @@ Needs MNIST under ``$EDGETRAIN_DATA`` (or ``--data-root``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -96,6 +94,9 @@ BENCH = ROOT / "bench"
 for _p in (ROOT, BENCH):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
+
+from bench.harness import Case, Context, interleave, parse_list, ratio_summary  # noqa: E402
+from bench.harness.fleets import build_fleet, group  # noqa: E402
 
 LANES = ("plain", "ours-light", "ours-light-defaults", "ours", "ours-defaults", "ours-lean", "ours-lean-warm",
          "flwr-sim", "flwr-deploy")
@@ -290,28 +291,15 @@ def lane_ours(s: dict, lean: bool = False, warm: bool = False) -> dict:
             "eval_s": last.get("eval_s"), "returncodes": run.returncodes}
 
 
-_LIGHT_FLEET = """
-[fleet]
-description = "bench/vs_flower.py: the workload's devices in the lightweight mode"
-model = "{model}"
-dataset = "mnist"
-seed = {seed}
+def light_fleet(s: dict):
+    """The workload's devices in the lightweight mode (the orchestrator's settings are ``_server_config``'s)."""
+    import fl_common as fc
 
-[partition]
-scheme = "iid"
-seed = {seed}
-
-[emulation]
-mode = "lightweight"
-memory_cap = "none"
-throttle_cpu = false
-
-[[groups]]
-name = "dev"
-class = "mid-phone"
-budget = "4GiB"
-count = {clients}
-"""
+    return build_fleet("vs-flower", model=fc.MODEL, dataset="mnist", seed=s["seed"],
+                       description="bench/vs_flower.py: the workload's devices in the lightweight mode",
+                       partition={"scheme": "iid", "seed": s["seed"]},
+                       emulation={"mode": "lightweight", "memory_cap": "none", "throttle_cpu": False},
+                       groups=[group("mid-phone", s["clients"], "dev", budget="4GiB")])
 
 
 def lane_light(s: dict) -> dict:
@@ -319,16 +307,12 @@ def lane_light(s: dict) -> dict:
     ``s["workers"]`` worker processes, each over its own websocket to the orchestrator in this process."""
     import asyncio
 
-    import fl_common as fc
-    from emulator.fleet import load_fleet
     from emulator.lightweight import run_lightweight
 
     rounds: dict[int, dict] = {}
     marks = {"t_lane_start": time.time()}
     with tempfile.TemporaryDirectory(prefix="vs-flower-light-") as tmp:
-        path = Path(tmp) / "fleet.toml"
-        path.write_text(_LIGHT_FLEET.format(model=fc.MODEL, seed=s["seed"], clients=s["clients"]))
-        fleet = load_fleet(path)
+        fleet = light_fleet(s)
         config = _server_config(s, Path(tmp) / "store")
         run = asyncio.run(run_lightweight(fleet, config, on_event=_round_recorder(rounds, marks), data_root=s.get("data_root"),
                                           workers=s.get("workers"), threads=s.get("threads") or 2,
@@ -746,8 +730,7 @@ def print_table(results: dict[str, dict], paired: dict[str, dict]) -> str:
     return table
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lanes", default=",".join(LANES), help="comma-separated, from " + ", ".join(LANES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=20)
@@ -757,77 +740,38 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--data-root", default=None, help="the datasets folder (default: $EDGETRAIN_DATA)")
     ap.add_argument("--flwr-venv", type=Path, default=BENCH / ".venv-flwr")
     ap.add_argument("--flwr-port", type=int, default=19100, help="SuperLink port (SuperNodes take the next ones)")
     ap.add_argument("--no-netns", action="store_true", help="do not run lanes in their own network namespace")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per lane")
     ap.add_argument("--keep-logs", type=Path, default=None, help="keep every lane's logs in this folder")
-    ap.add_argument("--out", type=Path, default=BENCH / "results" / "vs_flower.json")
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of ours-light, and parallel ClientApps of flwr-sim")
     ap.add_argument("--threads", type=int, default=2, help="training threads per ours-light worker")
     ap.add_argument("--noise-runs", type=int, default=4,
                     help="untimed reruns of the plain loop with other batch draws (the chance spread)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="run the lanes this many times, interleaved (plain, ours, ..., plain, ours, ...); the "
-                         "table gives each figure's median and the median of each repeat's ratio to the plain loop")
     ap.add_argument("--lane", choices=[x for x in LANES if not x.startswith("flwr")], help=argparse.SUPPRESS)
-    args = ap.parse_args()
 
-    if args.lane:
-        s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
-        s["server_defaults"] = args.lane in DEFAULTS_LANES
-        if args.lane == "plain":
-            res = lane_plain(s)
-        elif args.lane.startswith("ours-light"):
-            res = lane_light(s)
-        else:
-            res = lane_ours(s, lean=args.lane.startswith("ours-lean"), warm=args.lane.endswith("warm"))
-        if args.lane != "plain":
-            res["server_checks"] = ("defaults: norm bound 1.0 (a reference update per round), validation before "
-                                    "commit (max_loss_rise 1.0)") if s["server_defaults"] else \
-                "off: norm_bound 0, max_loss_rise 0 (as Flower and the plain loop)"
-        Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
-        return
 
-    lanes = [x.strip() for x in args.lanes.split(",") if x.strip()]
-    unknown = sorted(set(lanes) - set(LANES))
-    if unknown:
-        raise SystemExit(f"unknown lanes {unknown}; choose from {', '.join(LANES)}")
-    work = Path(tempfile.mkdtemp(prefix="vs-flower-"))
-    logs = args.keep_logs or work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    shard_dir = work / "shards"
-    shard_dir.mkdir()
-    settings = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round, "steps": args.steps,
-                "batch": args.batch, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
-                "data_root": args.data_root, "shard_dir": str(shard_dir), "flwr_port": args.flwr_port,
-                "timeout": args.timeout, "workers": args.workers, "threads": args.threads,
-                "noise_runs": args.noise_runs}
-    try:
-        write_shards(settings, shard_dir)
-    except Exception as e:  # noqa: BLE001 (DatasetUnavailable and friends)
-        raise SystemExit(f"MNIST is needed: {e}") from None
-    netns = not args.no_netns and netns_works()
-    flwr_py, flwr_note = None, "not needed"
-    if any(lane.startswith("flwr") for lane in lanes):
-        args.flwr_venv.parent.mkdir(parents=True, exist_ok=True)
-        flwr_py, flwr_note = ensure_flwr_venv(args.flwr_venv.resolve(), logs / "pip-flwr.log")
-        if flwr_py is None:
-            print(f"Flower lanes skipped: {flwr_note}", flush=True)
-    base_env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", VS_FLOWER_REPO=str(ROOT), PYTHONUNBUFFERED="1",
-                    RAY_DEDUP_LOGS="0", RAY_USAGE_STATS_ENABLED="0")
-    runs: dict[str, list[dict]] = {lane: [] for lane in lanes}
-    for repeat in range(args.repeats):
-        if args.repeats > 1:
-            print(f"-- repeat {repeat + 1} of {args.repeats}", flush=True)
-        for lane in lanes:
-            runs[lane].append(run_one_lane(lane, settings, work, logs, base_env, flwr_py, flwr_note, netns, args.timeout))
-    results = {lane: combine_runs(lane_runs) for lane, lane_runs in runs.items()}
-    paired = paired_ratios(runs)
+def one_lane(lane: str) -> None:
+    """``--lane``: one lane in this process, its result written where the settings say."""
+    s = json.loads(os.environ["VS_FLOWER_SETTINGS"])
+    s["server_defaults"] = lane in DEFAULTS_LANES
+    if lane == "plain":
+        res = lane_plain(s)
+    elif lane.startswith("ours-light"):
+        res = lane_light(s)
+    else:
+        res = lane_ours(s, lean=lane.startswith("ours-lean"), warm=lane.endswith("warm"))
+    if lane != "plain":
+        res["server_checks"] = ("defaults: norm bound 1.0 (a reference update per round), validation before "
+                                "commit (max_loss_rise 1.0)") if s["server_defaults"] else \
+            "off: norm_bound 0, max_loss_rise 0 (as Flower and the plain loop)"
+    Path(s["out"]).write_text(json.dumps(res, indent=1, default=str))
 
-    table = print_table(results, paired)
+
+def check_targets(results: dict[str, dict], paired: dict[str, dict]) -> dict[str, dict]:
+    """The issue's targets: each edgetrain lane's overhead against Flower's simulation and the plain loop."""
     wall = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_s") for lane in LANES}
     cpu = {lane: results.get(lane, {}).get("summary", {}).get("warm_round_cpu_s") for lane in LANES}
     targets = {}
@@ -857,24 +801,79 @@ def main() -> None:
     if over_plain("ours", "cpu") is not None:
         targets["ours: CPU per warm round at most 1.5x the plain loop's"] = {
             "ratio": over_plain("ours", "cpu"), "holds": over_plain("ours", "cpu") <= 1.5}
+    return targets
+
+
+def run(ctx: Context) -> dict | None:
+    args = ctx.args
+    if args.lane:
+        one_lane(args.lane)
+        return None
+    lanes = parse_list(args.lanes)
+    unknown = sorted(set(lanes) - set(LANES))
+    if unknown:
+        raise SystemExit(f"unknown lanes {unknown}; choose from {', '.join(LANES)}")
+    work = Path(tempfile.mkdtemp(prefix="vs-flower-"))
+    logs = args.keep_logs or work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    shard_dir = work / "shards"
+    shard_dir.mkdir()
+    settings = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round, "steps": args.steps,
+                "batch": args.batch, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+                "data_root": args.data_root, "shard_dir": str(shard_dir), "flwr_port": args.flwr_port,
+                "timeout": args.timeout, "workers": args.workers, "threads": args.threads,
+                "noise_runs": args.noise_runs}
+    try:
+        write_shards(settings, shard_dir)
+    except Exception as e:  # noqa: BLE001 (DatasetUnavailable and friends)
+        raise SystemExit(f"MNIST is needed: {e}") from None
+    netns = not args.no_netns and netns_works()
+    flwr_py, flwr_note = None, "not needed"
+    if any(lane.startswith("flwr") for lane in lanes):
+        args.flwr_venv.parent.mkdir(parents=True, exist_ok=True)
+        flwr_py, flwr_note = ensure_flwr_venv(args.flwr_venv.resolve(), logs / "pip-flwr.log")
+        if flwr_py is None:
+            print(f"Flower lanes skipped: {flwr_note}", flush=True)
+    base_env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", VS_FLOWER_REPO=str(ROOT), PYTHONUNBUFFERED="1",
+                    RAY_DEDUP_LOGS="0", RAY_USAGE_STATS_ENABLED="0")
+    runs: dict[str, list[dict]] = {lane: [] for lane in lanes}
+    for repeat, lane in interleave(lanes, ctx.repeats):  # every lane once a repeat, the first one rotating
+        if lane == lanes[0] and ctx.repeats > 1:
+            print(f"-- repeat {repeat + 1} of {ctx.repeats}", flush=True)
+        runs[lane].append(run_one_lane(lane, settings, work, logs, base_env, flwr_py, flwr_note, netns, args.timeout))
+    results = {lane: combine_runs(lane_runs) for lane, lane_runs in runs.items()}
+    paired = paired_ratios(runs)
+    table = print_table(results, paired)
+    targets = check_targets(results, paired)
     for name, t in targets.items():
         print(f"target {name}: {'holds' if t['holds'] else 'MISSED'} ({json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()})})")
+    records = [{"lane": lane, "repeat": i, **{k: (r.get("summary") or {}).get(k) for k in _MEDIAN_FIELDS},
+                "total_wall_s": r.get("total_wall_s"), "accuracy": r.get("accuracy"),
+                "load_avg_before": r.get("load_avg_before"), "error": r.get("error") or r.get("skipped")}
+               for lane, lane_runs in runs.items() for i, r in enumerate(lane_runs)]
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_avg_at_end": load_avg(),
-                    "note": "shared machine: other jobs ran at the same time (see each lane's load averages)"},
+        "note": "shared machine: other jobs ran at the same time (see each lane's load averages)",
         "settings": {k: v for k, v in settings.items() if k not in ("shard_dir",)},
         "workload": "mnist_cnn (409,034 parameters), IID MNIST shards, FedAvg, every device trains the whole model",
         "bytes_counted_on": "loopback of each lane's own network namespace" if netns else
                             "the host's loopback (shared with every other program: an upper bound)",
         "flower": {"venv": str(args.flwr_venv), "status": flwr_note},
-        "repeats": args.repeats, "paired_ratios": paired, "lanes": results, "targets": targets, "table": table,
+        "paired_ratios": paired, "lanes": results, "targets": targets, "table": table,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"wrote {args.out}")
+    over = {f"{key}_over_plain": ratio_summary(records, key, "plain") for key in ("warm_round_s", "warm_round_cpu_s")}
+    doc = ctx.write(records, report, over)
     shutil.rmtree(work, ignore_errors=True)
+    return doc
+
+
+CASE = Case("vs_flower", __doc__, run, arguments=arguments, repeats=1, data_root=True,
+            quick={"lanes": "plain,ours-light", "rounds": 2, "clients": 4, "per_round": 2, "steps": 1,
+                   "noise_runs": 0, "workers": 1, "threads": 1},
+            metrics=("warm_round_s", "warm_round_cpu_s", "total_wall_s"), group_by=("lane",))
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":

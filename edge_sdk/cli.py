@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "MOVIELENS_TABLES", "device_config", "event_printer", "load_shard",
-           "local_data", "main", "partition_indices", "private_heat"]
+__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "device_config", "event_printer", "load_shard", "local_data", "main",
+           "partition_indices"]
 
 #: Exit status of a wrong option, config file or data source (restarting will not help).
 EXIT_USAGE = 2
@@ -42,72 +42,11 @@ EXAMPLES = """Examples:
   {prog} install-service --config /etc/edgetrain/device.toml --user edgetrain
 """
 
-#: Sparse tables by input column for data indexed like MovieLens latest-small (user, movie): the
-#: zoo recommender's tables, so --private-heat needs no --table-rows there.
-MOVIELENS_TABLES: dict[str, int] = {"0": 611, "1": 9_742}
-_DATASET_TABLES: dict[str, dict[str, int]] = {"movielens": MOVIELENS_TABLES, "synthetic_ratings": MOVIELENS_TABLES}
-
-
 class UsageProblem(ValueError):
     """A setting that does not work, named as the user gave it (exit status 2)."""
 
 
-def _pairs(items: Sequence[str], option: str, what: str) -> list[tuple[str, str]]:
-    out = []
-    for text in items:
-        key, eq, value = text.partition("=")
-        if not eq or not key.strip():
-            raise UsageProblem(f"{option}: expected {what}, got {text!r}")
-        out.append((key.strip(), value.strip()))
-    return out
-
-
-def private_heat(args: Any):
-    """The device's private-heat settings from ``private_heat`` and ``table_rows`` (None without them).
-
-    The bit vector of a table has one bit per row, so the device must know each table's size: given,
-    or the recommender's for MovieLens-indexed data. Raises ValueError naming what is missing."""
-    from edge_sdk.privacy import PrivateHeat
-
-    epsilon = getattr(args, "private_heat", None)
-    given: dict[str, int] = {}
-    for column, rows in _pairs(getattr(args, "table_rows", None) or [], "--table-rows", "COLUMN=ROWS"):
-        if not column.isdigit() or not rows.isdigit() or int(rows) < 1:
-            raise UsageProblem(f"--table-rows: expected COLUMN=ROWS with a column number and a row count, "
-                               f"not {column}={rows}")
-        given[str(int(column))] = int(rows)
-    if epsilon is None:
-        if given:
-            raise UsageProblem("--table-rows is for --private-heat")
-        return None
-    tables = given or _DATASET_TABLES.get(args.data)
-    if not tables:
-        raise UsageProblem(f"--private-heat needs --table-rows COLUMN=ROWS for {args.data!r} data "
-                           "(the sizes of the model's sparse tables)")
-    try:
-        return PrivateHeat(float(epsilon), tables)
-    except ValueError as e:
-        raise UsageProblem(f"--private-heat: {e}") from None
-
-
-def _registry(reference: str) -> dict:
-    """``registry=`` for DeviceConfig from ``--registry`` (nothing without it: the default registry)."""
-    if not reference:
-        return {}
-    from edge_sdk.phases import DeviceRegistry
-    from edge_sdk.references import load_reference
-
-    try:
-        registry = load_reference(reference, "--registry")
-    except ValueError as exc:
-        raise UsageProblem(str(exc)) from None
-    if not isinstance(registry, DeviceRegistry):
-        raise UsageProblem(f"--registry {reference!r} is a {type(registry).__name__}, not an "
-                           "edge_sdk.phases.DeviceRegistry")
-    return {"registry": registry}
-
-
-def _bundle(path: str) -> Path | None:
+def _bundle(path: str | None) -> Path | None:
     """``--bundle``, checked before any connection (a damaged or missing bundle is a usage error)."""
     if not path:
         return None
@@ -217,25 +156,19 @@ def event_printer(json_events: bool) -> Callable[[str, dict], None]:
 
 
 def device_config(s: Any, *, budget_bytes: int | None = None):
-    """The client's settings; the budget is ``--budget``, else ``budget_bytes`` (a device class's),
-    else what this machine offers (:func:`edge_sdk.probe.probe`)."""
-    from edge_sdk.payload_store import payload_folder
-    from edge_sdk.settings import DeviceConfig
+    """The settings as the client runs them (:meth:`DeviceSettings.resolved
+    <edge_sdk.settings.DeviceSettings.resolved>`): the budget is ``--budget``, else ``budget_bytes``
+    (a device class's), else what this machine offers; the credential read from ``--secret-file``,
+    the bundle checked, the registry loaded and private heat built, each refused here, before any
+    connection, with the option that names it (:class:`UsageProblem`)."""
+    import dataclasses
 
-    budget = s.budget if s.budget is not None else budget_bytes
-    if budget is None:
-        from edge_sdk.probe import probe
-
-        budget = probe().budget_bytes
-    return DeviceConfig(server=s.server, device_id=s.device_id, budget_bytes=budget, cores=s.threads,
-                        device_class=s.device_class, token=s.token, secret=_read_secret(s.secret_file),
-                        storage=s.storage, threads=s.threads, backend=s.backend,
-                        work_dir=Path(s.work_dir) if s.work_dir else None,
-                        reconnect_retries=s.reconnect_retries, reconnect_max_delay=s.reconnect_max_delay,
-                        tls_ca=s.tls_ca or None,
-                        labels=dict(_pairs(s.labels, "--label", "KEY=VALUE")), private_heat=private_heat(s),
-                        bundle=_bundle(s.bundle), payload_cache=payload_folder(s.payload_cache, s.server, s.device_id),
-                        payload_cache_bytes=s.payload_cache_size, **_registry(s.registry))
+    budget = s.budget_bytes if s.budget_bytes is not None else budget_bytes
+    s = dataclasses.replace(s, budget_bytes=budget, secret=_read_secret(s.secret_file), bundle=_bundle(s.bundle))
+    try:
+        return s.resolved()
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _parse(argv: Sequence[str], prog: str, wrapper: bool) -> tuple[dict[str, Any] | None, str | None, bool]:
@@ -339,7 +272,7 @@ def _device(argv: list[str], prog: str, device_class_budget: Callable[[str], int
     except OSError as e:
         raise UsageProblem(f"--log-file: cannot write {s.log_file}: {e.strerror or e}") from None
     budget = None
-    if s.device_class and s.budget is None and device_class_budget is not None:
+    if s.device_class and s.budget_bytes is None and device_class_budget is not None:
         try:
             budget = device_class_budget(s.device_class)
         except ValueError as e:

@@ -7,9 +7,8 @@ message loop, uploads and their resume, and reconnecting with capped, jittered b
 instruction asks for is :class:`edge_sdk.roundwork.RoundWork`'s (the forward pass, the phases, the
 round's progress), which trains with the instruction's backend (:mod:`edge_sdk.backends`), downloads
 through :class:`edge_sdk.downloads.Downloads` and keeps to the budget with
-:class:`edge_sdk.memory_policy.MemoryPolicy`. Each of those imports only modules below it.
-
-The client carries no test hooks: emulation wraps its connection from outside (``connect``).
+:class:`edge_sdk.memory_policy.MemoryPolicy`. Each of those imports only modules below it. The client
+carries no test hooks: emulation wraps its connection from outside (``connect``).
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ from edge_sdk.payload_store import PayloadStore
 from edge_sdk.privacy import private_hello_ext, private_hello_fields
 from edge_sdk.protocol.session import DeviceSession
 from edge_sdk.roundwork import DeviceWork, RoundProgress, RoundWork, device_seed
-from edge_sdk.settings import FOREVER, DeviceConfig
+from edge_sdk.settings import FOREVER, DeviceSettings
 from edge_sdk.transport import Channel, client_tls, recv_msg, send_error, send_msg, send_payload, ws_options
 
-__all__ = ["DeviceClient", "DeviceConfig", "DeviceRefused", "RoundAborted", "RoundReport", "backoff_delay",
+__all__ = ["DeviceClient", "DeviceRefused", "DeviceSettings", "RoundAborted", "RoundReport", "backoff_delay",
            "declared_rows", "device_seed"]
 
 log = logging.getLogger("edgetrain.device")
@@ -101,7 +100,7 @@ class DeviceClient:
     """
 
     def __init__(
-        self, config: DeviceConfig, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
+        self, config: DeviceSettings, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
         on_event: Callable[[str, dict], None] | None = None,
         connect: Callable[..., Any] | None = None,
     ) -> None:
@@ -109,7 +108,7 @@ class DeviceClient:
         x, y = source_arrays(source)
         if len(x) != len(y) or len(x) == 0:
             raise ValueError("a device needs a non-empty local dataset with one label per sample")
-        self.config = config
+        self.config = config = config.resolved()  # the budget and cores this machine offers, if not given
         self.x, self.y = x, y
         #: What the local data is, for the hello: one sample's shape and the label count (None: regression).
         self.input_shape: tuple[int, ...] = tuple(source.input_shape)
@@ -290,3 +289,11 @@ class DeviceClient:
                                      "backend": report.metrics.get("backend", ""),
                                      # An ONNX Runtime device never loads torch: said from inside the process.
                                      "torch_loaded": "torch" in sys.modules})
+
+
+def __getattr__(name: str) -> Any:  # DeviceConfig: the API's name of DeviceSettings before the one record
+    if name != "DeviceConfig":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from edge_sdk import settings
+
+    return settings.DeviceConfig

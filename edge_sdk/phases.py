@@ -14,14 +14,14 @@ that adds its entries (its server-side part is its strategy, ``orchestrator/stra
   that way (width reduction's ``channels``, :mod:`edge_sdk.algorithms.width`).
 
 Registries are immutable values: :meth:`DeviceRegistry.extended` returns a new one, and a device
-is given its registry (``DeviceConfig.registry``; default :data:`edge_sdk.algorithms.DEFAULT_REGISTRY`),
+is given its registry (``DeviceSettings.registry``; default :data:`edge_sdk.algorithms.DEFAULT_REGISTRY`),
 so two devices in one process may run different algorithms and no test changes another's.
 
     async def label_counts(ctx: PhaseContext) -> PhaseResult:
         return PhaseResult({"classes": int(len(set(ctx.y.tolist())))})
 
     registry = DEFAULT_REGISTRY.extended(phases={"label_counts": label_counts})
-    DeviceClient(DeviceConfig(..., registry=registry), x, y)
+    DeviceClient(DeviceSettings(..., registry=registry), x, y)
 
 Importing this module imports neither torch nor onnx.
 """

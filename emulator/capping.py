@@ -26,7 +26,8 @@ CPU: ``cpu_share`` (0.25 = a quarter of one core) is applied with the CFS bandwi
 v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or v2 ``cpu.max``) where writable; otherwise it is not
 applied and :attr:`CapResult.cpu_mechanism` says ``"none"``.
 
-Cgroups (:mod:`emulator.cgroups`) are named ``edgetrain-<parent pid>-<n>``, removed when
+A capped process's cgroups (:class:`~emulator.capgroups.CapGroups`: limits set, peaks and OOM kills
+read; :mod:`emulator.cgroups`: where they live) are named ``edgetrain-<parent pid>-<n>``, removed when
 the child has been reaped, at interpreter exit (``atexit``) for children still running, and by
 :func:`cleanup_stale` for those of a parent that died.
 """
@@ -48,23 +49,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_sdk.memory import process_memory
+from emulator.capgroups import CapError, CapGroups
 from emulator.cgroups import (
-    CFS_PERIOD_US,
     CGROUP_PREFIX,
-    cgroup_pids,
     cleanup_stale,
     cpu_throttle_status,
     find_cgroups,
     join_cgroups_fn,
-    kv_lines,
-    make_cgroup,
     probe_v1,
     probe_v2,
-    read_file,
-    remove_cgroup,
-    v1_dir,
-    v2_parent,
-    write_file,
 )
 
 __all__ = [
@@ -93,10 +86,6 @@ MECHANISM_ENV = "EDGETRAIN_MEMORY_MECHANISM"
 MEMORY_EXIT_CODE = 137
 
 WATCHDOG_INTERVAL_S = 0.010
-
-
-class CapError(RuntimeError):
-    """A memory cap could not be set up (mechanism unavailable, cgroup not writable, bad budget)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +244,17 @@ def _rss_of(pid: int) -> tuple[int, int] | None:
     return seen.rss_bytes, seen.peak_rss_bytes
 
 
+def _check_request(argv: Sequence[str], budget_bytes: int, timeout_s: float | None, cpu_share: float | None) -> None:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise CapError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise CapError(f"timeout_s must be positive or None, got {timeout_s!r}")
+    if cpu_share is not None and not cpu_share > 0:
+        raise CapError(f"cpu_share must be positive (1.0 = one core), got {cpu_share!r}")
+    if not argv:
+        raise CapError("argv is empty")
+
+
 class CappedProcess:
     """One child process under a hard memory cap; usable from asyncio (``await wait_async()``) and sync code.
 
@@ -273,10 +273,7 @@ class CappedProcess:
         self._returncode: int | None = None
         self._kill_reason: str | None = None  # "memory" | "timeout" | "user"
         self._peak_seen = 0
-        self._mem_cg: Path | None = None
-        self._cpu_cg: Path | None = None
-        self._cpu_mechanism = "none"
-        self._cpu_share: float | None = None
+        self._groups: CapGroups | None = None
         self._pidfd: int | None = None
 
     @classmethod
@@ -299,14 +296,7 @@ class CappedProcess:
         The child's environment gets ``EDGETRAIN_MEMORY_BUDGET`` and ``EDGETRAIN_MEMORY_MECHANISM`` so a
         device process can call :func:`apply_self_limit` (it does nothing under a cgroup).
         """
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-            raise CapError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise CapError(f"timeout_s must be positive or None, got {timeout_s!r}")
-        if cpu_share is not None and not cpu_share > 0:
-            raise CapError(f"cpu_share must be positive (1.0 = one core), got {cpu_share!r}")
-        if not argv:
-            raise CapError("argv is empty")
+        _check_request(argv, budget_bytes, timeout_s, cpu_share)
         self = cls()
         self.mechanism = _choose(mechanism)
         self.budget_bytes = budget_bytes
@@ -316,8 +306,9 @@ class CappedProcess:
         child_env = dict(os.environ if env is None else env)
         child_env[BUDGET_ENV] = str(budget_bytes)
         child_env[MECHANISM_ENV] = self.mechanism
+        self._groups = CapGroups(self.mechanism, budget_bytes)
         try:
-            procs_files = self._setup_cgroups(cpu_share)
+            procs_files = self._groups.create(cpu_share)
             preexec = join_cgroups_fn(procs_files) if procs_files else None
             self._t0 = time.monotonic()
             try:
@@ -327,7 +318,7 @@ class CappedProcess:
             except subprocess.SubprocessError as e:  # the preexec_fn failed: could not join the cgroup
                 raise CapError(f"could not move the child into its cgroup: {e}") from e
         except BaseException:
-            self._remove_cgroups()
+            self._groups.remove()
             raise
         self.pid = self._popen.pid
         self._deadline = None if timeout_s is None else self._t0 + timeout_s
@@ -340,55 +331,11 @@ class CappedProcess:
         threading.Thread(target=self._monitor, name=f"capped-{self.pid}", daemon=True).start()
         return self
 
-    # -- setup ---------------------------------------------------------------------------------
-    def _setup_cgroups(self, cpu_share: float | None) -> list[bytes]:
-        """Create the memory (and cpu) cgroups; return the cgroup.procs files the child must join."""
-        files: list[bytes] = []
-        budget = str(self.budget_bytes)
-        if self.mechanism == "cgroup-v1":
-            parent = v1_dir("memory")
-            if parent is None:
-                raise CapError("the cgroup v1 memory hierarchy disappeared")
-            # memory.limit_in_bytes first: memsw may never be below it.
-            self._mem_cg = make_cgroup(
-                parent, {"memory.limit_in_bytes": budget}, {"memory.memsw.limit_in_bytes": budget}
-            )
-        elif self.mechanism == "cgroup-v2":
-            parent = v2_parent("memory")
-            if parent is None:
-                raise CapError("the cgroup v2 memory controller disappeared")
-            self._mem_cg = make_cgroup(
-                parent, {"memory.max": budget}, {"memory.swap.max": "0", "memory.oom.group": "1"}
-            )
-            if cpu_share is not None and "cpu" in read_file(parent / "cgroup.subtree_control", "").split():
-                quota = max(1000, round(cpu_share * CFS_PERIOD_US))
-                try:
-                    write_file(self._mem_cg / "cpu.max", f"{quota} {CFS_PERIOD_US}")
-                    self._cpu_mechanism, self._cpu_share = "cgroup-v2", cpu_share
-                except OSError:
-                    pass
-        if self._mem_cg is not None:
-            files.append(os.fsencode(self._mem_cg / "cgroup.procs"))
-        if cpu_share is not None and self._cpu_mechanism == "none":
-            cpu_parent = v1_dir("cpu")
-            if cpu_parent is not None and (cpu_parent / "cpu.cfs_quota_us").exists():
-                quota = max(1000, round(cpu_share * CFS_PERIOD_US))
-                try:
-                    self._cpu_cg = make_cgroup(
-                        cpu_parent,
-                        {"cpu.cfs_period_us": str(CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)},
-                    )
-                    files.append(os.fsencode(self._cpu_cg / "cgroup.procs"))
-                    self._cpu_mechanism, self._cpu_share = "cgroup-v1", cpu_share
-                except OSError:
-                    self._cpu_cg = None
-        return files
-
     # -- monitoring ------------------------------------------------------------------------------
     def _monitor(self) -> None:
+        assert self._groups is not None
         sample = self.mechanism in ("rlimit-as+watchdog", "none") or (
-            self.mechanism == "cgroup-v2" and not (self._mem_cg and (self._mem_cg / "memory.peak").exists())
-        )
+            self.mechanism == "cgroup-v2" and not self._groups.has_peak())
         try:
             while not self._reap():
                 if sample:
@@ -411,12 +358,9 @@ class CappedProcess:
             time.sleep(WATCHDOG_INTERVAL_S if wait is None else min(wait, WATCHDOG_INTERVAL_S * 5))
 
     def _sample(self) -> None:
+        assert self._groups is not None
         if self.mechanism == "cgroup-v2":
-            assert self._mem_cg is not None
-            try:
-                self._peak_seen = max(self._peak_seen, int(read_file(self._mem_cg / "memory.current")))
-            except (OSError, ValueError):
-                pass
+            self._peak_seen = max(self._peak_seen, self._groups.current() or 0)
             return
         seen = _rss_of(self.pid)
         if seen is None:
@@ -453,26 +397,23 @@ class CappedProcess:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # The device's own children share its cgroup: take them down too.
-        for cg in (self._mem_cg, self._cpu_cg):
-            if cg is not None:
-                for pid in cgroup_pids(cg):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        if self._groups is not None:  # the device's own children share its cgroup: take them down too
+            self._groups.kill_members()
 
     def _finish(self) -> None:
-        peak, kernel_oom = self._cgroup_stats()
+        assert self._groups is not None
+        rc = self._returncode
+        peak, kernel_oom = self._groups.outcome(rc)
+        if peak is not None and self.mechanism == "cgroup-v2":
+            peak = max(peak, self._peak_seen)
         if peak is None and self.mechanism in ("rlimit-as+watchdog", "none", "cgroup-v2"):
             peak = self._peak_seen or None
-        rc = self._returncode
         oom = (
             kernel_oom
             or self._kill_reason == "memory"
             or (self.mechanism == "rlimit-as+watchdog" and rc == MEMORY_EXIT_CODE)
         )
-        self._remove_cgroups()
+        self._groups.remove()
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -484,8 +425,8 @@ class CappedProcess:
             oom_killed=oom,
             timed_out=self._kill_reason == "timeout",
             wall_s=getattr(self, "_wall", time.monotonic() - self._t0),
-            cpu_mechanism=self._cpu_mechanism,
-            cpu_share=self._cpu_share,
+            cpu_mechanism=self._groups.cpu_mechanism,
+            cpu_share=self._groups.cpu_share,
         )
         with self._lock:
             self._result = result
@@ -495,38 +436,11 @@ class CappedProcess:
         for cb in callbacks:
             cb(result)
 
-    def _cgroup_stats(self) -> tuple[int | None, bool]:
-        cg = self._mem_cg
-        if cg is None:
-            return None, False
-        try:
-            if self.mechanism == "cgroup-v1":
-                peak = int(read_file(cg / "memory.max_usage_in_bytes"))
-                control = kv_lines(read_file(cg / "memory.oom_control", ""))
-                if "oom_kill" in control:
-                    oom = control["oom_kill"] > 0
-                else:  # kernels before 4.13: a failed charge and a SIGKILL
-                    oom = int(read_file(cg / "memory.failcnt", "0")) > 0 and self._returncode == -signal.SIGKILL
-                return peak, oom
-            events = kv_lines(read_file(cg / "memory.events", ""))
-            peak_text = read_file(cg / "memory.peak", "")
-            peak = int(peak_text) if peak_text.strip().isdigit() else None
-            if peak is not None:
-                peak = max(peak, self._peak_seen)
-            return peak, events.get("oom_kill", 0) > 0
-        except (OSError, ValueError):
-            return None, False
-
-    def _remove_cgroups(self) -> None:
-        for attr in ("_mem_cg", "_cpu_cg"):
-            cg = getattr(self, attr)
-            if cg is not None and remove_cgroup(cg):
-                setattr(self, attr, None)
-
     def _at_exit(self) -> None:
         self.kill()
         self._done.wait(5.0)
-        self._remove_cgroups()
+        if self._groups is not None:
+            self._groups.remove()
 
     # -- public ------------------------------------------------------------------------------------
     def poll(self) -> int | None:
@@ -573,12 +487,9 @@ class CappedProcess:
         """The most memory the child has held so far (final once it has ended)."""
         if self._result is not None:
             return self._result.peak_bytes
-        cg = self._mem_cg
-        if cg is not None:
-            name = "memory.max_usage_in_bytes" if self.mechanism == "cgroup-v1" else "memory.peak"
-            text = read_file(cg / name, "")
-            if text.strip().isdigit():
-                return max(int(text), self._peak_seen)
+        kernel = self._groups.peak() if self._groups is not None else None
+        if kernel is not None:
+            return max(kernel, self._peak_seen)
         return self._peak_seen or None
 
     @property

@@ -3,9 +3,9 @@
 A server that requires credentials (``require_credentials``) admits only a device proving its own
 enrolled secret, and a secure-aggregation round (``secure_aggregation``) needs one more: the device
 signs its key advertisement with the identity key derived from that secret, which the server checks
-against the roster (:mod:`orchestrator.aggregation.secure.roster`). An emulated fleet is enrolled as an operator
-enrolls real devices (``edgetrain device enroll``): :meth:`orchestrator.store.Store.enroll` in the
-run's store, then its identity key in the roster, before the orchestrator starts.
+against the identity key its enrolment recorded. An emulated fleet is enrolled as an operator
+enrolls real devices (``edgetrain device enroll``): :meth:`orchestrator.store.credentials.Credentials.enroll`
+in the run's store, which keeps its credential's key and identity key, before the orchestrator starts.
 
 A secret reaches its device inside the launch (:attr:`~emulator.launch.DeviceLaunch.secret`,
 never shown by its ``repr``): a lightweight worker reads it from its spec file, a device process from
@@ -32,15 +32,12 @@ def needs_credentials(config: ServerConfig) -> bool:
 
 def enroll_devices(config: ServerConfig, device_ids: Iterable[str]) -> dict[str, str]:
     """Enroll every device in the store of `config` (replacing an earlier credential, as a resumed run
-    re-enrolls its fleet) and record its identity key; device id -> its secret."""
-    from orchestrator.aggregation.secure.roster import record_identity
+    re-enrolls its fleet), its identity key with it; device id -> its secret."""
     from orchestrator.store import Store
 
     config.store_dir.mkdir(parents=True, exist_ok=True)
     with Store(config.store_dir) as store:
-        secrets = {d: store.enroll(d) for d in device_ids}
-    for device_id, secret in secrets.items():
-        record_identity(config.store_dir, device_id, secret)
+        secrets = {d: store.credentials.enroll(d) for d in device_ids}
     return secrets
 
 

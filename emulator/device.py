@@ -85,16 +85,15 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
     raises :class:`~emulator.faults.DeviceVanished` instead of ending the process, and
     the process keeps its heap between reports (no malloc_trim per device). ``warm_tails``: the
     worker's pool of built tails, shared by its devices (a device that is not training holds none)."""
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient
+    from edge_sdk.settings import DeviceSettings
 
     f = launch.faults
     labels = dict(launch.labels)
     if f.force_split is not None:
         labels["force_split"] = str(f.force_split)
-    config = DeviceConfig(server=server, device_id=launch.device_id, budget_bytes=launch.budget_bytes,
-                          cores=launch.threads, device_class=launch.device_class, threads=launch.threads,
-                          labels=labels, backend=launch.backend, warm_tails=warm_tails, trim_memory=not in_process,
-                          secret=launch.secret)
+    config = DeviceSettings(**{**launch.settings(), "labels": labels}, server=server, warm_tails=warm_tails,
+                            trim_memory=not in_process)
     if not f.on_connection:  # nothing to inject: the production connection, untouched
         return DeviceClient(config, x, y, on_event=on_event)
     injector = FaultInjector(f, launch.device_id, seed=launch.seed, on_event=on_event, in_process=in_process)

@@ -87,7 +87,6 @@ from typing import TYPE_CHECKING, Any
 
 from edge_sdk.data import DATASETS, dataset_spec
 from edge_sdk.references import is_reference
-from emulator.backends import emulation_modes
 from emulator.faults import DROP_POINTS
 from orchestrator.config import TRAINING_SETTINGS, ServerConfig, SettingError
 
@@ -466,9 +465,9 @@ def _partition(r: _Reader, t: Mapping[str, Any], dataset: str, fleet_seed: int) 
 def _emulation(r: _Reader, t: Mapping[str, Any]) -> EmulationSettings:
     d = EmulationSettings()
     r.keys(t, "emulation", set(EmulationSettings.__dataclass_fields__))
+    # A mode of the backend table (emulator.backends), which sits above this module: checked, with
+    # the modes there are, where the fleet is matched to its backend, before anything starts.
     mode = r.string(t, "emulation.mode", d.mode)
-    if mode not in emulation_modes():
-        r.fail("emulation.mode", f"unknown mode {mode!r}; known: {', '.join(emulation_modes())}")
     cap = r.string(t, "emulation.memory_cap", d.memory_cap)
     if cap not in MEMORY_CAPS:
         r.fail("emulation.memory_cap", f"unknown mechanism {cap!r}; known: {', '.join(MEMORY_CAPS)}")

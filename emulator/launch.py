@@ -5,9 +5,14 @@ The local fleet, the capped emulator and the lightweight workers all start devic
 ``python -m emulator.device`` (:func:`device_argv`), a lightweight worker inside its
 spec file, and both use it as it is, never as a command line parsed back.
 
-The settings a launch shares with a device's own (its id, data and split, class, threads, backend)
-take their defaults and their checks from the device's one declaration
-(:class:`edge_sdk.settings.DeviceSettings`), so a launch refuses what ``python -m edge_sdk`` refuses.
+A launch is a typed subset of the device's one settings record
+(:class:`edge_sdk.settings.DeviceSettings`, through
+:func:`~edge_sdk.settings.settings_subset`): the settings it holds (:data:`LAUNCH_SETTINGS`: its
+id, budget, data and split, class, threads and cores, backend, hello labels, credential) are that
+record's fields, with their types, defaults and checks, never declared again, so a launch refuses
+what ``python -m edge_sdk`` refuses and becomes the device's settings as it is
+(:meth:`DeviceLaunch.settings`). What only an emulated device has follows: its faults and how its
+fleet group shapes its data.
 
 Imports only the device SDK's settings and :mod:`emulator.faults`: device processes load it.
 """
@@ -17,64 +22,49 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, fields
 from pathlib import Path
 from typing import Any
 
 from edge_sdk.fileio import atomic_write
-from edge_sdk.settings import check_setting, setting_default
+from edge_sdk.settings import check_subset, settings_subset, subset_settings
 from emulator.faults import Faults
 
-__all__ = ["SHARED_SETTINGS", "DeviceLaunch", "Faults", "device_argv"]
+__all__ = ["LAUNCH_SETTINGS", "DeviceLaunch", "Faults", "device_argv"]
 
-#: The fields of a launch that are settings of the device (edge_sdk.settings.DeviceSettings) by the same name.
-SHARED_SETTINGS = ("data", "partition", "device_class", "seed", "data_limit", "threads", "backend", "client",
-                   "num_clients")
+#: The device's settings a launch holds (edge_sdk.settings.DeviceSettings' fields), in its order:
+#: ``DeviceLaunch(device_id, budget_bytes, client, num_clients, ...)``, the first four required.
+LAUNCH_SETTINGS = ("device_id", "budget_bytes", "client", "num_clients", "data", "partition", "device_class", "seed",
+                   "data_limit", "threads", "cores", "backend", "labels", "secret")
+REQUIRED = LAUNCH_SETTINGS[:4]
 
 
-@dataclass(frozen=True)
+@settings_subset(*LAUNCH_SETTINGS, required=REQUIRED)
 class DeviceLaunch:
-    """One emulated device: who it is, its budget, its share of the data and its faults."""
+    """One emulated device: who it is, its budget, its share of the data and its faults.
 
-    device_id: str
-    budget_bytes: int
-    client: int  # index of its data shard
-    num_clients: int  # how many shards the dataset is split into
-    data: str = setting_default("data")
-    partition: str = setting_default("partition")  # "iid", "natural" or "dirichlet:ALPHA"
-    device_class: str = setting_default("device_class")  # reported in its hello (the budget is already resolved)
-    seed: int = setting_default("seed")  # partition seed (the same on every device), also the seed of drawn drops
-    data_limit: int | None = setting_default("data_limit")  # only the dataset's first N training samples
-    threads: int = setting_default("threads")  # threads of ONNX Runtime and torch
+    Its first fields are :data:`LAUNCH_SETTINGS` (``client``: the index of its data shard out of
+    ``num_clients``; ``seed``: the partition seed, the same on every device, also the seed of drawn
+    drops; ``labels``: hello labels from the fleet, which strategies such as FedALIGN and VaRSeL
+    read; ``secret``: its enrolled credential, never in a repr or on a command line)."""
+
     faults: Faults = field(default_factory=Faults)
-    #: Training backend, as a device's --backend (edge_sdk.backends): auto, a table name, package.module:Class.
-    backend: str = setting_default("backend")
-    # Hello labels from the fleet (fleet.device_labels: priority=1, tags), which strategies such as
-    # FedALIGN and VaRSeL read to find their priority/internal devices.
-    labels: dict[str, str] = field(default_factory=dict)
     # What the fleet group does to the device's shard (shape_data in emulator.device):
     # keep only these classes, at most max_samples of them, labels replaced with probability label_noise.
     classes: tuple[int, ...] = ()
     max_samples: int | None = None
     label_noise: float = 0.0
-    #: The device's enrolled credential (emulator.credentials); never in a repr or on a command line.
-    secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.device_id:
             raise ValueError("a device needs an id")
         if isinstance(self.budget_bytes, bool) or int(self.budget_bytes) <= 0:
             raise ValueError(f"{self.device_id}: budget_bytes must be positive, got {self.budget_bytes!r}")
-        for name in SHARED_SETTINGS:
-            object.__setattr__(self, name, check_setting(name, getattr(self, name), f"{self.device_id}: {name}"))
+        check_subset(self, self.device_id)
         if not 0 <= self.client < self.num_clients:
             raise ValueError(f"{self.device_id}: client {self.client} outside [0, {self.num_clients})")
         if isinstance(self.faults, Mapping):  # from JSON
             object.__setattr__(self, "faults", Faults.from_dict(self.faults))
-        if not isinstance(self.labels, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
-            raise ValueError(f"{self.device_id}: labels must map strings to strings, got {self.labels!r}")
-        object.__setattr__(self, "labels", dict(self.labels))
         object.__setattr__(self, "classes", tuple(self.classes))  # a list, from JSON
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in self.classes):
             raise ValueError(f"{self.device_id}: classes must be class indices >= 0, got {self.classes!r}")
@@ -82,6 +72,10 @@ class DeviceLaunch:
             raise ValueError(f"{self.device_id}: max_samples must be at least 1, got {self.max_samples!r}")
         if not 0.0 <= float(self.label_noise) <= 1.0:
             raise ValueError(f"{self.device_id}: label_noise must be in [0, 1], got {self.label_noise!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The device settings it holds, by name: ``DeviceSettings(server=..., **launch.settings())``."""
+        return subset_settings(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

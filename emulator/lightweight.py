@@ -18,9 +18,15 @@ tails (:class:`edge_sdk.warm_tails.WarmTails`; a tail is taken in the training t
 the round's state, trained and given back, so a device that is not training holds no model) and the
 heap (no ``malloc_trim`` after each report, and glibc's own policy for large buffers instead of a
 mapping per buffer: the next device reuses them at once, without faulting their pages in again; a
-quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceConfig.trim_memory), and
+quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceSettings.trim_memory), and
 each device's shard is a read-only map of a file of its own (:mod:`emulator.shards`).
 Every check of the protocol stays on: each transfer's sha256, each tensor's validation.
+
+The emulator's side is :class:`LightweightBackend`, the ``lightweight`` row of the backend table
+(:mod:`emulator.backends`): it starts the workers (:meth:`~LightweightBackend.prepare`), hands them
+the orchestrator's address (:meth:`~LightweightBackend.start`), stops the run when one dies during it
+(:class:`WorkerFailed`) and stops them all after the last round (:meth:`~LightweightBackend.cancel`);
+:class:`LightweightEmulator` records what they report.
 
 Run as ``python -m emulator.lightweight --url URL --spec-file F`` this module is the
 worker: F is a :class:`WorkerSpec` as JSON. With ``--url -`` it reads the orchestrator's address
@@ -50,6 +56,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,12 +65,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_sdk.fileio import atomic_write
+from edge_sdk.values import SettingError
 from edge_sdk.warm_tails import WarmTails
+from emulator.backend import BackendOption, EmulationBackend, EmulationFailed
 from emulator.faults import DeviceVanished
 from emulator.fleet import DeviceSpec, Fleet
 from emulator.launch import DeviceLaunch
 from emulator.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
-from emulator.schedule import device_launch, drop_schedule
+from emulator.schedule import device_launch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,6 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_WORKERS",
+    "LightweightBackend",
     "WorkerDevice",
     "WorkerSpec",
     "WorkerFailed",
@@ -91,7 +101,7 @@ MAX_WORKERS = 4
 T = TypeVar("T")
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(EmulationFailed):
     """A worker process ended during the run: its devices are gone, so the run stops (the message says why)."""
 
 
@@ -401,7 +411,10 @@ class WorkerStats:
 
 
 class WorkerHandle:
-    """The emulator's handle on one worker process."""
+    """The emulator's handle on one worker (a child process, or an actor of a cluster).
+
+    Its CPU and memory are read from /proc while it runs on this machine (``local``), else taken
+    from what the worker last ``reported`` of itself."""
 
     def __init__(self, index: int, devices: list[WorkerDevice]) -> None:
         self.index, self.devices = index, devices
@@ -410,49 +423,58 @@ class WorkerHandle:
         self.watch: asyncio.Task | None = None
         self.round_cpu0: float | None = None
         self.exited = False
+        self.local = True
+        self.reported: dict = {}  # the worker's own cpu_s, rss_bytes, peak_rss_bytes (a remote worker's)
         self.log: Path | None = None  # its stderr
+        self.error = ""  # what ended it, when it says so itself (a remote worker's traceback)
 
     def log_tail(self, chars: int = 2000) -> str:
-        if self.log is None:
-            return ""
+        if self.error or self.log is None:
+            return self.error[-chars:].strip()
         with contextlib.suppress(OSError):
             return self.log.read_bytes()[-chars:].decode(errors="replace").strip()
         return ""
+
+    def _readable(self) -> bool:
+        return self.local and self.stats.pid is not None and not self.exited
 
     def cpu_s(self) -> float | None:
         """The process's CPU so far (user + system, all threads)."""
         from edge_sdk.memory import cpu_seconds
 
-        if self.proc is None:
-            return None
-        try:
-            return cpu_seconds(self.proc.pid)
-        except (ProcessLookupError, PermissionError):
-            return None
+        if self._readable():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                return cpu_seconds(self.stats.pid)
+        return self.reported.get("cpu_s")
 
     def sample_rss(self) -> int | None:
         """The worker's resident set now (None once it is gone); keeps its high-water mark."""
         from edge_sdk.memory import process_memory
 
-        if self.proc is None:
-            return None
-        try:
-            seen = process_memory(self.proc.pid)
-        except (ProcessLookupError, PermissionError):
-            return None
-        if seen.peak_rss_bytes:
-            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, seen.peak_rss_bytes)
-        return seen.rss_bytes or None
+        seen = None
+        if self._readable():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                seen = process_memory(self.stats.pid)
+        if seen is not None:
+            if seen.peak_rss_bytes:
+                self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, seen.peak_rss_bytes)
+            return seen.rss_bytes or None
+        if self.reported.get("peak_rss_bytes"):
+            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, int(self.reported["peak_rss_bytes"]))
+        return self.reported.get("rss_bytes")
+
+    def to_dict(self) -> dict:
+        """The worker as the run's result lists it."""
+        return self.stats.to_dict()
 
 
 class LightweightEmulator:
-    """The state of one lightweight run; lives inside :func:`run_lightweight`'s event loop."""
+    """What one lightweight run records of its workers and their devices, from the orchestrator's
+    events and the workers' (each a JSON object, as a worker prints it)."""
 
     def __init__(self, specs: list[DeviceSpec], workers: list[WorkerHandle], recorder: Recorder) -> None:
         self.workers, self.recorder = workers, recorder
         self.finished = False  # set when the emulator ends the run: workers ending now were stopped
-        self.worker_failed = asyncio.Event()  # a worker ended before the run did: the run cannot go on
-        self.failures: list[str] = []
         self.open_lives: dict[str, float] = {}  # device -> when its current life started
         by_id = {s.id: s for s in specs}
         for w in workers:
@@ -466,7 +488,7 @@ class LightweightEmulator:
 
     def on_server_event(self, kind: str, data: dict) -> None:
         if kind == "registered":
-            if len(self.recorder.registered | {str(data["device"])}) == len(self.recorder.results):
+            if self.all_registered(str(data["device"])):
                 for w in self.workers:  # every device holds its connection, plan and data now
                     w.stats.rss_after_connect_bytes = w.sample_rss()
         elif kind == "round_start":
@@ -479,6 +501,15 @@ class LightweightEmulator:
                     w.stats.rounds.append({"round": int(data["round"]), "cpu_s": round(cpu - w.round_cpu0, 3)})
                 w.sample_rss()
         self.recorder.on_server_event(kind, data)
+
+    def all_registered(self, device: str) -> bool:
+        """Whether every device holds its connection once `device` registers (the current lives'
+        registrations: a worker's events come through a pipe, before the server's)."""
+        return len(self.recorder.registered | {device}) == len(self.recorder.results)
+
+    def life_round(self, device: str, event: dict) -> int | None:
+        """The round a device's life ended in (its ``life_end`` event): the round in progress."""
+        return self.recorder.current_round
 
     def on_worker_event(self, worker: WorkerHandle, event: dict) -> None:
         kind = str(event.get("event"))
@@ -500,7 +531,7 @@ class LightweightEmulator:
         elif kind == "life_end":
             self.open_lives.pop(device, None)
             life = DeviceLife(None, str(event["ended"]), False, False, None, None, float(event["wall_s"]),
-                              self.recorder.current_round)
+                              self.life_round(device, event))
             self.recorder.life_ended(device, life, worker=worker.index, error=event.get("error", ""))
         else:
             # peak_rss_bytes in its events is the whole worker's, not this device's.
@@ -520,22 +551,6 @@ class LightweightEmulator:
                                      error=f"worker exited with {returncode}")
 
 
-async def _watch(emu: LightweightEmulator, worker: WorkerHandle) -> None:
-    """Read a worker's events until its stdout closes, then record how it ended."""
-    proc = worker.proc
-    assert proc is not None and proc.stdout is not None
-    async for event in json_events(proc.stdout):
-        emu.on_worker_event(worker, event)
-    await proc.wait()
-    worker.exited = True
-    emu.on_worker_gone(worker, proc.returncode, stopped=emu.finished)
-    if not emu.finished and proc.returncode != 0:  # 0: every device of it ended on its own, each reported
-        tail = worker.log_tail()
-        emu.failures.append(f"worker {worker.index} (pid {proc.pid}) exited with {proc.returncode} during the run"
-                            + (f"; its stderr ends with:\n{tail}" if tail else ""))
-        emu.worker_failed.set()
-
-
 async def sample_rss(workers: list[WorkerHandle], interval_s: float = 0.5) -> None:
     while True:
         for w in workers:
@@ -544,115 +559,161 @@ async def sample_rss(workers: list[WorkerHandle], interval_s: float = 0.5) -> No
         await asyncio.sleep(interval_s)
 
 
-async def run_lightweight(
-    fleet: Fleet,
-    config: ServerConfig,
-    *,
-    specs: list[DeviceSpec] | None = None,
-    drops: Mapping[str, Iterable[int]] | None = None,
-    on_event: Callable[[str, dict], None] | None = None,
-    data_root: str | None = None,
-    stderr_dir: Path | None = None,
-    workers: int | None = None,
-    threads: int = 2,
-    stop_grace_s: float = 10.0,
-) -> EmulationRun:
-    """Run every device of `fleet` in `workers` processes against an orchestrator in this process.
+class LightweightBackend(EmulationBackend):
+    """The lightweight mode: the fleet's devices in `workers` child processes, none capped.
 
-    The same inputs and result as :func:`~emulator.supervisor.run_fleet`, with no memory
-    caps: ``mechanism`` is "none" for every device, ``peak_bytes`` is unknown, and the result's
-    ``workers`` list holds each worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to
-    :func:`default_workers`; `threads` is each worker's training thread pool."""
-    from emulator.localfleet import device_env, start_orchestrator  # loads torch: only when a run starts
+    The same inputs and result as the process mode, with no memory caps: ``mechanism`` is "none"
+    for every device, ``peak_bytes`` is unknown, and the result's ``workers`` list holds each
+    worker's pid, peak RSS, CPU and CPU per round. `workers` defaults to :func:`default_workers`;
+    `threads` is each worker's training thread pool; `stop_grace_s` what a worker gives its devices
+    still talking once the run is over. Subclasses place the workers elsewhere (:meth:`launch`,
+    :meth:`start`, :meth:`stop_workers`), e.g. as Ray actors."""
 
-    specs = fleet.devices() if specs is None else specs
-    if not specs:
-        raise ValueError(f"{fleet.name}: no devices to emulate")
-    n_workers = default_workers(len(specs)) if workers is None else workers
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
-    schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
-    devices = worker_devices(fleet, config, specs, schedule)
-    handles = [WorkerHandle(i, [devices[s.id] for s in share])
-               for i, share in enumerate(split_devices(specs, n_workers))]
-    recorder = Recorder(on_event)
-    emu = LightweightEmulator(specs, handles, recorder)
+    name = mode = "lightweight"
+    summary = "many devices per worker process"
+    shared_workers = True
+    options = (
+        BackendOption("workers", int, "worker processes the devices share (default: one per core, 2-4)"),
+        BackendOption("threads", int, "each worker's training threads", cli=False),
+        BackendOption("stop_grace_s", float, "seconds a worker's devices get to finish after the run", cli=False),
+    )
 
-    tmp = None
-    if stderr_dir is None:  # spec files and worker logs still need a home
-        import tempfile
+    def __init__(self, fleet: Fleet, config: ServerConfig, *, workers: int | None = None, threads: int = 2,
+                 stop_grace_s: float = 10.0, **common: Any) -> None:
+        super().__init__(fleet, config, **common)
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.workers, self.threads, self.stop_grace_s = workers, threads, stop_grace_s
+        self.handles: list[WorkerHandle] = []
+        self.emu: LightweightEmulator | None = None
+        self.sampler: asyncio.Task | None = None
+        self.run_files: tempfile.TemporaryDirectory | None = None  # spec files and logs without a stderr_dir
 
-        tmp = tempfile.TemporaryDirectory(prefix="edgetrain-lightweight-")
-    run_files = Path(tmp.name) if tmp is not None else Path(stderr_dir)
-    run_files.mkdir(parents=True, exist_ok=True)
-    sampler = asyncio.create_task(sample_rss(handles))
-    server_task: asyncio.Task | None = None
-    try:
-        # The workers start first: they load their runtimes and shards while the orchestrator
-        # measures the model and loads its evaluation data, and learn its address on stdin.
-        for w in handles:
-            await _spawn(emu, w, WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s), run_files,
-                         device_env())
-        orch, server_task = await start_orchestrator(config, emu.on_server_event)
-        for w in handles:
+    @classmethod
+    def validate(cls, fleet: Fleet, options: Mapping[str, Any]) -> None:
+        workers = options.get("workers")
+        if workers is not None and not 1 <= workers <= fleet.num_devices:
+            raise SettingError("--workers", f"must be between 1 and the fleet's {fleet.num_devices} devices")
+
+    @classmethod
+    def describe(cls, fleet: Fleet, config: ServerConfig, options: Mapping[str, Any]) -> str:
+        workers = options.get("workers") or default_workers(fleet.num_devices)
+        return f"mode {cls.mode}: {workers} worker processes, no memory caps"
+
+    def deal(self, n_workers: int, handle: type[WorkerHandle] = WorkerHandle) -> None:
+        """Deal the devices (each with its credential where the server requires one) over `n_workers`."""
+        devices = worker_devices(self.fleet, self.config, self.specs, self.schedule)
+        self.handles = [handle(i, [devices[s.id] for s in share])
+                        for i, share in enumerate(split_devices(self.specs, n_workers))]
+        self.emu = self.bookkeeping()
+
+    def bookkeeping(self) -> LightweightEmulator:
+        return LightweightEmulator(self.specs, self.handles, self.recorder)
+
+    def worker_spec(self, w: WorkerHandle) -> WorkerSpec:
+        return WorkerSpec(w.index, tuple(w.devices), self.data_root, self.threads, self.stop_grace_s)
+
+    def on_server_event(self, kind: str, data: dict) -> None:
+        assert self.emu is not None
+        self.emu.on_server_event(kind, data)
+
+    def failure(self) -> EmulationFailed:
+        return WorkerFailed(f"{self.fleet.name}: the run stops, a worker's devices are lost: {'; '.join(self.failures)}")
+
+    async def prepare(self) -> None:
+        """Start the workers: they load their runtimes and shards while the orchestrator measures
+        the model and loads its evaluation data, and learn its address on stdin (:meth:`start`)."""
+        from emulator.localfleet import device_env
+
+        self.deal(self.workers or default_workers(len(self.specs)))
+        if self.stderr_dir is None:
+            self.run_files = tempfile.TemporaryDirectory(prefix="edgetrain-lightweight-")
+        folder = Path(self.run_files.name) if self.run_files is not None else Path(self.stderr_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.sampler = asyncio.create_task(sample_rss(self.handles))
+        env = device_env()
+        for w in self.handles:
+            await self._spawn(w, folder, env)
+
+    async def start(self, url: str) -> None:
+        for w in self.handles:
             assert w.proc is not None and w.proc.stdin is not None
-            w.proc.stdin.write(f"ws://{config.host}:{orch.port}\n".encode())
-        failed = asyncio.create_task(emu.worker_failed.wait())
-        await asyncio.wait({server_task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        failed.cancel()
-        if not server_task.done():
-            raise WorkerFailed(f"{fleet.name}: the run stops, a worker's devices are lost: {'; '.join(emu.failures)}")
-        history = server_task.result()
-    finally:
-        if server_task is not None and not server_task.done():
-            server_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await server_task
-        await _stop_workers(emu, handles, grace_s=stop_grace_s + 5.0)
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-        if tmp is not None:
-            tmp.cleanup()
-    for metrics in history:  # the devices' side of each round's cost, beside the server's server_cpu_s
-        per_worker = [r["cpu_s"] for w in handles for r in w.stats.rounds if r["round"] == metrics.get("round")]
-        if len(per_worker) == len(handles):
-            metrics["workers_cpu_s"] = round(sum(per_worker), 3)
-    return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=[w.stats.to_dict() for w in handles])
+            w.proc.stdin.write(f"{url}\n".encode())
+
+    async def cancel(self) -> None:
+        if self.emu is not None:
+            self.emu.finished = True
+            await self.stop_workers(grace_s=self.stop_grace_s + 5.0)
+        if self.sampler is not None:
+            self.sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sampler
+        if self.run_files is not None:
+            self.run_files.cleanup()
+
+    def result(self, history: list[dict]) -> EmulationRun:
+        for metrics in history:  # the devices' side of each round's cost, beside the server's server_cpu_s
+            per_worker = [r["cpu_s"] for w in self.handles for r in w.stats.rounds if r["round"] == metrics.get("round")]
+            if len(per_worker) == len(self.handles):
+                metrics["workers_cpu_s"] = round(sum(per_worker), 3)
+        return self.recorder.run(history, [s.id for s in self.specs], mode="lightweight",
+                                 workers=[w.to_dict() for w in self.handles])
+
+    def worker_lost(self, w: WorkerHandle, returncode: int | None, how: str,
+                    said: str = "; its stderr ends with:") -> None:
+        """A worker ended: its devices' lives end with it; during the run (`how` it ended, unless
+        it returned 0 with every device done, and what it `said`) the run cannot go on."""
+        assert self.emu is not None
+        w.exited = True
+        self.emu.on_worker_gone(w, returncode, stopped=self.emu.finished)
+        if not self.emu.finished and returncode != 0:
+            tail = w.log_tail()
+            self.fail(f"worker {w.index} {how} during the run" + (f"{said}\n{tail}" if tail else ""))
+
+    async def _spawn(self, w: WorkerHandle, folder: Path, env: dict[str, str]) -> None:
+        """Start one worker process (it reads the orchestrator's address from its stdin) and watch it."""
+        spec_file = folder / f"worker-{w.index}.json"
+        atomic_write(spec_file, self.worker_spec(w).to_json().encode(), durable=False)  # 0600: it may hold secrets
+        w.log = folder / f"worker-{w.index}.log"
+        with open(w.log, "ab") as err:
+            w.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "emulator.lightweight", "--url", "-", "--spec-file", str(spec_file),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=1 << 20,
+            )
+        w.stats.pid = w.proc.pid
+        w.watch = asyncio.create_task(self._watch(w))
+        self.recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.proc.pid, "devices": len(w.devices)})
+
+    async def _watch(self, w: WorkerHandle) -> None:
+        """Read a worker's events until its stdout closes, then record how it ended."""
+        assert self.emu is not None and w.proc is not None and w.proc.stdout is not None
+        async for event in json_events(w.proc.stdout):
+            self.emu.on_worker_event(w, event)
+        await w.proc.wait()
+        self.worker_lost(w, w.proc.returncode, f"(pid {w.proc.pid}) exited with {w.proc.returncode}")
+
+    async def stop_workers(self, *, grace_s: float) -> None:
+        """Close every worker's stdin (its signal to stop), wait for it, kill it if it does not go."""
+        for w in self.handles:
+            if w.proc is not None and w.proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    w.proc.stdin.close()
+        for w in self.handles:
+            if w.proc is None or w.watch is None:
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(w.watch), timeout=grace_s)
+            if w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(w.watch, timeout=10)
 
 
-async def _spawn(emu: LightweightEmulator, w: WorkerHandle, spec: WorkerSpec, run_files: Path, env: dict[str, str]) -> None:
-    """Start one worker process (it reads the orchestrator's address from its stdin) and watch it."""
-    spec_file = run_files / f"worker-{spec.index}.json"
-    atomic_write(spec_file, spec.to_json().encode(), durable=False)  # mode 0600: it may hold the devices' secrets
-    w.log = run_files / f"worker-{spec.index}.log"
-    with open(w.log, "ab") as err:
-        w.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "emulator.lightweight", "--url", "-", "--spec-file", str(spec_file),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=1 << 20,
-        )
-    w.stats.pid = w.proc.pid
-    w.watch = asyncio.create_task(_watch(emu, w))
-    emu.recorder.emit("emulator:worker_started", {"worker": spec.index, "pid": w.proc.pid, "devices": len(w.devices)})
-
-
-async def _stop_workers(emu: LightweightEmulator, handles: list[WorkerHandle], *, grace_s: float) -> None:
-    """Close every worker's stdin (its signal to stop), wait for it, kill it if it does not go."""
-    emu.finished = True
-    for w in handles:
-        if w.proc is not None and w.proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                w.proc.stdin.close()
-    for w in handles:
-        if w.proc is None or w.watch is None:
-            continue
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(w.watch), timeout=grace_s)
-        if w.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.kill()
-        with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(w.watch, timeout=10)
+async def run_lightweight(fleet: Fleet, config: ServerConfig, **options: Any) -> EmulationRun:
+    """Run every device of `fleet` in worker processes against an orchestrator in this process
+    (:class:`LightweightBackend`, its options and the common ones)."""
+    return await LightweightBackend(fleet, config, **LightweightBackend.check(options)).run()
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ the orchestrator, its own state and its own shard of the data, exactly as in the
 Events go back to the emulator in batches: the emulator keeps one call to the actor's
 :meth:`WorkerActor.next_events` outstanding per worker; it returns as soon as the worker has emitted
 anything (or after ``poll_s``, the length of an idle call), with every event so far as the JSON
-lines a local worker prints, plus the actor process's CPU and memory. The emulator feeds them to the same
-:class:`~emulator.lightweight.LightweightEmulator` and
-:class:`~emulator.recorder.Recorder` as the local mode, so a run's ``metrics.json`` is
-the same (``backend: ray`` added by the command). Stopping is a call to :meth:`WorkerActor.stop` (a
+lines a local worker prints, plus the actor process's CPU and memory. :class:`RayBackend` is the
+local mode's backend (:class:`~emulator.lightweight.LightweightBackend`) with the workers placed
+as actors: it feeds them to the same bookkeeping (:class:`ActorBookkeeping`, a
+:class:`~emulator.lightweight.LightweightEmulator`) and :class:`~emulator.recorder.Recorder`, so a
+run's ``metrics.json`` is the same (``backend: ray`` and the cluster's address added). Stopping is a call to :meth:`WorkerActor.stop` (a
 local worker's stdin closing); an actor that dies (its process killed, its node lost) stops the run
 with :class:`~emulator.lightweight.WorkerFailed`, as a local worker's death does.
 
@@ -22,14 +23,15 @@ The orchestrator stays in the emulator's process: the actors must reach its URL.
 instance that is 127.0.0.1; on a cluster the server binds ``--host`` (``0.0.0.0`` by default there)
 and the actors dial ``--advertise-host`` (by default this node's address as Ray knows it).
 
-Ray is an optional dependency (``pip install 'edgetrain[ray]'``): this module imports it only when a
-run starts, and nothing else in edgetrain imports this module until ``--backend ray`` is asked for.
+Ray is an optional dependency (``pip install 'edgetrain[ray]'``, the backend's ``requires``): this
+module, which the backend table imports, imports Ray only when a run starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -37,32 +39,31 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulator.fleet import DeviceSpec, Fleet
+from emulator.backend import BackendOption, EmulationFailed
 from emulator.lightweight import (
+    LightweightBackend,
+    LightweightEmulator,
     WorkerFailed,
+    WorkerHandle,
     WorkerSpec,
     cpu_and_memory,
-    LightweightEmulator,
-    load_runtimes,
-    sample_rss,
-    WorkerHandle,
     default_workers,
+    load_runtimes,
     run_worker,
-    split_devices,
-    worker_devices,
+    sample_rss,
 )
-from emulator.recorder import EmulationRun, Recorder
-from emulator.schedule import drop_schedule
 
 if TYPE_CHECKING:
+    from emulator.fleet import Fleet
+    from emulator.recorder import EmulationRun
     from orchestrator.config import ServerConfig
 
-__all__ = ["LOCAL_RAY", "RayUnavailable", "WorkerActor", "connect_ray", "ray_default_workers", "run_ray",
-           "worker_host"]
+__all__ = ["LOCAL_RAY", "RayBackend", "RayUnavailable", "WorkerActor", "connect_ray", "ray_default_workers",
+           "run_ray", "worker_host"]
 
 #: How a local Ray instance is started: small, quiet, no dashboard, a minimal object store (events
 #: are small; nothing large goes through Ray).
@@ -82,7 +83,7 @@ RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARN
 NAMESPACE = "edgetrain"
 
 
-class RayUnavailable(RuntimeError):
+class RayUnavailable(EmulationFailed):
     """Ray is not installed (``pip install 'edgetrain[ray]'``) or could not start / connect."""
 
 
@@ -228,48 +229,23 @@ def worker_host(bind_host: str, advertise_host: str | None) -> str:
 
 
 # -- the emulator's side ----------------------------------------------------------------------------
-class _RayWorker(WorkerHandle):
-    """The emulator's handle on one worker actor."""
+class ActorHandle(WorkerHandle):
+    """The emulator's handle on one worker actor: where it runs (its CPU and memory read from /proc
+    when that is this machine, else from its batches)."""
 
     def __init__(self, index: int, devices: list) -> None:
         super().__init__(index, devices)
         self.actor: Any = None
         self.host = ""
         self.node = ""
-        self.local = False  # on this machine: CPU and memory read from /proc as in the local mode
-        self.last: dict = {}  # the actor's own CPU and memory, from its latest batch
-        self.error = ""
+        self.local = False
 
-    def log_tail(self, chars: int = 2000) -> str:
-        return self.error[-chars:].strip()
-
-    def cpu_s(self) -> float | None:
-        if self.local and self.stats.pid is not None and not self.exited:
-            from edge_sdk.memory import cpu_seconds
-
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                return cpu_seconds(self.stats.pid)
-        return self.last.get("cpu_s")
-
-    def sample_rss(self) -> int | None:
-        if self.local and self.stats.pid is not None and not self.exited:
-            from edge_sdk.memory import process_memory
-
-            try:
-                seen = process_memory(self.stats.pid)
-            except (ProcessLookupError, PermissionError):
-                seen = None
-            if seen is not None:
-                if seen.peak_rss_bytes:
-                    self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, seen.peak_rss_bytes)
-                return seen.rss_bytes or None
-        if self.last.get("peak_rss_bytes"):
-            self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes or 0, int(self.last["peak_rss_bytes"]))
-        return self.last.get("rss_bytes")
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "host": self.host}
 
 
-class _RayEmulator(LightweightEmulator):
-    """The local mode's emulator state, with one difference: a worker's events arrive one call later
+class ActorBookkeeping(LightweightEmulator):
+    """The local mode's bookkeeping, with one difference: a worker's events arrive one call later
     than through a pipe, so a device's ``life_start`` may come after the server registered it. The
     workers' resident set "with every device connected" is therefore sampled when every device has
     registered once, counted here, not from the recorder's current lives; and a device that vanished
@@ -282,206 +258,195 @@ class _RayEmulator(LightweightEmulator):
         self.dropped_in: dict[str, int | None] = {}  # device -> the round its last "dropped" event named
 
     def on_worker_event(self, worker: WorkerHandle, event: dict) -> None:
-        kind, device = event.get("event"), str(event.get("device"))
-        if kind == "dropped":
-            self.dropped_in[device] = event.get("round")
-        elif kind == "life_end" and event.get("ended") == "dropped" and device in self.dropped_in:
-            now = self.recorder.current_round
-            self.recorder.current_round = self.dropped_in.pop(device)  # the life ends in the round it vanished in
-            try:
-                super().on_worker_event(worker, event)
-            finally:
-                self.recorder.current_round = now
-            return
+        if event.get("event") == "dropped":
+            self.dropped_in[str(event.get("device"))] = event.get("round")
         super().on_worker_event(worker, event)
 
-    def on_server_event(self, kind: str, data: dict) -> None:
-        if kind == "registered" and len(self.seen) < len(self.recorder.results):
-            self.seen.add(str(data["device"]))
-            if len(self.seen) == len(self.recorder.results):
-                for w in self.workers:
-                    w.stats.rss_after_connect_bytes = w.sample_rss()
-        super().on_server_event(kind, data)
+    def life_round(self, device: str, event: dict) -> int | None:
+        if event.get("ended") == "dropped" and device in self.dropped_in:
+            return self.dropped_in.pop(device)  # the life ends in the round it vanished in
+        return super().life_round(device, event)
+
+    def all_registered(self, device: str) -> bool:
+        if len(self.seen) >= len(self.recorder.results):
+            return False
+        self.seen.add(device)
+        return len(self.seen) == len(self.recorder.results)
 
 
-async def _pump(emu: LightweightEmulator, worker: _RayWorker, poll_s: float) -> None:
-    """Take a worker's events until its last batch, then record how it ended."""
-    returncode: int | None = None
-    try:
-        while True:
-            batch = await worker.actor.next_events.remote(poll_s)
-            worker.last = batch
-            for line in batch["events"]:
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    emu.on_worker_event(worker, event)
-            if batch["done"]:
-                worker.error = batch["error"]
-                returncode = 1 if batch["error"] else 0
-                break
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # the actor is gone: its process was killed or its node lost
-        worker.error = f"{type(e).__name__}: {e}"
-    worker.exited = True
-    worker.sample_rss()
-    emu.on_worker_gone(worker, returncode, stopped=emu.finished)
-    if not emu.finished and returncode != 0:
-        how = "failed" if returncode else "died"
-        tail = worker.log_tail()
-        emu.failures.append(f"worker {worker.index} (Ray actor, pid {worker.stats.pid} on {worker.host}) {how} "
-                            "during the run" + (f":\n{tail}" if tail else ""))
-        emu.worker_failed.set()
+class RayBackend(LightweightBackend):
+    """The lightweight workers as Ray actors, on a local instance or a cluster.
 
+    The same inputs and result as :class:`~emulator.lightweight.LightweightBackend` (``mode``
+    "lightweight"; each worker dict also names its ``host``). `address`: an existing cluster (``ray
+    start --head`` printed it; "auto" for the one this node belongs to), None for a local instance
+    started and shut down here. The orchestrator binds `host` (``0.0.0.0`` on a cluster) and `port`;
+    actors dial :func:`worker_host`. `workers` defaults to :func:`ray_default_workers`; each actor
+    asks Ray for `cpus_per_worker` CPUs. `ray_options` go to ``ray.init``. `stderr_dir` receives a
+    failed worker's traceback (``worker-<i>.log``); the actors' own output stays in Ray's session logs."""
 
-async def run_ray(
-    fleet: Fleet,
-    config: ServerConfig,
-    *,
-    address: str | None = None,
-    advertise_host: str | None = None,
-    specs: list[DeviceSpec] | None = None,
-    drops: Mapping[str, Iterable[int]] | None = None,
-    on_event: Callable[[str, dict], None] | None = None,
-    data_root: str | None = None,
-    stderr_dir: Path | None = None,
-    workers: int | None = None,
-    threads: int = 2,
-    stop_grace_s: float = 10.0,
-    cpus_per_worker: float = 1.0,
-    poll_s: float = 1.0,
-    ray_options: Mapping[str, Any] | None = None,
-) -> EmulationRun:
-    """Run every device of `fleet` in `workers` Ray actors against an orchestrator in this process.
-
-    The same inputs and result as :func:`~emulator.lightweight.run_lightweight`
-    (``mode`` "lightweight"; each worker dict also names its ``host``). `address`: an existing
-    cluster (``ray start --head`` printed it; "auto" for the one this node belongs to), None for a
-    local instance started and shut down here. The orchestrator binds ``config.host``; actors dial
-    :func:`worker_host`. `workers` defaults to :func:`ray_default_workers`; each actor asks Ray for
-    `cpus_per_worker` CPUs. `ray_options` go to ``ray.init``. `stderr_dir` receives a failed
-    worker's traceback (``worker-<i>.log``); the actors' own output stays in Ray's session logs."""
-    from emulator.localfleet import start_orchestrator  # loads torch: only when a run starts
-
-    specs = fleet.devices() if specs is None else specs
-    if not specs:
-        raise ValueError(f"{fleet.name}: no devices to emulate")
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
-    if workers is not None and not 1 <= workers <= len(specs):
-        raise ValueError(f"workers must be between 1 and the fleet's {len(specs)} devices, got {workers}")
-    n_local = workers or default_workers(len(specs))
-    started = connect_ray(address, num_cpus=max(1, int(n_local * cpus_per_worker + 0.999)), **dict(ray_options or {}))
-    ray = _ray()
-    try:
-        n_workers = workers or ray_default_workers(len(specs), address)
-        schedule = (drop_schedule(fleet, specs, config.rounds) if drops is None
-                    else {k: tuple(v) for k, v in drops.items()})
-        devices = worker_devices(fleet, config, specs, schedule)
-        handles = [_RayWorker(i, [devices[s.id] for s in share])
-                   for i, share in enumerate(split_devices(specs, n_workers))]
-        recorder = Recorder(on_event)
-        emu = _RayEmulator(specs, handles, recorder)
-        return await _run(ray, emu, handles, fleet, config, recorder, specs, start_orchestrator,
-                          advertise_host=advertise_host, data_root=data_root, stderr_dir=stderr_dir,
-                          threads=threads, stop_grace_s=stop_grace_s, cpus_per_worker=cpus_per_worker,
-                          poll_s=poll_s)
-    finally:
-        if started:
-            ray.shutdown()
-
-
-async def _run(ray, emu: LightweightEmulator, handles: list[_RayWorker], fleet: Fleet, config: ServerConfig,
-               recorder: Recorder, specs: list[DeviceSpec], start_orchestrator, *, advertise_host: str | None,
-               data_root: str | None, stderr_dir: Path | None, threads: int, stop_grace_s: float,
-               cpus_per_worker: float, poll_s: float) -> EmulationRun:
-    here = None  # this process's Ray node (none for a Ray Client connection, ray://...)
-    with contextlib.suppress(Exception):
-        here = ray.get_runtime_context().get_node_id()
-    actor_class = ray.remote(WorkerActor).options(
-        num_cpus=cpus_per_worker, max_concurrency=4, scheduling_strategy="SPREAD",
-        runtime_env={"env_vars": dict(ACTOR_ENV)},
+    name = where = "ray"
+    summary = "the lightweight workers as Ray actors"
+    requires = ("ray",)
+    install = "pip install 'edgetrain[ray]' (with -c constraints.txt for the pinned version)"
+    workers_called = "worker processes as Ray actors"
+    options = LightweightBackend.options + (
+        BackendOption("address", str, "the running Ray cluster to use (e.g. 10.0.0.5:6379, or 'auto' on a cluster "
+                                      "node); default: start a local Ray instance"),
+        BackendOption("host", str, "the address the orchestrator binds (default 127.0.0.1; 0.0.0.0 with --address)"),
+        BackendOption("advertise_host", str, "the host or IP the workers dial to reach the orchestrator (default: "
+                                             "--host, or this node's address as Ray knows it when --host is 0.0.0.0)"),
+        BackendOption("port", int, "the orchestrator's port, e.g. one a firewall lets through (default: any free port)"),
+        BackendOption("cpus_per_worker", float, "CPUs each actor asks Ray for", cli=False),
+        BackendOption("poll_s", float, "the longest a call for a worker's events waits", cli=False),
+        BackendOption("ray_options", dict, "keywords of ray.init", cli=False),
     )
-    for w in handles:  # the actors start and load their runtimes while the orchestrator starts
-        w.actor = actor_class.remote()
-    prepared = asyncio.ensure_future(asyncio.gather(*(w.actor.prepare.remote() for w in handles)))
-    pumps: list[asyncio.Task] = []
-    sampler = asyncio.create_task(sample_rss(handles))
-    server_task: asyncio.Task | None = None
-    history: list[dict] = []
-    try:
-        orch, server_task = await start_orchestrator(config, emu.on_server_event)
-        url = f"ws://{worker_host(config.host, advertise_host)}:{orch.port}"
+
+    def __init__(self, fleet: Fleet, config: ServerConfig, *, address: str | None = None,
+                 advertise_host: str | None = None, host: str | None = None, port: int | None = None,
+                 cpus_per_worker: float = 1.0, poll_s: float = 1.0, ray_options: Mapping[str, Any] | None = None,
+                 **options: Any) -> None:
+        super().__init__(fleet, self.server_settings(config, {"address": address, "host": host, "port": port}),
+                         **options)
+        self.address, self.advertise_host = address, advertise_host
+        self.cpus_per_worker, self.poll_s, self.ray_options = cpus_per_worker, poll_s, dict(ray_options or {})
+        self.started = False  # this run started or connected Ray (and shuts it down)
+        self.prepared: asyncio.Future | None = None
+        self.pumps: list[asyncio.Task] = []
+
+    @classmethod
+    def server_settings(cls, config: ServerConfig, options: Mapping[str, Any]) -> ServerConfig:
+        host, port = options.get("host"), options.get("port")
+        return dataclasses.replace(config, host=host or ("0.0.0.0" if options.get("address") is not None else config.host),
+                                   port=config.port if port is None else port)
+
+    @classmethod
+    def describe(cls, fleet: Fleet, config: ServerConfig, options: Mapping[str, Any]) -> str:
+        address, workers = options.get("address"), options.get("workers")
+        n_workers_text = (str(workers or default_workers(fleet.num_devices)) if address is None
+                          else str(workers) if workers else "one per cluster CPU,")
+        where = f"the Ray cluster at {address}" if address is not None else "a local Ray instance"
+        return (f"mode {cls.mode}: {n_workers_text} worker processes as Ray actors on {where}, no memory caps; "
+                f"orchestrator bound to {config.host}")
+
+    @classmethod
+    def report(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        return {**super().report(options), "ray_address": options.get("address")}
+
+    def bookkeeping(self) -> LightweightEmulator:
+        return ActorBookkeeping(self.specs, self.handles, self.recorder)
+
+    def url(self, port: int) -> str:
+        return f"ws://{worker_host(self.config.host, self.advertise_host)}:{port}"
+
+    async def prepare(self) -> None:
+        """Start (or reach) Ray and create the actors: they load their runtimes while the
+        orchestrator starts."""
+        n_local = self.workers or default_workers(len(self.specs))
+        self.started = connect_ray(self.address, num_cpus=max(1, int(n_local * self.cpus_per_worker + 0.999)),
+                                   **self.ray_options)
+        ray = _ray()
+        self.deal(self.workers or ray_default_workers(len(self.specs), self.address), ActorHandle)
+        actor_class = ray.remote(WorkerActor).options(
+            num_cpus=self.cpus_per_worker, max_concurrency=4, scheduling_strategy="SPREAD",
+            runtime_env={"env_vars": dict(ACTOR_ENV)},
+        )
+        for w in self.handles:
+            w.actor = actor_class.remote()
+        self.prepared = asyncio.ensure_future(asyncio.gather(*(w.actor.prepare.remote() for w in self.handles)))
+        self.sampler = asyncio.create_task(sample_rss(self.handles))
+
+    async def start(self, url: str) -> None:
+        """Learn where each actor runs, start taking its events, then start its devices."""
+        ray = _ray()
+        here = None  # this process's Ray node (none for a Ray Client connection, ray://...)
+        with contextlib.suppress(Exception):
+            here = ray.get_runtime_context().get_node_id()
+        assert self.prepared is not None
         try:
-            for w, info in zip(handles, await prepared):
+            for w, info in zip(self.handles, await self.prepared):
                 w.stats.pid, w.host, w.node = int(info["pid"]), str(info["host"]), str(info["node"])
                 w.local = here is not None and w.node == here
-                pumps.append(asyncio.create_task(_pump(emu, w, poll_s)))  # before any device starts
-            spec_json = [WorkerSpec(w.index, tuple(w.devices), data_root, threads, stop_grace_s).to_json()
-                         for w in handles]
-            await asyncio.gather(*(w.actor.start.remote(s, url) for w, s in zip(handles, spec_json)))
+                self.pumps.append(asyncio.create_task(self._pump(w)))  # before any device starts
+            await asyncio.gather(*(w.actor.start.remote(self.worker_spec(w).to_json(), url) for w in self.handles))
         except ray.exceptions.RayError as e:  # an actor that cannot start: edgetrain or its runtimes missing on a node
-            raise WorkerFailed(f"{fleet.name}: a Ray actor could not start its worker: "
+            raise WorkerFailed(f"{self.fleet.name}: a Ray actor could not start its worker: "
                                f"{type(e).__name__}: {e}") from None
+        for w in self.handles:
+            self.recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.stats.pid, "host": w.host,
+                                                            "devices": len(w.devices), "backend": "ray"})
+
+    async def _pump(self, w: ActorHandle) -> None:
+        """Take a worker's events until its last batch, then record how it ended."""
+        assert self.emu is not None
+        returncode: int | None = None
+        try:
+            while True:
+                batch = await w.actor.next_events.remote(self.poll_s)
+                w.reported = batch
+                for line in batch["events"]:
+                    event = json.loads(line)
+                    if isinstance(event, dict):
+                        self.emu.on_worker_event(w, event)
+                if batch["done"]:
+                    w.error = batch["error"]
+                    returncode = 1 if batch["error"] else 0
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the actor is gone: its process was killed or its node lost
+            w.error = f"{type(e).__name__}: {e}"
+        w.exited = True
+        w.sample_rss()
+        how = "failed" if returncode else "died"
+        self.worker_lost(w, returncode, f"(Ray actor, pid {w.stats.pid} on {w.host}) {how}", said=":")
+
+    async def cancel(self) -> None:
+        try:
+            if self.prepared is not None and not self.prepared.done():
+                self.prepared.cancel()
+            if self.prepared is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self.prepared
+            await super().cancel()
+            if self.stderr_dir is not None:
+                for w in self.handles:
+                    if w.error:
+                        Path(self.stderr_dir).mkdir(parents=True, exist_ok=True)
+                        (Path(self.stderr_dir) / f"worker-{w.index}.log").write_text(w.error + "\n", encoding="utf-8")
+        finally:
+            if self.started:
+                _ray().shutdown()
+
+    async def stop_workers(self, *, grace_s: float) -> None:
+        """Ask every actor to stop, take its last events, then end it (an actor never outlives the run)."""
+        assert self.emu is not None
+        ray = _ray()
+        handles: list[ActorHandle] = self.handles  # type: ignore[assignment]
         for w in handles:
-            recorder.emit("emulator:worker_started", {"worker": w.index, "pid": w.stats.pid, "host": w.host,
-                                                       "devices": len(w.devices), "backend": "ray"})
-        failed = asyncio.create_task(emu.worker_failed.wait())
-        await asyncio.wait({server_task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        failed.cancel()
-        if not server_task.done():
-            raise WorkerFailed(f"{fleet.name}: the run stops, a worker's devices are lost: {'; '.join(emu.failures)}")
-        history = server_task.result()
-    finally:
-        if server_task is not None and not server_task.done():
-            server_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await server_task
-        if not prepared.done():
-            prepared.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await prepared
-        await _stop_actors(emu, handles, pumps, grace_s=stop_grace_s + 5.0)
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-        if stderr_dir is not None:
-            for w in handles:
-                if w.error:
-                    Path(stderr_dir).mkdir(parents=True, exist_ok=True)
-                    (Path(stderr_dir) / f"worker-{w.index}.log").write_text(w.error + "\n", encoding="utf-8")
-    for metrics in history:  # the devices' side of each round's cost, beside the server's server_cpu_s
-        per_worker = [r["cpu_s"] for w in handles for r in w.stats.rounds if r["round"] == metrics.get("round")]
-        if len(per_worker) == len(handles):
-            metrics["workers_cpu_s"] = round(sum(per_worker), 3)
-    workers = [{**w.stats.to_dict(), "host": w.host} for w in handles]
-    return recorder.run(history, [s.id for s in specs], mode="lightweight", workers=workers)
-
-
-async def _stop_actors(emu: LightweightEmulator, handles: list[_RayWorker], pumps: list[asyncio.Task], *,
-                       grace_s: float) -> None:
-    """Ask every actor to stop, take its last events, then end it (an actor never outlives the run)."""
-    emu.finished = True
-    ray = _ray()
-    for w in handles:
-        if w.actor is not None:
-            with contextlib.suppress(Exception):
-                w.actor.stop.remote()
-    if pumps:
+            if w.actor is not None:
+                with contextlib.suppress(Exception):
+                    w.actor.stop.remote()
         deadline = time.monotonic() + grace_s
-        for p in pumps:
+        for p in self.pumps:
             with contextlib.suppress(asyncio.TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(p), timeout=max(0.1, deadline - time.monotonic()))
-    for p in pumps:
-        if not p.done():
-            p.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await p
-    for w in handles:  # an actor that did not answer in time: its devices' lives end here
-        if w.actor is not None and not w.exited:
-            w.exited = True
-            emu.on_worker_gone(w, None, stopped=True)
-    for w in handles:
-        if w.actor is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(w.actor)
+        for p in self.pumps:
+            if not p.done():
+                p.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await p
+        for w in handles:  # an actor that did not answer in time: its devices' lives end here
+            if w.actor is not None and not w.exited:
+                w.exited = True
+                self.emu.on_worker_gone(w, None, stopped=True)
+        for w in handles:
+            if w.actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(w.actor)
+
+
+async def run_ray(fleet: Fleet, config: ServerConfig, **options: Any) -> EmulationRun:
+    """Run every device of `fleet` in Ray actors against an orchestrator in this process
+    (:class:`RayBackend`, its options and the common ones)."""
+    return await RayBackend(fleet, config, **RayBackend.check(options)).run()

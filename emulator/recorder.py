@@ -1,7 +1,8 @@
 """What an emulated run learns about its devices, recorded the same way whichever mode ran them.
 
-Both modes (one capped process per device, :mod:`~emulator.supervisor`; many devices
-per worker process, :mod:`~emulator.lightweight`) feed one :class:`Recorder`: the
+Every emulation backend (one capped process per device, :mod:`~emulator.supervisor`; many
+devices per worker process, :mod:`~emulator.lightweight`, locally or as Ray actors) feeds one
+:class:`Recorder`: the
 orchestrator's events (registrations, round starts and ends with their stragglers), each device's
 own events (its plan, its time per phase and peak in every round) and the start and end of every
 life of a device (a process, or a client in a worker). The result is an :class:`EmulationRun`,
@@ -104,7 +105,7 @@ class EmulationRun:
     history: list[dict]
     devices: list[DeviceResult]
     mode: str = "processes"  # the fleet's emulation mode that ran: "processes" | "lightweight"
-    workers: list[dict] = field(default_factory=list)  # lightweight mode: one WorkerStats dict per process
+    workers: list[dict] = field(default_factory=list)  # shared worker processes: one WorkerStats dict each
 
     def device(self, device_id: str) -> DeviceResult:
         for d in self.devices:
@@ -115,7 +116,7 @@ class EmulationRun:
     def to_dict(self) -> dict[str, Any]:
         """The run as JSON-ready data: mode, rounds, devices (and worker processes when it had some)."""
         out: dict[str, Any] = {"mode": self.mode}
-        if self.mode == "lightweight":
+        if self.workers:  # devices that shared worker processes
             out.update(workers=len(self.workers), worker_processes=self.workers)
         out.update(rounds=self.history, devices=[d.to_dict() for d in self.devices])
         return out

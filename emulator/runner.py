@@ -1,10 +1,10 @@
 """Run a fleet with the emulation backend its mode and the caller's ``backend`` name.
 
-The backends are one table, :data:`emulator.backends.EMULATION_BACKENDS`: capped
-processes (``processes``), many devices per worker process (``lightweight``), the same workers as Ray
-actors (``ray``, imported, with Ray, only then). Each takes the same fleet and orchestrator settings
-(:mod:`emulator.schedule`) and gives the same
-:class:`~emulator.recorder.EmulationRun`.
+The backends are one table, :data:`emulator.backends.EMULATION_BACKENDS`, of classes
+implementing :class:`~emulator.backend.EmulationBackend`: capped processes (``processes``), many
+devices per worker process (``lightweight``), the same workers as Ray actors (``ray``, Ray imported
+only then). Each takes the same fleet and orchestrator settings (:mod:`emulator.schedule`) and gives
+the same :class:`~emulator.recorder.EmulationRun`.
 
 A run interrupted part-way continues in its own store (``ServerConfig.resume``; ``edgetrain emulate
 --resume RUN_DIR``): the orchestrator restarts from the checkpoint of the last completed round
@@ -13,11 +13,11 @@ A run interrupted part-way continues in its own store (``ServerConfig.resume``; 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from emulator.backends import emulation_backend, where_choices
-from emulator.fleet import DeviceSpec, Fleet
+from emulator.fleet import Fleet
 from emulator.recorder import EmulationRun
 from orchestrator.config import ServerConfig
 
@@ -27,31 +27,16 @@ __all__ = ["BACKENDS", "completed_rounds", "run_emulation"]
 BACKENDS = where_choices()
 
 
-async def run_emulation(
-    fleet: Fleet,
-    config: ServerConfig,
-    *,
-    specs: list[DeviceSpec] | None = None,
-    on_event: Callable[[str, dict], None] | None = None,
-    data_root: str | None = None,
-    stderr_dir: Path | None = None,
-    rss_guard: bool | None = None,
-    workers: int | None = None,
-    data_limit: int | None = None,
-    backend: str = "local",
-    address: str | None = None,
-    advertise_host: str | None = None,
-) -> EmulationRun:
-    """Run `fleet` with the backend of its ``emulation.mode`` at `backend` ("local" or "ray").
+async def run_emulation(fleet: Fleet, config: ServerConfig, *, backend: str = "local", **options: Any) -> EmulationRun:
+    """Run `fleet` with the backend of its ``emulation.mode`` at `backend` ("local", "ray", ...).
 
-    `rss_guard` (default on) and `data_limit` apply to the process mode, `workers` (default: one per
-    core, 2-4) to the lightweight one; `address` (a running Ray cluster, else a local instance) and
-    `advertise_host` (what the actors dial; default ``config.host``, or this node's address when that
-    is a wildcard) to Ray. An option the chosen backend does not take is a ValueError."""
+    `options` are the common ones (``specs``, ``drops``, ``on_event``, ``data_root``,
+    ``stderr_dir``) and the chosen backend's own (:attr:`EmulationBackend.options
+    <emulator.backend.EmulationBackend.options>`: ``rss_guard`` and ``data_limit`` for capped
+    processes, ``workers`` for the lightweight workers, ``address`` and ``advertise_host`` for Ray);
+    one given (not None) that the chosen backend does not take is a ValueError."""
     chosen = emulation_backend(fleet.emulation.mode, backend)
-    return await chosen.run(fleet, config, specs=specs, on_event=on_event, data_root=data_root,
-                            stderr_dir=stderr_dir, rss_guard=rss_guard, workers=workers, data_limit=data_limit,
-                            address=address, advertise_host=advertise_host)
+    return await chosen(fleet, config, **chosen.check(options)).run()
 
 
 def completed_rounds(store_dir: Path) -> int:
@@ -65,4 +50,4 @@ def completed_rounds(store_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     with store:
-        return store.completed_rounds()
+        return store.rounds.completed()

@@ -55,8 +55,9 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
 
 def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (), *,
                   data_limit: int | None = None) -> DeviceLaunch:
-    """How to start one device of the fleet: its budget, class, data shard, training backend, hello
-    labels (its group's ``priority`` and ``tags``) and misbehaviour."""
+    """How to start one device of the fleet: its budget, class (and the class's cores, declared in
+    its hello), data shard, training backend, hello labels (its group's ``priority`` and ``tags``)
+    and misbehaviour."""
     part = fleet.partition
     scheme = f"dirichlet:{part.alpha}" if part.scheme == "dirichlet" else part.scheme
     b = spec.behaviour
@@ -68,6 +69,7 @@ def device_launch(fleet: Fleet, spec: DeviceSpec, drop_rounds: Iterable[int] = (
     return DeviceLaunch(
         device_id=spec.id, budget_bytes=spec.budget_bytes, client=spec.index, num_clients=fleet.num_devices,
         data=fleet.dataset, partition=scheme, device_class=spec.device_class, seed=part.seed, data_limit=data_limit,
+        cores=spec.cores,
         faults=Faults(drop_rounds=tuple(drop_rounds), delay_s=delay_s, force_split=spec.force_split, drop_at=b.drop_at),
         labels=device_labels(spec), classes=spec.classes, max_samples=spec.samples, label_noise=spec.label_noise,
         backend=spec.backend,

@@ -15,7 +15,9 @@ The supervisor therefore also guards the resident set (``rss_guard``): it polls 
 kills a device over its budget, so every mechanism holds a device to the quantity the budget means.
 The report says which enforced the kill (``killed_by``: "kernel", "watchdog", "rss-guard", "timeout").
 
-What the devices did is recorded by :class:`~emulator.recorder.Recorder`.
+:class:`ProcessBackend` is this mode's row of the backend table (:mod:`emulator.backends`):
+:class:`DeviceSupervisor` starts, watches and restarts the processes, and what the devices did is
+recorded by :class:`~emulator.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -25,20 +27,22 @@ import contextlib
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from edge_sdk.memory import process_memory
+from emulator.backend import BackendOption, EmulationBackend
 from emulator.capping import MEMORY_EXIT_CODE, CappedProcess, CapResult
 from emulator.credentials import needs_credentials, with_secrets
 from emulator.faults import DROP_EXIT
 from emulator.fleet import DeviceSpec, Fleet
 from emulator.launch import DeviceLaunch, device_argv
 from emulator.recorder import DeviceLife, DeviceResult, EmulationRun, Recorder, json_events
-from emulator.schedule import device_launch, drop_schedule
+from emulator.schedule import device_launch
 from orchestrator.config import ServerConfig
 
-__all__ = ["DeviceSupervisor", "RssGuard", "run_fleet"]
+__all__ = ["DeviceSupervisor", "ProcessBackend", "RssGuard", "run_fleet"]
 
 
 def _ending(result: CapResult) -> str:
@@ -192,63 +196,82 @@ class DeviceSupervisor:
                 await proc.wait_async()
 
 
-async def run_fleet(
-    fleet: Fleet,
-    config: ServerConfig,
-    *,
-    specs: list[DeviceSpec] | None = None,
-    drops: Mapping[str, Iterable[int]] | None = None,
-    on_event: Callable[[str, dict], None] | None = None,
-    data_root: str | None = None,
-    stderr_dir: Path | None = None,
-    mechanism: str | None = None,
-    timeout_s: float | None = None,
-    rss_guard: bool = True,
-    data_limit: int | None = None,
-    backends: Mapping[str, str] | None = None,
-) -> EmulationRun:
-    """Run every device of `fleet` against an orchestrator in this process until the last round.
+class ProcessBackend(EmulationBackend):
+    """The process mode: every device its own OS process under its class's memory cap.
 
-    `specs` defaults to ``fleet.devices()``; `drops` (device id -> rounds) defaults to
-    :func:`~emulator.schedule.drop_schedule`; `mechanism` and `timeout_s` default to the
-    fleet's ``[emulation]`` section. Devices that vanish on purpose are started again after their
+    Devices read the training split from one memory-mapped copy written before they start
+    (:func:`emulator.localfleet.prepare_device_data`), cut to its first `data_limit` samples if
+    given (CIFAR-10: a class-balanced subset). `mechanism` and `timeout_s` default to the fleet's
+    ``[emulation]`` section; `rss_guard` also kills a device whose resident set passes its budget
+    (see the module docstring); `backends` (device id -> torch, onnxruntime or auto) sets devices'
+    training backends (default: auto). Devices that vanish on purpose are started again after their
     ``rejoin_after_s``; devices killed for memory or time are not (the report says which, and in
-    which round). `rss_guard` also kills a device whose resident set passes its budget (see the
-    module docstring). Devices read the training split from one memory-mapped copy written before
-    they start (:func:`emulator.localfleet.prepare_device_data`), cut to its first `data_limit`
-    samples if given (CIFAR-10: a class-balanced subset). `backends` (device id -> torch, onnxruntime
-    or auto) sets devices' training backends (default: auto).
-    """
-    from emulator.localfleet import device_env, prepare_device_data, start_orchestrator  # loads torch
+    which round)."""
 
-    specs = fleet.devices() if specs is None else specs
-    schedule = drop_schedule(fleet, specs, config.rounds) if drops is None else {k: tuple(v) for k, v in drops.items()}
-    launches = {s.id: device_launch(fleet, s, schedule.get(s.id, ()), data_limit=data_limit) for s in specs}
-    for device_id, backend in (backends or {}).items():
-        launches[device_id] = dataclasses.replace(launches[device_id], backend=backend)
-    launches = with_secrets(config, launches)
-    if stderr_dir is not None:
-        stderr_dir.mkdir(parents=True, exist_ok=True)
-    secrets_dir = None if stderr_dir is not None or not needs_credentials(config) else \
-        tempfile.TemporaryDirectory(prefix="edgetrain-launches-")
-    recorder = Recorder(on_event)
-    supervisor = DeviceSupervisor(specs, launches, recorder, mechanism=mechanism or fleet.emulation.memory_cap,
-                                  timeout_s=timeout_s or fleet.emulation.timeout_s, rss_guard=rss_guard,
-                                  data_root=data_root, stderr_dir=stderr_dir, env=device_env(),
-                                  launch_dir=Path(secrets_dir.name) if secrets_dir else stderr_dir)
-    prepare_device_data(list(launches.values()), data_root)
-    orch, server_task = await start_orchestrator(config, recorder.on_server_event)
-    supervisor.url = f"ws://{config.host}:{orch.port}"
-    try:
-        for s in specs:
-            supervisor.start(s.id)
-        history = await server_task
-    finally:
-        if not server_task.done():
-            server_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await server_task
-        await supervisor.stop()
-        if secrets_dir is not None:
-            secrets_dir.cleanup()
-    return recorder.run(history, [s.id for s in specs])
+    name = mode = "processes"
+    summary = "one OS process per device under its memory cap"
+    options = (
+        BackendOption("rss_guard", bool, "also kill a device whose resident set passes its budget (default: on)",
+                      absent="no memory caps to guard"),
+        BackendOption("data_limit", int, "only the dataset's first N training samples", cli=False),
+        BackendOption("mechanism", str, "the memory cap (default: the fleet's emulation.memory_cap)", cli=False),
+        BackendOption("timeout_s", float, "seconds after which a device process is killed", cli=False),
+        BackendOption("backends", dict, "device id -> its training backend", cli=False),
+    )
+
+    def __init__(self, fleet: Fleet, config: ServerConfig, *, rss_guard: bool = True, data_limit: int | None = None,
+                 mechanism: str | None = None, timeout_s: float | None = None,
+                 backends: Mapping[str, str] | None = None, **common: Any) -> None:
+        super().__init__(fleet, config, **common)
+        self.rss_guard, self.data_limit = rss_guard, data_limit
+        self.mechanism = mechanism or fleet.emulation.memory_cap
+        self.timeout_s = timeout_s or fleet.emulation.timeout_s
+        self.backends = dict(backends or {})
+        self.supervisor: DeviceSupervisor | None = None
+        self.secrets_dir: tempfile.TemporaryDirectory | None = None
+
+    @classmethod
+    def describe(cls, fleet: Fleet, config: ServerConfig, options: Mapping[str, Any]) -> str:
+        return f"mode {cls.mode}: memory cap {fleet.emulation.memory_cap}"
+
+    async def prepare(self) -> None:
+        """Each device's launch (its credential enrolled where the server requires one) and the
+        data its process will map."""
+        from emulator.localfleet import device_env, prepare_device_data  # loads torch
+
+        fleet, config = self.fleet, self.config
+        launches = {s.id: device_launch(fleet, s, self.schedule.get(s.id, ()), data_limit=self.data_limit)
+                    for s in self.specs}
+        for device_id, backend in self.backends.items():
+            launches[device_id] = dataclasses.replace(launches[device_id], backend=backend)
+        launches = with_secrets(config, launches)
+        if self.stderr_dir is not None:
+            self.stderr_dir.mkdir(parents=True, exist_ok=True)
+        elif needs_credentials(config):
+            self.secrets_dir = tempfile.TemporaryDirectory(prefix="edgetrain-launches-")
+        self.supervisor = DeviceSupervisor(
+            self.specs, launches, self.recorder, mechanism=self.mechanism, timeout_s=self.timeout_s,
+            rss_guard=self.rss_guard, data_root=self.data_root, stderr_dir=self.stderr_dir, env=device_env(),
+            launch_dir=Path(self.secrets_dir.name) if self.secrets_dir else self.stderr_dir)
+        prepare_device_data(list(launches.values()), self.data_root)
+
+    async def start(self, url: str) -> None:
+        assert self.supervisor is not None
+        self.supervisor.url = url
+        for s in self.specs:
+            self.supervisor.start(s.id)
+
+    async def cancel(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        if self.secrets_dir is not None:
+            self.secrets_dir.cleanup()
+
+    def result(self, history: list[dict]) -> EmulationRun:
+        return self.recorder.run(history, [s.id for s in self.specs])
+
+
+async def run_fleet(fleet: Fleet, config: ServerConfig, **options: Any) -> EmulationRun:
+    """Run every device of `fleet` as a capped process against an orchestrator in this process
+    until the last round (:class:`ProcessBackend`, its options and the common ones)."""
+    return await ProcessBackend(fleet, config, **ProcessBackend.check(options)).run()

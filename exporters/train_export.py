@@ -21,7 +21,7 @@ Every graph is verified before it is used (:func:`verify_train_graph`): loss, gr
 buffers against torch autograd in float64 on a sample batch, and the evaluation output against
 torch eval; a graph that disagrees raises :class:`ExportError` naming the worst tensor. A ReLU
 whose float64 input lies within float32 rounding of zero has no float32-determined derivative:
-there the reference takes the graph's side (:class:`_ReluSides`). Without that, one such unit in
+there the reference takes the graph's side (:class:`ReluSides`). Without that, one such unit in
 ResNet20's whole-model step (an input of 7e-7 that ONNX Runtime's float32 rounds to zero, torch's
 does not) moved the stem's weight gradient by 1e-3 and refused a correct graph.
 
@@ -60,9 +60,14 @@ from edge_sdk.ort_trainer import GRAPH_FORMAT, OrtTail, TrainGraph
 from exporters.onnx_export import ExportError
 
 __all__ = [
+    "ReluSides",
     "TrainExportSettings",
     "TrainGraphCache",
     "export_train_graph",
+    "state_name",
+    "tail_names",
+    "task_loss",
+    "torch_step",
     "train_graph_id",
     "train_graph_refusal",
     "verify_train_graph",
@@ -246,15 +251,18 @@ class _Eval(nn.Module):
         return torch.func.functional_call(self.tail, dict(zip(self.names, tensors)), (x,), strict=False)
 
 
-def _tail_names(tail: nn.Module) -> tuple[list[str], list[str]]:
-    """Trainable parameters and floating buffers of the tail (names inside the tail module)."""
+def tail_names(tail: nn.Module) -> tuple[list[str], list[str]]:
+    """Trainable parameters and floating buffers of the tail (names inside the tail module), in the
+    order the training graph takes them as inputs: what a caller feeds a graph, and what
+    :func:`torch_step` returns gradients and new buffers for."""
     params = [n for n, p in tail.named_parameters() if p.requires_grad]
     buffers = [n for n, b in tail.named_buffers() if b.is_floating_point()]
     return params, buffers
 
 
-def _state_name(model: LayeredModel, split: int, tail_name: str) -> str:
-    """The model's state-dict name of a tail entry (``"0.conv1.weight"`` -> ``"blocks.<block>.conv1.weight"``)."""
+def state_name(model: LayeredModel, split: int, tail_name: str) -> str:
+    """The model's state-dict name of a tail entry (``"0.conv1.weight"`` -> ``"blocks.<block>.conv1.weight"``):
+    the name of the graph's input for it, and of its ``grad:``/``new:`` output."""
     index, _, rest = tail_name.partition(".")
     return f"blocks.{model.block_names[split + int(index)]}.{rest}"
 
@@ -311,7 +319,7 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
     if reason is not None:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}) is not exported: {reason}")
     tail = model.chunk(split, len(model))
-    params, buffers = _tail_names(tail)
+    params, buffers = tail_names(tail)
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     modes = [(m, m.training) for m in model.modules()]
     table = _decompositions(faithful_batch_norm)
@@ -327,8 +335,8 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
                                      dynamic_shapes=({0: batch}, {0: batch}))
             joint = torch.export.experimental._export_forward_backward(ep)
         step = _Step(joint, [f"tail.{n}" for n in params], [f"tail.{n}" for n in buffers])
-        sp = [_state_name(model, split, n) for n in params]
-        sb = [_state_name(model, split, n) for n in buffers]
+        sp = [state_name(model, split, n) for n in params]
+        sb = [state_name(model, split, n) for n in buffers]
         train_bytes = _onnx(step, (x, y, *values), ["input", "target", *sp, *sb],
                             ["loss", *(f"grad:{n}" for n in sp), *(f"new:{n}" for n in sb)],
                             settings.opset, table, batch_args=2)
@@ -354,8 +362,9 @@ def export_train_graph(model: LayeredModel, split: int, *, settings: TrainExport
     return data
 
 
-def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """LayeredModel.loss in the output's dtype (the model's own casts the target to float32)."""
+def task_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """LayeredModel.loss in the output's dtype (the model's own casts the target to float32), so that
+    the float64 reference of the export check computes the loss in float64 too."""
     if task == "classification":
         return nn.functional.cross_entropy(out, y.long())
     if task == "binary":
@@ -363,9 +372,12 @@ def _loss64(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out.squeeze(-1), y.to(out.dtype))
 
 
-def _torch_step(tail: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, params: list[str], buffers: list[str]
+def torch_step(tail: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, params: list[str], buffers: list[str]
                 ) -> dict[str, np.ndarray]:
-    """One train-mode step of ``tail`` (changed: gradients set, buffers moved): loss, grads, new buffers, eval output."""
+    """One train-mode step of ``tail`` in torch autograd (the tail is changed: gradients set, buffers
+    moved): the loss, ``grad:<name>`` per parameter and ``new:<name>`` per buffer, as float64 arrays
+    named as in the tail (:func:`tail_names`). The export check's reference, and a benchmark's
+    (bench/relu_sides.py), run in float32 or, on a ``.double()`` copy, in float64."""
     tail.train()
     for p in tail.parameters():
         p.grad = None
@@ -401,11 +413,11 @@ class _SidedRelu(torch.autograd.Function):
         return grad * side.to(grad.dtype), None
 
 
-class _ReluSides(TorchFunctionMode):
-    """Records every ReLU's input in call order (``inputs``). Given ``graph`` (the graph's own ReLU
-    outputs) and ``float32`` (torch float32's ReLU inputs), both in the same order, a unit whose
-    float64 input is within float32 rounding of zero (:data:`RELU_BAND`) takes the graph's side:
-    derivative 1 where the graph's output is positive. ``taken`` counts the units where that
+class ReluSides(TorchFunctionMode):
+    """A torch function mode around :func:`torch_step`: records every ReLU's input in call order
+    (``inputs``). Given ``graph`` (the graph's own ReLU outputs) and ``float32`` (torch float32's ReLU
+    inputs), both in the same order, a unit whose float64 input is within float32 rounding of zero
+    (:data:`RELU_BAND`) takes the graph's side: derivative 1 where the graph's output is positive. ``taken`` counts the units where that
     differs from float64's own side."""
 
     def __init__(self, graph: list[np.ndarray] | None = None, float32: list[np.ndarray] | None = None) -> None:
@@ -467,15 +479,15 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
     tol = 1e-4 if tolerance is None else tolerance
     tail = model.chunk(split, len(model))
     graph = TrainGraph.from_bytes(data)
-    params, buffers = _tail_names(tail)
-    if list(graph.params) != [_state_name(model, split, n) for n in params] or \
-            list(graph.buffers) != [_state_name(model, split, n) for n in buffers]:
+    params, buffers = tail_names(tail)
+    if list(graph.params) != [state_name(model, split, n) for n in params] or \
+            list(graph.buffers) != [state_name(model, split, n) for n in buffers]:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): the graph's tensors do not match the model's")
     try:
         runner = OrtTail(graph)
     except Exception as exc:
         raise ExportError(f"{model.name} tail [{split}, {len(model)}): ONNX Runtime cannot load the graph: {exc}") from exc
-    rename = {n: _state_name(model, split, n) for n in params + buffers}
+    rename = {n: state_name(model, split, n) for n in params + buffers}
     modes = [(m, m.training) for m in model.modules()]
     saved = {k: v.detach().clone() for k, v in tail.state_dict().items()}
     worst = (0.0, "")
@@ -489,15 +501,15 @@ def verify_train_graph(model: LayeredModel, split: int, data: bytes, *, toleranc
             got = {"loss": np.asarray(loss_g), "output (eval)": runner.forward(x.numpy(), state)}
             got |= {f"grad:{n}": grads_g[rename[n]] for n in params}
             got |= {f"new:{n}": new_g[rename[n]] for n in buffers}
-            with _ReluSides() as float32:
-                ref32 = _torch_step(tail, lambda o, t: _loss64(model.task, o, t), x, y, params, buffers)
+            with ReluSides() as float32:
+                ref32 = torch_step(tail, lambda o, t: task_loss(model.task, o, t), x, y, params, buffers)
             wide = copy.deepcopy(tail).double()
             with torch.no_grad():
                 for k, v in wide.state_dict().items():
                     v.copy_(saved[k])
-            sides = _ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
+            sides = ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
             with sides:
-                ref64 = _torch_step(wide, lambda o, t: _loss64(model.task, o, t), x.double() if x.is_floating_point()
+                ref64 = torch_step(wide, lambda o, t: task_loss(model.task, o, t), x.double() if x.is_floating_point()
                                     else x, y.double() if y.is_floating_point() else y, params, buffers)
             sided += sides.taken
             with torch.no_grad():

@@ -16,22 +16,38 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_type_hints
 
+from edge_sdk.codecs import CODECS
+from edge_sdk.codecs.delta import DELTA_BITS
+from edge_sdk.references import is_reference
 from edge_sdk.values import (ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, SettingError,
                              convert)
+from orchestrator.aggregation.privacy import ACCOUNTANTS, MECHANISMS, SAMPLINGS
 
 __all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
 
 Round = Annotated[int, Range(1)]
 Port = Annotated[int, Range(0, 65535)]
-STRATEGY_HELP = ("Strategy: fedavg, embracingfl, fedsubavg, fedalign, varsel, width, or package.module:Class for one of "
-                 "your own (docs/architecture.md, \"Strategies\").")
+# The choices of a setting that names a registered thing are its registry's names, never a list typed here.
+#: Any codec of the registry (edge_sdk.codecs.CODECS): what an update may travel through; or auto (chosen in
+#: ServerConfig.__post_init__).
+UpdateCodec = Literal[("auto", *CODECS)]  # type: ignore[valid-type]
+#: Lossless codecs: ONNX bytes (chunks, training graphs) must arrive bit for bit.
+ByteCodec = Literal[tuple(n for n, c in CODECS.items() if c.lossless)]  # type: ignore[valid-type]
+#: Deterministic codecs (lossless, or lossy without randomness): the weights a device starts from.
+WeightCodec = Literal[tuple(n for n, c in CODECS.items() if c.lossless or not c.unbiased)]  # type: ignore[valid-type]
+#: Delta downloads: none, or a quantized difference of one of edge_sdk.codecs.delta's widths.
+DeltaWidth = Literal[("none", *(f"int{b}" for b in sorted(DELTA_BITS, reverse=True)))]  # type: ignore[valid-type]
+Accountant = Literal[tuple(ACCOUNTANTS)]  # type: ignore[valid-type]
+Sampling = Literal[tuple(SAMPLINGS)]  # type: ignore[valid-type]
 
 
 def setting(default: Any = None, help: str = "", *, cli: str | bool = True, cli_default: Any = None,
-            factory: Any = None) -> Any:
+            factory: Any = None, names: str = "") -> Any:
     """A ServerConfig field: its default, its help text, and its ``edgetrain serve`` option (``cli``: the
-    option's name, True: ``--field-name``, False: none; ``cli_default``: the option's own default)."""
-    meta = {"help": help, "cli": cli, "cli_default": cli_default}
+    option's name, True: ``--field-name``, False: none; ``cli_default``: the option's own default).
+    ``names``: ``package.module:NAME`` of the registry a setting names an entry of, whose names a front
+    end prints beside the help (read there: the registry may import what a setting must not)."""
+    meta = {"help": help, "cli": cli, "cli_default": cli_default, "names": names}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -46,7 +62,9 @@ class ServerConfig:
     """
 
     model: str = setting("digits_mlp", "Model: a zoo name, or package.module:factory for one of your own (docs/models.md).")
-    strategy: str = setting("embracingfl", STRATEGY_HELP)
+    strategy: str = setting("embracingfl", "Strategy: a registered name, or package.module:Class for one of your own "
+                                           "(docs/architecture.md, \"Strategies\").",
+                            names="orchestrator.strategies:STRATEGY_NAMES")
     strategy_options: dict[str, object] = setting(
         factory=dict, cli=False, help="KEY=VALUE option of the strategy, typed by its constructor (-O, repeatable).")
     rounds: Count = setting(20, "Rounds to run.")
@@ -165,27 +183,26 @@ class ServerConfig:
         cli_default="1GiB")
     # What travels: the defaults are the setting bench/round_bytes.py measured as `delta4+eden2` (a quarter of
     # float32's bytes per device-round and less, at float32's accuracy; bench/validated.toml [defaults] holds them).
-    chunk_codec: Literal["none", "zlib", "shuffle"] = setting(
-        "shuffle", "Codec the frozen chunks (ONNX) travel through: none, or lossless zlib or shuffle (byte planes, then "
-                "deflate); docs/protocol.md, \"Codecs on the wire\".")
-    tail_codec: Literal["none", "zlib", "shuffle", "float16", "int8"] = setting(
-        "none", "Codec the trainable tail's weights travel to the device through: lossless none/zlib/shuffle, or "
-                "lossy float16 or int8 (blockwise 8-bit grid, nearest).")
-    graph_codec: Literal["none", "zlib", "shuffle"] = setting(
-        "shuffle", "Codec the training graphs (ONNX) travel through: none, zlib or shuffle.")
-    download_delta: Literal["none", "int8", "int4", "int2"] = setting(
+    chunk_codec: ByteCodec = setting(
+        "shuffle", "Codec the frozen chunks (ONNX) travel through: a lossless one (docs/protocol.md, \"Codecs on the "
+                   "wire\"); shuffle: byte planes, then deflate.")
+    tail_codec: WeightCodec = setting(
+        "none", "Codec the trainable tail's weights travel to the device through: a lossless one, or a deterministic "
+                "lossy one (float16, or the blockwise grid, nearest).")
+    graph_codec: ByteCodec = setting(
+        "shuffle", "Codec the training graphs (ONNX) travel through: a lossless one.")
+    download_delta: DeltaWidth = setting(
         "int4", "Frozen chunks' and tails' weights travel to the device quantized (nearest, blockwise 8/4/2-bit grid): "
                 "the whole payload to a device holding nothing, else the difference from the version it holds "
                 "(docs/protocol.md, \"Delta downloads\"); none: as the chunk and tail codecs say.")
     download_delta_keep: Count = setting(
         2, "Rounds of the reconstructions sent to devices that the server keeps as delta bases (each costs a model's "
            "bytes); a device holding an older one downloads its payload whole.", cli=False)
-    update_codec: Literal["auto", "none", "zlib", "shuffle", "float16", "int8", "sr8", "sr4", "sr2", "sr1", "eden4",
-                          "eden3", "eden2", "eden1"] = setting(
-        "auto", "Codec the devices' updates travel through: lossless none/zlib/shuffle; float16 and int8 (biased: "
-                "the device keeps error feedback); sr8..sr1 (stochastic rounding on a blockwise grid, unbiased) or "
-                "eden4..eden1 (random rotation, 4 to 1 bits a coordinate, unbiased); auto: eden2, or none with "
-                "--secure-aggregation (a masked update is ring words, not a coded one).")
+    update_codec: UpdateCodec = setting(
+        "auto", "Codec the devices' updates travel through: a lossless one; a biased lossy one (the device keeps error "
+                "feedback); or an unbiased one (stochastic rounding on a blockwise grid, or EDEN's random rotation) "
+                "(docs/protocol.md, \"Codecs\"); auto: eden2, or none with --secure-aggregation (a masked update is "
+                "ring words, not a coded one).")
     web: bool = setting(False, "Also serve, on the same port, a device page (a phone or a browser joins by "
                                "opening it) and a read-only status page behind the devices' token or credentials "
                                "(docs/web.md).")
@@ -214,9 +231,13 @@ class ServerConfig:
     dp_count_stddev: NonNegative | None = setting(
         None, "Noise on adaptive clipping's count of unclipped updates; none: the block's expected cohort / 20.",
         cli=False)
-    dp_accountant: Literal["pld", "rdp"] = setting("pld", "Privacy accountant (dp-accounting): pld or rdp; fixed-size "
-                                                          "sampling is always accounted with rdp.")
-    dp_sampling: Literal["fixed", "poisson"] = setting(
+    dp_mechanism: str | None = setting(
+        None, "Privacy mechanism: a registered name, or package.module:Class for one of your own (docs/security.md, "
+              "\"Privacy mechanisms\"); none: central Gaussian noise, or with --secure-aggregation the devices' "
+              "discrete Gaussian shares.", names="orchestrator.aggregation.privacy:MECHANISMS")
+    dp_accountant: Accountant = setting("pld", "Privacy accountant (dp-accounting); fixed-size sampling is always "
+                                               "accounted with rdp.")
+    dp_sampling: Sampling = setting(
         "fixed", "How the accountant takes each round's cohort: fixed (ceil(--fraction x N) of the N idle devices, "
                  "as the server draws it) or poisson (each device independently with probability --fraction).")
     dp_min_cohort: Count = setting(10, "Fewest devices a round may sample under DP: a noised mean of fewer is "
@@ -262,14 +283,15 @@ class ServerConfig:
         if self.dp_expected_survivors is not None and self.dp_expected_survivors < self.dp_min_survivors:
             raise SettingError("dp_expected_survivors", f"{self.dp_expected_survivors:g} is below dp_min_survivors "
                                f"{self.dp_min_survivors:g}: no fewer can be expected than the floor that is waited for")
+        if self.dp_mechanism is not None and self.dp_mechanism not in MECHANISMS and not is_reference(self.dp_mechanism):
+            raise SettingError("dp_mechanism", f"unknown mechanism {self.dp_mechanism!r}; known: "
+                                               f"{', '.join(MECHANISMS)}, or package.module:Class")
         if self.secure_aggregation and (conflict := self.secure_conflict()):
             raise SettingError("secure_aggregation", conflict)
 
     def secure_conflict(self) -> str | None:
-        """Why secure aggregation cannot run with these settings: what needs one device's update in the clear."""
-        if self.strategy not in SECURE_STRATEGIES:
-            return (f"strategy {self.strategy} needs individual updates; secure aggregation sums them "
-                    f"(it runs {', '.join(SECURE_STRATEGIES)})")
+        """Why secure aggregation cannot run with these settings: what needs one device's update in the clear.
+        (Whether the strategy can is its own declaration, ``Strategy.combines``: asked where it is built.)"""
         if self.dp and self.dp_adaptive_clip:
             return "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"
         if self.update_codec != "none":
@@ -295,7 +317,7 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
-                                      "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
+                                      "dp_mechanism", "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
                                       "secure_clip", "secure_threshold")
@@ -308,9 +330,6 @@ class _AutoCodec(str):
 #: The update codec ``update_codec = "auto"`` gives where secure aggregation does not exclude one: EDEN at 2
 #: bits a coordinate (bench/round_bytes.py's `delta4+eden2`; bench/validated.toml [defaults]).
 AUTO_UPDATE_CODEC = "eden2"
-
-#: Strategies whose round is a weighted mean of each block's deltas over its cohort: they run on sums.
-SECURE_STRATEGIES = ("fedavg", "embracingfl")
 
 
 @functools.cache

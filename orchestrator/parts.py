@@ -41,6 +41,10 @@ class Session:
     def ws(self) -> ServerConnection:
         return self.channel.ws
 
+    def mark_revoked(self) -> None:
+        """Its credential was revoked while it is connected: nothing it sends is taken any more."""
+        self.revoked = True
+
 
 @dataclass
 class Work:
@@ -113,7 +117,7 @@ class Traffic:
     Per device and payload kind: bytes down (``down``), up (``up``), and the bytes of payloads the
     device took from its own store or bundle instead (``held``: sent as zero bytes). ``transfers``
     lists each movement (device, payload id, kind, direction, bytes, whether it came from the
-    device's store) for the journal (``Store.record_transfers``)."""
+    device's store) for the journal (``store.transfers.record``)."""
 
     def __init__(self) -> None:
         self.restart()

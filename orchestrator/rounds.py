@@ -72,6 +72,10 @@ class RoundState:
         if not 0 < self.quorum <= 1:
             raise ValueError(f"quorum must be in (0, 1], got {self.quorum}")
 
+    def start_grace(self, until: float) -> None:
+        """The straggler grace period starts; it ends at ``until`` (monotonic seconds)."""
+        self.grace_end = until
+
     def _set(self, device_id: str, phase: str, status: str) -> None:
         key = (device_id, phase)
         old = self.status.get(key)

@@ -3,7 +3,7 @@
 ``AltBackend`` trains from the server's training graphs by handing every step to the ONNX Runtime
 graph backend, under its own name, so a run shows which backend a device used without changing a
 number. A device names it by reference (``--backend tests.alt_backend:AltBackend``, a fleet group's
-``backend = "..."``, ``DeviceConfig(backend=...)``); one entry in ``edge_sdk.backends.BACKENDS``
+``backend = "..."``, ``DeviceSettings(backend=...)``); one entry in ``edge_sdk.backends.BACKENDS``
 would name it ``alt``. No other file changes for it: the hello declares its runtimes, and the
 server plans, ships and checks its rounds as for any graph runtime.
 """

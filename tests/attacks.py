@@ -25,7 +25,7 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.backends import TrainingBackend, backend_class
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
 
@@ -90,7 +90,7 @@ def tampering_backend(attack: Attack, base: type[TrainingBackend]) -> type[Train
 class AttackerClient(DeviceClient):
     """The production client, tampering with each round's update (see the module docstring)."""
 
-    def __init__(self, config: DeviceConfig, x: np.ndarray, y: np.ndarray, attack: Attack, **kwargs) -> None:
+    def __init__(self, config: DeviceSettings, x: np.ndarray, y: np.ndarray, attack: Attack, **kwargs) -> None:
         if attack.claim > 1:  # the repeated data must fit the budget it declares, or the planner refuses the hello
             extra = (x.nbytes + y.nbytes) * (attack.claim - 1)
             x, y = np.concatenate([x] * attack.claim), np.concatenate([y] * attack.claim)
@@ -135,7 +135,7 @@ async def _fleet(config: ServerConfig, devices: Sequence[FleetDevice], shards: i
     for d in devices:
         x, y = load_shard("digits", client=d.shard, num_clients=shards, partition="iid", seed=config.seed)
         labels = {} if d.split is None else {"force_split": str(d.split)}
-        cfg = DeviceConfig(url, d.device_id, budget, labels=labels, reconnect=False,
+        cfg = DeviceSettings(url, d.device_id, budget, labels=labels, reconnect=False,
                            secret=secrets.get(d.device_id, ""))
         clients.append(DeviceClient(cfg, x, y) if d.attack is None else AttackerClient(cfg, x, y, d.attack))
     runs = await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
@@ -170,7 +170,7 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
     secrets: dict[str, str] = {}
     if credentials:
         with Store(store_dir) as store:
-            secrets = {d.device_id: store.enroll(d.device_id) for d in devices}
+            secrets = {d.device_id: store.credentials.enroll(d.device_id) for d in devices}
     return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"], secrets))
 
 

@@ -123,7 +123,7 @@ def test_one_attacker_against_the_defaults(attack: str, root: Path) -> None:
     assert not {d: e for d, e in attacked.errors.items() if d != "attacker"}, attacked.errors
     assert attacked.accuracy >= honest.accuracy - 0.02, (attack, honest.accuracy, attacked.accuracy)
     with Store(root / f"defaults-{attack}") as store:
-        reports = [u for u in store.updates() if u["device_id"] == "attacker"]
+        reports = [u for u in store.reports.all() if u["device_id"] == "attacker"]
     assert len(reports) == ROUNDS and all(u["accepted"] for u in reports)
     mark = DEFAULT_CASES[attack]
     if mark is not None:

@@ -46,7 +46,7 @@ def test_an_insider_moves_accuracy_less_than_two_points(attack: str, root: Path)
     assert abs(attacked.mean_accuracy() - honest.mean_accuracy()) < 0.02, \
         (attack, honest.mean_accuracy(), attacked.mean_accuracy())
     with Store(root / f"{attack}-trust") as store:
-        reports = [u for u in store.updates() if u["device_id"] == "attacker"]
+        reports = [u for u in store.reports.all() if u["device_id"] == "attacker"]
     assert len(reports) == ROUNDS_DEMO and all("trust" in u for u in reports)
     if attack in ("sign_flip", "inflated"):  # pointing away from the reference in every block it trained
         assert all(v == 0.0 for u in reports for v in u["trust"].values()), [u["trust"] for u in reports]
@@ -56,7 +56,7 @@ def test_the_defaults_cost_the_honest_fleet_less_than_a_point(root: Path) -> Non
     on, off = _run(None, True, root), _run(None, False, root)
     assert on.mean_accuracy() > off.mean_accuracy() - 0.01, (on.mean_accuracy(), off.mean_accuracy())
     with Store(root / "honest-trust") as store:
-        updates = store.updates()
+        updates = store.reports.all()
     # Every honest report is scored, and honest blocks are trusted (a positive cosine) nearly always.
     scores = [v for u in updates for v in u["trust"].values()]
     assert scores and sum(s > 0 for s in scores) >= 0.9 * len(scores)

@@ -86,6 +86,7 @@ def test_a_decay_schedule_reaches_the_fleet_and_keeps_its_runs_apart(tmp_path: P
 
     setup, case = eb.SETUPS["cifar10"], eb.CASES[6]
     fleet = parse_fleet(tomllib.loads(eb.render_fleet(setup, case, lr_decay_at=(240, 260))), source="x")
+    assert fleet == eb.case_fleet(setup, case, lr_decay_at=(240, 260))  # the file says what the bench runs
     assert (fleet.training.lr_decay_at, fleet.training.lr_decay) == ((240, 260), 0.1)
     spec = eb.RunSpec("cifar10", 6, "width", 0, 280, 8, 1.0, 0.01, 2, 1000, 1, None, str(tmp_path))
     decayed = eb.RunSpec(**{**spec.__dict__, "lr_decay_at": (240, 260)})

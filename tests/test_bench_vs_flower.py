@@ -95,12 +95,9 @@ def test_bytes_per_device_come_from_the_workers_resident_sets():
     assert mem["bytes_per_training_device"] == (20 * 2**20 + 10 * 2**20) / 2  # over connected, per thread
 
 
-def test_the_lightweight_lane_is_a_valid_fleet_of_strong_devices(tmp_path):
-    from emulator.fleet import load_fleet
-
-    path = tmp_path / "fleet.toml"
-    path.write_text(vs_flower._LIGHT_FLEET.format(model=fc.MODEL, seed=0, clients=20))
-    fleet = load_fleet(path)
+def test_the_lightweight_lane_is_a_valid_fleet_of_strong_devices():
+    fleet = vs_flower.light_fleet({"seed": 0, "clients": 20})
+    assert fleet.model == fc.MODEL
     devices = fleet.devices()
     assert [d.id for d in devices] == [f"dev-{i:03d}" for i in range(20)]  # as the process lane names them
     assert {d.budget_bytes for d in devices} == {4 << 30} and fleet.emulation.mode == "lightweight"

@@ -58,7 +58,7 @@ def test_with_the_norm_bound_a_scaled_update_is_refused_and_journaled(tmp_path: 
     for name, value in final.items():
         np.testing.assert_allclose(value - initial[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
     store = Store(tmp_path / "s")
-    refused = [u for u in store.updates(2) if not u["accepted"]]
+    refused = [u for u in store.reports.all(2) if not u["accepted"]]
     store.close()
     assert [u["device_id"] for u in refused] == ["attacker"] and "norm" in refused[0]["reason"]
     assert history[1]["rejected"] == 1
@@ -100,7 +100,7 @@ def test_a_down_weighted_report_is_journaled_as_such(tmp_path: Path) -> None:
                                    1_000_000, claimed=10**12)
     assert all(a.accepted for device_acks in acks for a in device_acks)
     with Store(tmp_path / "s") as store:
-        rows = {u["device_id"]: u for u in store.updates(1)}
+        rows = {u["device_id"]: u for u in store.reports.all(1)}
     bounded = rows["attacker"]["bounded"]
     assert bounded["samples"] == {"claimed": 10**12, "weighed": 100_000}
     assert bounded["weight_kept"] == 0.001  # 100 of 100,000

@@ -17,7 +17,7 @@ import pytest
 
 from edge_sdk.bundle import HeldPayloads
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset
 from edge_sdk.models import build_model
 from emulator.localfleet import role_budgets, start_orchestrator
@@ -85,7 +85,7 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
             "--backend", "onnxruntime", "--data", "digits", "--client", "0", "--num-clients", "2",
             "--bundle", str(tmp_path / "b.tar"), "--once", "--json-events", cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        strong = DeviceClient(DeviceConfig(url, "strong", 1 << 30, backend="torch"), digits.x[1::2], digits.y[1::2])
+        strong = DeviceClient(DeviceSettings(url, "strong", 1 << 30, backend="torch"), digits.x[1::2], digits.y[1::2])
         await strong.run()
         history = await asyncio.wait_for(server, timeout=300)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -102,7 +102,7 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
     used = {(e["round"], e["kind"]) for e in device_events if e["event"] == "from_bundle"}
     assert used == {(1, "chunk"), (1, "train_graph"), (2, "train_graph")}, used
     with Store(tmp_path / "store") as store:
-        folded = {(u["device_id"], u["round"]) for u in store.updates() if u["accepted"]}
+        folded = {(u["device_id"], u["round"]) for u in store.reports.all() if u["accepted"]}
     assert folded == {(d, r) for d in ("bundled", "strong") for r in (1, 2)}
     assert np.isfinite(history[-1]["test_loss"])
 

@@ -1,4 +1,4 @@
-"""Where a device's freed large buffers go (edge_sdk.memory, DeviceConfig.trim_memory).
+"""Where a device's freed large buffers go (edge_sdk.memory, DeviceSettings.trim_memory).
 
 A device process starts by giving every large buffer its own mapping, so a freed tensor goes back to
 the OS at once, at the price of page faults on each large tensor of every step. Once its plan is
@@ -25,9 +25,9 @@ needs_glibc = pytest.mark.skipif(_libc() is None, reason="no glibc-style allocat
 
 _CODE = """
 import numpy as np
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.memory import keep_freed_buffers, release_memory, rss_bytes
-config = DeviceConfig(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, trim_memory={trim})
+config = DeviceSettings(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, trim_memory={trim})
 DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64))
 if {keep} is not None:
     keep_freed_buffers({keep})
@@ -109,9 +109,9 @@ def test_a_server_keeps_freed_buffers_only_while_it_computes() -> None:
 _IDLE_CODE = """
 import asyncio
 import numpy as np
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.memory import keep_freed_buffers, rss_bytes
-config = DeviceConfig(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, idle_trim_s=0.3)
+config = DeviceSettings(server="ws://127.0.0.1:9", device_id="d", budget_bytes=1 << 30, idle_trim_s=0.3)
 client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64))
 client.memory.keeps_freed_buffers = keep_freed_buffers(True)  # what a plan with room decides
 async def main():
@@ -149,7 +149,7 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
     import numpy as np
 
     from edge_sdk.cli import load_shard
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient, DeviceSettings
     from emulator.localfleet import start_orchestrator
 
     held: dict[tuple[str, int], bool] = {}
@@ -168,7 +168,7 @@ def test_a_server_keeps_its_buffers_from_round_to_round_and_hands_them_back_when
         devices = []
         for i in range(2):
             x, y = load_shard("synthetic", client=i, num_clients=2)
-            config = DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False)
+            config = DeviceSettings(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False)
             devices.append(DeviceClient(config, np.asarray(x), np.asarray(y)).run())
         await asyncio.gather(server, *devices)
         return waiting, orch.loop.heap.held

@@ -66,8 +66,9 @@ def test_serve_help_lists_every_strategy():
     (["--norm-bound-action", "drop"], "edgetrain serve: --norm-bound-action: must be one of clip, reject, got 'drop'"),
     (["--tls-key", "k.pem"], "edgetrain serve: --tls-key: a private key needs its certificate (tls_cert)"),
     (["-O", "trim"], "edgetrain serve: --strategy-option: a strategy option is KEY=VALUE, got 'trim'"),
-    (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel needs "
-     "individual updates; secure aggregation sums them (it runs fedavg, embracingfl)"),
+    (["--secure-aggregation", "--strategy", "varsel"], "edgetrain serve: --secure-aggregation: strategy varsel combines "
+     "by a rule of its own (external devices weighted to minimise the gradient variance, from compare reports); "
+     "secure aggregation sums whole blocks and runs a strategy that declares a weighted mean (Strategy.combines)"),
     (["--secure-aggregation", "--dp", "--dp-adaptive-clip"], "edgetrain serve: --secure-aggregation: "
      "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"),
     (["--strategy", "fedprox"], "edgetrain serve: unknown strategy 'fedprox'; known: fedavg, embracingfl, fedsubavg, "

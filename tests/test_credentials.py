@@ -62,10 +62,10 @@ def _hello(device_id: str, token: str) -> p.Hello:
 def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> None:
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secret_a = store.enroll("dev-a", samples=30)
-        secret_b = store.enroll("dev-b")
-        assert store.credential("dev-a")["key"] == derive_key(secret_a)  # the secret itself is never stored
-        assert [c["device_id"] for c in store.credentials()] == ["dev-a", "dev-b"]
+        secret_a = store.credentials.enroll("dev-a", samples=30)
+        secret_b = store.credentials.enroll("dev-b")
+        assert store.credentials.get("dev-a")["key"] == derive_key(secret_a)  # the secret itself is never stored
+        assert [c["device_id"] for c in store.credentials.all()] == ["dev-a", "dev-b"]
 
     async def answer(url: str, hello: p.Hello):
         async with connect(url, **ws_options()) as ws:
@@ -88,7 +88,7 @@ def test_the_server_binds_each_device_id_to_its_credential(tmp_path: Path) -> No
             out["unknown"] = await answer(url, _hello("dev-z", make_proof("dev-z", secret_a)))
             out["a_kept"] = orch.sessions["dev-a"] is first and ws_a.close_code is None
             with Store(store_dir) as store:
-                assert store.revoke("dev-b") and not store.revoke("dev-b")
+                assert store.credentials.revoke("dev-b") and not store.credentials.revoke("dev-b")
             out["revoked"] = await answer(url, _hello("dev-b", make_proof("dev-b", secret_b)))
             out["again"] = await answer(url, _hello("dev-a", make_proof("dev-a", secret_a)))  # replaces, by proof
             out["a_replaced"] = orch.sessions.get("dev-a") is not first

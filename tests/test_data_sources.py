@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data.sources import (ArraySource, BatchSource, DataSource, DataSourceError, ImageFolderSource,
                                    TabularSource, as_source, source_arrays)
 
@@ -41,7 +41,7 @@ def test_batches_from_a_generator_function(tmp_path, spool: bool) -> None:
 
 
 def test_a_device_takes_any_source_and_arrays_still() -> None:
-    config = DeviceConfig(server="ws://127.0.0.1:1", device_id="d", budget_bytes=1 << 30)
+    config = DeviceSettings(server="ws://127.0.0.1:1", device_id="d", budget_bytes=1 << 30)
     for data, labels in ((X, Y), (ArraySource(X, Y), None), (_batches, None), (list(_batches()), None)):
         client = DeviceClient(config, data, labels)
         np.testing.assert_array_equal(client.x, X)

@@ -190,8 +190,8 @@ def test_the_fleet_runs_two_rounds_through_edgetrain_emulate(fleet: str, folder:
     assert [(r["round"], r["reported"]) for r in rounds] == [(1, devices), (2, devices)]
     assert all(math.isfinite(r["test_loss"]) for r in rounds)
     with Store.open_readonly(run_dir / "store") as store:
-        assert store.completed_rounds() == 2
-        held = sorted(u["num_samples"] for u in store.updates(1))
+        assert store.rounds.completed() == 2
+        held = sorted(u["num_samples"] for u in store.reports.all(1))
     dataset = load_dataset(load_fleet(fleet).dataset, root=root)
     assert sum(held) == len(dataset)  # every training sample is on exactly one device
     if samples is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.codecs import CodecError
 from edge_sdk.codecs.delta import apply_delta, encode_delta, region_floats
 from edge_sdk.data import load_dataset
@@ -106,7 +106,7 @@ def test_devices_download_deltas_from_the_version_they_hold(tmp_path: Path) -> N
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: server_events.append((kind, data)))
         url = f"ws://127.0.0.1:{orch.port}"
-        devices = [DeviceClient(DeviceConfig(url, name, int(budgets[role] * 1.01) + (4 << 20), backend="torch",
+        devices = [DeviceClient(DeviceSettings(url, name, int(budgets[role] * 1.01) + (4 << 20), backend="torch",
                                              payload_cache=tmp_path / name if name != "bare" else None),
                                 digits.x[i::3], digits.y[i::3], on_event=lambda k, d: device_events.append((k, d)))
                    for i, (name, role) in enumerate((("strong", "strong"), ("weak", "weak"), ("bare", "weak")))]
@@ -160,7 +160,7 @@ def test_a_chunk_nobody_changed_costs_no_byte_and_the_tail_comes_as_a_delta(tmp_
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: server_events.append((kind, data)))
         url = f"ws://127.0.0.1:{orch.port}"
-        devices = [DeviceClient(DeviceConfig(url, name, budget, backend="torch", payload_cache=tmp_path / name),
+        devices = [DeviceClient(DeviceSettings(url, name, budget, backend="torch", payload_cache=tmp_path / name),
                                 digits.x[i::2], digits.y[i::2], on_event=lambda k, d: device_events.append((k, d)))
                    for i, name in enumerate(("a", "b"))]
         await asyncio.gather(*(d.run() for d in devices))

@@ -87,7 +87,7 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
         events = [json.loads(line)["event"] for line in out.splitlines() if line.startswith("{")]
         assert "welcome" in events and "round_done" in events, out
     with Store(tmp_path / "store") as store:
-        profiles = {d["device_id"]: d["profile"] for d in store.devices()}
+        profiles = {d["device_id"]: d["profile"] for d in store.devices.all()}
     assert profiles["sdk-0"]["budget_bytes"] == 1 << 30 and profiles["sdk-0"]["device_class"] == ""
     assert profiles["cli-1"]["budget_bytes"] == load_device_class("pi-4-2gb").budget_bytes
     assert profiles["cli-1"]["device_class"] == "pi-4-2gb"

@@ -19,7 +19,7 @@ import pytest
 
 from edge_sdk import protocol as p
 from edge_sdk.algorithms import DEFAULT_REGISTRY
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset
 from edge_sdk.phases import BUILTIN_REGISTRY, PhaseContext, PhaseResult, SelectionKind
 from orchestrator.server import Orchestrator
@@ -119,7 +119,7 @@ async def _run(tmp_path: Path) -> tuple[CensusThenTrain, list[dict], list[Device
     data = load_dataset("synthetic", split="train")
     ones = np.flatnonzero(data.y == 1)[:30]  # a device holding one class only: no train follow-up
     shards = {"mixed-0": np.arange(0, 40), "mixed-1": np.arange(40, 80), "ones-2": ones}
-    clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=1 << 30,
+    clients = [DeviceClient(DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=1 << 30,
                                          backend="torch", registry=REGISTRY, hello_ext={CLASSES: 2}),
                                data.x[idx], data.y[idx])
                for d, idx in shards.items()]
@@ -165,9 +165,9 @@ def test_a_device_without_the_step_refuses_the_phase_by_name(tmp_path: Path) -> 
         await ready.wait()
         data = load_dataset("synthetic", split="train")
         url = f"ws://127.0.0.1:{orch.port}"
-        knows = DeviceClient(DeviceConfig(server=url, device_id="knows-0", budget_bytes=1 << 30, backend="torch",
+        knows = DeviceClient(DeviceSettings(server=url, device_id="knows-0", budget_bytes=1 << 30, backend="torch",
                                           registry=REGISTRY), data.x[:40], data.y[:40])
-        plain = DeviceClient(DeviceConfig(server=url, device_id="plain-1", budget_bytes=1 << 30, backend="torch"),
+        plain = DeviceClient(DeviceSettings(server=url, device_id="plain-1", budget_bytes=1 << 30, backend="torch"),
                              data.x[40:80], data.y[40:80])
         outcomes = await asyncio.wait_for(asyncio.gather(knows.run(), plain.run(), return_exceptions=True), 120)
         return await asyncio.wait_for(server, 60), outcomes[1], strategy

@@ -87,7 +87,7 @@ def _stop(*procs: subprocess.Popen) -> None:
 
 def _rounds_done(store: Path) -> int:
     with Store(store) as s:
-        return sum(r["complete"] for r in s.rounds())
+        return sum(r["complete"] for r in s.rounds.all())
 
 
 @pytest.mark.slow
@@ -143,7 +143,7 @@ def test_devices_rejoin_a_server_killed_mid_round_and_restarted(tmp_path: Path) 
         assert restarted.returncode == 0, out[-2000:]
         assert _rounds_done(store) == rounds
         with Store(store) as s:
-            late = {u["device_id"] for u in s.updates() if u["accepted"] and u["round"] > killed_at}
+            late = {u["device_id"] for u in s.reports.all() if u["accepted"] and u["round"] > killed_at}
         assert late == {"dev-0", "dev-1"}  # both came back by themselves and trained after the restart
         for proc, log in devices:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

@@ -1,6 +1,7 @@
-"""The device's settings are declared once (edge_sdk.settings.DeviceSettings), and everything else
-follows from the declaration: the key table the JavaScript device reads, ``--print-settings``, the
-API's and the emulator's defaults and checks, and one error type shared with the server."""
+"""The device's settings are one record (edge_sdk.settings.DeviceSettings), and everything else
+follows from it: the key table the JavaScript device reads, ``--print-settings``, the API (the same
+record, its own fields marked), the emulator's launch record (a typed subset of it), and one error
+type shared with the server."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import dataclasses
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from edge_sdk import settings as declared
-from edge_sdk.client import DeviceConfig
 from edge_sdk.settings import (FOREVER, SDKS, TABLE_FILE, DeviceSettings, SettingError, check_setting, load_settings,
                                setting_default, settings_table)
-from emulator.launch import SHARED_SETTINGS, DeviceLaunch
+from emulator.launch import LAUNCH_SETTINGS, DeviceLaunch
 from orchestrator import config as server_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,11 @@ def test_the_key_table_file_is_the_declaration() -> None:
     table = json.loads(TABLE_FILE.read_text())
     assert table == settings_table() and TABLE_FILE.read_text() == declared.table_text()
     assert table["version"] == 1
-    fields = {f.name for f in dataclasses.fields(DeviceSettings)}
-    assert [row["field"] for row in table["settings"]] == [f.name for f in dataclasses.fields(DeviceSettings)]
+    keyed = [f.name for f in dataclasses.fields(DeviceSettings) if not f.metadata["api"]]
+    fields = set(keyed)
+    assert [row["field"] for row in table["settings"]] == keyed  # every setting but the API's own, in order
+    api = {f.name for f in dataclasses.fields(DeviceSettings) if f.metadata["api"]}
+    assert {"secret", "warm_tails", "hello_ext", "trim_memory", "frame_size"} <= api
     for row in table["settings"]:
         assert set(row) == ROW_KEYS and row["field"] in fields, row
         assert row["type"] in ("str", "int", "float", "bool", "size", "list") and row["help"], row
@@ -45,7 +49,10 @@ def test_the_key_table_file_is_the_declaration() -> None:
     by_key = {row["key"]: row for row in table["settings"]}
     assert by_key["reconnect-retries"] == {**by_key["reconnect-retries"], "type": "int", "default": -1, "min": -1,
                                            "sdks": ["python", "javascript"]}
-    assert by_key["budget"]["type"] == "size" and by_key["label"]["type"] == "list"
+    assert by_key["budget"]["type"] == "size" and by_key["label"]["type"] == "list" and by_key["label"]["default"] == []
+    # Threads and cores are two settings: the runtimes' threads, the cores declared to the planner.
+    assert by_key["threads"]["default"] == 1 and by_key["cores"] == {**by_key["cores"], "default": None, "min": 1}
+    assert by_key["budget"]["field"] == "budget_bytes" and by_key["payload-cache-size"]["field"] == "payload_cache_bytes"
     assert by_key["runtime"]["sdks"] == ["javascript"] and by_key["backend"]["sdks"] == ["python"]
     check = subprocess.run([sys.executable, "-m", "edge_sdk.settings", "--check"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
@@ -74,19 +81,39 @@ def test_print_settings_resolves_defaults_file_and_command_line(tmp_path: Path) 
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_the_api_and_the_emulator_take_the_declared_defaults_and_checks() -> None:
-    api = {f.name: f for f in dataclasses.fields(DeviceConfig)}
-    for name in ("device_class", "token", "storage", "threads", "reconnect_retries", "reconnect_max_delay", "backend"):
-        assert api[name].default == setting_default(name), name
-    for name in SHARED_SETTINGS:
-        f = next(f for f in dataclasses.fields(DeviceLaunch) if f.name == name)
-        assert f.default is dataclasses.MISSING or f.default == setting_default(name), name
+def test_the_api_and_the_emulator_hold_the_one_record() -> None:
+    # The launch record is a typed subset of the settings: the same fields, types and defaults, first.
+    launch = dataclasses.fields(DeviceLaunch)
+    assert tuple(f.name for f in launch[:len(LAUNCH_SETTINGS)]) == LAUNCH_SETTINGS == DeviceLaunch.SETTINGS
+    hints = declared._HINTS
+    for f in launch[:len(LAUNCH_SETTINGS)]:
+        assert f.type is hints[f.name] and f.metadata == declared._FIELDS[f.name].metadata, f.name
+        if f.name in ("device_id", "budget_bytes", "client", "num_clients"):  # a launch names these
+            assert f.default is f.default_factory is dataclasses.MISSING, f.name
+        else:
+            assert f.default_factory is not dataclasses.MISSING or f.default == setting_default(f.name), f.name
+    secret = DeviceLaunch("d", 1, 0, 1, secret="s3cr3t", labels={"priority": "1"}, cores=4)
+    assert "s3cr3t" not in repr(secret)
+    settings = DeviceSettings(**secret.settings(), server="ws://127.0.0.1:9")
+    assert (settings.secret, settings.labels, settings.cores, settings.threads) == ("s3cr3t", {"priority": "1"}, 4, 1)
+    with pytest.raises(TypeError, match="declares \\['threads'\\] again"):
+        declared.settings_subset("threads")(type("Twice", (), {"__annotations__": {"threads": "int"}}))
+    # The API's old name is the same record, with a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from edge_sdk.client import DeviceConfig
+    assert DeviceConfig is DeviceSettings and "DeviceSettings" in str(caught[-1].message)
+    # What the machine offers, where the API leaves it: the budget and cores, resolved for the client.
+    machine = DeviceSettings("ws://127.0.0.1:9", "d").resolved()
+    assert machine.budget_bytes > 0 and machine.cores >= 1 and machine.threads == 1
+    with pytest.warns(DeprecationWarning, match="budget_bytes"):
+        assert machine.budget == machine.budget_bytes  # the field's earlier name
     # One reconnect policy everywhere: a device is a service that retries forever, backing off to 30 s.
     assert setting_default("reconnect_retries") == FOREVER and setting_default("reconnect_max_delay") == 30.0
-    assert DeviceConfig("ws://127.0.0.1:9", "d", 1).reconnect_retries == FOREVER
+    assert DeviceSettings("ws://127.0.0.1:9", "d", 1).reconnect_retries == FOREVER
     # The same value is refused the same way by the API, the launch record and the command line.
     with pytest.raises(SettingError, match=r"^threads: must be >= 1, got 0$"):
-        DeviceConfig("ws://127.0.0.1:9", "d", 1, threads=0)
+        DeviceSettings("ws://127.0.0.1:9", "d", 1, threads=0)
     with pytest.raises(ValueError, match=r"^d: threads: must be >= 1, got 0$"):
         DeviceLaunch("d", 1, 0, 1, threads=0)
     with pytest.raises(SettingError, match=r"^--threads: must be >= 1, got 0$"):
@@ -94,7 +121,9 @@ def test_the_api_and_the_emulator_take_the_declared_defaults_and_checks() -> Non
     with pytest.raises(ValueError, match="backend: must be one of auto, torch, onnxruntime"):
         DeviceLaunch("d", 1, 0, 1, backend="tflite")
     with pytest.raises(SettingError, match="not a websocket URL"):
-        DeviceConfig("localhost:8765", "d", 1)
+        DeviceSettings("localhost:8765", "d", 1)
+    with pytest.raises(SettingError, match=r"^--label: expected KEY=VALUE, got 'priority'$"):
+        load_settings({"device_id": "d", "labels": ["priority"]})
 
 
 def test_device_and_server_share_one_converter_and_one_error_type() -> None:
@@ -107,5 +136,6 @@ def test_device_and_server_share_one_converter_and_one_error_type() -> None:
         check_setting("threads", 0)
     assert server.value.problem == device.value.problem == "must be >= 1, got 0"
     assert check_setting("budget", "1GiB", text=True) == 1 << 30
-    assert check_setting("labels", "priority=1", text=True) == ["priority=1"]
+    assert check_setting("labels", "priority=1", text=True) == {"priority": "1"}
+    assert load_settings({"device_id": "d", "budget": "1GiB"}).budget_bytes == 1 << 30  # by key, as a file says it
     assert check_setting("label_column", 3, text=True) == "3"

@@ -22,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 
 from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
+from edge_sdk.client import DeviceClient, DeviceSettings, DeviceRefused
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
@@ -52,7 +52,7 @@ def test_a_wrong_token_in_the_upgrade_request_is_refused_before_the_websocket_op
         statuses = [await _status(url, h) for h in ("Bearer wrong", "Bearer s3cret", "Edgetrain d x", None)]
         x, y = load_shard("synthetic", client=0, num_clients=2)
         with pytest.raises(DeviceRefused, match="unauthorized"):  # final: the device does not retry a 401
-            await DeviceClient(DeviceConfig(url, "d", 2 << 30, token="wrong"), x, y).run()
+            await DeviceClient(DeviceSettings(url, "d", 2 << 30, token="wrong"), x, y).run()
         server.cancel()
         return statuses
 
@@ -63,7 +63,7 @@ def test_a_wrong_token_in_the_upgrade_request_is_refused_before_the_websocket_op
 def test_a_credential_proof_in_the_upgrade_request_is_checked_and_binds_the_hello(tmp_path: Path) -> None:
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main():
         config = server_config(store_dir, require_credentials=True, wait_devices_s=30)
@@ -114,7 +114,7 @@ def test_a_server_short_of_devices_waits_and_says_so(tmp_path: Path) -> None:
         await asyncio.sleep(10.5)  # longer than a server without devices used to say nothing for
         waiting = server.done()
         x, y = load_shard("synthetic", client=0, num_clients=2)
-        await DeviceClient(DeviceConfig(f"ws://127.0.0.1:{orch.port}", "late-0", 2 << 30), x, y).run()
+        await DeviceClient(DeviceSettings(f"ws://127.0.0.1:{orch.port}", "late-0", 2 << 30), x, y).run()
         return waiting, await server
 
     waiting, history = asyncio.run(main())
@@ -165,7 +165,7 @@ def test_a_flood_that_never_says_hello_does_not_keep_a_token_holding_device_out(
             await flood.stdout.readline()
             held = int(await flood.stdout.readline())  # connections the flood has opened by now
             started = time.monotonic()
-            devices = [DeviceClient(DeviceConfig(url, f"dev-{i}", 2 << 30, token="s3cret"),
+            devices = [DeviceClient(DeviceSettings(url, f"dev-{i}", 2 << 30, token="s3cret"),
                                     *load_shard("synthetic", client=i, num_clients=2)) for i in range(2)]
             *_, history = await asyncio.gather(*(d.run() for d in devices), server)
         finally:

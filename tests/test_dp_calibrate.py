@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.aggregation.privacy import calibrate as cal
 from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
+from orchestrator.strategies import make_strategy
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
@@ -49,10 +50,10 @@ def test_delta_cohort_and_strategy_refusals() -> None:
     assert cal.check_cohort(10.0) == 10.0
     for option in ("median", "krum", "multi_krum", "trimmed_mean", "centered_clip"):
         with pytest.raises(cal.PrivacyPlanError, match=f"not aggregation={option}"):
-            cal.check_strategy("fedavg", {"aggregation": option})
+            cal.check_strategy("fedavg", make_strategy("fedavg", aggregation=option).combines)
     with pytest.raises(cal.PrivacyPlanError, match="not for strategy 'varsel'"):
-        cal.check_strategy("varsel")
-    cal.check_strategy("embracingfl", {"aggregation": "mean", "max_weight_share": 0.2})
+        cal.check_strategy("varsel", make_strategy("varsel").combines)
+    cal.check_strategy("embracingfl", make_strategy("embracingfl", aggregation="mean", max_weight_share=0.2).combines)
 
 
 def test_per_block_plans_give_the_model_its_target_and_weak_devices_less() -> None:

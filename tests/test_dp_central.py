@@ -17,14 +17,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.models import build_model
 from edgetrain.cli.export import model_metadata
 from emulator.localfleet import start_orchestrator
 from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent, epsilon_for
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
-from orchestrator.aggregation.privacy.intake import CentralDPIntake
+from orchestrator.aggregation.privacy.gaussian import CentralGaussian
+from orchestrator.aggregation.privacy.release import PrivateRelease
 from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
@@ -69,7 +70,7 @@ def test_each_blocks_noise_through_the_intake_is_z_c_over_its_cohort(tmp_path: P
     config = dp_config(tmp_path / "s", min_devices=n, dp_noise_multiplier=z, dp_clip=clip)
     initial = {k: v.detach().numpy().copy() for k, v in build_model(config.model, seed=config.seed).state_dict().items()}
     orch, history = asyncio.run(_serve(config, [f"d{i}" for i in range(n)]))
-    assert isinstance(orch.intake, CentralDPIntake)
+    assert isinstance(orch.intake.release, PrivateRelease) and isinstance(orch.intake.release.mechanism, CentralGaussian)
     state, blocks = orch.global_state, orch.model.block_names
     block_clip = clip / math.sqrt(len(blocks))
     for b, block in enumerate(blocks):
@@ -95,7 +96,7 @@ def test_real_devices_train_a_dp_run_that_reports_epsilon_every_round(tmp_path: 
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         data = load_dataset("synthetic", split="train")
-        clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}",
+        clients = [DeviceClient(DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}",
                                              budget_bytes=2 << 30), data.x[idx], data.y[idx])
                    for i, idx in enumerate(partition(data.y, 4, "iid", seed=0))]
         history, *_ = await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)
@@ -110,7 +111,7 @@ def test_real_devices_train_a_dp_run_that_reports_epsilon_every_round(tmp_path: 
     assert history[-1]["accuracy"] > 0.6
     store = Store(tmp_path / "s")
     try:
-        assert [r["metrics"]["privacy"]["epsilon"] for r in store.rounds()] == epsilons
+        assert [r["metrics"]["privacy"]["epsilon"] for r in store.rounds.all()] == epsilons
     finally:
         store.close()
 
@@ -139,11 +140,11 @@ def test_adaptive_clips_grow_towards_updates_over_them_and_a_resumed_run_continu
     settings = {"min_devices": 12, "dp_noise_multiplier": z, "dp_adaptive_clip": True, "dp_count_stddev": 1.0}
     asyncio.run(_serve(dp_config(tmp_path / "s", rounds=2, **settings), devices))
     store = Store(tmp_path / "s")
-    saved = store.privacy_state()["clips"]
+    saved = store.privacy.last()["clips"]
     store.close()
     orch, history = asyncio.run(_serve(dp_config(tmp_path / "s", rounds=3, resume=True, **settings), devices))
     store = Store(tmp_path / "s")
-    clips = [r["metrics"]["privacy"]["clips"] for r in store.rounds()]
+    clips = [r["metrics"]["privacy"]["clips"] for r in store.rounds.all()]
     store.close()
     blocks = orch.model.block_names
     start = 1.0 / math.sqrt(len(blocks))
@@ -185,9 +186,9 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
     for store_dir in (tmp_path / "a", tmp_path / "b"):
         store = Store(store_dir)
         try:
-            journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds()]
-            saved = PrivacyLedger.from_json(store.privacy_state()["ledger"])
-            status = snapshot(SimpleNamespace(config=orch.config, loop=SimpleNamespace(round=None), store=store,
+            journaled = [r["metrics"]["privacy"]["epsilon"] for r in store.rounds.all()]
+            saved = PrivacyLedger.from_json(store.privacy.last()["ledger"])
+            status = snapshot(SimpleNamespace(config=orch.config, round=lambda: None, store=store,
                                               sessions={}), StatusFeed())
             exported = model_metadata(store, store_dir, 3)["privacy"]
         finally:

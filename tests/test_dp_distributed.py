@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.aggregation.privacy.accountant import PrivacyLedger
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
-from orchestrator.aggregation.privacy.intake import CENTRAL, DISTRIBUTED, resumed_ledger
-from orchestrator.aggregation.secure.roster import record_identity
+from orchestrator.aggregation.privacy.distributed import DISTRIBUTED
+from orchestrator.aggregation.privacy.gaussian import CENTRAL
+from orchestrator.aggregation.privacy.release import resumed_ledger
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
 from orchestrator.views.terminal import privacy_words
@@ -32,9 +33,7 @@ Z = 1.0
 def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | None = None) -> list[dict]:
     if not resume:
         with Store(store_dir) as store:
-            secrets = {d: store.enroll(d) for d in FLEET}
-        for d, s in secrets.items():
-            record_identity(store_dir, d, s)
+            secrets = {d: store.credentials.enroll(d) for d in FLEET}
         (store_dir / "secrets.txt").write_text("\n".join(f"{d} {s}" for d, s in secrets.items()))
     secrets = dict(line.split() for line in (store_dir / "secrets.txt").read_text().splitlines())
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(FLEET), local_steps=3, lr=0.1,
@@ -51,7 +50,7 @@ def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | N
         devices = []
         for i, (d, role) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[role],
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[role],
                                backend="torch", secret=secrets[d], reconnect_retries=0)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=600)
@@ -77,7 +76,7 @@ def test_devices_add_the_noise_the_survivors_carry_and_the_ledger_counts_it_acro
             assert multiplier >= z_b
     assert 0 < first[0]["privacy"]["epsilon"] < first[1]["privacy"]["epsilon"]
     with Store(store_dir) as store:
-        saved = store.privacy_state()
+        saved = store.privacy.last()
     assert saved is not None and saved["mode"] == DISTRIBUTED and len(saved["ledger"]["rounds"]) == 2
 
     resumed = _run(store_dir, rounds=3, resume=True, expected=1.0)
@@ -88,7 +87,7 @@ def test_devices_add_the_noise_the_survivors_carry_and_the_ledger_counts_it_acro
     ledger = PrivacyLedger.from_json(saved["ledger"])
     assert resumed[-1]["privacy"]["epsilon"] > ledger.spent().epsilon  # continued, not restarted
     with Store(store_dir) as store:
-        assert len(store.privacy_state()["ledger"]["rounds"]) == 3  # type: ignore[index]
+        assert len(store.privacy.last()["ledger"]["rounds"]) == 3  # type: ignore[index]
     # A central run cannot continue a ledger kept with distributed noise, nor the reverse.
     fresh = PrivacyLedger(ledger.blocks, ledger.delta, accountant=ledger.accountant, sampling=ledger.sampling)
     with pytest.raises(PrivacyPlanError, match="distributed noise"):

@@ -1,7 +1,7 @@
 """Emulated devices get credentials: a secure-aggregation fleet runs under the lightweight emulator.
 
 The emulator enrolls each device in the run's store (its key in the credentials table, its identity
-key in the secure-aggregation roster) and hands it its secret in a 0600 file inside the run's
+key beside it, the roster secure rounds verify against) and hands it its secret in a 0600 file inside the run's
 directory, never on a command line; the real orchestrator, real worker processes and websockets
 then run secure rounds whose block sums are revealed.
 """
@@ -19,7 +19,6 @@ from emulator.fleet import load_fleet
 from emulator.launch import DeviceLaunch, device_argv
 from emulator.runner import run_emulation
 from emulator.schedule import server_config
-from orchestrator.aggregation.secure.roster import load_roster
 from orchestrator.store import Store
 
 SECURE_FLEET = """
@@ -77,8 +76,9 @@ def test_a_secure_lightweight_fleet_is_enrolled_and_its_rounds_reveal_sums(tmp_p
         assert secure["masked"] == 4 and secure["blocks"], secure
         assert all(b["revealed"] and b["cohort"] == 4 for b in secure["blocks"].values()), secure
     with Store(config.store_dir) as store:
-        assert sorted(c["device_id"] for c in store.credentials()) == ids
-    assert sorted(load_roster(config.store_dir)) == ids
+        assert sorted(c["device_id"] for c in store.credentials.all()) == ids
+        assert sorted(store.credentials.identities()) == ids
+    assert not list(config.store_dir.glob("*.json"))  # no file of identities beside the store
     specs = sorted(logs.glob("worker-*.json"))
     assert len(specs) == 2
     secrets = []

@@ -57,9 +57,9 @@ def run200(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        metrics["journal_devices"] = store.devices()
-        metrics["journal_rounds"] = store.rounds()
-        metrics["journal_updates"] = store.updates()
+        metrics["journal_devices"] = store.devices.all()
+        metrics["journal_rounds"] = store.rounds.all()
+        metrics["journal_updates"] = store.reports.all()
     metrics["stdout"] = stdout
     metrics["by_id"] = {d["device"]: d for d in metrics["devices"]}
     return metrics
@@ -214,7 +214,8 @@ def test_workers_option_is_checked() -> None:
 
     runner = CliRunner()
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-capped", "--workers", "2"])
-    assert result.exit_code != 0 and "applies to mode" in result.output
+    shown = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
+    assert result.exit_code != 0 and "applies to emulation.mode 'lightweight'" in shown
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--workers", "0"])
     assert result.exit_code != 0 and "between 1 and" in result.output
 

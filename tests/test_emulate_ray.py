@@ -93,9 +93,9 @@ def test_a_fleet_runs_to_the_end_through_a_local_ray_instance(tmp_path: Path) ->
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
-        journal_devices = {d["device_id"] for d in store.devices()}
-        journal_rounds = store.rounds()
-        updates = store.updates()
+        journal_devices = {d["device_id"] for d in store.devices.all()}
+        journal_rounds = store.rounds.all()
+        updates = store.reports.all()
 
     expected = {s.id for s in load_fleet(fleet).devices()}
     assert len(expected) == 6 and journal_devices == expected
@@ -170,14 +170,16 @@ def test_ray_options_are_checked() -> None:
     from edgetrain.cli import commands  # noqa: F401  (registers the commands)
 
     runner = CliRunner()
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--address", "10.0.0.5:6379"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--advertise-host", "10.0.0.2"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--port", "9000"])
-    assert result.exit_code != 0 and "applies to --backend ray" in result.output
-    result = runner.invoke(app, ["emulate", "--fleet", "tiny-200", "--backend", "spark"])
-    assert result.exit_code != 0 and "must be one of local, ray" in result.output
+
+    def refused(*argv: str) -> str:
+        result = runner.invoke(app, ["emulate", *argv])
+        assert result.exit_code != 0
+        return " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
+
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--address", "10.0.0.5:6379")
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--advertise-host", "10.0.0.2")
+    assert "applies to --backend ray" in refused("--fleet", "tiny-200", "--port", "9000")
+    assert "must be one of local, ray" in refused("--fleet", "tiny-200", "--backend", "spark")
     result = runner.invoke(app, ["emulate", "--fleet", "tiny-capped", "--backend", "ray"])
     shown = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
     assert result.exit_code != 0 and "runs emulation.mode 'lightweight', not 'processes'" in shown

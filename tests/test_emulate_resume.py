@@ -99,7 +99,7 @@ def test_killed_run_resumes_after_its_last_completed_round(tmp_path: Path) -> No
     assert 2 <= done < ROUNDS, f"killed after round {killed_after}, the store completed {done}"
     assert not (run_dir / "metrics.json").exists()  # it never got to write its report
     with Store(run_dir / "store") as store:
-        before = {r["round"]: r for r in store.rounds() if r["complete"]}
+        before = {r["round"]: r for r in store.rounds.all() if r["complete"]}
 
     resumed = subprocess.run(_argv(fleet, "--resume", str(run_dir)), capture_output=True, text=True,
                              env=device_env(), timeout=180)
@@ -107,7 +107,7 @@ def test_killed_run_resumes_after_its_last_completed_round(tmp_path: Path) -> No
     assert f"resuming after round {done}" in " ".join(resumed.stdout.split())
 
     with Store(run_dir / "store") as store:
-        rounds = store.rounds()
+        rounds = store.rounds.all()
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
     assert all(r["complete"] for r in rounds)
     # Completed rounds were kept as they were; the resumed run started at round done + 1.

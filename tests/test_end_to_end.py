@@ -52,8 +52,8 @@ def test_mixed_fleet_learns_and_weak_devices_train_only_their_tail(tmp_path: Pat
 
     names = build_model("digits_mlp", seed=None).block_names
     store = Store(tmp_path / "store")
-    updates = store.updates()
-    devices = {d["device_id"]: d for d in store.devices()}
+    updates = store.reports.all()
+    devices = {d["device_id"]: d for d in store.devices.all()}
     for launch in launches:
         plan = devices[launch.device_id]["plan"]
         expected_role = launch.device_id.split("-")[0]
@@ -112,8 +112,8 @@ def test_partial_average_matches_a_hand_computed_one(tmp_path: Path) -> None:
     run = asyncio.run(run_local_fleet(config, launches))
     assert run.history[0]["reported"] == 3
     store = Store(tmp_path / "store")
-    done, final = store.last_completed()
-    splits = {d["device_id"]: d["plan"]["split"] for d in store.devices()}
+    done, final = store.checkpoints.last()
+    splits = {d["device_id"]: d["plan"]["split"] for d in store.devices.all()}
     store.close()
     assert done == 1 and splits == {"strong-0": 0, "strong-1": 0, "weak-2": 1}
 
@@ -177,7 +177,7 @@ def test_killed_server_resumes_from_its_journal(tmp_path: Path) -> None:
         server.send_signal(signal.SIGKILL)
         server.wait()
         store = Store(store_dir)
-        done, state2 = store.last_completed()
+        done, state2 = store.checkpoints.last()
         store.close()
         assert done >= 2
 
@@ -188,7 +188,7 @@ def test_killed_server_resumes_from_its_journal(tmp_path: Path) -> None:
         started = [e["round"] for e in events if e.get("event") == "round_start"]
         assert started[0] == done + 1 and started[-1] == 5
         store = Store(store_dir)
-        rounds = [r["round"] for r in store.rounds() if r["complete"]]
+        rounds = [r["round"] for r in store.rounds.all() if r["complete"]]
         store.close()
         assert rounds == [1, 2, 3, 4, 5]
         for d in devices:
@@ -206,7 +206,7 @@ def test_resume_starts_from_the_checkpointed_weights(tmp_path: Path) -> None:
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=3, store_dir=tmp_path / "store")
     asyncio.run(run_local_fleet(config, _fleet("digits_mlp", ["strong", "weak"])))
     store = Store(tmp_path / "store")
-    done, state = store.last_completed()
+    done, state = store.checkpoints.last()
     store.close()
     config.resume, config.rounds = True, 4
 
@@ -258,5 +258,5 @@ def test_transfers_cut_by_the_network_resume_where_they_stopped(tmp_path: Path) 
         assert [(e["round"], e["accepted"]) for e in done] == [(1, True), (2, True)]
         assert sum(1 for e in run.device_events[device] if e["event"] == "reconnect") == 1
     store = Store(tmp_path / "store")
-    assert sorted(u["device_id"] for u in store.updates(1) if u["accepted"]) == ["strong-0", "weak-1"]
+    assert sorted(u["device_id"] for u in store.reports.all(1) if u["accepted"]) == ["strong-0", "weak-1"]
     store.close()

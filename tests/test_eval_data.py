@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
+from edge_sdk.client import DeviceClient, DeviceSettings, DeviceRefused
 from edge_sdk.data import load_dataset, partition
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
@@ -53,7 +53,7 @@ def test_a_model_outside_the_zoo_is_scored_on_the_users_file(tmp_path: Path) -> 
 
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
-        devices = [DeviceClient(DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"d{i}", 1 << 30, backend="torch"), x, y)
+        devices = [DeviceClient(DeviceSettings(f"ws://127.0.0.1:{orch.port}", f"d{i}", 1 << 30, backend="torch"), x, y)
                    for i, (x, y) in enumerate(shards)]
         await asyncio.gather(*(d.run() for d in devices))
         return await asyncio.wait_for(server, timeout=120)
@@ -133,10 +133,10 @@ def test_a_device_whose_data_does_not_fit_is_refused_at_hello(tmp_path: Path) ->
     async def run() -> tuple[BaseException | list, list[dict]]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         url = f"ws://127.0.0.1:{orch.port}"
-        wrong = DeviceClient(DeviceConfig(url, "narrow", 1 << 30, backend="torch", reconnect=False),
+        wrong = DeviceClient(DeviceSettings(url, "narrow", 1 << 30, backend="torch", reconnect=False),
                              digits.x[:, :32].copy(), digits.y, on_event=lambda k, d: events.append((k, d)))
         refused = (await asyncio.gather(wrong.run(), return_exceptions=True))[0]
-        right = DeviceClient(DeviceConfig(url, "fits", 1 << 30, backend="torch"), digits.x, digits.y)
+        right = DeviceClient(DeviceSettings(url, "fits", 1 << 30, backend="torch"), digits.x, digits.y)
         await right.run()
         return refused, await asyncio.wait_for(server, timeout=60)
 

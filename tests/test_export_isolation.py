@@ -1,6 +1,6 @@
 """Exports never touch the model the round loop and the evaluator use.
 
-Devices on ONNX Runtime (no torch in their training: ``DeviceConfig(backend="onnxruntime")``) join a
+Devices on ONNX Runtime (no torch in their training: ``DeviceSettings(backend="onnxruntime")``) join a
 running fleet at several points of several rounds, each at a split whose training graph the server
 has not exported yet, so the server exports and verifies graphs in worker threads while it
 evaluates, checks and exports chunks of new states. Every round must be committed at its first
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
@@ -49,7 +49,7 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[
     shards = partition(data.y, 2 + len(JOINS), "iid", seed=0)
 
     def client(i: int, **kw: object) -> DeviceClient:
-        cfg = DeviceConfig(server=url, budget_bytes=4 << 30, **kw)  # type: ignore[arg-type]
+        cfg = DeviceSettings(server=url, budget_bytes=4 << 30, **kw)  # type: ignore[arg-type]
         return DeviceClient(cfg, data.x[shards[i]], data.y[shards[i]])
 
     async def join(i: int, event: str, round_no: int, delay: float, split: int) -> None:
@@ -61,7 +61,7 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[tuple[str, dict]], set[
     joins = [join(i, *j) for i, j in enumerate(JOINS)]
     history, *_ = await asyncio.wait_for(asyncio.gather(server, *fleet, *joins), timeout=600)
     store = Store(config.store_dir)
-    trained = {u["device_id"] for u in store.updates() if u.get("accepted")}
+    trained = {u["device_id"] for u in store.reports.all() if u.get("accepted")}
     store.close()
     return history, events, trained
 

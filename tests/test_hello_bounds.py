@@ -44,5 +44,5 @@ def test_an_implausible_hello_is_refused(tmp_path: Path, changes, code, fragment
     assert isinstance(error, p.Error) and error.code == code and fragment in error.message
     assert isinstance(welcome, p.Welcome)
     store = Store(tmp_path / "s")
-    assert [d["device_id"] for d in store.devices()] == ["d"]  # the refused hello was never journaled
+    assert [d["device_id"] for d in store.devices.all()] == ["d"]  # the refused hello was never journaled
     store.close()

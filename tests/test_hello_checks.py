@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
-from edge_sdk.settings import DeviceConfig, SettingError, device_id_problem, load_settings
+from edge_sdk.settings import DeviceSettings, SettingError, device_id_problem, load_settings
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
 from orchestrator.store import Store
@@ -50,8 +50,8 @@ def test_each_bad_hello_is_refused_journaled_and_the_server_goes_on(tmp_path: Pa
         assert isinstance(error, p.Error) and error.code == code and fragment in error.message, (changes, error)
     assert isinstance(welcome, p.Welcome)
     with Store(tmp_path / "s") as store:
-        assert [d["device_id"] for d in store.devices()] == ["d"]  # no refused hello was registered
-        refused = store.closures("hello_refused")
+        assert [d["device_id"] for d in store.devices.all()] == ["d"]  # no refused hello was registered
+        refused = store.closures.all("hello_refused")
     assert len(refused) == len(BAD_HELLOS)
     for row, (_, code, fragment) in zip(refused, BAD_HELLOS, strict=True):
         assert row["reason"].startswith(code) and fragment in row["reason"]
@@ -70,4 +70,4 @@ def test_the_device_refuses_a_bad_id_before_it_connects(bad: str) -> None:
         load_settings({"device_id": bad, "server": "ws://127.0.0.1:1"})
     assert "\x00" not in str(raised.value) and "\u202e" not in str(raised.value)  # named safely
     with pytest.raises(SettingError, match="device id"):
-        DeviceConfig(server="ws://127.0.0.1:1", device_id=bad, budget_bytes=1 << 30)
+        DeviceSettings(server="ws://127.0.0.1:1", device_id=bad, budget_bytes=1 << 30)

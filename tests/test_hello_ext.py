@@ -2,7 +2,7 @@
 in the test suite only, with no edit to the protocol, the device client or the server.
 
 ``Tagged`` declares the hello field ``tagging.color`` (``Strategy.hello_fields``); devices send it in
-the hello's extension fields (``DeviceConfig.hello_ext`` passes it through as it is); the server
+the hello's extension fields (``DeviceSettings.hello_ext`` passes it through as it is); the server
 parses it at hello and hands the parsed value to the strategy (``DeviceInfo.ext``). The server loads
 the strategy by ``tests.test_hello_ext:Tagged``, plans the devices, and runs two rounds over real
 websockets on 127.0.0.1; a device sending a bad value is refused with ``malformed`` and the others
@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
@@ -67,11 +67,11 @@ async def _run(tmp_path: Path) -> tuple[Tagged, list[dict], p.Message, list[str]
     colors = {"dev-0": "red", "dev-1": "red", "dev-2": "green"}
     clients = []
     for (device_id, color), idx in zip(colors.items(), partition(data.y, len(colors), "iid", seed=0)):
-        cfg = DeviceConfig(server=url, device_id=device_id, budget_bytes=2 << 30, hello_ext={COLOR: color})
+        cfg = DeviceSettings(server=url, device_id=device_id, budget_bytes=2 << 30, hello_ext={COLOR: color})
         clients.append(DeviceClient(cfg, data.x[idx], data.y[idx]))
     history, *_ = await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)
     store = Store(config.store_dir)
-    planned = [d["device_id"] for d in store.devices() if d.get("plan", {}).get("role")]
+    planned = [d["device_id"] for d in store.devices.all() if d.get("plan", {}).get("role")]
     store.close()
     return orch.strategy, history, error, planned
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.aggregation.intake import PlainIntake, ReportIntake
+from orchestrator.aggregation.combine import StrategyFold
+from orchestrator.aggregation.formats import PlainUpload
+from orchestrator.aggregation.intake import Intake, ReportIntake
 from orchestrator.server import Orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -111,7 +113,8 @@ def test_a_round_takes_each_report_in_then_aggregates_through_report_intake(tmp_
 
     orch, acks, history = asyncio.run(main())
     assert [h["reported"] for h in history] == [2, 2] and all(a.accepted for device in acks for a in device)
-    assert isinstance(orch.intake.inner, PlainIntake)
+    inner = orch.intake.inner
+    assert isinstance(inner, Intake) and isinstance(inner.format, PlainUpload) and isinstance(inner.combiner, StrategyFold)
     calls = orch.intake.calls
     for r in (1, 2):
         start, end = calls.index(("begin_round", r)), calls.index(("commit", r))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig, DeviceRefused
+from edge_sdk.client import DeviceClient, DeviceSettings, DeviceRefused
 from edge_sdk.data import load_dataset, partition
 from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
@@ -37,7 +37,7 @@ async def _run(tmp_path: Path) -> tuple[list[dict], list[object]]:
     await ready.wait()
     data = load_dataset("digits", split="train")
     shards = partition(data.y, 2, "iid", seed=0)
-    clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=2 << 30),
+    clients = [DeviceClient(DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=2 << 30),
                             data.x[idx], data.y[idx]) for d, idx in zip(("faulty", "honest"), shards)]
     outcomes = await asyncio.wait_for(asyncio.gather(*(c.run() for c in clients), return_exceptions=True), 240)
     return await asyncio.wait_for(server, 60), outcomes

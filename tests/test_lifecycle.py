@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.credentials import make_proof
 from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, ws_options
 from emulator.localfleet import start_orchestrator
@@ -77,7 +77,7 @@ def test_a_proof_captured_before_a_restart_is_refused_after_it(tmp_path: Path) -
     restart with --resume: refused as replayed, and journaled."""
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
     captured: list[bytes] = []
 
     async def proxy(upstream: str):
@@ -103,7 +103,7 @@ def test_a_proof_captured_before_a_restart_is_refused_after_it(tmp_path: Path) -
                                                         require_credentials=True), lambda k, d: None)
         relay = await proxy(f"ws://127.0.0.1:{orch.port}")
         x, y = load_shard("synthetic", client=0, num_clients=2)
-        cfg = DeviceConfig(f"ws://127.0.0.1:{relay.sockets[0].getsockname()[1]}", "dev-0", 2 << 30, secret=secret,
+        cfg = DeviceSettings(f"ws://127.0.0.1:{relay.sockets[0].getsockname()[1]}", "dev-0", 2 << 30, secret=secret,
                            reconnect=False)
         await asyncio.gather(DeviceClient(cfg, x, y).run(), server, return_exceptions=True)
         relay.close()
@@ -128,7 +128,7 @@ def test_a_proof_captured_before_a_restart_is_refused_after_it(tmp_path: Path) -
     assert isinstance(replayed, p.Error) and replayed.code == "unauthorized" and "replayed" in replayed.message
     assert isinstance(fresh, p.Welcome)
     with Store(store_dir) as store:
-        refused = store.closures("unauthorized")
+        refused = store.closures.all("unauthorized")
     assert [(c["device_id"], "replayed" in c["reason"]) for c in refused] == [("dev-0", True)]
 
 
@@ -138,7 +138,7 @@ def test_a_device_revoked_while_connected_is_cut_off_and_its_report_not_folded(t
     when it was revoked is refused and not folded; the honest device's round goes on."""
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secrets = {d: store.enroll(d) for d in ("good", "idle", "bad")}
+        secrets = {d: store.credentials.enroll(d) for d in ("good", "idle", "bad")}
 
     async def main():
         orch, server = await start_orchestrator(
@@ -155,11 +155,11 @@ def test_a_device_revoked_while_connected_is_cut_off_and_its_report_not_folded(t
         ins = {d: await recv_msg(ws) for d, (ws, _) in conns.items()}  # round 1's instructions
         assert all(isinstance(m, p.Instruction) for m in ins.values()), ins
         with Store(store_dir) as other:
-            other.revoke("idle")
+            other.credentials.revoke("idle")
         out["idle"] = await asyncio.wait_for(recv_msg(conns["idle"][0]), timeout=60)
         ws, welcome = conns["bad"]
         with Store(store_dir) as other:
-            other.revoke("bad")
+            other.credentials.revoke("bad")
         try:
             await _answer(ws, orch, ins["bad"], "bad", welcome)
         except ConnectionClosed:
@@ -175,8 +175,8 @@ def test_a_device_revoked_while_connected_is_cut_off_and_its_report_not_folded(t
     assert isinstance(out["good"][-1], p.Bye)
     assert out["history"][0]["reported"] == 1 and out["history"][0]["closed_by"] == "all"
     with Store(store_dir) as store:
-        accepted = [u["device_id"] for u in store.updates(1) if u.get("accepted")]
-        revoked = {c["device_id"] for c in store.closures("revoked")}
+        accepted = [u["device_id"] for u in store.reports.all(1) if u.get("accepted")]
+        revoked = {c["device_id"] for c in store.closures.all("revoked")}
     assert accepted == ["good"] and revoked == {"idle", "bad"}
 
 
@@ -205,7 +205,7 @@ def test_a_device_fetching_its_model_in_a_loop_is_cut_off_and_honest_devices_tra
                                                         straggler_grace_s=1.0), lambda k, d: None)
         url = f"ws://127.0.0.1:{orch.port}"
         x, y = load_shard("synthetic", client=0, num_clients=2)
-        honest = DeviceClient(DeviceConfig(url, "honest", 2 << 30, reconnect=False), x, y)
+        honest = DeviceClient(DeviceSettings(url, "honest", 2 << 30, reconnect=False), x, y)
         return await asyncio.gather(_fetch_loop(url, "looper"), honest.run(), server)
 
     (got, ended), _, history = asyncio.run(main())
@@ -213,7 +213,7 @@ def test_a_device_fetching_its_model_in_a_loop_is_cut_off_and_honest_devices_tra
     assert got == 3  # fetch_repeats times its one named payload (tiny at its split needs no chunks)
     assert [h["reported"] for h in history] == [1, 1]
     with Store(store_dir) as store:
-        assert [c["device_id"] for c in store.closures("fetch_limit")] == ["looper"]
+        assert [c["device_id"] for c in store.closures.all("fetch_limit")] == ["looper"]
 
 
 async def _staller(url: str, orch, device_id: str, *, upload: bool) -> None:
@@ -252,7 +252,7 @@ def test_a_stalled_or_silent_device_costs_a_round_its_grace_not_its_deadline(tmp
     assert r1["closed_by"] == "grace" and r1["reported"] == 2 and r1["stragglers"] == ["silent", "stuck"]
     assert r1["round_wall_s"] < 120  # the deadline is 600 s and the stalled transfer's limit 600 s
     with Store(store_dir) as store:
-        (journaled,) = store.rounds()
+        (journaled,) = store.rounds.all()
     assert journaled["metrics"]["closed_by"] == "grace"
 
 
@@ -268,7 +268,7 @@ def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
         for i in range(3):
-            (tmp_path / f"dev-{i}.secret").write_text(store.enroll(f"dev-{i}") + "\n")
+            (tmp_path / f"dev-{i}.secret").write_text(store.credentials.enroll(f"dev-{i}") + "\n")
     flood: list[asyncio.subprocess.Process] = []
 
     async def main():
@@ -304,7 +304,7 @@ def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path
     quiet, flooded = max(walls[1:2] + walls[4:]), max(walls[2:4])
     assert flooded <= quiet + 10.0, walls  # 2 shared cores: the flood's own process takes one
     with Store(store_dir) as store:
-        assert len(store.closures("unauthorized")) >= 100
+        assert len(store.closures.all("unauthorized")) >= 100
 
 
 async def _stop(proc_future: asyncio.Future) -> None:
@@ -346,14 +346,12 @@ def test_server_memory_stays_flat_over_many_rounds(tmp_path: Path) -> None:
     assert rss[30] <= 1.10 * rss[2], {r: round(v / 2**20) for r, v in rss.items() if r % 5 == 0 or r < 3}
 
 
-def test_the_store_keeps_recent_proofs_and_a_bounded_journal_of_closures(tmp_path: Path, monkeypatch) -> None:
-    import orchestrator.store as store_module
-
-    monkeypatch.setattr(store_module, "MAX_CLOSURES", 5)
+def test_the_store_keeps_recent_proofs_and_a_bounded_journal_of_closures(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
-        store.record_proofs([("a", "n1", 100.0), ("a", "n2", 200.0)], forget_before=0.0)
-        store.record_proofs([("b", "n3", 300.0), ("a", "n2", 200.0)], forget_before=150.0)  # n1 is too old now
-        assert store.proofs_since(0.0) == [("a", "n2", 200.0), ("b", "n3", 300.0)]
+        store.closures.limit = 5
+        store.proofs.record([("a", "n1", 100.0), ("a", "n2", 200.0)], forget_before=0.0)
+        store.proofs.record([("b", "n3", 300.0), ("a", "n2", 200.0)], forget_before=150.0)  # n1 is too old now
+        assert store.proofs.since(0.0) == [("a", "n2", 200.0), ("b", "n3", 300.0)]
         for i in range(3):
-            store.record_closures([(float(i), f"d{i}-{j}", "unauthorized", None, "forged") for j in range(4)])
-        assert [c["device_id"] for c in store.closures()] == ["d1-3", "d2-0", "d2-1", "d2-2", "d2-3"]
+            store.closures.record([(float(i), f"d{i}-{j}", "unauthorized", None, "forged") for j in range(4)])
+        assert [c["device_id"] for c in store.closures.all()] == ["d1-3", "d2-0", "d2-1", "d2-2", "d2-3"]

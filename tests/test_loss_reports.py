@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
 
@@ -26,7 +26,7 @@ def _run(store: Path, loss_after: bool) -> tuple[list[dict], list]:
         clients = []
         for i, backend in enumerate(("torch", "onnxruntime")):
             x, y = load_shard("digits", client=i, num_clients=2)
-            config = DeviceConfig(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False, backend=backend)
+            config = DeviceSettings(f"ws://127.0.0.1:{orch.port}", f"dev-{i}", 2 << 30, reconnect=False, backend=backend)
             clients.append(DeviceClient(config, np.asarray(x), np.asarray(y)))
         *_, history = await asyncio.gather(*(c.run() for c in clients), server)
         return history, [r for c in clients for r in c.reports]

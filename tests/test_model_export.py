@@ -77,8 +77,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 proc.wait()
     assert server.returncode == 0, err[-3000:]
     with Store.open_readonly(store) as s:
-        rounds = {r["round"]: r["metrics"] for r in s.rounds() if r["complete"]}
-        plans = {d["device_id"]: d["plan"] for d in s.devices()}
+        rounds = {r["round"]: r["metrics"] for r in s.rounds.all() if r["complete"]}
+        plans = {d["device_id"]: d["plan"] for d in s.devices.all()}
     assert sorted(rounds) == [1, 2] and plans["weak-1"]["backend"] == "onnxruntime", plans  # it trains from a training graph
     return {"store": store, "out": out, "err": err, "log": log, "rounds": rounds}
 
@@ -265,10 +265,10 @@ def _stored_run(tmp_path: Path, extra: dict) -> tuple[Path, dict]:
     states = {r: {k: v.numpy() * r for k, v in model.state_dict().items()} for r in (1, 2)}
     with Store(store_dir, keep=1) as store:
         for key, value in (("model", "tiny"), ("strategy", "fedavg"), ("seed", "1")):
-            store.set_meta(key, value)
+            store.meta.record(key, value)
         for r, state in states.items():
-            store.begin_round(r, ["a", "b"])
-            store.complete_round(r, state, {"round": r, "accuracy": 0.25 * r, "test_loss": 1.0 / r,
+            store.rounds.begin(r, ["a", "b"])
+            store.rounds.complete(r, state, {"round": r, "accuracy": 0.25 * r, "test_loss": 1.0 / r,
                                             "test_samples": 40.0, **extra})
     config = ServerConfig(model="tiny", strategy="fedavg", rounds=2, lr=0.125, eval_data="synthetic", seed=1,
                           token="secret", store_dir=store_dir)
@@ -300,8 +300,8 @@ def test_a_round_without_its_checkpoint_is_a_clear_error(tmp_path: Path) -> None
     run, _ = _stored_run(tmp_path, {})
     with Store.open_readonly(run / "store") as store:
         with pytest.raises(LookupError, match="checkpoint of round 1 is no longer in .*rounds with one: 2"):
-            store.checkpoint(1)  # pruned: the store kept one
+            store.checkpoints.read(1)  # pruned: the store kept one
         with pytest.raises(LookupError, match="round 3 is not a completed round .*last completed round is 2"):
-            store.checkpoint(3)
+            store.checkpoints.read(3)
     out = _edgetrain("export", "--store", str(run), "--round", "1")
     assert out.returncode == 1 and out.stderr.startswith("edgetrain export: the checkpoint of round 1"), out.stderr

@@ -68,8 +68,8 @@ def test_mixed_fleet_with_onnxruntime_devices_without_torch(tmp_path: Path, no_t
     assert run.history[-1]["accuracy"] > 0.6, run.history[-1]
 
     store = Store(tmp_path / "store")
-    devices = {d["device_id"]: d for d in store.devices()}
-    updates = store.updates()
+    devices = {d["device_id"]: d for d in store.devices.all()}
+    updates = store.reports.all()
     for launch in launches:
         plan = devices[launch.device_id]["plan"]
         role = launch.device_id.split("-")[0]

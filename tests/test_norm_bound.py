@@ -42,7 +42,7 @@ def test_round_one_is_bounded_by_the_servers_reference_update(tmp_path: Path) ->
     initial, final, acks, _ = _fleet(config, lambda n, shape: np.full(shape, 100.0, np.float32))
     assert all(a.accepted for device_acks in acks for a in device_acks)
     with Store(tmp_path / "s") as store:
-        rows = {u["device_id"]: u for u in store.updates(1)}
+        rows = {u["device_id"]: u for u in store.reports.all(1)}
     clipped = rows["attacker"]["bounded"]["clipped"]
     assert set(clipped) == {"fc1", "head"} and all(0 < s < 1e-2 for s in clipped.values())
     assert all("bounded" not in rows[d] for d in HONEST)
@@ -58,7 +58,7 @@ def test_norm_history_survives_a_restart(tmp_path: Path) -> None:
                            norm_bound_action="reject")
     _fleet(config, lambda n, shape: np.full(shape, 0.02, np.float32))
     with Store(tmp_path / "s") as store:
-        rows = store.norm_history(HISTORY)
+        rows = store.norms.history(HISTORY)
         assert {r["round"] for r in rows} == {1, 2} and {r["device_id"] for r in rows} == {*HONEST, "attacker"}
         bound = NormBound(config, tiny(), store, lambda state, round: {})
         # Reloaded: with no reference update this round, every block is bounded by its peers' history.

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = """
 import asyncio, sys
 import numpy as np
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data.sources import BatchSource
 from edge_sdk.logs import configure_logging, event_logger
 
@@ -39,7 +39,7 @@ def batches():
         yield x[i:i + 50], y[i:i + 50]
 
 data = (x, y) if kind == "arrays" else (BatchSource(batches, spool_dir=folder + "/spool"),)
-config = DeviceConfig(server=server, device_id=device_id, budget_bytes=int(budget), backend="onnxruntime")
+config = DeviceSettings(server=server, device_id=device_id, budget_bytes=int(budget), backend="onnxruntime")
 configure_logging("json", stream=sys.stdout)
 asyncio.run(DeviceClient(config, *data, on_event=event_logger()).run())
 """
@@ -112,7 +112,7 @@ def test_own_data_from_every_source_trains_without_torch(tmp_path: Path, no_torc
         assert [e["round"] for e in done] == [1, 2, 3], (name, out[-2000:])
         assert all(e["backend"] == "onnxruntime" and e["torch_loaded"] is False for e in done), done[-1]
     with Store(tmp_path / "store") as store:
-        folded = {(u["device_id"], u["round"]) for u in store.updates() if u["accepted"]}
+        folded = {(u["device_id"], u["round"]) for u in store.reports.all() if u["accepted"]}
     ids = ["app-arrays", "app-batches", "cli-images", "cli-csv", "cli-npz"]
     assert folded == {(d, r) for d in ids for r in (1, 2, 3)}
     assert history[-1]["accuracy"] > history[0]["accuracy"] or history[-1]["accuracy"] > 0.5, history

@@ -151,8 +151,8 @@ def test_the_example_trains_on_both_backends(tmp_path: Path, monkeypatch: pytest
     assert run.history[-1]["accuracy"] > 0.5, run.history
     assert run.history[-1]["accuracy"] > run.history[0]["accuracy"], run.history
     store = Store(tmp_path / "store")
-    plans = {d["device_id"]: d["plan"] for d in store.devices()}
-    updates = store.updates()
+    plans = {d["device_id"]: d["plan"] for d in store.devices.all()}
+    updates = store.reports.all()
     store.close()
     assert {d: (plan["backend"], plan["split"]) for d, plan in plans.items()} == {
         "torch-0": ("torch", 0), "ort-1": ("onnxruntime", 0), "ort-2": ("onnxruntime", 2)}

@@ -8,8 +8,13 @@ behind its back. The check reads the source with ``ast``: for every ``self.<part
 assigned, augmented, deleted, item-assigned or changed in place (``clear``, ``pop``, ``append``,
 ``set``, ...), it finds the class of ``self.<part>`` from where it is assigned (a constructor call,
 or a parameter's annotation) and fails when that class is the project's own and lives in another
-module than the class that holds the attribute. A record or helper class of the same module is
-the holder's own state; a library object (a socket, a database connection) is not a part.
+module than the class that holds the attribute. The same holds for a write through a name bound to
+another part in a function or method (``secure = self.secure; secure.stage = ...``, a parameter
+``server: Served`` whose ``server.process_request`` is replaced, ``orchestrator = Orchestrator(...)``
+whose ``orchestrator.web.conditions`` is set): the name's class comes from the parameter's annotation,
+a constructor call, an annotation, or the ``self.<attr>`` it was bound to. A record or helper class of
+the same module is the holder's own state; a library object (a socket, a database connection) is not
+a part.
 """
 
 from __future__ import annotations
@@ -29,13 +34,23 @@ MUTATORS = frozenset({"append", "appendleft", "add", "clear", "discard", "extend
 #: Writes across parts the check knows of, in code outside the server (each with its reason). The
 #: test fails when one of them is gone too, so that this list stays true.
 KNOWN = {
-    "emulator/ray_backend.py: _RayEmulator.on_worker_event writes self.recorder.current_round": (
-        "the Ray fleet dates a device's life in the round it vanished in through the recorder's current "
-        "round; a Recorder method for it belongs to the emulation's owner"),
+    "edge_sdk/algorithms/fedalign.py: check_after_evaluate writes ctx.notes": (
+        "PhaseContext.notes is the map a phase leaves notes in for a later phase of the same instruction; "
+        "a PhaseContext method for it belongs to edge_sdk/phases.py"),
+    "edge_sdk/client.py: DeviceClient._upload writes prog.acked": (
+        "the connection records an acknowledged upload in the round's progress (edge_sdk/roundwork.py); a "
+        "RoundProgress method for it belongs to the device's round work"),
+    "edge_sdk/client.py: DeviceClient._upload writes prog.reports": (
+        "the same upload drops the acknowledged report from the round's progress"),
+    "edge_sdk/client.py: DeviceClient._upload writes prog.timings": (
+        "the same upload adds its seconds to the round's progress"),
+    "edge_sdk/models/zoo.py: _with_width writes model.width": (
+        "a zoo factory's helper stamps the width ratio on the model the factory just built and hands it"),
 }
 #: The server's parts (docs/architecture.md, "The server"): they share records through orchestrator.parts.
 #: Module paths under orchestrator/: the server's I/O and its parts in server/, report intake in aggregation/.
-SERVER_PARTS = ("server.admission", "server.heap", "aggregation.intake", "aggregation.normbound", "server.payloads",
+SERVER_PARTS = ("server.admission", "server.dispatch", "server.heap", "aggregation.intake", "aggregation.normbound",
+                "server.payloads",
                 "server.plancache", "server.planning", "aggregation.reference", "server.resume", "server.revocation",
                 "server.roundloop", "server.orchestrator", "aggregation.trust", "server.uploads", "server.validation")
 
@@ -110,6 +125,22 @@ def _self_chain(node: ast.expr) -> list[str] | None:
     return names[::-1] if isinstance(node, ast.Name) and node.id == "self" else None
 
 
+def _assigned(node: ast.AST) -> list[tuple[ast.expr, ast.expr | None]]:
+    """(target, what it is bound to) of an assignment: an annotation, a value, or each of a tuple's."""
+    if isinstance(node, ast.AnnAssign):
+        return [(node.target, node.annotation)]
+    if isinstance(node, ast.NamedExpr):
+        return [(node.target, node.value)]
+    pairs: list[tuple[ast.expr, ast.expr | None]] = []
+    if isinstance(node, ast.Assign):
+        for target in node.targets:
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs += list(zip(target.elts, node.value.elts))
+            else:
+                pairs.append((target, node.value))
+    return pairs
+
+
 def _attribute_types(cls: ast.ClassDef) -> dict[str, ast.expr | None]:
     """``self.<attr>`` -> the annotation or value it is assigned (the first that names a class)."""
     out: dict[str, ast.expr | None] = {}
@@ -119,16 +150,7 @@ def _attribute_types(cls: ast.ClassDef) -> dict[str, ast.expr | None]:
     for fn in (n for n in ast.walk(cls) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         params = {a.arg: a.annotation for a in (*fn.args.args, *fn.args.kwonlyargs)}
         for node in ast.walk(fn):
-            pairs: list[tuple[ast.expr, ast.expr | None]] = []
-            if isinstance(node, ast.AnnAssign):
-                pairs = [(node.target, node.annotation)]
-            elif isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
-                        pairs += list(zip(target.elts, node.value.elts))
-                    else:
-                        pairs.append((target, node.value))
-            for target, value in pairs:
+            for target, value in _assigned(node):
                 if not (isinstance(target, ast.Attribute) and _self_chain(target) == [target.attr]):
                     continue
                 if isinstance(value, ast.Name) and value.id in params:
@@ -166,8 +188,9 @@ def _project_module(classes: dict[str, list[_Class]], holder: _Class, type_name:
     return imported if any(c.module == imported for c in candidates) else None
 
 
-def _writes(fn: ast.AST) -> list[tuple[ast.AST, list[str]]]:
-    """Every write through ``self.<a>.<b>...`` in ``fn``: (the node, the attribute chain)."""
+def _written(fn: ast.AST) -> list[tuple[ast.AST, ast.expr]]:
+    """Every expression ``fn`` writes: assigned, augmented, deleted (each of a tuple's), or changed in
+    place by a mutating method; with the node that writes it."""
     found = []
     for node in ast.walk(fn):
         targets: list[ast.expr] = []
@@ -177,19 +200,89 @@ def _writes(fn: ast.AST) -> list[tuple[ast.AST, list[str]]]:
             targets = [node.target]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
             targets = [node.func.value]
-        for target in targets:
-            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                chain = _self_chain(t)
-                if chain is not None and len(chain) >= 2:
-                    found.append((node, chain))
+        found += [(node, t) for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
     return found
+
+
+def _writes(fn: ast.AST) -> list[tuple[ast.AST, list[str]]]:
+    """Every write through ``self.<a>.<b>...`` in ``fn``: (the node, the attribute chain)."""
+    return [(node, chain) for node, t in _written(fn) if (chain := _self_chain(t)) is not None and len(chain) >= 2]
+
+
+def _name_chain(node: ast.expr) -> tuple[str, list[str]] | None:
+    """``x.a.b[...]`` -> ("x", ["a", "b"]) for a name other than ``self`` (subscripts looked through)."""
+    names = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        node = node.value
+    return (node.id, names[::-1]) if isinstance(node, ast.Name) and node.id not in ("self", "cls") else None
+
+
+def _bound_names(fn: ast.AST, cls: _Class | None,
+                 classes: dict[str, list[_Class]]) -> dict[str, tuple[ast.expr | None, bool]]:
+    """The names of ``fn`` whose class can be told: parameters by their annotation, locals by the
+    constructor call, annotation or ``self.<attr>`` they are first bound to; with whether the function
+    built the object itself (a constructor call: setting up what it just made is not a write into
+    another part, but writing into one of that object's parts is)."""
+    out: dict[str, tuple[ast.expr | None, bool]] = {}
+    args = fn.args  # type: ignore[attr-defined]
+    for a in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        if a.arg not in ("self", "cls") and a.annotation is not None:
+            out[a.arg] = (a.annotation, False)
+    for node in ast.walk(fn):
+        for target, value in _assigned(node):
+            if not isinstance(target, ast.Name) or target.id in out:
+                continue
+            built = isinstance(node, (ast.Assign, ast.NamedExpr)) and isinstance(value, ast.Call)
+            if cls is not None and isinstance(value, ast.Attribute) and _self_chain(value) == [value.attr]:
+                held = _holder(classes, cls, value.attr)
+                value = held[1] if held is not None else None
+                built = False
+            out[target.id] = (value, built)
+    return out
+
+
+def _name_writes(fn: ast.AST) -> list[tuple[str, list[str]]]:
+    """Every write through ``<name>.<a>...`` in ``fn`` (an attribute of what the name is bound to)."""
+    return [chain for _node, t in _written(fn) if (chain := _name_chain(t)) is not None and chain[1]]
+
+
+def _functions(root: Path, packages: tuple[str, ...], scanned: tuple[str, ...],
+               classes: dict[str, list[_Class]]) -> list[tuple[_Class, _Class | None, ast.AST, str]]:
+    """Every function of the scanned packages: (its module as a class-less holder, its class or None,
+    the function, its qualified name)."""
+    out = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            module = _module_name(path, root)
+            if not module.startswith(scanned):
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            where = _Class(module, ast.ClassDef(name="", bases=[], keywords=[], body=[], decorator_list=[]),
+                           _imports(tree))
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out.append((where, None, node, node.name))
+            for cls in (c for group in classes.values() for c in group if c.module == module):
+                for fn in (n for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                    out.append((where, cls, fn, f"{cls.node.name}.{fn.name}"))
+    return out
 
 
 def cross_part_writes(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES,
                       scanned: tuple[str, ...] = SCANNED) -> list[str]:
-    """Writes to another part's attributes, as ``path: Class.method writes self.part.attr``."""
+    """Writes to another part's attributes, as ``path: Class.method writes self.part.attr`` (or
+    ``writes name.attr`` through a name bound to another part)."""
     classes = _classes(root, packages)
     out = []
+    for where, cls, fn, qualname in _functions(root, packages, scanned, classes):
+        names = _bound_names(fn, cls, classes)
+        for name, chain in _name_writes(fn):
+            bound, built = names.get(name, (None, False))
+            module = _project_module(classes, where, _type_name(bound))
+            if module is not None and module != where.module and len(chain) >= 1 + built:
+                out.append(f"{where.module.replace('.', '/')}.py: {qualname} writes {name}.{chain[0]}")
     for group in classes.values():
         for cls in group:
             if not cls.module.startswith(scanned):
@@ -316,6 +409,29 @@ class Sub(Server):
     def more(self):
         self.admission.open = []
 """,
+    "pkg/site.py": """
+from pkg.admission import Admission
+from pkg.loop import Loop
+
+class Site:
+    def __init__(self, admission: Admission):
+        self.admission = admission
+
+    def hook(self, loop: Loop):
+        loop.counts = None           # through a parameter bound to another part
+        admission = self.admission
+        admission.open.append(1)     # through a local bound to self.<part>
+        mine = _Own()
+        mine.n = 1                   # a record of its own module
+
+class _Own:
+    n = 0
+
+def main():
+    loop = Loop(Admission())
+    loop.changed = None              # setting up what it just built: its own
+    loop.admission.open = []         # writing into a part of what it built
+""",
 }
 
 
@@ -328,6 +444,9 @@ def test_the_checker_finds_each_kind_of_write(tmp_path: Path) -> None:
         "pkg/server.py: Server.handler writes self.loop.changed",
         "pkg/server.py: Server.handler writes self.loop.counts",
         "pkg/server.py: Sub.more writes self.admission.open",
+        "pkg/site.py: Site.hook writes admission.open",
+        "pkg/site.py: Site.hook writes loop.counts",
+        "pkg/site.py: main writes loop.admission",
     ]
 
 

@@ -27,7 +27,7 @@ def test_the_paper_scale_command_prints_the_papers_table_beside_ours(tmp_path: P
                            "--workers", "1", "--workdir", str(tmp_path / "runs"), "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads(out.read_text())["datasets"]["cifar10"]
+    report = json.loads(out.read_text())["report"]["datasets"]["cifar10"]
     setting = report["setting"]
     assert setting["lr"] == 0.4 and setting["fraction"] == 1.0 and setting["eval_limit"] is None
     case = report["cases"]["1"]

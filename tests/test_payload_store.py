@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset
 from edge_sdk.payload_store import PayloadStore
 from emulator.localfleet import role_budgets, start_orchestrator
@@ -136,7 +136,7 @@ def test_a_reconnected_device_and_one_in_its_second_round_download_no_byte_they_
     async def run() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: server_events.append((kind, data)))
         url = f"ws://127.0.0.1:{orch.port}"
-        devices = [DeviceClient(DeviceConfig(url, name, budget, backend="torch", payload_cache=tmp_path / name,
+        devices = [DeviceClient(DeviceSettings(url, name, budget, backend="torch", payload_cache=tmp_path / name,
                                              reconnect_max_delay=0.5),
                                 digits.x[i::2], digits.y[i::2], on_event=on_device,
                                 connect=conns if name == "back" else None)
@@ -159,7 +159,7 @@ def test_a_reconnected_device_and_one_in_its_second_round_download_no_byte_they_
     assert round_bytes(history[1])["held"] == round_bytes(history[0])["down"] - sum(
         history[0]["bytes"][d]["down"]["model"] for d in ("back", "stays"))  # every chunk byte of round 1, held
     with Store(tmp_path / "store") as store:
-        rows = store.transfers(2)
+        rows = store.transfers.all(2)
     from_store = {(r["device_id"], r["kind"]) for r in rows if r["from_device_store"]}
     assert from_store == {("back", "chunk"), ("stays", "chunk")}, rows
     assert all(r["bytes"] > 0 for r in rows if not r["from_device_store"])

@@ -86,7 +86,7 @@ def test_fedalign_phases_warmup_and_what_the_round_reports(fedalign_runs):
     assert 0 < h2["priority_loss"] and 0 <= h2["priority_accuracy"] <= 1 and 0 <= h2["nonpriority_accuracy"] <= 1
     # The round's extra lands in the journal too.
     with Store(orch.config.store_dir) as store:
-        journaled = store.rounds()[1]["metrics"]
+        journaled = store.rounds.all()[1]["metrics"]
     assert journaled["excluded"] == ["dev-2", "dev-3"] and journaled["priority_loss"] == h2["priority_loss"]
 
 

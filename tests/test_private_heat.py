@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from edge_sdk.client import DeviceClient, DeviceConfig, declared_rows
+from edge_sdk.client import DeviceClient, DeviceSettings, declared_rows
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.privacy import PrivateHeat
 from edge_sdk.protocol import ErrorCode, Hello, Limits, ProtocolError, decode, encode
@@ -106,7 +106,7 @@ async def _run(tmp_path) -> tuple[Orchestrator, FedSubAvg, list[dict[str, np.nda
     clients, truths = [], []
     for i, idx in enumerate(shards):
         truths.append({TABLES[c]: np.asarray(v) for c, v in declared_rows(data.x[idx]).items()})
-        cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}", budget_bytes=4 << 30,
+        cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=f"dev-{i}", budget_bytes=4 << 30,
                            private_heat=PrivateHeat(2.0, sizes, decoy_rate=0.05))
         clients.append(DeviceClient(cfg, data.x[idx], data.y[idx]))
     await asyncio.wait_for(asyncio.gather(server, *(c.run() for c in clients)), timeout=240)

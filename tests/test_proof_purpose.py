@@ -44,7 +44,7 @@ async def _knock(door: str, port: int, proof: str) -> bool:
 
 def test_a_proof_is_good_once_and_only_at_the_door_it_names(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main() -> dict[tuple[str, str], tuple[bool, bool, bool]]:
         config = server_config(tmp_path / "s", require_credentials=True, web=True, min_devices=5, wait_devices_s=60,

@@ -81,7 +81,7 @@ def test_every_refused_report_is_journaled_with_its_kind(tmp_path: Path) -> None
     for kind, answer in zip(KINDS, answers):
         assert not isinstance(answer, p.Ack) or not answer.accepted, (kind, answer)
     with Store(tmp_path / "s") as store:
-        rows = {u["device_id"]: u for u in store.updates(1)}
+        rows = {u["device_id"]: u for u in store.reports.all(1)}
     assert rows["honest"]["accepted"]
     for kind in KINDS:
         row = rows.get(f"bad-{kind}")

@@ -54,7 +54,7 @@ def test_a_huge_update_is_not_committed_and_training_goes_on(tmp_path: Path) -> 
 
     # A server resumed from this journal starts from the last good checkpoint and serves at once.
     store = Store(store_dir)
-    done, state = store.last_completed()
+    done, state = store.checkpoints.last()
     store.close()
     assert done == 2 and all(np.isfinite(v).all() for v in state.values())
 

@@ -48,8 +48,8 @@ def test_a_round_whose_loss_jumps_is_not_committed(tmp_path: Path, validation_sa
     assert history[1]["test_loss"] < 2 * history[0]["test_loss"] + 0.1
     assert all(h["test_samples"] == 100 for h in history)  # the rounds' scores: the whole held-out set
     with Store(tmp_path / "s") as store:
-        done, state = store.last_completed()
-        journaled = store.rounds()[0]["metrics"]
+        done, state = store.checkpoints.last()
+        journaled = store.rounds.all()[0]["metrics"]
     assert done == 2 and "validation loss rose" in journaled["retried"][0]
     for name, value in state.items():  # two committed rounds of small updates: nothing of the poison
         assert np.abs(value - initial[name]).max() < 0.1, name

@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset, partition
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
@@ -56,7 +56,7 @@ async def _unknown_runtime(tmp_path: Path) -> tuple[p.Message, list[dict]]:
     orch, server = await start_orchestrator(config, lambda kind, data: started.set() if kind == "round_start" else None)
     url = f"ws://127.0.0.1:{orch.port}"
     data = load_dataset("digits", split="train")
-    honest = DeviceClient(DeviceConfig(server=url, device_id="honest", budget_bytes=2 << 30), data.x[:300], data.y[:300])
+    honest = DeviceClient(DeviceSettings(server=url, device_id="honest", budget_bytes=2 << 30), data.x[:300], data.y[:300])
     device = asyncio.create_task(honest.run())
     await started.wait()  # mid-run: the honest device is training
     async with connect(url, **ws_options()) as ws:
@@ -79,7 +79,7 @@ async def _longer_tail_on_onnxruntime(tmp_path: Path, budget: int, x, y) -> list
     config = ServerConfig(model="digits_mlp", strategy="fedavg", rounds=1, min_devices=1, local_steps=3,
                           store_dir=tmp_path / "store", deadline_s=60, wait_devices_s=60, allow_forced_split=True)
     orch, server = await start_orchestrator(config, lambda kind, data: None)
-    cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id="ort", budget_bytes=budget,
+    cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id="ort", budget_bytes=budget,
                        backend="onnxruntime", labels={"force_split": "3"})
     history, _ = await asyncio.wait_for(asyncio.gather(server, DeviceClient(cfg, x, y).run()), timeout=240)
     return history

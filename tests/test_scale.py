@@ -148,7 +148,7 @@ def test_a_burst_of_hellos_is_journaled_in_one_commit_each_turn(tmp_path: Path) 
         await asyncio.gather(*(send_msg(ws, _hello(f"d{i:02d}", num_samples=10 + i)) for i, ws in enumerate(conns)))
         replies = await asyncio.gather(*(recv_msg(ws) for ws in conns))
         await asyncio.sleep(0)  # the turn that took the last hello has ended: its commit is written
-        journaled = orch.store.devices()
+        journaled = orch.store.devices.all()
         for ws in conns:
             await ws.close()
         server.cancel()
@@ -160,10 +160,10 @@ def test_a_burst_of_hellos_is_journaled_in_one_commit_each_turn(tmp_path: Path) 
     assert {d["profile"]["num_samples"] for d in journaled} == set(range(10, 50))
     assert all(d["plan"]["role"] == "strong" for d in journaled)
     with Store(tmp_path / "t") as store:  # many rows, one call; a second call refreshes, keeping first_seen
-        assert store.record_devices([(f"x{i}", {"n": i}, '{"role": "weak"}') for i in range(1000)]) == 1000
-        first = {d["device_id"]: d["first_seen"] for d in store.devices()}
-        store.record_devices([("x1", {"n": -1}, {"role": "strong"})])
-        again = {d["device_id"]: d for d in store.devices()}
+        assert store.devices.record_many([(f"x{i}", {"n": i}, '{"role": "weak"}') for i in range(1000)]) == 1000
+        first = {d["device_id"]: d["first_seen"] for d in store.devices.all()}
+        store.devices.record_many([("x1", {"n": -1}, {"role": "strong"})])
+        again = {d["device_id"]: d for d in store.devices.all()}
     assert len(again) == 1000 and again["x1"]["profile"] == {"n": -1} and again["x1"]["plan"] == {"role": "strong"}
     assert again["x1"]["first_seen"] == first["x1"] and again["x2"]["plan"] == {"role": "weak"}
 
@@ -241,7 +241,7 @@ def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -
     with backoff (an error frame would have been final) and is welcomed once there is room."""
     import numpy as np
 
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient, DeviceSettings
 
     async def main():
         config = server_config(tmp_path / "s", min_devices=9, max_pending_hellos=2, hello_timeout_s=1.5,
@@ -257,7 +257,7 @@ def test_a_device_turned_away_for_capacity_retries_and_gets_in(tmp_path: Path) -
             if kind == "welcome":
                 welcomed.set()
 
-        client = DeviceClient(DeviceConfig(server=url, device_id="late", budget_bytes=2 << 30, backend="torch"),
+        client = DeviceClient(DeviceSettings(server=url, device_id="late", budget_bytes=2 << 30, backend="torch"),
                               np.zeros((4, 4), np.float32), np.zeros(4, np.int64), on_event=on_event)
         task = asyncio.create_task(client.run())
         await asyncio.wait_for(welcomed.wait(), timeout=30)

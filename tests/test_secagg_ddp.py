@@ -16,7 +16,7 @@ from edge_sdk.protocol import ProtocolError
 from edge_sdk.secagg import SecAggError, identity_public_key
 from edge_sdk.secagg.fixedpoint import FixedPoint, ring_bits_for
 from edge_sdk.secagg.round import DeviceRound
-from orchestrator.aggregation.secure.round import SecureRound
+from orchestrator.aggregation.secure.round import NoisePlan, SecureRound
 from tests.test_secagg_round import SCOPE, Fleet
 
 SIZES = {0: 3000, 1: 3000}
@@ -32,8 +32,8 @@ class NoisedFleet(Fleet):
         self.splits = splits
         self.secrets = {d: f"secret-of-{d}" for d in splits}
         roster = {d: identity_public_key(s, d) for d, s in self.secrets.items()}
-        self.server = SecureRound(SCOPE, 2, SIZES, clip=CLIP, identities=roster, weight_scale=1e-9,
-                                  noise_multiplier=Z, noise_survivors=n_min, noise_expected=expected)
+        self.server = SecureRound(SCOPE, 2, SIZES, clip=CLIP, identities=roster)
+        self.weight_scale, self.noise_plan = 1e-9, NoisePlan(Z, n_min, expected or {})
         self.devices = {d: DeviceRound(d, self.secrets[d], SCOPE, k, 2) for d, k in splits.items()}
         rng = np.random.default_rng(7)
         self.updates = {d: [rng.normal(0, 0.01, SIZES[b]) for b in range(k, 2)] for d, k in splits.items()}

@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
 from edge_sdk.secagg.round import DeviceRound, weight_of
 from emulator.localfleet import role_budgets, start_orchestrator
-from orchestrator.aggregation.secure.intake import SecureIntake
-from orchestrator.aggregation.secure.roster import record_identity
+from orchestrator.aggregation.intake import Intake
 from orchestrator.aggregation.secure.round import SecureRound
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
@@ -42,7 +41,7 @@ class Recorder:
         self.outcomes: dict[int, tuple[FixedPoint, list]] = {}
         local = threading.local()  # devices mask in worker threads, several at once: each its own record
         start, rounding = BlockEncoder.__init__, BlockEncoder._round
-        mask, fold, finish = DeviceRound.mask, SecureIntake.fold, SecureRound.finish
+        mask, fold, finish = DeviceRound.mask, Intake.fold, SecureRound.finish
 
         def starting(encoder, *args, **kwargs):  # a block's encoding begins: its words come slice by slice
             start(encoder, *args, **kwargs)
@@ -74,7 +73,7 @@ class Recorder:
         monkeypatch.setattr(BlockEncoder, "__init__", starting)
         monkeypatch.setattr(BlockEncoder, "_round", encoding)
         monkeypatch.setattr(DeviceRound, "mask", masking)
-        monkeypatch.setattr(SecureIntake, "fold", folding)
+        monkeypatch.setattr(Intake, "fold", folding)
         monkeypatch.setattr(SecureRound, "finish", finishing)
 
 
@@ -82,9 +81,7 @@ def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, secure: 
                **overrides) -> tuple[list[dict], Path]:
     store_dir = tmp_path / "store"
     with Store(store_dir) as store:
-        secrets = {d: store.enroll(d) for d in FLEET}
-    for d, s in secrets.items():
-        record_identity(store_dir, d, s)
+        secrets = {d: store.credentials.enroll(d) for d in FLEET}
     config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=len(FLEET), local_steps=5, lr=0.1,
                           store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=secure,
                           secure_clip=20.0, eval_every=rounds, **overrides)
@@ -96,7 +93,7 @@ def _run_fleet(tmp_path: Path, rounds: int, reconnect_retries: int = 0, secure: 
         devices = []
         for i, (d, (role, backend)) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[backend][role],
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[backend][role],
                                backend=backend, secret=secrets[d], reconnect_retries=reconnect_retries)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=900)
@@ -148,7 +145,7 @@ def test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact(tmp_p
     for h in history:
         assert all(b["revealed"] for b in h["secure"]["blocks"].values()), h["secure"]
     with Store(store_dir) as store:
-        accepted = [u for u in store.updates() if u.get("accepted")]
+        accepted = [u for u in store.reports.all() if u.get("accepted")]
     assert len(accepted) == 3 * len(FLEET) and all(u.get("secure") for u in accepted)
 
 
@@ -201,7 +198,7 @@ def test_dropouts_after_keys_and_after_upload_are_survived_and_a_returning_devic
         assert np.array_equal(fixed.decode((total % (1 << fixed.ring_bits)).astype(np.uint32)).values, out.values)
     assert {d for (r, d) in rec.received if r == 2} == set(FLEET) - {"moderate-2"}
     with Store(store_dir) as store:
-        refused = [u for u in store.updates(1) if u["device_id"] == "weak-4" and not u.get("accepted")]
+        refused = [u for u in store.reports.all(1) if u["device_id"] == "weak-4" and not u.get("accepted")]
     assert refused and "secure round" in refused[-1]["reason"], refused
 
 
@@ -220,9 +217,8 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
     victim = "moderate-2"
     store_dir = tmp_path / "store"
     with Store(store_dir) as store:
-        secrets = {d: store.enroll(d) for d in fleet}
+        secrets = {d: store.credentials.enroll(d) for d in fleet}
     for d, s in secrets.items():
-        record_identity(store_dir, d, s)
         (tmp_path / f"{d}.secret").write_text(s + "\n")
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=len(fleet), local_steps=5, lr=0.1,
                           store_dir=store_dir, deadline_s=300, require_credentials=True, secure_aggregation=True,

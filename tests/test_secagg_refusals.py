@@ -24,7 +24,6 @@ from edge_sdk.secagg.exchange import start
 from edge_sdk.secagg.layout import block_vectors
 from edge_sdk.transport import recv_msg, send_msg, send_payload, ws_options
 from emulator.localfleet import start_orchestrator
-from orchestrator.aggregation.secure.roster import record_identity
 from orchestrator.store import Store
 from tests.factories import server_config
 
@@ -90,9 +89,7 @@ def test_hostile_devices_are_refused_and_the_secure_round_completes(tmp_path: Pa
     DEVICES = {**dict.fromkeys(honest), **HOSTILE}
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
-        secrets = {d: store.enroll(d) for d in DEVICES}
-    for d, s in secrets.items():
-        record_identity(store_dir, d, s)
+        secrets = {d: store.credentials.enroll(d) for d in DEVICES}
     config = server_config(store_dir, min_devices=len(DEVICES), require_credentials=True, secure_aggregation=True,
                            secure_stage_s=3.0, deadline_s=120, local_steps=1)
 
@@ -120,7 +117,7 @@ def test_hostile_devices_are_refused_and_the_secure_round_completes(tmp_path: Pa
     for block in secure["blocks"].values():
         assert block["revealed"] == (n == 5) and (n == 5 or "3 needed" in block["reason"]), block
     with Store(store_dir) as store:
-        refused = {u["device_id"]: u["reason"] for u in store.updates(1) if not u.get("accepted")}
+        refused = {u["device_id"]: u["reason"] for u in store.reports.all(1) if not u.get("accepted")}
     assert {"c", "d", "e", "f"} <= set(refused) and all("secure round" in refused[d] for d in "cdef"), refused
     assert "a frame refused" in refused["f"], refused  # the oversized share, refused by the codec
 
@@ -131,9 +128,7 @@ def test_a_round_that_closes_before_its_keys_are_in_releases_the_devices_waiting
     store_dir = tmp_path / "s"
     devices = {"a": None, "b": None, "z": "silent"}
     with Store(store_dir) as store:
-        secrets = {d: store.enroll(d) for d in devices}
-    for d, s in secrets.items():
-        record_identity(store_dir, d, s)
+        secrets = {d: store.credentials.enroll(d) for d in devices}
     config = server_config(store_dir, min_devices=3, require_credentials=True, secure_aggregation=True,
                            secure_stage_s=60.0, deadline_s=4, local_steps=1)
 

@@ -35,7 +35,8 @@ class Fleet:
         self.splits = splits
         self.secrets = {d: f"secret-of-{d}" for d in splits}
         roster = {d: identity_public_key(s, d) for d, s in self.secrets.items()}
-        self.server = SecureRound(SCOPE, 3, SIZES, clip=CLIP, identities=roster, weight_scale=100.0, degree=degree)
+        self.server = SecureRound(SCOPE, 3, SIZES, clip=CLIP, identities=roster, degree=degree)
+        self.weight_scale, self.noise_plan = 100.0, None  # what the server passes in when the key stage closes
         self.devices = {d: DeviceRound(d, self.secrets[d], SCOPE, k, 3) for d, k in splits.items()}
         self.updates = {d: [rng.normal(0, 0.3, SIZES[b]) for b in range(k, 3)] for d, k in splits.items()}
         self.samples = {d: int(rng.integers(20, 120)) for d in splits}
@@ -46,7 +47,8 @@ class Fleet:
             c, mk, sig = dev.advertise()
             msg = wire(p.SecAggKeys(SCOPE.round, c, mk, sig))
             self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature)
-        return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys().items()}
+        return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys(
+            weight_scale=self.weight_scale, noise=self.noise_plan).items()}
 
     def shares(self, peers: dict[str, p.SecAggPeers], absent: set[str] = frozenset()) -> dict[str, p.SecAggInbox]:
         for d, msg in peers.items():
@@ -162,7 +164,7 @@ def test_replayed_and_forged_advertisements_are_refused():
         fleet.server.advertise("a", 0, c, mk, sig)
     with pytest.raises(SecAggError, match="not signed"):
         fleet.server.advertise("b", 0, c, mk, sig)  # a's keys and signature under b's name
-    other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities, weight_scale=1.0)
+    other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities)
     with pytest.raises(SecAggError, match="not signed"):
         other.advertise("a", 0, c, mk, sig)  # round 3's advertisement replayed in round 4
 

@@ -12,7 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.transport import recv_msg, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
 from orchestrator.rounds import Attendance
@@ -89,7 +89,7 @@ def test_a_silent_selected_device_costs_one_grace_and_is_selected_again_once_it_
 
         def device(device_id: str, shard: int) -> DeviceClient:
             x, y = load_shard("synthetic", client=shard, num_clients=3)
-            return DeviceClient(DeviceConfig(url, device_id, 2 << 30, reconnect=False), x, y)
+            return DeviceClient(DeviceSettings(url, device_id, 2 << 30, reconnect=False), x, y)
 
         config = server_config(tmp_path / "s", rounds=5, min_devices=3, local_steps=2, deadline_s=300,
                                wait_devices_s=60, straggler_policy="grace", straggler_grace_s=1.5)

@@ -60,7 +60,7 @@ def test_a_trickled_update_times_out_and_the_round_goes_on(tmp_path: Path) -> No
 def test_with_no_slowest_pace_a_download_has_no_time_limit(tmp_path: Path) -> None:
     """``transfer_min_rate = 0`` turns the pace off: the payloads a device fetches are served (a
     download's time limit is its size at that rate: none), and the round completes."""
-    from edge_sdk.client import DeviceClient, DeviceConfig
+    from edge_sdk.client import DeviceClient, DeviceSettings
     from edge_sdk.data import load_dataset
     from emulator.localfleet import role_budgets
     from orchestrator.config import ServerConfig
@@ -72,7 +72,7 @@ def test_with_no_slowest_pace_a_download_has_no_time_limit(tmp_path: Path) -> No
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         budget = role_budgets("digits_mlp")["weak"] + (8 << 20)
-        device = DeviceClient(DeviceConfig(f"ws://127.0.0.1:{orch.port}", "weak-0", budget, backend="torch"),
+        device = DeviceClient(DeviceSettings(f"ws://127.0.0.1:{orch.port}", "weak-0", budget, backend="torch"),
                               digits.x[:200], digits.y[:200])
         await asyncio.gather(device.run(), return_exceptions=True)
         return await asyncio.wait_for(server, timeout=120)

@@ -32,12 +32,12 @@ def model_state(round: int) -> dict[str, np.ndarray]:
 
 def run_rounds(store: Store, rounds) -> None:
     for r in rounds:
-        store.begin_round(r, [f"d{r}", "d0"])
-        store.record_update(r, "d0", {"role": "strong", "trained": (0, 3), "samples": 10, "accepted": True})
-        store.record_update(
+        store.rounds.begin(r, [f"d{r}", "d0"])
+        store.reports.record(r, "d0", {"role": "strong", "trained": (0, 3), "samples": 10, "accepted": True})
+        store.reports.record(
             r, f"d{r}", {"role": "weak", "trained": [2, 3], "samples": np.int64(5), "accepted": False, "reason": "NaN"}
         )
-        store.complete_round(r, model_state(r), {"accuracy": 0.5 + r / 100, "loss": np.float32(1.5)})
+        store.rounds.complete(r, model_state(r), {"accuracy": 0.5 + r / 100, "loss": np.float32(1.5)})
 
 
 def assert_states_equal(got: dict, want: dict) -> None:
@@ -49,53 +49,53 @@ def assert_states_equal(got: dict, want: dict) -> None:
 
 def test_restart_returns_the_last_completed_round(tmp_path):
     store = Store(tmp_path)
-    assert store.last_completed() is None
+    assert store.checkpoints.last() is None
     run_rounds(store, [1, 2, 3])
-    store.begin_round(4, ["d0"])  # begun, never completed: not a resume point
+    store.rounds.begin(4, ["d0"])  # begun, never completed: not a resume point
     store.close()
 
     store = Store(tmp_path)
-    round, state = store.last_completed()
+    round, state = store.checkpoints.last()
     assert round == 3
     assert_states_equal(state, model_state(3))
     assert (tmp_path / "journal.sqlite3").is_file()
     # The file header's read and write versions are 2 in WAL mode (sqlite.org/fileformat.html, 1.3.3).
     assert (tmp_path / "journal.sqlite3").read_bytes()[18:20] == b"\x02\x02"
-    rounds = store.rounds()
+    rounds = store.rounds.all()
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
     assert [r["complete"] for r in rounds] == [True, True, True, False]
     assert rounds[2]["metrics"] == {"accuracy": 0.53, "loss": 1.5}
     assert rounds[2]["selected"] == ["d3", "d0"] and rounds[2]["reported"] == 2
     assert rounds[3]["finished"] is None and rounds[3]["metrics"] is None
     # the interrupted round is begun again cleanly and completes
-    store.begin_round(4, ["d1"])
-    store.complete_round(4, model_state(4), {})
-    assert store.last_completed()[0] == 4
+    store.rounds.begin(4, ["d1"])
+    store.rounds.complete(4, model_state(4), {})
+    assert store.checkpoints.last()[0] == 4
     store.close()
 
 
 def test_updates_devices_and_meta_are_journaled(tmp_path):
     with Store(tmp_path) as store:
-        store.record_device("phone-1", {"ram_mib": 4096, "cores": 8}, {"role": "strong", "split": 0})
-        first_seen = store.devices()[0]["last_seen"]
+        store.devices.record("phone-1", {"ram_mib": 4096, "cores": 8}, {"role": "strong", "split": 0})
+        first_seen = store.devices.all()[0]["last_seen"]
         time.sleep(0.01)
-        store.record_device("phone-1", {"ram_mib": 4096, "cores": 8}, {"role": "moderate", "split": 2})
-        store.record_device("pi-zero", {"ram_mib": 512}, {"role": "weak", "split": 3})
+        store.devices.record("phone-1", {"ram_mib": 4096, "cores": 8}, {"role": "moderate", "split": 2})
+        store.devices.record("pi-zero", {"ram_mib": 512}, {"role": "weak", "split": 3})
         run_rounds(store, [1, 2])
-        store.set_meta("model", "resnet20")
-        store.set_meta("config", {"rounds": 100, "strategy": "embracingfl"})
+        store.meta.record("model", "resnet20")
+        store.meta.record("config", {"rounds": 100, "strategy": "embracingfl"})
     with Store(tmp_path) as store:
-        devices = {d["device_id"]: d for d in store.devices()}
+        devices = {d["device_id"]: d for d in store.devices.all()}
         assert devices["phone-1"]["plan"] == {"role": "moderate", "split": 2}
         assert devices["phone-1"]["last_seen"] > first_seen >= devices["phone-1"]["first_seen"]
         assert devices["pi-zero"]["profile"] == {"ram_mib": 512}
-        updates = store.updates(2)
+        updates = store.reports.all(2)
         assert [(u["device_id"], u["accepted"]) for u in updates] == [("d0", True), ("d2", False)]
         assert updates[1]["reason"] == "NaN" and updates[1]["samples"] == 5 and updates[1]["trained"] == [2, 3]
-        assert len(store.updates()) == 4
-        assert store.get_meta("model") == "resnet20"
-        assert store.get_meta("config") == {"rounds": 100, "strategy": "embracingfl"}
-        assert store.get_meta("absent", "fallback") == "fallback"
+        assert len(store.reports.all()) == 4
+        assert store.meta.get("model") == "resnet20"
+        assert store.meta.get("config") == {"rounds": 100, "strategy": "embracingfl"}
+        assert store.meta.get("absent", "fallback") == "fallback"
 
 
 def test_a_read_only_store_watches_a_run_that_is_still_going(tmp_path):
@@ -105,39 +105,39 @@ def test_a_read_only_store_watches_a_run_that_is_still_going(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no journal"):
         Store.open_readonly(tmp_path / "none")
     with Store(tmp_path / "run") as writer:
-        writer.record_device("d0", {"runtimes": ["torch"]}, {"role": "strong", "split": 0})
+        writer.devices.record("d0", {"runtimes": ["torch"]}, {"role": "strong", "split": 0})
         run_rounds(writer, [1, 2])
         with Store.open_readonly(tmp_path / "run") as reader:
-            assert reader.completed_rounds() == 2 == completed_rounds(tmp_path / "run")
-            writer.begin_round(3, ["d0"])  # begun, not complete: not counted
-            writer.record_update(3, "d0", {"accepted": True, "samples": 3})
-            assert reader.completed_rounds() == 2
-            assert [r["complete"] for r in reader.rounds()] == [True, True, False]
-            assert [(u["device_id"], u["accepted"]) for u in reader.updates(3)] == [("d0", True)]
-            writer.complete_round(3, model_state(3), {"accuracy": 0.9})
-            assert reader.completed_rounds() == 3 and reader.rounds()[2]["metrics"] == {"accuracy": 0.9}
-            assert reader.devices()[0]["plan"] == {"role": "strong", "split": 0}
-            assert reader.last_completed()[0] == 3
+            assert reader.rounds.completed() == 2 == completed_rounds(tmp_path / "run")
+            writer.rounds.begin(3, ["d0"])  # begun, not complete: not counted
+            writer.reports.record(3, "d0", {"accepted": True, "samples": 3})
+            assert reader.rounds.completed() == 2
+            assert [r["complete"] for r in reader.rounds.all()] == [True, True, False]
+            assert [(u["device_id"], u["accepted"]) for u in reader.reports.all(3)] == [("d0", True)]
+            writer.rounds.complete(3, model_state(3), {"accuracy": 0.9})
+            assert reader.rounds.completed() == 3 and reader.rounds.all()[2]["metrics"] == {"accuracy": 0.9}
+            assert reader.devices.all()[0]["plan"] == {"role": "strong", "split": 0}
+            assert reader.checkpoints.last()[0] == 3
             with pytest.raises(Exception, match="readonly"):
-                reader.set_meta("model", "tiny")
-        assert writer.get_meta("model") is None
+                reader.meta.record("model", "tiny")
+        assert writer.meta.get("model") is None
 
 
 def test_journal_refuses_out_of_order_calls(tmp_path):
     with Store(tmp_path) as store:
         with pytest.raises(StoreError, match="was not begun"):
-            store.complete_round(1, model_state(1), {})
+            store.rounds.complete(1, model_state(1), {})
         with pytest.raises(StoreError, match="was not begun"):
-            store.record_update(1, "d0", {})
+            store.reports.record(1, "d0", {})
         run_rounds(store, [1])
         with pytest.raises(StoreError, match="already complete"):
-            store.begin_round(1, [])
+            store.rounds.begin(1, [])
         with pytest.raises(StoreError, match="already complete"):
-            store.record_update(1, "late", {"accepted": True})
+            store.reports.record(1, "late", {"accepted": True})
         with pytest.raises(ValueError, match="round must be a non-negative integer"):
-            store.begin_round(-1, [])
+            store.rounds.begin(-1, [])
         with pytest.raises(TypeError, match="cannot store object"):
-            store.set_meta("bad", object())
+            store.meta.record("bad", object())
 
 
 def test_only_the_last_checkpoints_are_kept(tmp_path):
@@ -145,7 +145,7 @@ def test_only_the_last_checkpoints_are_kept(tmp_path):
         run_rounds(store, [1, 2, 3, 4])
         files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
         assert files == [checkpoint_name(3), checkpoint_name(4)]
-        assert len(store.rounds()) == 4  # the journal keeps every round
+        assert len(store.rounds.all()) == 4  # the journal keeps every round
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
@@ -163,7 +163,7 @@ def test_a_damaged_checkpoint_is_detected(tmp_path, damage):
         path.unlink()
     with Store(tmp_path) as store:
         with pytest.raises(CheckpointCorrupted, match=r"round 3 .*intact checkpoints remain for rounds \[1, 2\]"):
-            store.last_completed()
+            store.checkpoints.last()
 
 
 def test_a_checkpoint_written_but_not_journaled_is_not_a_completed_round(tmp_path):
@@ -172,15 +172,15 @@ def test_a_checkpoint_written_but_not_journaled_is_not_a_completed_round(tmp_pat
     journal row commits."""
     with Store(tmp_path) as store:
         run_rounds(store, [1, 2])
-        store.begin_round(3, ["d0"])
+        store.rounds.begin(3, ["d0"])
     script = textwrap.dedent(
         f"""
         import os, signal, sys
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from orchestrator.store import _write_checkpoint, checkpoint_name
+        from orchestrator.store import checkpoint_name, write_checkpoint
         from tests.test_store import model_state
-        _write_checkpoint(Path({str(tmp_path)!r}) / "checkpoints" / checkpoint_name(3), model_state(3))
+        write_checkpoint(Path({str(tmp_path)!r}) / "checkpoints" / checkpoint_name(3), model_state(3))
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
@@ -188,12 +188,12 @@ def test_a_checkpoint_written_but_not_journaled_is_not_a_completed_round(tmp_pat
     assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "checkpoints" / checkpoint_name(3)).is_file()
     with Store(tmp_path) as store:
-        round, state = store.last_completed()
+        round, state = store.checkpoints.last()
         assert round == 2
         assert_states_equal(state, model_state(2))
-        store.begin_round(3, ["d0"])
-        store.complete_round(3, model_state(3), {})
-        assert store.last_completed()[0] == 3
+        store.rounds.begin(3, ["d0"])
+        store.rounds.complete(3, model_state(3), {})
+        assert store.checkpoints.last()[0] == 3
 
 
 WRITER = """
@@ -204,13 +204,13 @@ import numpy as np
 from orchestrator.store import Store
 
 store = Store(Path({directory!r}), keep=2)
-last = store.last_completed()
+last = store.checkpoints.last()
 start = 1 if last is None else last[0] + 1
 big = np.zeros((512, 1024), np.float32)  # 2 MiB, so that kills land inside checkpoint writes
 for r in range(start, start + 10_000):
-    store.begin_round(r, ["a", "b"])
-    store.record_update(r, "a", {{"accepted": True, "samples": r}})
-    store.complete_round(r, {{"w": big + r, "n": np.array(r, np.int64)}}, {{"round": r}})
+    store.rounds.begin(r, ["a", "b"])
+    store.reports.record(r, "a", {{"accepted": True, "samples": r}})
+    store.rounds.complete(r, {{"w": big + r, "n": np.array(r, np.int64)}}, {{"round": r}})
     print(r, flush=True)
 """
 
@@ -239,12 +239,12 @@ def test_sigkill_while_writing_rounds_loses_no_completed_round(tmp_path, after):
                 proc.wait()
             proc.stdout.close()
         with Store(tmp_path, keep=2) as store:
-            round, state = store.last_completed()
+            round, state = store.checkpoints.last()
             # every round the writer reported is complete; one more may have completed unreported
             assert reported <= round <= reported + 1
             assert int(state["n"]) == round
             np.testing.assert_array_equal(state["w"], np.full((512, 1024), round, np.float32))
-            rounds = store.rounds()
+            rounds = store.rounds.all()
             complete = [r["round"] for r in rounds if r["complete"]]
             assert complete == list(range(1, round + 1))
             assert all(r["metrics"] == {"round": r["round"]} for r in rounds if r["complete"])

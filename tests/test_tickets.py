@@ -73,7 +73,7 @@ async def _upgrade(port: int, ticket: str, hello: p.Hello | None = None) -> int 
 
 def test_with_credentials_a_ticket_opens_one_upgrade_past_full_pending_caps(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
-        secret = store.enroll("dev-0")
+        secret = store.credentials.enroll("dev-0")
 
     async def main() -> dict[str, object]:
         config = server_config(tmp_path / "s", require_credentials=True, web=True, min_devices=5, wait_devices_s=60,

@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage
 
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.data import load_dataset
 from edge_sdk.transport import client_tls
 from emulator.localfleet import start_orchestrator
@@ -33,7 +33,7 @@ def _config(tmp_path: Path) -> ServerConfig:
 
 def _device(url: str, **kwargs) -> DeviceClient:
     data = load_dataset("synthetic", split="train")
-    config = DeviceConfig(server=url, device_id="phone-1", budget_bytes=512 << 20, token="s3cret", **kwargs)
+    config = DeviceSettings(server=url, device_id="phone-1", budget_bytes=512 << 20, token="s3cret", **kwargs)
     return DeviceClient(config, data.x[:100], data.y[:100])
 
 

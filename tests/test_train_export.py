@@ -97,7 +97,7 @@ def test_whole_resnet20_passes_the_check_at_a_relu_kink(graphs: TrainGraphCache,
     """
     import copy
 
-    from exporters.train_export import _graph_relus, _loss64, _ReluSides, _sample, _torch_step
+    from exporters.train_export import _graph_relus, task_loss, ReluSides, _sample, torch_step
 
     model = models["resnet20"]
     _, data = graphs.get_or_export(model, 0)
@@ -111,16 +111,16 @@ def test_whole_resnet20_passes_the_check_at_a_relu_kink(graphs: TrainGraphCache,
     key = "grad:" + params[0]
     assert params[0] == "0.conv.weight"
 
-    def stem_error(sides: _ReluSides) -> float:
+    def stem_error(sides: ReluSides) -> float:
         wide = copy.deepcopy(tail).double()
         with sides:
-            ref = _torch_step(wide, lambda o, t: _loss64("classification", o, t), x.double(), y, params, [])
+            ref = torch_step(wide, lambda o, t: task_loss("classification", o, t), x.double(), y, params, [])
         return float(np.abs(got - ref[key]).max()) / max(1.0, float(np.abs(ref[key]).max()))
 
-    assert stem_error(_ReluSides()) > 1e-4  # float64's own side everywhere: the old refusal
-    with _ReluSides() as float32:
-        _torch_step(copy.deepcopy(tail), lambda o, t: _loss64("classification", o, t), x, y, params, [])
-    sides = _ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
+    assert stem_error(ReluSides()) > 1e-4  # float64's own side everywhere: the old refusal
+    with ReluSides() as float32:
+        torch_step(copy.deepcopy(tail), lambda o, t: task_loss("classification", o, t), x, y, params, [])
+    sides = ReluSides(_graph_relus(graph.train_onnx, x.numpy(), y.numpy(), state), float32.inputs)
     assert stem_error(sides) < 1e-5 and sides.taken == 1
 
 

@@ -20,7 +20,7 @@ import pytest
 from edge_sdk import protocol as p
 from edge_sdk.backends import AUTO, BACKENDS, GraphBackend, TorchBackend, backend_class, choose_backend
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.fleet import load_fleet
 from emulator.localfleet import device_env, start_orchestrator
 from emulator.runner import run_emulation
@@ -77,7 +77,7 @@ async def _one_device(tmp: Path, backend: str) -> list:
                           allow_forced_split=True, deadline_s=120)
     orch, server = await start_orchestrator(config, lambda kind, data: None)
     x, y = load_shard("digits", client=0, num_clients=4)
-    device = DeviceConfig(f"ws://127.0.0.1:{orch.port}", "dev-0", 4 << 30, backend=backend, reconnect=False,
+    device = DeviceSettings(f"ws://127.0.0.1:{orch.port}", "dev-0", 4 << 30, backend=backend, reconnect=False,
                           labels={"force_split": "2"})
     reports = await DeviceClient(device, x, y).run()
     await server

@@ -57,7 +57,7 @@ def test_an_upload_from_an_unselected_device_is_refused_at_its_first_message(tmp
             error = await recv_msg(ws)
         grown = psutil.Process().memory_info().rss - rss_before
         server.cancel()
-        return error, grown, orch.store.updates()
+        return error, grown, orch.store.reports.all()
 
     error, grown, journaled = asyncio.run(main())
     assert isinstance(error, p.Error) and error.code == "unexpected" and "report" in error.message

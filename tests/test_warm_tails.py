@@ -12,7 +12,7 @@ import torch
 
 from edge_sdk import protocol as p
 from edge_sdk.backends import Tail
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.models import build_model
 from edge_sdk.models import zoo
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, tail_state, train_tail
@@ -111,7 +111,7 @@ def test_the_client_with_a_pool_reports_what_it_reports_without_one() -> None:
     rng = np.random.default_rng(1)
     x, y = rng.random((64, 64), dtype=np.float32), rng.integers(0, 10, 64)
     pool = WarmTails(keep=1)
-    clients = [DeviceClient(DeviceConfig(server="ws://127.0.0.1:1", device_id=f"d{i}", budget_bytes=1 << 30,
+    clients = [DeviceClient(DeviceSettings(server="ws://127.0.0.1:1", device_id=f"d{i}", budget_bytes=1 << 30,
                                          warm_tails=warm), x, y) for i, warm in enumerate((pool, None))]
     welcome = p.Welcome("d", "strong", split, 4, [], "digits_mlp", 1, 16, 3, {})
     for c in clients:

@@ -107,7 +107,7 @@ def test_pages_status_and_devices_share_the_port(tmp_path: Path) -> None:
 
 def test_status_behind_credentials(tmp_path: Path) -> None:
     with Store(tmp_path / "store") as store:
-        secret = store.enroll("viewer-1")
+        secret = store.credentials.enroll("viewer-1")
 
     async def main() -> list[int]:
         orch, server = await start_orchestrator(_config(tmp_path, web=True, require_credentials=True), lambda k, d: None)

@@ -23,7 +23,7 @@ from cryptography.x509.verification import PolicyBuilder, Store as TrustStore, V
 
 from edge_sdk import protocol as p  # noqa: E402
 from edge_sdk.transport import client_tls, recv_msg, send_msg, ws_options  # noqa: E402
-from edgetrain.cli.serve import _web_authority  # noqa: E402
+from edgetrain.cli.serve import _web_authority, _with_tls  # noqa: E402
 from emulator.localfleet import start_orchestrator  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
 from orchestrator.views.web.certs import local_authority  # noqa: E402
@@ -103,7 +103,7 @@ def test_serve_options_choose_the_authority(tmp_path: Path) -> None:
     assert _web_authority(config(host="0.0.0.0"), **options) is None  # no pages: nothing to make
     lan = config(web=True, host="0.0.0.0")
     authority = _web_authority(lan, **options)
-    assert authority is not None and lan.tls_cert == str(authority.cert_file)
+    assert authority is not None and _with_tls(lan, authority).tls_cert == str(authority.cert_file)
     assert authority.folder == tmp_path / "store" / "web-ca"
     assert _web_authority(config(web=True, host="0.0.0.0"), **{**options, "web_tls": "off"}) is None
     for bad in ({"web_tls": "local-ca"}, {"web_tls": "maybe"}, {"web_condition": ["sunny"]}):
@@ -133,8 +133,8 @@ def test_tls_from_the_authority_install_page_budget_and_rounds(tmp_path: Path) -
                 await send_msg(ws, p.Hello(device_id=f"phone-{budget}", token="", budget_bytes=budget, cores=1,
                                            runtimes=["onnxruntime-web"], num_samples=180))
                 out[budget] = await recv_msg(ws)
-        orch.store.begin_round(1, ["phone-1"])
-        orch.store.record_update(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
+        orch.store.rounds.begin(1, ["phone-1"])
+        orch.store.reports.record(1, "phone-1", {"accepted": True, "num_samples": 180}, phase="train")
         out["rounds"] = await get("/device.json?id=phone-1")
         out["untrusted"] = await asyncio.to_thread(_get, site + "/web.json", None, ssl.create_default_context())
         install = InstallSite(authority, lambda: orch.port)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from edge_sdk import protocol as p
-from edge_sdk.client import DeviceClient, DeviceConfig, device_seed
+from edge_sdk.client import DeviceClient, DeviceSettings, device_seed
 from edge_sdk.data import load_dataset
 from edge_sdk.models.zoo import build_model, model_for_state, scaled, width_shapes
 from edge_sdk.trainer import TrainConfig, build_tail, load_tail_state, train_tail
@@ -257,7 +257,7 @@ async def _round_trip(tmp_path: Path, model: str, options: dict, launches: list[
     orch, server = await start_orchestrator(config, lambda kind, d: events.append((kind, d)))
     initial = {k: v.copy() for k, v in orch.global_state.items()}
     x, y = data
-    clients = [DeviceClient(DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=device_id,
+    clients = [DeviceClient(DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=device_id,
                                          budget_bytes=budget, labels=labels, backend="torch"),
                             x[40 * i: 40 * (i + 1)], y[40 * i: 40 * (i + 1)])
                for i, (device_id, labels, budget) in enumerate(launches)]

@@ -3,7 +3,7 @@
 Each module adds its phases, report hooks and selection kinds to a :class:`~edge_sdk.phases.DeviceRegistry`
 (its ``DEVICE_STEPS``); the server-side part is the strategy of the same name in
 ``orchestrator/strategies``. :data:`DEFAULT_REGISTRY` is what a device knows unless its
-configuration says otherwise (``DeviceConfig.registry``): the built-in phases plus every module here.
+configuration says otherwise (``DeviceSettings.registry``): the built-in phases plus every module here.
 """
 
 from edge_sdk.algorithms import fedalign, width

@@ -20,6 +20,7 @@ _OVERFLOW = 65520.0  # the first magnitude that rounds to binary16 infinity
 
 class Float16Codec(Codec):
     name, codec_id = "float16", 4
+    bits = 16  # a coordinate's bits in the record
 
     def encode(self, array: np.ndarray, *, seed: int | None = None) -> bytes:
         x = float32_input(array, self.name)

@@ -50,6 +50,7 @@ __all__ = [
     "SECAGG_KEY",
     "MESSAGE_TYPES",
     "PHASES",
+    "TENSOR_PHASES",
     "SELECTIONS",
     "PAYLOAD_KINDS",
     "TRAIN_GRAPH_KEY",
@@ -70,6 +71,9 @@ Scalar = Union[str, int, float, bool]
 #: and report its deltas; ``evaluate``: report the loss of the received model on the local data;
 #: ``compare``: report the squared distance between this round's update and a broadcast update.
 PHASES = frozenset({"train", "evaluate", "compare"})
+#: The phases whose report carries tensors (an ``update`` transfer: deltas of the state the selection
+#: sent); the others report metrics only.
+TENSOR_PHASES = frozenset({"train"})
 
 #: How the state a device receives is cut from the global state (docs/protocol.md, "Selections"):
 #: the whole tail ``[split, L)``; the tail with sparse tables cut to rows; the tail cut to channels.

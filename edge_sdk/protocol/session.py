@@ -39,6 +39,7 @@ from .messages import (
     Hello,
     Instruction,
     Message,
+    PHASES,
     Report,
     Resume,
     SECAGG_KEY,
@@ -48,6 +49,7 @@ from .messages import (
     SecAggReveal,
     SecAggShares,
     SecAggUnmask,
+    TENSOR_PHASES,
     TRAIN_GRAPH_KEY,
     TransferBegin,
     TransferEnd,
@@ -80,8 +82,7 @@ class SessionState(enum.Enum):
 
 
 #: Phases whose report carries tensors (an ``update`` transfer), and phases whose report does not.
-_TENSOR_PHASES = frozenset({"train"})
-_PLAIN_PHASES = frozenset({"evaluate", "compare"})
+_PLAIN_PHASES = PHASES - TENSOR_PHASES
 _AFTER_WELCOME = frozenset({SessionState.IDLE, SessionState.WORKING, SessionState.UPLOADING,
                             SessionState.AWAITING_ACK})
 
@@ -157,8 +158,9 @@ class _Flow:
                                                         f"{begin.total_size} bytes")
 
 
-class _Session:
-    """What both sides track; subclasses map ``send``/``receive`` to the two directions."""
+class _SessionRecord:
+    """What both sides of a connection track (its state, the current instruction, the messages that
+    shaped them), and the read-only view of it; :class:`_Session` makes the transitions."""
 
     _SIDE = ""
 
@@ -180,7 +182,6 @@ class _Session:
         self._secagg_next: type[Message] | None = None  # the device's next step of a secure round
         self._unmask_due = -1  # the round whose SecAggUnmask awaits the device's SecAggReveal
 
-    # -- what the session knows ----------------------------------------------------------------
     @property
     def state(self) -> SessionState:
         return self._state
@@ -237,7 +238,10 @@ class _Session:
         return (f"{type(self).__name__}(state={self._state.name}, round={self._round}, "
                 f"pending={len(self._pending)})")
 
-    # -- transitions ---------------------------------------------------------------------------
+
+class _Session(_SessionRecord):
+    """The transitions both sides share; subclasses map ``send``/``receive`` to the two directions."""
+
     def _not_allowed(self, msg: Message, why: str = "") -> ProtocolError:
         text = f"{self._SIDE}: {msg.TYPE} is not allowed in state {self._state.name}"
         return _unexpected(f"{text}: {why}" if why else text)
@@ -296,7 +300,7 @@ class _Session:
         if (msg.round, msg.phase) != (instruction.round, instruction.phase):
             raise _unexpected(f"report of round {msg.round}, phase {msg.phase!r} answers no instruction: the "
                               f"current one is of round {instruction.round}, phase {instruction.phase!r}")
-        if msg.phase in _TENSOR_PHASES and not msg.transfer_id:
+        if msg.phase in TENSOR_PHASES and not msg.transfer_id:
             raise _unexpected(f"a report of phase {msg.phase!r} carries tensors: its transfer_id is empty")
         if msg.phase in _PLAIN_PHASES and msg.transfer_id:
             raise _unexpected(f"a report of phase {msg.phase!r} carries no tensors, but names transfer "

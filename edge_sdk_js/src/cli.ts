@@ -13,7 +13,7 @@
  * error; `--debug` adds the stack), 130 when interrupted.
  */
 import { readFileSync } from "node:fs";
-import { freemem } from "node:os";
+import { availableParallelism, cpus, freemem } from "node:os";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { DeviceClient } from "./client.js";
 import { declaredData } from "./data.js";
@@ -110,6 +110,11 @@ function machineBudget(): number {
   return typeof process.availableMemory === "function" ? process.availableMemory() : freemem();
 }
 
+/** The cores this process may run on, declared in the hello when `cores` is not given (the Python device's `usable_cores`). */
+function machineCores(): number {
+  return typeof availableParallelism === "function" ? availableParallelism() : Math.max(1, cpus().length);
+}
+
 /** Clients as the settings describe them, one per run; what cannot work (data, secret, labels) fails here, before any connection. */
 async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceClient> {
   const labels = pairs(s["label"] as string[], "--label");
@@ -130,7 +135,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
     return new DeviceClient({
       server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(),
       runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
-      threads, cores: threads, deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
+      threads, cores: (s["cores"] as number | null) ?? machineCores(), deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
       maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
       ...(held !== undefined ? { payloadStore: folderPayloadStore(held, s["payload-cache-size"] as number) } : {}),
     });

@@ -34,6 +34,7 @@ export interface DeviceOptions {
   runtime: Runtime;
   webSocket: WebSocketFactory;
   data: DataSource;
+  /** CPU cores declared in the hello, for the server's planner (default 1); a setting apart from `threads`. */
   cores?: number;
   deviceClass?: string;
   /** The server's shared token (a lab setting), or: */
@@ -47,6 +48,7 @@ export interface DeviceOptions {
   /** Extension fields sent in the hello as they are (`Hello.ext`: `namespace.name` -> value), for a
    * strategy that declares them (docs/protocol.md, "Extension fields"). */
   helloExt?: Record<string, unknown>;
+  /** Threads of ONNX Runtime (the frozen chunks and the training backend). */
   threads?: number;
   /** Batch of the multi-step forward pass; 0: the planned batch size. */
   forwardBatch?: number;

@@ -10,6 +10,8 @@ import { ErrorCode, ProtocolError } from "./errors.js";
 
 export const PROTOCOL_VERSION = 4;
 export const PHASES = ["train", "evaluate", "compare"] as const;
+/** The phases whose report carries tensors (an `update` transfer); the others report metrics only. */
+export const TENSOR_PHASES: ReadonlySet<string> = new Set(["train"]);
 export const SELECTIONS = ["tail", "rows", "channels"] as const;
 export const TRAIN_GRAPH_KEY = "train_graph_id";
 

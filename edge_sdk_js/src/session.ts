@@ -5,14 +5,13 @@
  * while another is worked on wait in `pending`; `nextInstruction()` takes the oldest when idle.
  */
 import { ErrorCode, ProtocolError } from "./errors.js";
-import { SECAGG_KEY, TRAIN_GRAPH_KEY, type Fetch, type Hello, type Instruction, type Message, type Report, type TransferBegin,
+import { PHASES, SECAGG_KEY, TENSOR_PHASES, TRAIN_GRAPH_KEY, type Fetch, type Hello, type Instruction, type Message, type Report, type TransferBegin,
   type SecAggInbox, type SecAggKeys, type SecAggPeers, type SecAggReveal, type SecAggShares, type SecAggUnmask, type TransferEnd,
   type TransferFrame } from "./messages.js";
 
 export type SessionState = "HELLO" | "WELCOMING" | "IDLE" | "WORKING" | "UPLOADING" | "AWAITING_ACK" | "CLOSED";
 
-const TENSOR_PHASES = new Set(["train"]);
-const PLAIN_PHASES = new Set(["evaluate", "compare"]);
+const PLAIN_PHASES: ReadonlySet<string> = new Set(PHASES.filter((phase) => !TENSOR_PHASES.has(phase)));
 const AFTER_WELCOME: readonly SessionState[] = ["IDLE", "WORKING", "UPLOADING", "AWAITING_ACK"];
 
 /** The payload ids a device may fetch for an instruction, with the transfer kinds that answer each. */

@@ -54,7 +54,7 @@ export const SETTINGS_TABLE: SettingsTable = {
     },
     {
       "key": "budget",
-      "field": "budget",
+      "field": "budget_bytes",
       "type": "size",
       "default": null,
       "choices": [],
@@ -218,7 +218,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "bundle",
       "field": "bundle",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "a bundle provisioned offline (edgetrain bundle): its chunks and training graph are used instead of downloads wherever the server's have the same bytes",
@@ -241,7 +241,7 @@ export const SETTINGS_TABLE: SettingsTable = {
     },
     {
       "key": "payload-cache-size",
-      "field": "payload_cache_size",
+      "field": "payload_cache_bytes",
       "type": "size",
       "default": 268435456,
       "choices": [],
@@ -282,7 +282,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "tls-ca",
       "field": "tls_ca",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "for wss://: trust only this PEM file (a private CA or the server's self-signed certificate); default: the system's",
@@ -299,6 +299,19 @@ export const SETTINGS_TABLE: SettingsTable = {
       "choices": [],
       "min": 1,
       "help": "threads for ONNX Runtime and torch",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
+      "key": "cores",
+      "field": "cores",
+      "type": "int",
+      "default": null,
+      "choices": [],
+      "min": 1,
+      "help": "CPU cores the device declares in its hello, for the server's planner (default: the cores this process may run on)",
       "sdks": [
         "python",
         "javascript"
@@ -324,7 +337,7 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "work-dir",
       "field": "work_dir",
       "type": "str",
-      "default": "",
+      "default": null,
       "choices": [],
       "min": null,
       "help": "folder for activations kept on disk (default: a temporary folder)",

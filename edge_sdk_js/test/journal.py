@@ -1,6 +1,6 @@
 """Print what an orchestrator's journal says about a run, as JSON: each device's runtimes, role
 and split, the rounds and how many finished, and every report (with the runtime it says trained it). Read through the store's own
-read-only view (orchestrator/store.py owns the journal's schema), so the run may still be going."""
+read-only view (orchestrator/store/ owns the journal's schema), so the run may still be going."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ def main() -> None:
     with Store.open_readonly(sys.argv[1]) as store:
         devices = {d["device_id"]: {"runtimes": d["profile"].get("runtimes"), "role": d["plan"].get("role"),
                                     "split": d["plan"].get("split"), "backend": d["plan"].get("backend")}
-                   for d in store.devices()}
-        rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds()]
+                   for d in store.devices.all()}
+        rounds = [{"round": r["round"], "finished": r["complete"], "metrics": r["metrics"] or {}} for r in store.rounds.all()]
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
                     "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
                     "backend": (u.get("metrics") or {}).get("backend"),
                     "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes")}
-                   for u in store.updates()]
+                   for u in store.reports.all()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 
 

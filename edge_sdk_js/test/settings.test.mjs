@@ -52,6 +52,7 @@ secret-file = "/etc/edgetrain/board-7.secret"
 token = "lab-token"
 tls-ca = "ca.pem"
 threads = 2
+cores = 4
 storage = "disk"
 work-dir = "/tmp/work"
 label = [

@@ -152,8 +152,10 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
                                                                accountant=accountant, fleet=fixed)])
         checks += [(b.cohort, f"block {b.block}") for b in blocks]
         try:
-            cal.check_strategy(fleet.strategy, fleet.options)
-        except cal.PrivacyPlanError as exc:
+            from orchestrator.strategies import make_strategy
+
+            cal.check_strategy(fleet.strategy, make_strategy(fleet.strategy, **fleet.options).combines)
+        except (cal.PrivacyPlanError, ValueError) as exc:
             plan["refusals"].append(str(exc))
     for cohort, what in checks:
         try:

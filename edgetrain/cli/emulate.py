@@ -1,33 +1,34 @@
 """``edgetrain emulate --fleet FILE``: a fleet file's devices against a local orchestrator.
 
-The fleet's ``emulation.mode`` decides how devices run. ``processes``: one OS process per device, held
-to its class's memory budget and CPU share (see ``emulator.supervisor``). ``lightweight``:
-many uncapped devices share a few worker processes (see ``emulator.lightweight``), for
-fleets of hundreds of devices. The run writes ``metrics.json`` (the mode, per round, and per device:
-cap mechanism, peak memory against budget, how each process ended, time per phase per round; in the
-lightweight mode also each worker's memory and CPU), ``accuracy.png`` and ``memory.png``.
+The fleet's ``emulation.mode`` and ``--backend`` (where the devices run: ``local``, ``ray``...) pick
+one emulation backend of the table (:mod:`emulator.backends`; this command names none of them). In
+the table today: ``processes``, one OS process per device, held to its class's memory budget and CPU
+share (``emulator.supervisor``); ``lightweight``, many uncapped devices sharing a few worker
+processes, for fleets of hundreds of devices (``emulator.lightweight``); and ``--backend ray``, a
+lightweight fleet's workers as Ray actors on a local Ray instance or a cluster
+(``emulator.ray_backend``). Each backend declares its own options (``--workers``, ``--address``,
+``--rss-guard``...), which this command offers with the backends that take them in their help; an
+option given for a backend that does not take it is refused before anything starts.
+
+The run writes ``metrics.json`` (the mode and backend, per round, and per device: cap mechanism,
+peak memory against budget, how each process ended, time per phase per round; with shared workers
+also each worker's memory and CPU, and its host on a cluster), ``accuracy.png`` and ``memory.png``.
 
 ``--resume RUN_DIR`` continues an interrupted run in its folder: the orchestrator reloads the checkpoint
 of the last round its store completed and runs the rounds after it (same fleet, strategy and seed;
 the store refuses another), then writes the report over every round. ``--strategy`` overrides the
 fleet's ``[training] strategy`` (its ``[strategy]`` options then apply only if the name is the same).
-
-``--backend ray`` runs a lightweight fleet's workers as Ray actors (``pip install 'edgetrain[ray]'``):
-on a local Ray instance, or with ``--address ADDR`` on a running cluster, so a fleet can span machines
-(see ``emulator.ray_backend``). The orchestrator stays in this process and binds
-``--host`` (``0.0.0.0`` with ``--address``); the actors dial ``--advertise-host`` (by default this
-node's address as Ray knows it) on ``--port`` (default: any free port). ``metrics.json`` then says
-``backend: ray`` and each worker's host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -36,13 +37,40 @@ from edgetrain.cli import app
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from emulator.backend import EmulationBackend
     from emulator.fleet import Fleet
     from emulator.recorder import EmulationRun
     from orchestrator.config import ServerConfig
     from orchestrator.views.fleetview import FleetView
 
 
+def _with_backend_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with an option for each option of the emulation backends (``--workers``,
+    ``--address``...), declared by the backends themselves (:mod:`emulator.backends`); the chosen
+    backend's are handed to it, and one it does not take is refused (:func:`_backend_choice`)."""
+    from emulator.backends import backend_options, takers
+
+    signature = inspect.signature(command)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    for option in backend_options().values():
+        params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[option.type],
+                                        default=typer.Option(None, option.flags,
+                                                             help=f"{option.help}; for {takers(option.name)}")))
+    command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return command
+
+
+def _backend_help() -> str:
+    from emulator.backends import EMULATION_BACKENDS, where_choices
+
+    needs = {b.where: b.install for b in EMULATION_BACKENDS.values() if b.install}
+    return ("Where the devices run: " + ", ".join(f"'{w}'" + (f" (needs {needs[w]})" if w in needs else "")
+                                                   for w in where_choices())
+            + "; with the fleet's emulation.mode, it picks the emulation backend.")
+
+
 @app.command(epilog="Examples: edgetrain emulate --fleet tiny-capped; edgetrain emulate --fleet my-fleet.toml --rounds 10 --data-root ../datasets")
+@_with_backend_options
 def emulate(
     fleet: str = typer.Option(..., "--fleet", help="A fleet file, or the name of one in profiles/fleets."),
     rounds: Optional[int] = typer.Option(None, help="Rounds (default: the fleet's training.rounds)."),
@@ -51,35 +79,17 @@ def emulate(
         None, help="Folder holding the research datasets (default: the fleet's [fleet] data_root, else "
                    "$EDGETRAIN_DATA); digits and the synthetic sets need none."),
     deadline: float = typer.Option(120.0, help="Seconds after which a round closes without its stragglers."),
-    rss_guard: Optional[bool] = typer.Option(
-        None, "--rss-guard/--no-rss-guard",
-        help="Process mode: also kill a device whose resident set passes its budget (default: on)."),
-    workers: Optional[int] = typer.Option(
-        None, help="Lightweight mode: worker processes the devices share (default: one per core, 2-4)."),
     resume: Optional[Path] = typer.Option(
         None, "--resume", help="Continue the interrupted run in this folder (runs/<timestamp>) after the last round its "
                                "store completed; give the same --fleet, --strategy and --rounds."),
     strategy: Optional[str] = typer.Option(None, help="Override the fleet's [training] strategy (e.g. width)."),
-    backend: str = typer.Option(
-        "local", help="Lightweight mode: where the workers run: 'local' (child processes) or 'ray' (Ray actors; "
-                      "needs Ray, the optional 'ray' extra)."),
-    address: Optional[str] = typer.Option(
-        None, help="--backend ray: the running Ray cluster to use (e.g. 10.0.0.5:6379, or 'auto' on a cluster node); "
-                   "default: start a local Ray instance."),
-    host: Optional[str] = typer.Option(
-        None, help="--backend ray: the address the orchestrator binds (default 127.0.0.1; 0.0.0.0 with --address)."),
-    advertise_host: Optional[str] = typer.Option(
-        None, help="--backend ray: the host or IP the workers dial to reach the orchestrator (default: --host, or this "
-                   "node's address as Ray knows it when --host is 0.0.0.0)."),
-    port: Optional[int] = typer.Option(
-        None, help="--backend ray: the orchestrator's port, e.g. one a firewall lets through (default: any free "
-                   "port)."),
+    backend: str = typer.Option("local", help=_backend_help()),
+    **options: Any,
 ) -> None:
     """Run every device of FILE (capped processes, or the lightweight mode's shared workers); report the run."""
     from edgetrain.cli import console as wide_console
+    from emulator.backend import EmulationFailed
     from emulator.fleet import FleetError, load_fleet
-    from emulator.lightweight import WorkerFailed
-    from emulator.ray_backend import RayUnavailable  # Ray itself is imported by a ray run only
     from emulator.runner import run_emulation
     from orchestrator.views.fleetview import FleetView
     from orchestrator.views.report import new_run_dir
@@ -89,59 +99,59 @@ def emulate(
         spec = load_fleet(fleet)
     except FleetError as e:
         raise typer.BadParameter(str(e), param_hint="--fleet") from None
-    _check_flags(spec, rounds=rounds, workers=workers, backend=backend, resume=resume, rss_guard=rss_guard,
-                 ray_only={"--address": address, "--host": host, "--advertise-host": advertise_host, "--port": port})
+    chosen, given = _backend_choice(spec, backend, options, rounds=rounds, resume=resume)
     data_root = _data_root(spec, data_root)
     run_dir = resume if resume is not None else new_run_dir(out)
     config, done = _server_config(spec, run_dir, rounds=rounds, data_root=data_root, deadline=deadline,
                                   strategy=strategy, resume=resume is not None)
-    if backend == "ray":
-        config = dataclasses.replace(config, host=host or ("0.0.0.0" if address is not None else config.host),
-                                     port=config.port if port is None else port)
+    config = chosen.server_settings(config, given)
     devices = spec.devices()
     console.print(f"[bold]edgetrain emulate[/]: fleet {spec.name} ({spec.model} on {spec.dataset}), "
-                  f"{len(devices)} devices, {config.rounds} rounds, "
-                  f"{_how(spec, config, len(devices), workers, backend, address)}; writing {run_dir}"
-                  + (f"; resuming after round {done}" if resume is not None else ""))
+                  f"{len(devices)} devices, {config.rounds} rounds, {chosen.describe(spec, config, given)}; "
+                  f"writing {run_dir}" + (f"; resuming after round {done}" if resume is not None else ""))
     t0 = time.monotonic()
     with FleetView(console, rounds=config.rounds, devices=len(devices)) as view:
         try:
-            run = asyncio.run(run_emulation(spec, config, specs=devices, on_event=_printer(console, view, spec),
-                                            data_root=data_root, stderr_dir=run_dir / "logs", rss_guard=rss_guard,
-                                            workers=workers, backend=backend, address=address,
-                                            advertise_host=advertise_host))
-        except (WorkerFailed, RayUnavailable) as e:  # a worker died; Ray missing, or its instance not reachable
+            run = asyncio.run(run_emulation(spec, config, backend=backend, specs=devices,
+                                            on_event=_printer(console, view, chosen), data_root=data_root,
+                                            stderr_dir=run_dir / "logs", **given))
+        except EmulationFailed as e:  # a worker died; a backend's requirement missing, or its cluster not reachable
             console.print(str(e), style="red", markup=False)
             raise typer.Exit(1) from None
     _report(console, spec, config, run, run_dir, wall=time.monotonic() - t0, fleet_file=str(spec.path or fleet),
-            backend=backend, address=address)
+            chosen=chosen, given=given)
 
 
-def _check_flags(spec: Fleet, *, rounds: int | None, workers: int | None, backend: str, resume: Path | None,
-                 rss_guard: bool | None, ray_only: dict[str, object]) -> None:
-    """Refuse flags that do not apply to the fleet's mode or the backend, before anything starts."""
-    from emulator.backends import emulation_backend
+def _backend_choice(spec: Fleet, backend: str, options: Mapping[str, Any], *, rounds: int | None,
+                    resume: Path | None) -> tuple[type[EmulationBackend], dict[str, Any]]:
+    """The backend of the fleet's mode at `backend`, and the options given for it; flags that do
+    not apply to it, or values it cannot take, refused before anything starts."""
+    from edge_sdk.values import SettingError
+    from emulator.backends import backend_options, emulation_backend, takers
 
-    mode = spec.emulation.mode
     if rounds is not None and rounds < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--rounds")
-    if workers is not None and mode != "lightweight":
-        raise typer.BadParameter(f"{spec.name} runs in emulation.mode {mode!r}: one process per device; "
-                                 "--workers applies to mode \"lightweight\"", param_hint="--workers")
-    if workers is not None and not 1 <= workers <= spec.num_devices:
-        raise typer.BadParameter(f"must be between 1 and the fleet's {spec.num_devices} devices", param_hint="--workers")
     try:
-        chosen = emulation_backend(mode, backend)
+        chosen = emulation_backend(spec.emulation.mode, backend)
     except ValueError as exc:
         raise typer.BadParameter(f"{spec.name}: {exc}", param_hint="--backend") from None
-    if rss_guard is not None and "rss_guard" not in chosen.options:
-        raise typer.BadParameter(f"{spec.name} runs on the {chosen.name} emulation backend ({chosen.summary}): "
-                                 "no memory caps to guard", param_hint="--rss-guard")
-    for name, value in ray_only.items():
-        if value is not None and backend != "ray":
-            raise typer.BadParameter("applies to --backend ray", param_hint=name)
+    flags = backend_options()
+    given = {name: value for name, value in options.items() if value is not None}
+    for name in given:
+        if name not in chosen.option_names():
+            option = flags[name]
+            raise typer.BadParameter(f"{option.absent or 'applies to ' + takers(name)}; {spec.name} runs on the "
+                                     f"{chosen.name} emulation backend ({chosen.summary})", param_hint=option.flags)
+    problem = chosen.missing()
+    if problem is not None:
+        raise typer.BadParameter(f"{spec.name}: {problem}", param_hint="--backend")
+    try:
+        chosen.validate(spec, given)
+    except SettingError as exc:
+        raise typer.BadParameter(exc.problem, param_hint=exc.name) from None
     if resume is not None and not (resume / "store").is_dir():
         raise typer.BadParameter(f"{resume} holds no run (no store/ folder)", param_hint="--resume")
+    return chosen, given
 
 
 def _data_root(spec: Fleet, given: str | None) -> str | None:
@@ -200,26 +210,10 @@ def _strategy_settings(spec: Fleet, config: ServerConfig) -> ServerConfig:
     return config
 
 
-def _how(spec: Fleet, config: ServerConfig, n_devices: int, workers: int | None, backend: str,
-         address: str | None) -> str:
-    """How the devices run, in words."""
-    from emulator.lightweight import default_workers
-
-    if backend == "ray":
-        n_workers_text = (str(workers or default_workers(n_devices)) if address is None
-                          else str(workers) if workers else "one per cluster CPU,")
-        where = f"the Ray cluster at {address}" if address is not None else "a local Ray instance"
-        return (f"mode lightweight: {n_workers_text} worker processes as Ray actors on {where}, no memory caps; "
-                f"orchestrator bound to {config.host}")
-    if spec.emulation.mode == "lightweight":
-        return f"mode lightweight: {workers or default_workers(n_devices)} worker processes, no memory caps"
-    return f"mode processes: memory cap {spec.emulation.memory_cap}"
-
-
-def _printer(console: Console, view: FleetView, spec: Fleet) -> Callable[[str, dict], None]:
+def _printer(console: Console, view: FleetView, chosen: type[EmulationBackend]) -> Callable[[str, dict], None]:
     """The run's event handler: the live view, plus a line for each device that ended unexpectedly."""
-    # Planned vanishings of hundreds of lightweight devices are counted in the summary instead.
-    quiet = ("finished", "stopped", "dropped") if spec.emulation.mode == "lightweight" else ("finished", "stopped")
+    # Planned vanishings of hundreds of devices sharing workers are counted in the summary instead.
+    quiet = ("finished", "stopped", "dropped") if chosen.shared_workers else ("finished", "stopped")
 
     def on_event(kind: str, data: dict) -> None:
         view.on_event(kind, data)
@@ -234,7 +228,7 @@ def _printer(console: Console, view: FleetView, spec: Fleet) -> Callable[[str, d
 
 
 def _report(console: Console, spec: Fleet, config: ServerConfig, run: EmulationRun, run_dir: Path, *, wall: float,
-            fleet_file: str, backend: str, address: str | None) -> None:
+            fleet_file: str, chosen: type[EmulationBackend], given: Mapping[str, Any]) -> None:
     """metrics.json, the plots, and the summary tables."""
     from orchestrator.views.report import plot_accuracy, plot_memory, write_metrics
 
@@ -242,20 +236,19 @@ def _report(console: Console, spec: Fleet, config: ServerConfig, run: EmulationR
     per_device = results["devices"]
     final = run.history[-1] if run.history else {}
     write_metrics(run_dir, {"fleet": spec.name, "fleet_file": fleet_file, "config": config.to_dict(),
-                            "wall_s": wall, "backend": backend,
-                            **({"ray_address": address} if backend == "ray" else {}),
-                            **results, "final": final})
+                            "wall_s": wall, **chosen.report(given), **results, "final": final})
     acc_plot = plot_accuracy(run_dir, run.history, title=f"{spec.name}: {spec.model} on {spec.dataset}")
     mem_plot = plot_memory(run_dir, per_device, title=f"{spec.name}: peak memory per device against its budget")
     plots = [p for p in (acc_plot, mem_plot) if p]
-    if run.mode == "lightweight":
+    if chosen.shared_workers:
         _print_lightweight_summary(console, per_device, run.workers, run.history, final, wall, run_dir, plots,
-                                   backend=backend)
+                                   chosen=chosen)
     else:
-        _print_summary(console, per_device, final, wall, run_dir, plots)
+        _print_summary(console, per_device, final, wall, run_dir, plots, chosen=chosen)
 
 
-def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run_dir: Path, plots: list[Path]) -> None:
+def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run_dir: Path, plots: list[Path], *,
+                   chosen: type[EmulationBackend]) -> None:
     from rich.table import Table
 
     mib = float(1 << 20)
@@ -276,12 +269,13 @@ def _print_summary(console, devices: list[dict], final: dict, wall_s: float, run
                       f"{(d['peak_bytes'] or 0) / mib:.0f}", f"{(d['peak_rss_bytes'] or 0) / mib:.0f}",
                       f"{d['budget_bytes'] / mib:.0f}", f"{fwd:.2f}", f"{train:.2f}")
     console.print(table)
-    console.print("mode: processes (one capped OS process per device)")
+    console.print(f"mode: {chosen.mode} ({chosen.summary})")
     _print_done(console, final, wall_s, run_dir, plots)
 
 
 def _print_lightweight_summary(console, devices: list[dict], workers: list[dict], history: list[dict], final: dict,
-                               wall_s: float, run_dir: Path, plots: list[Path], *, backend: str = "local") -> None:
+                               wall_s: float, run_dir: Path, plots: list[Path], *,
+                               chosen: type[EmulationBackend]) -> None:
     """Hundreds of devices: one row per group, then the worker processes and the rounds."""
     from rich.table import Table
 
@@ -304,13 +298,13 @@ def _print_lightweight_summary(console, devices: list[dict], workers: list[dict]
                       str(sum(life["ended"] == "failed" for life in lives)),
                       str(sum(d["rounds_reported"] for d in members)))
     console.print(table)
-    ray = backend == "ray"
-    wt = Table(title="worker processes (Ray actors)" if ray else "worker processes")
-    for col in ("worker", *(("host",) if ray else ()), "pid", "devices", "RSS before devices MiB", "peak RSS MiB",
+    hosts = any("host" in w for w in workers)  # workers placed on a cluster's nodes say where
+    wt = Table(title=chosen.workers_called)
+    for col in ("worker", *(("host",) if hosts else ()), "pid", "devices", "RSS before devices MiB", "peak RSS MiB",
                 "CPU s", "exit"):
         wt.add_column(col, justify="right")
     for w in workers:
-        wt.add_row(str(w["index"]), *((str(w.get("host")),) if ray else ()), str(w["pid"]), str(w["devices"]),
+        wt.add_row(str(w["index"]), *((str(w.get("host")),) if hosts else ()), str(w["pid"]), str(w["devices"]),
                    f"{(w['rss_ready_bytes'] or 0) / mib:.0f}", f"{(w['peak_rss_bytes'] or 0) / mib:.0f}",
                    f"{w['cpu_s']:.2f}" if w["cpu_s"] is not None else "?", str(w["returncode"]))
     console.print(wt)
@@ -321,7 +315,7 @@ def _print_lightweight_summary(console, devices: list[dict], workers: list[dict]
         rt.add_row(str(r["round"]), str(r["selected"]), str(r["reported"]), f"{r['round_wall_s']:.2f}",
                    f"{r['server_cpu_s']:.2f}", f"{r['workers_cpu_s']:.2f}" if "workers_cpu_s" in r else "?")
     console.print(rt)
-    console.print(f"mode: lightweight ({len(workers)} worker processes{' as Ray actors' if ray else ''} shared by "
+    console.print(f"mode: {chosen.mode} ({len(workers)} {chosen.workers_called} shared by "
                   f"{len(devices)} uncapped devices)")
     _print_done(console, final, wall_s, run_dir, plots)
 

@@ -62,7 +62,7 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def record_settings(store: Store, config: ServerConfig) -> None:
     """Keep the run's settings in its journal, for the models exported from it."""
-    store.set_meta(SETTINGS_META, run_settings(config.to_dict()))
+    store.meta.record(SETTINGS_META, run_settings(config.to_dict()))
 
 
 @app.command(epilog="Examples: edgetrain export --store runs/serve-20261127-101500-4242; "
@@ -88,10 +88,10 @@ def export(
     settings = ExportSettings(exporter=exporter)
     directory = _store_dir(store)
     with Store.open_readonly(directory) as journal:
-        chosen = journal.completed_rounds() if round is None else round
+        chosen = journal.rounds.completed() if round is None else round
         if chosen < 1:
             raise ValueError(f"{directory} holds no completed round yet: there is no trained model to export")
-        state = journal.checkpoint(chosen)
+        state = journal.checkpoints.read(chosen)
         metadata = model_metadata(journal, directory, chosen)
     model = _model_at(str(metadata["model"]), state)
     metadata.update(_io(model))
@@ -114,7 +114,7 @@ def _store_dir(given: Path) -> Path:
 
 def model_metadata(store: Store, directory: Path, round: int) -> dict[str, Any]:
     """What a model exported from round ``round`` of the run in ``store`` carries (see the module doc)."""
-    row = next(r for r in store.rounds() if r["round"] == round)
+    row = next(r for r in store.rounds.all() if r["round"] == round)
     metrics = row["metrics"] or {}
     settings, fleet, source = _settings(store, directory)
     scored = {k: metrics[k] for k in EVALUATION if k in metrics}
@@ -123,7 +123,7 @@ def model_metadata(store: Store, directory: Path, round: int) -> dict[str, Any]:
         evaluation = {**scored, "data": settings.get("eval_source") or settings.get("eval_data")}
     privacy = metrics.get(PRIVACY)
     return {
-        "format": FORMAT, "model": settings["model"], "round": round, "rounds_completed": store.completed_rounds(),
+        "format": FORMAT, "model": settings["model"], "round": round, "rounds_completed": store.rounds.completed(),
         "evaluation": evaluation, "settings": settings, "settings_source": source, "fleet": fleet,
         PRIVACY: privacy if isinstance(privacy, Mapping) and {"epsilon", "delta"} <= privacy.keys() else None,
         "checkpoint_sha256": row["sha256"],
@@ -132,7 +132,7 @@ def model_metadata(store: Store, directory: Path, round: int) -> dict[str, Any]:
 
 def _settings(store: Store, directory: Path) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
     """The run's settings, its fleet (emulated runs) and where they were read."""
-    recorded = store.get_meta(SETTINGS_META)
+    recorded = store.meta.get(SETTINGS_META)
     if isinstance(recorded, dict):
         return recorded, None, "journal"
     report = directory.parent / "metrics.json"  # edgetrain emulate and demo: <run>/store beside <run>/metrics.json
@@ -142,7 +142,7 @@ def _settings(store: Store, directory: Path) -> tuple[dict[str, Any], dict[str, 
         if Path(str(config.get("store_dir", ""))).parts[-2:] == directory.resolve().parts[-2:]:
             fleet = {"name": run["fleet"], "file": run.get("fleet_file")} if run.get("fleet") else None
             return run_settings(config), fleet, "metrics.json"
-    identity = {k: store.get_meta(k) for k in ("model", "strategy", "seed")}
+    identity = {k: store.meta.get(k) for k in ("model", "strategy", "seed")}
     if identity["model"] is None:
         raise ValueError(f"{directory}: the journal does not say which model the run trained")
     return identity, None, "journal (model, strategy and seed only)"

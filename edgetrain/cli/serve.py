@@ -7,6 +7,7 @@ with ``--device-class`` added: the budgets of device classes live on the plannin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from edgetrain.cli import app
-from edgetrain.cli.settings import config_from_options, config_parameters
+from edgetrain.cli.settings import SettingsCommand, config_from_options, config_parameters
 
 if TYPE_CHECKING:
     from orchestrator.config import ServerConfig
@@ -32,6 +33,7 @@ def serve(**options: Any) -> None:
     given = {name for name in options if ctx.get_parameter_source(name).name != "DEFAULT"}
     config, strategy = _configure(options, options.pop("strategy_option"), given)
     authority = _web_authority(config, **web_options)
+    config = _with_tls(config, authority)
     if check:
         typer.echo(json.dumps({"config": config.to_dict(), "strategy": strategy.name,
                                "state": {k: repr(v) for k, v in sorted(vars(strategy).items())}}, default=str))
@@ -45,24 +47,23 @@ def serve(**options: Any) -> None:
     if config.eval_source.strip().lower() == NO_EVALUATION:
         typer.echo("edgetrain serve: --eval-data none: the server scores no model (no accuracy per round); "
                    "the devices' own losses are in the round events", err=True)
-    output = ServeOutput(config, console(), json_events=json_events, log_file=log_file)
-    output.authority = authority
-    orchestrator = Orchestrator(config, on_event=output.on_event, strategy=strategy)  # refuses data the model cannot take
+    from orchestrator.views.web import WebOptions
+    from orchestrator.views.web.install import InstallSite
+
+    # The local authority's plain-http install page, beside the server (it redirects to the server's port).
+    install = None if authority is None else InstallSite(authority, lambda: orchestrator.port)
+    output = ServeOutput(config, console(), json_events=json_events, log_file=log_file, authority=authority,
+                         install=install)
+    orchestrator = Orchestrator(config, on_event=output.on_event, strategy=strategy,  # refuses data the model cannot take
+                                web=WebOptions(tuple(web_options["web_condition"]), authority))
     record_settings(orchestrator.store, config)  # what `edgetrain export` writes beside the model
-    if orchestrator.web is not None:
-        orchestrator.web.conditions = tuple(web_options["web_condition"])
-        orchestrator.web.authority = authority
     with output:
-        if authority is None:
+        if install is None:
             history = asyncio.run(orchestrator.run())
         else:
-            from orchestrator.views.web.install import InstallSite
-
-            output.install = InstallSite(authority, lambda: orchestrator.port)
-
             async def run_beside_install_page() -> list[dict]:
                 http_port = web_options["web_http_port"]
-                async with output.install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
+                async with install.serving(config.host, http_port if http_port >= 0 else config.port and config.port + 1):
                     return await orchestrator.run()
 
             history = asyncio.run(run_beside_install_page())
@@ -75,12 +76,19 @@ def _configure(options: dict[str, Any], strategy_option: list[str],
     one line naming the option, exit status 2, before anything listens. ``given``: the settings the
     command line named (a strategy's server settings leave them as given)."""
     from edgetrain.cli.settings import option_spelling
+    from orchestrator.aggregation.assembly import check_capabilities
+    from orchestrator.config import SettingError
     from orchestrator.strategies import make_strategy, strategy_options
     from orchestrator.strategies.server_settings import apply_server_settings
 
     try:
         config = config_from_options(options, strategy_options=parse_strategy_options(strategy_option))
         config.strategy_options = strategy_options(config.strategy, config.strategy_options)
+        strategy = make_strategy(config.strategy, **config.strategy_options)
+        try:  # what the strategy declares it can run under (Strategy.combines), against the settings
+            check_capabilities(config, strategy)
+        except SettingError as e:
+            raise SettingError(option_spelling(e.name), e.problem) from None
         config, notes = apply_server_settings(config, given, option_spelling)
         for line in notes:  # which server defaults the strategy changes, and why
             typer.echo(f"edgetrain serve: {line}", err=True)
@@ -88,7 +96,7 @@ def _configure(options: dict[str, Any], strategy_option: list[str],
         from edge_sdk.models.zoo import model_spec
 
         model_spec(config.model)  # an unknown model or a factory that does not load: refused before listening
-        return config, make_strategy(config.strategy, **config.strategy_options)
+        return config, strategy
     except ValueError as e:
         typer.echo(f"edgetrain serve: {e}", err=True)
         raise typer.Exit(2) from None
@@ -102,7 +110,8 @@ def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, w
                    web_condition: list[str]) -> Any:
     """With ``--web`` beyond this machine (``--web-tls auto``) or ``--web-tls local-ca``: the local
     certificate authority kept in ``--web-ca`` and a certificate for this machine's addresses, which the
-    port then serves TLS with (docs/web.md, "A phone on the LAN"). None: the port serves as configured."""
+    port then serves TLS with (docs/web.md, "A phone on the LAN"; :func:`_with_tls`). None: the port serves as
+    configured."""
     from orchestrator.views.web.site import CONDITIONS
 
     def fail(message: str) -> None:
@@ -124,9 +133,14 @@ def _web_authority(config: ServerConfig, *, web_tls: str, web_ca: Path | None, w
         return None
     from orchestrator.views.web.certs import local_authority, machine_addresses
 
-    authority = local_authority(web_ca or config.store_dir / "web-ca", machine_addresses(config.host))
-    config.tls_cert, config.tls_key = str(authority.cert_file), str(authority.key_file)
-    return authority
+    return local_authority(web_ca or config.store_dir / "web-ca", machine_addresses(config.host))
+
+
+def _with_tls(config: ServerConfig, authority: Any) -> ServerConfig:
+    """The settings with the port serving TLS from ``authority``'s certificate (None: as they are)."""
+    if authority is None:
+        return config
+    return dataclasses.replace(config, tls_cert=str(authority.cert_file), tls_key=str(authority.key_file))
 
 
 def _store(config: ServerConfig) -> Path:
@@ -173,7 +187,7 @@ serve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("log_file", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path], default=typer.Option(
         None, "--log-file", help="Also append the server's events and log to this file, one JSON object a line.")),
 ])
-app.command(epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
+app.command(cls=SettingsCommand, epilog="Examples: edgetrain serve --rounds 20 --min-devices 4; edgetrain serve --model my_app.model:make_model --eval-data holdout.npz --store runs/mine; edgetrain serve --store runs/mine --resume")(serve)
 
 
 def parse_strategy_options(items: list[str]) -> dict[str, object]:
@@ -218,7 +232,6 @@ def credentials(command: str, argv: list[str]) -> None:
     ``revoke --store DIR --id ID``; ``list --store DIR``. The store is the server's --store folder."""
     import argparse
 
-    from orchestrator.aggregation.secure.roster import record_identity
     from orchestrator.store import Store
 
     parser = argparse.ArgumentParser(prog=f"edgetrain device {command}", description=credentials.__doc__)
@@ -233,10 +246,9 @@ def credentials(command: str, argv: list[str]) -> None:
     with Store(args.store) as store:
         if command == "enroll":
             try:
-                secret = store.enroll(args.device_id, samples=args.samples)
+                secret = store.credentials.enroll(args.device_id, samples=args.samples)
             except ValueError as e:
                 parser.error(str(e))
-            record_identity(args.store, args.device_id, secret)  # the key its secure rounds are signed with
             if args.out is None:
                 typer.echo(secret)
             else:
@@ -245,10 +257,10 @@ def credentials(command: str, argv: list[str]) -> None:
                 typer.echo(f"enrolled {args.device_id}; its secret is in {args.out} (python -m edge_sdk --secret-file)",
                            err=True)
         elif command == "revoke":
-            if not store.revoke(args.device_id):
+            if not store.credentials.revoke(args.device_id):
                 parser.error(f"{args.device_id} has no credential to revoke")
             typer.echo(f"revoked {args.device_id}", err=True)
         else:
-            for c in store.credentials():
+            for c in store.credentials.all():
                 state = "revoked" if c["revoked"] is not None else "active"
                 typer.echo(f"{c['device_id']}\t{state}\tsamples={c['samples'] if c['samples'] else '-'}")

@@ -12,11 +12,12 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
+from typer.core import TyperCommand
 
 from edge_sdk.values import ByteSize, convert, split_annotated
 from orchestrator.config import ServerConfig, SettingError, setting_hints
 
-__all__ = ["cli_fields", "config_from_options", "config_parameters", "option_spelling"]
+__all__ = ["SettingsCommand", "cli_fields", "config_from_options", "config_parameters", "option_spelling"]
 
 
 def cli_fields() -> list[Field]:
@@ -59,6 +60,23 @@ def config_parameters() -> list[inspect.Parameter]:
                               metavar=None if annotation is bool else _metavar(setting_hints()[f.name]))
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
+
+
+class SettingsCommand(TyperCommand):
+    """A command with an option per setting: an option that names an entry of a registry
+    (``setting(names=...)``: strategies, privacy mechanisms) lists the registry's names in its help,
+    read only when the help is shown (a registry may import torch; every other invocation stays lean)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from edge_sdk.references import load_reference
+
+        named = {f.name: f.metadata["names"] for f in cli_fields() if f.metadata.get("names")}
+        for param in self.params:
+            reference = named.pop(param.name, None)
+            text = getattr(param, "help", None)
+            if reference and text and "Registered:" not in text:
+                param.help = f"{text} Registered: {', '.join(load_reference(reference, 'registry'))}."
+        super().format_help(ctx, formatter)
 
 
 def _metavar(hint: Any) -> str:

@@ -1,8 +1,10 @@
 """Report intake: everything a report goes through from the first byte of its upload to the fold.
 
 One owner, behind one interface (:class:`ReportIntake`), so that another way of taking reports
-replaces it whole. The server chooses the implementation once (``Orchestrator.intake``); the round
-loop is its only caller (docs/architecture.md, "The server", "Report intake"):
+replaces it whole. The server builds it once (``Orchestrator.intake``, by
+:func:`~orchestrator.aggregation.assembly.assemble_intake`); the round loop is its only caller for
+reports, and the server hands it what a device says beyond them (docs/architecture.md, "The server",
+"Report intake"):
 
 1. :meth:`~ReportIntake.begin_round` when a round opens, then :meth:`~ReportIntake.prepare` in a
    worker thread while the devices train (the plain intake computes the server's reference update
@@ -16,48 +18,34 @@ loop is its only caller (docs/architecture.md, "The server", "Report intake"):
 4. :meth:`~ReportIntake.aggregate` when the round closes, :meth:`~ReportIntake.end_round` once it is
    over, and :meth:`~ReportIntake.commit` if its model was committed.
 
-:class:`PlainIntake` sees each update: it checks it against the instruction (:meth:`Selection.check`:
-the names, shapes, dtypes and rows the device was sent), weighs it by the sample count registered for
-the device, never the one it claims, and bounds its norm per layer group (:mod:`orchestrator.aggregation.normbound`)
-before the strategy folds it; the strategy's weight cap is journaled with the report it reduced.
+5. the connection hooks: :meth:`~ReportIntake.on_message` for a message that is neither a fetch nor a
+   report (a secure round's), :meth:`~ReportIntake.returned`, :meth:`~ReportIntake.dropped` and
+   :meth:`~ReportIntake.refused_frame` for a device coming back, gone, or cut off by the codec.
+
+:class:`Intake` is the one implementation, assembled from parts (:mod:`orchestrator.aggregation.pipeline`):
+an upload format, a chain of bounds, a combiner and a release. Plain uploads are checked against the
+instruction (:meth:`Selection.check`: the names, shapes, dtypes and rows the device was sent), weighed
+by the sample count registered for the device, never the one it claims, and bounded (the norm bound
+and direction trust, or a privacy mechanism's clip) before the strategy folds them; masked uploads are
+summed per block and unmasked as sums; a private release noises and accounts what leaves the round.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from edge_sdk import protocol as p
-from edge_sdk.models import LayeredModel
-from edge_sdk.wire_codecs import decode_state
-from orchestrator.aggregation.normbound import NormBound
-from orchestrator.aggregation.trust import DirectionTrust
+from orchestrator.aggregation.pipeline import Bound, Combiner, Pending, Release, Tensors, UploadFormat, registered_samples
 from orchestrator.config import ServerConfig
-from orchestrator.parts import Folded, Reference, Session, Work
+from orchestrator.parts import Folded, Session, Work
 from orchestrator.rounds import RoundState
 from orchestrator.server.uploads import Uploads
-from orchestrator.store import Store
-from orchestrator.strategies import DeviceReport, Refused, RoundContext, RoundResult, Strategy
+from orchestrator.strategies import RoundContext, RoundResult
 
-__all__ = ["PlainIntake", "ReportIntake", "TENSOR_PHASES", "report_info"]
-
-log = logging.getLogger("edgetrain.server")
-
-#: Phases whose reports must carry tensors (deltas of the state the selection sent).
-TENSOR_PHASES = frozenset({"train"})
-
-Tensors = Mapping[str, object]
-
-
-def report_info(r: DeviceReport) -> dict[str, object]:
-    """What the journal keeps of a folded or refused report."""
-    return {"phase": r.phase, "role": r.role, "trained": list(r.trained), "num_samples": r.num_samples,
-            "loss_before": r.metrics.get("loss_before"), "loss_after": r.metrics.get("loss_after"),
-            "selection": r.selection.kind, "metrics": dict(r.metrics)}
+__all__ = ["Intake", "ReportIntake"]
 
 
 class ReportIntake(ABC):
@@ -130,146 +118,132 @@ class ReportIntake(ABC):
         final model. Never here."""
         return False
 
+    # -- what a device says beyond its reports (the server hands it over; defaults for none) -----
+    async def on_message(self, session: Session, msg: p.Message) -> None:
+        """A message that is neither a fetch nor a report (a secure round's SecAgg*): refused here."""
+        raise p.ProtocolError("unexpected", f"a device may not send {msg.TYPE} here")
 
-class PlainIntake(ReportIntake):
-    """Reports whose updates the server sees: checked, weighed, bounded, then folded by the strategy."""
+    def returned(self, session: Session) -> None:
+        """A device was welcomed again, before the round it was in resumes. Nothing here."""
 
-    def __init__(self, config: ServerConfig, template: LayeredModel, strategy: Strategy, store: Store, *,
-                 reference: Reference, uploads: Uploads, check_revoked: Callable[[Session], None],
-                 limits: p.Limits) -> None:
-        self.config, self.template, self.strategy, self.store = config, template, strategy, store
-        self.uploads, self.check_revoked, self.limits = uploads, check_revoked, limits
-        self.norms = NormBound(config, template, store, reference)
-        self.trust = DirectionTrust(template, config.trust_floor, config.direction_trust)
-        self.num_blocks = len(template)
-        self._entry_bytes = {k: v.numel() * v.element_size() for k, v in template.state_dict().items()}
+    def dropped(self, device_id: str) -> None:
+        """A device's connection ended. Nothing here."""
+
+    def refused_frame(self, device_id: str, exc: p.ProtocolError) -> None:
+        """A frame of the device failed the codec's checks before any part saw it (the server closes
+        the connection with ``exc``). Nothing here."""
+
+
+class Intake(ReportIntake):
+    """Report intake assembled from parts: ``format`` (the upload), ``bounds`` (the chain, in order),
+    ``combiner`` and ``release`` (:mod:`orchestrator.aggregation.pipeline`). It owns the sequence
+    every report goes through; each part owns its own state."""
+
+    def __init__(self, config: ServerConfig, format: UploadFormat, bounds: Sequence[Bound], combiner: Combiner,
+                 release: Release, *, uploads: Uploads, check_revoked: Callable[[Session], None]) -> None:
+        self.config, self.format, self.bounds = config, format, tuple(bounds)
+        self.combiner, self.release = combiner, release
+        self.uploads, self.check_revoked = uploads, check_revoked
 
     # -- a round's life -------------------------------------------------------------------------
     def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
-        """Nothing the instructions need: the reference update is :meth:`prepare`'s."""
+        self.release.begin_round()
+        self.combiner.begin_round(state, round)
 
     def prepare(self, state: Mapping[str, np.ndarray], round: int) -> None:
-        """The server's reference update for the norm bound and direction trust (trained on its data)."""
-        self.norms.begin_round(state, round)
-        self.trust.begin_round(self.norms.update)
+        """The bounds' references for the round (the server's reference update, trained on its data)."""
+        for bound in self.bounds:
+            bound.prepare(state, round)
+
+    def instruction_config(self, work: Work) -> Mapping[str, p.Scalar]:
+        extra: dict[str, p.Scalar] = dict(self.combiner.instruction_config(work))
+        for bound in self.bounds:
+            extra.update(bound.instruction_config(work))
+        return extra
+
+    async def settle(self, ctx: RoundContext) -> None:
+        await self.combiner.settle(ctx)
+        await self.release.settle(ctx, self.combiner.block_sums())
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
-        """The strategy's aggregate; the reports its weight cap reduced are marked so in the journal,
-        and the blocks no report was trusted for are named in the round's (``untrusted``)."""
-        result = self.strategy.aggregate(ctx)
-        capped = result.extra.get("weight_capped")
-        if isinstance(capped, dict) and capped:
-            self.store.mark_weight_capped(ctx.round, capped)
-        untrusted = self.trust.untrusted()
-        if untrusted:
-            log.warning("round %d: %s", ctx.round, "; ".join(f"{b}: {why}" for b, why in untrusted.items()))
-            result.extra["untrusted"] = untrusted
-        return result
+        """The combiner's result, as each bound leaves it (blocks no report was trusted for are named),
+        then as it is released (noised and accounted under a privacy mechanism)."""
+        result = self.combiner.aggregate(ctx)
+        for bound in self.bounds:
+            result = bound.finish(ctx, result)
+        return self.release.release(ctx, result, self.combiner.block_sums())
 
     def end_round(self) -> None:
         self.uploads.drop()
+        for bound in self.bounds:
+            bound.end_round()
+        self.combiner.end_round()
+        self.release.end_round()
 
     def commit(self, round: int) -> None:
-        self.norms.commit(round)
+        for bound in self.bounds:
+            bound.commit(round)
+
+    def ends_run(self) -> bool:
+        return self.release.ends_run()
 
     # -- the bytes ------------------------------------------------------------------------------
-    def update_bound(self, session: Session, work: Work | None) -> int:
-        """The largest update a device may send for an instruction: its deltas have the names, shapes
-        and rows of the model payload it was sent, so they encode to at most that payload's size
-        (plus headers); nothing larger is ever received. A late report (no work: its round
-        closed) is bounded by the device's planned tail, so that it can still be read and answered."""
-        if work is not None:
-            return work.model_bytes + (64 << 10)
-        names = self.template.state_names(session.plan.split)
-        return sum(self._entry_bytes[n] for n in names) + 256 * len(names) + (64 << 10)
-
     async def receive(self, session: Session, msg: p.Report, work: Work | None, rs: RoundState | None) -> Tensors:
         if not msg.transfer_id:
             self.check_revoked(session)
             return {}
-        return self._decoded(session, await self.uploads.receive(session, msg, self.update_bound(session, work), rs))
+        return self._decoded(session, await self.uploads.receive(session, msg, self.format.bound(session, work), rs))
 
     async def resume(self, session: Session, rs: RoundState) -> tuple[p.Report, Tensors] | None:
+        if not self.format.resumable:  # a cut upload was a dropout
+            self.uploads.drop(session.device_id)
+            return None
         resumed = await self.uploads.resume(session, rs)
         return None if resumed is None else (resumed[0], self._decoded(session, resumed[1]))
 
     def _decoded(self, session: Session, data: bytes) -> Tensors:
-        """A revoked device's upload is refused once received; anyone else's is decoded (through
-        the configured update codec's records, edge_sdk.wire_codecs), its values checked (NaN,
-        infinity, sizes over the limits, a record that does not decode are refused)."""
+        """A revoked device's upload is refused once received; anyone else's is decoded, its values checked."""
         self.check_revoked(session)
-        if self.config.update_codec == "none":
-            return p.decode_tensors(data, self.limits)
-        return decode_state(data, self.limits)
+        return self.format.decode(data)
 
     def holds_upload(self, device_id: str) -> bool:
-        return self.uploads.holds(device_id)
+        return self.format.resumable and self.uploads.holds(device_id)
 
     def drop_upload(self, device_id: str) -> None:
         self.uploads.drop(device_id)
 
     # -- the report -----------------------------------------------------------------------------
-    def check(self, msg: p.Report, work: Work, tensors: Tensors, state: Mapping[str, np.ndarray]) -> None:
-        """The tensors are deltas of exactly what was sent (finite: checked on decode), with a
-        positive sample count (whose weight is capped by :meth:`registered_samples`)."""
-        if msg.num_samples <= 0:
-            raise p.ProtocolError("malformed", f"implausible sample count {msg.num_samples}")
-        if msg.phase in TENSOR_PHASES or tensors:
-            expected = (work.selection.split, self.num_blocks)
-            if tuple(msg.trained) != expected:
-                raise p.ProtocolError("malformed", f"trained {tuple(msg.trained)} but the instruction sent {expected}")
-            reason = work.selection.check(tensors, state, work.names)
-            if reason is not None:
-                raise p.ProtocolError("malformed", f"report rejected: {reason}")
-
-    def registered_samples(self, session: Session) -> int:
-        """The sample count a device's reports may weigh: what it declared when it registered,
-        capped by the operator's policy (``max_device_samples``, and the count fixed at its
-        enrollment), never what an update claims."""
-        limit = self.config.max_device_samples
-        if session.enrolled_samples is not None:
-            limit = min(limit, session.enrolled_samples)
-        return min(session.hello.num_samples, limit)
-
-    def bounded(self, device_id: str, tensors: Tensors) -> Tensors:
-        """What the strategy folds of an update within the norm bound: the update itself here (the DP
-        intake clips it)."""
-        return tensors
-
-    def taken(self, report: DeviceReport) -> None:
-        """A hook on a report the strategy folded. None here."""
-
     def fold(self, session: Session, msg: p.Report, work: Work, tensors: Tensors, ctx: RoundContext) -> Folded:
-        """Check, weigh and bound a report, then hand it to the strategy's ``on_report``: its weight
-        in each block's mean scaled by the block's direction trust (:mod:`orchestrator.aggregation.trust`),
-        journaled per block as ``trust``."""
-        self.check(msg, work, tensors, ctx.global_state)
+        """Unless the combiner turns it away (a secure round's late upload), check a report against
+        ``work`` (the format's check), weigh it (at most the sample count registered for the device),
+        bound it (the chain, in order), and hand it to the combiner; the bounds hear whether it was taken."""
+        turned = self.combiner.turned_away(session, msg)
+        if turned is not None:
+            return turned
+        self.format.check(msg, work, tensors, ctx.global_state)
         # Bounded influence: the weight is at most the sample count registered for the device.
-        samples = min(msg.num_samples, self.registered_samples(session))
-        bound = self.norms.bound(session.device_id, work.selection.split, tensors)
-        trust = self.trust.score(session.device_id, bound.tensors, work.selection)
-        changed: dict[str, object] = {}
-        if bound.clipped:
-            changed["clipped"] = bound.clipped
-        if samples < msg.num_samples:
-            changed["samples"] = {"claimed": msg.num_samples, "weighed": samples}
-        report = DeviceReport(
-            device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
-            num_samples=samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
-            tensors=MappingProxyType(self.bounded(session.device_id, bound.tensors)), selection=work.selection,
-            entry_weights=MappingProxyType(self.trust.entry_weights(bound.tensors, trust)),
-        )
-        scored = {"trust": self.trust.named(trust)} if trust else {}
-        try:
-            if bound.refusal is not None:
-                raise Refused(bound.refusal)
-            follow = tuple(self.strategy.on_report(report, ctx))
-            self.taken(report)
-        except Refused as exc:
-            self.norms.discard(session.device_id)
-            self.trust.discard(session.device_id)
-            log.info("refused %s's %s report of round %d: %s", session.device_id, msg.phase, ctx.round, exc.reason)
-            return Folded(False, exc.reason, {**report_info(report), **scored, "accepted": False,
-                                              "reason": exc.reason})
-        return Folded(True, "", {**report_info(report), **scored, "accepted": True, "reason": "",
-                                 **({"bounded": changed} if changed else {})}, follow)
+        samples = min(msg.num_samples, registered_samples(self.config, session))
+        weighed = {"samples": {"claimed": msg.num_samples, "weighed": samples}} if samples < msg.num_samples else {}
+        pending = Pending(session.device_id, work.selection, tensors, samples, changed=weighed)
+        for bound in self.bounds:
+            pending = bound.apply(pending)
+        folded = self.combiner.take(session, msg, work, pending, ctx)
+        for bound in self.bounds:
+            if folded.accepted:
+                bound.taken(pending)
+            else:
+                bound.discard(session.device_id)
+        return folded
+
+    # -- what a device says beyond its reports --------------------------------------------------
+    async def on_message(self, session: Session, msg: p.Message) -> None:
+        await self.combiner.on_message(session, msg)
+
+    def returned(self, session: Session) -> None:
+        self.combiner.returned(session)
+
+    def dropped(self, device_id: str) -> None:
+        self.combiner.dropped(device_id)
+
+    def refused_frame(self, device_id: str, exc: p.ProtocolError) -> None:
+        self.combiner.refused_frame(device_id, exc)

@@ -19,7 +19,7 @@ whole). Each block's norm is bounded by ``norm_bound`` times a reference for tha
 
 An update over its bound is clipped block by block to the limit (``norm_bound_action="clip"``:
 g <- g * limit / ||g||, per block) or refused (``"reject"``). The norms accepted in a committed
-round (after clipping) become history, kept in the store (:meth:`Store.record_norms`), so a
+round (after clipping) become history, kept in the store (``store.norms.record``), so a
 resumed server bounds its first round as the interrupted one would have. History only counts
 rounds before the current one, so a round's bounds never depend on its reports' arrival order.
 """
@@ -98,7 +98,7 @@ class NormBound:
         #: (orchestrator.aggregation.trust).
         self.direction = config.direction_trust
         self.update: dict[str, np.ndarray] | None = None
-        for row in store.norm_history(HISTORY):
+        for row in store.norms.history(HISTORY):
             self._remember(row["device_id"], row["block"], row["split"], row["norm"])
 
     @property
@@ -166,7 +166,7 @@ class NormBound:
         """The round is committed: its accepted norms become history, in memory and in the store."""
         if not self._pending:
             return
-        self.store.record_norms(round, self._pending)
+        self.store.norms.record(round, self._pending)
         for device, block, split, norm in self._pending:
             self._remember(device, block, split, norm)
         self._pending = []

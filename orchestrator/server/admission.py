@@ -162,7 +162,7 @@ class Admission:
         # The replay cache lives in the store too: a proof captured before a restart stays refused.
         self._replay = ReplayWindow(window_s=2 * config.credential_skew_s)
         self.tickets = Tickets()  # a browser page's proof on the upgrade (:mod:`orchestrator.server.tickets`)
-        for device_id, nonce, seen in store.proofs_since(time.time() - self._replay.window_s):
+        for device_id, nonce, seen in store.proofs.since(time.time() - self._replay.window_s):
             self._replay.check_and_add(device_id, nonce, seen)
         self._device_rows: list[tuple[str, dict, dict]] = []  # registered, not yet journaled (one turn)
         self._proof_rows: list[tuple[str, str, float]] = []  # proofs accepted, not yet stored (one turn)
@@ -307,7 +307,7 @@ class Admission:
         refused before any model data is sent, and a device id can be taken only by its own
         credential. Otherwise the shared ``token`` (a lab setting) is compared in constant time.
         A connection whose upgrade request proved a device id (``proven``) says hello as that device.
-        Every refusal is journaled (:meth:`Store.closures`, kind ``unauthorized``).
+        Every refusal is journaled (``store.closures``, kind ``unauthorized``).
         """
         try:
             if proven and hello.device_id != proven:
@@ -342,7 +342,7 @@ class Admission:
         one replay record (this window, kept in the store's ``proofs`` table) serves every door, so a
         proof is spent once. Returns the enrolled sample count; an unknown, revoked, stale, forged,
         misdirected or spent proof is ``unauthorized``."""
-        cred = self.store.credential(device_id)
+        cred = self.store.credentials.get(device_id)
         if cred is None or cred["revoked"] is not None:
             raise p.ProtocolError("unauthorized", "no valid credential is enrolled for this device")
         now = time.time()
@@ -362,7 +362,7 @@ class Admission:
 
     def journal(self, hello: p.Hello, plan: Plan) -> None:
         """Journal a registered device. The hellos taken in one turn of the event loop share one
-        commit (:meth:`Store.record_devices`), written as soon as that turn's callbacks are done:
+        commit (``store.devices.record_many``), written as soon as that turn's callbacks are done:
         a commit per hello was most of the server's own work per hello."""
         self._device_rows.append((hello.device_id, hello_profile(hello), plan_summary(plan)))
         self._flush_soon()
@@ -378,12 +378,12 @@ class Admission:
         self._flush_due = False
         rows, self._device_rows = self._device_rows, []
         if rows:
-            self.store.record_devices(rows)
+            self.store.devices.record_many(rows)
         proofs, self._proof_rows = self._proof_rows, []
         if proofs:
-            self.store.record_proofs(proofs, forget_before=time.time() - self._replay.window_s)
+            self.store.proofs.record(proofs, forget_before=time.time() - self._replay.window_s)
         closures, self._closure_rows = self._closure_rows, []
-        self.store.record_closures(closures)
+        self.store.closures.record(closures)
 
 
 def model_context(sparse_inputs: Mapping[str, object], state: Mapping[str, np.ndarray]) -> HelloContext:

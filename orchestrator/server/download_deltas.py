@@ -24,10 +24,11 @@ from edge_sdk.codecs.delta import encode_delta
 from edge_sdk.wire_codecs import CODEC_META, DELTA_BASE_META, DELTA_CODEC, RECON_META, tensor_regions
 from orchestrator.parts import Payload
 
-__all__ = ["DELTA_BITS", "DeltaDownloads"]
+__all__ = ["DeltaDownloads", "delta_bits"]
 
-#: Bits a weight of each ``download_delta`` setting (0: downloads travel whole).
-DELTA_BITS = {"none": 0, "int8": 8, "int4": 4, "int2": 2}
+def delta_bits(setting: str) -> int:
+    """Bits a weight of a ``download_delta`` setting (``none``: 0, downloads travel whole; ``int4``: 4)."""
+    return 0 if setting == "none" else int(setting.removeprefix("int"))
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ This module does the I/O and wires the parts, each one job (docs/architecture.md
 admission and identity (:mod:`orchestrator.server.admission`), planning, the one owner of budget
 arithmetic (:mod:`orchestrator.server.planning` over :mod:`profiles.planner`), payload preparation and
 caching (:mod:`orchestrator.server.payloads`), report intake, from an upload's first byte to the fold
-(:mod:`orchestrator.aggregation.intake`, chosen here once), and the round loop that drives the strategy
-(:mod:`orchestrator.server.roundloop`). The parts share the records of :mod:`orchestrator.parts`. The
-session state machine (:mod:`edge_sdk.protocol.session`) checks every message against the
-conversation so far.
+(:mod:`orchestrator.aggregation.intake`, assembled here once by :mod:`orchestrator.aggregation.assembly`,
+which also hears what a device says beyond fetches and reports), and the round loop that drives the
+strategy (:mod:`orchestrator.server.roundloop`). The parts share the records of :mod:`orchestrator.parts`.
+The session state machine (:mod:`edge_sdk.protocol.session`) checks every message against the
+conversation so far. The server has no mode: secure aggregation and differential privacy are parts of
+its report intake, and the web pages (``--web``) a view of it (:mod:`orchestrator.views.web`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
@@ -31,7 +33,8 @@ from edge_sdk.protocol.session import ServerSession
 from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
-from orchestrator.aggregation.intake import PlainIntake, ReportIntake
+from orchestrator.aggregation.assembly import IntakeServices, assemble_intake
+from orchestrator.aggregation.intake import ReportIntake
 from orchestrator.aggregation.privacy import PrivacyBudgetSpent
 from orchestrator.aggregation.reference import ReferenceUpdate
 from orchestrator.config import ServerConfig
@@ -54,7 +57,7 @@ from profiles.accounting import measure_model
 from profiles.planner import Plan
 
 if TYPE_CHECKING:
-    from orchestrator.aggregation.secure.intake import SecureIntake
+    from orchestrator.views.web import WebOptions, WebSite
 
 __all__ = ["Orchestrator", "Session"]
 
@@ -65,9 +68,11 @@ class Orchestrator:
     """Registers devices, runs ``config.rounds`` rounds as the strategy directs, persists each one."""
 
     def __init__(self, config: ServerConfig, *, on_event: Callable[[str, dict], None] | None = None,
-                 strategy: Strategy | None = None) -> None:
+                 strategy: Strategy | None = None, web: WebOptions | None = None) -> None:
+        """``strategy``: built already (else from ``config``); ``web``: the pages' options (``config.web``)."""
         self.config = config
         self.on_event = on_event or (lambda kind, data: None)
+        self.web: WebSite | None = None  # the pages of --web, made last (they read a view of the whole server)
         emit = self._emit  # the parts report through on_event as it is at the time (tests replace it)
         # Frames this side sends are config.frame_size; it accepts any peer's up to the default bound.
         self.limits = p.Limits(max_frame_bytes=max(config.frame_size, p.DEFAULT_LIMITS.max_frame_bytes))
@@ -96,62 +101,48 @@ class Orchestrator:
         self.revocations = Revocations(config, self.store, self.sessions, note_closure=self.admission.note_closure,
                                        current_round=self._round_number, close=self._close, emit=emit)
         evaluator, heap = Evaluator(config, self.model), RoundHeap()
-        self.secure: SecureIntake | None = None
         start = start_run(config, self.store, self.strategy.name, self.model)
         self.intake = self.report_intake(evaluator, heap)
         self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
                               start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
                               emit=emit)
         self.port: int | None = None
-        # The HTTP side of the port: admission's answer before an upgrade; --web adds pages (orchestrator.views.web).
-        self.process_request: Callable[..., object] = self.admission.admit
-        self.web: object | None = None
-        if config.web:
-            from orchestrator.views.web import WebSite
-
-            self.web = WebSite(self)
+        if config.web:  # pages on the port, reading a view of the server and fed its events (views.web)
+            self.web = self._web_site(web)
 
     def report_intake(self, evaluator: Evaluator, heap: RoundHeap) -> ReportIntake:
-        """Report intake, from an upload's first byte to the fold: the one place it is chosen
-        (docs/architecture.md, "Report intake"). The plain intake sees every update; its norm
-        bound measures them against the server's own update on ``evaluator``'s held-out data."""
-        config = self.config
-        parts = {"reference": ReferenceUpdate(config, self.model, evaluator, heap),
-                 "uploads": Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
-                 "check_revoked": self.revocations.check, "limits": self.limits}
-        # Masked uploads, block sums (orchestrator.aggregation.secure; cryptography loads only then).
-        if config.secure_aggregation:
-            from orchestrator.aggregation.secure.intake import SecureIntake
+        """Report intake, from an upload's first byte to the fold, assembled from its parts for these
+        settings and this strategy (docs/architecture.md, "Report intake"): the one place it is made.
+        A bound that sees updates measures them against the server's own update on ``evaluator``'s
+        held-out data."""
+        services = IntakeServices(
+            uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
+            check_revoked=self.revocations.check, limits=self.limits,
+            reference=ReferenceUpdate(self.config, self.model, evaluator, heap), round_state=self._round_state,
+            work_of=self._train_work, sessions=self.sessions, send=self._send, emit=self._emit)
+        return assemble_intake(self.config, self.model, self.strategy, self.store, services)
 
-            secure: type[SecureIntake] = SecureIntake
-            # The devices add the noise, the server accounts the survivors' (aggregation.privacy.distributed).
-            if config.dp:
-                from orchestrator.aggregation.privacy.distributed import DistributedDPIntake
+    def _web_site(self, options: WebOptions | None) -> WebSite:
+        from orchestrator.views.web import ServerView, WebOptions, WebSite
 
-                secure = DistributedDPIntake
-            self.secure = secure(config, self.model, self.strategy, self.store, round_state=self._round_state,
-                                 work_of=self._train_work, sessions=self.sessions, send=self._send,
-                                 emit=self._emit, **parts)
-            return self.secure
-        intake: type[PlainIntake] = PlainIntake
-        if config.dp:  # clipped, noised, accounted (orchestrator.aggregation.privacy; dp-accounting loads only then)
-            from orchestrator.aggregation.privacy.intake import CentralDPIntake
-
-            intake = CentralDPIntake
-        return intake(config, self.model, self.strategy, self.store, **parts)
+        view = ServerView(self.config, self.store, self.admission, self.sessions, self.model, self.planning,
+                          round=self._round_state, port=lambda: self.port)
+        return WebSite(view, admit=self.admission.admit, options=options or WebOptions())
 
     def _emit(self, kind: str, data: dict) -> None:
+        """An event of the server: to the web site's status feed, if any, and to ``on_event``."""
+        if self.web is not None:
+            self.web.feed.take(kind, data)
         self.on_event(kind, data)
 
     def _round_state(self) -> RoundState | None:
         return self.loop.round
 
     def _train_work(self, device_id: str) -> Work | None:
-        return self.loop.work.get(device_id, {}).get("train")
+        return self.loop.instructions.of(device_id, "train")
 
     def _round_number(self) -> int | None:
-        rs = self.loop.round
-        return None if rs is None else rs.round
+        return None if self.loop.round is None else self.loop.round.round
 
     # What other code reads of a server: the global state, the run's progress, the plans.
     @property
@@ -189,11 +180,12 @@ class Orchestrator:
             tls = server_tls(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
             # backlog: a fleet reconnecting at once (a server restart) must not overflow the accept
             # queue (asyncio's default is 100; the kernel caps it at net.core.somaxconn).
+            process_request: Any = self.admission.admit if self.web is None else self.web.process_request
             async with serve(self._handler, self.config.host, self.config.port, ssl=tls,
-                             process_request=self.process_request, backlog=max(100, self.config.max_pending_hellos),
+                             process_request=process_request, backlog=max(100, self.config.max_pending_hellos),
                              **ws_options(self.limits)) as server:
                 self.port = server.sockets[0].getsockname()[1]
-                self.on_event("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
+                self._emit("listening", {"host": self.config.host, "port": self.port, "tls": tls is not None})
                 if ready is not None:
                     ready.set()
                 watch = asyncio.create_task(self.revocations.watch())
@@ -201,7 +193,7 @@ class Orchestrator:
                     await self.loop.run(start)
                 except PrivacyBudgetSpent as spent:  # dp_target_epsilon: the run ends before the round over it
                     log.warning("%s", spent)
-                    self.on_event("privacy_budget_spent", {"message": str(spent)})
+                    self._emit("privacy_budget_spent", {"message": str(spent)})
                 finally:
                     watch.cancel()
                     await self._say_bye("training finished")
@@ -253,7 +245,7 @@ class Orchestrator:
             await self._serve_session(session, hello_at)
         except p.ProtocolError as exc:
             log.warning("closing %s: %s %s", session.device_id if session else ws.remote_address, exc.code, exc.message)
-            self.on_event("closed", {"device": journaled_id(str(getattr(hello, "device_id", None) or ws.remote_address)),
+            self._emit("closed", {"device": journaled_id(str(getattr(hello, "device_id", None) or ws.remote_address)),
                                       "code": exc.code, "message": exc.message[:256]})
             await self._close(ws, exc.code, exc.message)
         except (ConnectionClosed, asyncio.TimeoutError):
@@ -266,10 +258,9 @@ class Orchestrator:
             if session is not None and self.sessions.get(session.device_id) is session:
                 del self.sessions[session.device_id]
                 self.fetches.forget(session.device_id)
-                if self.secure is not None:
-                    self.secure.dropped(session.device_id)
+                self.intake.dropped(session.device_id)
                 await self.loop.on_disconnect(session.device_id)
-                self.on_event("disconnected", {"device": session.device_id})
+                self._emit("disconnected", {"device": session.device_id})
 
     @staticmethod
     async def _close(ws: ServerConnection, code: str, message: str) -> None:
@@ -291,7 +282,7 @@ class Orchestrator:
         session = Session(hello.device_id, channel, kept, plan, info, enrolled_samples)
         self.sessions[hello.device_id] = session
         self.admission.journal(hello, plan)
-        self.on_event("registered", {"device": hello.device_id, "role": plan.role, "split": plan.split})
+        self._emit("registered", {"device": hello.device_id, "role": plan.role, "split": plan.split})
         return session
 
     async def _serve_session(self, session: Session, hello_at: float | None = None) -> None:
@@ -306,33 +297,29 @@ class Orchestrator:
         )
         await self._send(session, welcome)
         if hello_at is not None:  # hello read to welcome written: planning, journaling, queueing
-            self.on_event("welcomed", {"device": session.device_id, "latency_s": time.monotonic() - hello_at})
-        # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities and how they are kept"),
-        # unless the round is secure: it was presumed dropped, and is refused for that round.
-        if self.secure is not None:
-            self.secure.returned(session)
+            self._emit("welcomed", {"device": session.device_id, "latency_s": time.monotonic() - hello_at})
+        # A device that drops mid-round and comes back resumes that round (docs/architecture.md, "Qualities
+        # and how they are kept"); report intake hears of it first (a secure round refuses it for that round).
+        self.intake.returned(session)
         await self.loop.arrived(session)
         while True:
             try:
                 msg = await recv_msg(session.channel)
-            except p.ProtocolError as exc:  # refused by the codec: a secure round journals it as its stages do
-                if self.secure is not None:
-                    self.secure.refused_frame(session.device_id, exc)
+            except p.ProtocolError as exc:  # refused by the codec: report intake may journal it (a secure round)
+                self.intake.refused_frame(session.device_id, exc)
                 raise
             if isinstance(msg, p.Fetch):
                 await self._on_fetch(session, msg)
             elif isinstance(msg, p.Report):
                 await self.loop.take_report(session, msg)
-            elif isinstance(msg, p.SECAGG_MESSAGES) and self.secure is not None:
-                await self.secure.on_message(session, msg)
             elif isinstance(msg, p.Bye):
                 return
             elif isinstance(msg, p.Error):  # the device gives up on an error of its own: say why, end it
                 log.warning("device %s stopped: %s %s", session.device_id, msg.code, msg.message[:256])
                 self._emit("device_error", {"device": session.device_id, "code": msg.code, "message": msg.message[:256]})
                 return
-            else:
-                raise p.ProtocolError("unexpected", f"a device may not send {msg.TYPE} here")
+            else:  # what report intake takes beyond reports (a secure round's messages), or refuses
+                await self.intake.on_message(session, msg)
 
     async def _on_fetch(self, session: Session, msg: p.Fetch) -> None:
         payload = self.payloads.get(msg.payload_id)
@@ -364,12 +351,12 @@ class Orchestrator:
         sent = size - offset
         held = size if offset == size and size else 0  # from the device's store or bundle
         self.traffic.count_sent(sent, session.device_id, payload.kind, msg.payload_id, held=held)
-        self.on_event("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
+        self._emit("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
                                "payload": msg.payload_id, "bytes": sent, **({"held": True} if held else {})})
 
     def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
         """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""
-        named = [len(payload.data) for work in self.loop.work_of(session.device_id)
+        named = [len(payload.data) for work in self.loop.instructions.work_of(session.device_id)
                  for payload in map(self.payloads.get, work.payload_ids) if payload is not None]
         reason = self.fetches.charge(session.device_id, round_no, nbytes, named)
         if reason is not None:

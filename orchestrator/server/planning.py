@@ -23,7 +23,7 @@ from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
-from orchestrator.server.download_deltas import DELTA_BITS
+from orchestrator.server.download_deltas import delta_bits
 from orchestrator.server.plancache import PlanCache
 from profiles.accounting import ModelCost, TrainingMemory
 from profiles.planner import Plan, PlanError, plan_at, plan_split, tail_footprint
@@ -48,7 +48,7 @@ class Planning:
         self.selects_rows = selects_rows
         self.emit = emit
         #: How the devices train, as far as memory goes: every plan and budget check counts with it.
-        memory = TrainingMemory().with_deltas(DELTA_BITS[config.download_delta])
+        memory = TrainingMemory().with_deltas(delta_bits(config.download_delta))
         self.memory = memory.secured() if config.secure_aggregation else memory
         # Splits with no static refusal, less those whose graph the export check refused (found on
         # first use and remembered on disk): a plan never names a graph that cannot be shipped.

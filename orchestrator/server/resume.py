@@ -31,20 +31,20 @@ def start_run(config: ServerConfig, store: Store, strategy: str, template: Layer
     start = RunStart(1, initial)
     if config.resume:
         for key, value in identity.items():
-            stored = store.get_meta(key)
+            stored = store.meta.get(key)
             if stored is not None and stored != value:
                 raise ValueError(f"--resume: the store at {config.store_dir} was a run with {key}={stored}, not {value}")
-        last = store.last_completed()
+        last = store.checkpoints.last()
         if last is not None:
             done, state = last
             missing = set(initial) - set(state)
             if missing:
                 raise ValueError(f"checkpoint of round {done} lacks {sorted(missing)[:3]}")
-            history = [r.get("metrics", {}) for r in store.rounds() if r.get("metrics")]
+            history = [r.get("metrics", {}) for r in store.rounds.all() if r.get("metrics")]
             start = RunStart(done + 1, {k: np.asarray(state[k]).copy() for k in initial}, history)
             log.info("resuming after round %d", done)
-    elif any(r["complete"] for r in store.rounds()):
+    elif any(r["complete"] for r in store.rounds.all()):
         raise ValueError(f"{config.store_dir} already holds a run; pass --resume to continue it or choose a fresh --store")
     for key, value in identity.items():
-        store.set_meta(key, value)
+        store.meta.record(key, value)
     return start

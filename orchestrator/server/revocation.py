@@ -45,7 +45,7 @@ class Revocations:
         while True:
             await asyncio.sleep(self.config.revocation_poll_s)
             try:
-                for device_id, at in self.store.revoked_since(since):
+                for device_id, at in self.store.credentials.revoked_since(since):
                     since = max(since, at)
                     await self.close_revoked(device_id)
             except Exception:  # a busy journal, say: the next poll tries again
@@ -53,7 +53,7 @@ class Revocations:
 
     async def revoke(self, device_id: str) -> bool:
         """Revoke a device's credential and close its connection at once; False if it had none."""
-        revoked = self.store.revoke(device_id)
+        revoked = self.store.credentials.revoke(device_id)
         await self.close_revoked(device_id)
         return revoked
 
@@ -63,7 +63,7 @@ class Revocations:
         session = self.sessions.get(device_id)
         if session is None or session.revoked:
             return
-        session.revoked = True
+        session.mark_revoked()
         self.note_closure(device_id, "revoked", "credential revoked while connected", self._round())
         self.emit("revoked", {"device": device_id})
         await self.close(session.ws, "unauthorized", "this device's credential was revoked")
@@ -71,7 +71,7 @@ class Revocations:
     def check(self, session: Session) -> None:
         """Before a report is taken: a credential revoked since the last poll still refuses it."""
         if session.revoked or (self.config.require_credentials
-                               and (self.store.credential(session.device_id) or {}).get("revoked") is not None):
-            session.revoked = True
+                               and (self.store.credentials.get(session.device_id) or {}).get("revoked") is not None):
+            session.mark_revoked()
             self.note_closure(session.device_id, "revoked", "report refused: credential revoked", self._round())
             raise p.ProtocolError("unauthorized", "this device's credential was revoked")

@@ -19,26 +19,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from orchestrator.aggregation.intake import ReportIntake
 from orchestrator.config import ServerConfig
-from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
+from orchestrator.parts import Emit, RunStart, Send, Session, Traffic
 from orchestrator.rounds import Attendance, RoundState
+from orchestrator.server.dispatch import Dispatch
 from orchestrator.server.evaluate import Evaluator
 from orchestrator.server.heap import RoundHeap
 from orchestrator.server.payloads import Payloads
 from orchestrator.server.validation import CommitCheck
 from orchestrator.store import Store
-from orchestrator.strategies import Instruction, RoundContext, RoundResult, Strategy
+from orchestrator.strategies import RoundContext, RoundResult, Strategy
 
-__all__ = ["RoundLoop", "role_counts"]
+__all__ = ["RoundLoop", "closing", "role_counts", "round_metrics"]
 
 log = logging.getLogger("edgetrain.server")
 
@@ -50,6 +50,43 @@ def role_counts(sessions: Mapping[str, Session], reported: set[str]) -> dict[str
         role = s.plan.role if s else "gone"
         counts[role] = counts.get(role, 0) + 1
     return counts
+
+
+def closing(rs: RoundState, ctx: RoundContext, strategy: Strategy, config: ServerConfig, opened: float) -> str | None:
+    """Why the round closes now, if it does: all answered, the strategy's quorum, the straggler
+    grace over, or the deadline. With ``straggler_policy`` grace, once ``straggler_quorum`` of the
+    instructions are answered the rest get ``straggler_grace_s``, or as long as that share took
+    if longer: a stalled or silent device costs the round at most that, never the deadline."""
+    now = time.monotonic()
+    if rs.settled():
+        return "all"
+    if strategy.round_complete(ctx):
+        return "quorum"
+    if config.straggler_policy == "grace":
+        if rs.grace_end is None and rs.answered_share() >= config.straggler_quorum:
+            rs.start_grace(now + max(config.straggler_grace_s, now - opened))
+        if rs.grace_end is not None and now >= rs.grace_end:
+            return "grace"
+    return "deadline" if now >= rs.deadline else None
+
+
+def round_metrics(rs: RoundState, result: RoundResult, sessions: Mapping[str, Session],
+                  traffic: Traffic) -> dict[str, object]:
+    """What the journal and the events say of a round: its cohort, reports and refusals, bytes, the
+    folded train reports' losses and what its aggregate said of itself."""
+    reported = rs.reported()
+    return {
+        "round": rs.round, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
+        "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
+        "roles": role_counts(sessions, rs.reported("train") or reported),
+        "bytes_sent": traffic.sent, "bytes_received": traffic.received,
+        # Per device: bytes down and up by payload kind, and those it held and was not sent.
+        "bytes": {d: {k: dict(v) for k, v in by.items()} for d, by in traffic.by_device.items()},
+        # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
+        **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
+                             ("loss_steps", result.mean_loss_steps)) if v is not None},
+        **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
+    }
 
 
 class RoundLoop:
@@ -68,8 +105,11 @@ class RoundLoop:
         self.history: list[dict] = start.history
         self.round: RoundState | None = None
         self.ctx: RoundContext | None = None
-        self.work: dict[str, dict[str, Work]] = {}  # device -> phase -> instruction out this round
         self.changed = asyncio.Event()
+        #: The instructions out this round: sent, and read by report intake through ``Work``.
+        self.instructions = Dispatch(strategy, sessions, payloads, intake, send=send,
+                                     current=lambda: (self.round, self.ctx), prepared=self.prepared,
+                                     changed=self.changed.set)
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
         self.attendance = Attendance()  # who missed a report: not selected until seen alive
         self._prepared: asyncio.Future[float] | None = None  # the round's ReportIntake.prepare, in a thread
@@ -138,12 +178,12 @@ class RoundLoop:
         rs, ctx = self._open(r, attempt)
         self.intake.begin_round(self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
-        self.store.begin_round(r, sorted({i.device_id for i in instructions}))
+        self.store.rounds.begin(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         self.attendance.round_opened({i.device_id for i in instructions})
-        await self.dispatch(instructions)
+        await self.instructions.dispatch(instructions)
         self._prepared = asyncio.ensure_future(asyncio.to_thread(self._prepare, self.global_state, r))
-        while (closed_by := self._closes(rs, ctx, t0)) is None:
+        while (closed_by := closing(rs, ctx, self.strategy, self.config, t0)) is None:
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=0.25)
@@ -166,9 +206,11 @@ class RoundLoop:
                                        "devices": list(result.devices)})
         self.round = self.ctx = self._prepared = None
         self.payloads.clear()
-        self.work = {}
+        self.instructions.clear()
         self.intake.end_round()
-        metrics = {**self._metrics(rs, result, attempt, failure), "closed_by": closed_by, "prepare_s": prepare_s}
+        metrics = {**round_metrics(rs, result, self.sessions, self.traffic), "attempt": attempt + 1,
+                   **({"failed": failure} if failure else {}), **({"retried": list(self.retried)} if self.retried else {}),
+                   "closed_by": closed_by, "prepare_s": prepare_s}
         if failure is not None and not last_try:
             self.retried.append(failure)
             return False
@@ -187,27 +229,10 @@ class RoundLoop:
         exist, and the server's torch work (its reference training, a payload's export) runs one at a time."""
         return await asyncio.shield(self._prepared) if self._prepared is not None else 0.0
 
-    def _closes(self, rs: RoundState, ctx: RoundContext, opened: float) -> str | None:
-        """Why the round closes now, if it does: all answered, the strategy's quorum, the straggler
-        grace over, or the deadline. With ``straggler_policy`` grace, once ``straggler_quorum`` of the
-        instructions are answered the rest get ``straggler_grace_s``, or as long as that share took
-        if longer: a stalled or silent device costs the round at most that, never the deadline."""
-        now = time.monotonic()
-        if rs.settled():
-            return "all"
-        if self.strategy.round_complete(ctx):
-            return "quorum"
-        if self.config.straggler_policy == "grace":
-            if rs.grace_end is None and rs.answered_share() >= self.config.straggler_quorum:
-                rs.grace_end = now + max(self.config.straggler_grace_s, now - opened)
-            if rs.grace_end is not None and now >= rs.grace_end:
-                return "grace"
-        return "deadline" if now >= rs.deadline else None
-
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
         self.payloads.begin(self.global_state)
-        self.work = {}
+        self.instructions.clear()
         self.traffic.restart()
         rs = RoundState(r, deadline=time.monotonic() + self.config.deadline_s, quorum=self.config.quorum)
         ctx = RoundContext(
@@ -218,23 +243,6 @@ class RoundLoop:
         )
         self.round, self.ctx = rs, ctx
         return rs, ctx
-
-    def _metrics(self, rs: RoundState, result: RoundResult, attempt: int, failure: str | None) -> dict[str, object]:
-        reported = rs.reported()
-        return {
-            "round": rs.round, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
-            "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
-            "roles": role_counts(self.sessions, rs.reported("train") or reported),
-            "bytes_sent": self.traffic.sent, "bytes_received": self.traffic.received,
-            # Per device: bytes down and up by payload kind, and those it held and was not sent.
-            "bytes": {d: {k: dict(v) for k, v in by.items()} for d, by in self.traffic.by_device.items()},
-            # The folded train reports' losses, sample-weighted (those a report does not carry are left out).
-            **{k: v for k, v in (("loss_before", result.mean_loss_before), ("loss_after", result.mean_loss_after),
-                                 ("loss_steps", result.mean_loss_steps)) if v is not None},
-            **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool, list, dict))},
-            "attempt": attempt + 1, **({"failed": failure} if failure else {}),
-            **({"retried": list(self.retried)} if self.retried else {}),
-        }
 
     async def _commit(self, r: int, metrics: dict[str, object], t0: float, cpu0: float,
                       scored: Mapping[str, float]) -> None:
@@ -257,82 +265,20 @@ class RoundLoop:
         if "failed" not in metrics:
             self.intake.commit(r)
             self.checks.committed(scored)
-        self.store.record_transfers(r, self.traffic.transfers)
-        self.store.complete_round(r, self.global_state, metrics)
+        self.store.transfers.record(r, self.traffic.transfers)
+        self.store.rounds.complete(r, self.global_state, metrics)
         self.heap.trim_after_round()
         await asyncio.to_thread(self.payloads.prune_disk, self.config.chunk_disk_bytes)
         self.history.append(metrics)
         self.retried = []
         self.emit("round_end", metrics)
 
-    # -- instructions ---------------------------------------------------------------------------
-    async def dispatch(self, instructions: Iterable[Instruction], *, issued: bool = False) -> None:
-        """Send the strategy's instructions (payloads prepared first); a device gone meanwhile is missing.
-
-        Every instruction is entered in the round's bookkeeping before the first ``await``, so the
-        round cannot be seen as settled while its follow-ups are being prepared.
-        """
-        batch = list(instructions)
-        rs, ctx = self.round, self.ctx
-        if not batch or rs is None or ctx is None:
-            return
-        if not issued:
-            for ins in batch:
-                rs.issue(ins.device_id, ins.phase)
-        await self.prepared()
-        if self.round is not rs:
-            return
-        prepared = await asyncio.to_thread(self.payloads.prepare, batch, dict(self.sessions), rs.round)
-        missing: dict[str, list[str]] = {}
-        for session, ins, work in prepared:
-            if session is not None and work is None:
-                rs.on_skipped(ins.device_id, ins.phase)
-                missing.setdefault(ins.device_id, []).append(ins.phase)
-                continue
-            if session is None or work is None or self.sessions.get(ins.device_id) is not session:
-                # Gone before or while its payloads were prepared. If its disconnect already told
-                # the strategy (RoundLoop.gone), on_gone finds nothing open and it is not told twice.
-                if ins.phase in rs.on_gone(ins.device_id):
-                    missing.setdefault(ins.device_id, []).append(ins.phase)
-                continue
-            self.work.setdefault(ins.device_id, {})[ins.phase] = work
-            try:
-                await self.send_instruction(session, work)
-            except (ConnectionClosed, p.ProtocolError):
-                # The connection closed (or is closing: the device said bye or erred) since it was
-                # looked up; its handler's cleanup tells the strategy, unless it already has.
-                if ins.phase in rs.on_gone(ins.device_id):
-                    missing.setdefault(ins.device_id, []).append(ins.phase)
-        self.changed.set()
-        for device_id, phases in missing.items():
-            await self.dispatch(self.strategy.on_missing(device_id, phases, ctx))
-
-    async def send_instruction(self, session: Session, work: Work) -> None:
-        """Send ``work`` with the time left in the round."""
-        rs = self.round
-        assert rs is not None
-        extra = self.intake.instruction_config(work)  # e.g. a secure round's scope
-        await self.send(session, p.Instruction(**{**work.wire.__dict__,
-                                                  "deadline_s": max(0.0, rs.deadline - time.monotonic()),
-                                                  **({"config": {**work.wire.config, **extra}} if extra else {})}))
-
-    def work_of(self, device_id: str) -> list[Work]:
-        """The instructions out to ``device_id`` this round."""
-        return list(self.work.get(device_id, {}).values())
-
-    def resend(self, session: Session) -> list[Work]:
-        """The work a device that came back this round still owes (after a reconnect)."""
-        rs = self.round
-        if rs is None:
-            return []
-        return [w for w in self.work.get(session.device_id, {}).values() if rs.expects(session.device_id, w.wire.phase)]
-
     # -- reports --------------------------------------------------------------------------------
     async def take_report(self, session: Session, msg: p.Report) -> None:
         """A report from a device: taken in by report intake (its upload received and decoded),
         then folded if this round awaits it. A report that breaks the protocol is journaled
         (:meth:`journal_refusal`) and its error raised: the device is disconnected."""
-        work = self.work.get(session.device_id, {}).get(msg.phase)
+        work = self.instructions.of(session.device_id, msg.phase)
         try:
             tensors = await self.intake.receive(session, msg, work, self.round)
             await self._fold(session, msg, tensors)
@@ -345,7 +291,7 @@ class RoundLoop:
         strategy), journal it, ack it and dispatch its follow-ups; a late one is only acked."""
         await self.prepared()
         rs, ctx = self.round, self.ctx
-        work = self.work.get(session.device_id, {}).get(msg.phase)
+        work = self.instructions.of(session.device_id, msg.phase)
         if rs is None or ctx is None or msg.round != rs.round or work is None \
                 or not rs.expects(session.device_id, msg.phase):
             self.attendance.alive(session.device_id)  # late, but not silent
@@ -356,12 +302,12 @@ class RoundLoop:
         rs.on_report(session.device_id, msg.phase, folded.accepted)
         for ins in folded.follow:  # entered before any await: the round is not settled while they are prepared
             rs.issue(ins.device_id, ins.phase)
-        self.store.record_update(rs.round, session.device_id, folded.journal, phase=msg.phase)
+        self.store.reports.record(rs.round, session.device_id, folded.journal, phase=msg.phase)
         await self.send(session, p.Ack(rs.round, folded.accepted, folded.reason, msg.phase))
         self.emit("update", {"device": session.device_id, "round": rs.round, "role": session.plan.role,
                              "phase": msg.phase, "accepted": folded.accepted, "reason": folded.reason,
                              "reported": rs.num_reported(), "selected": rs.num_selected})
-        await self.dispatch(folded.follow, issued=True)
+        await self.instructions.dispatch(folded.follow, issued=True)
         self.changed.set()
 
     def journal_refusal(self, device_id: str, msg: p.Report, exc: p.ProtocolError) -> None:
@@ -376,7 +322,7 @@ class RoundLoop:
             return
         if rs.expects(device_id, msg.phase) and exc.code != "timeout":  # a stalled upload is a straggler's
             rs.on_report(device_id, msg.phase, False)
-        self.store.record_update(rs.round, device_id, info, phase=msg.phase)
+        self.store.reports.record(rs.round, device_id, info, phase=msg.phase)
         self.emit("rejected", {"device": device_id, "round": rs.round, "refusal": exc.code, "reason": exc.message})
         self.changed.set()
 
@@ -393,8 +339,8 @@ class RoundLoop:
             if resumed is not None:
                 await self._fold(session, *resumed)
             else:
-                for work in self.resend(session):
-                    await self.send_instruction(session, work)
+                for work in self.instructions.resend(session):
+                    await self.instructions.send_instruction(session, work)
         self.changed.set()
 
     async def on_disconnect(self, device_id: str) -> None:
@@ -415,7 +361,7 @@ class RoundLoop:
             return
         phases = rs.on_gone(device_id)
         if phases:
-            await self.dispatch(self.strategy.on_missing(device_id, phases, ctx))
+            await self.instructions.dispatch(self.strategy.on_missing(device_id, phases, ctx))
 
     def _give_up_upload(self, device_id: str, round: int) -> None:
         """The device whose upload was cut has not come back in time: stop waiting for it."""

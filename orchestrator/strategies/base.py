@@ -17,7 +17,9 @@ What a strategy needs of the server beyond these hooks it declares on its class,
 of :class:`Strategy`: ``selects_rows`` (plans count declared rows), ``sends_chunks`` (new states'
 frozen chunks are exported and checked), ``hello_fields`` (per-device values the hello carries in
 ``Hello.ext``, parsed into ``DeviceInfo.ext``) and :meth:`Strategy.selection_cost` (a selection whose
-device-side model is not a tail of the served model).
+device-side model is not a tail of the served model). What it is capable of it declares as
+:attr:`Strategy.combines` (:class:`Combines`: a weighted mean of whole blocks, a robust statistic,
+or a rule of its own): secure aggregation and differential privacy ask it, never a list of names.
 
 The server checks every report before a strategy sees it: tensors are exactly the deltas of what
 the selection sent (names, shapes, dtypes, rows), finite, and the sample count is the device's own.
@@ -53,7 +55,8 @@ DEFAULT_WEIGHT_SHARE = 1 / 5
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 __all__ = [
-    "AGGREGATIONS", "DEFAULT_WEIGHT_SHARE", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "DeviceInfo", "DeviceReport",
+    "AGGREGATIONS", "DEFAULT_WEIGHT_SHARE", "WEIGHTINGS", "AveragingStrategy", "RobustStack", "Broadcast", "Combines",
+    "DeviceInfo", "DeviceReport",
     "HelloContext", "HelloField", "Instruction", "Refused", "RoundContext", "RoundResult", "SelectionCost",
     "ServerSetting", "Strategy", "WeightedSums",
 ]
@@ -258,6 +261,55 @@ class RoundResult:
         }
 
 
+#: The ways a strategy combines a round's reports (:class:`Combines`).
+CombineRule = Literal["weighted_mean", "robust", "own"]
+
+
+@dataclass(frozen=True)
+class Combines:
+    """How a strategy combines a round's reports: what the parts that never see one update alone ask
+    of it. Secure aggregation sums each block's masked updates over the devices that trained it, and
+    differential privacy releases each block's clipped sum: both run a strategy whose rule is that sum
+    over a weight sum, and nothing else.
+
+    - ``"weighted_mean"``: x[k] <- x[k] + sum_i w_i delta_i[k] / sum_i w_i over the devices that trained
+      entry k, each report a whole tail of blocks ``[split, L)``, w_i its sample count
+      (``weighting="samples"``) or 1 (``"uniform"``): FedAvg's rule (McMahan et al., 2017) and
+      EmbracingFL's per block (Lee et al., Section 3.1);
+    - ``"robust"``: a statistic of the individual updates (``detail`` names it: a median, Krum, ...);
+    - ``"own"``: a rule of the strategy's own (``detail`` says what it reads beyond block sums: rows,
+      channel slices, losses, a second phase).
+    """
+
+    rule: CombineRule
+    weighting: Weighting = "samples"
+    detail: str = ""
+
+    @classmethod
+    def weighted_mean(cls, weighting: Weighting = "samples") -> Combines:
+        return cls("weighted_mean", weighting)
+
+    @classmethod
+    def robust(cls, statistic: str) -> Combines:
+        return cls("robust", detail=statistic)
+
+    @classmethod
+    def own(cls, what: str) -> Combines:
+        return cls("own", detail=what)
+
+    @property
+    def is_sum(self) -> bool:
+        """Whether the rule is a sum of whole blocks over a weight sum: what block sums can compute."""
+        return self.rule == "weighted_mean"
+
+    def describe(self) -> str:
+        if self.rule == "weighted_mean":
+            return f"a weighted mean of whole blocks ({self.weighting} weighting)"
+        if self.rule == "robust":
+            return f"the robust statistic {self.detail}, which reads individual updates"
+        return f"a rule of its own ({self.detail})" if self.detail else "a rule of its own"
+
+
 class Strategy(ABC):
     """One federated algorithm. Subclasses set ``name`` and implement :meth:`on_report` and
     :meth:`aggregate`; the defaults of the other hooks run a one-phase round of training on each
@@ -277,6 +329,10 @@ class Strategy(ABC):
     #: Server settings the algorithm needs other than the server's defaults, by field name; applied
     #: where the user left the default (a setting the user gave is kept, with a warning).
     server_settings: ClassVar[Mapping[str, ServerSetting]] = MappingProxyType({})
+    #: How the strategy combines a round's reports (:class:`Combines`); a strategy whose rule is a
+    #: weighted mean of whole blocks declares it and runs under secure aggregation and differential
+    #: privacy. Default: a rule of its own, which neither can run.
+    combines: Combines = Combines.own("")
 
     def selection_cost(self, instruction: Instruction, selection: Selection, model: str) -> SelectionCost | None:
         """For a selection whose device-side model is not a tail of ``model`` (the served zoo
@@ -537,6 +593,12 @@ class AveragingStrategy(Strategy):
         self._history = RobustHistory()  # centered clipping's centers and radii, round to round
         self._sums: WeightedSums | None = None
         self._refused = 0
+
+    @property  # type: ignore[override]
+    def combines(self) -> Combines:
+        """A weighted mean of whole blocks with the strategy's weighting, or the robust statistic
+        ``aggregation`` names."""
+        return Combines.weighted_mean(self.weighting) if self.aggregation == "mean" else Combines.robust(self.aggregation)
 
     def configure(self, ctx: RoundContext) -> Sequence[Instruction]:
         if self.aggregation == "mean":

@@ -51,6 +51,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from orchestrator.strategies.base import (
+    Combines,
     Weighting,
     DeviceReport,
     Instruction,
@@ -131,6 +132,7 @@ class FedALIGN(Strategy):
     """
 
     name = "fedalign"
+    combines = Combines.own("the priority devices' mean, other devices admitted by their loss against epsilon_t")
     #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
     server_settings = PRIORITIZED_SERVER_SETTINGS
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from edge_sdk.protocol import RowSparse
 from orchestrator.strategies.base import (
+    Combines,
     Weighting,
     DeviceInfo,
     DeviceReport,
@@ -175,6 +176,7 @@ class FedSubAvg(Strategy):
     """
 
     name = "fedsubavg"
+    combines = Combines.own("each table row's update scaled by its heat N / n_m, over row selections")
     #: Devices receive row selections: the server plans them for their declared rows only.
     selects_rows = True
     hello_fields = HELLO_FIELDS

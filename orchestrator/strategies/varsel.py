@@ -67,6 +67,7 @@ import numpy as np
 from edge_sdk.protocol import RowSparse
 from orchestrator.strategies.base import (
     Broadcast,
+    Combines,
     DeviceReport,
     Instruction,
     Refused,
@@ -244,6 +245,7 @@ class VaRSeL(Strategy):
     """
 
     name = "varsel"
+    combines = Combines.own("external devices weighted to minimise the gradient variance, from compare reports")
     #: The norm bound off where the user left it on (:data:`~orchestrator.strategies.groups.PRIORITIZED_SERVER_SETTINGS`).
     server_settings = PRIORITIZED_SERVER_SETTINGS
 

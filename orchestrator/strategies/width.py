@@ -52,6 +52,7 @@ from edge_sdk.models.zoo import model_for_state, width_shapes
 from orchestrator.strategies.base import (
     DEFAULT_WEIGHT_SHARE,
     AveragingStrategy,
+    Combines,
     DeviceReport,
     Instruction,
     Refused,
@@ -89,6 +90,11 @@ class WidthReduction(AveragingStrategy):
     #: Every device trains the whole depth: no frozen chunks are ever sent, so the server need not
     #: export and check the planned splits' chunks of each new state.
     sends_chunks = False
+
+    @property  # type: ignore[override]
+    def combines(self) -> Combines:
+        """A weighted mean per element of channel slices: not a sum of whole blocks."""
+        return Combines.own("a weighted mean per element over channel slices of each block")
 
     def __init__(self, weighting: Weighting = "samples", strong: Fraction = 1.0, moderate: Fraction = 0.45,
                  weak: Fraction = 0.2, bn: BnMode = "full", model: str = "",

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrator.config import ServerConfig
+    from orchestrator.views.web.certs import LocalAuthority
+    from orchestrator.views.web.install import InstallSite
 
 __all__ = ["ServeOutput", "ServeView", "announce", "page_url", "round_line"]
 
@@ -80,7 +82,7 @@ def announce(url: str, stream: TextIO, *, install_url: str | None = None, finger
 
 
 def privacy_words(privacy: Mapping[str, Any]) -> str:
-    """The privacy a DP run has spent (orchestrator.aggregation.privacy.intake), in a few words, with where its
+    """The privacy a DP run has spent (orchestrator.aggregation.privacy.release), in a few words, with where its
     noise is added (``mode``: the server's central noise, or the devices' distributed noise)."""
     mode = f", {privacy['mode']} noise" if privacy.get("mode") else ""
     return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g}{mode})"
@@ -182,13 +184,15 @@ class _ForTheTerminal(logging.Filter):
 class ServeOutput:
     """Where ``edgetrain serve`` puts what happens (module doc); ``on_event`` is the server's event handler."""
 
-    def __init__(self, config: ServerConfig, console: Console, *, json_events: bool, log_file: Path | None) -> None:
+    def __init__(self, config: ServerConfig, console: Console, *, json_events: bool, log_file: Path | None,
+                 authority: LocalAuthority | None = None, install: InstallSite | None = None) -> None:
+        """``authority``: a local certificate authority of ``serve --web`` (its fingerprint is announced);
+        ``install``: its plain-http install page, serving beside the server (its URL is announced)."""
         from edge_sdk.cli import event_printer
         from edge_sdk.logs import event_logger
 
         self.config, self.console = config, console
-        self.authority = None  # a local certificate authority of `serve --web` (its fingerprint is announced)
-        self.install = None  # its plain-http install page, serving beside the server
+        self.authority, self.install = authority, install
         self.view = None if json_events else ServeView(console, config)
         self._sinks = [event_printer(True) if self.view is None else self.view.on_event]
         self._file = self._log_to(log_file) if log_file is not None else None

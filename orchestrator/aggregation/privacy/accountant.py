@@ -49,6 +49,8 @@ from typing import Any
 import dp_accounting
 from dp_accounting import pld, rdp
 
+from orchestrator.aggregation.privacy import ACCOUNTANTS, SAMPLINGS
+
 __all__ = [
     "ACCOUNTANTS",
     "SAMPLINGS",
@@ -63,8 +65,6 @@ __all__ = [
     "sampled_gaussian",
 ]
 
-ACCOUNTANTS = ("pld", "rdp")
-SAMPLINGS = ("poisson", "fixed")
 #: PLD discretisation of the privacy loss (dp_accounting's default is 1e-4; see the module docstring).
 PLD_INTERVAL = 1e-3
 #: RDP orders: dp_accounting's defaults from 2 up. Its fractional orders under 2 often fail to

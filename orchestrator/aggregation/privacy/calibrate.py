@@ -30,14 +30,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import dp_accounting
 
 from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
+from orchestrator.strategies.base import Combines
 
 __all__ = [
-    "DP_STRATEGIES",
     "MIN_COHORT",
     "Z_MAX",
     "Z_MIN",
@@ -205,18 +204,16 @@ def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q
     return out
 
 
-#: Strategies whose aggregation is a sum of per-device updates, which the ledger accounts.
-DP_STRATEGIES = ("fedavg", "embracingfl")
-
-
-def check_strategy(strategy: str, options: Mapping[str, Any] | None = None) -> None:
-    """Refuse DP with a strategy or aggregation that is not a clipped sum: a median, Krum, a
-    trimmed mean or centered clipping reads individual updates, whose sensitivity the Gaussian's
-    calibration does not cover (and secure aggregation hides them)."""
-    aggregation = str((options or {}).get("aggregation", "mean"))
-    if strategy not in DP_STRATEGIES:
-        raise PrivacyPlanError(f"differential privacy is accounted for the clipped sums of "
-                               f"{' and '.join(DP_STRATEGIES)}, not for strategy {strategy!r}")
-    if aggregation != "mean":
-        raise PrivacyPlanError(f"differential privacy needs a clipped sum, not aggregation={aggregation}: a robust "
+def check_strategy(name: str, combines: Combines) -> None:
+    """Refuse DP for a strategy whose rule is not a clipped sum (``combines``: what strategy ``name``
+    declares, ``Strategy.combines``): a median, Krum, a trimmed mean or centered clipping reads
+    individual updates, whose sensitivity the Gaussian's calibration does not cover (and secure
+    aggregation hides them); a rule of a strategy's own (rows scaled by their heat, a loss test, a
+    second phase) is not the sum the ledger accounts."""
+    if combines.rule == "robust":
+        raise PrivacyPlanError(f"differential privacy needs a clipped sum, not aggregation={combines.detail}: a robust "
                                f"statistic reads individual updates")
+    if not combines.is_sum:
+        raise PrivacyPlanError(f"differential privacy is accounted for the clipped sums of a strategy that declares a "
+                               f"weighted mean of whole blocks, not for strategy {name!r}, which combines by "
+                               f"{combines.describe()}")

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from orchestrator.aggregation.privacy.calibrate import (PrivacyPlanError, check_cohort, check_delta, check_noise,
-                                                        check_strategy, default_delta, noise_multiplier)
+                                                        default_delta, noise_multiplier)
 from orchestrator.aggregation.privacy.clipping import sum_multiplier
 from orchestrator.config import ServerConfig
 
@@ -77,7 +77,6 @@ class CentralPlan:
 def plan_central(config: ServerConfig, num_blocks: int) -> CentralPlan:
     """The plan of a run with ``config.dp`` on over a model of ``num_blocks`` blocks; raises
     :class:`PrivacyPlanError` (one line) for settings that cannot work."""
-    check_strategy(config.strategy, config.strategy_options)
     fleet, poisson = max(1, config.min_devices), config.dp_sampling == "poisson"
     cohort = config.fraction * fleet if poisson else min(fleet, max(1, math.ceil(config.fraction * fleet)))
     check_cohort(cohort, f"fraction {config.fraction:g} of --min-devices {fleet}", minimum=config.dp_min_cohort)

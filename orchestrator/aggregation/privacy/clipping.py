@@ -1,4 +1,5 @@
-"""Clipping for differential privacy: the per-block rule, per-layer clips, and adaptive clips.
+"""Clipping for differential privacy: the per-block rule, per-layer clips, adaptive clips, and the
+server's clip-and-sum step (:class:`ClipAndSum`) of a report's bounds.
 
 The rule is the device's (``edge_sdk.dp.clip_blocks``, re-exported here): in plain mode the server
 applies it to each report, under secure aggregation the device applies it before masking; one
@@ -29,12 +30,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from edge_sdk.dp import Clipped, clip_blocks, clip_factor
+from orchestrator.aggregation.pipeline import Bound, Pending
 from orchestrator.aggregation.privacy.noise import gaussian
 
 __all__ = [
     "AdaptiveClip",
     "AdaptiveClipping",
+    "ClipAndSum",
     "Clipped",
     "clip_blocks",
     "clip_factor",
@@ -141,3 +146,65 @@ class AdaptiveClipping:
             out[str(b)] = AdaptiveClip(float(a["clip"]), float(a["target_quantile"]), float(a["learning_rate"]),
                                        float(a["count_stddev"]))
         return cls(out)
+
+
+class ClipAndSum(Bound):
+    """The server's DP clip, a step of a report's bounds on plain uploads (McMahan et al., 2018,
+    Algorithm 1, per layer as in its Section 3): each update clipped per block to the block's clip
+    (:func:`clip_blocks`, the devices' rule), and the clipped updates the combiner took summed per
+    block, with each block's count and, for adaptive clipping, its devices' centred bits (from their
+    norms before clipping). The clips are its own: fixed, or moved after each round by
+    :meth:`adapt` (Andrew et al., 2021)."""
+
+    name = "dp_clip"
+
+    def __init__(self, block_of: Mapping[str, int], clipping: AdaptiveClipping) -> None:
+        self.block_of, self.clipping = dict(block_of), clipping
+        self._begin()
+
+    def _begin(self) -> None:
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[int, int] = {}
+        self.bits: dict[int, float] = {}
+        self._norms: dict[str, dict[int, float]] = {}
+
+    def apply(self, pending: Pending) -> Pending:
+        """The update clipped per block to its clip; its norms wait for :meth:`taken`."""
+        if not pending.tensors:
+            return pending
+        clipped = clip_blocks(pending.tensors, self.block_of, self.clipping.clips)
+        self._norms[pending.device_id] = clipped.norms
+        return pending.with_(tensors=clipped.tensors)
+
+    def taken(self, pending: Pending) -> None:
+        """Add a taken report's clipped update to its blocks' sums."""
+        norms = self._norms.pop(pending.device_id, {})
+        for name, delta in pending.tensors.items():
+            a = np.asarray(delta)
+            if a.dtype.kind != "f":
+                continue
+            if pending.selection.region(name) is not None:
+                raise ValueError(f"a DP clip sums whole-entry updates; {name!r} came as a slice or rows")
+            acc = self.sums.get(name)
+            if acc is None:
+                self.sums[name] = a.astype(np.float64)
+            else:
+                np.add(acc, a, out=acc)
+        for block, norm in norms.items():
+            self.counts[block] = self.counts.get(block, 0) + 1
+            self.bits[block] = self.bits.get(block, 0.0) + self.clipping.blocks[block].bit(norm)
+
+    def discard(self, device_id: str) -> None:
+        self._norms.pop(device_id, None)
+
+    def adapt(self, expected: Mapping[int, float]) -> None:
+        """Move each released block's clip towards its target quantile from the noised count of this
+        round's unclipped updates (over its expected cohort)."""
+        self.clipping.update({b: self.bits.get(b, 0.0) for b in expected}, expected)
+
+    def restore(self, clipping: AdaptiveClipping) -> None:
+        """Continue with a resumed run's clips."""
+        self.clipping = clipping
+
+    def end_round(self) -> None:
+        self._begin()

@@ -1,8 +1,8 @@
 """Distributed differential privacy: the devices add the noise, inside the secure round, and the
 server accounts what survived (docs/security.md, "Distributed noise on secure aggregation").
 
-With ``dp`` and ``secure_aggregation`` both on, :class:`DistributedDPIntake` replaces the secure
-intake. The plan is central DP's (``orchestrator.aggregation.privacy.central.plan_central``: the same N, K,
+With ``dp`` and ``secure_aggregation`` both on, :class:`DistributedDiscreteGaussian` (the
+``discrete_gaussian`` privacy mechanism) releases the secure round's block sums. The plan is central DP's (``orchestrator.aggregation.privacy.central.plan_central``: the same N, K,
 sampling, delta, multiplier z, per-block clip C_b = C / sqrt(L) and multiplier z_b = z sqrt(L)), and
 the mechanism is Kairouz, Liu and Steinke's (2021, "The Distributed Discrete Gaussian Mechanism
 for Federated Learning with Secure Aggregation", Algorithm 1) on EmbracingFL's block cohorts:
@@ -19,7 +19,7 @@ for Federated Learning with Secure Aggregation", Algorithm 1) on EmbracingFL's b
    (n_exp_b = n_min_b by default: never less than z_b), one with fewer is not revealed
    (``SecureRound.finish``): the honest server never releases a sum under-noised for its floor;
 4. each revealed block's mean is its noised sum over its *expected* cohort m_b = q N_b (central DP's
-   fixed denominator, :func:`~orchestrator.aggregation.privacy.intake.expected_cohorts`), and the round's release,
+   fixed denominator, :func:`~orchestrator.aggregation.privacy.release.expected_cohorts`), and the round's release,
    each block at the multiplier its survivors gave, goes to the same ledger as central DP's, journaled
    with the round (``mode`` "distributed"), so that a resumed run continues it and
    ``dp_target_epsilon`` ends the run before the round that would pass it.
@@ -31,119 +31,64 @@ survived (the protocol needs it) and each block's count of survivors (the unnois
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
-from edge_sdk.models import LayeredModel
-from edge_sdk.secagg.layout import split_vector
-from orchestrator.aggregation.privacy import PrivacyBudgetSpent
-from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLedger, RoundEvent
-from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
-from orchestrator.aggregation.privacy.intake import (DISTRIBUTED, expected_cohorts, next_stop, over_target,
-                                                     resumed_ledger)
-from orchestrator.aggregation.secure.intake import SecureIntake
-from orchestrator.aggregation.secure.round import BlockOutcome, SecureRound
-from orchestrator.config import ServerConfig
-from orchestrator.store import Store
-from orchestrator.strategies import RoundContext, RoundResult, Strategy
+from orchestrator.aggregation.pipeline import BlockSums
+from orchestrator.aggregation.privacy.accountant import BlockRelease
+from orchestrator.aggregation.privacy.mechanism import PrivacyMechanism
+from orchestrator.aggregation.secure.round import NoisePlan
+from orchestrator.strategies import RoundContext, RoundResult
 
-__all__ = ["DistributedDPIntake"]
+__all__ = ["DISTRIBUTED", "DistributedDiscreteGaussian"]
 
-log = logging.getLogger("edgetrain.server")
+#: Where this mechanism's noise is added, as a run's journaled ledger says.
+DISTRIBUTED = "distributed"
 
 
-class DistributedDPIntake(SecureIntake):
+class DistributedDiscreteGaussian(PrivacyMechanism):
     """Secure rounds whose devices add discrete Gaussian noise; the server accounts the survivors'."""
 
-    def __init__(self, config: ServerConfig, template: LayeredModel, strategy: Strategy, store: Store,
-                 **parts: Any) -> None:
-        self.plan: CentralPlan = plan_central(config, len(template))
-        super().__init__(replace(config, secure_clip=self.plan.block_clip), template, strategy, store, **parts)
-        self.uniform = True  # every weight 1 (step 1)
-        self.target = config.dp_target_epsilon
-        self.poisson = config.dp_sampling == "poisson"
-        self.ledger = PrivacyLedger(tuple(self.block_names), self.plan.delta, accountant=config.dp_accountant,
-                                    sampling=config.dp_sampling)
-        if config.resume:
-            self.ledger = resumed_ledger(store.privacy_state(), store.completed_rounds(), self.ledger,
-                                         DISTRIBUTED) or self.ledger
-        self.stop_reason: str | None = None
+    name = "discrete_gaussian"
+    mode = DISTRIBUTED
+    formats = frozenset({"masked"})
 
-    def begin_round(self, state: Mapping[str, np.ndarray], round: int) -> None:
-        if self.stop_reason is not None:
-            raise PrivacyBudgetSpent(self.stop_reason)
-        super().begin_round(state, round)
-
-    def plan_noise(self, secure: SecureRound) -> None:
+    def noise_shares(self, cohorts: Mapping[int, int]) -> NoisePlan:
         """Step 2: each block's n_min_b from the cohort that advertised keys, z_b, and the survivors
         n_exp_b the shares are sized for (``dp_expected_survivors``; by default n_min_b)."""
-        splits = [device.split for device in secure.keys.values()]
-        cohorts = {b: sum(s <= b for s in splits) for b in range(len(self.block_names))}
-        share = self.config.dp_expected_survivors
-        secure.noise_survivors = {b: _at_least(self.config.dp_min_survivors, n) for b, n in cohorts.items() if n > 0}
-        secure.noise_multiplier = self.plan.block_multiplier if secure.noise_survivors else 0.0
-        if share is not None:
-            secure.noise_expected = {b: max(n_min, _at_least(share, cohorts[b]))
-                                     for b, n_min in secure.noise_survivors.items()}
+        config = self.config
+        survivors = {b: _at_least(config.dp_min_survivors, n) for b, n in cohorts.items() if n > 0}
+        share = config.dp_expected_survivors
+        expected = {} if share is None else {b: max(n_min, _at_least(share, cohorts[b]))
+                                             for b, n_min in survivors.items()}
+        return NoisePlan(self.plan.block_multiplier if survivors else 0.0, survivors, expected)
 
-    def aggregate(self, ctx: RoundContext) -> RoundResult:
-        """Steps 3-4: each revealed block's noised sum over its expected cohort, the release accounted."""
-        result = super().aggregate(ctx)
-        event, revealed, expected, fleet, cohort = self._release(ctx)
-        if event is None:
-            return replace(result, state=dict(ctx.global_state), extra={**result.extra, "privacy": self.summary_dp({})})
-        blocks = event.blocks
-        if self.target is not None and self.ledger.would_exceed(self.target, event):
-            raise PrivacyBudgetSpent(over_target(self.ledger, self.target, ctx.round, event))
+    def releases(self, sums: BlockSums | None, expected: Mapping[int, float]) -> dict[int, BlockRelease]:
+        """Step 3: each revealed block the round expected, at the multiplier its survivors' shares gave."""
+        if sums is None:
+            return {}
+        return {b: BlockRelease(sums.multipliers[b]) for b in sums.values if b in expected and sums.multipliers[b] > 0}
+
+    def release(self, ctx: RoundContext, result: RoundResult, sums: BlockSums | None, expected: Mapping[int, float],
+                released: Mapping[int, BlockRelease]) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+        """Step 4: each released block's noised sum over its expected cohort; the others keep their value."""
+        assert sums is not None
         state = {k: np.asarray(v) for k, v in ctx.global_state.items()}
         noise: dict[str, float] = {}
-        for out in revealed:
-            m = expected[out.block]
-            for name, delta in split_vector(out.values / m, self.entries[out.block], self.shapes).items():
+        for b in released:
+            m = expected[b]
+            for name, delta in sums.split(b, m).items():
                 state[name] = np.asarray(state[name] + delta, dtype=state[name].dtype)
-            noise[self.block_names[out.block]] = out.multiplier * self.plan.block_clip / m
-        self.ledger.record(event)
-        self.store.record_privacy(ctx.round, {"ledger": self.ledger.to_json(), "mode": DISTRIBUTED})
-        self.stop_reason = next_stop(self.ledger, self.target, ctx.round, self.config.rounds, event)
-        return replace(result, state=state, extra={**result.extra, "privacy": self.summary_dp({
-            "mode": DISTRIBUTED, "noise_stddev": noise, "fleet": fleet, "cohort": cohort,
-            "multipliers": {name: b.noise_multiplier for name, b in blocks.items()},
-            "expected_cohorts": {self.block_names[o.block]: expected[o.block] for o in revealed}})})
+            noise[self.blocks[b]] = sums.multipliers[b] * self.plan.block_clip / m
+        return state, {"mode": DISTRIBUTED, "noise_stddev": noise,
+                       "multipliers": {self.blocks[b]: r.noise_multiplier for b, r in released.items()},
+                       "expected_cohorts": {self.blocks[b]: expected[b] for b in released}}
 
-    def ends_run(self) -> bool:
-        return self.stop_reason is not None
-
-    def _release(self, ctx: RoundContext) -> tuple[RoundEvent | None, list[BlockOutcome], dict[int, float], int, int]:
-        """The round's release as the accountant takes it (None: no block revealed), the revealed
-        blocks' outcomes, each block's expected cohort, the fleet N and the cohort K."""
-        fleet, cohort = max(len(ctx.devices), ctx.state.num_selected), ctx.state.num_selected
-        rate = self.config.fraction if self.poisson else cohort / max(1, fleet)
-        expected = expected_cohorts(ctx, rate, len(self.block_names))
-        revealed = [o for o in self.outcomes if o.values is not None and o.block in expected and o.multiplier > 0]
-        blocks = {self.block_names[o.block]: BlockRelease(o.multiplier) for o in revealed}
-        if not blocks:
-            return None, revealed, expected, fleet, cohort
-        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
-        return event, revealed, expected, fleet, cohort
-
-    async def settle(self, ctx: RoundContext) -> None:
-        """After the unmasking: the accountant's answers for the release (as central DP's intake) in a
-        worker thread, so that the server's loop keeps serving devices meanwhile."""
-        await super().settle(ctx)
-        event = self._release(ctx)[0]
-        if event is not None:
-            await asyncio.to_thread(self.ledger.look_ahead, event)
-
-    def summary_dp(self, round_info: Mapping[str, object]) -> dict[str, object]:
-        """The privacy spent so far (per block and for the model) and what this round released."""
-        return {**self.ledger.spent().to_dict(), "noise_multiplier": self.plan.multiplier,
-                "target_epsilon": self.target, "mode": DISTRIBUTED, **round_info}
+    def withheld(self, ctx: RoundContext, result: RoundResult) -> dict[str, np.ndarray]:
+        """No block released: the model keeps its value (the weighted mean of unnoised sums is never used)."""
+        return dict(ctx.global_state)
 
 
 def _at_least(share: float, cohort: int) -> int:

@@ -1,13 +1,16 @@
 """The server's side of one secure round, sans-I/O: what it relays, what it checks, what it learns.
 
-Stages (SecAgg+: Bell et al. 2020, Algorithm 2; the rounds of Bonawitz et al. 2017), each closed by
-its driver (:mod:`orchestrator.aggregation.secure.intake`) when every device it awaits has answered or its time
-is up:
+Stages (SecAgg+: Bell et al. 2020, Algorithm 2; the rounds of Bonawitz et al. 2017), each a member
+of :class:`SecureStage` that only the round's own methods move on (as websockets' ``State`` and the
+protocol's ``SessionState``), each closed by its driver (:mod:`orchestrator.aggregation.secure.stages`)
+when every device it awaits has answered or its time is up:
 
 0. keys: :meth:`SecureRound.advertise` takes each device's two public keys with their signature
    (verified against the roster's identity key: a replayed or forged advertisement is refused);
    :meth:`SecureRound.close_keys` fixes the cohort U_0, the neighbour graph (public seed) and the
-   fixed point, leaving out a device whose first block's cohort would have it alone.
+   fixed point, leaving out a device whose first block's cohort would have it alone. The driver
+   passes in what depends on the advertised cohort: the scale of the devices' weights, and the
+   noise the devices add (:class:`NoisePlan`, distributed DP); nothing is written into the round.
 1. shares: :meth:`SecureRound.take_shares` takes each device's sealed shares, one per neighbour,
    unopened; :meth:`SecureRound.close_shares` fixes U_1 (those who shared) and routes each device
    the shares addressed to it.
@@ -24,13 +27,13 @@ of them, or a secret that fewer than t shares reached, is not revealed (:class:`
 why); the server learns each revealed block's sum of weighted, clipped updates and the sum of the
 weights, nothing of one device's.
 
-Distributed DP (Kairouz, Liu, Steinke 2021, Algorithm 1): with ``noise_multiplier`` z_b and
-``noise_survivors`` (block -> n_min_b) every device adds N_Z(0, sigma_b^2 / n_min_b) to block b's
+Distributed DP (Kairouz, Liu, Steinke 2021, Algorithm 1): with a :class:`NoisePlan` of multiplier z_b
+and ``survivors`` (block -> n_min_b) every device adds N_Z(0, sigma_b^2 / n_min_b) to block b's
 value words, sigma_b = z_b C 2^f (ring units), so any n_min_b survivors' shares reach sigma_b.
 The ring is sized for the cohort's summed noise too (edge_sdk.secagg.fixedpoint). A block with
 s_b < n_min_b survivors is not revealed (its noise would fall short of sigma_b); a revealed one
 carries the multiplier its survivors' shares give, z_b sqrt(s_b / n_min_b) (:attr:`BlockOutcome.multiplier`),
-which is what the ledger accounts. ``noise_expected`` (block -> n_exp_b >= n_min_b) sizes the shares
+which is what the ledger accounts. The plan's ``expected`` (block -> n_exp_b >= n_min_b) sizes the shares
 for the survivors a run expects instead: each device adds N_Z(0, sigma_b^2 / n_exp_b) (the message's
 sigma is scaled by sqrt(n_min_b / n_exp_b)), so n_exp_b survivors reach z_b exactly and a block
 revealed with s_b survivors carries z_b sqrt(s_b / n_exp_b), below z_b where fewer survive than
@@ -39,6 +42,7 @@ expected (the ledger accounts what was released; n_min_b still withholds a block
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,7 +53,17 @@ from edge_sdk.secagg import (KEY_BYTES, FixedPoint, Graph, Scope, SecAggError, a
                              pair_mask_seed, remove_masks, self_mask_seed, verify_advertisement)
 from edge_sdk.secagg.graph import default_degree
 
-__all__ = ["BlockOutcome", "SecureRefusal", "SecureRound"]
+__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage"]
+
+
+class SecureStage(enum.Enum):
+    """Where a secure round is; it moves on only by the round's own methods, in this order."""
+
+    KEYS = "keys"  # taking key advertisements; close_keys ->
+    SHARES = "shares"  # taking sealed shares; close_shares ->
+    MASKED = "masked"  # taking masked uploads; close_uploads ->
+    UNMASK = "unmask"  # taking the survivors' shares of secrets; finish ->
+    DONE = "done"  # the block sums are out (finish may close the round from any stage)
 
 
 class SecureRefusal(SecAggError):
@@ -71,6 +85,30 @@ class BlockOutcome:
     multiplier: float = 0.0  # distributed DP: the noise standard deviation of the sum over its clip
 
 
+@dataclass(frozen=True)
+class NoisePlan:
+    """The discrete Gaussian noise the devices of a secure round add (distributed DP), fixed when the
+    key stage closes from the cohort that advertised: the multiplier z_b of every noised block,
+    ``survivors`` (block -> n_min_b, the fewest survivors whose shares reach sigma_b = z_b C 2^f) and
+    ``expected`` (block -> n_exp_b >= n_min_b, the survivors the shares are sized for; n_min_b where
+    absent). The empty plan: no noise."""
+
+    multiplier: float = 0.0
+    survivors: Mapping[int, int] = field(default_factory=dict)
+    expected: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.multiplier > 0) != bool(self.survivors) or any(n < 1 for n in self.survivors.values()):
+            raise SecAggError("distributed noise needs a multiplier > 0 and each block's n_min >= 1, or neither")
+        if any(b not in self.survivors or n < self.survivors[b] for b, n in self.expected.items()):
+            raise SecAggError("a block's expected survivors must be at least its n_min, for a block with noise")
+
+    def sized_for(self, b: int, cohort: int) -> tuple[int, int]:
+        """Block ``b``'s (n_min_b, n_exp_b) in a cohort of ``cohort`` members (neither above it)."""
+        n_min = min(self.survivors[b], cohort)
+        return n_min, max(n_min, min(self.expected.get(b, n_min), cohort))
+
+
 @dataclass
 class _Device:
     split: int
@@ -83,16 +121,12 @@ class SecureRound:
     """One round's secure aggregation over ``num_blocks`` blocks, in ``scope``."""
 
     def __init__(self, scope: Scope, num_blocks: int, sizes: Mapping[int, int], *, clip: float,
-                 identities: Mapping[str, bytes], weight_scale: float, degree: int = 0, min_survivors: int = 0,
-                 noise_multiplier: float = 0.0, noise_survivors: Mapping[int, int] | None = None,
-                 noise_expected: Mapping[int, int] | None = None) -> None:
+                 identities: Mapping[str, bytes], degree: int = 0, min_survivors: int = 0) -> None:
         self.scope, self.num_blocks, self.sizes = scope, num_blocks, dict(sizes)  # block -> coordinates
-        self.clip, self.identities, self.weight_scale = clip, identities, weight_scale
+        self.clip, self.identities = clip, identities
         self.degree, self.min_survivors = degree, min_survivors
-        self.noise_multiplier, self.noise_survivors = noise_multiplier, dict(noise_survivors or {})
-        if (noise_multiplier > 0) != bool(self.noise_survivors) or any(n < 1 for n in self.noise_survivors.values()):
-            raise SecAggError("distributed noise needs a multiplier > 0 and each block's n_min >= 1, or neither")
-        self.noise_expected = dict(noise_expected or {})
+        self.weight_scale = 1.0  # fixed by close_keys
+        self.noise = NoisePlan()  # fixed by close_keys
         self.graph_seed = os.urandom(KEY_BYTES)
         self.keys: dict[str, _Device] = {}
         self.left_out: dict[str, str] = {}  # device -> why it is not in the cohort
@@ -104,16 +138,27 @@ class SecureRound:
         self.asked: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         self.seed_shares: dict[str, list[bytes]] = {}
         self.key_shares: dict[str, list[bytes]] = {}
-        self.stage = "keys"
+        self._stage = SecureStage.KEYS
 
-    def _at(self, stage: str, device: str, what: str) -> None:
-        if self.stage != stage:
-            raise SecureRefusal(f"{what} from {device!r} in stage {self.stage!r} of the secure round, not {stage!r}")
+    @property
+    def stage(self) -> SecureStage:
+        """Where the round is (:class:`SecureStage`): read by its driver, moved on by its own methods only."""
+        return self._stage
+
+    def _at(self, stage: SecureStage, device: str, what: str) -> None:
+        if self._stage is not stage:
+            raise SecureRefusal(f"{what} from {device!r} in stage {self._stage.value!r} of the secure round, "
+                                f"not {stage.value!r}")
+
+    def advertised_cohorts(self) -> dict[int, int]:
+        """Block -> how many devices that advertised keys train it (their split is at most the block)."""
+        splits = [device.split for device in self.keys.values()]
+        return {b: sum(s <= b for s in splits) for b in range(self.num_blocks)}
 
     # -- 0: keys ---------------------------------------------------------------------------------
     def advertise(self, device: str, split: int, cipher: bytes, mask: bytes, signature: bytes) -> None:
         """Take a device's key advertisement (once per round; signed by its roster identity key)."""
-        self._at("keys", device, "a key advertisement")
+        self._at(SecureStage.KEYS, device, "a key advertisement")
         if device in self.keys:
             raise SecureRefusal(f"{device!r} advertised keys twice in one round (a replay)")
         identity = self.identities.get(device)
@@ -124,10 +169,13 @@ class SecureRound:
         verify_advertisement(identity, device, self.scope, cipher, mask, signature)
         self.keys[device] = _Device(split, cipher, mask, signature)
 
-    def close_keys(self) -> dict[str, dict[str, object]]:
+    def close_keys(self, *, weight_scale: float, noise: NoisePlan | None = None) -> dict[str, dict[str, object]]:
         """Fix U_0 and the graph; per member, the fields of its ``SecAggPeers``. A device whose first
-        block would have no neighbour that trained it is left out (alone, its mask would be its own)."""
-        self._at("keys", "the server", "closing the key stage")
+        block would have no neighbour that trained it is left out (alone, its mask would be its own).
+        ``weight_scale``: the devices' weights are w = min(1, samples / weight_scale); ``noise``: the
+        discrete Gaussian noise they add (:class:`NoisePlan`, sized from :meth:`advertised_cohorts`; None: none)."""
+        self._at(SecureStage.KEYS, "the server", "closing the key stage")
+        self.weight_scale, self.noise = weight_scale, noise or NoisePlan()
         members = sorted(self.keys, key=str.encode)
         while True:
             if len(members) < 2:
@@ -141,43 +189,27 @@ class SecureRound:
                 break
             self.left_out.update({m: "no neighbour trained its first block" for m in alone})
             members = [m for m in members if m not in alone]
-        self.stage = "shares"
+        self._stage = SecureStage.SHARES
         if not members:
             return {}
         self.graph = graph
         self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
         return {m: self._peers(m, members) for m in members}
 
-    @property
-    def noise_expected(self) -> dict[int, int]:
-        """Block -> the survivors whose shares sum to sigma_b: n_exp_b where given, else n_min_b."""
-        return {b: self._expected.get(b, n) for b, n in self.noise_survivors.items()}
-
-    @noise_expected.setter
-    def noise_expected(self, expected: Mapping[int, int]) -> None:
-        if any(b not in self.noise_survivors or n < self.noise_survivors[b] for b, n in expected.items()):
-            raise SecAggError("a block's expected survivors must be at least its n_min, for a block with noise")
-        self._expected = dict(expected)
-
-    def _sized_for(self, b: int, cohort: int) -> tuple[int, int]:
-        """Block ``b``'s (n_min_b, n_exp_b) in a cohort of ``cohort`` members (neither above it)."""
-        n_min = min(self.noise_survivors[b], cohort)
-        return n_min, max(n_min, min(self._expected.get(b, n_min), cohort))
-
     def _summed_noise(self, cohort: int) -> float:
         """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
-        return max((self.noise_multiplier * self.clip * (cohort / max(1, self._sized_for(b, cohort)[1])) ** 0.5
-                    for b in self.noise_survivors), default=0.0)
+        return max((self.noise.multiplier * self.clip * (cohort / max(1, self.noise.sized_for(b, cohort)[1])) ** 0.5
+                    for b in self.noise.survivors), default=0.0)
 
     def _noise_fields(self) -> dict[str, object]:
         """Each block's sigma and n_min as the devices take them: a share of variance sigma^2 / n_min, which
         with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
         fixed = self.fixed
         assert fixed is not None
-        if not self.noise_survivors:
+        if not self.noise.survivors:
             return {}
-        sigma = self.noise_multiplier * fixed.clip * 2.0**fixed.frac_bits
-        sized = {b: self._sized_for(b, fixed.cohort) for b in self.noise_survivors}
+        sigma = self.noise.multiplier * fixed.clip * 2.0**fixed.frac_bits
+        sized = {b: self.noise.sized_for(b, fixed.cohort) for b in self.noise.survivors}
         return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
                 "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
 
@@ -199,7 +231,7 @@ class SecureRound:
     # -- 1: shares -------------------------------------------------------------------------------
     def take_shares(self, device: str, sealed: Mapping[str, bytes]) -> None:
         """Take a member's sealed shares: exactly one for each of its neighbours."""
-        self._at("shares", device, "shares")
+        self._at(SecureStage.SHARES, device, "shares")
         graph = self.graph
         if graph is None or device not in graph.neighbours:
             raise SecureRefusal(f"shares from {device!r}, which is not in the round's cohort")
@@ -211,8 +243,8 @@ class SecureRound:
 
     def close_shares(self) -> dict[str, dict[str, bytes]]:
         """Fix U_1; per member of U_1, the sealed shares addressed to it by other members of U_1."""
-        self._at("shares", "the server", "closing the share stage")
-        self.stage = "masked"
+        self._at(SecureStage.SHARES, "the server", "closing the share stage")
+        self._stage = SecureStage.MASKED
         assert self.graph is not None
         while alone := [u for u in self.shared
                         if not any(self.keys[v].split <= self.keys[u].split for v in self.neighbours(u))]:
@@ -229,7 +261,7 @@ class SecureRound:
     # -- 2: masked uploads -----------------------------------------------------------------------
     def check_masked(self, device: str, blocks: Mapping[int, np.ndarray]) -> None:
         """Refuse an upload that is not exactly the words of the blocks the device trained."""
-        self._at("masked", device, "a masked update")
+        self._at(SecureStage.MASKED, device, "a masked update")
         if device not in self.shared:
             raise SecureRefusal(f"a masked update from {device!r}, which did not share its keys this round")
         if device in self.masked:
@@ -256,8 +288,8 @@ class SecureRound:
     # -- 3: unmasking ----------------------------------------------------------------------------
     def close_uploads(self) -> dict[str, tuple[list[str], list[str]]]:
         """Fix U_2; per survivor, (its survivors incl. itself, its dropped) among its U_1 neighbours."""
-        self._at("masked", "the server", "closing the uploads")
-        self.stage = "unmask"
+        self._at(SecureStage.MASKED, "the server", "closing the uploads")
+        self._stage = SecureStage.UNMASK
         for u in sorted(self.masked, key=str.encode):
             near = self.neighbours(u)
             alive = sorted([u, *(v for v in near if v in self.masked)], key=str.encode)
@@ -265,9 +297,14 @@ class SecureRound:
             self.asked[u] = (frozenset(alive), frozenset(gone))
         return {u: (sorted(a, key=str.encode), sorted(g, key=str.encode)) for u, (a, g) in self.asked.items()}
 
+    def forget_asked(self, device: str) -> None:
+        """A survivor gone since its upload cannot answer the unmasking: it is not awaited."""
+        self._at(SecureStage.UNMASK, device, "forgetting an unmasking request")
+        self.asked.pop(device, None)
+
     def take_reveal(self, device: str, seed_shares: Mapping[str, bytes], key_shares: Mapping[str, bytes]) -> None:
         """Take a survivor's shares: exactly those it was asked for, once."""
-        self._at("unmask", device, "an unmasking answer")
+        self._at(SecureStage.UNMASK, device, "an unmasking answer")
         asked = self.asked.pop(device, None)
         if asked is None:
             raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already)")
@@ -279,8 +316,9 @@ class SecureRound:
             self.key_shares.setdefault(v, []).append(bytes(share))
 
     def finish(self) -> list[BlockOutcome]:
-        """Each block's outcome: its unmasked, decoded sum, or why it stays hidden."""
-        self.stage = "done"
+        """Each block's outcome: its unmasked, decoded sum, or why it stays hidden. Closes the round
+        from any stage (one closed before its uploads has no block to reveal)."""
+        self._stage = SecureStage.DONE
         fixed, graph = self.fixed, self.graph
         if fixed is None or graph is None:
             return [BlockOutcome(b, 0, reason="no cohort shared keys") for b in range(self.num_blocks)]
@@ -309,13 +347,13 @@ class SecureRound:
         if b not in self.sums or len(cohort) < need:
             outcome.reason = f"{len(cohort)} masked updates of block {b}, fewer than the threshold {need}"
             return outcome
-        if self.noise_survivors:
-            n_min, n_exp = self._sized_for(b, fixed.cohort)
+        if self.noise.survivors:
+            n_min, n_exp = self.noise.sized_for(b, fixed.cohort)
             if len(cohort) < n_min:
                 outcome.reason = (f"{len(cohort)} survivors of block {b}, fewer than the {n_min} its noise is "
                                   f"sized for: the sum would be under-noised")
                 return outcome
-            outcome.multiplier = self.noise_multiplier * (len(cohort) / n_exp) ** 0.5
+            outcome.multiplier = self.noise.multiplier * (len(cohort) / n_exp) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
             seed = self._rebuild(u, self.seed_shares, seeds, graph)

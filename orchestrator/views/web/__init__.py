@@ -6,6 +6,7 @@
 - :mod:`~orchestrator.views.terminal`: the page's URL and its QR code, for the person starting the server.
 """
 
-from orchestrator.views.web.site import WebSite
+from orchestrator.views.web.site import WebOptions, WebSite
+from orchestrator.views.web.status import ServerView
 
-__all__ = ["WebSite"]
+__all__ = ["ServerView", "WebOptions", "WebSite"]

@@ -24,6 +24,8 @@ import hmac
 import json
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,9 +38,9 @@ from edge_sdk.settings import device_id_problem
 from orchestrator.views.web.certs import LocalAuthority
 from orchestrator.views.web.files import REVALIDATE, STATIC, SdkFiles, default_sdk_dir, respond
 from orchestrator.views.web.install import ca_response, install_page, trust_response
-from orchestrator.views.web.status import Served, StatusFeed, snapshot
+from orchestrator.views.web.status import ServerView, StatusFeed, snapshot
 
-__all__ = ["WebSite"]
+__all__ = ["WebOptions", "WebSite"]
 
 log = logging.getLogger("edgetrain.web")
 JSON = "application/json"
@@ -50,29 +52,35 @@ WEB_RUNTIME = "onnxruntime-web"
 WEB_RUNTIMES = ("onnxruntime-web", "onnxruntime-webgpu")
 
 
-class WebSite:
-    """Pages, SDK files, demo shards and the status on ``server``'s port; hooks its ``process_request``
-    (upgrades still go to admission) and its ``on_event`` (the status page's feed)."""
+@dataclass(frozen=True)
+class WebOptions:
+    """How ``serve`` sets up the pages: the conditions the server asks of every device page
+    (``--web-condition``) and the local certificate authority the port serves TLS from, if any
+    (``--web-tls``)."""
 
-    def __init__(self, server: Served, *, sdk_dir: Path | None = None) -> None:
-        self.server = server
+    conditions: tuple[str, ...] = ()
+    authority: LocalAuthority | None = None
+
+
+class WebSite:
+    """Pages, SDK files, demo shards and the status on the server's port, reading ``server`` (a
+    :class:`ServerView`); the server hands it every request (:meth:`process_request`: a websocket
+    upgrade goes on to ``admit``, admission's answer) and every event (``feed``, the status page's)."""
+
+    def __init__(self, server: ServerView, *, admit: Callable[..., Response | None], options: WebOptions = WebOptions(),
+                 sdk_dir: Path | None = None) -> None:
+        self.server, self._admit = server, admit
         self.config = server.config
+        self.conditions, self.authority = tuple(options.conditions), options.authority
         self.files = SdkFiles(sdk_dir or (Path(self.config.web_sdk) if self.config.web_sdk else default_sdk_dir()))
         threading.Thread(target=self.files.warm, name="web files", daemon=True).start()
         self.feed = StatusFeed()
         self._shards: dict[int, bytes] = {}
         self._budgets: dict[tuple[int, str], dict[str, object]] = {}
-        #: Conditions the server asks of every device page (``serve --web-condition``).
-        self.conditions: tuple[str, ...] = ()
-        #: The local certificate authority the port serves TLS from, if any (``serve --web-tls``).
-        self.authority: LocalAuthority | None = None
-        self._admit = server.process_request
-        server.process_request = self.process_request
-        server.on_event = self.feed.tee(server.on_event)
 
     async def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            return self._admit(connection, request)  # type: ignore[return-value]
+            return self._admit(connection, request)
         try:
             return await self.route(request)
         except Exception:  # a fault of the site's own: this request fails, the server goes on
@@ -117,7 +125,7 @@ class WebSite:
         return found or respond(404, b"not found\n", "text/plain; charset=utf-8")
 
     def _https_url(self, headers: Headers) -> str:
-        host = headers.get("Host", "") or f"127.0.0.1:{self.server.port}"
+        host = headers.get("Host", "") or f"127.0.0.1:{self.server.port()}"
         return f"https://{host}/"
 
     def service_worker(self) -> Response:
@@ -134,7 +142,7 @@ class WebSite:
         auth = "credentials" if c.require_credentials else "token" if c.token else "none"
         from orchestrator.server.evaluate import model_classes
 
-        model = getattr(self.server, "model", None)
+        model = self.server.model
         return {"model": c.model, "rounds": c.rounds, "local_steps": c.local_steps, "data": c.eval_data,
                 "shards": c.web_demo_shards, "auth": auth, "sdk_missing": self.files.missing(),
                 "input_shape": list(model.input_shape) if model is not None else None,
@@ -185,7 +193,7 @@ class WebSite:
     def device_rounds(self, device_id: str) -> dict[str, object]:
         """The rounds whose train report of ``device_id`` the journal holds as accepted: what a reopened
         device page shows as this device's rounds (a tab counts only its own otherwise)."""
-        rounds = sorted({u["round"] for u in self.server.store.updates()
+        rounds = sorted({u["round"] for u in self.server.store.reports.all()
                          if u["device_id"] == device_id and u.get("phase", "train") == "train" and u.get("accepted")})
         return {"device": device_id, "rounds": len(rounds), "last_round": rounds[-1] if rounds else None}
 

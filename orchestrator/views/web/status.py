@@ -11,30 +11,36 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
-
+from edge_sdk.models import LayeredModel
+from orchestrator.config import ServerConfig
+from orchestrator.parts import Session
+from orchestrator.rounds import RoundState
+from orchestrator.server.admission import Admission
+from orchestrator.server.planning import Planning
 from orchestrator.server.wirebytes import device_bytes, round_bytes
+from orchestrator.store import Store
 
-__all__ = ["Notice", "Served", "StatusFeed", "snapshot"]
+__all__ = ["Notice", "ServerView", "StatusFeed", "snapshot"]
 
 #: Server events the page lists as refusals and errors.
 NOTICES = ("closed", "rejected", "late", "device_error", "round_failed", "over_budget", "train_graph_refused")
 MAX_NOTICES = 100
 
 
-class Served(Protocol):
-    """The parts of :class:`orchestrator.server.Orchestrator` the site reads (and the two it hooks)."""
+@dataclass(frozen=True)
+class ServerView:
+    """The server as its web pages read it: typed, and nothing of it they could change but through the
+    parts' own methods (admission spends a page's proofs in its replay record and issues its tickets).
+    The server builds it (``Orchestrator``) and hands it to :class:`~orchestrator.views.web.site.WebSite`."""
 
-    config: Any
-    store: Any
-    admission: Any  # who may connect: its replay record spends the status page's proofs too
-    sessions: Mapping[str, Any]
-    loop: Any
-    model: Any  # the layered model: its input shape and classes, for the device page
-    planning: Any  # the budget arithmetic (orchestrator.server.planning.Planning): the page's least budget
-    port: int | None
-    on_event: Callable[[str, dict], None]
-    process_request: Callable[..., object]
+    config: ServerConfig
+    store: Store
+    admission: Admission  # who may connect: its replay record spends the status page's proofs too
+    sessions: Mapping[str, Session]
+    model: LayeredModel  # its input shape and classes, for the device page
+    planning: Planning  # the budget arithmetic: the page's least budget
+    round: Callable[[], RoundState | None]  # the round under way, if any
+    port: Callable[[], int | None]  # the port the server listens on, once it does
 
 
 @dataclass(frozen=True)
@@ -55,13 +61,6 @@ class StatusFeed:
         self.last_report: dict[str, dict[str, object]] = {}
         self.notices: deque[Notice] = deque(maxlen=MAX_NOTICES)
 
-    def tee(self, on_event: Callable[[str, dict], None]) -> Callable[[str, dict], None]:
-        """``on_event`` that also feeds this."""
-        def both(kind: str, data: dict) -> None:
-            self.take(kind, data)
-            on_event(kind, data)
-        return both
-
     def take(self, kind: str, data: Mapping[str, object]) -> None:
         device = str(data.get("device", ""))
         if kind == "update":
@@ -77,13 +76,13 @@ class StatusFeed:
                                        str(message)[:256]))
 
 
-def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
+def snapshot(server: ServerView, feed: StatusFeed) -> dict[str, object]:
     """The status page's data, as JSON-ready values."""
     config = server.config
-    rs = server.loop.round
+    rs = server.round()
     current = None if rs is None else {"round": rs.round, "selected": rs.num_selected, "reported": rs.num_reported(),
                                        "deadline_s": max(0.0, rs.deadline - time.monotonic())}
-    journaled = server.store.rounds()
+    journaled = server.store.rounds.all()
     rounds = [{"round": r["round"], "complete": r["complete"], "selected": len(r["selected"]),
                "reported": r["reported"], "started": r["started"], "finished": r["finished"],
                "accuracy": _metric(r["metrics"], "accuracy"), "loss": _metric(r["metrics"], "test_loss"),
@@ -96,7 +95,7 @@ def snapshot(server: Served, feed: StatusFeed) -> dict[str, object]:
 
 
 def _secure(metrics: dict | None) -> dict[str, object]:
-    """A secure round's summary (orchestrator.aggregation.secure.intake): each block's cohort and whether it was
+    """A secure round's summary (orchestrator.aggregation.secure.sums): each block's cohort and whether it was
     revealed, the dropouts whose masks were removed, the protocol's cost; nothing for a plain round."""
     secure = (metrics or {}).get("secure")
     if not isinstance(secure, dict):
@@ -126,13 +125,13 @@ def _last_bytes(rounds: list[dict]) -> dict[str, dict[str, object]]:
     return out
 
 
-def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
+def _reported(server: ServerView, feed: StatusFeed) -> dict[str, dict[str, object]]:
     """What each device's last report says: the runtime it trained on (its ``backend`` metric: a
     browser tab planned on WebGPU may have trained on WebAssembly) and the most memory it held
     (``peak_rss_bytes``; a tab cannot read its own), from the journal's rounds of the devices' last reports."""
     out: dict[str, dict[str, object]] = {}
     for rnd in sorted({r["round"] for r in feed.last_report.values() if isinstance(r.get("round"), int)}):
-        for update in server.store.updates(rnd):
+        for update in server.store.reports.all(rnd):
             metrics, mine = update.get("metrics") or {}, out.setdefault(update["device_id"], {})
             if isinstance(metrics.get("backend"), str):
                 mine["backend"] = metrics["backend"]
@@ -142,12 +141,12 @@ def _reported(server: Served, feed: StatusFeed) -> dict[str, dict[str, object]]:
     return out
 
 
-def _devices(server: Served, feed: StatusFeed, spent: Mapping[str, dict[str, object]]) -> list[dict[str, object]]:
+def _devices(server: ServerView, feed: StatusFeed, spent: Mapping[str, dict[str, object]]) -> list[dict[str, object]]:
     """Journaled devices, the connected ones with what they said in this connection's hello, and
     what their last round cost them in bytes."""
     reported = _reported(server, feed)
     out = []
-    for d in server.store.devices():
+    for d in server.store.devices.all():
         device_id, profile, plan = d["device_id"], d["profile"], d["plan"]
         session = server.sessions.get(device_id)
         if session is not None:  # what this connection declared and was planned (the journal may lag a turn)
