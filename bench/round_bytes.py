@@ -19,13 +19,21 @@ setting and seed:
   (``download_delta`` int8/int4/int2: quantized, and against the version a device holds,
   :mod:`edge_sdk.codecs.delta`), updates through that codec.
 
+``--fleet mixed`` runs instead the mixed fleet of edge_sdk_js/bench/fleet-accuracy.mjs: an ``edgetrain
+serve`` and, on digits_mlp, two Python devices (torch), two Node devices (onnxruntime-node, one weak) and
+two headless Chromium tabs running the SDK as the served device page does (onnxruntime-web on
+WebAssembly, no payload store), each a process of its own as a user starts them, for the settings of
+:data:`FLEET_SETTINGS`: ``defaults`` (no option: what a user gets) and ``float32`` (every transfer
+setting off, devices keeping no payloads). Its rows also give each kind of device's bytes
+(``by_kind``: py, node, tab).
+
 Reported per setting (mean ± standard deviation over seeds): bytes down and up per device-round
 (:func:`orchestrator.server.wirebytes.run_bytes`: every device that took part in a round counts once), their
 share of the float32 run's, the final round's test accuracy and its difference from the float32 run
 of the same seed (paired).
 
 ``python bench/round_bytes.py [--models digits_mlp,leaf_cnn] [--settings float32,held,...] [--seeds 0,1,2]
-[--rounds 5] [--devices 6] [--roles strong,moderate,weak] [--table FILE...]`` writes
+[--rounds 5] [--devices 6] [--roles strong,moderate,weak] [--fleet mixed] [--table FILE...]`` writes
 bench/results/round_bytes.json and prints a markdown table (``--table``: only the table of result files).
 """
 
@@ -63,6 +71,13 @@ SETTINGS: dict[str, tuple[bool, str, str, str, str, str]] = {
     "delta8+sr8": (True, "shuffle", "none", "shuffle", "sr8", "int8"),
     "delta4+eden2": (True, "shuffle", "none", "shuffle", "eden2", "int4"),
     "delta2+eden1": (True, "shuffle", "none", "shuffle", "eden1", "int2"),
+}
+#: The mixed fleet's settings: (``edgetrain serve``'s options, the Python and Node devices' options).
+#: ``defaults`` gives none: the server's and the devices' defaults (bench/validated.toml [defaults]).
+FLEET_SETTINGS: dict[str, tuple[str, str]] = {
+    "defaults": ("", ""),
+    "float32": ("--chunk-codec none --tail-codec none --graph-codec none --download-delta none --update-codec none",
+                "--payload-cache off"),
 }
 #: model -> (training data, partition scheme, evaluation data, local learning rate)
 MODELS = {"digits_mlp": ("digits", "iid", "digits", 0.1), "leaf_cnn": ("femnist", "natural", "femnist", 0.04)}
@@ -116,6 +131,30 @@ def run_one(spec: Run, data_root: str | None) -> dict:
             "bytes_per_device_round": spent.get("per_device_round"), "codecs": SETTINGS[spec.setting]}
 
 
+def run_fleet(setting: str, seed: int, rounds: int) -> dict:
+    """One run of the mixed fleet (module doc) at ``setting`` of :data:`FLEET_SETTINGS`, its bytes
+    per device-round in all and by kind of device (the id's prefix: py, node, tab)."""
+    import subprocess
+
+    serve, device = FLEET_SETTINGS[setting]
+    t = time.monotonic()
+    out = subprocess.run(["node", str(ROOT / "edge_sdk_js" / "bench" / "fleet-accuracy.mjs"), "mixed", str(seed),
+                          str(rounds), "--no-gpu", "--serve-args", serve, "--device-args", device],
+                         capture_output=True, text=True, timeout=3600, check=True)
+    run = json.loads(out.stdout.strip().splitlines()[-1])
+    by_kind = {}
+    for kind in ("py", "node", "tab"):
+        history = [{"bytes": {d: b for d, b in (per or {}).items() if d.startswith(kind + "-")}} for per in run["bytes"]]
+        by_kind[kind] = run_bytes(history)
+    spent = run_bytes([{"bytes": per} for per in run["bytes"]]) or {}
+    n = max(1, spent.get("device_rounds", 1))
+    return {"model": "digits_mlp", "setting": setting, "seed": seed, "rounds": rounds, "fleet": "mixed",
+            "wall_s": time.monotonic() - t, "accuracy": run["accuracy"][-1], "devices": run["devices"],
+            "down_per_device_round": spent.get("down", 0) / n, "up_per_device_round": spent.get("up", 0) / n,
+            "held_per_device_round": spent.get("held", 0) / n, "bytes_per_device_round": spent.get("per_device_round"),
+            "by_kind": by_kind, "options": FLEET_SETTINGS[setting]}
+
+
 def _mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
     mean = sum(values) / len(values)
@@ -149,6 +188,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def kinds_table(results: list[dict]) -> str:
+    """The mixed fleet's bytes by kind of device: per setting and kind, bytes down and up per
+    device-round and their share of the float32 run's same kind (paired by seed)."""
+    rows = ["| setting | devices | down MB / device-round | up MB / device-round | of float32's bytes |",
+            "|---|---|---|---|---|"]
+    base = {r["seed"]: r for r in results if r["setting"] == "float32"}
+    for setting in dict.fromkeys(r["setting"] for r in results):
+        rs = [r for r in results if r["setting"] == setting]
+        for kind in ("py", "node", "tab"):
+            spent = [(r["by_kind"][kind], r["seed"]) for r in rs if r["by_kind"].get(kind)]
+            if not spent:
+                continue
+            cells = [f"{m:.2f} ± {sd:.2f}" for m, sd in (
+                _mean_sd([b[d] / b["device_rounds"] / 1e6 for b, _ in spent]) for d in ("down", "up"))]
+            paired = [b["per_device_round"] / base[seed]["by_kind"][kind]["per_device_round"]
+                      for b, seed in spent if seed in base]
+            share = _mean_sd(paired) if paired else None
+            cells.append(f"{share[0]:.3f} ± {share[1]:.3f}" if share else "-")
+            rows.append(f"| {setting} | {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="digits_mlp,leaf_cnn")
@@ -161,23 +222,32 @@ def main() -> None:
                     help="the devices' roles, in turn (moderate,weak: a fleet where nobody trains the frozen blocks)")
     ap.add_argument("--data-root", default=os.environ.get("EDGETRAIN_DATA"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "round_bytes.json")
+    ap.add_argument("--fleet", choices=("mixed",), help="the mixed fleet of Python, Node and page devices, each a "
+                    "process, at --settings of FLEET_SETTINGS (default float32,defaults), seeds interleaved")
     ap.add_argument("--table", type=Path, nargs="*", help="only print the table of these result files (runs none)")
     args = ap.parse_args()
     if args.table:
-        print(table([r for path in args.table for r in json.loads(path.read_text())["results"]]))
+        found = [r for path in args.table for r in json.loads(path.read_text())["results"]]
+        print(table(found) + ("\n\n" + kinds_table(found) if any("by_kind" in r for r in found) else ""))
         return
+    if args.fleet:
+        settings = args.settings.split(",") if "--settings" in sys.argv else list(reversed(FLEET_SETTINGS))
+        runs = [(lambda setting=setting, seed=seed: run_fleet(setting, seed, args.rounds))
+                for seed in map(int, args.seeds.split(",")) for setting in settings]
+    else:
+        runs = [(lambda model=model, setting=setting, seed=seed: run_one(
+                    Run(model, setting, seed, args.rounds, args.devices, args.local_steps, tuple(args.roles.split(","))),
+                    args.data_root))
+                for model in args.models.split(",") for setting in args.settings.split(",")
+                for seed in map(int, args.seeds.split(","))]
     results = []
-    for model in args.models.split(","):
-        for setting in args.settings.split(","):
-            for seed in map(int, args.seeds.split(",")):
-                r = run_one(Run(model, setting, seed, args.rounds, args.devices, args.local_steps,
-                                tuple(args.roles.split(","))), args.data_root)
-                print(json.dumps(r), flush=True)
-                results.append(r)
-                args.out.parent.mkdir(parents=True, exist_ok=True)  # after every run: a stopped bench keeps them
-                args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                               indent=2))
-    print(table(results))
+    for run in runs:
+        results.append(run())
+        print(json.dumps(results[-1]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # after every run: a stopped bench keeps them
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                       indent=2))
+    print(table(results) + ("\n\n" + kinds_table(results) if args.fleet else ""))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ sha256 before use: a damaged file is dropped and the payload downloaded again.
 Without a folder the store keeps payloads in memory, within the same budget (the budget counts
 against nothing else: set it to what the device can spare).
 
+A device started from its command line keeps them by default (``payload-cache = "auto"``,
+:func:`payload_folder`): on disk, so the store costs the device's memory budget nothing but the payload
+it reads back, which it would otherwise have downloaded into the same memory.
+
 Delta downloads (docs/protocol.md, "Delta downloads") also need to know which payload a device holds
 for each *slot* (a chunk or tail of the previous rounds that the next version replaces): the store
 keeps that map too (:meth:`PayloadStore.slot`), in ``slots.json`` beside the payloads, so a device
@@ -30,12 +34,38 @@ from pathlib import Path
 
 from edge_sdk.fileio import atomic_write, remove_leftovers
 
-__all__ = ["PayloadStore"]
+__all__ = ["AUTO", "OFF", "PAYLOAD_CACHE_ENV", "PayloadStore", "payload_folder"]
+
+#: ``payload-cache`` values other than a folder: a folder of the device's own under the user's cache
+#: (the default), or no store.
+AUTO, OFF = "auto", "off"
+#: Where the ``auto`` folders go, when set (else ``payloads`` in :func:`edge_sdk.data.registry.cache_root`).
+PAYLOAD_CACHE_ENV = "EDGETRAIN_PAYLOAD_CACHE"
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _SLOTS = "slots.json"
 #: The most slots kept: a model has a few chunks and a tail per split; more is not a device's map.
 MAX_SLOTS = 256
+
+
+def payload_folder(setting: str, server: str, device_id: str) -> Path | None:
+    """The folder a device's ``payload-cache`` setting names: None for ``off`` (or empty); for ``auto``,
+    ``<root>/<host>-<port>/<device id>``, where root is ``$EDGETRAIN_PAYLOAD_CACHE``, else ``payloads`` in
+    the user's edgetrain cache (``$EDGETRAIN_CACHE``, else ``~/.cache/edgetrain``): one folder per server
+    and device, kept across restarts, so two devices of a machine, or one device of two servers, never
+    share a slot map. The JavaScript device names the same folder (``payloadFolder``)."""
+    if setting in ("", OFF):
+        return None
+    if setting != AUTO:
+        return Path(setting)
+    from urllib.parse import urlsplit
+
+    from edge_sdk.data.registry import cache_root
+
+    url = urlsplit(server)
+    port = url.port or (443 if url.scheme.lower() == "wss" else 80)
+    root = os.environ.get(PAYLOAD_CACHE_ENV) or cache_root() / "payloads"
+    return Path(root) / f"{(url.hostname or 'server').replace(':', '_')}-{port}" / device_id
 
 
 class PayloadStore:

@@ -178,10 +178,13 @@ class DeviceSettings:
     bundle: FilePath = setting(None, "a bundle provisioned offline (edgetrain bundle): its chunks and training graph "
                                      "are used instead of downloads wherever the server's have the same bytes",
                                metavar="FILE", resolved=PATHS)
-    payload_cache: FilePath = setting(None, "folder where downloaded payloads (chunks, training graphs, weights) are "
-                                            "kept by sha256, so that a payload held from an earlier round or "
-                                            "connection is never downloaded again (default: not kept)", metavar="DIR",
-                                      sdks=BOTH, resolved=PATHS)
+    payload_cache: FilePath = setting("auto", "folder where downloaded payloads (chunks, training graphs, weights) "
+                                              "are kept by sha256, so that a payload held from an earlier round or "
+                                              "connection is never downloaded again and a changed one comes as a delta "
+                                              "from the version held; auto: a folder of this device's own under the "
+                                              "user's cache ($EDGETRAIN_PAYLOAD_CACHE, else "
+                                              "~/.cache/edgetrain/payloads), one per server and device id; off: not "
+                                              "kept", metavar="DIR", sdks=BOTH, resolved=PATHS)
     payload_cache_bytes: Size = setting(256 << 20, "the most bytes --payload-cache keeps (least recently used "
                                                    "dropped first)", key="payload-cache-size", metavar="SIZE", sdks=BOTH)
     secret_file: str = setting("", "file holding this device's enrolled credential (edgetrain device enroll); "
@@ -262,8 +265,17 @@ class DeviceSettings:
 
         return dataclasses.replace(self, budget_bytes=self.declared_budget(), cores=self.declared_cores(),
                                    registry=self.device_registry(), private_heat=self.heat(),
-                                   bundle=path(self.bundle), payload_cache=path(self.payload_cache),
+                                   bundle=path(self.bundle), payload_cache=self.payload_folder(),
                                    work_dir=path(self.work_dir))
+
+    def payload_folder(self) -> Path | None:
+        """The folder this device keeps its payloads in: ``payload_cache`` as a path, ``auto`` a folder of its
+        own per server and device id (:func:`edge_sdk.payload_store.payload_folder`), None for ``off``."""
+        if isinstance(self.payload_cache, os.PathLike):
+            return Path(self.payload_cache)
+        from edge_sdk.payload_store import payload_folder
+
+        return payload_folder(self.payload_cache or "", self.server, self.device_id)
 
     def declared_budget(self) -> int:
         """The budget this device declares: ``budget_bytes``, else what this machine offers."""

@@ -47,6 +47,7 @@ def server_config(fleet: Fleet, *, rounds: int | None = None, store_dir: Path, d
         t, model=fleet.model, strategy_options=dict(fleet.strategy_options), rounds=rounds or t.rounds,
         min_devices=fleet.num_devices, seed=fleet.seed, eval_data=fleet.dataset, data_root=data_root,
         store_dir=store_dir, deadline_s=deadline_s, planner_batch=t.batch_size, port=0,
+        wait_devices_s=120.0,  # the emulator starts the devices: a fleet that died is an error, not a wait
         allow_forced_split=True,  # fleet groups may force a split (force_split)
         require_credentials=t.require_credentials or t.secure_aggregation,
     )

@@ -28,8 +28,9 @@ __all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "sett
 Round = Annotated[int, Range(1)]
 Port = Annotated[int, Range(0, 65535)]
 # The choices of a setting that names a registered thing are its registry's names, never a list typed here.
-#: Any codec of the registry (edge_sdk.codecs.CODECS): what an update may travel through.
-UpdateCodec = Literal[tuple(CODECS)]  # type: ignore[valid-type]
+#: Any codec of the registry (edge_sdk.codecs.CODECS): what an update may travel through; or auto (chosen in
+#: ServerConfig.__post_init__).
+UpdateCodec = Literal[("auto", *CODECS)]  # type: ignore[valid-type]
 #: Lossless codecs: ONNX bytes (chunks, training graphs) must arrive bit for bit.
 ByteCodec = Literal[tuple(n for n, c in CODECS.items() if c.lossless)]  # type: ignore[valid-type]
 #: Deterministic codecs (lossless, or lossy without randomness): the weights a device starts from.
@@ -75,9 +76,10 @@ class ServerConfig:
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
-    wait_devices_s: NonNegative = setting(120.0, "Seconds to wait for --min-devices (for any selectable device, in a "
-                                                  "later round) before giving up; inf: never, saying so every 10 s.",
-                                            cli=False)
+    wait_devices_s: NonNegative = setting(
+        float("inf"), "Seconds to wait for --min-devices (for any selectable device, in a later round) before giving "
+                      "up; inf (the default: a server is a service): until they come, saying so every 10 s.",
+        cli="--wait-devices")
     local_steps: Count = setting(10, "Local steps per round (tau).")
     batch_size: Count = setting(32, "Local mini-batch size.")
     lr: Positive = setting(0.05, "Local learning rate.")
@@ -183,25 +185,28 @@ class ServerConfig:
     chunk_disk_bytes: Annotated[int, Range(0), ByteSize()] = setting(
         1 << 30, "Disk kept for exported chunks in --store (oldest removed first).", cli="--chunk-disk",
         cli_default="1GiB")
+    # What travels: the defaults are the setting bench/round_bytes.py measured as `delta4+eden2` (a quarter of
+    # float32's bytes per device-round and less, at float32's accuracy; bench/validated.toml [defaults] holds them).
     chunk_codec: ByteCodec = setting(
-        "none", "Codec the frozen chunks (ONNX) travel through: a lossless one (docs/protocol.md, \"Codecs on the "
-                "wire\").")
+        "shuffle", "Codec the frozen chunks (ONNX) travel through: a lossless one (docs/protocol.md, \"Codecs on the "
+                   "wire\"); shuffle: byte planes, then deflate.")
     tail_codec: WeightCodec = setting(
         "none", "Codec the trainable tail's weights travel to the device through: a lossless one, or a deterministic "
                 "lossy one (float16, or the blockwise grid, nearest).")
     graph_codec: ByteCodec = setting(
-        "none", "Codec the training graphs (ONNX) travel through: a lossless one.")
+        "shuffle", "Codec the training graphs (ONNX) travel through: a lossless one.")
     download_delta: DeltaWidth = setting(
-        "none", "Frozen chunks' and tails' weights travel to the device quantized (nearest, blockwise 8/4/2-bit grid): "
+        "int4", "Frozen chunks' and tails' weights travel to the device quantized (nearest, blockwise 8/4/2-bit grid): "
                 "the whole payload to a device holding nothing, else the difference from the version it holds "
                 "(docs/protocol.md, \"Delta downloads\"); none: as the chunk and tail codecs say.")
     download_delta_keep: Count = setting(
         2, "Rounds of the reconstructions sent to devices that the server keeps as delta bases (each costs a model's "
            "bytes); a device holding an older one downloads its payload whole.", cli=False)
     update_codec: UpdateCodec = setting(
-        "none", "Codec the devices' updates travel through: a lossless one; a biased lossy one (the device keeps error "
+        "auto", "Codec the devices' updates travel through: a lossless one; a biased lossy one (the device keeps error "
                 "feedback); or an unbiased one (stochastic rounding on a blockwise grid, or EDEN's random rotation) "
-                "(docs/protocol.md, \"Codecs\").")
+                "(docs/protocol.md, \"Codecs\"); auto: eden2, or none with --secure-aggregation (a masked update is "
+                "ring words, not a coded one).")
     web: bool = setting(False, "Also serve, on the same port, a device page (a phone or a browser joins by "
                                "opening it) and a read-only status page behind the devices' token or credentials "
                                "(docs/web.md).")
@@ -268,12 +273,15 @@ class ServerConfig:
               "may share it.", cli=False)
 
     def __post_init__(self) -> None:
+        auto_codec = self.update_codec == "auto" or isinstance(self.update_codec, _AutoCodec)
         for name, hint in setting_hints().items():
             try:
                 setattr(self, name, convert(getattr(self, name), hint, text=False))
             except ValueError as exc:
                 raise SettingError(name, str(exc)) from None
         self.lr_decay_at = tuple(sorted(self.lr_decay_at))
+        if auto_codec:  # decided here: every reader sees the codec the devices use
+            self.update_codec = _AutoCodec("none" if self.secure_aggregation else AUTO_UPDATE_CODEC)
         if self.tls_key is not None and self.tls_cert is None:
             raise SettingError("tls_key", "a private key needs its certificate (tls_cert)")
         if self.dp_expected_survivors is not None and self.dp_expected_survivors < self.dp_min_survivors:
@@ -318,6 +326,15 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_expected_survivors",
                                       "secure_aggregation",
                                       "secure_clip", "secure_threshold")
+
+class _AutoCodec(str):
+    """The update codec ``auto`` chose: its name for every reader, and chosen again when a copy of the
+    settings (``dataclasses.replace``) turns secure aggregation on or off."""
+
+
+#: The update codec ``update_codec = "auto"`` gives where secure aggregation does not exclude one: EDEN at 2
+#: bits a coordinate (bench/round_bytes.py's `delta4+eden2`; bench/validated.toml [defaults]).
+AUTO_UPDATE_CODEC = "eden2"
 
 
 @functools.cache

@@ -120,6 +120,14 @@ class TrainingMemory:
     round, and one slice's temporaries (the device masks a slice at a time, edge_sdk.secagg.round).
     0 for a plain run; :meth:`secured` sets the measured figure.
 
+    ``delta_copies`` and ``delta_bits``: where the server sends delta downloads (``download_delta``,
+    :meth:`with_deltas`), a device rebuilds each changed chunk and tail from the quantized difference
+    (``delta_bits`` a weight) on the version it holds, and holds three copies of the payload's weights
+    while it does (:func:`edge_sdk.codecs.delta.apply_delta` and the JavaScript ``applyDelta``: the base,
+    the decoded step, the result, written in place). A chunk's rebuild comes before its session, so a
+    chunk costs the larger of the two; a tail's comes before training, which holds more copies of it
+    (:attr:`param_copies` and ``transfer_copies``). 0 where downloads travel whole.
+
     ``margin``: a share added to the model's bytes for what the accounting does not itemise
     (allocator slack, temporaries of the loss and the optimizer step). Measured on torch 2.13:
     the peak RSS growth of a ResNet20 training step (splits 0, 4, 7; batches 32 and 128) was
@@ -139,6 +147,8 @@ class TrainingMemory:
     graph_copies: int = 1
     upload_copies: int = 1
     secure_bytes: int = 0
+    delta_copies: int = 0
+    delta_bits: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_SIZES:
@@ -156,6 +166,9 @@ class TrainingMemory:
         if self.upload_copies < 0 or self.secure_bytes < 0:
             raise ValueError(f"upload_copies and secure_bytes must be >= 0, not {self.upload_copies}, "
                              f"{self.secure_bytes}")
+        if self.delta_copies < 0 or self.delta_bits not in (0, 2, 4, 8):
+            raise ValueError(f"delta_copies must be >= 0 and delta_bits 0, 2, 4 or 8, not {self.delta_copies}, "
+                             f"{self.delta_bits}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), not {self.margin}")
 
@@ -167,6 +180,10 @@ class TrainingMemory:
         """This memory in a secure round (``secure_aggregation``): the masked words held beside the
         frame while uploading, and :data:`SECURE_ROUND_BYTES` for the rest of the process's life."""
         return dataclasses.replace(self, upload_copies=self.upload_copies + 1, secure_bytes=SECURE_ROUND_BYTES)
+
+    def with_deltas(self, bits: int) -> TrainingMemory:
+        """This memory where chunks and tails travel as ``bits``-bit delta downloads (0: whole)."""
+        return dataclasses.replace(self, delta_copies=3 if bits else 0, delta_bits=bits)
 
     @property
     def param_copies(self) -> int:
@@ -357,7 +374,8 @@ class ModelCost:
         ONNX Runtime's session cost, the chunk's weights and buffers (``frozen_copies`` of them),
         the batch coming in, the batch going out (to the activation cache) and
         the largest layer's input and output in between. No gradients, no unfolded patches
-        (ONNX Runtime's convolution works through a bounded buffer).
+        (ONNX Runtime's convolution works through a bounded buffer). Where the chunk comes as a
+        delta download, no less than its rebuild (``delta_copies`` of its weights and the delta).
         """
         memory = memory or TrainingMemory()
         if not 0 <= start < stop <= len(self.blocks):
@@ -365,11 +383,13 @@ class ModelCost:
         self._check_batch(batch)
         size = memory.itemsize
         blocks = self.blocks[start:stop]
-        weights = sum(b.params + b.buffers for b in blocks) * size * memory.frozen_copies
+        elements = sum(b.params + b.buffers for b in blocks)
         incoming = batch * self._input_bytes(start, size)
         outgoing = batch * blocks[-1].output_elements * size
         working = batch * max(b.peak_elements for b in blocks) * size
-        return memory.session_bytes + weights + incoming + outgoing + working
+        running = memory.session_bytes + elements * size * memory.frozen_copies + incoming + outgoing + working
+        rebuild = elements * 4 * memory.delta_copies + elements * memory.delta_bits // 8  # float32 on the wire
+        return max(running, rebuild)
 
     def _input_bytes(self, k: int, itemsize: int) -> int:
         """Bytes of one sample of block k's input."""

@@ -1,5 +1,7 @@
-"""Fixtures shared by test modules: a virtual environment with the core install only (no torch); and
-the data root of the test run (tests/shared_data.py), exported as $EDGETRAIN_DATA where it exists."""
+"""Fixtures shared by test modules: a virtual environment with the core install only (no torch); the
+data root of the test run (tests/shared_data.py), exported as $EDGETRAIN_DATA where it exists; and the
+folder the devices a test starts keep their payloads in by default ($EDGETRAIN_PAYLOAD_CACHE, removed
+after the run: none is left in the user's cache)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,16 @@ if SHARED.is_dir():  # the test run's data root, for the library and every devic
     os.environ.setdefault("EDGETRAIN_DATA", str(SHARED))
 #: What `pip install .` installs (pyproject.toml's core dependencies), pinned like everything else.
 CORE: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _payload_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The test run's $EDGETRAIN_PAYLOAD_CACHE, where the devices' default payload-cache folders go (one per
+    server address and device id: tests' servers listen on ports of their own, so none meets another's)."""
+    folder = tmp_path_factory.mktemp("payloads")
+    os.environ["EDGETRAIN_PAYLOAD_CACHE"] = str(folder)
+    yield
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _digits_csv() -> Path:

@@ -10,13 +10,20 @@ from pathlib import Path
 
 from orchestrator.config import ServerConfig
 
-__all__ = ["server_config"]
+__all__ = ["EXACT_TRANSFERS", "server_config"]
+
+#: The transfer settings under which every payload and update arrives as it was sent (float32).
+EXACT_TRANSFERS: dict[str, object] = {"chunk_codec": "none", "tail_codec": "none", "graph_codec": "none",
+                                      "download_delta": "none", "update_codec": "none"}
 
 #: What the server tests share unless they say otherwise. Direction trust is off: most of these tests'
 #: devices send scripted constant deltas (tests/scripted.py), which no training direction agrees with, and
 #: they check the plain mean of them (tests/test_direction_trust.py tests the trust).
+#: Payloads and updates travel exact (the codec tests name theirs: the server's default transfers are
+#: lossy, and these tests check exact means), and a server whose devices die gives up after 120 s instead
+#: of waiting for them as a service does.
 DEFAULTS: dict[str, object] = {"model": "tiny", "eval_data": "synthetic", "rounds": 1, "min_devices": 1,
-                               "direction_trust": False}
+                               "direction_trust": False, "wait_devices_s": 120.0, **EXACT_TRANSFERS}
 
 
 def server_config(store_dir: Path, **overrides: object) -> ServerConfig:

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient
+from edge_sdk.settings import DeviceSettings
 from edge_sdk.codecs import CODECS
 from edge_sdk.models import build_model
 from edge_sdk.values import SettingError
@@ -56,7 +57,7 @@ def _choices(field: str) -> tuple[str, ...]:
 
 
 def test_the_settings_choices_are_the_registries() -> None:
-    assert _choices("update_codec") == tuple(CODECS)
+    assert _choices("update_codec") == ("auto", *CODECS)  # auto: the measured default (bench/validated.toml)
     assert _choices("chunk_codec") == _choices("graph_codec") == tuple(n for n, c in CODECS.items() if c.lossless)
     assert set(_choices("tail_codec")) == {n for n, c in CODECS.items() if c.lossless or not c.unbiased}
     assert _choices("dp_accountant") == ACCOUNTANTS and _choices("dp_sampling") == SAMPLINGS
@@ -140,7 +141,7 @@ def test_a_strategy_of_your_own_that_declares_a_weighted_mean_runs_a_secure_roun
         tasks = []
         for i, d in enumerate(devices):
             x, y = load_shard("digits", client=i, num_clients=len(devices))
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budget,
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budget,
                                backend="torch", secret=secrets[d], reconnect_retries=0)
             tasks.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=300)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_sdk.payload_store import payload_folder
 from emulator.localfleet import device_env, start_orchestrator
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
@@ -75,8 +76,10 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
                                                       stderr=asyncio.subprocess.PIPE) for argv in argvs]
         history = await asyncio.wait_for(server_task, timeout=120)
         outputs = [await asyncio.wait_for(proc.communicate(), timeout=60) for proc in procs]
+        held.extend(payload_folder("auto", url, device) for device in ("sdk-0", "cli-1"))
         return history, [proc.returncode for proc in procs], [out.decode() + err.decode() for out, err in outputs]
 
+    held: list[Path | None] = []
     history, returncodes, outputs = asyncio.run(run())
     assert returncodes == [0, 0], outputs
     assert history[0]["reported"] == 2
@@ -88,3 +91,8 @@ def test_both_entry_points_train_with_an_orchestrator(tmp_path: Path) -> None:
     assert profiles["sdk-0"]["budget_bytes"] == 1 << 30 and profiles["sdk-0"]["device_class"] == ""
     assert profiles["cli-1"]["budget_bytes"] == load_device_class("pi-4-2gb").budget_bytes
     assert profiles["cli-1"]["device_class"] == "pi-4-2gb"
+    # By default each device keeps what it downloaded (the tail, as a 4-bit delta download: the server's
+    # default) in a folder of its own, with the slot a next round's delta is based on.
+    for folder in held:
+        assert folder is not None and (folder / "slots.json").is_file(), folder
+        assert any(len(f.name) == 64 for f in folder.iterdir()), sorted(folder.iterdir())

@@ -13,6 +13,7 @@ import pytest
 
 from edge_sdk import protocol as p
 from edge_sdk.ort_trainer import OrtTail, TrainGraph
+from edge_sdk.wire_codecs import CODEC_META, decode_payload
 from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
@@ -61,7 +62,8 @@ def test_torchless_resnet20_gets_the_largest_split_with_a_shippable_graph(tmp_pa
     # export check against torch autograd), and ONNX Runtime opens it.
     gid = server.payloads.train_graph(Selection.tail(plan.split))
     assert gid == server.train_graphs.graph_id(server.model, 1) and server.payloads[gid].kind == "train_graph"
-    data = server.payloads[gid].data
+    shipped = server.payloads[gid]
+    data = decode_payload(shipped.data, str(shipped.meta.get(CODEC_META, "none")), shipped.kind)  # as the device reads it
     graph = TrainGraph.from_bytes(data)
     assert (graph.model, graph.split) == ("resnet20", 1)
     OrtTail(graph)  # ONNX Runtime opens both graphs

@@ -367,6 +367,24 @@ def test_cli_plans_a_secure_run_with_the_secure_rounds_memory(tmp_path):
     assert "masked words" in out[("--secure-aggregation",)].stdout and "masked words" not in out[()].stdout
 
 
+def test_cli_plans_for_the_backend_it_is_given(tmp_path):
+    """At 300 MiB digits_mlp fits no torch device, and fits one training from ONNX Runtime graphs: the
+    refusal says where it fits, and --backend plans as the server plans a hello naming that runtime
+    (a Python backend's, or a JavaScript device's: a browser tab's at 420 MiB)."""
+    cost = measure_model(build_model("digits_mlp"))
+    refused = edgetrain("--model", "digits_mlp", "--budget", "300MiB", "--backend", "torch", cache_dir=tmp_path)
+    assert refused.returncode == 1 and "refused" in refused.stdout, refused.stdout + refused.stderr
+    assert "fits on onnxruntime: strong, split 0 (--backend onnxruntime)" in refused.stdout.replace("\n", " ")
+    for name, budget in (("onnxruntime", 300 * MiB), ("onnxruntime-web", 420 * MiB)):
+        out = edgetrain("--model", "digits_mlp", "--budget", f"{budget // MiB}MiB", "--backend", name, cache_dir=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        plan = plan_split(cost, budget, 32, runtime=FALLBACK, backends=(name,), graph_splits=range(len(cost)))
+        assert f"Plan for budget {format_size(budget)} on {name}" in out.stdout
+        assert f"{plan.split} / 4" in out.stdout and format_size(plan.footprint_bytes) in out.stdout, out.stdout
+    unknown = edgetrain("--model", "digits_mlp", "--budget", "300MiB", "--backend", "tensorflow", cache_dir=tmp_path)
+    assert unknown.returncode == 2 and "onnxruntime-node" in unknown.stderr, unknown.stderr
+
+
 @pytest.mark.slow
 def test_cli_plans_for_one_device(tmp_path):
     out = edgetrain("--model", "resnet20", "--device", "entry-phone", "--batch", "128", cache_dir=tmp_path)

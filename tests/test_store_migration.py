@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from edge_sdk.cli import load_shard
-from edge_sdk.client import DeviceClient, DeviceConfig
+from edge_sdk.client import DeviceClient
+from edge_sdk.settings import DeviceSettings
 from edge_sdk.credentials import derive_key
 from edge_sdk.models import build_model
 from edge_sdk.secagg import identity_public_key
@@ -98,7 +99,7 @@ def test_a_secure_run_of_the_old_store_resumes(tmp_path: Path) -> None:
         devices = []
         for i, (d, secret) in enumerate(sorted(secrets.items())):
             x, y = load_shard("synthetic", client=i, num_clients=3)
-            cfg = DeviceConfig(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=2 << 30,
+            cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=2 << 30,
                                backend="torch", secret=secret)
             devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
         history = await asyncio.wait_for(server, timeout=300)

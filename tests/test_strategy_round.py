@@ -21,6 +21,7 @@ from edge_sdk.data import load_dataset, partition
 from edge_sdk.models import build_model
 from orchestrator.config import ServerConfig
 from orchestrator.server import Orchestrator
+from tests.factories import EXACT_TRANSFERS
 from tests.two_phase_strategy import HEAD, TwoPhaseRows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,8 @@ TABLES = ("blocks.embeddings.user.weight", "blocks.embeddings.item.weight")
 
 async def _run(tmp_path: Path) -> tuple[Orchestrator, TwoPhaseRows, list[tuple[str, dict]], list[dict], dict]:
     config = ServerConfig(model="recommender", rounds=ROUNDS, min_devices=DEVICES, local_steps=5, batch_size=8,
-                          lr=0.05, store_dir=tmp_path / "store", eval_data="synthetic_ratings", deadline_s=120)
+                          lr=0.05, store_dir=tmp_path / "store", eval_data="synthetic_ratings", deadline_s=120,
+                          **EXACT_TRANSFERS)  # the rows' bytes are counted as float32
     strategy = TwoPhaseRows()
     events: list[tuple[str, dict]] = []
     orch = Orchestrator(config, strategy=strategy, on_event=lambda kind, data: events.append((kind, data)))

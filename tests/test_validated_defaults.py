@@ -1,11 +1,15 @@
 """Shipped defaults are the validated ones: ``make_strategy(name)`` gives exactly the settings
 ``bench/validated.toml`` records beside the benchmarks, and the benchmarks run those settings (they
-set only their task's options, and the papers' aggregation where the record says so)."""
+set only their task's options, and the papers' aggregation where the record says so); so do the
+server's transfer settings and the devices' payload store (``[defaults]``), which bench/round_bytes.py
+ran."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +25,47 @@ def _value(v: object) -> object:
 
 
 def test_every_registered_strategy_has_a_validated_record():
-    assert set(RECORD) == set(STRATEGY_NAMES)
+    assert set(RECORD) - {"defaults"} == set(STRATEGY_NAMES)
+
+
+def test_the_servers_transfer_defaults_are_the_validated_ones():
+    from orchestrator.config import AUTO_UPDATE_CODEC, ServerConfig
+
+    record = RECORD["defaults"]
+    fields = ServerConfig.__dataclass_fields__
+    for name, value in record["server"].items():
+        assert fields[name].default == value, f"ServerConfig.{name} is {fields[name].default!r}; validated: {value!r}"
+    assert AUTO_UPDATE_CODEC == record["auto_update_codec"]
+    assert ServerConfig().update_codec == record["auto_update_codec"]
+    assert ServerConfig(secure_aggregation=True).update_codec == "none"  # masked ring words: no codec
+
+
+def test_the_devices_keep_their_payloads_by_default(tmp_path, monkeypatch):
+    from edge_sdk.payload_store import PAYLOAD_CACHE_ENV, payload_folder
+    from edge_sdk.settings import TABLE_FILE, setting_default
+
+    for name, value in RECORD["defaults"]["device"].items():
+        assert setting_default(name) == value
+        row = next(r for r in json.loads(TABLE_FILE.read_text())["settings"] if r["field"] == name)
+        assert row["default"] == value and "javascript" in row["sdks"]  # the Node device's default too
+    monkeypatch.setenv(PAYLOAD_CACHE_ENV, str(tmp_path))
+    folder = payload_folder("auto", "wss://Server.lan:8765", "board-7")
+    assert folder == tmp_path / "server.lan-8765" / "board-7"
+    assert payload_folder("off", "ws://h:1", "d") is None and payload_folder("/x", "ws://h:1", "d") == Path("/x")
+
+
+def test_the_byte_benchmarks_ran_the_defaults():
+    from bench import round_bytes
+
+    record = RECORD["defaults"]
+    server = {**record["server"], "update_codec": record["auto_update_codec"]}
+    held, *codecs = round_bytes.SETTINGS[record["setting"]]
+    assert held and dict(zip(("chunk_codec", "tail_codec", "graph_codec", "update_codec", "download_delta"),
+                             codecs)) == server
+    assert round_bytes.FLEET_SETTINGS["defaults"] == ("", "")  # the mixed fleet's defaults: no option at all
+    serve, device = round_bytes.FLEET_SETTINGS["float32"]
+    assert all(f"--{name.replace('_', '-')} none" in serve for name in server)  # its baseline turns each off
+    assert device == "--payload-cache off"
 
 
 @pytest.mark.parametrize("name", STRATEGY_NAMES)

@@ -27,6 +27,7 @@ from orchestrator.rounds import RoundState
 from orchestrator.strategies import DeviceInfo, DeviceReport, Refused, RoundContext, make_strategy
 from orchestrator.strategies.selection import Selection
 from orchestrator.strategies.width import WidthReduction
+from tests.factories import EXACT_TRANSFERS
 from profiles.planner import plan_split, plan_width, width_capacity, width_cost, width_footprint
 
 F32 = np.float32
@@ -248,6 +249,7 @@ async def _round_trip(tmp_path: Path, model: str, options: dict, launches: list[
     off unless asked for: the tests compare the round with the strategy's own arithmetic."""
     config_kw.setdefault("norm_bound", 0)
     config_kw.setdefault("direction_trust", False)  # the hand average: the paper's rule, no server weighting
+    config_kw = {**EXACT_TRANSFERS, **config_kw}  # the hand average of float32 updates, the slices' bytes as sent
     config = ServerConfig(model=model, strategy="width", strategy_options=options, rounds=1,
                           min_devices=len(launches), local_steps=3, batch_size=8, lr=0.1, deadline_s=60,
                           store_dir=tmp_path / "store", allow_forced_split=True, **config_kw)

@@ -65,16 +65,25 @@ def skeleton(data: bytes | memoryview, regions: np.ndarray) -> bytes:
     return b"".join(buf[a:b].tobytes() for a, b in zip(starts, stops))
 
 
-def _rebuild(skel: bytes, regions: np.ndarray, floats: np.ndarray) -> bytes:
-    """The payload of skeleton ``skel`` with ``floats`` written into ``regions``."""
-    out, at, used = [], 0, 0
+def _rebuild(skel: bytes, regions: np.ndarray, floats: np.ndarray,
+             base: bytes | memoryview | None = None) -> bytearray:
+    """The payload of skeleton ``skel`` with ``floats`` written into ``regions`` (``base``'s floats at the
+    same offsets added, when given). Written in place into one buffer of the payload's size, a region at a
+    time: a device rebuilding a chunk holds the base, the decoded step and the result (three copies of the
+    payload, as :class:`profiles.accounting.TrainingMemory` counts a delta download), never a fourth."""
+    out = bytearray(len(skel) + 4 * int(regions[:, 1].sum()))
+    held = None if base is None else np.frombuffer(base, dtype=np.uint8)
+    at, used = 0, 0
     for (offset, count), start in zip(regions, np.concatenate(([0], np.cumsum(regions[:, 1])))[:-1]):
-        gap = int(offset) - at
-        out.append(skel[used:used + gap])
-        out.append(floats[start:start + count].astype("<f4").tobytes())
-        used, at = used + gap, int(offset) + 4 * int(count)
-    out.append(skel[used:])
-    return b"".join(out)
+        offset, count, gap = int(offset), int(count), int(offset) - at
+        out[at:offset] = skel[used:used + gap]
+        region = np.frombuffer(out, dtype="<f4", count=count, offset=offset)
+        region[:] = floats[start:start + count]
+        if held is not None:
+            region += held[offset:offset + 4 * count].view("<f4")
+        used, at = used + gap, offset + 4 * count
+    out[at:] = skel[used:]
+    return out
 
 
 def encode_delta(data: bytes | memoryview, regions: np.ndarray, base: bytes | memoryview | None,
@@ -96,7 +105,7 @@ def encode_delta(data: bytes | memoryview, regions: np.ndarray, base: bytes | me
     skel = skeleton(data, regions)
     payload = p.encode_tensors({"skeleton": np.frombuffer(ZlibCodec(6).encode(np.frombuffer(skel, np.uint8)), np.uint8),
                                 "regions": regions, "weights": np.frombuffer(record, np.uint8)})
-    return payload, _rebuild(skel, regions, floats)
+    return payload, bytes(_rebuild(skel, regions, floats))
 
 
 def apply_delta(payload: bytes | memoryview, base: bytes | memoryview | None, *, max_bytes: int = MAX_BYTES) -> bytes:
@@ -120,8 +129,8 @@ def apply_delta(payload: bytes | memoryview, base: bytes | memoryview | None, *,
     regions = check_regions(raw, size)
     if step.dtype != np.float32 or step.size != int(regions[:, 1].sum()):
         raise CodecError(f"a delta payload's weights hold {step.size} values, its regions {int(regions[:, 1].sum())}")
-    if base is None:
-        return _rebuild(skel, regions, step)
-    if len(base) != size:
+    if base is not None and len(base) != size:
         raise CodecError(f"a delta of a {size}-byte payload applied to a {len(base)}-byte base")
-    return _rebuild(skel, regions, region_floats(base, regions) + step)
+    out = _rebuild(skel, regions, step, base)
+    del step, entries  # the decoded step goes before the result's bytes are made: still three copies at most
+    return bytes(out)

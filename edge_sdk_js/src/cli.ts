@@ -20,7 +20,7 @@ import { declaredData } from "./data.js";
 import { readConfig, strerror } from "./config.js";
 import { DeviceRefused, MissingPackages, UsageError } from "./errors.js";
 import { readLocalData } from "./data-file.js";
-import { folderPayloadStore } from "./payload-store-file.js";
+import { folderPayloadStore, payloadFolder } from "./payload-store-file.js";
 import { fileStore } from "./pending-file.js";
 import { pyRepr } from "./pyformat.js";
 import type { EventSink } from "./roundwork.js";
@@ -130,6 +130,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
   const runtime = await loadRuntime(kind, threads);
   const webSocket = (url: string, maxPayload: number, headers?: Record<string, string>) =>
     withRefusalReason(new WebSocketClass(url, { maxPayload, perMessageDeflate: false, headers, ...(ca ? { ca } : {}) })) as unknown as WebSocketLike;
+  const held = payloadFolder(s["payload-cache"] as string, s["server"] as string, s["id"] as string);
   return () => {
     const local = first.pop() ?? data(); // read again for each run: samples that arrived since train in the next
     return new DeviceClient({
@@ -137,9 +138,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
       runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
       threads, cores: (s["cores"] as number | null) ?? machineCores(), deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
       maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
-      ...(s["payload-cache"]
-        ? { payloadStore: folderPayloadStore(s["payload-cache"] as string, s["payload-cache-size"] as number) }
-        : {}),
+      ...(held !== undefined ? { payloadStore: folderPayloadStore(held, s["payload-cache-size"] as number) } : {}),
     });
   };
 }

@@ -6,6 +6,7 @@
  */
 import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { readFile, rename, rm, utimes, writeFile } from "node:fs/promises";
+import { homedir } from "node:os";
 import { join } from "node:path";
 import { enterSlot, evictions, holdsDigest, MAX_SLOTS, type PayloadStore } from "./payload-store.js";
 
@@ -22,6 +23,24 @@ function readSlots(folder: string): Map<string, string> {
   } catch {
     return new Map();
   }
+}
+
+/**
+ * The folder a device's `payload-cache` setting names (edge_sdk/payload_store.py's `payload_folder`):
+ * undefined for `off` (or empty); for `auto` (the default), `<root>/<host>-<port>/<device id>`, where root
+ * is `$EDGETRAIN_PAYLOAD_CACHE`, else `payloads` in the user's edgetrain cache (`$EDGETRAIN_CACHE`, else
+ * `~/.cache/edgetrain`): one folder per server and device, as the Python device names it. On disk, the
+ * store costs the device's memory budget nothing but the payload it reads back.
+ */
+export function payloadFolder(setting: string, server: string, deviceId: string): string | undefined {
+  if (setting === "" || setting === "off") return undefined;
+  if (setting !== "auto") return setting;
+  const url = new URL(server);
+  const port = url.port || (url.protocol === "wss:" ? "443" : "80");
+  const host = (url.hostname || "server").replace(/^\[|\]$/g, "").replaceAll(":", "_");
+  const env = process.env;
+  const root = env.EDGETRAIN_PAYLOAD_CACHE || join(env.EDGETRAIN_CACHE || join(homedir(), ".cache", "edgetrain"), "payloads");
+  return join(root, `${host}-${port}`, deviceId);
 }
 
 export function folderPayloadStore(folder: string, maxBytes: number): PayloadStore {

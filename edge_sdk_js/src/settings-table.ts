@@ -269,10 +269,10 @@ export const SETTINGS_TABLE: SettingsTable = {
       "key": "payload-cache",
       "field": "payload_cache",
       "type": "str",
-      "default": null,
+      "default": "auto",
       "choices": [],
       "min": null,
-      "help": "folder where downloaded payloads (chunks, training graphs, weights) are kept by sha256, so that a payload held from an earlier round or connection is never downloaded again (default: not kept)",
+      "help": "folder where downloaded payloads (chunks, training graphs, weights) are kept by sha256, so that a payload held from an earlier round or connection is never downloaded again and a changed one comes as a delta from the version held; auto: a folder of this device's own under the user's cache ($EDGETRAIN_PAYLOAD_CACHE, else ~/.cache/edgetrain/payloads), one per server and device id; off: not kept",
       "sdks": [
         "python",
         "javascript"

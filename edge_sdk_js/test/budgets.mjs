@@ -71,7 +71,7 @@ export async function cappedDevice(kind, model, budgetMiB, rounds, { secure = fa
     let out;
     try {
       ({ stdout: out } = await promisify(execFile)(python(), [join(HERE, "capped.py"), String(budgetMiB * MiB), "--", ...argv],
-        { env: pythonEnv(), maxBuffer: 64 * MiB }));
+        { env: { ...pythonEnv(), EDGETRAIN_PAYLOAD_CACHE: join(dir, "payloads") }, maxBuffer: 64 * MiB }));
     } catch (exc) {
       if (exc.code === NO_CAP) return { skipped: exc.stdout.trim() };
       throw exc;

@@ -25,10 +25,12 @@ export function freePort() {
   });
 }
 
-/** Start a child process with its output in `<dir>/<name>.log`; resolves its exit code via `.done`. */
+/** Start a child process with its output in `<dir>/<name>.log`; resolves its exit code via `.done`. A device
+ * keeps its payloads (payload-cache "auto") under `<dir>/payloads`: each fleet's own, as a benchmark's runs need. */
 export function start(dir, name, command, args, env = pythonEnv()) {
   const log = openSync(join(dir, `${name}.log`), "w");
-  const child = spawn(command, args, { cwd: REPO, env, stdio: ["ignore", log, log] });
+  const child = spawn(command, args, { cwd: REPO, env: { ...env, EDGETRAIN_PAYLOAD_CACHE: join(dir, "payloads") },
+    stdio: ["ignore", log, log] });
   child.done = new Promise((resolve) => child.on("exit", (code, signal) => resolve(code ?? signal)));
   return child;
 }
@@ -69,10 +71,10 @@ export function nodeDevice(dir, url, id, budget, shard, runtime, args = [], env 
     "--data", shard, "--runtime", runtime, "--json-events", "--once", ...args], { ...process.env, ...env }); // one run, then exit
 }
 
-export function pythonDevice(dir, url, id, budget, client, numClients) {
+export function pythonDevice(dir, url, id, budget, client, numClients, args = []) {
   return start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", budget, "--data", "digits",
     "--client", String(client), "--num-clients", String(numClients), "--json-events", "--once",
-    "--reconnect-max-delay", "2"]); // a device started before its server joins soon after it listens
+    "--reconnect-max-delay", "2", ...args]); // a device started before its server joins soon after it listens
 }
 
 /** Enroll device `id` in the store of `dir` (`edgetrain device enroll`): the path of its secret's file. */
@@ -126,17 +128,19 @@ export const WORKLOAD = { model: "digits_mlp", devices: 6, localSteps: 10 };
  * onnxruntime-web devices: headless Chromium tabs when `tabs` (the first, at 710 MiB, on the GPU:
  * WebGPU, moderate; the second, at 400 MiB, on WebAssembly, weak), else under Node (400 MiB, 400 MiB).
  */
-async function startFleet(kind, dir, url, tabs, { procs, pages }) {
+async function startFleet(kind, dir, url, tabs, { procs, pages }, { deviceArgs = [], gpuTab = true } = {}) {
   const N = WORKLOAD.devices;
-  procs.push(pythonDevice(dir, url, "py-0", "2GiB", 0, N), pythonDevice(dir, url, "py-1", "2GiB", 1, N));
+  const py = (c) => pythonDevice(dir, url, `py-${c}`, "2GiB", c, N, deviceArgs);
+  procs.push(py(0), py(1));
   if (kind === "python") {
-    for (let c = 2; c < N; c++) procs.push(pythonDevice(dir, url, `py-${c}`, "2GiB", c, N));
+    for (let c = 2; c < N; c++) procs.push(py(c));
     return;
   }
   const shards = writeShards(dir, [2, 3, 4, 5], N);
-  procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node"), nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node"));
+  procs.push(nodeDevice(dir, url, "node-2", "400MiB", shards[2], "node", deviceArgs),
+    nodeDevice(dir, url, "node-3", "185MiB", shards[3], "node", deviceArgs));
   if (tabs) {
-    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 710, { webgpu: true }));
+    pages.push(await browserDevice(dir, url, "tab-4", shards[4], 710, { webgpu: gpuTab }));
     pages.push(await browserDevice(dir, url, "tab-5", shards[5], 400));
   } else {
     procs.push(nodeDevice(dir, url, "web-4", "400MiB", shards[4], "web"), nodeDevice(dir, url, "web-5", "400MiB", shards[5], "web"));
@@ -146,9 +150,12 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }) {
 /**
  * Run one fleet of the workload for `rounds` rounds; resolves what the journal says (final
  * accuracy per round, each device's runtime, role and split) and what `during({ url, site, dir })`
- * resolved: a check run while the fleet trains (`web` serves the status page at `site`).
+ * resolved: a check run while the fleet trains (`web` serves the status page at `site`). `serveArgs`
+ * and `deviceArgs` are more options of the server and of the Python and Node devices (the tabs take
+ * none: a page's settings are the SDK's defaults); `gpuTab` false: the first tab trains on WebAssembly too.
  */
-export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefined, web = false, during }) {
+export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefined, web = false, during, serveArgs = [],
+  deviceArgs = [], gpuTab = true }) {
   const dir = tempDir(`edgetrain-accuracy-${kind}-`);
   const port = await freePort();
   const url = `ws://127.0.0.1:${port}`;
@@ -159,12 +166,12 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   const server = start(dir, "server", python(), ["-m", "edgetrain", "serve", "--host", "127.0.0.1", "--port", String(port),
     "--store", join(dir, "store"), "--model", WORKLOAD.model, "--rounds", String(rounds), "--min-devices", String(WORKLOAD.devices),
     "--local-steps", String(WORKLOAD.localSteps), "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(seed),
-    "--json-events", ...(web ? ["--web"] : [])]);
+    "--json-events", ...(web ? ["--web"] : []), ...serveArgs]);
   const started = performance.now();
   const fleet = { procs: [], pages: [] };
   let seen;
   try {
-    await startFleet(kind, dir, url, tabs, fleet);
+    await startFleet(kind, dir, url, tabs, fleet, { deviceArgs, gpuTab });
     const watching = during && waitForPort(port, server).then(() => during({ url, site: `http://127.0.0.1:${port}`, dir }));
     [seen] = await Promise.all([watching, ...fleet.pages.map((p) => p.done)]);
     const codes = await Promise.all(fleet.procs.map((p) => p.done));

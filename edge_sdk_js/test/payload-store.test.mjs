@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { memoryPayloadStore } from "../dist/payload-store.js";
-import { folderPayloadStore } from "../dist/payload-store-file.js";
+import { folderPayloadStore, payloadFolder } from "../dist/payload-store-file.js";
 
 const sha = (data) => createHash("sha256").update(data).digest("hex");
 const bytes = (c) => new Uint8Array(300).fill(c.charCodeAt(0));
@@ -42,4 +42,18 @@ test("the memory store keeps slots for the page's life, only of payloads it hold
   await store.put(sha(tail), tail);
   await store.setSlot("tail:2", sha(tail));
   assert.equal(await store.slot("tail:2"), sha(tail));
+});
+
+test("payload-cache auto is a folder of the device's own per server, as the Python device names it", () => {
+  const saved = process.env.EDGETRAIN_PAYLOAD_CACHE;
+  try {
+    process.env.EDGETRAIN_PAYLOAD_CACHE = "/var/cache/held";
+    // edge_sdk/payload_store.py's payload_folder("auto", "wss://Server.lan:8765", "board-7") (tests/test_validated_defaults.py)
+    assert.equal(payloadFolder("auto", "wss://Server.lan:8765", "board-7"), "/var/cache/held/server.lan-8765/board-7");
+    assert.equal(payloadFolder("auto", "ws://[::1]/", "d"), "/var/cache/held/__1-80/d");
+    assert.equal(payloadFolder("off", "ws://h:1", "d"), undefined);
+    assert.equal(payloadFolder("/x", "ws://h:1", "d"), "/x");
+  } finally {
+    if (saved === undefined) delete process.env.EDGETRAIN_PAYLOAD_CACHE; else process.env.EDGETRAIN_PAYLOAD_CACHE = saved;
+  }
 });

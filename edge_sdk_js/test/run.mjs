@@ -2,7 +2,8 @@
 // Every test/*.test.mjs is quick unless SLOW names it (whole fleets, resumes, served pages), so a new
 // quick test needs no edit here or in package.json.
 import { spawnSync } from "node:child_process";
-import { readdirSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -19,5 +20,10 @@ const here = dirname(fileURLToPath(import.meta.url));
 const files = readdirSync(here).filter((f) => f.endsWith(".test.mjs")).sort()
   .filter((f) => SLOW.has(f.slice(0, -".test.mjs".length)) === (tier === "slow"))
   .map((f) => join("test", f));
-const run = spawnSync(process.execPath, ["--test", ...files], { stdio: "inherit", cwd: dirname(here) });
+// The devices the tests start keep their payloads by default (payload-cache "auto"): under a folder of
+// this run's, removed after it, never in the user's cache.
+const payloads = mkdtempSync(join(tmpdir(), "edgetrain-test-payloads-"));
+const env = { ...process.env, EDGETRAIN_PAYLOAD_CACHE: payloads };
+const run = spawnSync(process.execPath, ["--test", ...files], { stdio: "inherit", cwd: dirname(here), env });
+rmSync(payloads, { recursive: true, force: true });
 process.exit(run.status ?? 1);

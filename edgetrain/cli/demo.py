@@ -70,6 +70,7 @@ def demo(
     config = ServerConfig(
         model=model, strategy=strategy, rounds=rounds, min_devices=n, local_steps=local_steps, lr=lr,
         eval_data=data, data_root=data_root, store_dir=run_dir / "store", seed=seed, deadline_s=120,
+        wait_devices_s=120,  # the demo starts its devices: a fleet that died is an error, not a wait
         keep_checkpoints=1,  # a demo is not resumed: its final weights are what it keeps
     )
     console.print(f"[bold]edgetrain demo[/]: {model} on {data}, {strong} strong + {moderate} moderate + {weak} weak "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -11,10 +12,11 @@ from edgetrain.cli import app
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from profiles.accounting import ModelCost, TrainingMemory
+    from edge_sdk.models import LayeredModel
+    from profiles.accounting import Footprint, ModelCost, TrainingMemory
     from profiles.devices import DeviceClass
     from profiles.planner import Plan, PlanError
-    from profiles.runtime import RuntimeMemory
+    from profiles.runtime import Runtime, RuntimeMemory
 
 
 def _fail(message: str) -> typer.Exit:
@@ -30,6 +32,11 @@ def profile(
     batch: int = typer.Option(32, help="Training batch size."),
     samples: int = typer.Option(0, help="Samples in the device's local dataset (held in memory, cached activations too)."),
     optimizer_copies: int = typer.Option(1, help="Optimizer state per parameter: 0 SGD, 1 SGD+momentum, 2 Adam."),
+    backend: str = typer.Option(
+        "auto", help="Plan for a device training on this: a Python device's backend (torch; onnxruntime: training "
+                     "graphs, no torch; auto: torch where it is installed, as the device picks) or a JavaScript "
+                     "device's runtime (onnxruntime-node; onnxruntime-web: a browser tab; onnxruntime-webgpu: a tab "
+                     "on its GPU)."),
     secure_aggregation: bool = typer.Option(False, "--secure-aggregation",
                                             help="Plan as a secure run does: the masked upload and the secure "
                                                  "round's libraries counted (up to 16 MiB more)."),
@@ -66,6 +73,7 @@ def profile(
     from profiles.units import parse_size
 
     try:
+        chosen = _runtime(backend)
         memory = TrainingMemory(optimizer_copies=optimizer_copies)
         memory = memory.secured() if secure_aggregation else memory
         budget_bytes = parse_size(budget) if budget is not None else None
@@ -84,15 +92,49 @@ def profile(
         raise _fail(str(exc)) from None
     cost = measure_model(layered)
     runtime = runtime_memory(refresh=refresh_runtime)
+    on = Target.of(chosen, layered)
 
-    _print_blocks(console, cost, batch, memory, runtime, samples)
+    _print_blocks(console, cost, batch, memory, runtime, samples, on)
     if target is not None:
         _print_plan(console, cost, batch, memory, runtime.with_overrides(target.runtime_overrides), target.budget_bytes,
-                    target, samples)
+                    target, samples, on)
     elif budget_bytes is not None:
-        _print_plan(console, cost, batch, memory, runtime, budget_bytes, None, samples)
+        _print_plan(console, cost, batch, memory, runtime, budget_bytes, None, samples, on)
     else:
-        _print_fleet(console, cost, batch, memory, runtime, samples)
+        _print_fleet(console, cost, batch, memory, runtime, samples, on)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the plans are for: the runtime a device trains on (``--backend``), and the splits whose
+    training graph exports (a graph runtime trains only those)."""
+
+    runtime: Runtime
+    graph_splits: frozenset[int]
+
+    @classmethod
+    def of(cls, runtime: Runtime, model: LayeredModel) -> Target:
+        """``runtime``, and the splits of ``model`` whose training graph the server exports (its static check)."""
+        from exporters.train_export import train_graph_refusal
+
+        return cls(runtime, frozenset(k for k in range(len(model)) if train_graph_refusal(model, k) is None))
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+
+def _runtime(name: str) -> Runtime:
+    """The runtime ``--backend`` names: one of profiles.runtime.RUNTIMES, or the one the server plans a
+    Python device of that backend on (edge_sdk.backends.BACKENDS, auto, package.module:Class)."""
+    from profiles.runtime import RUNTIMES, backend_runtime
+
+    if name in RUNTIMES:
+        return RUNTIMES[name]
+    try:
+        return backend_runtime(name)
+    except ValueError as exc:
+        raise ValueError(f"--backend: {exc}; or a runtime: {', '.join(RUNTIMES)}") from None
 
 
 def _print_measured(console: Console) -> None:
@@ -135,13 +177,35 @@ def _print_devices(console: Console) -> None:
     console.print(table)
 
 
+def _runtime_words(on: Target, runtime: RuntimeMemory) -> str:
+    """What the runtime figure of ``on`` is, in words."""
+    if on.name == "torch":
+        return f"torch + ONNX Runtime after a warm-up step ({runtime.source})"
+    if on.name == "onnxruntime":
+        return f"ONNX Runtime alone after a first training session, no torch ({runtime.source})"
+    return "the JavaScript device's, measured where it runs (profiles/runtime.py)"
+
+
+def _footprint(cost: ModelCost, k: int, batch: int, memory: TrainingMemory, runtime: RuntimeMemory, samples: int,
+               on: Target) -> Footprint | None:
+    """Split ``k``'s footprint on ``on``'s runtime, counted as the server counts it; None where that
+    runtime cannot train the split (a graph runtime, a training graph that does not export)."""
+    from profiles.planner import tail_footprint
+
+    if not on.runtime.can_train(k, on.graph_splits):
+        return None
+    return tail_footprint(cost, k, batch, backend=on.name, runtime=runtime, memory=memory, local_samples=samples)
+
+
 def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
-                  samples: int) -> None:
+                  samples: int, on: Target) -> None:
     from rich import box
     from rich.table import Table
 
+    from profiles.runtime import RUNTIMES
     from profiles.units import format_size
 
+    shown = [on] + [Target(RUNTIMES[n], on.graph_splits) for n in ("torch", "onnxruntime") if n != on.name]
     whole_p, whole_a = cost.trainable_params(0), cost.activations(0, batch)
     table = Table(
         title=(
@@ -153,43 +217,53 @@ def _print_blocks(console: Console, cost: ModelCost, batch: int, memory: Trainin
             f"act/sample: outputs of conv/linear/recurrent layers per sample (EmbracingFL Table 1), and "
             f"attention matrices (attn/sample: heads x context^2 per attention layer); "
             f"suffix params: trainable parameters of blocks [k, {len(cost)}); "
-            f"capacity = (2p + 2a) / (2P + 2A) at batch {batch}; footprint: peak bytes of split k at "
-            f"batch {batch}, {memory.dtype}, runtime {format_size(runtime.training)} "
-            f"(torch + ONNX Runtime after one warm-up step, {runtime.source}), the process's own "
-            f"{format_size(memory.process_bytes)} and {samples} local samples (--samples) included; "
-            f"ORT footprint: the same split trained from an ONNX training graph, runtime "
-            f"{format_size(runtime.onnxruntime_training)} (ONNX Runtime alone, no torch)"
+            f"capacity = (2p + 2a) / (2P + 2A) at batch {batch}; footprint on R: peak bytes of split k at "
+            f"batch {batch}, {memory.dtype}, on runtime R, the process's own {format_size(memory.process_bytes)} "
+            f"and {samples} local samples (--samples) included; "
+            + "; ".join(f"{t.name}: {format_size(runtime.for_backend(t.name))} runtime, "
+                        f"{_runtime_words(t, runtime)}" for t in shown)
+            + "; -: a split whose training graph does not export"
         ),
         caption_justify="left",
     )
     table.box = box.SIMPLE_HEAD
     table.add_column("k", justify="right", no_wrap=True, min_width=2)
     table.add_column("block", no_wrap=True)
-    for col in ("params", "act/sample", "attn/sample", "suffix params", "capacity", "footprint", "ORT footprint"):
+    for col in ("params", "act/sample", "attn/sample", "suffix params", "capacity",
+                *(f"footprint on {t.name}" for t in shown)):
         table.add_column(col, justify="right", no_wrap=True)
-    from profiles.planner import backend_memory
-
     for b in cost.blocks:
         k = b.index
-        footprint = cost.footprint(k, batch, memory=memory, runtime_bytes=runtime.training, local_samples=samples)
-        ort = cost.footprint(k, batch, memory=backend_memory(memory, "onnxruntime"),
-                             runtime_bytes=runtime.onnxruntime_training, local_samples=samples)
-        name = b.name + (" (sparse)" if b.sparse else "")
+        footprints = [_footprint(cost, k, batch, memory, runtime, samples, t) for t in shown]
         table.add_row(
-            str(k), name, f"{b.params:,}", f"{b.activations:,}", f"{b.attention_elements:,}", f"{cost.trainable_params(k):,}",
-            f"{cost.capacity(k, batch):.3f}", format_size(footprint.total), format_size(ort.total),
+            str(k), b.name + (" (sparse)" if b.sparse else ""), f"{b.params:,}", f"{b.activations:,}",
+            f"{b.attention_elements:,}", f"{cost.trainable_params(k):,}", f"{cost.capacity(k, batch):.3f}",
+            *(format_size(f.total) if f is not None else "-" for f in footprints),
         )
     console.print(table)
 
 
 def _plan(cost: ModelCost, budget_bytes: int, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
-          samples: int) -> Plan | PlanError:
+          samples: int, on: Target) -> Plan | PlanError:
     from profiles.planner import PlanError, plan_split
 
     try:
-        return plan_split(cost, budget_bytes, batch, runtime=runtime, memory=memory, local_samples=samples)
+        return plan_split(cost, budget_bytes, batch, runtime=runtime, memory=memory, local_samples=samples,
+                          backends=(on.name,), graph_splits=on.graph_splits)
     except PlanError as exc:
         return exc
+
+
+def _elsewhere(cost: ModelCost, budget_bytes: int, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
+               samples: int, on: Target) -> str:
+    """Where a budget refused on ``on``'s runtime does fit: each other runtime's plan, in a line."""
+    from profiles.planner import Plan
+    from profiles.runtime import RUNTIMES
+
+    fits = [(name, plan) for name in RUNTIMES if name != on.name
+            for plan in [_plan(cost, budget_bytes, batch, memory, runtime, samples, Target(RUNTIMES[name], on.graph_splits))]
+            if isinstance(plan, Plan)]
+    return "; ".join(f"on {name}: {plan.role}, split {plan.split} (--backend {name})" for name, plan in fits)
 
 
 def _print_plan(
@@ -201,20 +275,23 @@ def _print_plan(
     budget_bytes: int,
     device: DeviceClass | None,
     samples: int,
+    on: Target,
 ) -> None:
     from rich.table import Table
 
-    from profiles.planner import PlanError
+    from profiles.planner import PlanError, backend_memory
     from profiles.units import format_size
 
     who = device.summary() if device is not None else f"budget {format_size(budget_bytes)}"
-    plan = _plan(cost, budget_bytes, batch, memory, runtime, samples)
+    plan = _plan(cost, budget_bytes, batch, memory, runtime, samples, on)
     if isinstance(plan, PlanError):
-        console.print(f"[bold]Plan for {who}[/bold]\n[red]refused:[/red] {plan}")
+        fits = _elsewhere(cost, budget_bytes, batch, memory, runtime, samples, on)
+        console.print(f"[bold]Plan for {who} on {on.name}[/bold]\n[red]refused:[/red] {plan}"
+                      + (f"\nfits {fits}" if fits else ""))
         raise typer.Exit(code=1)
     chunks = ", ".join(f"[{s}, {e})" for s, e in plan.chunks) or "none (trains the whole model)"
-    fp = plan.footprint
-    table = Table(title=f"Plan for {who}", title_justify="left", show_header=False)
+    fp, copies = plan.footprint, backend_memory(memory, on.name)
+    table = Table(title=f"Plan for {who} on {on.name}", title_justify="left", show_header=False)
     table.add_column(justify="left")
     table.add_column(justify="right")
     table.add_column(justify="left")
@@ -223,14 +300,15 @@ def _print_plan(
     table.add_row("split", f"{plan.split} / {plan.num_blocks}", f"trains {trained}")
     table.add_row("frozen chunks", str(len(plan.chunks)), chunks)
     table.add_row("trainable state", format_size(fp.trainable_state),
-                  f"{plan.trainable_params:,} params x {memory.param_copies + memory.transfer_copies} "
-                  "(weight, gradient, momentum, received tail) + buffers")
+                  f"{plan.trainable_params:,} params x {copies.param_copies + copies.transfer_copies} "
+                  "(weight, gradient, momentum, received tail"
+                  + (", the runtime's own copies" if copies.param_copies > memory.param_copies else "") + ") + buffers")
     table.add_row("activations", format_size(fp.activations), "saved for backward + backward's working set")
     table.add_row("cached input", format_size(fp.cached_input),
                   f"the tail's input for {samples} local samples" if samples and plan.split else "one batch")
     table.add_row("local data", format_size(fp.local_data), f"{samples} samples (--samples)")
     table.add_row("largest frozen chunk", format_size(fp.frozen_chunk), "ONNX Runtime session + weights + one batch")
-    table.add_row("runtime", format_size(fp.runtime), f"torch + ONNX Runtime after a warm-up step ({runtime.source})")
+    table.add_row("runtime", format_size(fp.runtime), _runtime_words(on, runtime))
     table.add_row("process", format_size(fp.process), "connection buffers, worker thread, allocator slack"
                   + (", the secure round's libraries" if memory.secure_bytes else ""))
     table.add_row("upload", format_size(fp.upload), "the tail's values and their encoded frame"
@@ -247,41 +325,37 @@ def _print_plan(
 
 
 def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: TrainingMemory, runtime: RuntimeMemory,
-                 samples: int) -> None:
+                 samples: int, on: Target) -> None:
     from rich import box
     from rich.table import Table
 
     from profiles.devices import device_classes
     from profiles.planner import PlanError
+    from profiles.runtime import RUNTIMES
     from profiles.units import format_size
 
-    table = Table(
-        title=f"Plans for every device class ({cost.model}, batch {batch})", title_justify="left", box=box.SIMPLE_HEAD
-    )
-    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint", "ORT role", "ORT split",
-                "ORT footprint"):
-        table.add_column(col, justify="left" if col in ("class", "role", "chunks", "ORT role") else "right",
+    # Beside the chosen runtime's plans, the same device trained from ONNX training graphs (no torch), or
+    # on torch when the chosen runtime is ONNX Runtime's.
+    other = Target(RUNTIMES["torch" if on.name == "onnxruntime" else "onnxruntime"], on.graph_splits)
+    table = Table(title=f"Plans for every device class ({cost.model}, batch {batch}) on {on.name}, and on {other.name}",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint", f"{other.name} role",
+                f"{other.name} split", f"{other.name} footprint"):
+        table.add_column(col, justify="left" if col in ("class", "role", "chunks", f"{other.name} role") else "right",
                          no_wrap=col != "chunks")
-    from profiles.planner import plan_split
-
     for d in device_classes():
         figures = runtime.with_overrides(d.runtime_overrides)
-        plan = _plan(cost, d.budget_bytes, batch, memory, figures, samples)
-        # The same device trained from ONNX training graphs (no torch): every split is offered here;
-        # the server offers only those whose tail exports (exporters.train_export.train_graph_refusal).
-        try:
-            ort = plan_split(cost, d.budget_bytes, batch, runtime=figures, memory=memory, local_samples=samples,
-                             backends=("onnxruntime",), graph_splits=range(len(cost)))
-            ort_cells = (ort.role, str(ort.split), format_size(ort.footprint_bytes))
-        except PlanError as exc:
-            ort_cells = ("[red]refused[/red]", "-", f"needs {format_size(exc.needed_bytes)}")
+        plan = _plan(cost, d.budget_bytes, batch, memory, figures, samples, on)
+        alt = _plan(cost, d.budget_bytes, batch, memory, figures, samples, other)
+        alt_cells = ((alt.role, str(alt.split), format_size(alt.footprint_bytes)) if not isinstance(alt, PlanError)
+                     else ("[red]refused[/red]", "-", f"needs {format_size(alt.needed_bytes)}"))
         if isinstance(plan, PlanError):
             table.add_row(d.name, format_size(d.budget_bytes), "[red]refused[/red]", "-", "-", "-",
-                          f"needs {format_size(plan.needed_bytes)}", *ort_cells)
+                          f"needs {format_size(plan.needed_bytes)}", *alt_cells)
             continue
         chunks = " ".join(f"[{s},{e})" for s, e in plan.chunks) or "-"
         table.add_row(
             d.name, format_size(d.budget_bytes), plan.role, str(plan.split), chunks, f"{plan.capacity:.2f}",
-            format_size(plan.footprint_bytes), *ort_cells,
+            format_size(plan.footprint_bytes), *alt_cells,
         )
     console.print(table)

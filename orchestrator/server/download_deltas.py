@@ -24,7 +24,11 @@ from edge_sdk.codecs.delta import encode_delta
 from edge_sdk.wire_codecs import CODEC_META, DELTA_BASE_META, DELTA_CODEC, RECON_META, tensor_regions
 from orchestrator.parts import Payload
 
-__all__ = ["DeltaDownloads"]
+__all__ = ["DeltaDownloads", "delta_bits"]
+
+def delta_bits(setting: str) -> int:
+    """Bits a weight of a ``download_delta`` setting (``none``: 0, downloads travel whole; ``int4``: 4)."""
+    return 0 if setting == "none" else int(setting.removeprefix("int"))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from exporters.onnx_export import ExportError
 from exporters.train_export import TrainGraphCache
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Payload, Prepared, Session, Work
-from orchestrator.server.download_deltas import DeltaDownloads
+from orchestrator.server.download_deltas import DeltaDownloads, delta_bits
 from orchestrator.server.planning import Planning
 from orchestrator.strategies import Broadcast, Instruction, Strategy
 from orchestrator.strategies.base import SelectionCost
@@ -112,7 +112,7 @@ class Payloads:
         self.state: Mapping[str, np.ndarray] = {}
         self._models: dict[str, LayeredModel] = {}  # version -> the model its chunks export from
         self._lock = threading.Lock()
-        bits = 0 if config.download_delta == "none" else int(config.download_delta.removeprefix("int"))
+        bits = delta_bits(config.download_delta)
         self.deltas = DeltaDownloads(bits, config.download_delta_keep) if bits else None
 
     def __getitem__(self, payload_id: str) -> Payload:

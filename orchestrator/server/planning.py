@@ -4,7 +4,9 @@ Every hello is planned here (once per distinct profile, :mod:`orchestrator.serve
 runtime its hello names (:data:`profiles.runtime.RUNTIMES`: a hello naming none is refused), and
 every instruction that asks a device for more than its plan (a longer tail, more rows, another
 model such as width reduction's) is checked here against the device's budget with the planner's
-own footprint count for the device's runtime (:func:`profiles.planner.tail_footprint`). It also
+own footprint count for the device's runtime (:func:`profiles.planner.tail_footprint`), a chunk's
+delta download rebuilt on the device counted where the server sends them
+(:meth:`profiles.accounting.TrainingMemory.with_deltas`). It also
 keeps which splits have a training graph that exports and verifies (:attr:`Planning.graph_splits`).
 A secure run's devices are planned with their secure round's memory
 (:meth:`profiles.accounting.TrainingMemory.secured`: the masked words and the secure round's own
@@ -21,6 +23,7 @@ from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from exporters.train_export import TrainGraphCache, train_graph_refusal
 from orchestrator.config import ServerConfig
+from orchestrator.server.download_deltas import delta_bits
 from orchestrator.server.plancache import PlanCache
 from profiles.accounting import ModelCost, TrainingMemory
 from profiles.planner import Plan, PlanError, plan_at, plan_split, tail_footprint
@@ -45,7 +48,8 @@ class Planning:
         self.selects_rows = selects_rows
         self.emit = emit
         #: How the devices train, as far as memory goes: every plan and budget check counts with it.
-        self.memory = TrainingMemory().secured() if config.secure_aggregation else TrainingMemory()
+        memory = TrainingMemory().with_deltas(delta_bits(config.download_delta))
+        self.memory = memory.secured() if config.secure_aggregation else memory
         # Splits with no static refusal, less those whose graph the export check refused (found on
         # first use and remembered on disk): a plan never names a graph that cannot be shipped.
         self.graph_splits = frozenset(k for k in range(len(model)) if train_graph_refusal(model, k) is None

@@ -211,15 +211,22 @@ class ServeOutput:
 
     def _terminal_log(self) -> None:
         """The log a person reads: under the view, warnings (and the server's own notes) through its
-        console, so they print above the live progress; with --json-events, as before, every INFO line."""
+        console, so they print above the live progress; with --json-events, as before, every INFO line.
+
+        One format for every record, the server's, a library's and Python's ``warnings`` alike: the
+        handler's own (time, level, message). The view's handler writes the time and level itself, so
+        its formatter is the bare message (``basicConfig`` would give it ``LEVEL:logger:message``, and
+        every line would say its level twice)."""
         if self.view is None:
             handler: logging.Handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         else:
             from rich.logging import RichHandler
 
             handler = RichHandler(console=self.console, show_path=False, markup=False)
+            handler.setFormatter(logging.Formatter("%(message)s"))
         handler.addFilter(_ForTheTerminal(self.view is not None))
+        logging.captureWarnings(True)  # a library's warnings.warn: a record of logger py.warnings, not a raw line
         logging.basicConfig(level=logging.INFO if self.view is None else logging.WARNING, handlers=[handler])
         logging.getLogger("edgetrain").setLevel(logging.INFO)
         if self.config.web or self.view is not None:  # not a line per page, file or connection
