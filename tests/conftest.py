@@ -28,14 +28,36 @@ if SHARED.is_dir():  # the test run's data root, for the library and every devic
 CORE: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _payload_cache(tmp_path_factory: pytest.TempPathFactory):
-    """The test run's $EDGETRAIN_PAYLOAD_CACHE, where the devices' default payload-cache folders go (one per
-    server address and device id: tests' servers listen on ports of their own, so none meets another's)."""
-    folder = tmp_path_factory.mktemp("payloads")
+def _payloads_in(folder: Path):
+    """$EDGETRAIN_PAYLOAD_CACHE at ``folder`` while the fixture lasts, then as it was."""
+    before = os.environ.get("EDGETRAIN_PAYLOAD_CACHE")
     os.environ["EDGETRAIN_PAYLOAD_CACHE"] = str(folder)
     yield
+    if before is None:
+        os.environ.pop("EDGETRAIN_PAYLOAD_CACHE", None)
+    else:
+        os.environ["EDGETRAIN_PAYLOAD_CACHE"] = before
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_payload_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The run's folder for them (session fixtures): none is left in the user's cache."""
+    yield from _payloads_in(tmp_path_factory.mktemp("payloads"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_payload_cache(_session_payload_cache, tmp_path_factory: pytest.TempPathFactory):
+    """Where the devices' default payload-cache folders go (one per server address and device id) for a
+    module's fixtures: a folder of the module's own, since a port freed by one test's server may be the
+    next one's, and a device of the same id would then find the earlier run's payloads held."""
+    yield from _payloads_in(tmp_path_factory.mktemp("payloads"))
+
+
+@pytest.fixture(autouse=True)
+def _payload_cache(_module_payload_cache, tmp_path_factory: pytest.TempPathFactory):
+    """The same for each test: a folder of its own."""
+    yield from _payloads_in(tmp_path_factory.mktemp("payloads"))
 
 
 def _digits_csv() -> Path:

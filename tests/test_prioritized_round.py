@@ -21,6 +21,10 @@ from orchestrator.server import Orchestrator
 from orchestrator.store import Store
 from tests.factories import server_config
 
+#: Each module fixture runs a whole served run of device processes (two algorithms); on a loaded 2-core
+#: machine that is past the suite's 300 s default, which would fail it for time, not for a wrong number.
+pytestmark = pytest.mark.timeout(900)
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 2
 NUM_CLIENTS = 5
