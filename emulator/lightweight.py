@@ -197,11 +197,11 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from edge_sdk.cli import partition_indices
     from edge_sdk.data import load_dataset
     from emulator.device import shape_data
-    from emulator.shards import mapped_rows
+    from emulator.shards import mapped_rows, prune_unused
 
     datasets: dict[tuple[str, int | None], Any] = {}
     parts: dict[tuple[str, int | None, str, int, int], list] = {}
-    out = {}
+    out, folders = {}, set()
     for d in (w.launch for w in spec.devices):
         source = (d.data, d.data_limit)
         if source not in datasets:
@@ -213,8 +213,14 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
-        # Mapped, not copied: an idle device's inputs are not resident (emulator.shards).
-        out[d.device_id] = shape_data(d, mapped_rows(ds.x, idx), np.array(ds.y[idx]))
+        # Mapped, not copied: an idle device's inputs are not resident (emulator.shards); the
+        # shards' folder pruned once, after them all.
+        rows = mapped_rows(ds.x, idx, prune=False)
+        if isinstance(rows, np.memmap) and rows.filename:
+            folders.add(Path(rows.filename).parent)
+        out[d.device_id] = shape_data(d, rows, np.array(ds.y[idx]))
+    for folder in folders:
+        prune_unused(folder)
     return out
 
 
