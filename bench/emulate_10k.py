@@ -43,7 +43,7 @@ for _p in (ROOT, BENCH):
 
 from bench.harness import Case, Context  # noqa: E402
 from bench.harness.fleets import build_fleet, group  # noqa: E402
-from vs_flower import TreeWatch, _round_recorder, device_memory  # noqa: E402
+from bench.vs_flower import TreeWatch, _round_recorder, device_memory  # noqa: E402
 
 MIB = 2**20
 

@@ -5,7 +5,7 @@ lane's processes from outside, so nothing in the server or the workers changes t
 
     py-spy record --subprocesses --format raw -r 100 -o light.txt -- \\
         .venv/bin/python bench/vs_flower.py --lanes ours-light --rounds 10 --noise-runs 0
-    .venv/bin/python bench/light_phases.py light.txt
+    .venv/bin/python bench/light_phases.py light.txt   # writes bench/results/light_phases.json
 
 The raw file holds one line per distinct stack (its processes' command lines first) and its sample
 count. Each stack is put in one process (the lane's server process, ``--lane ours-light``, or a
@@ -19,9 +19,17 @@ counts, so the shares are read against the lane's CPU per round that the bench m
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import Case, Context  # noqa: E402
 
 #: (phase, frame names): the first rule one of whose names is in a stack takes it.
 SERVER = (
@@ -88,12 +96,24 @@ def table(counts: dict[str, Counter]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python bench/light_phases.py PY_SPY_RAW_FILE")
-    with open(args[0]) as f:
-        print(table(tally(f)))
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("profile", type=Path, help="py-spy's raw output (record --format raw) of a vs_flower ours-light run")
+
+
+def run(ctx: Context) -> dict:
+    with open(ctx.args.profile) as f:
+        counts = tally(f)
+    text = table(counts)
+    print(text)
+    runs = [{"process": kind, "phase": phase, "samples": n} for kind, c in counts.items() for phase, n in c.items()]
+    return ctx.write(runs, {"profile": str(ctx.args.profile), "table": text})
+
+
+CASE = Case("light_phases", __doc__, run, arguments=arguments)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":
