@@ -127,6 +127,7 @@ class WorkerSpec:
     data_root: str | None = None
     threads: int = 2  # training / forwarding threads shared by the worker's devices
     stop_grace_s: float = 10.0  # after stdin closes: time for devices still talking to finish
+    connect_at_once: int = 64  # devices between opening their connection and their welcome, at most
 
     def to_json(self) -> str:
         raw = asdict(self)
@@ -147,6 +148,8 @@ class WorkerSpec:
             raise ValueError("a worker spec needs at least one device")
         if spec.threads < 1:
             raise ValueError(f"threads must be at least 1, got {spec.threads}")
+        if spec.connect_at_once < 1:
+            raise ValueError(f"connect_at_once must be at least 1, got {spec.connect_at_once}")
         ids = [d.device_id for d in spec.devices]
         if len(set(ids)) != len(ids):
             raise ValueError("device ids in a worker spec must be distinct")
@@ -197,11 +200,11 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from edge_sdk.cli import partition_indices
     from edge_sdk.data import load_dataset
     from emulator.device import shape_data
-    from emulator.shards import mapped_rows
+    from emulator.shards import mapped_rows, prune_unused
 
     datasets: dict[tuple[str, int | None], Any] = {}
     parts: dict[tuple[str, int | None, str, int, int], list] = {}
-    out = {}
+    out, folders = {}, set()
     for d in (w.launch for w in spec.devices):
         source = (d.data, d.data_limit)
         if source not in datasets:
@@ -213,8 +216,14 @@ def _local_data(spec: WorkerSpec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not 0 <= d.client < len(parts[key]):
             raise ValueError(f"{d.device_id}: client {d.client} outside [0, {len(parts[key])})")
         idx = parts[key][d.client]
-        # Mapped, not copied: an idle device's inputs are not resident (emulator.shards).
-        out[d.device_id] = shape_data(d, mapped_rows(ds.x, idx), np.array(ds.y[idx]))
+        # Mapped, not copied: an idle device's inputs are not resident (emulator.shards); the
+        # shards' folder pruned once, after them all.
+        rows = mapped_rows(ds.x, idx, prune=False)
+        if isinstance(rows, np.memmap) and rows.filename:
+            folders.add(Path(rows.filename).parent)
+        out[d.device_id] = shape_data(d, rows, np.array(ds.y[idx]))
+    for folder in folders:
+        prune_unused(folder)
     return out
 
 
@@ -244,20 +253,30 @@ def cpu_and_memory() -> dict[str, float | int]:
 
 async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
                         emit: Callable[[str, dict], None], stopping: asyncio.Event, reconnecting: set[str],
-                        warm_tails: WarmTails | None = None) -> None:
+                        warm_tails: WarmTails | None = None, gate: asyncio.Semaphore | None = None) -> None:
     """Run one device until the server says goodbye; after a vanish, a fresh client rejoins.
 
     `reconnecting` holds the devices between a lost connection and their next welcome; `warm_tails`
-    is the worker's pool of built tails, shared by its devices."""
+    is the worker's pool of built tails, shared by its devices; `gate` admits a life's first
+    connection, held until its welcome (:attr:`WorkerSpec.connect_at_once`): thousands of devices
+    opening their connections at once time out in the server's accept queue and retry, over and
+    over (10,000 at once: none welcomed in four minutes on a busy 2-core machine)."""
     from emulator.device import build_client
 
     device_id = d.device_id
-    t0, welcomed = time.monotonic(), False
+    t0, welcomed, held = time.monotonic(), False, False
+
+    def let_go() -> None:
+        nonlocal held
+        if held and gate is not None:
+            gate.release()
+        held = False
 
     def on_event(kind: str, data: dict) -> None:
         nonlocal welcomed
         if kind == "welcome" and not welcomed:  # a life's first welcome: how long connecting took
             welcomed = True
+            let_go()
             data = {**data, "connect_to_welcome_s": round(time.monotonic() - t0, 4)}
         emit(kind, data)
         if kind == "welcome":
@@ -270,6 +289,9 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
     life = 0
     while True:
         life += 1
+        if gate is not None:
+            await gate.acquire()
+            held = True
         emit("life_start", {"device": device_id, "life": life})
         t0, error, welcomed = time.monotonic(), "", False
         try:
@@ -288,6 +310,7 @@ async def _device_lives(d: WorkerDevice, x: np.ndarray, y: np.ndarray, url: str,
             ended, error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
             reconnecting.discard(device_id)
+            let_go()
         emit("life_end", {"device": device_id, "life": life, "ended": ended,
                           "wall_s": round(time.monotonic() - t0, 3), "error": error})
         if ended != "dropped" or d.rejoin_after_s is None or stopping.is_set():
@@ -340,8 +363,9 @@ async def run_worker(spec: WorkerSpec, url: str | None, *, emit: Callable[[str, 
     reconnecting: set[str] = set()
     # Tails are built and trained in the thread pool: at most `threads` are in use at once.
     warm = WarmTails(keep=spec.threads)
+    gate = asyncio.Semaphore(spec.connect_at_once)
     tasks = {d.device_id: asyncio.create_task(_device_lives(d, *data[d.device_id], url, emit, stopping, reconnecting,
-                                                            warm))
+                                                            warm, gate))
              for d in spec.devices}
     stopper = asyncio.create_task((stop or _wait_for_stdin_eof)())
     emit("worker_ready", {"worker": spec.index, "pid": os.getpid(), "devices": len(tasks), **cpu_and_memory()})
@@ -576,14 +600,17 @@ class LightweightBackend(EmulationBackend):
         BackendOption("workers", int, "worker processes the devices share (default: one per core, 2-4)"),
         BackendOption("threads", int, "each worker's training threads", cli=False),
         BackendOption("stop_grace_s", float, "seconds a worker's devices get to finish after the run", cli=False),
+        BackendOption("connect_at_once", int, "devices of a worker connecting at once (until their welcome)",
+                      cli=False),
     )
 
     def __init__(self, fleet: Fleet, config: ServerConfig, *, workers: int | None = None, threads: int = 2,
-                 stop_grace_s: float = 10.0, **common: Any) -> None:
+                 stop_grace_s: float = 10.0, connect_at_once: int = 64, **common: Any) -> None:
         super().__init__(fleet, config, **common)
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.workers, self.threads, self.stop_grace_s = workers, threads, stop_grace_s
+        self.connect_at_once = connect_at_once
         self.handles: list[WorkerHandle] = []
         self.emu: LightweightEmulator | None = None
         self.sampler: asyncio.Task | None = None
@@ -611,7 +638,8 @@ class LightweightBackend(EmulationBackend):
         return LightweightEmulator(self.specs, self.handles, self.recorder)
 
     def worker_spec(self, w: WorkerHandle) -> WorkerSpec:
-        return WorkerSpec(w.index, tuple(w.devices), self.data_root, self.threads, self.stop_grace_s)
+        return WorkerSpec(w.index, tuple(w.devices), self.data_root, self.threads, self.stop_grace_s,
+                          self.connect_at_once)
 
     def on_server_event(self, kind: str, data: dict) -> None:
         assert self.emu is not None

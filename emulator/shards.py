@@ -12,7 +12,9 @@ and of the rows, so a rebuilt dataset or another partition gets a new file; a sh
 written atomically (:func:`edge_sdk.fileio.atomic_write`), so concurrent workers or runs never
 read a partial one. Every use marks its file as used; writing a new one removes the shard files no
 run has used for :data:`UNUSED_DAYS` days, so the folder holds the partitions of recent runs, not
-of every seed ever tried.
+of every seed ever tried. A worker cutting thousands of shards prunes once after them
+(:func:`prune_unused`): a scan of the folder per shard written made cutting N shards O(N^2) file
+system calls (10,000 devices: no device had connected after two minutes).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from edge_sdk.fileio import atomic_write
 
-__all__ = ["UNUSED_DAYS", "mapped_rows", "shard_path"]
+__all__ = ["UNUSED_DAYS", "mapped_rows", "prune_unused", "shard_path"]
 
 #: Shard files not used for this long are removed when a new one is written.
 UNUSED_DAYS = 3.0
@@ -46,9 +48,10 @@ def shard_path(source: np.memmap, idx: np.ndarray) -> Path | None:
     return path.parent / "shards" / f"{path.name.removesuffix('.npy')}-{h.hexdigest()[:24]}.npy"
 
 
-def mapped_rows(source: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``source[idx]`` as a read-only memory map of a file of its own (written on first use); a
-    plain copy when ``source`` is not mapped from a file."""
+def mapped_rows(source: np.ndarray, idx: np.ndarray, *, prune: bool = True) -> np.ndarray:
+    """``source[idx]`` as a read-only memory map of a file of its own (written on first use, then
+    the folder pruned unless ``prune`` is false: a caller cutting many calls :func:`prune_unused`
+    once after them); a plain copy when ``source`` is not mapped from a file."""
     idx = np.asarray(idx)
     path = shard_path(source, idx) if isinstance(source, np.memmap) else None
     if path is None:
@@ -60,13 +63,15 @@ def mapped_rows(source: np.ndarray, idx: np.ndarray) -> np.ndarray:
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(source[idx]))
         atomic_write(path, buf.getbuffer(), durable=False)
-        _prune(path.parent, time.time() - UNUSED_DAYS * 86400)
+        if prune:
+            prune_unused(path.parent)
     return np.load(path, mmap_mode="r")
 
 
-def _prune(folder: Path, unused_since: float) -> None:
-    """Remove the shard files last used before ``unused_since`` (a run mapping one keeps its pages)."""
-    for old in folder.glob("*.npy"):
+def prune_unused(folder: Path, unused_days: float = UNUSED_DAYS) -> None:
+    """Remove the shard files of ``folder`` no run used for ``unused_days`` (a run mapping one keeps its pages)."""
+    unused_since = time.time() - unused_days * 86400
+    for old in Path(folder).glob("*.npy"):
         with contextlib.suppress(FileNotFoundError):  # another worker pruned it first
             if old.stat().st_mtime < unused_since:
                 old.unlink()

@@ -213,7 +213,9 @@ def test_the_fleet_writer_writes_toml_values_exactly():
 
 # -- guards ----------------------------------------------------------------------------------------------
 def bench_sources() -> dict[str, str]:
-    return {p.stem: p.read_text() for p in sorted((ROOT / "bench").rglob("*.py")) if p.stem not in NOT_MOVED}
+    """The bench's own sources (not Flower's environment, bench/.venv-flwr, that vs_flower makes there)."""
+    return {p.stem: p.read_text() for p in sorted((ROOT / "bench").rglob("*.py"))
+            if p.stem not in NOT_MOVED and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
 
 
 def test_no_bench_script_writes_fleet_toml_by_hand():

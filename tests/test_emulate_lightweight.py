@@ -151,7 +151,9 @@ rejoin_after_s = 0.05
 def test_a_vanished_device_leaves_its_worker_running_and_rejoins(tmp_path: Path) -> None:
     # A seed for which the flaky device vanishes in round 1 only. Every device waits 300 ms before
     # its upload, so the flaky one is usually back (after 50 ms) before round 2 starts; on a busy
-    # machine it may miss round 2, and then it is idle, so selected, in round 3.
+    # machine it may miss round 2, and then it is idle, so selected, in round 3. One device at a
+    # time may be connecting (connect_at_once=1): the gate is let go at each welcome and at each
+    # life's end, or the fleet would never connect, nor the flaky device rejoin.
     path = tmp_path / "fleet.toml"
     for seed in range(200):
         path.write_text(LIGHT_FLEET.format(seed=seed))
@@ -161,7 +163,7 @@ def test_a_vanished_device_leaves_its_worker_running_and_rejoins(tmp_path: Path)
     else:
         raise AssertionError("no seed drops flaky-000 in round 1 only")
     config = server_config(fleet, store_dir=tmp_path / "store", deadline_s=30)
-    run = asyncio.run(run_emulation(fleet, config, workers=1, stderr_dir=tmp_path / "logs"))
+    run = asyncio.run(run_emulation(fleet, config, workers=1, connect_at_once=1, stderr_dir=tmp_path / "logs"))
     assert run.mode == "lightweight" and len(run.workers) == 1 and run.workers[0]["returncode"] == 0
     flaky = run.device("flaky-000")
     first, *later = flaky.lives
@@ -234,6 +236,8 @@ def test_devices_are_dealt_round_robin_and_specs_are_validated(tmp_path: Path) -
         WorkerSpec.from_json('{"index": 0}')
     with pytest.raises(ValueError, match="distinct"):
         WorkerSpec.from_json(WorkerSpec(0, (device, device)).to_json())
+    with pytest.raises(ValueError, match="connect_at_once"):
+        WorkerSpec.from_json(WorkerSpec(0, (device,), connect_at_once=0).to_json())
     bad = tmp_path / "spec.json"
     bad.write_text("[]")
     proc = subprocess.run([sys.executable, "-m", "emulator.lightweight", "--url", "ws://127.0.0.1:1",

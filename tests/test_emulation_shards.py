@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from emulator.shards import UNUSED_DAYS, mapped_rows, shard_path
+from emulator.shards import UNUSED_DAYS, mapped_rows, prune_unused, shard_path
 
 
 def _source(tmp_path, values: np.ndarray) -> np.memmap:
@@ -61,3 +61,17 @@ def test_shards_unused_for_days_are_removed_when_a_new_one_is_written(tmp_path):
     assert os.path.basename(old.filename) not in left
     assert os.path.basename(reused.filename) in left and len(left) == 2
     np.testing.assert_array_equal(old, np.asarray(x)[[0, 1]])  # a map still held keeps its pages
+
+
+def test_a_worker_cutting_many_shards_prunes_once_after_them(tmp_path):
+    """mapped_rows(prune=False) leaves the folder as it is (a scan per shard made cutting N shards
+    quadratic); prune_unused then removes what no run used for UNUSED_DAYS, and keeps the rest."""
+    x = _source(tmp_path, np.arange(40, dtype=np.float32).reshape(20, 2))
+    old = mapped_rows(x, np.array([0, 1]))
+    long_ago = os.stat(old.filename).st_mtime - (UNUSED_DAYS + 1) * 86400
+    os.utime(old.filename, (long_ago, long_ago))
+    fresh = [mapped_rows(x, np.array([2 * i, 2 * i + 1]), prune=False) for i in range(1, 4)]
+    assert os.path.basename(old.filename) in {p.name for p in (tmp_path / "shards").iterdir()}
+    prune_unused(tmp_path / "shards")
+    left = {p.name for p in (tmp_path / "shards").iterdir()}
+    assert left == {os.path.basename(f.filename) for f in fresh}
