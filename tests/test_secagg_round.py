@@ -44,9 +44,9 @@ class Fleet:
 
     def keys(self) -> dict[str, p.SecAggPeers]:
         for d, dev in self.devices.items():
-            c, mk, sig = dev.advertise()
-            msg = wire(p.SecAggKeys(SCOPE.round, c, mk, sig))
-            self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature)
+            msg = wire(p.SecAggKeys(SCOPE.round, *dev.advertise()))
+            self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature,
+                                  msg.commitments)
         return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys(
             weight_scale=self.weight_scale, noise=self.noise_plan).items()}
 
@@ -66,9 +66,9 @@ class Fleet:
                 self.server.take_masked(d, dict(enumerate(words, start=self.splits[d])))
 
     def unmask(self, absent: set[str] = frozenset()):
-        for d, (alive, gone) in self.server.close_uploads().items():
-            msg = wire(p.SecAggUnmask(SCOPE.round, alive, gone))
-            seeds, keys = self.devices[d].reveal(msg.survivors, msg.dropped)
+        for d, (alive, gone, blocks) in self.server.close_uploads().items():
+            msg = wire(p.SecAggUnmask(SCOPE.round, alive, gone, blocks))
+            seeds, keys = self.devices[d].reveal(msg.survivors, msg.dropped, msg.blocks)
             if d not in absent:
                 answer = wire(p.SecAggReveal(SCOPE.round, seeds, keys))
                 self.server.take_reveal(d, answer.seed_shares, answer.key_shares)
@@ -87,7 +87,7 @@ class Fleet:
         return total, weight
 
 
-SPLITS = {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2, "f": 0}
+SPLITS = {"a": 0, "b": 0, "c": 1, "d": 0, "e": 2, "f": 0, "g": 0}  # 7 devices: t = 4; cohorts 5, 6, 7
 
 
 def test_nested_cohorts_reveal_each_blocks_plain_sum_within_the_stated_error():
@@ -143,7 +143,7 @@ def test_a_block_under_the_threshold_is_not_revealed():
     inbox = fleet.shares(fleet.keys())
     fleet.mask(inbox, absent={"a", "b"})  # blocks 0 and 1 keep c alone; block 2 keeps c, d, e
     outcomes = fleet.unmask()
-    assert outcomes[0].values is None and "fewer than the threshold 2" in outcomes[0].reason
+    assert outcomes[0].values is None and "fewer than the threshold t = 3" in outcomes[0].reason
     assert outcomes[1].values is None
     expected, _ = fleet.plain_sum(2, {"c", "d", "e"})
     assert np.max(np.abs(outcomes[2].values - expected)) <= fleet.server.fixed.error_bound
@@ -158,15 +158,19 @@ def test_a_device_alone_in_its_first_blocks_cohort_is_left_out():
 def test_replayed_and_forged_advertisements_are_refused():
     fleet = Fleet({"a": 0, "b": 0, "c": 0})
     dev = fleet.devices["a"]
-    c, mk, sig = dev.advertise()
-    fleet.server.advertise("a", 0, c, mk, sig)
+    c, mk, sig, com = dev.advertise()
+    fleet.server.advertise("a", 0, c, mk, sig, com)
     with pytest.raises(SecureRefusal, match="twice"):
-        fleet.server.advertise("a", 0, c, mk, sig)
+        fleet.server.advertise("a", 0, c, mk, sig, com)
     with pytest.raises(SecAggError, match="not signed"):
-        fleet.server.advertise("b", 0, c, mk, sig)  # a's keys and signature under b's name
+        fleet.server.advertise("b", 0, c, mk, sig, com)  # a's keys and signature under b's name
+    with pytest.raises(SecAggError, match="not signed"):
+        fleet.server.advertise("b", 0, *fleet.devices["b"].advertise()[:3], com)  # b's keys, a's commitments
+    with pytest.raises(SecureRefusal, match="committed to"):
+        fleet.server.advertise("c", 1, *fleet.devices["c"].advertise())  # a split the device did not sign
     other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities)
     with pytest.raises(SecAggError, match="not signed"):
-        other.advertise("a", 0, c, mk, sig)  # round 3's advertisement replayed in round 4
+        other.advertise("a", 0, c, mk, sig, com)  # round 3's advertisement replayed in round 4
 
 
 def test_shares_for_strangers_and_unmask_answers_for_peers_not_given_are_refused():
@@ -183,8 +187,8 @@ def test_shares_for_strangers_and_unmask_answers_for_peers_not_given_are_refused
         fleet.server.take_shares(d, fleet.devices[d].share(peers[d]))
     fleet.mask({d: wire(p.SecAggInbox(3, s)) for d, s in fleet.server.close_shares().items()})
     asks = fleet.server.close_uploads()
-    alive, _ = asks["a"]
-    seeds, keys = fleet.devices["a"].reveal(alive, [])
+    alive, _, blocks = asks["a"]
+    seeds, keys = fleet.devices["a"].reveal(alive, [], blocks)
     with pytest.raises(SecureRefusal, match="not given"):
         fleet.server.take_reveal("a", {**seeds, stranger: bytes(SHARE_BYTES)}, keys)
     with pytest.raises(SecureRefusal, match="not asked"):
@@ -196,14 +200,17 @@ def test_a_device_refuses_to_reveal_both_secrets_or_strangers():
     fleet.mask(fleet.shares(fleet.keys()))
     dev = fleet.devices["a"]
     with pytest.raises(SecAggError, match="both secrets"):
-        dev.reveal(["a", "b", "c"], ["b"])
+        dev.reveal(["a", "b", "c"], ["b"], [0])
     dev.step = "reveal"
     with pytest.raises(SecAggError, match="not given"):
-        dev.reveal(["a", "b", "zed"], [])
+        dev.reveal(["a", "b", "zed"], [], [0])
     dev.step = "reveal"
-    dev.reveal(["a", "b", "c"], [])
+    with pytest.raises(SecAggError, match="fewer than t = 3"):
+        dev.reveal(["a", "b"], ["c"], [0])  # block 0 would be a sum of two
+    dev.step = "reveal"
+    dev.reveal(["a", "b", "c"], [], [0])
     with pytest.raises(SecAggError, match="not 'reveal'"):
-        dev.reveal(["a", "b", "c"], [])  # once per round
+        dev.reveal(["a", "b", "c"], [], [0])  # once per round
 
 
 def test_a_presumed_dropped_device_returning_is_refused_for_the_round():
@@ -267,7 +274,8 @@ def _raw(kind, a, b, ids, n) -> bytes:
               "sealed": a, "survivors": ids, "dropped": ids[:1], "seed_shares": a, "key_shares": b, "members": ids,
               "graph_seed": bytes(32), "degree": n, "cipher_keys": a, "mask_keys": b, "signatures": a,
               "identities": b, "splits": {}, "clip": 1.0, "frac_bits": 3, "ring_bits": 20, "cohort": 3,
-              "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {}}
+              "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {},
+              "commitments": a if kind is p.SecAggPeers else bytes(32 * (n % 3)), "min_survivors": 3, "blocks": []}
     fields = [name for name, _ in m.schema(kind)]
     return msgpack.packb({"v": p.PROTOCOL_VERSION, "t": kind.TYPE, **{f: values[f] for f in fields}})
 

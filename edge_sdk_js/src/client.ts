@@ -251,9 +251,9 @@ export class DeviceClient {
           return false;
         }
         if (msg.t === "secagg_unmask") { // a secure round's last step, after its report's ack
-          await revealRound(ch, this.progress, msg);
-          this.emit("secure_reveal", { device: this.options.deviceId, round: msg.round, survivors: msg.survivors.length,
-            dropped: msg.dropped.length });
+          const refused = await revealRound(ch, this.progress, msg);
+          this.emit(refused ? "secagg_refused" : "secure_reveal", { device: this.options.deviceId, round: msg.round,
+            survivors: msg.survivors.length, dropped: msg.dropped.length, ...(refused ? { reason: refused } : {}) });
           continue;
         }
         let ins: Instruction | null;

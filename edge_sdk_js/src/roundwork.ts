@@ -99,11 +99,12 @@ async function masked(device: WorkingDevice, ch: Channel, ins: Instruction, prog
   return encodeTensors(await exchange.maskedUpdate(ch, prog.secure, ins, tensors, numSamples));
 }
 
-/** Answer a secure round's unmasking request, once. */
-export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<void> {
+/** Answer a secure round's unmasking request, once; the refusal if the device refused it ("" if not). */
+export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<string> {
   const exchange = await import("./secagg/exchange.js");
-  await exchange.reveal(ch, prog?.secure ?? null, msg);
+  const refused = await exchange.reveal(ch, prog?.secure ?? null, msg);
   if (prog !== null) prog.secure = null;
+  return refused;
 }
 
 /** The device as a phase handler sees it: one instruction on one connection, with the round's progress. */

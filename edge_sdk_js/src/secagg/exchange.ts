@@ -49,8 +49,8 @@ export async function startRound(deviceId: string, secret: string, ins: Instruct
 export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instruction, tensors: Record<string, TensorValue>,
   numSamples: number): Promise<Record<string, Tensor>> {
   try {
-    const [cipher, mask, signature] = await rnd.advertise();
-    await ch.send({ t: "secagg_keys", round: ins.round, cipher_public: cipher, mask_public: mask, signature });
+    const [cipher, mask, signature, commitments] = await rnd.advertise();
+    await ch.send({ t: "secagg_keys", round: ins.round, cipher_public: cipher, mask_public: mask, signature, commitments });
     const peers = await answer(ch, "secagg_peers");
     await ch.send({ t: "secagg_shares", round: ins.round, sealed: await rnd.share(peers) });
     const inbox = await answer(ch, "secagg_inbox");
@@ -65,16 +65,20 @@ export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instructi
 }
 
 /** Step 3: answer the unmasking request of `msg.round` (one for a round this device has no state of
- * is a protocol error: the server asked the wrong device). */
-export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<void> {
+ * is a protocol error: the server asked the wrong device). A request the device refuses (a block
+ * short of t survivors, both secrets of one peer) gets no answer: the device stays connected for the
+ * next round, and the refusal is returned ("" when it answered). */
+export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<string> {
   if (rnd === null || rnd.scope.round !== msg.round) {
     throw new ProtocolError(ErrorCode.UNEXPECTED, `an unmasking request for round ${msg.round}, which this device did not mask`);
   }
   let shares: ReturnType<DeviceRound["reveal"]>;
   try {
-    shares = rnd.reveal(msg.survivors, msg.dropped);
+    shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks);
   } catch (exc) {
-    throw broken(exc);
+    if (exc instanceof SecAggError) return `secure round: ${exc.message}`;
+    throw exc;
   }
   await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1] });
+  return "";
 }

@@ -17,15 +17,25 @@ when every device it awaits has answered or its time is up:
 2. masked uploads: :meth:`SecureRound.take_masked` adds a device's masked words to each block's
    running sum (memory: the model, not devices x model); a device not in U_1, or presumed dropped,
    is refused.
-3. unmasking: :meth:`SecureRound.close_uploads` fixes U_2 (those who uploaded) and asks each of them
-   for its neighbours' shares; :meth:`SecureRound.take_reveal` checks an answer names exactly whom it
-   was asked about; :meth:`SecureRound.finish` rebuilds the survivors' self-mask seeds and the
-   dropped devices' mask keys (t shares each) and removes the masks from each block's sum.
+3. unmasking: :meth:`SecureRound.close_uploads` fixes U_2 (those who uploaded), picks the blocks
+   whose surviving cohort reaches t and asks each survivor for its neighbours' shares of those
+   blocks' seeds alone (a device has one seed per trained block, so a block left hidden stays
+   hidden whatever else is revealed); :meth:`SecureRound.take_reveal` checks an answer names at
+   most whom it was asked about (a peer whose sealed shares did not open for it is left out);
+   :meth:`SecureRound.finish` rebuilds the survivors' block seeds and the dropped devices' mask
+   keys, each checked against what its owner signed (the seed commitment, the mask public key):
+   from the shares it has, a subset of t that rebuilds the committed secret is searched, and every
+   share off that polynomial names its sender (:attr:`SecureRound.blamed`), whose other shares are
+   then set aside; it then removes the masks from each block's sum.
 
-Block k's cohort is the devices of U_2 with split <= k. A block with fewer than ``min_survivors``
-of them, or a secret that fewer than t shares reached, is not revealed (:class:`BlockOutcome` says
-why); the server learns each revealed block's sum of weighted, clipped updates and the sum of the
-weights, nothing of one device's.
+Block k's cohort is the devices of U_2 with split <= k. The round's t (:attr:`SecureRound.t`, a
+majority of a neighbourhood as SecAgg+ picks its secret threshold, at least 3, or ``min_survivors``
+where that is higher) bounds what is revealed: a block with fewer than t trainers among the cohort
+that advertised keys is not trained securely this round (:attr:`SecureRound.unsecured`: it keeps its
+value), and one with fewer than t survivors, or a secret that fewer than t good shares reached, is
+not revealed (:class:`BlockOutcome` says why). The devices check the same bound before they answer
+(edge_sdk.secagg.round). The server learns each revealed block's sum of weighted, clipped updates
+and the sum of the weights, nothing of one device's.
 
 Distributed DP (Kairouz, Liu, Steinke 2021, Algorithm 1): with a :class:`NoisePlan` of multiplier z_b
 and ``survivors`` (block -> n_min_b) every device adds N_Z(0, sigma_b^2 / n_min_b) to block b's
@@ -49,11 +59,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_sdk.secagg import (KEY_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, combine_shares, neighbour_graph,
-                             pair_mask_seed, remove_masks, self_mask_seed, verify_advertisement)
+from edge_sdk.secagg import (KEY_BYTES, SHARE_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, neighbour_graph,
+                             pair_mask_seed, public_key, remove_masks, seed_commitment, self_mask_seed,
+                             verify_advertisement)
 from edge_sdk.secagg.graph import default_degree
+from edge_sdk.secagg.shamir import robust_combine
 
-__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage"]
+__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage", "default_threshold"]
+
+#: Below this many survivors no block sum is revealed, whatever the cohort: a sum of two tells each the other's.
+LEAST_THRESHOLD = 3
+
+
+def default_threshold(graph: Graph) -> int:
+    """The round's t: SecAgg+'s secret threshold of the graph (a majority of a neighbourhood,
+    floor((deg + 1) / 2) + 1, edge_sdk.secagg.graph; the smallest over the cohort), at least
+    :data:`LEAST_THRESHOLD`. A sum of fewer survivors than the shares needed to rebuild one secret is
+    never revealed, so a coalition that could rebuild a secret could not also learn a smaller sum."""
+    return max(LEAST_THRESHOLD, min(graph.threshold.values()))
 
 
 class SecureStage(enum.Enum):
@@ -115,6 +138,7 @@ class _Device:
     cipher: bytes
     mask: bytes
     signature: bytes
+    commitments: bytes  # 32 bytes per trained block, in block order
 
 
 class SecureRound:
@@ -135,9 +159,14 @@ class SecureRound:
         self.shared: dict[str, dict[str, bytes]] = {}  # U_1: sender -> receiver -> sealed
         self.masked: set[str] = set()  # U_2
         self.sums: dict[int, np.ndarray] = {}
+        self.t = LEAST_THRESHOLD  # fixed by close_keys
+        self.unsecured: dict[int, str] = {}  # block -> why it is not trained securely this round
+        self.revealing: list[int] = []  # the blocks whose seeds the unmasking asks for
         self.asked: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        self.seed_shares: dict[str, list[bytes]] = {}
-        self.key_shares: dict[str, list[bytes]] = {}
+        self.seed_shares: dict[tuple[str, int], list[tuple[str, bytes]]] = {}  # (owner, block) -> (holder, share)
+        self.key_shares: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share)
+        self.unopened: dict[str, list[str]] = {}  # holder -> peers whose sealed shares did not open for it
+        self.blamed: dict[str, str] = {}  # device -> the wrong share it sent
         self._stage = SecureStage.KEYS
 
     @property
@@ -156,8 +185,10 @@ class SecureRound:
         return {b: sum(s <= b for s in splits) for b in range(self.num_blocks)}
 
     # -- 0: keys ---------------------------------------------------------------------------------
-    def advertise(self, device: str, split: int, cipher: bytes, mask: bytes, signature: bytes) -> None:
-        """Take a device's key advertisement (once per round; signed by its roster identity key)."""
+    def advertise(self, device: str, split: int, cipher: bytes, mask: bytes, signature: bytes,
+                  commitments: bytes) -> None:
+        """Take a device's key advertisement (once per round; keys, split and seed commitments signed by
+        its roster identity key)."""
         self._at(SecureStage.KEYS, device, "a key advertisement")
         if device in self.keys:
             raise SecureRefusal(f"{device!r} advertised keys twice in one round (a replay)")
@@ -166,8 +197,11 @@ class SecureRound:
             raise SecureRefusal(f"{device!r} has no identity key in the roster: it cannot join a secure round")
         if not 0 <= split < self.num_blocks:
             raise SecureRefusal(f"{device!r} trains no block (split {split})")
-        verify_advertisement(identity, device, self.scope, cipher, mask, signature)
-        self.keys[device] = _Device(split, cipher, mask, signature)
+        if len(commitments) != KEY_BYTES * (self.num_blocks - split):
+            raise SecureRefusal(f"{device!r} committed to {len(commitments) // KEY_BYTES} block seeds, trained "
+                                f"{self.num_blocks - split} (an advertisement without commitments is refused)")
+        verify_advertisement(identity, device, self.scope, cipher, mask, split, commitments, signature)
+        self.keys[device] = _Device(split, cipher, mask, signature, bytes(commitments))
 
     def close_keys(self, *, weight_scale: float, noise: NoisePlan | None = None) -> dict[str, dict[str, object]]:
         """Fix U_0 and the graph; per member, the fields of its ``SecAggPeers``. A device whose first
@@ -193,6 +227,12 @@ class SecureRound:
         if not members:
             return {}
         self.graph = graph
+        self.t = max(self.min_survivors, default_threshold(graph))
+        for b in range(self.num_blocks):
+            trainers = sum(self.keys[m].split <= b for m in members)
+            if trainers < self.t:
+                self.unsecured[b] = (f"{trainers} devices of the cohort train block {b}, fewer than t = {self.t}: "
+                                     "not trained securely this round (it keeps its value)")
         self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
         return {m: self._peers(m, members) for m in members}
 
@@ -225,6 +265,7 @@ class SecureRound:
                 "cipher_keys": {v: self.keys[v].cipher for v in near}, "mask_keys": {v: self.keys[v].mask for v in near},
                 "signatures": {v: self.keys[v].signature for v in near},
                 "identities": {v: self.identities[v] for v in near}, "splits": {v: self.keys[v].split for v in near},
+                "commitments": {v: self.keys[v].commitments for v in near}, "min_survivors": self.t,
                 "clip": fixed.clip, "frac_bits": fixed.frac_bits, "ring_bits": fixed.ring_bits, "cohort": fixed.cohort,
                 "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self._noise_fields()}
 
@@ -286,16 +327,28 @@ class SecureRound:
         self.masked.add(device)
 
     # -- 3: unmasking ----------------------------------------------------------------------------
-    def close_uploads(self) -> dict[str, tuple[list[str], list[str]]]:
-        """Fix U_2; per survivor, (its survivors incl. itself, its dropped) among its U_1 neighbours."""
+    def close_uploads(self) -> dict[str, tuple[list[str], list[str], list[int]]]:
+        """Fix U_2 and the blocks to reveal (each one's surviving cohort reaches t); per survivor,
+        (its survivors incl. itself, its dropped that trained a block revealed, the blocks revealed)
+        among its U_1 neighbours. Nothing is asked when no block can be revealed."""
         self._at(SecureStage.MASKED, "the server", "closing the uploads")
         self._stage = SecureStage.UNMASK
+        self.revealing = [b for b in range(self.num_blocks)
+                          if b in self.sums and b not in self.unsecured and len(self.cohort(b)) >= self.t]
+        if not self.revealing:
+            return {}
+        last = max(self.revealing)
         for u in sorted(self.masked, key=str.encode):
             near = self.neighbours(u)
             alive = sorted([u, *(v for v in near if v in self.masked)], key=str.encode)
-            gone = sorted((v for v in near if v not in self.masked), key=str.encode)
+            gone = sorted((v for v in near if v not in self.masked and self.keys[v].split <= last), key=str.encode)
             self.asked[u] = (frozenset(alive), frozenset(gone))
-        return {u: (sorted(a, key=str.encode), sorted(g, key=str.encode)) for u, (a, g) in self.asked.items()}
+        return {u: (sorted(a, key=str.encode), sorted(g, key=str.encode), list(self.revealing))
+                for u, (a, g) in self.asked.items()}
+
+    def cohort(self, block: int) -> list[str]:
+        """Block ``block``'s survivors: the devices of U_2 that trained it."""
+        return [u for u in self.masked if self.keys[u].split <= block]
 
     def forget_asked(self, device: str) -> None:
         """A survivor gone since its upload cannot answer the unmasking: it is not awaited."""
@@ -303,17 +356,32 @@ class SecureRound:
         self.asked.pop(device, None)
 
     def take_reveal(self, device: str, seed_shares: Mapping[str, bytes], key_shares: Mapping[str, bytes]) -> None:
-        """Take a survivor's shares: exactly those it was asked for, once."""
+        """Take a survivor's shares: at most those it was asked for (one per revealed block a survivor
+        trained), once; those it leaves out are peers whose sealed shares did not open for it."""
         self._at(SecureStage.UNMASK, device, "an unmasking answer")
         asked = self.asked.pop(device, None)
         if asked is None:
             raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already)")
-        if set(seed_shares) != asked[0] or set(key_shares) != asked[1]:
+        seeds_due = {v for v in asked[0] if self._blocks_of(v)}
+        if not set(seed_shares) <= seeds_due or not set(key_shares) <= asked[1] \
+                or (device in seeds_due and device not in seed_shares):
             raise SecureRefusal(f"{device!r}'s unmasking answer names devices it was not given")
-        for v, share in seed_shares.items():
-            self.seed_shares.setdefault(v, []).append(bytes(share))
+        for v, shares in seed_shares.items():
+            blocks = self._blocks_of(v)
+            if len(shares) != SHARE_BYTES * len(blocks):
+                raise SecureRefusal(f"{device!r}'s answer holds {len(shares)} bytes of {v!r}'s seed shares, not "
+                                    f"{SHARE_BYTES} for each of {len(blocks)} blocks")
+            for i, b in enumerate(blocks):
+                self.seed_shares.setdefault((v, b), []).append((device, bytes(shares[i * SHARE_BYTES:(i + 1) * SHARE_BYTES])))
         for v, share in key_shares.items():
-            self.key_shares.setdefault(v, []).append(bytes(share))
+            self.key_shares.setdefault(v, []).append((device, bytes(share)))
+        missing = (seeds_due - set(seed_shares)) | (asked[1] - set(key_shares))
+        if missing:
+            self.unopened[device] = sorted(missing, key=str.encode)
+
+    def _blocks_of(self, device: str) -> list[int]:
+        """The revealed blocks ``device`` trained: whose seeds' shares the unmasking asks for."""
+        return [b for b in self.revealing if self.keys[device].split <= b]
 
     def finish(self) -> list[BlockOutcome]:
         """Each block's outcome: its unmasked, decoded sum, or why it stays hidden. Closes the round
@@ -322,30 +390,40 @@ class SecureRound:
         fixed, graph = self.fixed, self.graph
         if fixed is None or graph is None:
             return [BlockOutcome(b, 0, reason="no cohort shared keys") for b in range(self.num_blocks)]
-        need = max(2, self.min_survivors)
-        seeds: dict[str, bytes | str] = {}
-        keys: dict[str, bytes | str] = {}
-        return [self._block(b, fixed, graph, need, seeds, keys) for b in range(self.num_blocks)]
+        secrets: dict[tuple[str, int], bytes | str] = {}
+        return [self._block(b, fixed, graph, secrets) for b in range(self.num_blocks)]
 
-    def _rebuild(self, device: str, shares: Mapping[str, list[bytes]], cache: dict[str, bytes | str],
-                 graph: Graph) -> bytes | str:
-        """The secret of ``device`` from its shares, or why not (cached: once per device)."""
-        if device not in cache:
-            got, t = shares.get(device, []), graph.threshold[device]
-            if len(got) < t:
-                cache[device] = f"{len(got)} shares of {device!r}'s secret reached the server, {t} needed"
+    def _rebuild(self, device: str, block: int, cache: dict[tuple[str, int], bytes | str], graph: Graph) -> bytes | str:
+        """The secret of ``device`` (its seed of ``block``; block -1: its mask key), checked against what it
+        signed, or why not (cached). Shares of a holder already blamed are set aside; a share off the
+        committed polynomial blames its holder (:attr:`blamed`)."""
+        if (device, block) not in cache:
+            got = self.seed_shares.get((device, block), []) if block >= 0 else self.key_shares.get(device, [])
+            got = [(holder, share) for holder, share in got if holder not in self.blamed]
+            t = graph.threshold[device]
+            if block >= 0:
+                at = block - self.keys[device].split
+                want = self.keys[device].commitments[at * KEY_BYTES:(at + 1) * KEY_BYTES]
+                check = lambda s: seed_commitment(s, self.scope, block, device) == want  # noqa: E731
             else:
-                try:
-                    cache[device] = combine_shares(got, t)
-                except SecAggError as exc:
-                    cache[device] = f"{device!r}'s shares do not agree: {exc}"
-        return cache[device]
+                check = lambda s: public_key(s) == self.keys[device].mask  # noqa: E731
+            what = f"{device!r}'s seed of block {block}" if block >= 0 else f"{device!r}'s mask key"
+            try:
+                secret, wrong = robust_combine([share for _, share in got], t, check)
+            except SecAggError as exc:
+                cache[device, block] = f"{what}: {len(got)} good shares reached the server, {t} needed ({exc})"
+            else:
+                for i in wrong:
+                    self.blamed.setdefault(got[i][0], f"sent a wrong share of {what}")
+                cache[device, block] = secret
+        return cache[device, block]
 
-    def _block(self, b: int, fixed: FixedPoint, graph: Graph, need: int, seeds: dict, keys: dict) -> BlockOutcome:
-        cohort = [u for u in self.masked if self.keys[u].split <= b]
+    def _block(self, b: int, fixed: FixedPoint, graph: Graph, secrets: dict) -> BlockOutcome:
+        cohort = self.cohort(b)
         outcome = BlockOutcome(b, len(cohort))
-        if b not in self.sums or len(cohort) < need:
-            outcome.reason = f"{len(cohort)} masked updates of block {b}, fewer than the threshold {need}"
+        if b not in self.revealing:
+            outcome.reason = self.unsecured.get(b) or (f"{len(cohort)} masked updates of block {b}, fewer than the "
+                                                       f"threshold t = {self.t}")
             return outcome
         if self.noise.survivors:
             n_min, n_exp = self.noise.sized_for(b, fixed.cohort)
@@ -356,7 +434,7 @@ class SecureRound:
             outcome.multiplier = self.noise.multiplier * (len(cohort) / n_exp) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
-            seed = self._rebuild(u, self.seed_shares, seeds, graph)
+            seed = self._rebuild(u, b, secrets, graph)
             if isinstance(seed, str):
                 outcome.reason = seed
                 return outcome
@@ -366,7 +444,7 @@ class SecureRound:
             partners = [u for u in self.neighbours(d) if u in cohort]
             if not partners:
                 continue
-            key = self._rebuild(d, self.key_shares, keys, graph)
+            key = self._rebuild(d, -1, secrets, graph)
             if isinstance(key, str):
                 outcome.reason = key
                 return outcome

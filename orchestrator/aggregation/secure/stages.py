@@ -113,7 +113,8 @@ class SecureStages:
         if device in self.presumed_dropped or secure.stage is not SecureStage.KEYS or work is None:
             why = "presumed dropped this round" if device in self.presumed_dropped else "the key stage is closed"
             return await self._turn_away(session, msg, rs, why)
-        secure.advertise(device, work.selection.split, msg.cipher_public, msg.mask_public, msg.signature)
+        secure.advertise(device, work.selection.split, msg.cipher_public, msg.mask_public, msg.signature,
+                         msg.commitments)
         await self._progress(rs)
 
     async def _shares(self, session: Session, msg: p.SecAggShares, rs: RoundState, secure: SecureRound) -> None:
@@ -193,11 +194,11 @@ class SecureStages:
         if msg is None or isinstance(msg, (p.SecAggKeys, p.SecAggShares)):
             await self.access.send(session, p.Ack(r, False, f"secure round: {why}", "train"))
 
-    def _journal(self, rs: RoundState | None, device: str, reason: str, *, closed: bool) -> None:
+    def _journal(self, rs: RoundState | None, device: str, reason: str, *, closed: bool, phase: str = "train") -> None:
         log.info("secure round: %s: %s", device, reason)
         if rs is not None:
             self.store.reports.record(rs.round, device, {"accepted": False, "reason": reason, "secure": True,
-                                                        "closed": closed}, phase="train")
+                                                        "closed": closed}, phase=phase)
             self.access.emit("rejected", {"device": device, "round": rs.round, "refusal": "secure", "reason": reason})
 
     async def send_to(self, device: str, msg: p.Message) -> None:
@@ -223,9 +224,9 @@ class SecureStages:
                                                                    f"{secure.stage.value} stage", "train"))
             return False
         self._answered.clear()
-        for u, (alive, gone) in secure.close_uploads().items():
+        for u, (alive, gone, blocks) in secure.close_uploads().items():
             if u in self.access.sessions:
-                await self.send_to(u, p.SecAggUnmask(ctx_round, alive, gone))
+                await self.send_to(u, p.SecAggUnmask(ctx_round, alive, gone, blocks))
             else:  # gone since its upload: it cannot answer
                 secure.forget_asked(u)
         if secure.asked:
@@ -234,6 +235,22 @@ class SecureStages:
             except asyncio.TimeoutError:
                 log.info("secure round %d: %d survivors did not answer the unmasking", ctx_round, len(secure.asked))
         return True
+
+    def blame(self) -> None:
+        """Journal, after the round's unmasking, whoever sent a wrong share (found against its owner's
+        commitment: its other shares were set aside, as a dropped device's) and whose sealed shares a
+        holder said did not open (the holder's word: the server cannot open them), each under phase
+        ``secagg`` so the device's own report of the round stays as it was."""
+        secure, rs = self.secure, self.access.round_state()
+        if secure is None or rs is None:
+            return
+        for device, why in secure.blamed.items():
+            self._journal(rs, device, f"secure round: {why}: its shares set aside, treated as dropped",
+                          closed=False, phase="secagg")
+        for holder, peers in secure.unopened.items():
+            for v in peers:
+                self._journal(rs, v, f"secure round: its sealed shares did not open for {holder!r}", closed=False,
+                              phase="secagg")
 
     # -- the connection hooks -------------------------------------------------------------------
     def returned(self, session: Session) -> None:
