@@ -141,7 +141,7 @@ class RoundWork:
 
         prog = self.progress
         refused = await exchange.reveal(ch, None if prog is None else prog.secure, msg)
-        if prog is not None:
+        if prog is not None and (refused or msg.signatures):  # answered for good (not only signed the set)
             prog.secure = None
         return refused
 

@@ -75,8 +75,11 @@ async def _secure_device(url: str, orch, device_id: str, secret: str, hostile: s
         await send_payload(ws, upload, transfer_id=f"{device_id}-u", kind="update", meta={})
         got.append(await recv_msg(ws))  # the ack
         got.append(msg := await recv_msg(ws))
+        if isinstance(msg, p.SecAggUnmask):  # ConsistencyCheck: sign the survivor set, then see the signatures
+            await send_msg(ws, p.SecAggReveal(ins.round, {}, {}, rnd.consent(msg.survivor_set)))
+            got.append(msg := await recv_msg(ws))
         if isinstance(msg, p.SecAggUnmask):
-            seeds, shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks)
+            seeds, shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures)
             if hostile == "stranger_reveal":
                 seeds["zed"] = bytes(SHARE_BYTES)
             await send_msg(ws, p.SecAggReveal(ins.round, seeds, shares))

@@ -40,7 +40,8 @@ def update() -> dict[str, np.ndarray]:
 
 def test_the_server_messages_decode_and_encode_to_the_same_bytes():
     for name, kind in (("secagg_peers", p.SecAggPeers), ("secagg_inbox", p.SecAggInbox),
-                       ("secagg_unmask", p.SecAggUnmask), ("secagg_keys", p.SecAggKeys)):
+                       ("secagg_unmask", p.SecAggUnmask), ("secagg_keys", p.SecAggKeys),
+                       ("secagg_unmask_sign", p.SecAggUnmask), ("consent", p.SecAggReveal)):
         msg = message(name)
         assert isinstance(msg, kind)
         assert p.encode(msg).hex() == V[name]
@@ -56,8 +57,10 @@ def test_a_python_device_round_reproduces_the_vectors():
     assert {str(b): rnd.partners(b) for b in range(V["split"], len(V["blocks"]))} == V["partners"]
     words = rnd.mask(block_vectors(update(), V["blocks"], V["split"]), V["num_samples"])
     assert {str(b): w.tolist() for b, w in enumerate(words, start=V["split"])} == V["masked"]
+    sign = message("secagg_unmask_sign")
+    assert p.encode(p.SecAggReveal(SCOPE.round, {}, {}, rnd.consent(sign.survivor_set))).hex() == V["consent"]
     unmask = message("secagg_unmask")
-    seeds, keys = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks)
+    seeds, keys = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, unmask.signatures)
     assert {v: s.hex() for v, s in keys.items()} == V["reveal"]["key_shares"]
     assert {v: s.hex() for v, s in seeds.items() if v != V["device"]} == V["reveal"]["seed_shares"]
     # The random shares: each neighbour opens its own; the device's share and theirs rebuild each b_u^k and s_u^SK.
@@ -80,8 +83,9 @@ def test_an_unmasking_below_t_is_refused():
     rnd.receive(message("secagg_inbox").sealed)
     rnd.mask(block_vectors(update(), V["blocks"], V["split"]), V["num_samples"])
     unmask = message("secagg_unmask")
+    rnd.consent(unmask.survivor_set)
     with pytest.raises(SecAggError, match="block 1 would be unmasked with 2 survivors"):
-        rnd.reveal(unmask.survivors, unmask.dropped, [1, 2])
+        rnd.reveal(unmask.survivors, unmask.dropped, [1, 2], unmask.survivor_set, unmask.signatures)
 
 
 def test_a_tampered_inbox_leaves_the_device_in_the_round():

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.secagg import (SHARE_BYTES, SecAggError, agree, pair_mask_seed, remove_masks, self_mask_seed,
-                             split_secret)
+from edge_sdk.secagg import (SHARE_BYTES, SecAggError, agree, pair_mask_seed, public_key, remove_masks,
+                             seed_commitment, self_mask_seed, split_secret)
 from edge_sdk.secagg.round import weight_of
 from edge_sdk.secagg.shamir import robust_combine
+from orchestrator.aggregation.secure.round import SecureRefusal
 from tests.test_secagg_round import CLIP, SCOPE, Fleet, wire
 
 
@@ -108,19 +109,20 @@ def test_a_device_refuses_an_unmasking_that_would_leave_a_block_below_t():
     fleet = Fleet({"a": 0, "b": 0, "c": 1, "d": 1})
     inbox = fleet.shares(fleet.keys())
     fleet.mask(inbox)
+    asks = fleet.consent()
+    signed, sigs = asks["c"].survivor_set, asks["c"].signatures
     with pytest.raises(SecAggError, match="block 0 would be unmasked with 2 survivors"):
-        fleet.devices["c"].reveal(["a", "b", "c", "d"], [], [0, 1])
+        fleet.devices["c"].reveal(["a", "b", "c", "d"], [], [0, 1], signed, sigs)
     dev = fleet.devices["d"]
-    seeds, keys = dev.reveal(["a", "b", "c", "d"], [], [1, 2])
+    seeds, keys = dev.reveal(["a", "b", "c", "d"], [], [1, 2], signed, asks["d"].signatures)
     assert set(seeds) == {"a", "b", "c", "d"} and all(len(s) == 2 * SHARE_BYTES for s in seeds.values())
 
 
 def test_a_wrong_unmasking_share_names_its_sender_and_the_round_completes():
     fleet = Fleet({d: 0 for d in "abcdef"}, seed=3)  # t = 4 of 6
     fleet.mask(fleet.shares(fleet.keys()))
-    asks = fleet.server.close_uploads()
-    for d, (alive, gone, blocks) in asks.items():
-        seeds, keys = fleet.devices[d].reveal(alive, gone, blocks)
+    for d, ask in fleet.consent().items():
+        seeds, keys = fleet.devices[d].reveal(ask.survivors, ask.dropped, ask.blocks, ask.survivor_set, ask.signatures)
         if d == "c":  # c garbles its share of a's seeds
             seeds["a"] = os.urandom(len(seeds["a"]) - 1) + seeds["a"][-1:]
         answer = wire(p.SecAggReveal(SCOPE.round, seeds, keys))
@@ -159,3 +161,76 @@ def test_robust_combine_finds_the_secret_and_the_wrong_shares():
     assert got == secret and wrong == [1, 5]
     with pytest.raises(SecAggError, match="rebuild the committed secret"):
         robust_combine(bad[:4], 4, lambda s: s == secret)
+
+
+def _two_sets(fleet: Fleet) -> dict[str, p.SecAggUnmask]:
+    """A server that tells a the survivor set without c (c's upload quietly left out for a) and the
+    others the true one, then relays the signatures it collected: each request as the server must send it."""
+    asks, true = fleet.server.close_uploads(), fleet.server.survivor_set()
+    told = {d: [v for v in true if v != "c"] if d == "a" else true for d in asks}
+    signed = {d: fleet.devices[d].consent(told[d]) for d in asks}
+    return {d: wire(p.SecAggUnmask(SCOPE.round, *asks[d], told[d], {v: signed[v] for v in asks if v != d}))
+            for d in asks}
+
+
+def test_a_server_that_gives_two_devices_different_survivor_sets_gets_no_reveal():
+    """Bonawitz et al. 2017's ConsistencyCheck: a's set differs from b's and c's. With t = 3 of three,
+    no device sees t signatures on the set it signed, and none answers with a share."""
+    fleet = Fleet({"a": 0, "b": 0, "c": 0})
+    fleet.mask(fleet.shares(fleet.keys()))
+    for d, ask in _two_sets(fleet).items():
+        with pytest.raises(SecAggError, match="did not sign this survivor set|not the signed survivor set's"):
+            fleet.devices[d].reveal(ask.survivors, ask.dropped, ask.blocks, ask.survivor_set, ask.signatures)
+
+
+def test_a_survivor_set_signature_that_does_not_verify_is_refused_by_the_server():
+    fleet = Fleet({"a": 0, "b": 0, "c": 0})
+    fleet.mask(fleet.shares(fleet.keys()))
+    fleet.server.close_uploads()
+    forged = fleet.devices["a"].consent(["a", "b"])  # a signs another set than the server's
+    with pytest.raises(SecAggError, match="did not sign this survivor set"):
+        fleet.server.take_consent("a", forged)
+    with pytest.raises(SecureRefusal, match="did not sign the survivor set"):
+        fleet.server.take_reveal("b", {}, {})  # shares before a signature: refused
+
+
+def _attack(fleet: Fleet) -> tuple[set[tuple[str, int]], set[str]]:
+    """What an attacker holding everything the server received rebuilds: each (device, block) whose
+    committed seed some t of the shares it got of that device interpolate to (whatever the shares were
+    labelled), and each device whose mask key they rebuild (checked against its public key)."""
+    server, seeds, keys = fleet.server, set(), set()
+    for u, device in server.keys.items():
+        if u not in server.shared:
+            continue
+        t = server.graph.threshold[u]
+        for secret in _rebuilt(_received_shares(fleet, u), t):
+            commits = [device.commitments[i:i + 32] for i in range(0, len(device.commitments), 32)]
+            seeds |= {(u, device.split + i) for i, c in enumerate(commits)
+                      if seed_commitment(secret, SCOPE, device.split + i, u) == c}
+            if public_key(secret) == device.mask:
+                keys.add(u)
+    return seeds, keys
+
+
+@pytest.mark.parametrize("stage", ["keys", "shares", "upload"])
+@pytest.mark.parametrize("cohort", [2, 3, 4])
+def test_an_attacker_with_everything_the_server_received_rebuilds_no_update_nor_sum_below_t(cohort, stage):
+    """Block 0 trained by ``cohort`` of seven devices (t = 4), one of its trainers gone after its keys,
+    its shares or its masked upload: from every share the server received the attacker rebuilds a
+    seed only of a block that was revealed in a sum of at least t, and never a survivor's mask key
+    (which, with the seeds, would unmask a survivor's update or a sum of fewer than t)."""
+    splits = {f"s{i}": 0 for i in range(cohort)} | {f"w{i}": 1 for i in range(7 - cohort)}
+    fleet = Fleet(splits, seed=10 * cohort)
+    gone = {"s0"}
+    inbox = fleet.shares(fleet.keys(), absent=gone if stage == "keys" else set())
+    fleet.mask({d: m for d, m in inbox.items() if not (stage == "keys" and d in gone)},
+               absent=gone if stage == "shares" else set())
+    outcomes = fleet.unmask(absent=gone if stage == "upload" else set())
+    revealed = {o.block: o.cohort for o in outcomes if o.values is not None}
+    assert all(n >= fleet.server.t for n in revealed.values())
+    assert 1 in revealed and (0 in revealed) == (cohort == 4 and stage == "upload"), revealed
+    seeds, keys = _attack(fleet)
+    assert {b for _, b in seeds} <= set(revealed), seeds
+    assert not keys & fleet.server.masked, keys  # only dropped devices' mask keys
+    # The recording is enough to rebuild what was revealed: the attack is not vacuous.
+    assert {(u, b) for u in fleet.server.masked for b in revealed if fleet.splits[u] <= b} <= seeds

@@ -13,7 +13,8 @@ import pytest
 from edge_sdk.secagg import (FixedPoint, Scope, SecAggError, advertisement_message, agree, combine_shares,
                              combined_mask, default_degree, expand_mask, hkdf, identity_public_key, label,
                              neighbour_graph, open_shares, pair_mask_seed, public_key, remove_masks, seal_shares,
-                             seed_commitment, self_mask_seed, share_key, sign_advertisement, verify_advertisement)
+                             seed_commitment, self_mask_seed, share_key, sign_advertisement, sign_survivors,
+                             survivors_message, verify_advertisement, verify_survivors)
 from edge_sdk.secagg.masks import add_mod
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "secagg.json").read_text(encoding="utf-8"))
@@ -74,6 +75,11 @@ def test_identity_keys_and_advertisement_signatures():
         assert advertisement_message(SCOPE, case["device"], *keys).hex() == case["message"]
         assert sign_advertisement(case["secret"], case["device"], SCOPE, *keys).hex() == case["signature"]
         verify_advertisement(h(case["public"]), case["device"], SCOPE, *keys, h(case["signature"]))
+        assert survivors_message(SCOPE, case["survivors"]).hex() == case["survivors_message"]
+        assert sign_survivors(case["secret"], case["device"], SCOPE, case["survivors"]).hex() == case["survivors_signature"]
+        verify_survivors(h(case["public"]), case["device"], SCOPE, case["survivors"][::-1], h(case["survivors_signature"]))
+        with pytest.raises(SecAggError, match="did not sign"):  # another set
+            verify_survivors(h(case["public"]), case["device"], SCOPE, case["survivors"][1:], h(case["survivors_signature"]))
         with pytest.raises(SecAggError, match="not signed"):  # another split: the signature binds it
             verify_advertisement(h(case["public"]), case["device"], SCOPE, *keys[:2], case["split"] + 1, keys[3],
                                  h(case["signature"]))

@@ -569,17 +569,28 @@ class SecAggUnmask(Message):
     """Server -> device, SecAgg+ round 3 (Unmasking), after the masked uploads: of the device's
     neighbours that sent it shares, ``survivors`` uploaded a masked update and ``dropped`` did not;
     ``blocks``: the blocks the server unmasks (each one's surviving cohort reaches the round's t),
-    whose seeds alone the device reveals. Sent while the device is idle, after its report's ``Ack``."""
+    whose seeds alone the device reveals. Sent while the device is idle, after its report's ``Ack``,
+    twice (the consistency round, Bonawitz et al. 2017, ConsistencyCheck): first with
+    ``survivor_set`` (every device whose masked upload the server summed) and no ``signatures``, which
+    the device answers with its signature on that set (``SecAggReveal.consent``); then with the same
+    set and ``signatures`` (signer -> its Ed25519 signature on it, for the signers among the device's
+    neighbours and itself), which the device checks before it answers with its shares."""
 
     TYPE: ClassVar[str] = "secagg_unmask"
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"blocks"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"blocks", "survivor_set", "signatures"})
 
     round: int
     survivors: list[str]
     dropped: list[str]
     blocks: list[int] = field(default_factory=list)
+    survivor_set: list[str] = field(default_factory=list)
+    signatures: dict[str, bytes] = field(default_factory=dict)
 
     def check(self) -> None:
+        _ids("secagg_unmask.survivor_set", self.survivor_set)
+        _require(len(self.survivor_set) <= 1 << 16 and len(set(self.survivor_set)) == len(self.survivor_set),
+                 "secagg_unmask.survivor_set repeats a device")
+        _sized("secagg_unmask.signatures", self.signatures, _SIGNATURE_BYTES)
         _require(len(self.blocks) <= 1 << 16 and all(type(b) is int and b >= 0 for b in self.blocks)
                  and len(set(self.blocks)) == len(self.blocks), "secagg_unmask.blocks is not a set of block indices")
         _require(self.round >= 0, "secagg_unmask.round is negative")
@@ -594,15 +605,21 @@ class SecAggReveal(Message):
     seeds of the blocks asked that the survivor trained (``seed_shares``, 33 bytes per block in
     block order) and of each dropped device's mask private key (``key_shares``, 33 bytes); never
     both for one device (Bonawitz et al. 2017, Round 4: that would reveal its update). A peer whose
-    sealed shares did not open for the device is left out of both."""
+    sealed shares did not open for the device is left out of both. The answer to the consistency
+    round's first request is ``consent`` alone: the device's signature on the survivor set, no shares."""
 
     TYPE: ClassVar[str] = "secagg_reveal"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"consent"})
 
     round: int
     seed_shares: dict[str, bytes]
     key_shares: dict[str, bytes]
+    consent: bytes = b""
 
     def check(self) -> None:
+        _require(len(self.consent) in (0, _SIGNATURE_BYTES), "secagg_reveal.consent is not a 64-byte signature")
+        _require(not self.consent or not (self.seed_shares or self.key_shares),
+                 "secagg_reveal gives shares with its consent")
         _require(self.round >= 0, "secagg_reveal.round is negative")
         _multiple("secagg_reveal.seed_shares", self.seed_shares, _SHARE_BYTES)
         _sized("secagg_reveal.key_shares", self.key_shares, _SHARE_BYTES)

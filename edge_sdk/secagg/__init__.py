@@ -18,7 +18,8 @@ block's coordinates), :mod:`.exchange` (the steps on the device's connection; im
 Needs the ``secure`` extra (``cryptography``, ``pyshamir``); ``import edge_sdk`` does not load it.
 """
 
-from .binding import SIGNATURE_BYTES, advertisement_message, identity_public_key, sign_advertisement, verify_advertisement
+from .binding import (SIGNATURE_BYTES, advertisement_message, identity_public_key, sign_advertisement, sign_survivors,
+                      survivors_message, verify_advertisement, verify_survivors)
 from .fixedpoint import Decoded, FixedPoint, ring_bits_for
 from .graph import Graph, default_degree, neighbour_graph
 from .keys import (KEY_BYTES, KeyPair, agree, generate_keypair, hkdf, pair_mask_seed, public_key, seed_commitment,
@@ -36,5 +37,6 @@ __all__ = [
     "identity_public_key", "label", "neighbour_graph", "open_shares", "ordered", "pair_mask_seed", "pairwise_sign",
     "public_key", "remove_masks", "ring_bits_for", "ring_mask", "seal_shares", "sealed_bytes", "seed_commitment",
     "self_mask_seed", "share_key",
-    "sign_advertisement", "split_secret", "sub_mod", "verify_advertisement",
+    "sign_advertisement", "sign_survivors", "split_secret", "sub_mod", "survivors_message", "verify_advertisement",
+    "verify_survivors",
 ]

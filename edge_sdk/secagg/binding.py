@@ -53,8 +53,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .keys import KEY_BYTES, hkdf
 from .labels import Scope, SecAggError, check_bytes, label
 
-__all__ = ["SIGNATURE_BYTES", "advertisement_message", "identity_public_key", "sign_advertisement",
-           "verify_advertisement"]
+__all__ = ["SIGNATURE_BYTES", "advertisement_message", "identity_public_key", "sign_advertisement", "sign_survivors",
+           "survivors_message", "verify_advertisement", "verify_survivors"]
 
 SIGNATURE_BYTES = 64
 
@@ -98,3 +98,27 @@ def verify_advertisement(identity_public: bytes, device_id: str, scope: Scope, c
         key.verify(check_bytes("signature", signature, SIGNATURE_BYTES), message)
     except InvalidSignature as exc:
         raise SecAggError(f"the key advertisement of {device_id!r} is not signed by its identity key") from exc
+
+
+def survivors_message(scope: Scope, survivors: list[str]) -> bytes:
+    """The bytes a device signs in the consistency round (Bonawitz et al. 2017, ConsistencyCheck): the
+    survivor set it was given, its ids sorted by UTF-8 bytes, each a field of the label."""
+    ids = sorted(survivors, key=str.encode)
+    if len(set(ids)) != len(ids):
+        raise SecAggError("a survivor set names a device twice")
+    return label("survivors", scope.session, scope.round, len(ids), *ids)
+
+
+def sign_survivors(secret: str, device_id: str, scope: Scope, survivors: list[str]) -> bytes:
+    """The device's Ed25519 signature on the survivor set of ``scope``."""
+    return _identity(secret, device_id).sign(survivors_message(scope, survivors))
+
+
+def verify_survivors(identity_public: bytes, device_id: str, scope: Scope, survivors: list[str],
+                     signature: bytes) -> None:
+    """Raise :class:`SecAggError` unless ``signature`` is ``device_id``'s on this survivor set of ``scope``."""
+    key = Ed25519PublicKey.from_public_bytes(check_bytes("identity public key", identity_public, KEY_BYTES))
+    try:
+        key.verify(check_bytes("signature", signature, SIGNATURE_BYTES), survivors_message(scope, survivors))
+    except InvalidSignature as exc:
+        raise SecAggError(f"{device_id!r} did not sign this survivor set") from exc

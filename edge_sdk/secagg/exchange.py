@@ -72,13 +72,17 @@ def start(device_id: str, secret: str, ins: p.Instruction, num_blocks: int, min_
 
 async def reveal(ch: Channel, rnd: DeviceRound | None, msg: p.SecAggUnmask) -> str:
     """Step 3: answer the unmasking request of ``msg.round`` (a request for a round this device
-    has no state of is a protocol error: the server asked the wrong device). A request the device
+    has no state of is refused: the server asked the wrong device, or one that left the round): the device's signature
+    on the survivor set, then, asked again with the signers' signatures, its shares. A request the device
     refuses (a block short of t survivors, both secrets of one peer) gets no answer: the device stays
     connected for the next round, and the refusal is returned ("" when it answered)."""
-    if rnd is None or rnd.scope.round != msg.round:
-        raise p.ProtocolError("unexpected", f"an unmasking request for round {msg.round}, which this device did not mask")
+    if rnd is None or rnd.scope.round != msg.round:  # not answered: the device stays for the next round
+        return f"secure round: an unmasking request for round {msg.round}, which this device did not mask (or left)"
     try:
-        seeds, keys = rnd.reveal(msg.survivors, msg.dropped, msg.blocks)
+        if not msg.signatures:  # the consistency round's first request: sign the survivor set
+            await send_msg(ch, p.SecAggReveal(msg.round, {}, {}, rnd.consent(msg.survivor_set)))
+            return ""
+        seeds, keys = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures)
     except SecAggError as exc:
         return f"secure round: {exc}"
     await send_msg(ch, p.SecAggReveal(msg.round, seeds, keys))

@@ -21,7 +21,11 @@ before using it; the connection code (edge_sdk.roundwork) only carries the messa
    DP the device adds its discrete Gaussian share N_Z(0, sigma_k^2 / n_min_k) to block k's value
    words after quantizing and before masking (Kairouz, Liu, Steinke 2021, Algorithm 1, the client's
    lines "add discrete Gaussian noise" then "modular clip"; edge_sdk.dp); the weight word is not noised.
-3. :meth:`DeviceRound.reveal` (Unmasking): the shares of b_v^k for the survivors v and the blocks k
+3. :meth:`DeviceRound.consent` then :meth:`DeviceRound.reveal` (ConsistencyCheck, then Unmasking:
+   Bonawitz et al. 2017, Rounds 3 and 4): the device signs the survivor set the server names, and
+   answers only a request that carries that same set signed by at least t devices (itself
+   included), each signature verified against the signer's identity key; so a server that tells
+   two devices different survivor sets gets no shares from either. Then the shares of b_v^k for the survivors v and the blocks k
    asked, of s_v^SK for the dropped, never both for one device and once per round (Bonawitz et
    al. 2017, Round 4); and only for blocks whose survivors, counted from the signed splits, reach
    t: no block of any device is unmasked in a sum of fewer than t devices, whatever the server asks.
@@ -41,7 +45,7 @@ import numpy as np
 
 from edge_sdk.dp import add_in_ring, noise_share
 
-from .binding import sign_advertisement, verify_advertisement
+from .binding import sign_advertisement, sign_survivors, verify_advertisement, verify_survivors
 from .fixedpoint import BlockEncoder, FixedPoint, l2_norm, slices
 from .graph import neighbour_graph
 from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, seed_commitment, self_mask_seed, share_key
@@ -90,6 +94,9 @@ class DeviceRound:
         self._own: tuple[list[bytes], bytes] | None = None  # the shares of each b_u^k and s_u^SK the device keeps
         self._held: dict[str, tuple[list[bytes], bytes]] = {}  # neighbour -> its shares for this device
         self._sent: set[str] = set()  # the neighbours that sent shares (opened or not)
+        self._members: frozenset[str] = frozenset()  # the key cohort U_0
+        self._identities: dict[str, bytes] = {}  # neighbour -> its identity public key
+        self._signed: tuple[str, ...] | None = None  # the survivor set this device signed
 
     def _expect(self, step: str, then: str) -> None:
         if self.step != step:
@@ -128,6 +135,7 @@ class DeviceRound:
             raise SecAggError(f"{me}: the round reveals sums of {peers.min_survivors} devices, fewer than this "
                               f"device's {self.min_survivors}")
         self.threshold, self.min_survivors = peers.threshold, peers.min_survivors
+        self._members, self._identities = frozenset(peers.members), dict(peers.identities)
         self.noise = self._noise(peers)
         summed = max((sigma * (peers.cohort / n) ** 0.5 for sigma, n in self.noise.values()), default=0.0)
         self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
@@ -229,9 +237,43 @@ class DeviceRound:
         return out
 
     # -- 3: Unmasking ----------------------------------------------------------------------------
-    def reveal(self, survivors: Sequence[str], dropped: Sequence[str],
-               blocks: Sequence[int]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-        """(seed shares of the survivors, key shares of the dropped), once. The survivors name this
+    def consent(self, survivor_set: Sequence[str]) -> bytes:
+        """The device's signature on the survivor set (ConsistencyCheck), once: the set must hold this
+        device and only devices of the key cohort."""
+        if self.step != "reveal" or self._signed is not None:
+            raise SecAggError(f"{self.device_id}: a survivor set to sign at step {self.step!r}, or a second one")
+        ids = tuple(sorted(survivor_set, key=str.encode))
+        if self.device_id not in ids or not set(ids) <= self._members:
+            raise SecAggError(f"{self.device_id}: a survivor set without this device, or with devices outside the cohort")
+        self._signed = ids
+        return sign_survivors(self._secret, self.device_id, self.scope, list(ids))
+
+    def _consistent(self, survivors: Sequence[str], dropped: Sequence[str], survivor_set: Sequence[str],
+                    signatures: Mapping[str, bytes]) -> None:
+        """The request is about the set this device signed, at least t devices signed it (each
+        signature verified), and its survivors and dropped are that set's, as this device sees it."""
+        me = self.device_id
+        if self._signed is None or tuple(sorted(survivor_set, key=str.encode)) != self._signed:
+            raise SecAggError(f"{me}: an unmasking request for a survivor set this device did not sign")
+        signers = {me}
+        for v, signature in signatures.items():
+            if v == me:
+                continue
+            if v not in self._identities or v not in self._signed:
+                raise SecAggError(f"{me}: a signature of {v!r}, not a surviving neighbour")
+            verify_survivors(self._identities[v], v, self.scope, list(self._signed), signature)
+            signers.add(v)
+        if len(signers) < self.min_survivors:
+            raise SecAggError(f"{me}: {len(signers)} devices signed the survivor set, fewer than t = {self.min_survivors}")
+        if set(survivors) != set(self._signed) & (self._sent | {me}) or set(dropped) & set(self._signed):
+            raise SecAggError(f"{me}: survivors or dropped that are not the signed survivor set's")
+
+    def reveal(self, survivors: Sequence[str], dropped: Sequence[str], blocks: Sequence[int],
+               survivor_set: Sequence[str] = (), signatures: Mapping[str, bytes] | None = None,
+               ) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(seed shares of the survivors, key shares of the dropped), once, after :meth:`consent`:
+        ``survivor_set`` must be the set the device signed and ``signatures`` those of at least t
+        devices on it (:meth:`_consistent`). The survivors name this
         device; every other id must be a neighbour that sent it shares. ``blocks``: those the server
         unmasks; a survivor's answer is its shares of b_v^k for each of them it trained (33 bytes
         each, in block order). Refused unless each of those blocks has at least t survivors by the
@@ -239,6 +281,7 @@ class DeviceRound:
         thresholds"); and no device's two secrets are revealed together. A peer whose shares did not
         open is left out of the answer."""
         self._expect("reveal", "done")
+        self._consistent(survivors, dropped, survivor_set, signatures or {})
         alive, gone, me = set(survivors), set(dropped), self.device_id
         if alive & gone:
             raise SecAggError(f"{me}: asked to reveal both secrets of {sorted(alive & gone)[:3]}")

@@ -121,11 +121,14 @@ def robust_combine(shares: Sequence[bytes], threshold: int, check: Callable[[byt
         pick = list(subset)
         if len(set(xs[pick].tolist())) < threshold:
             continue
-        if check(_interpolate(xs[pick], ys[pick], 0).tobytes()):
+        secret = _interpolate(xs[pick], ys[pick], 0).tobytes()
+        if check(secret):
             on = {int(xs[k]): ys[k] for k in pick}
-            right = set(pick) | {k for k in usable if k not in on and int(xs[k]) not in on
-                                 and np.array_equal(_interpolate(xs[pick], ys[pick], int(xs[k])), ys[k])}
-            right |= {k for k in usable if int(xs[k]) in on and np.array_equal(on[int(xs[k])], ys[k])}
-            return _interpolate(xs[pick], ys[pick], 0).tobytes(), [i for i in range(len(shares))
-                                                                   if i not in {sized[k] for k in right}]
+
+            def fits(k: int) -> bool:
+                x = int(xs[k])
+                return np.array_equal(on[x] if x in on else _interpolate(xs[pick], ys[pick], x), ys[k])
+
+            right = {sized[k] for k in usable if k in subset or fits(k)}
+            return secret, [i for i in range(len(shares)) if i not in right]
     raise SecAggError(f"no {threshold} of the {len(shares)} shares rebuild the committed secret")

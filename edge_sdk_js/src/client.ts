@@ -252,8 +252,11 @@ export class DeviceClient {
         }
         if (msg.t === "secagg_unmask") { // a secure round's last step, after its report's ack
           const refused = await revealRound(ch, this.progress, msg);
-          this.emit(refused ? "secagg_refused" : "secure_reveal", { device: this.options.deviceId, round: msg.round,
-            survivors: msg.survivors.length, dropped: msg.dropped.length, ...(refused ? { reason: refused } : {}) });
+          const answered = Object.keys(msg.signatures).length > 0; // else it signed the survivor set
+          if (refused || answered) {
+            this.emit(refused ? "secagg_refused" : "secure_reveal", { device: this.options.deviceId, round: msg.round,
+              survivors: msg.survivors.length, dropped: msg.dropped.length, ...(refused ? { reason: refused } : {}) });
+          }
           continue;
         }
         let ins: Instruction | null;

@@ -113,10 +113,18 @@ export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Recor
 export interface SecAggInbox { t: "secagg_inbox"; round: number; sealed: Record<string, Uint8Array> }
 /** Server -> device, SecAgg+ round 3 (Unmasking): which neighbours uploaded and which did not, and
  * the blocks whose seeds the server asks for (each one's survivors reach the round's t). */
-export interface SecAggUnmask { t: "secagg_unmask"; round: number; survivors: string[]; dropped: string[]; blocks: number[] }
+export interface SecAggUnmask {
+  t: "secagg_unmask"; round: number; survivors: string[]; dropped: string[]; blocks: number[];
+  /** The consistency round (Bonawitz et al. 2017): the survivor set to sign, then the signers' signatures on it. */
+  survivor_set: string[]; signatures: Record<string, Uint8Array>;
+}
 /** Device -> server: its shares of each survivor's self-mask seeds of the blocks asked (33 bytes each, in
  * block order) and of each dropped device's mask key. */
-export interface SecAggReveal { t: "secagg_reveal"; round: number; seed_shares: Record<string, Uint8Array>; key_shares: Record<string, Uint8Array> }
+export interface SecAggReveal {
+  t: "secagg_reveal"; round: number; seed_shares: Record<string, Uint8Array>; key_shares: Record<string, Uint8Array>;
+  /** The answer to the consistency round's first request: the device's signature on the survivor set, no shares. */
+  consent: Uint8Array;
+}
 
 export type Message =
   | Hello | Welcome | Instruction | Fetch | TransferBegin | TransferFrame | TransferEnd | Report | Ack | ErrorMsg
@@ -225,11 +233,18 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
       checkIds("secagg_unmask.survivors", msg.survivors);
       checkIds("secagg_unmask.dropped", msg.dropped);
       require(!msg.survivors.some((v) => msg.dropped.includes(v)), "secagg_unmask names a device as survivor and dropped");
+      checkIds("secagg_unmask.survivor_set", msg.survivor_set);
+      require(msg.survivor_set.length <= 1 << 16 && new Set(msg.survivor_set).size === msg.survivor_set.length,
+        "secagg_unmask.survivor_set repeats a device");
+      checkSized("secagg_unmask.signatures", msg.signatures, SIGNATURE_BYTES);
       require(msg.blocks.length <= 1 << 16 && msg.blocks.every((b) => Number.isInteger(b) && b >= 0)
         && new Set(msg.blocks).size === msg.blocks.length, "secagg_unmask.blocks is not a set of block indices");
       break;
     case "secagg_reveal":
       checkMultiple("secagg_reveal.seed_shares", msg.seed_shares, SHARE_BYTES);
+      require(msg.consent.byteLength === 0 || msg.consent.byteLength === SIGNATURE_BYTES, "secagg_reveal.consent is not a 64-byte signature");
+      require(msg.consent.byteLength === 0 || (Object.keys(msg.seed_shares).length === 0 && Object.keys(msg.key_shares).length === 0),
+        "secagg_reveal gives shares with its consent");
       checkSized("secagg_reveal.key_shares", msg.key_shares, SHARE_BYTES);
       require(!Object.keys(msg.seed_shares).some((v) => Object.hasOwn(msg.key_shares, v)), "secagg_reveal gives both shares of one device");
       break;
@@ -245,7 +260,8 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   secagg_keys: [["commitments", "bytes", new Uint8Array(0)]],
   secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}], ["commitments", "dict_bytes", {}],
     ["min_survivors", "int", 0]],
-  secagg_unmask: [["blocks", "list_int", []]],
+  secagg_unmask: [["blocks", "list_int", []], ["survivor_set", "list_str", []], ["signatures", "dict_bytes", {}]],
+  secagg_reveal: [["consent", "bytes", new Uint8Array(0)]],
 };
 
 function isDefault(value: unknown, fallback: unknown): boolean {

@@ -103,7 +103,8 @@ async function masked(device: WorkingDevice, ch: Channel, ins: Instruction, prog
 export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<string> {
   const exchange = await import("./secagg/exchange.js");
   const refused = await exchange.reveal(ch, prog?.secure ?? null, msg);
-  if (prog !== null) prog.secure = null;
+  // answered for good (not only signed the survivor set)
+  if (prog !== null && (refused !== "" || Object.keys(msg.signatures).length > 0)) prog.secure = null;
   return refused;
 }
 

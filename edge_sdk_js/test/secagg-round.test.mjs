@@ -49,8 +49,11 @@ for (const backend of [sa.webCryptoBackend(globalThis.crypto.subtle), sa.nobleBa
     for (const [block, partners] of Object.entries(V.partners)) assert.deepEqual(rnd.partners(Number(block)), partners);
     const words = await rnd.mask(sa.blockVectors(update(), V.blocks, V.split), V.num_samples);
     assert.deepEqual(Object.fromEntries(words.map((w, i) => [String(V.split + i), [...w]])), V.masked);
+    const sign = message("secagg_unmask_sign");
+    const consent = await rnd.consent(sign.survivor_set);
+    assert.equal(hex(encode({ t: "secagg_reveal", round: SCOPE.round, seed_shares: {}, key_shares: {}, consent })), V.consent);
     const unmask = message("secagg_unmask");
-    const [seeds, keys] = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks);
+    const [seeds, keys] = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, unmask.signatures);
     assert.deepEqual(hexMap(keys), V.reveal.key_shares);
     const { [V.device]: own, ...others } = seeds;
     assert.deepEqual(hexMap(others), V.reveal.seed_shares);
@@ -67,7 +70,8 @@ for (const backend of [sa.webCryptoBackend(globalThis.crypto.subtle), sa.nobleBa
     }
     assert.equal(hex(await sa.combineShares([own, ...opened.map((o) => o[0][1])].slice(0, t), t)), V.secrets.seeds[1]);
     assert.equal(hex(await sa.combineShares(opened.map((o) => o[1]).slice(0, t), t)), V.secrets.mask_private);
-    assert.throws(() => rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks), /secure round is at 'done'/);
+    assert.throws(() => rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, unmask.signatures),
+      /secure round is at 'done'/);
   });
 }
 
@@ -98,27 +102,33 @@ test("a round refuses what the server may not relay (a forged signature, both se
   await ok.share(peers);
   await ok.receive(inbox);
   await ok.mask(sa.blockVectors(update(), V.blocks, V.split), V.num_samples);
-  assert.throws(() => ok.reveal([V.device, sender], [sender], [2]), /both secrets/);
   const unmask = message("secagg_unmask");
+  await ok.consent(unmask.survivor_set);
+  assert.throws(() => ok.reveal([V.device, sender], [sender], [2], unmask.survivor_set, unmask.signatures), /not the signed survivor set's/);
   const again = await deviceRound();
   await again.advertise();
   await again.share(peers);
   await again.receive(inbox);
   await again.mask(sa.blockVectors(update(), V.blocks, V.split), V.num_samples);
-  assert.throws(() => again.reveal(unmask.survivors, unmask.dropped, [1, 2]), /block 1 would be unmasked with 2 survivors/);
+  await again.consent(unmask.survivor_set);
+  assert.throws(() => again.reveal(unmask.survivors, unmask.dropped, [1, 2], unmask.survivor_set, unmask.signatures),
+    /block 1 would be unmasked with 2 survivors/);
 });
 
 test("the codec refuses malformed secure messages", () => {
   const keys = message("secagg_keys");
   assert.throws(() => encode({ ...keys, signature: new Uint8Array(63) }), /signature is not 64 bytes/);
-  assert.throws(() => encode({ t: "secagg_unmask", round: 1, survivors: ["a"], dropped: ["a"], blocks: [] }), /survivor and dropped/);
+  const none = { blocks: [], survivor_set: [], signatures: {} };
+  assert.throws(() => encode({ t: "secagg_unmask", round: 1, survivors: ["a"], dropped: ["a"], ...none }), /survivor and dropped/);
+  assert.throws(() => encode({ t: "secagg_reveal", round: 1, seed_shares: { a: new Uint8Array(33) }, key_shares: {},
+    consent: new Uint8Array(64) }), /shares with its consent/);
   assert.throws(() => encode({ t: "secagg_shares", round: 1, sealed: { a: new Uint8Array(93) } }), /not 94 \+ 33 m/);
   assert.throws(() => encode({ t: "secagg_shares", round: 1, sealed: { a: new Uint8Array(95) } }), /not 94 \+ 33 m/);
   encode({ t: "secagg_shares", round: 1, sealed: { a: new Uint8Array(94 + 66) } });  // a sender of three blocks
   assert.throws(() => encode({ ...keys, commitments: new Uint8Array(33) }), /32 bytes per block/);
-  assert.throws(() => encode({ t: "secagg_unmask", round: 1, survivors: ["a"], dropped: [], blocks: [1, 1] }), /set of block indices/);
+  assert.throws(() => encode({ t: "secagg_unmask", round: 1, survivors: ["a"], dropped: [], ...none, blocks: [1, 1] }), /set of block indices/);
   const share = new Uint8Array(33);
-  assert.throws(() => encode({ t: "secagg_reveal", round: 1, seed_shares: { a: share }, key_shares: { a: share } }), /both shares/);
+  assert.throws(() => encode({ t: "secagg_reveal", round: 1, seed_shares: { a: share }, key_shares: { a: share }, consent: new Uint8Array(0) }), /both shares/);
   const peers = message("secagg_peers");
   assert.throws(() => encode({ ...peers, splits: { ...peers.splits, [V.neighbours[0]]: 1.5 } }), /non-index/);
   assert.throws(() => encode({ ...peers, threshold: 1 }), /below 2/);
@@ -155,7 +165,7 @@ test("the session takes a secure round's steps in order, one at a time, and refu
   s.send({ t: "transfer_frame", transfer_id: "x", offset: 0, data: new Uint8Array(1) });
   s.send({ t: "transfer_end", transfer_id: "x", sha256: "0".repeat(64) });
   s.receive({ t: "ack", round: SCOPE.round, accepted: true, reason: "", phase: "train" });
-  const reveal = { t: "secagg_reveal", round: SCOPE.round, seed_shares: {}, key_shares: {} };
+  const reveal = { t: "secagg_reveal", round: SCOPE.round, seed_shares: {}, key_shares: {}, consent: new Uint8Array(0) };
   assert.throws(() => s.send(reveal), /no unmasking request/);
   s.receive(message("secagg_unmask"));
   s.send(reveal);
@@ -178,4 +188,31 @@ test("a device without a credential is refused a secure round before it sends an
   const rnd = await startRound("dev", "secret", ins, 3);
   assert.deepEqual([rnd.scope.session, rnd.scope.round, rnd.split, rnd.numBlocks], ["s", 2, 1, 3]);
   await assert.rejects(startRound("dev", "secret", { ...ins, split: 3 }, 3), (e) => e.code === "malformed" && /trains some block/.test(e.message));
+});
+
+test("a server that gives two devices different survivor sets gets no reveal (ConsistencyCheck)", async () => {
+  // The device signs the set it was told; signatures on another set, or on its own set by too few, are refused.
+  const peers = message("secagg_peers");
+  const unmask = message("secagg_unmask");
+  const round = async () => {
+    const rnd = await deviceRound();
+    await rnd.advertise();
+    await rnd.share(peers);
+    await rnd.receive(message("secagg_inbox").sealed);
+    await rnd.mask(sa.blockVectors(update(), V.blocks, V.split), V.num_samples);
+    return rnd;
+  };
+  const told = unmask.survivor_set.filter((v) => v !== "n-alpha"); // this device is told n-alpha did not upload
+  const a = await round();
+  await a.consent(told);
+  assert.throws(() => a.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, unmask.signatures),
+    /did not sign/);
+  const b = await round();
+  await b.consent(told);
+  assert.throws(() => b.reveal(told, unmask.dropped, unmask.blocks, told, unmask.signatures), /did not sign this survivor set|not a surviving neighbour/);
+  const c = await round();
+  await c.consent(unmask.survivor_set);
+  const [one] = Object.keys(unmask.signatures);
+  assert.throws(() => c.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, { [one]: unmask.signatures[one] }),
+    /2 devices signed the survivor set, fewer than t = 3/);
 });

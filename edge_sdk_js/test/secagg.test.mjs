@@ -162,6 +162,10 @@ test("identity keys and key advertisements match Python's, and refuse another ro
     assert.throws(() => sa.verifyAdvertisement(h(c.public), `${c.device}x`, SCOPE, ...keys, h(c.signature)), /not signed/);
     assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, SCOPE, keys[1], keys[0], keys[2], keys[3], h(c.signature)), /not signed/);
     assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, SCOPE, keys[0], keys[1], keys[2] + 1, keys[3], h(c.signature)), /not signed/);
+    assert.equal(hex(sa.survivorsMessage(SCOPE, c.survivors)), c.survivors_message);
+    assert.equal(hex(await sa.signSurvivors(c.secret, c.device, SCOPE, c.survivors)), c.survivors_signature);
+    sa.verifySurvivors(h(c.public), c.device, SCOPE, [...c.survivors].reverse(), h(c.survivors_signature));
+    assert.throws(() => sa.verifySurvivors(h(c.public), c.device, SCOPE, c.survivors.slice(1), h(c.survivors_signature)), /did not sign/);
   }
   assert.equal(sa.defaultDegree(100), V.graph.default_degree["100"]);
   for (const [n, k] of Object.entries(V.graph.default_degree)) assert.equal(sa.defaultDegree(Number(n)), k);

@@ -8,7 +8,9 @@ A device ("dev-émile") in a cohort of five trains blocks [1, 3) of three; its f
 trained from blocks 0, 2, 1 and 1, and "N-zulu" sends no shares (it dropped out at the share stage),
 so block 1 is masked with two partners and block 2 with three; "n-omega" then drops before its
 upload, so block 1 has two survivors (below t = 3: not asked for) and block 2 three. Every input is
-fixed here (credentials, X25519 keys, the self-mask seed b_u^k of each trained block, the update); the update's values are multiples of 2^-15, so
+fixed here (credentials, X25519 keys, the self-mask seed b_u^k of each trained block, the update);
+the survivors sign the survivor set (ConsistencyCheck: Ed25519 is deterministic, so the device's
+``secagg_reveal`` with its consent is byte for byte); the update's values are multiples of 2^-15, so
 stochastic rounding has nothing to round and the masked words are exact. Everything else is
 computed by ``edge_sdk.secagg.round.DeviceRound``, and the server's messages are written as the
 Python codec encodes them: the advertisement (``secagg_keys``, byte for byte), the masked words, and
@@ -33,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from edge_sdk import protocol as p  # noqa: E402
 from edge_sdk.secagg import (FixedPoint, Scope, agree, default_degree, identity_public_key, neighbour_graph,  # noqa: E402
                              public_key, seal_shares, seed_commitment, share_key, sign_advertisement,
-                             split_secret)
+                             sign_survivors, split_secret)
 from edge_sdk.secagg.keys import KeyPair  # noqa: E402
 from edge_sdk.secagg.layout import block_vectors  # noqa: E402
 from edge_sdk.secagg.round import DeviceRound  # noqa: E402
@@ -112,8 +114,12 @@ def main() -> None:
     rnd.receive(box.sealed)
     tensors = update()
     words = rnd.mask(block_vectors(tensors, BLOCKS, SPLIT), NUM_SAMPLES)
-    unmask = p.SecAggUnmask(SCOPE.round, [DEVICE, "n-alpha", "n-\U0001F600"], ["n-omega"], [2])
-    seeds, keys = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks)
+    survivors = sorted([DEVICE, "n-alpha", "n-\U0001F600"], key=str.encode)
+    sign = p.SecAggUnmask(SCOPE.round, survivors, ["n-omega"], [2], survivors)  # ConsistencyCheck: sign the set
+    consent = rnd.consent(sign.survivor_set)
+    signatures = {v: sign_survivors(secret(v), v, SCOPE, survivors) for v in survivors if v != DEVICE}
+    unmask = p.SecAggUnmask(SCOPE.round, survivors, ["n-omega"], [2], survivors, signatures)
+    seeds, keys = rnd.reveal(unmask.survivors, unmask.dropped, unmask.blocks, unmask.survivor_set, unmask.signatures)
     vectors = {
         "scope": {"session": SCOPE.session, "round": SCOPE.round}, "device": DEVICE, "secret": secret(DEVICE),
         "split": SPLIT, "blocks": BLOCKS, "num_samples": NUM_SAMPLES,
@@ -127,6 +133,7 @@ def main() -> None:
         "secagg_inbox": p.encode(box).hex(), "opened": opened,
         "partners": {str(b): rnd.partners(b) for b in range(SPLIT, len(BLOCKS))},
         "masked": {str(b): w.tolist() for b, w in enumerate(words, start=SPLIT)},
+        "secagg_unmask_sign": p.encode(sign).hex(), "consent": p.encode(p.SecAggReveal(SCOPE.round, {}, {}, consent)).hex(),
         "secagg_unmask": p.encode(unmask).hex(),
         "reveal": {"seed_shares": {v: s.hex() for v, s in seeds.items() if v != DEVICE},
                    "key_shares": {v: s.hex() for v, s in keys.items()}},

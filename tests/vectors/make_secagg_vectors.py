@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 from edge_sdk.secagg import (FixedPoint, Scope, advertisement_message, agree, combined_mask,  # noqa: E402
                              default_degree, expand_mask, expand_words, identity_public_key, label,
                              neighbour_graph, pair_mask_seed, public_key, remove_masks, seal_shares,
-                             seed_commitment, self_mask_seed, share_key, sign_advertisement, split_secret, sub_mod)
+                             seed_commitment, self_mask_seed, share_key, sign_advertisement, sign_survivors,
+                             split_secret, sub_mod, survivors_message)
 from edge_sdk.secagg.masks import add_mod  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "secagg.json"
@@ -86,6 +87,10 @@ def hkdf_cases(agreements: list[dict]) -> dict:
     }
 
 
+#: A survivor set out of UTF-8 byte order (signed sorted): what the consistency round signs.
+SURVIVORS = ["émile", "phone-17", "Zulu", "\U0001F600"]
+
+
 def identity() -> list[dict]:
     out = []
     for device, secret, split in [("phone-17", "4q0Q1m3L0mE9c2cQ3GxJvJ0bV7dC1zY5u9pA2sK6nHw", 0), ("émile", "s", 2)]:
@@ -95,7 +100,9 @@ def identity() -> list[dict]:
                     "cipher_public": cipher.hex(), "mask_public": mask.hex(), "split": split,
                     "commitments": commitments.hex(),
                     "message": advertisement_message(SCOPE, device, cipher, mask, split, commitments).hex(),
-                    "signature": sign_advertisement(secret, device, SCOPE, cipher, mask, split, commitments).hex()})
+                    "signature": sign_advertisement(secret, device, SCOPE, cipher, mask, split, commitments).hex(),
+                    "survivors": SURVIVORS, "survivors_message": survivors_message(SCOPE, SURVIVORS).hex(),
+                    "survivors_signature": sign_survivors(secret, device, SCOPE, SURVIVORS).hex()})
     return out
 
 

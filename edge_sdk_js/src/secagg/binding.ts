@@ -55,3 +55,37 @@ export function verifyAdvertisement(identityPublic: Uint8Array, deviceId: string
   }
   if (!valid) throw new SecAggError(`the key advertisement of ${JSON.stringify(deviceId)} is not signed by its identity key`);
 }
+
+/** UTF-8 byte order of ids, as Python's sorted(key=str.encode). */
+function byBytes(a: string, b: string): number {
+  const [x, y] = [new TextEncoder().encode(a), new TextEncoder().encode(b)];
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i]! - y[i]!;
+  return x.length - y.length;
+}
+
+/** The bytes a device signs in the consistency round (Bonawitz et al. 2017, ConsistencyCheck): the
+ * survivor set it was given, sorted by UTF-8 bytes, as edge_sdk/secagg/binding.py. */
+export function survivorsMessage(scope: Scope, survivors: readonly string[]): Uint8Array {
+  const ids = [...survivors].sort(byBytes);
+  if (new Set(ids).size !== ids.length) throw new SecAggError("a survivor set names a device twice");
+  return label("survivors", scope.session, scope.round, ids.length, ...ids);
+}
+
+/** The device's Ed25519 signature on the survivor set of `scope`. */
+export async function signSurvivors(secret: string, deviceId: string, scope: Scope, survivors: readonly string[],
+  backend?: CryptoBackend): Promise<Uint8Array> {
+  return ed25519.sign(survivorsMessage(scope, survivors), await identitySeed(secret, deviceId, backend));
+}
+
+/** Throws SecAggError unless `signature` is `deviceId`'s on this survivor set of `scope`. */
+export function verifySurvivors(identityPublic: Uint8Array, deviceId: string, scope: Scope, survivors: readonly string[],
+  signature: Uint8Array): void {
+  let valid = false;
+  try {
+    valid = ed25519.verify(checkBytes("signature", signature, SIGNATURE_BYTES), survivorsMessage(scope, survivors),
+      checkBytes("identity public key", identityPublic, KEY_BYTES), { zip215: false });
+  } catch (exc) {
+    if (exc instanceof SecAggError) throw exc;
+  }
+  if (!valid) throw new SecAggError(`${JSON.stringify(deviceId)} did not sign this survivor set`);
+}

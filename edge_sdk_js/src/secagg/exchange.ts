@@ -65,20 +65,26 @@ export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instructi
 }
 
 /** Step 3: answer the unmasking request of `msg.round` (one for a round this device has no state of
- * is a protocol error: the server asked the wrong device). A request the device refuses (a block
+ * is refused: the server asked the wrong device, or one that left): the device's signature on the
+ * survivor set, then, asked again with the signers' signatures, its shares. A request the device refuses (a block
  * short of t survivors, both secrets of one peer) gets no answer: the device stays connected for the
  * next round, and the refusal is returned ("" when it answered). */
 export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<string> {
-  if (rnd === null || rnd.scope.round !== msg.round) {
-    throw new ProtocolError(ErrorCode.UNEXPECTED, `an unmasking request for round ${msg.round}, which this device did not mask`);
+  if (rnd === null || rnd.scope.round !== msg.round) { // not answered: the device stays for the next round
+    return `secure round: an unmasking request for round ${msg.round}, which this device did not mask (or left)`;
   }
   let shares: ReturnType<DeviceRound["reveal"]>;
   try {
-    shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks);
+    if (Object.keys(msg.signatures).length === 0) { // the consistency round's first request: sign the survivor set
+      const consent = await rnd.consent(msg.survivor_set);
+      await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: {}, key_shares: {}, consent });
+      return "";
+    }
+    shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures);
   } catch (exc) {
     if (exc instanceof SecAggError) return `secure round: ${exc.message}`;
     throw exc;
   }
-  await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1] });
+  await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1], consent: new Uint8Array(0) });
   return "";
 }

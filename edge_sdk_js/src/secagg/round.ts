@@ -15,7 +15,9 @@
  *    none are out; a box that does not open is noted in `unopened`, never a reason to leave), then
  *    per trained block k: clip, weight, quantize, add the self mask of block k and the pairwise mask
  *    with each neighbour that trained block k and sent shares.
- * 3. `reveal` (Unmasking): shares of b_v^k for the survivors and the blocks asked, of s_v^SK for
+ * 3. `consent` then `reveal` (ConsistencyCheck, then Unmasking): sign the survivor set the server
+ *    names, and answer only a request with that same set signed by at least t devices (itself
+ *    included, each signature verified). Then shares of b_v^k for the survivors and the blocks asked, of s_v^SK for
  *    the dropped, never both for one device, once per round (Bonawitz et al. 2017, Round 4), and
  *    only for blocks whose survivors, counted from the signed splits, reach t.
  *
@@ -24,7 +26,7 @@
 import { addInRing, noiseShare } from "../dp.js";
 import type { SecAggPeers } from "../messages.js";
 import { randomBytes, type CryptoBackend } from "./backend.js";
-import { signAdvertisement, verifyAdvertisement } from "./binding.js";
+import { signAdvertisement, signSurvivors, verifyAdvertisement, verifySurvivors } from "./binding.js";
 import { BlockEncoder, FixedPoint, l2Norm, slices } from "./fixedpoint.js";
 import { neighbourGraph } from "./graph.js";
 import { KEY_BYTES, agree, generateKeyPair, pairMaskSeed, publicKey, seedCommitment, selfMaskSeed, shareKey, type KeyPair } from "./keys.js";
@@ -67,6 +69,9 @@ export class DeviceRound {
   /** Neighbour -> why its sealed shares did not open. */
   readonly unopened = new Map<string, string>();
   private readonly sent = new Set<string>();
+  private members = new Set<string>();
+  private readonly identities = new Map<string, Uint8Array>();
+  private signed: string[] | null = null;
   private readonly shareKeys = new Map<string, Uint8Array>();
   private readonly pairSecrets = new Map<string, Uint8Array>();
   private own: [Uint8Array[], Uint8Array] | null = null;
@@ -139,6 +144,8 @@ export class DeviceRound {
     }
     this.threshold = peers.threshold;
     this.minSurvivors = peers.min_survivors;
+    this.members = new Set(peers.members);
+    for (const [v, key] of Object.entries(peers.identities)) this.identities.set(v, key);
     this.noise = this.noiseOf(peers);
     let summed = 0;
     for (const [sigma, n] of this.noise.values()) summed = Math.max(summed, sigma * Math.sqrt(peers.cohort / n));
@@ -260,14 +267,56 @@ export class DeviceRound {
     return out;
   }
 
-  /** 3: [seed shares of the survivors, key shares of the dropped], once. The survivors name this device;
-   * every other id must be a neighbour that sent it shares; `blocks`: those the server unmasks, each of
-   * which must have at least t survivors by the signed splits; a survivor's answer is its shares of the
-   * seeds of those blocks it trained (33 bytes each, block order); no device's two secrets are ever
-   * revealed together; a peer whose shares did not open is left out. */
-  reveal(survivors: readonly string[], dropped: readonly string[], blocks: readonly number[]):
+  /** 3a (ConsistencyCheck): the device's signature on the survivor set, once; the set must hold this
+   * device and only devices of the key cohort. */
+  async consent(survivorSet: readonly string[]): Promise<Uint8Array> {
+    const me = this.deviceId;
+    if (this.step !== "reveal" || this.signed !== null) throw new SecAggError(`${me}: a survivor set to sign at step '${this.step}', or a second one`);
+    if (!survivorSet.includes(me) || !survivorSet.every((v) => this.members.has(v)) || new Set(survivorSet).size !== survivorSet.length) {
+      throw new SecAggError(`${me}: a survivor set without this device, or with devices outside the cohort`);
+    }
+    this.signed = [...survivorSet];
+    return signSurvivors(this.secret, me, this.scope, survivorSet, this.backend);
+  }
+
+  /** The request is about the set this device signed, at least t devices signed it (each verified),
+   * and its survivors and dropped are that set's as this device sees it. */
+  private consistent(survivors: readonly string[], dropped: readonly string[], survivorSet: readonly string[],
+    signatures: Record<string, Uint8Array>): void {
+    const me = this.deviceId;
+    const signed = new Set(this.signed ?? []);
+    if (this.signed === null || survivorSet.length !== signed.size || !survivorSet.every((v) => signed.has(v))) {
+      throw new SecAggError(`${me}: an unmasking request for a survivor set this device did not sign`);
+    }
+    const signers = new Set([me]);
+    for (const [v, signature] of Object.entries(signatures)) {
+      if (v === me) continue;
+      const key = this.identities.get(v);
+      if (key === undefined || !signed.has(v)) throw new SecAggError(`${me}: a signature of ${JSON.stringify(v)}, not a surviving neighbour`);
+      verifySurvivors(key, v, this.scope, this.signed, signature);
+      signers.add(v);
+    }
+    if (signers.size < this.minSurvivors) {
+      throw new SecAggError(`${me}: ${signers.size} devices signed the survivor set, fewer than t = ${this.minSurvivors}`);
+    }
+    const seen = [...signed].filter((v) => v === me || this.sent.has(v));
+    const alive = new Set(survivors);
+    if (alive.size !== seen.length || !seen.every((v) => alive.has(v)) || dropped.some((v) => signed.has(v))) {
+      throw new SecAggError(`${me}: survivors or dropped that are not the signed survivor set's`);
+    }
+  }
+
+  /** 3b: [seed shares of the survivors, key shares of the dropped], once, after `consent`: `survivorSet`
+   * must be the set the device signed and `signatures` those of at least t devices on it. The survivors
+   * name this device; every other id must be a neighbour that sent it shares; `blocks`: those the server
+   * unmasks, each of which must have at least t survivors by the signed splits; a survivor's answer is its
+   * shares of the seeds of those blocks it trained (33 bytes each, block order); no device's two secrets
+   * are ever revealed together; a peer whose shares did not open is left out. */
+  reveal(survivors: readonly string[], dropped: readonly string[], blocks: readonly number[],
+    survivorSet: readonly string[] = [], signatures: Record<string, Uint8Array> = {}):
     [Record<string, Uint8Array>, Record<string, Uint8Array>] {
     this.expect("reveal", "done");
+    this.consistent(survivors, dropped, survivorSet, signatures);
     const me = this.deviceId;
     const alive = new Set(survivors);
     const gone = new Set(dropped);

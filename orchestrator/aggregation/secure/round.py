@@ -61,7 +61,7 @@ import numpy as np
 
 from edge_sdk.secagg import (KEY_BYTES, SHARE_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, neighbour_graph,
                              pair_mask_seed, public_key, remove_masks, seed_commitment, self_mask_seed,
-                             verify_advertisement)
+                             verify_advertisement, verify_survivors)
 from edge_sdk.secagg.graph import default_degree
 from edge_sdk.secagg.shamir import robust_combine
 
@@ -167,6 +167,7 @@ class SecureRound:
         self.key_shares: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share)
         self.unopened: dict[str, list[str]] = {}  # holder -> peers whose sealed shares did not open for it
         self.blamed: dict[str, str] = {}  # device -> the wrong share it sent
+        self.consents: dict[str, bytes] = {}  # survivor -> its signature on the survivor set
         self._stage = SecureStage.KEYS
 
     @property
@@ -350,6 +351,28 @@ class SecureRound:
         """Block ``block``'s survivors: the devices of U_2 that trained it."""
         return [u for u in self.masked if self.keys[u].split <= block]
 
+    def survivor_set(self) -> list[str]:
+        """U_2, every device whose masked upload the sums hold: the set the survivors sign (ConsistencyCheck)."""
+        return sorted(self.masked, key=str.encode)
+
+    def take_consent(self, device: str, signature: bytes) -> None:
+        """A survivor's signature on :meth:`survivor_set` (Bonawitz et al. 2017, ConsistencyCheck), once."""
+        self._at(SecureStage.UNMASK, device, "a signature on the survivor set")
+        if device not in self.asked or device in self.consents:
+            raise SecureRefusal(f"a survivor-set signature from {device!r}, which was not asked (or signed already)")
+        verify_survivors(self.identities[device], device, self.scope, self.survivor_set(), signature)
+        self.consents[device] = bytes(signature)
+
+    def consistent(self) -> bool:
+        """Whether at least t survivors signed the survivor set: the devices answer with shares only then."""
+        return len(self.consents) >= self.t
+
+    def signatures_for(self, device: str) -> dict[str, bytes]:
+        """The signatures ``device`` can check: its own and its neighbours' (it holds their identity keys)."""
+        assert self.graph is not None
+        near = set(self.graph.neighbours[device]) | {device}
+        return {v: sig for v, sig in self.consents.items() if v in near}
+
     def forget_asked(self, device: str) -> None:
         """A survivor gone since its upload cannot answer the unmasking: it is not awaited."""
         self._at(SecureStage.UNMASK, device, "forgetting an unmasking request")
@@ -360,8 +383,9 @@ class SecureRound:
         trained), once; those it leaves out are peers whose sealed shares did not open for it."""
         self._at(SecureStage.UNMASK, device, "an unmasking answer")
         asked = self.asked.pop(device, None)
-        if asked is None:
-            raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already)")
+        if asked is None or device not in self.consents:
+            raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already, "
+                                "or did not sign the survivor set)")
         seeds_due = {v for v in asked[0] if self._blocks_of(v)}
         if not set(seed_shares) <= seeds_due or not set(key_shares) <= asked[1] \
                 or (device in seeds_due and device not in seed_shares):

@@ -99,6 +99,12 @@ class SecureStages:
                 await self._shares(session, msg, rs, secure)
             elif isinstance(msg, p.SecAggReveal) and secure.stage is SecureStage.DONE:
                 log.info("secure round %d: %s answered the unmasking after it ended", rs.round, device)
+            elif isinstance(msg, p.SecAggReveal) and msg.consent and device not in secure.asked:
+                log.info("secure round %d: %s signed the survivor set after its stage closed", rs.round, device)
+            elif isinstance(msg, p.SecAggReveal) and msg.consent:
+                secure.take_consent(device, msg.consent)
+                if set(secure.asked) <= set(secure.consents):
+                    self._answered.set()
             elif isinstance(msg, p.SecAggReveal):
                 secure.take_reveal(device, msg.seed_shares, msg.key_shares)
                 if not secure.asked:
@@ -223,18 +229,40 @@ class SecureStages:
                 await self.send_to(device, p.Ack(ctx_round, False, f"secure round: the round closed in its "
                                                                    f"{secure.stage.value} stage", "train"))
             return False
+        asks, survivors = secure.close_uploads(), secure.survivor_set()
+        if not asks:  # no block's survivors reach t: nothing to unmask
+            return True
+        # ConsistencyCheck (Bonawitz et al. 2017): each survivor signs the survivor set; each then sees
+        # the signatures it can check, and answers with shares only if at least t devices signed it.
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *ask, survivors) for u, ask in asks.items()},
+                        lambda: set(secure.asked) <= set(secure.consents))
+        if not secure.consistent():
+            log.info("secure round %d: %d of %d survivors signed the survivor set, fewer than t = %d: nothing is "
+                     "unmasked", ctx_round, len(secure.consents), len(asks), secure.t)
+            secure.asked.clear()
+            return True
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *asks[u], survivors, secure.signatures_for(u))
+                                    for u in list(secure.asked) if u in secure.consents}, lambda: not secure.asked)
+        return True
+
+    async def _ask(self, ctx_round: int, requests: Mapping[str, p.SecAggUnmask], done: Callable[[], bool]) -> None:
+        """Send each survivor its request and wait (at most ``secure_stage_s``) until ``done``; a
+        survivor gone, or not asked again, is not awaited."""
+        secure = self.secure
+        assert secure is not None
         self._answered.clear()
-        for u, (alive, gone, blocks) in secure.close_uploads().items():
+        for u in [u for u in secure.asked if u not in requests]:
+            secure.forget_asked(u)
+        for u, request in requests.items():
             if u in self.access.sessions:
-                await self.send_to(u, p.SecAggUnmask(ctx_round, alive, gone, blocks))
+                await self.send_to(u, request)
             else:  # gone since its upload: it cannot answer
                 secure.forget_asked(u)
-        if secure.asked:
+        if not done():
             try:
                 await asyncio.wait_for(self._answered.wait(), timeout=self.config.secure_stage_s)
             except asyncio.TimeoutError:
                 log.info("secure round %d: %d survivors did not answer the unmasking", ctx_round, len(secure.asked))
-        return True
 
     def blame(self) -> None:
         """Journal, after the round's unmasking, whoever sent a wrong share (found against its owner's
