@@ -143,6 +143,8 @@ class RoundWork:
         refused = await exchange.reveal(ch, None if prog is None else prog.secure, msg)
         if prog is not None and (refused or msg.signatures):  # answered for good (not only signed the set)
             prog.secure = None
+        if refused:  # the device stays: the server's request, not the device, is at fault
+            self.on_event("secagg_refused", {"device": self.device.device_id, "round": msg.round, "reason": refused})
         return refused
 
     def backend_for(self, ins: p.Instruction) -> TrainingBackend:

@@ -71,7 +71,7 @@ def test_a_partner_dropping_out_of_a_cohort_of_two_exposes_nothing():
     assert outcomes[0].values is None and "not trained securely" in outcomes[0].reason
     assert all(o.values is not None for o in outcomes[1:])  # blocks 1 and 2: four survivors
     assert not any(b == 0 for _, b in fleet.server.seed_shares)  # nothing of block 0 was asked for
-    key = fleet.server._rebuild("s1", -1, {}, fleet.server.graph)
+    key = fleet.server.book.rebuild("s1", -1, fleet.server.graph)
     assert isinstance(key, bytes)  # the attacker holds the dropped partner's mask key
     t = fleet.server.graph.threshold["s2"]
     candidates = _rebuilt(_received_shares(fleet, "s2"), t)

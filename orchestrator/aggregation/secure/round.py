@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,6 +131,59 @@ class NoisePlan:
         n_min = min(self.survivors[b], cohort)
         return n_min, max(n_min, min(self.expected.get(b, n_min), cohort))
 
+    def summed(self, clip: float, cohort: int) -> float:
+        """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
+        return max((self.multiplier * clip * (cohort / max(1, self.sized_for(b, cohort)[1])) ** 0.5
+                    for b in self.survivors), default=0.0)
+
+    def fields(self, fixed: FixedPoint) -> dict[str, object]:
+        """Each block's sigma and n_min as the devices take them (``SecAggPeers``): a share of variance
+        sigma^2 / n_min, which with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
+        if not self.survivors:
+            return {}
+        sigma = self.multiplier * fixed.clip * 2.0**fixed.frac_bits
+        sized = {b: self.sized_for(b, fixed.cohort) for b in self.survivors}
+        return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
+                "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
+
+
+class Revealed:
+    """The shares the unmasking answers brought, by whose secret and from whom, and the secrets they
+    rebuild (each once), checked against what its owner signed: a seed against its commitment, a mask
+    key against its public key. Shares of a holder already blamed are set aside; a share off the
+    committed polynomial blames its holder (:attr:`blamed`)."""
+
+    def __init__(self, scope: Scope, keys: Mapping[str, _Device]) -> None:
+        self.scope, self.keys = scope, keys
+        self.seeds: dict[tuple[str, int], list[tuple[str, bytes]]] = {}  # (owner, block) -> (holder, share)
+        self.masks: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share)
+        self.blamed: dict[str, str] = {}  # holder -> the wrong share it sent
+        self._cache: dict[tuple[str, int], bytes | str] = {}
+
+    def _check(self, device: str, block: int) -> Callable[[bytes], bool]:
+        if block < 0:
+            return lambda s: public_key(s) == self.keys[device].mask
+        at = block - self.keys[device].split
+        want = self.keys[device].commitments[at * KEY_BYTES:(at + 1) * KEY_BYTES]
+        return lambda s: seed_commitment(s, self.scope, block, device) == want
+
+    def rebuild(self, device: str, block: int, graph: Graph) -> bytes | str:
+        """The secret of ``device`` (its seed of ``block``; block -1: its mask key), or why not."""
+        if (device, block) not in self._cache:
+            got = self.seeds.get((device, block), []) if block >= 0 else self.masks.get(device, [])
+            got = [(holder, share) for holder, share in got if holder not in self.blamed]
+            t = graph.threshold[device]
+            what = f"{device!r}'s seed of block {block}" if block >= 0 else f"{device!r}'s mask key"
+            try:
+                secret, wrong = robust_combine([share for _, share in got], t, self._check(device, block))
+            except SecAggError as exc:
+                self._cache[device, block] = f"{what}: {len(got)} good shares reached the server, {t} needed ({exc})"
+            else:
+                for i in wrong:
+                    self.blamed.setdefault(got[i][0], f"sent a wrong share of {what}")
+                self._cache[device, block] = secret
+        return self._cache[device, block]
+
 
 @dataclass
 class _Device:
@@ -163,10 +216,9 @@ class SecureRound:
         self.unsecured: dict[int, str] = {}  # block -> why it is not trained securely this round
         self.revealing: list[int] = []  # the blocks whose seeds the unmasking asks for
         self.asked: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        self.seed_shares: dict[tuple[str, int], list[tuple[str, bytes]]] = {}  # (owner, block) -> (holder, share)
-        self.key_shares: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share)
+        self.book = Revealed(scope, self.keys)  # the unmasking answers' shares and what they rebuild
+        self.seed_shares, self.key_shares, self.blamed = self.book.seeds, self.book.masks, self.book.blamed
         self.unopened: dict[str, list[str]] = {}  # holder -> peers whose sealed shares did not open for it
-        self.blamed: dict[str, str] = {}  # device -> the wrong share it sent
         self.consents: dict[str, bytes] = {}  # survivor -> its signature on the survivor set
         self._stage = SecureStage.KEYS
 
@@ -234,25 +286,8 @@ class SecureRound:
             if trainers < self.t:
                 self.unsecured[b] = (f"{trainers} devices of the cohort train block {b}, fewer than t = {self.t}: "
                                      "not trained securely this round (it keeps its value)")
-        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
+        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self.noise.summed(self.clip, len(members)))
         return {m: self._peers(m, members) for m in members}
-
-    def _summed_noise(self, cohort: int) -> float:
-        """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
-        return max((self.noise.multiplier * self.clip * (cohort / max(1, self.noise.sized_for(b, cohort)[1])) ** 0.5
-                    for b in self.noise.survivors), default=0.0)
-
-    def _noise_fields(self) -> dict[str, object]:
-        """Each block's sigma and n_min as the devices take them: a share of variance sigma^2 / n_min, which
-        with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
-        fixed = self.fixed
-        assert fixed is not None
-        if not self.noise.survivors:
-            return {}
-        sigma = self.noise.multiplier * fixed.clip * 2.0**fixed.frac_bits
-        sized = {b: self.noise.sized_for(b, fixed.cohort) for b in self.noise.survivors}
-        return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
-                "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
 
     def _degree(self, n: int) -> int:
         k = self.degree or default_degree(n)
@@ -268,7 +303,7 @@ class SecureRound:
                 "identities": {v: self.identities[v] for v in near}, "splits": {v: self.keys[v].split for v in near},
                 "commitments": {v: self.keys[v].commitments for v in near}, "min_survivors": self.t,
                 "clip": fixed.clip, "frac_bits": fixed.frac_bits, "ring_bits": fixed.ring_bits, "cohort": fixed.cohort,
-                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self._noise_fields()}
+                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self.noise.fields(fixed)}
 
     # -- 1: shares -------------------------------------------------------------------------------
     def take_shares(self, device: str, sealed: Mapping[str, bytes]) -> None:
@@ -373,6 +408,11 @@ class SecureRound:
         near = set(self.graph.neighbours[device]) | {device}
         return {v: sig for v, sig in self.consents.items() if v in near}
 
+    def abandon_unmasking(self) -> None:
+        """Fewer than t survivors signed the survivor set: no share is asked for, nothing is unmasked."""
+        self._at(SecureStage.UNMASK, "the server", "abandoning the unmasking")
+        self.asked.clear()
+
     def forget_asked(self, device: str) -> None:
         """A survivor gone since its upload cannot answer the unmasking: it is not awaited."""
         self._at(SecureStage.UNMASK, device, "forgetting an unmasking request")
@@ -414,35 +454,9 @@ class SecureRound:
         fixed, graph = self.fixed, self.graph
         if fixed is None or graph is None:
             return [BlockOutcome(b, 0, reason="no cohort shared keys") for b in range(self.num_blocks)]
-        secrets: dict[tuple[str, int], bytes | str] = {}
-        return [self._block(b, fixed, graph, secrets) for b in range(self.num_blocks)]
+        return [self._block(b, fixed, graph) for b in range(self.num_blocks)]
 
-    def _rebuild(self, device: str, block: int, cache: dict[tuple[str, int], bytes | str], graph: Graph) -> bytes | str:
-        """The secret of ``device`` (its seed of ``block``; block -1: its mask key), checked against what it
-        signed, or why not (cached). Shares of a holder already blamed are set aside; a share off the
-        committed polynomial blames its holder (:attr:`blamed`)."""
-        if (device, block) not in cache:
-            got = self.seed_shares.get((device, block), []) if block >= 0 else self.key_shares.get(device, [])
-            got = [(holder, share) for holder, share in got if holder not in self.blamed]
-            t = graph.threshold[device]
-            if block >= 0:
-                at = block - self.keys[device].split
-                want = self.keys[device].commitments[at * KEY_BYTES:(at + 1) * KEY_BYTES]
-                check = lambda s: seed_commitment(s, self.scope, block, device) == want  # noqa: E731
-            else:
-                check = lambda s: public_key(s) == self.keys[device].mask  # noqa: E731
-            what = f"{device!r}'s seed of block {block}" if block >= 0 else f"{device!r}'s mask key"
-            try:
-                secret, wrong = robust_combine([share for _, share in got], t, check)
-            except SecAggError as exc:
-                cache[device, block] = f"{what}: {len(got)} good shares reached the server, {t} needed ({exc})"
-            else:
-                for i in wrong:
-                    self.blamed.setdefault(got[i][0], f"sent a wrong share of {what}")
-                cache[device, block] = secret
-        return cache[device, block]
-
-    def _block(self, b: int, fixed: FixedPoint, graph: Graph, secrets: dict) -> BlockOutcome:
+    def _block(self, b: int, fixed: FixedPoint, graph: Graph) -> BlockOutcome:
         cohort = self.cohort(b)
         outcome = BlockOutcome(b, len(cohort))
         if b not in self.revealing:
@@ -458,7 +472,7 @@ class SecureRound:
             outcome.multiplier = self.noise.multiplier * (len(cohort) / n_exp) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
-            seed = self._rebuild(u, b, secrets, graph)
+            seed = self.book.rebuild(u, b, graph)
             if isinstance(seed, str):
                 outcome.reason = seed
                 return outcome
@@ -468,7 +482,7 @@ class SecureRound:
             partners = [u for u in self.neighbours(d) if u in cohort]
             if not partners:
                 continue
-            key = self._rebuild(d, -1, secrets, graph)
+            key = self.book.rebuild(d, -1, graph)
             if isinstance(key, str):
                 outcome.reason = key
                 return outcome

@@ -162,6 +162,8 @@ class SecureStages:
             return
         closed = secure.close_keys(weight_scale=self._weight_scale(secure.keys),
                                    noise=self.plan_noise(secure.advertised_cohorts()))
+        for b, why in secure.unsecured.items():  # said once, at the close, not only in the round's outcome
+            log.warning("secure round %d: block %d: %s", rs.round, b, why)
         for u, fields in closed.items():
             await self.send_to(u, p.SecAggPeers(round=rs.round, **fields))
         await self._left_out(rs, secure)
@@ -239,7 +241,7 @@ class SecureStages:
         if not secure.consistent():
             log.info("secure round %d: %d of %d survivors signed the survivor set, fewer than t = %d: nothing is "
                      "unmasked", ctx_round, len(secure.consents), len(asks), secure.t)
-            secure.asked.clear()
+            secure.abandon_unmasking()
             return True
         await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *asks[u], survivors, secure.signatures_for(u))
                                     for u in list(secure.asked) if u in secure.consents}, lambda: not secure.asked)
