@@ -41,6 +41,8 @@ export interface DeviceOptions {
   token?: string;
   /** This device's enrolled credential: each hello carries a fresh proof of it, not the secret. */
   secret?: string;
+  /** In secure rounds, the fewest devices whose sum of a block this device lets be unmasked (default 3). */
+  secureMinSurvivors?: number;
   /** Where the upgrade request cannot carry the `Authorization` header (a browser page): a fresh single-use
    * ticket for each connection (`fetchTicket`), carried as `?ticket=`; null where the server asks for none. */
   upgradeTicket?: () => Promise<string | null>;
@@ -290,7 +292,8 @@ export class DeviceClient {
     const o = this.options;
     return { deviceId: o.deviceId, data: this.data!, welcome, runtime: o.runtime, backend: this.backend, registry: this.registry,
       threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit, updates: this.updates,
-      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}), ...(o.secret ? { secret: o.secret } : {}) };
+      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}), ...(o.secret ? { secret: o.secret } : {}),
+      ...(o.secureMinSurvivors ? { secureMinSurvivors: o.secureMinSurvivors } : {}) };
   }
 
   /** Do the instruction's phase and report; a report already made (before a reconnect) is sent again. */

@@ -287,7 +287,8 @@ export const SETTINGS_TABLE: SettingsTable = {
       "min": 3,
       "help": "in secure rounds: the fewest devices whose sum of a block this device lets be unmasked; it refuses a round whose threshold is lower, and any unmasking request that would leave a block below it",
       "sdks": [
-        "python"
+        "python",
+        "javascript"
       ]
     },
     {

@@ -35,11 +35,13 @@ function broken(exc: unknown): unknown {
   return exc instanceof SecAggError ? new ProtocolError(ErrorCode.MALFORMED, `secure round: ${exc.message}`) : exc;
 }
 
-/** The device's state for the secure round `ins` opens. */
-export async function startRound(deviceId: string, secret: string, ins: Instruction, numBlocks: number): Promise<DeviceRound> {
+/** The device's state for the secure round `ins` opens; `minSurvivors`: the device's own t (default 3). */
+export async function startRound(deviceId: string, secret: string, ins: Instruction, numBlocks: number,
+  minSurvivors?: number): Promise<DeviceRound> {
   if (!secret) throw new ProtocolError(ErrorCode.REFUSED, "secure aggregation needs the device's credential (its secret) to sign keys");
   try {
-    return await DeviceRound.start(deviceId, secret, scope(String(ins.config[SECAGG_KEY]), ins.round), ins.split, numBlocks);
+    return await DeviceRound.start(deviceId, secret, scope(String(ins.config[SECAGG_KEY]), ins.round), ins.split, numBlocks,
+      minSurvivors === undefined ? {} : { minSurvivors });
   } catch (exc) {
     throw broken(exc);
   }
