@@ -78,7 +78,7 @@ def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.G
     for d, dev in devices.items():
         msg, size = _wire(p.SecAggKeys(1, *device_step(d, dev.advertise)))
         sent[d] += size
-        server_step(lambda: server.advertise(d, 0, msg.cipher_public, msg.mask_public, msg.signature))
+        server_step(lambda: server.advertise(d, 0, msg.cipher_public, msg.mask_public, msg.signature, msg.commitments))
     peers = server_step(lambda: server.close_keys(weight_scale=100.0))
     for d, fields in peers.items():
         msg, _ = _wire(p.SecAggPeers(round=1, **fields))
@@ -99,8 +99,15 @@ def secure_round(n: int, sizes: dict[int, int], dropout: float, rng: np.random.G
         sent[d] += upload
         got = server_step(lambda: p.decode_tensors(data))
         server_step(lambda: server.take_masked(d, {b: got[f"secagg.{b}"].view(np.uint32) for b in sizes}))
-    for d, (alive, gone) in server_step(server.close_uploads).items():
-        seeds, keys = device_step(d, lambda: devices[d].reveal(alive, gone))
+    asks = server_step(server.close_uploads)
+    survivors = server_step(server.survivor_set)
+    for d in asks:  # ConsistencyCheck: each survivor signs the survivor set
+        msg, size = _wire(p.SecAggReveal(1, {}, {}, device_step(d, lambda: devices[d].consent(survivors))))
+        sent[d] += size
+        server_step(lambda: server.take_consent(d, msg.consent))
+    for d, (alive, gone, blocks) in asks.items():
+        signatures = server_step(lambda: server.signatures_for(d))
+        seeds, keys = device_step(d, lambda: devices[d].reveal(alive, gone, blocks, survivors, signatures))
         msg, size = _wire(p.SecAggReveal(1, seeds, keys))
         sent[d] += size
         server_step(lambda: server.take_reveal(d, msg.seed_shares, msg.key_shares))

@@ -132,8 +132,8 @@ class DeviceClient:
         store = None if config.payload_cache is None else PayloadStore(config.payload_cache, config.payload_cache_bytes)
         self.downloads = Downloads(config.device_id, self.limits, self.on_event, config.bundle, store)
         self.work = RoundWork(
-            DeviceWork(config.device_id, x, y, config.registry, self.backend, threads=config.threads,
-                       forward_batch=config.forward_batch, warm_tails=config.warm_tails, secret=config.secret or ""),
+            DeviceWork(config.device_id, x, y, config.registry, self.backend, config.threads, config.forward_batch,
+                       config.warm_tails, config.secret or "", config.secure_min_survivors),
             limits=self.limits, downloads=self.downloads, memory=self.memory, on_event=self.on_event)
 
     async def run(self) -> list[RoundReport]:
@@ -227,7 +227,7 @@ class DeviceClient:
             if isinstance(msg, p.Error):
                 raise DeviceRefused(f"{msg.code}: {msg.message}")
             if isinstance(msg, p.SecAggUnmask):  # a secure round's last step, after its report's ack
-                await self.work.reveal(ch, msg)
+                await self.work.reveal(ch, msg)  # a refused request leaves the device connected
                 continue
             if isinstance(msg, p.Resume):
                 await self._resume_upload(ch, msg)

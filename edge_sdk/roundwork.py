@@ -75,6 +75,7 @@ class DeviceWork:
     forward_batch: int = 0  # batch of the multi-step forward pass; 0: the planned batch size
     warm_tails: Any = None
     secret: str = ""  # the device's credential: it signs a secure round's keys (edge_sdk.secagg.binding)
+    secure_min_survivors: int = 3  # the device's own t (DeviceSettings.secure_min_survivors)
 
 
 class RoundWork:
@@ -130,17 +131,21 @@ class RoundWork:
         from edge_sdk.secagg import exchange
 
         assert self.welcome is not None
-        prog.secure = exchange.start(self.device.device_id, self.device.secret, ins, self.welcome.num_blocks)
+        prog.secure = exchange.start(self.device.device_id, self.device.secret, ins, self.welcome.num_blocks,
+                                     self.device.secure_min_survivors)
         return p.encode_tensors(await exchange.masked_update(ch, prog.secure, ins, tensors, num_samples))
 
-    async def reveal(self, ch: Channel, msg: p.SecAggUnmask) -> None:
-        """Answer a secure round's unmasking request, once."""
+    async def reveal(self, ch: Channel, msg: p.SecAggUnmask) -> str:
+        """Answer a secure round's unmasking request, once; the refusal if the device refused it."""
         from edge_sdk.secagg import exchange
 
         prog = self.progress
-        await exchange.reveal(ch, None if prog is None else prog.secure, msg)
-        if prog is not None:
+        refused = await exchange.reveal(ch, None if prog is None else prog.secure, msg)
+        if prog is not None and (refused or msg.signatures):  # answered for good (not only signed the set)
             prog.secure = None
+        if refused:  # the device stays: the server's request, not the device, is at fault
+            self.on_event("secagg_refused", {"device": self.device.device_id, "round": msg.round, "reason": refused})
+        return refused
 
     def backend_for(self, ins: p.Instruction) -> TrainingBackend:
         """The backend that carries out ``ins`` (chosen once per instruction), built on first use."""

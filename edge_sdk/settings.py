@@ -190,6 +190,10 @@ class DeviceSettings:
     secret_file: str = setting("", "file holding this device's enrolled credential (edgetrain device enroll); "
                                    "each hello proves it without sending it", metavar="FILE", sdks=BOTH)
     token: str = setting("", "shared token the server expects (a lab setting)", sdks=BOTH)
+    secure_min_survivors: Annotated[int, Range(3)] = setting(
+        3, "in secure rounds: the fewest devices whose sum of a block this device lets be unmasked; it refuses a "
+           "round whose threshold is lower, and any unmasking request that would leave a block below it",
+        metavar="N", sdks=BOTH)
     tls_ca: FilePath = setting(None, "for wss://: trust only this PEM file (a private CA or the server's self-signed "
                                      "certificate); default: the system's", metavar="FILE", sdks=BOTH, resolved=PATHS)
     threads: Count = setting(1, "threads for ONNX Runtime and torch", sdks=BOTH)

@@ -262,8 +262,9 @@ class ServerConfig:
                "devices that trained it, never one device's update (docs/security.md).")
     secure_clip: Positive = setting(1.0, "L2 bound each device clips each block of its update to before masking "
                                          "(under secure aggregation the server cannot bound one update).")
-    secure_threshold: Annotated[int, Range(2)] = setting(
-        2, "Fewest surviving devices whose sum of a block is revealed; a block with fewer keeps its value.")
+    secure_threshold: NonNegativeInt = setting(
+        0, "Fewest surviving devices whose sum of a block is revealed (t); a block with fewer keeps its value. "
+           "0: SecAgg+'s secret threshold for the cohort (a majority of a neighbourhood), at least 3.")
     secure_degree: NonNegativeInt = setting(
         0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to 33 devices, else 3 log2 n.", cli=False)
     secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices.",

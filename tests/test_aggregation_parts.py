@@ -200,7 +200,7 @@ def test_a_mechanism_is_refused_for_uploads_it_cannot_release_from(tmp_path: Pat
 # -- the secure round's stage ---------------------------------------------------------------------------
 def test_the_secure_round_moves_its_own_stage_in_order() -> None:
     """KEYS, SHARES, MASKED, UNMASK, DONE, each by the round's own close; nobody else can set it."""
-    fleet = Fleet({"a": 0, "b": 0, "c": 1})
+    fleet = Fleet({"a": 0, "b": 0, "c": 0})  # t = 3: every block has three trainers
     server = fleet.server
     seen = [server.stage]
     peers = fleet.keys()

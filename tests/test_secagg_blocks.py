@@ -192,9 +192,13 @@ def test_sealed_shares_open_only_for_their_pair_session_and_round():
     key = share_key(agree(a.private, b.public), SCOPE, "u", "v")
     assert key == share_key(agree(b.private, a.public), SCOPE, "v", "u")
     s1, s2 = os.urandom(33), os.urandom(33)
-    sealed = seal_shares(key, SCOPE, "u", "v", s1, s2)
-    assert open_shares(key, SCOPE, "u", "v", sealed) == (s1, s2)
-    assert sealed != seal_shares(key, SCOPE, "u", "v", s1, s2)  # a fresh nonce each time
+    sealed = seal_shares(key, SCOPE, "u", "v", [s1], s2)
+    assert open_shares(key, SCOPE, "u", "v", sealed) == ([s1], s2)
+    assert sealed != seal_shares(key, SCOPE, "u", "v", [s1], s2)  # a fresh nonce each time
+    three = seal_shares(key, SCOPE, "u", "v", [s1, s2, s1], s2)  # a sender that trained three blocks
+    assert len(three) == 28 + 4 * 33 and open_shares(key, SCOPE, "u", "v", three, 3) == ([s1, s2, s1], s2)
+    with pytest.raises(SecAggError, match="must be 127 bytes"):
+        open_shares(key, SCOPE, "u", "v", three, 2)  # the receiver expects what the sender's split says
     for scope, sender, receiver in [(Scope("job", 5), "u", "v"), (Scope("other", 4), "u", "v"), (SCOPE, "v", "u"),
                                     (SCOPE, "u", "w")]:
         with pytest.raises(SecAggError, match="do not open"):
@@ -211,16 +215,19 @@ def test_a_key_advertisement_verifies_only_for_its_device_round_and_keys():
     secret = "device secret"
     c, s = generate_keypair().public, generate_keypair().public
     identity = identity_public_key(secret, "phone")
-    signature = sign_advertisement(secret, "phone", SCOPE, c, s)
-    verify_advertisement(identity, "phone", SCOPE, c, s, signature)
-    for device, scope, keys in [("phone", Scope("job", 5), (c, s)), ("phone", SCOPE, (s, c)),
-                                ("tablet", SCOPE, (c, s)), ("phone", SCOPE, (c, generate_keypair().public))]:
+    commits = os.urandom(64)
+    signature = sign_advertisement(secret, "phone", SCOPE, c, s, 1, commits)
+    verify_advertisement(identity, "phone", SCOPE, c, s, 1, commits, signature)
+    for device, scope, keys in [("phone", Scope("job", 5), (c, s, 1, commits)), ("phone", SCOPE, (s, c, 1, commits)),
+                                ("tablet", SCOPE, (c, s, 1, commits)),
+                                ("phone", SCOPE, (c, generate_keypair().public, 1, commits)),
+                                ("phone", SCOPE, (c, s, 0, commits)), ("phone", SCOPE, (c, s, 1, os.urandom(64)))]:
         with pytest.raises(SecAggError, match="not signed"):
             verify_advertisement(identity, device, scope, *keys, signature)
     # What the server holds, sha256(secret), is not the credential: keys made from it do not verify.
-    forged = sign_advertisement(derive_key(secret).hex(), "phone", SCOPE, c, generate_keypair().public)
+    forged = sign_advertisement(derive_key(secret).hex(), "phone", SCOPE, c, generate_keypair().public, 1, commits)
     with pytest.raises(SecAggError, match="not signed"):
-        verify_advertisement(identity, "phone", SCOPE, c, s, forged)
+        verify_advertisement(identity, "phone", SCOPE, c, s, 1, commits, forged)
     assert identity != identity_public_key(secret, "tablet")
 
 

@@ -21,7 +21,7 @@ from tests.test_secagg_round import SCOPE, Fleet
 
 SIZES = {0: 3000, 1: 3000}
 CLIP, Z = 2.0, 1.5
-SPLITS = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1}  # block 0: 3 devices, block 1: 6
+SPLITS = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1, "g": 0}  # block 0: 4 devices, block 1: 7; t = 4
 
 
 class NoisedFleet(Fleet):
@@ -57,7 +57,7 @@ def spread_matches(noise: np.ndarray, std: float) -> bool:
 
 
 def test_survivors_equal_to_n_min_give_the_full_multiplier():
-    fleet = NoisedFleet({0: 3, 1: 6})
+    fleet = NoisedFleet({0: 4, 1: 7})
     outs = fleet.run()
     for b, out in outs.items():
         assert out.reason == "" and out.multiplier == pytest.approx(Z)
@@ -77,27 +77,27 @@ def test_more_survivors_than_n_min_add_noise_and_the_multiplier_follows():
 def test_a_dropout_removes_its_share_and_the_multiplier_follows_the_survivors():
     fleet = NoisedFleet({0: 2, 1: 4})
     outs = fleet.run(absent={"f"})  # "f" trained block 1 only; it drops after sharing its keys
-    assert outs[1].cohort == 5 and outs[1].recovered == ["f"]
-    assert outs[1].multiplier == pytest.approx(Z * math.sqrt(5 / 4))
-    assert spread_matches(fleet.noise(outs[1]), Z * math.sqrt(5 / 4) * CLIP)
+    assert outs[1].cohort == 6 and outs[1].recovered == ["f"]
+    assert outs[1].multiplier == pytest.approx(Z * math.sqrt(6 / 4))
+    assert spread_matches(fleet.noise(outs[1]), Z * math.sqrt(6 / 4) * CLIP)
 
 
 def test_shares_sized_for_the_expected_survivors_reach_the_multiplier_when_they_survive():
     """n_exp_b = the whole cohort: all surviving, the sum carries z_b exactly (not z_b sqrt(s / n_min));
-    one dropping, z_b sqrt(5 / 6), below the plan, which is what the ledger then accounts."""
-    sent = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    one dropping, z_b sqrt(6 / 7), below the plan, which is what the ledger then accounts."""
+    sent = NoisedFleet({0: 2, 1: 4}, expected={0: 4, 1: 7})
     msg = sent.keys()["d"]  # the share's variance sigma^2 / n_min is (z C 2^f)^2 / n_exp
     assert msg.noise_survivors == {"0": 2, "1": 4}
-    assert msg.noise_sigma["1"] == pytest.approx(Z * CLIP * math.sqrt(4 / 6) * 2.0**msg.frac_bits)
-    fleet = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    assert msg.noise_sigma["1"] == pytest.approx(Z * CLIP * math.sqrt(4 / 7) * 2.0**msg.frac_bits)
+    fleet = NoisedFleet({0: 2, 1: 4}, expected={0: 4, 1: 7})
     outs = fleet.run()
     for out in outs.values():
         assert out.multiplier == pytest.approx(Z)
         assert spread_matches(fleet.noise(out), Z * CLIP)
-    dropped = NoisedFleet({0: 2, 1: 4}, expected={0: 3, 1: 6})
+    dropped = NoisedFleet({0: 2, 1: 4}, expected={0: 4, 1: 7})
     out = dropped.run(absent={"f"})[1]
-    assert out.multiplier == pytest.approx(Z * math.sqrt(5 / 6))
-    assert spread_matches(dropped.noise(out), Z * math.sqrt(5 / 6) * CLIP)
+    assert out.multiplier == pytest.approx(Z * math.sqrt(6 / 7))
+    assert spread_matches(dropped.noise(out), Z * math.sqrt(6 / 7) * CLIP)
 
 
 def test_expected_survivors_below_the_floor_are_refused():
@@ -106,10 +106,10 @@ def test_expected_survivors_below_the_floor_are_refused():
 
 
 def test_a_block_with_fewer_survivors_than_n_min_is_not_revealed():
-    fleet = NoisedFleet({0: 3, 1: 4})
-    outs = fleet.run(absent={"a"})  # block 0 keeps 2 of its 3 devices
+    fleet = NoisedFleet({0: 5, 1: 4})
+    outs = fleet.run()  # block 0's 4 survivors reach t = 4, not the 5 its noise is sized for
     assert outs[0].values is None and "under-noised" in outs[0].reason
-    assert outs[1].values is not None and outs[1].multiplier == pytest.approx(Z * math.sqrt(5 / 4))
+    assert outs[1].values is not None and outs[1].multiplier == pytest.approx(Z * math.sqrt(7 / 4))
 
 
 def test_the_ring_holds_ten_standard_deviations_of_the_summed_noise():

@@ -28,8 +28,10 @@ from orchestrator.aggregation.secure.round import SecureRound
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
 
+# Three strong devices: every block has at least t = 3 trainers (a majority of the cohort of five,
+# docs/security.md, "Block thresholds"), so every block is trained securely.
 FLEET = {"strong-0": ("strong", "torch"), "strong-1": ("strong", "onnxruntime"),
-         "moderate-2": ("moderate", "torch"), "weak-3": ("weak", "onnxruntime"), "weak-4": ("weak", "torch")}
+         "moderate-2": ("moderate", "torch"), "strong-3": ("strong", "onnxruntime"), "weak-4": ("weak", "torch")}
 
 
 class Recorder:
@@ -213,7 +215,7 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
 
     from emulator.localfleet import device_env
 
-    fleet = {d: FLEET[d] for d in ("strong-0", "strong-1", "moderate-2", "weak-3")}
+    fleet = {d: FLEET[d] for d in ("strong-0", "strong-1", "moderate-2", "strong-3")}  # t = 3 of 4
     victim = "moderate-2"
     store_dir = tmp_path / "store"
     with Store(store_dir) as store:

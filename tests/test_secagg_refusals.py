@@ -44,7 +44,7 @@ async def _secure_device(url: str, orch, device_id: str, secret: str, hostile: s
             while not isinstance(msg := await recv_msg(ws), p.Bye):
                 got.append(msg)
             return got
-        rnd = start(device_id, secret, ins, welcome.num_blocks)
+        rnd = start(device_id, secret, ins, welcome.num_blocks, 3)
         keys = rnd.advertise()
         seen[device_id] = keys
         if hostile == "replay":  # a's advertisement, under its own name
@@ -75,8 +75,11 @@ async def _secure_device(url: str, orch, device_id: str, secret: str, hostile: s
         await send_payload(ws, upload, transfer_id=f"{device_id}-u", kind="update", meta={})
         got.append(await recv_msg(ws))  # the ack
         got.append(msg := await recv_msg(ws))
+        if isinstance(msg, p.SecAggUnmask):  # ConsistencyCheck: sign the survivor set, then see the signatures
+            await send_msg(ws, p.SecAggReveal(ins.round, {}, {}, rnd.consent(msg.survivor_set)))
+            got.append(msg := await recv_msg(ws))
         if isinstance(msg, p.SecAggUnmask):
-            seeds, shares = rnd.reveal(msg.survivors, msg.dropped)
+            seeds, shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures)
             if hostile == "stranger_reveal":
                 seeds["zed"] = bytes(SHARE_BYTES)
             await send_msg(ws, p.SecAggReveal(ins.round, seeds, shares))

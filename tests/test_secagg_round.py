@@ -44,9 +44,9 @@ class Fleet:
 
     def keys(self) -> dict[str, p.SecAggPeers]:
         for d, dev in self.devices.items():
-            c, mk, sig = dev.advertise()
-            msg = wire(p.SecAggKeys(SCOPE.round, c, mk, sig))
-            self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature)
+            msg = wire(p.SecAggKeys(SCOPE.round, *dev.advertise()))
+            self.server.advertise(d, self.splits[d], msg.cipher_public, msg.mask_public, msg.signature,
+                                  msg.commitments)
         return {d: wire(p.SecAggPeers(round=SCOPE.round, **f)) for d, f in self.server.close_keys(
             weight_scale=self.weight_scale, noise=self.noise_plan).items()}
 
@@ -65,13 +65,24 @@ class Fleet:
             if d not in absent:
                 self.server.take_masked(d, dict(enumerate(words, start=self.splits[d])))
 
-    def unmask(self, absent: set[str] = frozenset()):
-        for d, (alive, gone) in self.server.close_uploads().items():
-            msg = wire(p.SecAggUnmask(SCOPE.round, alive, gone))
-            seeds, keys = self.devices[d].reveal(msg.survivors, msg.dropped)
+    def consent(self, absent: set[str] = frozenset()) -> dict[str, p.SecAggUnmask]:
+        """Close the uploads; each survivor not ``absent`` signs the survivor set (ConsistencyCheck). The
+        second request of each: with the signatures it can check."""
+        asks, survivors = self.server.close_uploads(), self.server.survivor_set()
+        for d, ask in asks.items():
+            msg = wire(p.SecAggUnmask(SCOPE.round, *ask, survivors))
             if d not in absent:
-                answer = wire(p.SecAggReveal(SCOPE.round, seeds, keys))
-                self.server.take_reveal(d, answer.seed_shares, answer.key_shares)
+                answer = wire(p.SecAggReveal(SCOPE.round, {}, {}, self.devices[d].consent(msg.survivor_set)))
+                self.server.take_consent(d, answer.consent)
+        return {d: wire(p.SecAggUnmask(SCOPE.round, *ask, survivors, self.server.signatures_for(d)))
+                for d, ask in asks.items() if d not in absent}
+
+    def unmask(self, absent: set[str] = frozenset()):
+        for d, msg in self.consent(absent).items():
+            seeds, keys = self.devices[d].reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set,
+                                                 msg.signatures)
+            answer = wire(p.SecAggReveal(SCOPE.round, seeds, keys))
+            self.server.take_reveal(d, answer.seed_shares, answer.key_shares)
         return self.server.finish()
 
     def plain_sum(self, block: int, members) -> tuple[np.ndarray, float]:
@@ -87,7 +98,7 @@ class Fleet:
         return total, weight
 
 
-SPLITS = {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2, "f": 0}
+SPLITS = {"a": 0, "b": 0, "c": 1, "d": 0, "e": 2, "f": 0, "g": 0}  # 7 devices: t = 4; cohorts 5, 6, 7
 
 
 def test_nested_cohorts_reveal_each_blocks_plain_sum_within_the_stated_error():
@@ -143,7 +154,7 @@ def test_a_block_under_the_threshold_is_not_revealed():
     inbox = fleet.shares(fleet.keys())
     fleet.mask(inbox, absent={"a", "b"})  # blocks 0 and 1 keep c alone; block 2 keeps c, d, e
     outcomes = fleet.unmask()
-    assert outcomes[0].values is None and "fewer than the threshold 2" in outcomes[0].reason
+    assert outcomes[0].values is None and "fewer than the threshold t = 3" in outcomes[0].reason
     assert outcomes[1].values is None
     expected, _ = fleet.plain_sum(2, {"c", "d", "e"})
     assert np.max(np.abs(outcomes[2].values - expected)) <= fleet.server.fixed.error_bound
@@ -158,15 +169,19 @@ def test_a_device_alone_in_its_first_blocks_cohort_is_left_out():
 def test_replayed_and_forged_advertisements_are_refused():
     fleet = Fleet({"a": 0, "b": 0, "c": 0})
     dev = fleet.devices["a"]
-    c, mk, sig = dev.advertise()
-    fleet.server.advertise("a", 0, c, mk, sig)
+    c, mk, sig, com = dev.advertise()
+    fleet.server.advertise("a", 0, c, mk, sig, com)
     with pytest.raises(SecureRefusal, match="twice"):
-        fleet.server.advertise("a", 0, c, mk, sig)
+        fleet.server.advertise("a", 0, c, mk, sig, com)
     with pytest.raises(SecAggError, match="not signed"):
-        fleet.server.advertise("b", 0, c, mk, sig)  # a's keys and signature under b's name
+        fleet.server.advertise("b", 0, c, mk, sig, com)  # a's keys and signature under b's name
+    with pytest.raises(SecAggError, match="not signed"):
+        fleet.server.advertise("b", 0, *fleet.devices["b"].advertise()[:3], com)  # b's keys, a's commitments
+    with pytest.raises(SecureRefusal, match="committed to"):
+        fleet.server.advertise("c", 1, *fleet.devices["c"].advertise())  # a split the device did not sign
     other = SecureRound(Scope("run-a/0", 4), 3, SIZES, clip=CLIP, identities=fleet.server.identities)
     with pytest.raises(SecAggError, match="not signed"):
-        other.advertise("a", 0, c, mk, sig)  # round 3's advertisement replayed in round 4
+        other.advertise("a", 0, c, mk, sig, com)  # round 3's advertisement replayed in round 4
 
 
 def test_shares_for_strangers_and_unmask_answers_for_peers_not_given_are_refused():
@@ -182,9 +197,8 @@ def test_shares_for_strangers_and_unmask_answers_for_peers_not_given_are_refused
     for d in ("b", "c", "d"):
         fleet.server.take_shares(d, fleet.devices[d].share(peers[d]))
     fleet.mask({d: wire(p.SecAggInbox(3, s)) for d, s in fleet.server.close_shares().items()})
-    asks = fleet.server.close_uploads()
-    alive, _ = asks["a"]
-    seeds, keys = fleet.devices["a"].reveal(alive, [])
+    ask = fleet.consent()["a"]
+    seeds, keys = fleet.devices["a"].reveal(ask.survivors, ask.dropped, ask.blocks, ask.survivor_set, ask.signatures)
     with pytest.raises(SecureRefusal, match="not given"):
         fleet.server.take_reveal("a", {**seeds, stranger: bytes(SHARE_BYTES)}, keys)
     with pytest.raises(SecureRefusal, match="not asked"):
@@ -194,16 +208,26 @@ def test_shares_for_strangers_and_unmask_answers_for_peers_not_given_are_refused
 def test_a_device_refuses_to_reveal_both_secrets_or_strangers():
     fleet = Fleet({"a": 0, "b": 0, "c": 0})
     fleet.mask(fleet.shares(fleet.keys()))
-    dev = fleet.devices["a"]
-    with pytest.raises(SecAggError, match="both secrets"):
-        dev.reveal(["a", "b", "c"], ["b"])
+    asks = fleet.consent()
+    dev, signed, sigs = fleet.devices["a"], asks["a"].survivor_set, asks["a"].signatures
+    with pytest.raises(SecAggError, match="not the signed survivor set's"):
+        dev.reveal(["a", "b", "c"], ["b"], [0], signed, sigs)  # b both survivor and dropped
     dev.step = "reveal"
-    with pytest.raises(SecAggError, match="not given"):
-        dev.reveal(["a", "b", "zed"], [])
+    with pytest.raises(SecAggError, match="not the signed survivor set's"):
+        dev.reveal(["a", "b", "zed"], [], [0], signed, sigs)
     dev.step = "reveal"
-    dev.reveal(["a", "b", "c"], [])
+    with pytest.raises(SecAggError, match="did not sign"):
+        dev.reveal(["a", "b"], ["c"], [0], ["a", "b"], sigs)  # another set than the one it signed
+    dev.step = "reveal"
+    with pytest.raises(SecAggError, match="2 devices signed the survivor set, fewer than t = 3"):
+        dev.reveal(["a", "b", "c"], [], [0], signed, {"b": sigs["b"]})
+    dev.step = "reveal"
+    with pytest.raises(SecAggError, match="did not sign this survivor set"):
+        dev.reveal(["a", "b", "c"], [], [0], signed, {**sigs, "b": sigs["c"]})  # c's signature under b's name
+    dev.step = "reveal"
+    dev.reveal(["a", "b", "c"], [], [0], signed, sigs)
     with pytest.raises(SecAggError, match="not 'reveal'"):
-        dev.reveal(["a", "b", "c"], [])  # once per round
+        dev.reveal(["a", "b", "c"], [], [0], signed, sigs)  # once per round
 
 
 def test_a_presumed_dropped_device_returning_is_refused_for_the_round():
@@ -215,6 +239,8 @@ def test_a_presumed_dropped_device_returning_is_refused_for_the_round():
         fleet.server.take_masked("c", dict(enumerate(fleet.uploads["c"])))
     with pytest.raises(SecureRefusal, match="not asked"):
         fleet.server.take_reveal("c", {}, {})
+    with pytest.raises(SecureRefusal, match="not asked"):
+        fleet.server.take_consent("c", bytes(64))
 
 
 def test_malformed_masked_updates_are_refused():
@@ -267,7 +293,9 @@ def _raw(kind, a, b, ids, n) -> bytes:
               "sealed": a, "survivors": ids, "dropped": ids[:1], "seed_shares": a, "key_shares": b, "members": ids,
               "graph_seed": bytes(32), "degree": n, "cipher_keys": a, "mask_keys": b, "signatures": a,
               "identities": b, "splits": {}, "clip": 1.0, "frac_bits": 3, "ring_bits": 20, "cohort": 3,
-              "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {}}
+              "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {},
+              "commitments": a if kind is p.SecAggPeers else bytes(32 * (n % 3)), "min_survivors": 3, "blocks": [],
+              "survivor_set": ids, "signatures": b, "consent": next(iter(b.values()), b"")}
     fields = [name for name, _ in m.schema(kind)]
     return msgpack.packb({"v": p.PROTOCOL_VERSION, "t": kind.TYPE, **{f: values[f] for f in fields}})
 

@@ -13,7 +13,8 @@ import pytest
 from edge_sdk.secagg import (FixedPoint, Scope, SecAggError, advertisement_message, agree, combine_shares,
                              combined_mask, default_degree, expand_mask, hkdf, identity_public_key, label,
                              neighbour_graph, open_shares, pair_mask_seed, public_key, remove_masks, seal_shares,
-                             self_mask_seed, share_key, sign_advertisement, verify_advertisement)
+                             seed_commitment, self_mask_seed, share_key, sign_advertisement, sign_survivors,
+                             survivors_message, verify_advertisement, verify_survivors)
 from edge_sdk.secagg.masks import add_mod
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "secagg.json").read_text(encoding="utf-8"))
@@ -63,15 +64,25 @@ def test_hkdf_matches_rfc_5869_and_the_derivations():
         assert pair_mask_seed(h(case["shared"]), SCOPE, case["block"], case["b"], case["a"]).hex() == case["seed"]
     for case in VECTORS["hkdf"]["self_mask_seed"]:
         assert self_mask_seed(h(case["seed"]), SCOPE, case["block"], case["device"]).hex() == case["out"]
+    for case in VECTORS["hkdf"]["seed_commitment"]:
+        assert seed_commitment(h(case["seed"]), SCOPE, case["block"], case["device"]).hex() == case["out"]
 
 
 def test_identity_keys_and_advertisement_signatures():
     for case in VECTORS["identity"]:
-        keys = (h(case["cipher_public"]), h(case["mask_public"]))
+        keys = (h(case["cipher_public"]), h(case["mask_public"]), case["split"], h(case["commitments"]))
         assert identity_public_key(case["secret"], case["device"]).hex() == case["public"]
         assert advertisement_message(SCOPE, case["device"], *keys).hex() == case["message"]
         assert sign_advertisement(case["secret"], case["device"], SCOPE, *keys).hex() == case["signature"]
         verify_advertisement(h(case["public"]), case["device"], SCOPE, *keys, h(case["signature"]))
+        assert survivors_message(SCOPE, case["survivors"]).hex() == case["survivors_message"]
+        assert sign_survivors(case["secret"], case["device"], SCOPE, case["survivors"]).hex() == case["survivors_signature"]
+        verify_survivors(h(case["public"]), case["device"], SCOPE, case["survivors"][::-1], h(case["survivors_signature"]))
+        with pytest.raises(SecAggError, match="did not sign"):  # another set
+            verify_survivors(h(case["public"]), case["device"], SCOPE, case["survivors"][1:], h(case["survivors_signature"]))
+        with pytest.raises(SecAggError, match="not signed"):  # another split: the signature binds it
+            verify_advertisement(h(case["public"]), case["device"], SCOPE, *keys[:2], case["split"] + 1, keys[3],
+                                 h(case["signature"]))
 
 
 def test_mask_expansion():
@@ -92,9 +103,9 @@ def test_shares_from_either_sdk_combine_here(origin):
 def test_sealed_shares():
     for case in VECTORS["sealing"]:
         args = (h(case["key"]), SCOPE, case["sender"], case["receiver"])
-        assert seal_shares(*args, h(case["seed_share"]), h(case["mask_key_share"]), nonce=h(case["nonce"])).hex() \
-            == case["sealed"]
-        assert open_shares(*args, h(case["sealed"])) == (h(case["seed_share"]), h(case["mask_key_share"]))
+        seeds = [h(s) for s in case["seed_shares"]]
+        assert seal_shares(*args, seeds, h(case["mask_key_share"]), nonce=h(case["nonce"])).hex() == case["sealed"]
+        assert open_shares(*args, h(case["sealed"]), len(seeds)) == (seeds, h(case["mask_key_share"]))
 
 
 def test_neighbour_graphs():

@@ -421,6 +421,17 @@ class Resume(Message):
 #: (``Scope.session``); ``secagg_clip`` (float) is the L2 bound the device clips each block to.
 SECAGG_KEY = "secagg_session"
 _KEY_BYTES, _SIGNATURE_BYTES, _SEALED_BYTES, _SHARE_BYTES, _MAX_PEERS = 32, 64, 94, 33, 255
+_MAX_SECURE_BLOCKS = 255  # blocks a device of a secure round trains: one seed (and share) each
+
+
+def _multiple(name: str, values: Mapping[str, bytes], base: int, step: int = _SHARE_BYTES) -> None:
+    """Each value is ``base`` + ``step`` m bytes for 0 <= m <= 255 (one per block a device trained)."""
+    _require(len(values) <= _MAX_PEERS, f"{name} names {len(values)} devices, more than {_MAX_PEERS}")
+    _ids(name, values)
+    for key, value in values.items():
+        extra = len(value) - base
+        _require(0 <= extra <= step * _MAX_SECURE_BLOCKS and extra % step == 0,
+                 f"{name}[{key[:40]!r}] is {len(value)} bytes, not {base} + {step} m")
 
 
 def _ids(name: str, ids: object) -> None:
@@ -439,22 +450,30 @@ class SecAggKeys(Message):
     """Device -> server, SecAgg+ round 0 (AdvertiseKeys; Bell et al. 2020, Algorithm 2, Round 1 of
     Bonawitz et al. 2017): the device's two fresh X25519 public keys for the round, ``cipher_public``
     (c_u^PK: share encryption) and ``mask_public`` (s_u^PK: pairwise masks), with the Ed25519
-    ``signature`` of its identity key on them (edge_sdk.secagg.binding). Sent after training, in
+    ``signature`` of its identity key on them, on its split (the first block it trained) and on
+    ``commitments``, 32 bytes per trained block committing to that block's self-mask seed
+    (edge_sdk.secagg.binding). Sent after training, in
     the state ``WORKING`` of a train instruction whose config names ``secagg_session``; answered
-    by ``SecAggPeers``, or by ``Ack(accepted=false)`` (the device is not in the round's cohort)."""
+    by ``SecAggPeers``, or by ``Ack(accepted=false)`` (the device is not in the round's cohort).
+    ``commitments`` is optional to the codec (an older device's advertisement decodes); a secure
+    round refuses an advertisement without them."""
 
     TYPE: ClassVar[str] = "secagg_keys"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"commitments"})
 
     round: int
     cipher_public: bytes
     mask_public: bytes
     signature: bytes
+    commitments: bytes = b""
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_keys.round is negative")
         _require(len(self.cipher_public) == _KEY_BYTES, "secagg_keys.cipher_public is not 32 bytes")
         _require(len(self.mask_public) == _KEY_BYTES, "secagg_keys.mask_public is not 32 bytes")
         _require(len(self.signature) == _SIGNATURE_BYTES, "secagg_keys.signature is not 64 bytes")
+        _require(len(self.commitments) % _KEY_BYTES == 0 and len(self.commitments) <= _KEY_BYTES * _MAX_SECURE_BLOCKS,
+                 "secagg_keys.commitments is not 32 bytes per block")
 
 
 @dataclass(frozen=True)
@@ -469,10 +488,13 @@ class SecAggPeers(Message):
     ``min(1, num_samples / weight_scale)``; ``threshold`` t of a device's deg + 1 shares rebuild its secrets.
     Distributed DP (optional, absent without it): ``noise_sigma`` maps a block (its index as a string)
     to sigma_b, the standard deviation in ring units the noise of its sum must reach, and
-    ``noise_survivors`` to n_min_b: the device adds N_Z(0, sigma_b^2 / n_min_b) to each value word."""
+    ``noise_survivors`` to n_min_b: the device adds N_Z(0, sigma_b^2 / n_min_b) to each value word.
+    ``commitments``: per neighbour, its signed seed commitments (part of what its signature covers);
+    ``min_survivors``: the round's t, the fewest devices whose sum of a block is ever revealed (a device
+    refuses a round whose t is below its own setting)."""
 
     TYPE: ClassVar[str] = "secagg_peers"
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors"})
 
     round: int
     graph_seed: bytes
@@ -491,9 +513,13 @@ class SecAggPeers(Message):
     threshold: int
     noise_sigma: dict[str, Scalar] = field(default_factory=dict)
     noise_survivors: dict[str, Scalar] = field(default_factory=dict)
+    commitments: dict[str, bytes] = field(default_factory=dict)
+    min_survivors: int = 0
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_peers.round is negative")
+        _multiple("secagg_peers.commitments", self.commitments, 0, _KEY_BYTES)
+        _require(0 <= self.min_survivors <= _MAX_PEERS, "secagg_peers.min_survivors is outside [0, 255]")
         _require(len(self.graph_seed) == _KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes")
         _ids("secagg_peers.members", self.members)
         _require(len(set(self.members)) == len(self.members), "secagg_peers.members repeats a device")
@@ -517,7 +543,8 @@ class SecAggPeers(Message):
 class SecAggShares(Message):
     """Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its Shamir shares of the
     device's self-mask seed b_u and mask private key s_u^SK, sealed for that neighbour alone
-    (edge_sdk.secagg.sealing: 94 bytes each). The server routes them unopened."""
+    (edge_sdk.secagg.sealing: 28 + 33 (m + 1) bytes each for a device that trained m blocks, one
+    seed per block). The server routes them unopened."""
 
     TYPE: ClassVar[str] = "secagg_shares"
 
@@ -526,12 +553,12 @@ class SecAggShares(Message):
 
     def check(self) -> None:
         _require(self.round >= 0, f"{self.TYPE}.round is negative")
-        _sized(f"{self.TYPE}.sealed", self.sealed, _SEALED_BYTES)
+        _multiple(f"{self.TYPE}.sealed", self.sealed, _SEALED_BYTES)
 
 
 @dataclass(frozen=True)
 class SecAggInbox(SecAggShares):
-    """Server -> device: the sealed shares its neighbours sent it (sender id -> 94 bytes). The
+    """Server -> device: the sealed shares its neighbours sent it (sender id -> 28 + 33 (m + 1) bytes). The
     device then masks its update (SecAgg+ round 2, MaskedInputCollection) and reports it."""
 
     TYPE: ClassVar[str] = "secagg_inbox"
@@ -540,16 +567,32 @@ class SecAggInbox(SecAggShares):
 @dataclass(frozen=True)
 class SecAggUnmask(Message):
     """Server -> device, SecAgg+ round 3 (Unmasking), after the masked uploads: of the device's
-    neighbours that sent it shares, ``survivors`` uploaded a masked update and ``dropped`` did not.
-    Sent while the device is idle, after its report's ``Ack``."""
+    neighbours that sent it shares, ``survivors`` uploaded a masked update and ``dropped`` did not;
+    ``blocks``: the blocks the server unmasks (each one's surviving cohort reaches the round's t),
+    whose seeds alone the device reveals. Sent while the device is idle, after its report's ``Ack``,
+    twice (the consistency round, Bonawitz et al. 2017, ConsistencyCheck): first with
+    ``survivor_set`` (every device whose masked upload the server summed) and no ``signatures``, which
+    the device answers with its signature on that set (``SecAggReveal.consent``); then with the same
+    set and ``signatures`` (signer -> its Ed25519 signature on it, for the signers among the device's
+    neighbours and itself), which the device checks before it answers with its shares."""
 
     TYPE: ClassVar[str] = "secagg_unmask"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"blocks", "survivor_set", "signatures"})
 
     round: int
     survivors: list[str]
     dropped: list[str]
+    blocks: list[int] = field(default_factory=list)
+    survivor_set: list[str] = field(default_factory=list)
+    signatures: dict[str, bytes] = field(default_factory=dict)
 
     def check(self) -> None:
+        _ids("secagg_unmask.survivor_set", self.survivor_set)
+        _require(len(self.survivor_set) <= 1 << 16 and len(set(self.survivor_set)) == len(self.survivor_set),
+                 "secagg_unmask.survivor_set repeats a device")
+        _sized("secagg_unmask.signatures", self.signatures, _SIGNATURE_BYTES)
+        _require(len(self.blocks) <= 1 << 16 and all(type(b) is int and b >= 0 for b in self.blocks)
+                 and len(set(self.blocks)) == len(self.blocks), "secagg_unmask.blocks is not a set of block indices")
         _require(self.round >= 0, "secagg_unmask.round is negative")
         _ids("secagg_unmask.survivors", self.survivors)
         _ids("secagg_unmask.dropped", self.dropped)
@@ -558,19 +601,27 @@ class SecAggUnmask(Message):
 
 @dataclass(frozen=True)
 class SecAggReveal(Message):
-    """Device -> server, the answer to ``SecAggUnmask``: its share of each survivor's self-mask
-    seed (``seed_shares``) and of each dropped device's mask private key (``key_shares``), 33 bytes
-    each; never both for one device (Bonawitz et al. 2017, Round 4: that would reveal its update)."""
+    """Device -> server, the answer to ``SecAggUnmask``: its shares of each survivor's self-mask
+    seeds of the blocks asked that the survivor trained (``seed_shares``, 33 bytes per block in
+    block order) and of each dropped device's mask private key (``key_shares``, 33 bytes); never
+    both for one device (Bonawitz et al. 2017, Round 4: that would reveal its update). A peer whose
+    sealed shares did not open for the device is left out of both. The answer to the consistency
+    round's first request is ``consent`` alone: the device's signature on the survivor set, no shares."""
 
     TYPE: ClassVar[str] = "secagg_reveal"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"consent"})
 
     round: int
     seed_shares: dict[str, bytes]
     key_shares: dict[str, bytes]
+    consent: bytes = b""
 
     def check(self) -> None:
+        _require(len(self.consent) in (0, _SIGNATURE_BYTES), "secagg_reveal.consent is not a 64-byte signature")
+        _require(not self.consent or not (self.seed_shares or self.key_shares),
+                 "secagg_reveal gives shares with its consent")
         _require(self.round >= 0, "secagg_reveal.round is negative")
-        _sized("secagg_reveal.seed_shares", self.seed_shares, _SHARE_BYTES)
+        _multiple("secagg_reveal.seed_shares", self.seed_shares, _SHARE_BYTES)
         _sized("secagg_reveal.key_shares", self.key_shares, _SHARE_BYTES)
         _require(not set(self.seed_shares) & set(self.key_shares),
                  "secagg_reveal gives both shares of one device")

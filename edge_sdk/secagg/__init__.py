@@ -18,14 +18,16 @@ block's coordinates), :mod:`.exchange` (the steps on the device's connection; im
 Needs the ``secure`` extra (``cryptography``, ``pyshamir``); ``import edge_sdk`` does not load it.
 """
 
-from .binding import SIGNATURE_BYTES, advertisement_message, identity_public_key, sign_advertisement, verify_advertisement
+from .binding import (SIGNATURE_BYTES, advertisement_message, identity_public_key, sign_advertisement, sign_survivors,
+                      survivors_message, verify_advertisement, verify_survivors)
 from .fixedpoint import Decoded, FixedPoint, ring_bits_for
 from .graph import Graph, default_degree, neighbour_graph
-from .keys import KEY_BYTES, KeyPair, agree, generate_keypair, hkdf, pair_mask_seed, public_key, self_mask_seed, share_key
+from .keys import (KEY_BYTES, KeyPair, agree, generate_keypair, hkdf, pair_mask_seed, public_key, seed_commitment,
+                   self_mask_seed, share_key)
 from .labels import Scope, SecAggError, label, ordered
 from .masks import (MAX_RING_BITS, add_mod, combined_mask, expand_mask, expand_words, pairwise_sign, remove_masks,
                     ring_mask, sub_mod)
-from .sealing import SEALED_BYTES, open_shares, seal_shares
+from .sealing import SEALED_BYTES, open_shares, seal_shares, sealed_bytes
 from .shamir import MAX_SHARES, SHARE_BYTES, combine_shares, split_secret
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "FixedPoint", "Graph", "KeyPair", "Scope", "SecAggError", "add_mod", "advertisement_message", "agree",
     "combine_shares", "combined_mask", "default_degree", "expand_mask", "expand_words", "generate_keypair", "hkdf",
     "identity_public_key", "label", "neighbour_graph", "open_shares", "ordered", "pair_mask_seed", "pairwise_sign",
-    "public_key", "remove_masks", "ring_bits_for", "ring_mask", "seal_shares", "self_mask_seed", "share_key",
-    "sign_advertisement", "split_secret", "sub_mod", "verify_advertisement",
+    "public_key", "remove_masks", "ring_bits_for", "ring_mask", "seal_shares", "sealed_bytes", "seed_commitment",
+    "self_mask_seed", "share_key",
+    "sign_advertisement", "sign_survivors", "split_secret", "sub_mod", "survivors_message", "verify_advertisement",
+    "verify_survivors",
 ]

@@ -13,7 +13,14 @@ SHA-256 is broken, so the holder of the server's store cannot derive the seed. T
 public key is recorded when the device is enrolled (the enrolment tool holds the secret at that
 moment). In every round the device signs
 
-    label("advertise", session, round, device id, cipher public key, mask public key)
+    label("advertise", session, round, device id, cipher public key, mask public key, split, commitments)
+
+``split`` is the first block it trained (its block cohorts are public to its peers through it, and a
+server cannot move a device into or out of a block's cohort without breaking the signature) and
+``commitments`` the 32-byte commitment to the self-mask seed of each block it trained, in block
+order (:func:`edge_sdk.secagg.keys.seed_commitment`): a seed rebuilt from shares is checked against
+it, so a wrong share cannot go unnoticed (Bonawitz et al. 2017 check rebuilt keys the same way
+against the advertised public keys).
 
 and every peer verifies the signature against the identity public key it has for that device
 before using the keys. A signature binds the keys to one session and round: keys of another round
@@ -46,8 +53,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .keys import KEY_BYTES, hkdf
 from .labels import Scope, SecAggError, check_bytes, label
 
-__all__ = ["SIGNATURE_BYTES", "advertisement_message", "identity_public_key", "sign_advertisement",
-           "verify_advertisement"]
+__all__ = ["SIGNATURE_BYTES", "advertisement_message", "identity_public_key", "sign_advertisement", "sign_survivors",
+           "survivors_message", "verify_advertisement", "verify_survivors"]
 
 SIGNATURE_BYTES = 64
 
@@ -63,26 +70,55 @@ def identity_public_key(secret: str, device_id: str) -> bytes:
     return _identity(secret, device_id).public_key().public_bytes_raw()
 
 
-def advertisement_message(scope: Scope, device_id: str, cipher_public: bytes, mask_public: bytes) -> bytes:
-    """The bytes a device signs to advertise its two X25519 public keys for ``scope``."""
+def advertisement_message(scope: Scope, device_id: str, cipher_public: bytes, mask_public: bytes, split: int,
+                          commitments: bytes) -> bytes:
+    """The bytes a device signs to advertise its two X25519 public keys, its split and its seed
+    commitments (32 bytes per trained block) for ``scope``."""
+    if type(split) is not int or split < 0 or not commitments or len(commitments) % KEY_BYTES:
+        raise SecAggError(f"an advertisement needs a split >= 0 and 32-byte commitments, got {split!r}, "
+                          f"{len(commitments)} bytes")
     return label("advertise", scope.session, scope.round, device_id,
                  check_bytes("cipher public key", cipher_public, KEY_BYTES),
-                 check_bytes("mask public key", mask_public, KEY_BYTES))
+                 check_bytes("mask public key", mask_public, KEY_BYTES), split, bytes(commitments))
 
 
 def sign_advertisement(secret: str, device_id: str, scope: Scope, cipher_public: bytes,
-                       mask_public: bytes) -> bytes:
-    """The 64-byte Ed25519 signature binding the two round keys to the device's credential."""
-    message = advertisement_message(scope, device_id, cipher_public, mask_public)
+                       mask_public: bytes, split: int, commitments: bytes) -> bytes:
+    """The 64-byte Ed25519 signature binding the round keys, split and commitments to the device's credential."""
+    message = advertisement_message(scope, device_id, cipher_public, mask_public, split, commitments)
     return _identity(secret, device_id).sign(message)
 
 
 def verify_advertisement(identity_public: bytes, device_id: str, scope: Scope, cipher_public: bytes,
-                         mask_public: bytes, signature: bytes) -> None:
-    """Raise :class:`SecAggError` unless ``signature`` is the device's signature on these keys for ``scope``."""
+                         mask_public: bytes, split: int, commitments: bytes, signature: bytes) -> None:
+    """Raise :class:`SecAggError` unless ``signature`` is the device's signature on this advertisement for ``scope``."""
     key = Ed25519PublicKey.from_public_bytes(check_bytes("identity public key", identity_public, KEY_BYTES))
-    message = advertisement_message(scope, device_id, cipher_public, mask_public)
+    message = advertisement_message(scope, device_id, cipher_public, mask_public, split, commitments)
     try:
         key.verify(check_bytes("signature", signature, SIGNATURE_BYTES), message)
     except InvalidSignature as exc:
         raise SecAggError(f"the key advertisement of {device_id!r} is not signed by its identity key") from exc
+
+
+def survivors_message(scope: Scope, survivors: list[str]) -> bytes:
+    """The bytes a device signs in the consistency round (Bonawitz et al. 2017, ConsistencyCheck): the
+    survivor set it was given, its ids sorted by UTF-8 bytes, each a field of the label."""
+    ids = sorted(survivors, key=str.encode)
+    if len(set(ids)) != len(ids):
+        raise SecAggError("a survivor set names a device twice")
+    return label("survivors", scope.session, scope.round, len(ids), *ids)
+
+
+def sign_survivors(secret: str, device_id: str, scope: Scope, survivors: list[str]) -> bytes:
+    """The device's Ed25519 signature on the survivor set of ``scope``."""
+    return _identity(secret, device_id).sign(survivors_message(scope, survivors))
+
+
+def verify_survivors(identity_public: bytes, device_id: str, scope: Scope, survivors: list[str],
+                     signature: bytes) -> None:
+    """Raise :class:`SecAggError` unless ``signature`` is ``device_id``'s on this survivor set of ``scope``."""
+    key = Ed25519PublicKey.from_public_bytes(check_bytes("identity public key", identity_public, KEY_BYTES))
+    try:
+        key.verify(check_bytes("signature", signature, SIGNATURE_BYTES), survivors_message(scope, survivors))
+    except InvalidSignature as exc:
+        raise SecAggError(f"{device_id!r} did not sign this survivor set") from exc

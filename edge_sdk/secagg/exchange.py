@@ -46,8 +46,8 @@ async def masked_update(ch: Channel, rnd: DeviceRound, ins: p.Instruction, tenso
                         num_samples: int) -> dict[str, np.ndarray]:
     """Steps 0-2 of ``rnd`` over ``ch``: the upload that replaces the device's update ``tensors``."""
     try:
-        cipher, mask, signature = rnd.advertise()
-        await send_msg(ch, p.SecAggKeys(ins.round, cipher, mask, signature))
+        cipher, mask, signature, commitments = rnd.advertise()
+        await send_msg(ch, p.SecAggKeys(ins.round, cipher, mask, signature, commitments))
         peers = await _answer(ch, p.SecAggPeers)
         # The costly steps (key agreements, signatures, Shamir splits, mask expansion: 0.06 s at 30
         # neighbours) run in a worker thread, so the connection's loop keeps answering pings: an
@@ -62,20 +62,28 @@ async def masked_update(ch: Channel, rnd: DeviceRound, ins: p.Instruction, tenso
     return {upload_name(b): w.view("<i4") for b, w in enumerate(words, start=ins.split)}
 
 
-def start(device_id: str, secret: str, ins: p.Instruction, num_blocks: int) -> DeviceRound:
-    """The device's state for the secure round ``ins`` opens."""
+def start(device_id: str, secret: str, ins: p.Instruction, num_blocks: int, min_survivors: int) -> DeviceRound:
+    """The device's state for the secure round ``ins`` opens; ``min_survivors``: the device's own t."""
     if not secret:
         raise p.ProtocolError("refused", "secure aggregation needs the device's credential (its secret) to sign keys")
-    return DeviceRound(device_id, secret, Scope(str(ins.config[p.SECAGG_KEY]), ins.round), ins.split, num_blocks)
+    return DeviceRound(device_id, secret, Scope(str(ins.config[p.SECAGG_KEY]), ins.round), ins.split, num_blocks,
+                       min_survivors=min_survivors)
 
 
-async def reveal(ch: Channel, rnd: DeviceRound | None, msg: p.SecAggUnmask) -> None:
+async def reveal(ch: Channel, rnd: DeviceRound | None, msg: p.SecAggUnmask) -> str:
     """Step 3: answer the unmasking request of ``msg.round`` (a request for a round this device
-    has no state of is a protocol error: the server asked the wrong device)."""
-    if rnd is None or rnd.scope.round != msg.round:
-        raise p.ProtocolError("unexpected", f"an unmasking request for round {msg.round}, which this device did not mask")
+    has no state of is refused: the server asked the wrong device, or one that left the round): the device's signature
+    on the survivor set, then, asked again with the signers' signatures, its shares. A request the device
+    refuses (a block short of t survivors, both secrets of one peer) gets no answer: the device stays
+    connected for the next round, and the refusal is returned ("" when it answered)."""
+    if rnd is None or rnd.scope.round != msg.round:  # not answered: the device stays for the next round
+        return f"secure round: an unmasking request for round {msg.round}, which this device did not mask (or left)"
     try:
-        seeds, keys = rnd.reveal(msg.survivors, msg.dropped)
+        if not msg.signatures:  # the consistency round's first request: sign the survivor set
+            await send_msg(ch, p.SecAggReveal(msg.round, {}, {}, rnd.consent(msg.survivor_set)))
+            return ""
+        seeds, keys = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures)
     except SecAggError as exc:
-        raise p.ProtocolError("malformed", f"secure round: {exc}") from None
+        return f"secure round: {exc}"
     await send_msg(ch, p.SecAggReveal(msg.round, seeds, keys))
+    return ""

@@ -8,7 +8,11 @@ purpose (:mod:`edge_sdk.secagg.labels`) turns it into
 - the share-encryption key of a pair in a round (``share-key``),
 - the pairwise mask seed of a pair for one block in a round (``pair-mask``): each block has its
   own masks, so a block's masks cancel over exactly the devices that trained it,
-- a device's self-mask seed for one block (``self-mask``), from its 32-byte random seed ``b_u``.
+- a device's self-mask seed for one block (``self-mask``), from that block's 32-byte random seed
+  ``b_u^k``: each trained block has its own seed, Shamir-shared on its own, so revealing one
+  block's seed exposes no other block (docs/security.md, "Block thresholds");
+- the commitment to a block's seed (``seed-commit``), signed in the key advertisement, against
+  which a seed rebuilt from shares is checked (a wrong share is found, not combined).
 
 The agreement refuses a public key of small order (a shared secret of all zeros), as WebCrypto
 and ``@noble/curves`` do.
@@ -25,7 +29,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from .labels import Scope, SecAggError, check_bytes, label, ordered
 
 __all__ = ["KEY_BYTES", "KeyPair", "agree", "generate_keypair", "hkdf", "pair_mask_seed", "public_key",
-           "self_mask_seed", "share_key"]
+           "seed_commitment", "self_mask_seed", "share_key"]
 
 KEY_BYTES = 32  # X25519 private and public keys, shared secrets, derived keys and seeds
 
@@ -82,4 +86,12 @@ def pair_mask_seed(shared: bytes, scope: Scope, block: int, a: str, b: str) -> b
 def self_mask_seed(seed: bytes, scope: Scope, block: int, device_id: str) -> bytes:
     """The seed of ``device_id``'s self mask on ``block``, from its random 32-byte seed ``b_u``."""
     info = label("self-mask", scope.session, scope.round, block, device_id)
+    return hkdf(check_bytes("self-mask seed", seed, KEY_BYTES), info)
+
+
+def seed_commitment(seed: bytes, scope: Scope, block: int, device_id: str) -> bytes:
+    """The commitment to ``device_id``'s seed ``b_u^k`` of ``block``: HKDF-SHA256 of the seed with its
+    own ``info`` (HMAC-SHA256 keyed by a uniform 32-byte secret: hiding, and binding as far as
+    HMAC-SHA256 is collision resistant)."""
+    info = label("seed-commit", scope.session, scope.round, block, device_id)
     return hkdf(check_bytes("self-mask seed", seed, KEY_BYTES), info)

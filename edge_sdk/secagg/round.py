@@ -5,25 +5,34 @@ The device's steps follow SecAgg+ (Bell et al. 2020, Algorithm 2, which runs Bon
 before using it; the connection code (edge_sdk.roundwork) only carries the messages:
 
 0. :meth:`DeviceRound.advertise` (AdvertiseKeys): two fresh X25519 key pairs, c_u (share
-   encryption) and s_u (pairwise masks), signed by the identity key of the device's credential.
+   encryption) and s_u (pairwise masks), a fresh self-mask seed b_u^k for each block k it trained
+   with its commitment, all signed with the split by the identity key of the device's credential.
 1. :meth:`DeviceRound.share` (ShareKeys): given the cohort, rebuild the neighbour graph from its
-   public seed, verify each neighbour's signature, then split the self-mask seed b_u and s_u^SK
-   into deg + 1 Shamir shares (t of which rebuild them; the device keeps one) and seal one pair of
-   shares for each neighbour.
+   public seed, verify each neighbour's signature (keys, split, commitments), refuse a round whose
+   t is below the device's own, then split each b_u^k and s_u^SK into deg + 1 Shamir shares (t of
+   which rebuild them; the device keeps one) and seal one set of shares for each neighbour.
 2. :meth:`DeviceRound.receive` then :meth:`DeviceRound.mask` (MaskedInputCollection): open the
-   shares the neighbours sent (those who did not are out of the round), then for each block k it
+   shares the neighbours sent (those who did not are out of the round; a box that does not open
+   is a peer's fault: the device keeps masking with that peer, whose keys it verified, but holds
+   none of its shares, and says so at the unmasking), then for each block k it
    trained: clip, weight, quantize (edge_sdk.secagg.fixedpoint) and add the self mask of block k
    and the pairwise mask of block k with each neighbour that trained block k (split <= k) and sent
    shares. A device's masks on block k thus cancel over exactly block k's cohort. With distributed
    DP the device adds its discrete Gaussian share N_Z(0, sigma_k^2 / n_min_k) to block k's value
    words after quantizing and before masking (Kairouz, Liu, Steinke 2021, Algorithm 1, the client's
    lines "add discrete Gaussian noise" then "modular clip"; edge_sdk.dp); the weight word is not noised.
-3. :meth:`DeviceRound.reveal` (Unmasking): the shares of b_v for the survivors v, of s_v^SK for
-   the dropped, never both for one device and once per round (Bonawitz et al. 2017, Round 4).
+3. :meth:`DeviceRound.consent` then :meth:`DeviceRound.reveal` (ConsistencyCheck, then Unmasking:
+   Bonawitz et al. 2017, Rounds 3 and 4): the device signs the survivor set the server names, and
+   answers only a request that carries that same set signed by at least t devices (itself
+   included), each signature verified against the signer's identity key; so a server that tells
+   two devices different survivor sets gets no shares from either. Then the shares of b_v^k for the survivors v and the blocks k
+   asked, of s_v^SK for the dropped, never both for one device and once per round (Bonawitz et
+   al. 2017, Round 4); and only for blocks whose survivors, counted from the signed splits, reach
+   t: no block of any device is unmasked in a sum of fewer than t devices, whatever the server asks.
 
 A server that breaks the protocol (a neighbourhood that is not the graph's, a bad signature, a
 share for someone else, a device both survivor and dropped, a block whose cohort leaves this
-device alone) gets a :class:`~edge_sdk.secagg.SecAggError`: the device follows it no further.
+device alone or short of t) gets a :class:`~edge_sdk.secagg.SecAggError`: the device follows it no further.
 """
 
 from __future__ import annotations
@@ -36,10 +45,10 @@ import numpy as np
 
 from edge_sdk.dp import add_in_ring, noise_share
 
-from .binding import sign_advertisement, verify_advertisement
+from .binding import sign_advertisement, sign_survivors, verify_advertisement, verify_survivors
 from .fixedpoint import BlockEncoder, FixedPoint, l2_norm, slices
 from .graph import neighbour_graph
-from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, self_mask_seed, share_key
+from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, seed_commitment, self_mask_seed, share_key
 from .labels import Scope, SecAggError
 from .masks import MAX_WORDS, MaskStream, ring_mask
 from .sealing import open_shares, seal_shares
@@ -48,7 +57,11 @@ from .shamir import split_secret
 if TYPE_CHECKING:
     from edge_sdk.protocol import SecAggPeers
 
-__all__ = ["DeviceRound", "weight_of"]
+__all__ = ["DEFAULT_MIN_SURVIVORS", "DeviceRound", "weight_of"]
+
+#: The fewest devices whose sum of a block a device lets be revealed, unless its settings say more:
+#: a sum of two tells each of them the other's update.
+DEFAULT_MIN_SURVIVORS = 3
 
 
 def weight_of(num_samples: int, weight_scale: float) -> float:
@@ -59,13 +72,16 @@ def weight_of(num_samples: int, weight_scale: float) -> float:
 class DeviceRound:
     """Device ``device_id``'s state in one secure round of ``scope``; it trained blocks ``[split, num_blocks)``."""
 
-    def __init__(self, device_id: str, secret: str, scope: Scope, split: int, num_blocks: int) -> None:
+    def __init__(self, device_id: str, secret: str, scope: Scope, split: int, num_blocks: int, *,
+                 min_survivors: int = DEFAULT_MIN_SURVIVORS) -> None:
         if not 0 <= split < num_blocks:
             raise SecAggError(f"a secure round's device trains some block: split {split} of {num_blocks}")
         self.device_id, self.scope, self.split, self.num_blocks = device_id, scope, split, num_blocks
         self._secret = secret
         self._cipher, self._mask = generate_keypair(), generate_keypair()
-        self._seed = os.urandom(KEY_BYTES)  # b_u
+        self._seeds = {b: os.urandom(KEY_BYTES) for b in range(split, num_blocks)}  # b_u^k, one per trained block
+        self.min_survivors = min_survivors  # the device's own t; the round's may be higher
+        self.unopened: dict[str, str] = {}  # neighbour -> why its sealed shares did not open
         self.step = "advertise"
         self.neighbours: tuple[str, ...] = ()
         self.splits: dict[str, int] = {}
@@ -75,8 +91,12 @@ class DeviceRound:
         self.noise: dict[int, tuple[float, int]] = {}  # block -> (sigma_b in ring units, n_min_b)
         self._share_keys: dict[str, bytes] = {}
         self._pair_secrets: dict[str, bytes] = {}  # neighbour -> s agreement
-        self._own: tuple[bytes, bytes] | None = None  # the share of b_u and s_u^SK the device keeps
-        self._held: dict[str, tuple[bytes, bytes]] = {}  # neighbour -> its shares for this device
+        self._own: tuple[list[bytes], bytes] | None = None  # the shares of each b_u^k and s_u^SK the device keeps
+        self._held: dict[str, tuple[list[bytes], bytes]] = {}  # neighbour -> its shares for this device
+        self._sent: set[str] = set()  # the neighbours that sent shares (opened or not)
+        self._members: frozenset[str] = frozenset()  # the key cohort U_0
+        self._identities: dict[str, bytes] = {}  # neighbour -> its identity public key
+        self._signed: tuple[str, ...] | None = None  # the survivor set this device signed
 
     def _expect(self, step: str, then: str) -> None:
         if self.step != step:
@@ -84,12 +104,17 @@ class DeviceRound:
         self.step = then
 
     # -- 0: AdvertiseKeys ------------------------------------------------------------------------
-    def advertise(self) -> tuple[bytes, bytes, bytes]:
-        """(c_u^PK, s_u^PK, signature) for ``SecAggKeys``."""
+    def commitments(self) -> bytes:
+        """The commitment to each trained block's seed b_u^k, in block order (32 bytes each)."""
+        return b"".join(seed_commitment(self._seeds[b], self.scope, b, self.device_id) for b in sorted(self._seeds))
+
+    def advertise(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """(c_u^PK, s_u^PK, signature, commitments) for ``SecAggKeys``."""
         self._expect("advertise", "share")
+        commitments = self.commitments()
         signature = sign_advertisement(self._secret, self.device_id, self.scope, self._cipher.public,
-                                       self._mask.public)
-        return self._cipher.public, self._mask.public, signature
+                                       self._mask.public, self.split, commitments)
+        return self._cipher.public, self._mask.public, signature, commitments
 
     # -- 1: ShareKeys ----------------------------------------------------------------------------
     def share(self, peers: SecAggPeers) -> dict[str, bytes]:
@@ -101,30 +126,36 @@ class DeviceRound:
         graph = neighbour_graph(peers.graph_seed, self.scope, 0, peers.members, peers.degree)
         self.neighbours = graph.neighbours[me]
         named = set(self.neighbours)
-        for field in ("cipher_keys", "mask_keys", "signatures", "identities", "splits"):
+        for field in ("cipher_keys", "mask_keys", "signatures", "identities", "splits", "commitments"):
             if set(getattr(peers, field)) != named:
                 raise SecAggError(f"{me}: the server's {field} are not exactly this device's neighbours")
         if peers.threshold != graph.threshold[me] or peers.cohort < len(peers.members):
             raise SecAggError(f"{me}: threshold {peers.threshold} or cohort {peers.cohort} is not the graph's")
-        self.threshold = peers.threshold
+        if peers.min_survivors < self.min_survivors:
+            raise SecAggError(f"{me}: the round reveals sums of {peers.min_survivors} devices, fewer than this "
+                              f"device's {self.min_survivors}")
+        self.threshold, self.min_survivors = peers.threshold, peers.min_survivors
+        self._members, self._identities = frozenset(peers.members), dict(peers.identities)
         self.noise = self._noise(peers)
         summed = max((sigma * (peers.cohort / n) ** 0.5 for sigma, n in self.noise.values()), default=0.0)
         self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
                                 summed * 2.0**-peers.frac_bits)  # refuses a ring with no room for the noise
         self.weight_scale = float(peers.weight_scale)
         for v in self.neighbours:
-            verify_advertisement(peers.identities[v], v, self.scope, peers.cipher_keys[v], peers.mask_keys[v],
-                                 peers.signatures[v])
             split = peers.splits[v]
-            if type(split) is not int or not 0 <= split < self.num_blocks:
-                raise SecAggError(f"{me}: neighbour {v!r} has split {split!r}")
+            if type(split) is not int or not 0 <= split < self.num_blocks \
+                    or len(peers.commitments[v]) != KEY_BYTES * (self.num_blocks - split):
+                raise SecAggError(f"{me}: neighbour {v!r} has split {split!r} or commitments for other blocks")
+            verify_advertisement(peers.identities[v], v, self.scope, peers.cipher_keys[v], peers.mask_keys[v],
+                                 split, peers.commitments[v], peers.signatures[v])
             self.splits[v] = split
             self._share_keys[v] = share_key(agree(self._cipher.private, peers.cipher_keys[v]), self.scope, me, v)
             self._pair_secrets[v] = agree(self._mask.private, peers.mask_keys[v])
         count, t = len(self.neighbours) + 1, peers.threshold
-        seeds, keys = split_secret(self._seed, count, t), split_secret(self._mask.private, count, t)
-        self._own = (seeds[0], keys[0])
-        return {v: seal_shares(self._share_keys[v], self.scope, me, v, seeds[i + 1], keys[i + 1])
+        seeds = [split_secret(self._seeds[b], count, t) for b in sorted(self._seeds)]
+        keys = split_secret(self._mask.private, count, t)
+        self._own = ([block[0] for block in seeds], keys[0])
+        return {v: seal_shares(self._share_keys[v], self.scope, me, v, [block[i + 1] for block in seeds], keys[i + 1])
                 for i, v in enumerate(self.neighbours)}
 
     def _noise(self, peers: SecAggPeers) -> dict[int, tuple[float, int]]:
@@ -141,16 +172,23 @@ class DeviceRound:
 
     # -- 2: MaskedInputCollection ----------------------------------------------------------------
     def receive(self, sealed: Mapping[str, bytes]) -> None:
-        """Open the shares the neighbours sent (sender -> sealed); those who sent none are out."""
+        """Open the shares the neighbours sent (sender -> sealed); those who sent none are out. Shares
+        that do not open are the sender's doing (or the relay's): noted in :attr:`unopened`, never a
+        reason to leave; the device still masks with that sender (their pairwise masks need no shares)."""
         self._expect("receive", "mask")
         for v, box in sealed.items():
             if v not in self._share_keys:
                 raise SecAggError(f"{self.device_id}: shares from {v!r}, who is not a neighbour")
-            self._held[v] = open_shares(self._share_keys[v], self.scope, v, self.device_id, box)
+            self._sent.add(v)
+            try:
+                self._held[v] = open_shares(self._share_keys[v], self.scope, v, self.device_id, box,
+                                            self.num_blocks - self.splits[v])
+            except SecAggError as exc:
+                self.unopened[v] = str(exc)
 
     def partners(self, block: int) -> list[str]:
         """The neighbours this device masks block ``block`` with: they trained it and sent shares."""
-        return [v for v in self.neighbours if v in self._held and self.splits[v] <= block]
+        return [v for v in self.neighbours if v in self._sent and self.splits[v] <= block]
 
     def mask(self, blocks: Sequence[np.ndarray | Sequence[np.ndarray]], num_samples: int) -> list[np.ndarray]:
         """The masked words of each trained block, the weight coordinate last in each
@@ -183,7 +221,7 @@ class DeviceRound:
         encoder = BlockEncoder(fixed, l2_norm(slices(parts)), weight)
         seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v) for v in partners}
         masks = MaskStream(fixed.ring_bits, self.device_id,
-                           self_seed=self_mask_seed(self._seed, self.scope, block, self.device_id), pair_seeds=seeds)
+                           self_seed=self_mask_seed(self._seeds[block], self.scope, block, self.device_id), pair_seeds=seeds)
         noise = self.noise.get(block)
         ring = np.uint32(ring_mask(fixed.ring_bits))
         out = np.empty(count + 1, dtype=np.uint32)
@@ -199,21 +237,68 @@ class DeviceRound:
         return out
 
     # -- 3: Unmasking ----------------------------------------------------------------------------
-    def reveal(self, survivors: Sequence[str], dropped: Sequence[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-        """(seed shares of the survivors, key shares of the dropped), once. The survivors name this
-        device; every other id must be a neighbour whose shares it holds. Fewer than t survivors
-        are answered too (the server then cannot rebuild those secrets, and leaves the blocks
-        hidden): what keeps a device's update hidden is that no device's two secrets are ever
-        revealed together, which is checked here."""
+    def consent(self, survivor_set: Sequence[str]) -> bytes:
+        """The device's signature on the survivor set (ConsistencyCheck), once: the set must hold this
+        device and only devices of the key cohort."""
+        if self.step != "reveal" or self._signed is not None:
+            raise SecAggError(f"{self.device_id}: a survivor set to sign at step {self.step!r}, or a second one")
+        ids = tuple(sorted(survivor_set, key=str.encode))
+        if self.device_id not in ids or not set(ids) <= self._members:
+            raise SecAggError(f"{self.device_id}: a survivor set without this device, or with devices outside the cohort")
+        self._signed = ids
+        return sign_survivors(self._secret, self.device_id, self.scope, list(ids))
+
+    def _consistent(self, survivors: Sequence[str], dropped: Sequence[str], survivor_set: Sequence[str],
+                    signatures: Mapping[str, bytes]) -> None:
+        """The request is about the set this device signed, at least t devices signed it (each
+        signature verified), and its survivors and dropped are that set's, as this device sees it."""
+        me = self.device_id
+        if self._signed is None or tuple(sorted(survivor_set, key=str.encode)) != self._signed:
+            raise SecAggError(f"{me}: an unmasking request for a survivor set this device did not sign")
+        signers = {me}
+        for v, signature in signatures.items():
+            if v == me:
+                continue
+            if v not in self._identities or v not in self._signed:
+                raise SecAggError(f"{me}: a signature of {v!r}, not a surviving neighbour")
+            verify_survivors(self._identities[v], v, self.scope, list(self._signed), signature)
+            signers.add(v)
+        if len(signers) < self.min_survivors:
+            raise SecAggError(f"{me}: {len(signers)} devices signed the survivor set, fewer than t = {self.min_survivors}")
+        if set(survivors) != set(self._signed) & (self._sent | {me}) or set(dropped) & set(self._signed):
+            raise SecAggError(f"{me}: survivors or dropped that are not the signed survivor set's")
+
+    def reveal(self, survivors: Sequence[str], dropped: Sequence[str], blocks: Sequence[int],
+               survivor_set: Sequence[str] = (), signatures: Mapping[str, bytes] | None = None,
+               ) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(seed shares of the survivors, key shares of the dropped), once, after :meth:`consent`:
+        ``survivor_set`` must be the set the device signed and ``signatures`` those of at least t
+        devices on it (:meth:`_consistent`). The survivors name this
+        device; every other id must be a neighbour that sent it shares. ``blocks``: those the server
+        unmasks; a survivor's answer is its shares of b_v^k for each of them it trained (33 bytes
+        each, in block order). Refused unless each of those blocks has at least t survivors by the
+        signed splits, so no sum of fewer than t devices is ever unmasked (docs/security.md, "Block
+        thresholds"); and no device's two secrets are revealed together. A peer whose shares did not
+        open is left out of the answer."""
         self._expect("reveal", "done")
-        alive, gone = set(survivors), set(dropped)
+        self._consistent(survivors, dropped, survivor_set, signatures or {})
+        alive, gone, me = set(survivors), set(dropped), self.device_id
         if alive & gone:
-            raise SecAggError(f"{self.device_id}: asked to reveal both secrets of {sorted(alive & gone)[:3]}")
-        if self.device_id not in alive or self.device_id in gone:
-            raise SecAggError(f"{self.device_id}: an unmasking request that does not count this device alive")
-        unknown = (alive | gone) - set(self._held) - {self.device_id}
+            raise SecAggError(f"{me}: asked to reveal both secrets of {sorted(alive & gone)[:3]}")
+        if me not in alive or me in gone:
+            raise SecAggError(f"{me}: an unmasking request that does not count this device alive")
+        unknown = (alive | gone) - self._sent - {me}
         if unknown:
-            raise SecAggError(f"{self.device_id}: asked for shares of {sorted(unknown)[:3]}, which it was not given")
+            raise SecAggError(f"{me}: asked for shares of {sorted(unknown)[:3]}, which it was not given")
+        splits = {**self.splits, me: self.split}
+        for b in blocks:
+            count = sum(splits[v] <= b for v in alive)
+            if not 0 <= b < self.num_blocks or count < self.min_survivors:
+                raise SecAggError(f"{me}: block {b} would be unmasked with {count} survivors, fewer than "
+                                  f"t = {self.min_survivors}")
         assert self._own is not None
-        held = {**self._held, self.device_id: self._own}
-        return {v: held[v][0] for v in sorted(alive)}, {v: held[v][1] for v in sorted(gone)}
+        held = {**self._held, me: self._own}
+        seeds = {v: b"".join(held[v][0][b - splits[v]] for b in sorted(blocks) if b >= splits[v])
+                 for v in sorted(alive) if v in held}
+        return ({v: s for v, s in seeds.items() if s},
+                {v: held[v][1] for v in sorted(gone) if v in held})

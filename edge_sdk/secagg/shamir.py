@@ -20,7 +20,8 @@ not silently combined into a wrong seed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyshamir
@@ -28,7 +29,11 @@ import pyshamir
 from .keys import KEY_BYTES
 from .labels import SecAggError, check_bytes
 
-__all__ = ["MAX_SHARES", "SHARE_BYTES", "combine_shares", "split_secret"]
+__all__ = ["MAX_SHARES", "SHARE_BYTES", "combine_shares", "robust_combine", "split_secret"]
+
+#: The most t-subsets :func:`robust_combine` tries before it gives up (C(9, 4) = 126 for one bad share
+#: in 9 is far below; a cohort with many wrong shares is one where the secret is not rebuilt).
+MAX_TRIES = 4096
 
 SHARE_BYTES = KEY_BYTES + 1
 MAX_SHARES = 255
@@ -97,3 +102,33 @@ def combine_shares(shares: Sequence[bytes], threshold: int) -> bytes:
         if not np.array_equal(_interpolate(base_x, base_y, int(x)), y):
             raise SecAggError(f"the share with x-coordinate {int(x)} is not on the polynomial of the others")
     return _interpolate(base_x, base_y, 0).tobytes()
+
+
+def robust_combine(shares: Sequence[bytes], threshold: int, check: Callable[[bytes], bool]) -> tuple[bytes, list[int]]:
+    """The secret ``check`` accepts (the owner's signed commitment to it) from ``shares``, some of
+    which may be wrong, and the indices of the wrong ones (every share off the polynomial that gave
+    it; a malformed one, x = 0 or the wrong size, is wrong too). Tries t-subsets in order, the first
+    t first; raises :class:`SecAggError` when fewer than t shares are right (or after :data:`MAX_TRIES`)."""
+    if not 2 <= threshold <= MAX_SHARES:
+        raise SecAggError(f"threshold must be in [2, {MAX_SHARES}], got {threshold}")
+    sized = [i for i, share in enumerate(shares) if isinstance(share, bytes) and len(share) == SHARE_BYTES]
+    data = np.frombuffer(b"".join(shares[i] for i in sized), dtype=np.uint8).reshape(len(sized), SHARE_BYTES)
+    xs, ys = data[:, -1].astype(np.int32), data[:, :-1].astype(np.int32)
+    usable = [k for k in range(len(sized)) if xs[k] != 0]
+    for tries, subset in enumerate(itertools.combinations(usable, threshold)):
+        if tries >= MAX_TRIES:
+            break
+        pick = list(subset)
+        if len(set(xs[pick].tolist())) < threshold:
+            continue
+        secret = _interpolate(xs[pick], ys[pick], 0).tobytes()
+        if check(secret):
+            on = {int(xs[k]): ys[k] for k in pick}
+
+            def fits(k: int) -> bool:
+                x = int(xs[k])
+                return np.array_equal(on[x] if x in on else _interpolate(xs[pick], ys[pick], x), ys[k])
+
+            right = {sized[k] for k in usable if k in subset or fits(k)}
+            return secret, [i for i in range(len(shares)) if i not in right]
+    raise SecAggError(f"no {threshold} of the {len(shares)} shares rebuild the committed secret")

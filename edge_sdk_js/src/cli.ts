@@ -137,7 +137,7 @@ async function clients(s: Settings, onEvent: EventSink): Promise<() => DeviceCli
       server: s["server"] as string, deviceId: s["id"] as string, budgetBytes: (s["budget"] as number | null) ?? machineBudget(),
       runtime, webSocket, data: local, numClasses: declaredData(local).num_classes, token: s["token"] as string, secret,
       threads, cores: (s["cores"] as number | null) ?? machineCores(), deviceClass: s["device-class"] as string, labels, maxRetries: s["reconnect-retries"] as number,
-      maxBackoffS: s["reconnect-max-delay"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
+      maxBackoffS: s["reconnect-max-delay"] as number, secureMinSurvivors: s["secure-min-survivors"] as number, ...(s["pending"] ? { pending: fileStore(s["pending"] as string) } : {}), onEvent,
       ...(held !== undefined ? { payloadStore: folderPayloadStore(held, s["payload-cache-size"] as number) } : {}),
     });
   };

@@ -41,6 +41,8 @@ export interface DeviceOptions {
   token?: string;
   /** This device's enrolled credential: each hello carries a fresh proof of it, not the secret. */
   secret?: string;
+  /** In secure rounds, the fewest devices whose sum of a block this device lets be unmasked (default 3). */
+  secureMinSurvivors?: number;
   /** Where the upgrade request cannot carry the `Authorization` header (a browser page): a fresh single-use
    * ticket for each connection (`fetchTicket`), carried as `?ticket=`; null where the server asks for none. */
   upgradeTicket?: () => Promise<string | null>;
@@ -251,9 +253,12 @@ export class DeviceClient {
           return false;
         }
         if (msg.t === "secagg_unmask") { // a secure round's last step, after its report's ack
-          await revealRound(ch, this.progress, msg);
-          this.emit("secure_reveal", { device: this.options.deviceId, round: msg.round, survivors: msg.survivors.length,
-            dropped: msg.dropped.length });
+          const refused = await revealRound(ch, this.progress, msg);
+          const answered = Object.keys(msg.signatures).length > 0; // else it signed the survivor set
+          if (refused || answered) {
+            this.emit(refused ? "secagg_refused" : "secure_reveal", { device: this.options.deviceId, round: msg.round,
+              survivors: msg.survivors.length, dropped: msg.dropped.length, ...(refused ? { reason: refused } : {}) });
+          }
           continue;
         }
         let ins: Instruction | null;
@@ -287,7 +292,8 @@ export class DeviceClient {
     const o = this.options;
     return { deviceId: o.deviceId, data: this.data!, welcome, runtime: o.runtime, backend: this.backend, registry: this.registry,
       threads: o.threads ?? 1, forwardBatch: o.forwardBatch ?? 0, limits: this.limits, emit: this.emit, updates: this.updates,
-      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}), ...(o.secret ? { secret: o.secret } : {}) };
+      ...(o.payloadStore ? { payloadStore: o.payloadStore } : {}), ...(o.secret ? { secret: o.secret } : {}),
+      ...(o.secureMinSurvivors ? { secureMinSurvivors: o.secureMinSurvivors } : {}) };
   }
 
   /** Do the instruction's phase and report; a report already made (before a reconnect) is sent again. */

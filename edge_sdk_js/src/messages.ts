@@ -91,8 +91,12 @@ export interface Resume { t: "resume"; transfer_id: string; offset: number }
 /** The instruction `config` key that makes a train instruction a secure one (its value: the round's
  * scope, `Scope.session`); docs/protocol.md, "Secure aggregation". */
 export const SECAGG_KEY = "secagg_session";
-/** Device -> server, SecAgg+ round 0 (AdvertiseKeys): the round's two X25519 public keys, signed. */
-export interface SecAggKeys { t: "secagg_keys"; round: number; cipher_public: Uint8Array; mask_public: Uint8Array; signature: Uint8Array }
+/** Device -> server, SecAgg+ round 0 (AdvertiseKeys): the round's two X25519 public keys and the
+ * commitments to its blocks' seeds (32 bytes per trained block), signed with its split. */
+export interface SecAggKeys {
+  t: "secagg_keys"; round: number; cipher_public: Uint8Array; mask_public: Uint8Array; signature: Uint8Array;
+  commitments: Uint8Array;
+}
 /** Server -> device: the key cohort, the device's neighbours' advertisements and the round's fixed point. */
 export interface SecAggPeers {
   t: "secagg_peers"; round: number; graph_seed: Uint8Array; degree: number; members: string[];
@@ -100,15 +104,27 @@ export interface SecAggPeers {
   identities: Record<string, Uint8Array>; splits: Record<string, Scalar>; clip: number; frac_bits: number; ring_bits: number;
   cohort: number; weight_scale: number; threshold: number;
   noise_sigma: Record<string, Scalar>; noise_survivors: Record<string, Scalar>;
+  /** Per neighbour, its signed seed commitments; the round's t (the fewest devices a revealed sum holds). */
+  commitments: Record<string, Uint8Array>; min_survivors: number;
 }
-/** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (94 bytes). */
+/** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (28 + 33 (m + 1) bytes for m trained blocks). */
 export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Record<string, Uint8Array> }
-/** Server -> device: the sealed shares the neighbours sent it (sender -> 94 bytes). */
+/** Server -> device: the sealed shares the neighbours sent it (sender -> 28 + 33 (m + 1) bytes). */
 export interface SecAggInbox { t: "secagg_inbox"; round: number; sealed: Record<string, Uint8Array> }
-/** Server -> device, SecAgg+ round 3 (Unmasking): which neighbours uploaded and which did not. */
-export interface SecAggUnmask { t: "secagg_unmask"; round: number; survivors: string[]; dropped: string[] }
-/** Device -> server: its share of each survivor's self-mask seed and each dropped device's mask key. */
-export interface SecAggReveal { t: "secagg_reveal"; round: number; seed_shares: Record<string, Uint8Array>; key_shares: Record<string, Uint8Array> }
+/** Server -> device, SecAgg+ round 3 (Unmasking): which neighbours uploaded and which did not, and
+ * the blocks whose seeds the server asks for (each one's survivors reach the round's t). */
+export interface SecAggUnmask {
+  t: "secagg_unmask"; round: number; survivors: string[]; dropped: string[]; blocks: number[];
+  /** The consistency round (Bonawitz et al. 2017): the survivor set to sign, then the signers' signatures on it. */
+  survivor_set: string[]; signatures: Record<string, Uint8Array>;
+}
+/** Device -> server: its shares of each survivor's self-mask seeds of the blocks asked (33 bytes each, in
+ * block order) and of each dropped device's mask key. */
+export interface SecAggReveal {
+  t: "secagg_reveal"; round: number; seed_shares: Record<string, Uint8Array>; key_shares: Record<string, Uint8Array>;
+  /** The answer to the consistency round's first request: the device's signature on the survivor set, no shares. */
+  consent: Uint8Array;
+}
 
 export type Message =
   | Hello | Welcome | Instruction | Fetch | TransferBegin | TransferFrame | TransferEnd | Report | Ack | ErrorMsg
@@ -151,7 +167,7 @@ const SCHEMAS: Record<Message["t"], [string, Kind][]> = {
 };
 
 /** Sizes of secure aggregation's values (src/secagg/), repeated so that the codec loads no cryptography. */
-const KEY_BYTES = 32, SIGNATURE_BYTES = 64, SEALED_BYTES = 94, SHARE_BYTES = 33, MAX_PEERS = 255;
+const KEY_BYTES = 32, SIGNATURE_BYTES = 64, SEALED_BYTES = 94, SHARE_BYTES = 33, MAX_PEERS = 255, MAX_SECURE_BLOCKS = 255;
 
 function checkIds(name: string, ids: Iterable<string>): void {
   for (const id of ids) require(id !== "", `${name} holds an empty device id`);
@@ -164,6 +180,18 @@ function checkSized(name: string, values: Record<string, Uint8Array>, size: numb
   for (const [key, value] of entries) require(value.byteLength === size, `${name}[${key.slice(0, 40)}] is ${value.byteLength} bytes, not ${size}`);
 }
 
+/** Each value is `base` + `step` m bytes for 0 <= m <= 255 (one per block a device trained). */
+function checkMultiple(name: string, values: Record<string, Uint8Array>, base: number, step = SHARE_BYTES): void {
+  const entries = Object.entries(values);
+  require(entries.length <= MAX_PEERS, `${name} names ${entries.length} devices, more than ${MAX_PEERS}`);
+  checkIds(name, Object.keys(values));
+  for (const [key, value] of entries) {
+    const extra = value.byteLength - base;
+    require(extra >= 0 && extra <= step * MAX_SECURE_BLOCKS && extra % step === 0,
+      `${name}[${key.slice(0, 40)}] is ${value.byteLength} bytes, not ${base} + ${step} m`);
+  }
+}
+
 /** The value constraints of the secure-aggregation messages (Python's `SecAgg*.check`). */
 function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox | SecAggUnmask | SecAggReveal): void {
   const t = msg.t;
@@ -173,9 +201,14 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
       require(msg.cipher_public.byteLength === KEY_BYTES, "secagg_keys.cipher_public is not 32 bytes");
       require(msg.mask_public.byteLength === KEY_BYTES, "secagg_keys.mask_public is not 32 bytes");
       require(msg.signature.byteLength === SIGNATURE_BYTES, "secagg_keys.signature is not 64 bytes");
+      require(msg.commitments.byteLength % KEY_BYTES === 0 && msg.commitments.byteLength <= KEY_BYTES * MAX_SECURE_BLOCKS,
+        "secagg_keys.commitments is not 32 bytes per block");
       break;
     case "secagg_peers":
       require(msg.graph_seed.byteLength === KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes");
+      checkMultiple("secagg_peers.commitments", msg.commitments, 0, KEY_BYTES);
+      require(Number.isInteger(msg.min_survivors) && msg.min_survivors >= 0 && msg.min_survivors <= MAX_PEERS,
+        "secagg_peers.min_survivors is outside [0, 255]");
       checkIds("secagg_peers.members", msg.members);
       require(new Set(msg.members).size === msg.members.length, "secagg_peers.members repeats a device");
       for (const [name, size] of [["cipher_keys", KEY_BYTES], ["mask_keys", KEY_BYTES], ["signatures", SIGNATURE_BYTES],
@@ -194,15 +227,24 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
         "secagg_peers.noise_survivors holds a count below 1");
       break;
     case "secagg_shares": case "secagg_inbox":
-      checkSized(`${t}.sealed`, msg.sealed, SEALED_BYTES);
+      checkMultiple(`${t}.sealed`, msg.sealed, SEALED_BYTES);
       break;
     case "secagg_unmask":
       checkIds("secagg_unmask.survivors", msg.survivors);
       checkIds("secagg_unmask.dropped", msg.dropped);
       require(!msg.survivors.some((v) => msg.dropped.includes(v)), "secagg_unmask names a device as survivor and dropped");
+      checkIds("secagg_unmask.survivor_set", msg.survivor_set);
+      require(msg.survivor_set.length <= 1 << 16 && new Set(msg.survivor_set).size === msg.survivor_set.length,
+        "secagg_unmask.survivor_set repeats a device");
+      checkSized("secagg_unmask.signatures", msg.signatures, SIGNATURE_BYTES);
+      require(msg.blocks.length <= 1 << 16 && msg.blocks.every((b) => Number.isInteger(b) && b >= 0)
+        && new Set(msg.blocks).size === msg.blocks.length, "secagg_unmask.blocks is not a set of block indices");
       break;
     case "secagg_reveal":
-      checkSized("secagg_reveal.seed_shares", msg.seed_shares, SHARE_BYTES);
+      checkMultiple("secagg_reveal.seed_shares", msg.seed_shares, SHARE_BYTES);
+      require(msg.consent.byteLength === 0 || msg.consent.byteLength === SIGNATURE_BYTES, "secagg_reveal.consent is not a 64-byte signature");
+      require(msg.consent.byteLength === 0 || (Object.keys(msg.seed_shares).length === 0 && Object.keys(msg.key_shares).length === 0),
+        "secagg_reveal gives shares with its consent");
       checkSized("secagg_reveal.key_shares", msg.key_shares, SHARE_BYTES);
       require(!Object.keys(msg.seed_shares).some((v) => Object.hasOwn(msg.key_shares, v)), "secagg_reveal gives both shares of one device");
       break;
@@ -215,7 +257,11 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
   instruction: [["digests", "dict_str", {}]],
   fetch: [["held", "str", ""]],
-  secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}]],
+  secagg_keys: [["commitments", "bytes", new Uint8Array(0)]],
+  secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}], ["commitments", "dict_bytes", {}],
+    ["min_survivors", "int", 0]],
+  secagg_unmask: [["blocks", "list_int", []], ["survivor_set", "list_str", []], ["signatures", "dict_bytes", {}]],
+  secagg_reveal: [["consent", "bytes", new Uint8Array(0)]],
 };
 
 function isDefault(value: unknown, fallback: unknown): boolean {

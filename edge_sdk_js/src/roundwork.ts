@@ -68,6 +68,8 @@ export interface WorkingDevice {
   readonly payloadStore?: PayloadStore;
   /** The device's credential: it signs a secure round's keys (src/secagg/binding.ts). */
   readonly secret?: string;
+  /** The device's own t in secure rounds (`secure-min-survivors`). */
+  readonly secureMinSurvivors?: number;
 }
 
 /** Resident memory of this process at its peak, where the platform tells (Node); else 0. */
@@ -95,15 +97,18 @@ export async function phaseReport(device: WorkingDevice, ch: Channel, ins: Instr
 async function masked(device: WorkingDevice, ch: Channel, ins: Instruction, prog: RoundProgress,
   tensors: Record<string, TensorValue>, numSamples: number): Promise<Uint8Array> {
   const exchange = await import("./secagg/exchange.js");
-  prog.secure = await exchange.startRound(device.deviceId, device.secret ?? "", ins, device.welcome.num_blocks);
+  prog.secure = await exchange.startRound(device.deviceId, device.secret ?? "", ins, device.welcome.num_blocks,
+    device.secureMinSurvivors);
   return encodeTensors(await exchange.maskedUpdate(ch, prog.secure, ins, tensors, numSamples));
 }
 
-/** Answer a secure round's unmasking request, once. */
-export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<void> {
+/** Answer a secure round's unmasking request, once; the refusal if the device refused it ("" if not). */
+export async function revealRound(ch: Channel, prog: RoundProgress | null, msg: SecAggUnmask): Promise<string> {
   const exchange = await import("./secagg/exchange.js");
-  await exchange.reveal(ch, prog?.secure ?? null, msg);
-  if (prog !== null) prog.secure = null;
+  const refused = await exchange.reveal(ch, prog?.secure ?? null, msg);
+  // answered for good (not only signed the survivor set)
+  if (prog !== null && (refused !== "" || Object.keys(msg.signatures).length > 0)) prog.secure = null;
+  return refused;
 }
 
 /** The device as a phase handler sees it: one instruction on one connection, with the round's progress. */

@@ -318,6 +318,19 @@ export const SETTINGS_TABLE: SettingsTable = {
       ]
     },
     {
+      "key": "secure-min-survivors",
+      "field": "secure_min_survivors",
+      "type": "int",
+      "default": 3,
+      "choices": [],
+      "min": 3,
+      "help": "in secure rounds: the fewest devices whose sum of a block this device lets be unmasked; it refuses a round whose threshold is lower, and any unmasking request that would leave a block below it",
+      "sdks": [
+        "python",
+        "javascript"
+      ]
+    },
+    {
       "key": "tls-ca",
       "field": "tls_ca",
       "type": "str",

@@ -14,7 +14,7 @@ import { REPO } from "./cases.mjs";
 const V = JSON.parse(readFileSync(join(REPO, "tests", "vectors", "secagg_round.json"), "utf8"));
 const SCOPE = sa.scope(V.scope.session, V.scope.round);
 const h = (hex) => Uint8Array.from(Buffer.from(hex, "hex"));
-const secrets = { cipherPrivate: h(V.secrets.cipher_private), maskPrivate: h(V.secrets.mask_private), seed: h(V.secrets.seed) };
+const secrets = { cipherPrivate: h(V.secrets.cipher_private), maskPrivate: h(V.secrets.mask_private), seeds: V.secrets.seeds.map(h) };
 const SIZE = 4000, SIGMA = 2 ** 18, N_MIN = 2;
 
 async function masked(noise, ringBits = 32) {

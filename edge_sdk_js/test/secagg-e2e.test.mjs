@@ -1,10 +1,10 @@
 // A JavaScript device takes part in secure aggregation: a real orchestrator (`serve
-// --secure-aggregation --require-credentials`), two Python devices and one Node device (its
+// --secure-aggregation --require-credentials`), three Python devices and one Node device (its
 // onnxruntime-node backend, on a weak budget: it trains the last blocks only, so the block cohorts
 // are nested), each with its enrolled credential file, train digits_mlp for two rounds. From the
 // store's journal: every round finished, every block of every round revealed (the Node device's
-// masks cancelled against the Python devices', its self mask removed with the shares it revealed),
-// three masked uploads a round, and the Node device's report accepted in each. A second run holds the
+// masks cancelled against the Python devices', its self mask removed with the shares it revealed;
+// three strong devices, so every block has the round's t = 3 trainers), four masked uploads a round, and the Node device's report accepted in each. A second run holds the
 // server to blindness with a JavaScript device's bytes: the test knows what the server process does not,
 // the Node device's quantized update (its encodings, recorded as it makes them), and sees every frame
 // it sends: none carries the quantized words, the masked words it uploads are in them, and the masked
@@ -22,25 +22,26 @@ import { python } from "./cases.mjs";
 import { enroll, journal, nodeDevice, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 
 const ROUNDS = 2;
-const DEVICES = ["py-0", "py-1", "node-2"];
+const DEVICES = ["py-0", "py-1", "node-2", "py-3"];
+const PYTHON_DEVICES = [[0, "py-0"], [1, "py-1"], [3, "py-3"]]; // strong: client index, id
 
 test("a Node device takes part in secure rounds beside Python devices: every block revealed, its reports accepted",
   { timeout: 900_000 }, async () => {
     const dir = tempDir("edgetrain-secagg-js-");
     const secrets = Object.fromEntries(DEVICES.map((id) => [id, enroll(dir, id)]));
-    const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", String(ROUNDS), "--min-devices", "3",
+    const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", String(ROUNDS), "--min-devices", "4",
       "--local-steps", "5", "--lr", "0.1", "--deadline", "300", "--straggler-policy", "deadline", "--require-credentials",
       "--secure-aggregation", "--secure-clip", "20"]);
-    const shards = writeShards(dir, [2], 3);
+    const shards = writeShards(dir, [2], 4);
     const procs = [];
     try {
-      for (const [c, id] of ["py-0", "py-1"].entries()) {
+      for (const [c, id] of PYTHON_DEVICES) {
         procs.push(start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", "2GiB", "--data", "digits",
-          "--client", String(c), "--num-clients", "3", "--secret-file", secrets[id], "--json-events", "--once"]));
+          "--client", String(c), "--num-clients", "4", "--secret-file", secrets[id], "--json-events", "--once"]));
       }
       procs.push(nodeDevice(dir, url, "node-2", "195MiB", shards[2], "node", ["--secret-file", secrets["node-2"]]));
       const codes = await Promise.all(procs.map((p) => p.done));
-      assert.deepEqual(codes, [0, 0, 0], `device exit codes (logs in ${dir})`);
+      assert.deepEqual(codes, [0, 0, 0, 0], `device exit codes (logs in ${dir})`);
       assert.equal(await server.done, 0, `the server's exit code (logs in ${dir})`);
     } finally {
       for (const p of [server, ...procs]) if (p.exitCode === null) p.kill();
@@ -51,7 +52,7 @@ test("a Node device takes part in secure rounds beside Python devices: every blo
     for (const r of j.rounds) {
       assert.ok(r.finished, `round ${r.round} finished (logs in ${dir})`);
       const secure = r.metrics.secure;
-      assert.equal(secure.masked, DEVICES.length, `round ${r.round}: three masked uploads`);
+      assert.equal(secure.masked, DEVICES.length, `round ${r.round}: four masked uploads`);
       const blocks = Object.values(secure.blocks);
       assert.ok(blocks.length > 0 && blocks.every((b) => b.revealed), `round ${r.round}: every block revealed: ${JSON.stringify(secure)}`);
       assert.equal(Math.max(...blocks.map((b) => b.cohort)), DEVICES.length, "the Node device's blocks summed with the Python devices'");
@@ -60,7 +61,7 @@ test("a Node device takes part in secure rounds beside Python devices: every blo
     assert.deepEqual(mine.map((r) => [r.round, r.accepted]), Array.from({ length: ROUNDS }, (_, r) => [r + 1, 1]));
     const reveals = readFileSync(join(dir, "node-2.log"), "utf8").split("\n").filter((l) => l.includes('"secure_reveal"'))
       .map((l) => JSON.parse(l));
-    assert.deepEqual(reveals.map((e) => [e.round, e.survivors, e.dropped]), Array.from({ length: ROUNDS }, (_, r) => [r + 1, 3, 0]),
+    assert.deepEqual(reveals.map((e) => [e.round, e.survivors, e.dropped]), Array.from({ length: ROUNDS }, (_, r) => [r + 1, DEVICES.length, 0]),
       "the Node device answered each round's unmasking request");
     // 10 classes: chance is 0.1 (two rounds of five steps, the updates clipped to 20 and quantized).
     assert.ok(j.rounds.at(-1).metrics.accuracy > 0.2, `accuracy after ${ROUNDS} rounds: ${j.rounds.at(-1).metrics.accuracy}`);
@@ -103,12 +104,12 @@ function windows(words, count = 8) {
 test("blind to a Node device's bytes: no frame it sends carries its quantized update or correlates with it",
   { timeout: 900_000 }, async () => {
     const dir = tempDir("edgetrain-secagg-blind-");
-    const ids = ["py-0", "py-1", "node-in"];
+    const ids = ["py-0", "py-1", "node-in", "py-3"];
     const secrets = Object.fromEntries(ids.map((id) => [id, enroll(dir, id)]));
-    const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", "1", "--min-devices", "3",
+    const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", "1", "--min-devices", "4",
       "--local-steps", "5", "--lr", "0.1", "--deadline", "300", "--straggler-policy", "deadline", "--require-credentials",
       "--secure-aggregation", "--secure-clip", "20"]);
-    const shards = writeShards(dir, [2], 3);
+    const shards = writeShards(dir, [2], 4);
     // What the device encodes and masks, recorded as it does (the server process never sees it).
     const encodings = [], masked = [];
     // The device encodes a block a slice at a time (BlockEncoder): its words are the slices', then the weight word.
@@ -136,9 +137,9 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
     const sent = [];
     const procs = [];
     try {
-      for (const [c, id] of ["py-0", "py-1"].entries()) {
+      for (const [c, id] of PYTHON_DEVICES) {
         procs.push(start(dir, id, python(), ["-m", "edge_sdk", "--server", url, "--id", id, "--budget", "2GiB", "--data", "digits",
-          "--client", String(c), "--num-clients", "3", "--secret-file", secrets[id], "--json-events", "--once"]));
+          "--client", String(c), "--num-clients", "4", "--secret-file", secrets[id], "--json-events", "--once"]));
       }
       const client = new DeviceClient({
         server: url, deviceId: "node-in", budgetBytes: 400 * 2 ** 20, runtime: await loadRuntime("node"), data: loadShard(shards[2]),
@@ -152,7 +153,7 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
       });
       const reports = await client.run();
       assert.equal(reports.length, 1, "the Node device reported its round");
-      assert.deepEqual(await Promise.all(procs.map((p) => p.done)), [0, 0], `device exit codes (logs in ${dir})`);
+      assert.deepEqual(await Promise.all(procs.map((p) => p.done)), [0, 0, 0], `device exit codes (logs in ${dir})`);
       assert.equal(await server.done, 0, `the server's exit code (logs in ${dir})`);
     } finally {
       Object.assign(BlockEncoder.prototype, { values, weightWord });
@@ -161,7 +162,7 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
     }
     const r = journal(dir).rounds[0];
     assert.ok(r.finished && Object.values(r.metrics.secure.blocks).every((b) => b.revealed), `every block revealed: ${JSON.stringify(r.metrics.secure)}`);
-    assert.equal(r.metrics.secure.masked, 3);
+    assert.equal(r.metrics.secure.masked, 4);
     assert.ok(encodings.length > 0 && encodings.length === masked.length, `one encoding per masked block: ${encodings.length}, ${masked.length}`);
     for (const [i, { words, bits }] of encodings.entries()) {
       const n = words.length;

@@ -1,6 +1,6 @@
 // A mixed fleet under secure aggregation: Python devices on torch and on ONNX Runtime, two Node devices
 // and a headless Chromium tab (onnxruntime-web on WebAssembly), each with its enrolled credential, train
-// digits_mlp under EmbracingFL (strong, moderate and weak devices: nested block cohorts) with `serve
+// digits_mlp under EmbracingFL (strong and weak devices: nested block cohorts) with `serve
 // --secure-aggregation --require-credentials`. Three runs of the same fleet, shards and server seed:
 //
 // - plain (no secure aggregation; the sample-weighted mean per block without the defences a masked
@@ -30,7 +30,7 @@ const SEED = 0;
  */
 const FLEET = {
   "py-0": ["python", "2GiB", "torch"], // strong
-  "py-1": ["python", "210MiB", "onnxruntime"], // moderate
+  "py-1": ["python", "2GiB", "onnxruntime"], // strong: four strong of six reach the round's t = 4 on every block
   "node-2": ["node", "400MiB", "node"], // strong
   "node-3": ["node", "195MiB", "node"], // weak
   "tab-4": ["tab", "400", "onnxruntime-web"], // weak (MiB)

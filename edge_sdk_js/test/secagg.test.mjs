@@ -53,6 +53,9 @@ for (const b of BACKENDS) {
     for (const c of V.hkdf.self_mask_seed) {
       assert.equal(hex(await sa.selfMaskSeed(h(c.seed), SCOPE, c.block, c.device, b)), c.out);
     }
+    for (const c of V.hkdf.seed_commitment) {
+      assert.equal(hex(await sa.seedCommitment(h(c.seed), SCOPE, c.block, c.device, b)), c.out);
+    }
   });
 
   test(`${b.name}: masks, sealed shares, graphs and fixed point match the vectors`, async () => {
@@ -62,11 +65,11 @@ for (const b of BACKENDS) {
       assert.equal(sha256Words(words), c.sha256_1000);
     }
     for (const c of V.sealing) {
-      const sealed = await sa.sealShares(h(c.key), SCOPE, c.sender, c.receiver, h(c.seed_share), h(c.mask_key_share),
+      const sealed = await sa.sealShares(h(c.key), SCOPE, c.sender, c.receiver, c.seed_shares.map(h), h(c.mask_key_share),
         { nonce: h(c.nonce), backend: b });
       assert.equal(hex(sealed), c.sealed);
-      const [seed, key] = await sa.openShares(h(c.key), SCOPE, c.sender, c.receiver, sealed, b);
-      assert.deepEqual([hex(seed), hex(key)], [c.seed_share, c.mask_key_share]);
+      const [seeds, key] = await sa.openShares(h(c.key), SCOPE, c.sender, c.receiver, sealed, c.seed_shares.length, b);
+      assert.deepEqual([seeds.map(hex), hex(key)], [c.seed_shares, c.mask_key_share]);
     }
     for (const c of V.graph.graphs) {
       const g = await sa.neighbourGraph(h(c.seed), SCOPE, c.block, c.members, c.degree ?? undefined, b);
@@ -149,7 +152,7 @@ for (const b of BACKENDS) {
 
 test("identity keys and key advertisements match Python's, and refuse another round, device or key", async () => {
   for (const c of V.identity) {
-    const keys = [h(c.cipher_public), h(c.mask_public)];
+    const keys = [h(c.cipher_public), h(c.mask_public), c.split, h(c.commitments)];
     assert.equal(hex(await sa.identityPublicKey(c.secret, c.device)), c.public);
     assert.equal(hex(sa.advertisementMessage(SCOPE, c.device, ...keys)), c.message);
     assert.equal(hex(await sa.signAdvertisement(c.secret, c.device, SCOPE, ...keys)), c.signature);
@@ -157,7 +160,12 @@ test("identity keys and key advertisements match Python's, and refuse another ro
     assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, sa.scope(V.scope.session, V.scope.round + 1), ...keys,
       h(c.signature)), /not signed/);
     assert.throws(() => sa.verifyAdvertisement(h(c.public), `${c.device}x`, SCOPE, ...keys, h(c.signature)), /not signed/);
-    assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, SCOPE, keys[1], keys[0], h(c.signature)), /not signed/);
+    assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, SCOPE, keys[1], keys[0], keys[2], keys[3], h(c.signature)), /not signed/);
+    assert.throws(() => sa.verifyAdvertisement(h(c.public), c.device, SCOPE, keys[0], keys[1], keys[2] + 1, keys[3], h(c.signature)), /not signed/);
+    assert.equal(hex(sa.survivorsMessage(SCOPE, c.survivors)), c.survivors_message);
+    assert.equal(hex(await sa.signSurvivors(c.secret, c.device, SCOPE, c.survivors)), c.survivors_signature);
+    sa.verifySurvivors(h(c.public), c.device, SCOPE, [...c.survivors].reverse(), h(c.survivors_signature));
+    assert.throws(() => sa.verifySurvivors(h(c.public), c.device, SCOPE, c.survivors.slice(1), h(c.survivors_signature)), /did not sign/);
   }
   assert.equal(sa.defaultDegree(100), V.graph.default_degree["100"]);
   for (const [n, k] of Object.entries(V.graph.default_degree)) assert.equal(sa.defaultDegree(Number(n)), k);
@@ -198,12 +206,16 @@ test("Shamir shares cross between the SDKs both ways, and an altered extra share
 test("sealed shares open only for their pair, session and round, at their exact size", async () => {
   const key = globalThis.crypto.getRandomValues(new Uint8Array(32));
   const [s1, s2] = [new Uint8Array(33).fill(1), new Uint8Array(33).fill(2)];
-  const sealed = await sa.sealShares(key, SCOPE, "u", "v", s1, s2);
+  const sealed = await sa.sealShares(key, SCOPE, "u", "v", [s1], s2);
   assert.equal(sealed.length, sa.SEALED_BYTES);
   for (const [scope, from, to] of [[sa.scope(V.scope.session, 9), "u", "v"], [SCOPE, "v", "u"], [SCOPE, "u", "w"]]) {
-    for (const b of BACKENDS) await assert.rejects(sa.openShares(key, scope, from, to, sealed, b), /do not open/);
+    for (const b of BACKENDS) await assert.rejects(sa.openShares(key, scope, from, to, sealed, 1, b), /do not open/);
   }
   await assert.rejects(sa.openShares(key, SCOPE, "u", "v", sealed.slice(1)), /94 bytes/);
+  const three = await sa.sealShares(key, SCOPE, "u", "v", [s1, s2, s1], s2);
+  assert.equal(three.length, sa.sealedBytes(3));
+  assert.deepEqual((await sa.openShares(key, SCOPE, "u", "v", three, 3))[0], [s1, s2, s1]);
+  await assert.rejects(sa.openShares(key, SCOPE, "u", "v", three, 2), /127 bytes/);
 });
 
 test("sizes, rings and inputs are checked before use", async () => {
@@ -274,7 +286,7 @@ test("in Chromium both backends reproduce the vectors", { skip: CHROMIUM ? false
           shared: hex(await sa.agree(h(rfc.alice_private), h(rfc.bob_public), b)),
           okm: hex(await sa.hkdf(h(V.hkdf.rfc5869_case3.ikm), new Uint8Array(0), 42, b)),
           mask: [...(await sa.expandMask(h(m.seed), 8, m.bits, b))],
-          sealed: hex(await sa.sealShares(h(c.key), scope, c.sender, c.receiver, h(c.seed_share), h(c.mask_key_share),
+          sealed: hex(await sa.sealShares(h(c.key), scope, c.sender, c.receiver, c.seed_shares.map(h), h(c.mask_key_share),
             { nonce: h(c.nonce), backend: b })),
           words: [...(await new sa.FixedPoint(e.clip, e.frac_bits, e.ring_bits, e.cohort).encode(e.update, e.weight,
             h(e.rounding_seed), b))],

@@ -53,6 +53,7 @@ seed = 7
 bundle = "board.tar"
 secret-file = "/etc/edgetrain/board-7.secret"
 token = "lab-token"
+secure-min-survivors = 4
 tls-ca = "ca.pem"
 threads = 2
 cores = 4

@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 from edge_sdk.secagg import (FixedPoint, Scope, advertisement_message, agree, combined_mask,  # noqa: E402
                              default_degree, expand_mask, expand_words, identity_public_key, label,
                              neighbour_graph, pair_mask_seed, public_key, remove_masks, seal_shares,
-                             self_mask_seed, share_key, sign_advertisement, split_secret, sub_mod)
+                             seed_commitment, self_mask_seed, share_key, sign_advertisement, sign_survivors,
+                             split_secret, sub_mod, survivors_message)
 from edge_sdk.secagg.masks import add_mod  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "secagg.json"
@@ -81,17 +82,27 @@ def hkdf_cases(agreements: list[dict]) -> dict:
                             "seed": pair_mask_seed(shared, SCOPE, block, a, b).hex()} for block in (0, 1, 5)],
         "self_mask_seed": [{"block": block, "device": a, "seed": seed("self").hex(),
                             "out": self_mask_seed(seed("self"), SCOPE, block, a).hex()} for block in (0, 3)],
+        "seed_commitment": [{"block": block, "device": a, "seed": seed("self").hex(),
+                             "out": seed_commitment(seed("self"), SCOPE, block, a).hex()} for block in (0, 3)],
     }
+
+
+#: A survivor set out of UTF-8 byte order (signed sorted): what the consistency round signs.
+SURVIVORS = ["émile", "phone-17", "Zulu", "\U0001F600"]
 
 
 def identity() -> list[dict]:
     out = []
-    for device, secret in [("phone-17", "4q0Q1m3L0mE9c2cQ3GxJvJ0bV7dC1zY5u9pA2sK6nHw"), ("émile", "s")]:
+    for device, secret, split in [("phone-17", "4q0Q1m3L0mE9c2cQ3GxJvJ0bV7dC1zY5u9pA2sK6nHw", 0), ("émile", "s", 2)]:
         cipher, mask = public_key(seed(f"c {device}")), public_key(seed(f"s {device}"))
+        commitments = seed(f"commit {device}") + seed(f"commit 2 {device}")
         out.append({"device": device, "secret": secret, "public": identity_public_key(secret, device).hex(),
-                    "cipher_public": cipher.hex(), "mask_public": mask.hex(),
-                    "message": advertisement_message(SCOPE, device, cipher, mask).hex(),
-                    "signature": sign_advertisement(secret, device, SCOPE, cipher, mask).hex()})
+                    "cipher_public": cipher.hex(), "mask_public": mask.hex(), "split": split,
+                    "commitments": commitments.hex(),
+                    "message": advertisement_message(SCOPE, device, cipher, mask, split, commitments).hex(),
+                    "signature": sign_advertisement(secret, device, SCOPE, cipher, mask, split, commitments).hex(),
+                    "survivors": SURVIVORS, "survivors_message": survivors_message(SCOPE, SURVIVORS).hex(),
+                    "survivors_signature": sign_survivors(secret, device, SCOPE, SURVIVORS).hex()})
     return out
 
 
@@ -123,12 +134,13 @@ def shamir() -> dict:
 
 def sealing() -> list[dict]:
     out = []
-    for sender, receiver in [("alpha", "Zulu"), ("Zulu", "alpha")]:
+    for sender, receiver, blocks in [("alpha", "Zulu", 1), ("Zulu", "alpha", 3)]:
         key, nonce = seed("share key"), seed(f"nonce {sender}")[:12]
-        seed_share, key_share = seed(f"seed share {sender}") + b"\x07", seed(f"key share {sender}") + b"\x2a"
+        seed_shares = [seed(f"seed share {sender} {b}") + b"\x07" for b in range(blocks)]
+        key_share = seed(f"key share {sender}") + b"\x2a"
         out.append({"key": key.hex(), "nonce": nonce.hex(), "sender": sender, "receiver": receiver,
-                    "seed_share": seed_share.hex(), "mask_key_share": key_share.hex(),
-                    "sealed": seal_shares(key, SCOPE, sender, receiver, seed_share, key_share, nonce=nonce).hex()})
+                    "seed_shares": [s.hex() for s in seed_shares], "mask_key_share": key_share.hex(),
+                    "sealed": seal_shares(key, SCOPE, sender, receiver, seed_shares, key_share, nonce=nonce).hex()})
     return out
 
 
@@ -161,7 +173,8 @@ def fixed_point() -> dict:
         out.append({"clip": fp.clip, "frac_bits": fp.frac_bits, "ring_bits": fp.ring_bits, "cohort": fp.cohort,
                     "update": update, "weight": weight, "rounding_seed": rounding.hex(),
                     "words": fp.encode(np.array(update), weight, rounding).tolist()})
-    plans = [{"cohort": c, "clip": clip, "frac_bits": f, "planned": FixedPoint.plan(c, clip, f).__dict__}
+    plans = [{"cohort": c, "clip": clip, "frac_bits": f,
+              "planned": {k: v for k, v in FixedPoint.plan(c, clip, f).__dict__.items() if k != "noise"}}
              for c, clip, f in [(1, 1.0, None), (100, 2.0, None), (10**5, 10.0, None), (50, 0.01, 30)]]
     return {"encodings": out, "plans": plans}
 
@@ -200,7 +213,7 @@ def round_scenario() -> dict:
         blocks.append({"block": block, "size": size, "cohort": cohort, "survivors": survivors, "uploads": uploads,
                        "masked_sum": total.tolist(), "unmasked": unmasked.tolist(),
                        "decoded": {"values": decoded.values.tolist(), "weight": decoded.weight}})
-    return {"fixed_point": fp.__dict__, "splits": splits, "dropped": dropped,
+    return {"fixed_point": {k: v for k, v in fp.__dict__.items() if k != "noise"}, "splits": splits, "dropped": dropped,
             "mask_private": {d: sk[d].hex() for d in IDS}, "self_seed": {d: own[d].hex() for d in IDS},
             "blocks": blocks}
 

@@ -35,11 +35,13 @@ function broken(exc: unknown): unknown {
   return exc instanceof SecAggError ? new ProtocolError(ErrorCode.MALFORMED, `secure round: ${exc.message}`) : exc;
 }
 
-/** The device's state for the secure round `ins` opens. */
-export async function startRound(deviceId: string, secret: string, ins: Instruction, numBlocks: number): Promise<DeviceRound> {
+/** The device's state for the secure round `ins` opens; `minSurvivors`: the device's own t (default 3). */
+export async function startRound(deviceId: string, secret: string, ins: Instruction, numBlocks: number,
+  minSurvivors?: number): Promise<DeviceRound> {
   if (!secret) throw new ProtocolError(ErrorCode.REFUSED, "secure aggregation needs the device's credential (its secret) to sign keys");
   try {
-    return await DeviceRound.start(deviceId, secret, scope(String(ins.config[SECAGG_KEY]), ins.round), ins.split, numBlocks);
+    return await DeviceRound.start(deviceId, secret, scope(String(ins.config[SECAGG_KEY]), ins.round), ins.split, numBlocks,
+      minSurvivors === undefined ? {} : { minSurvivors });
   } catch (exc) {
     throw broken(exc);
   }
@@ -49,8 +51,8 @@ export async function startRound(deviceId: string, secret: string, ins: Instruct
 export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instruction, tensors: Record<string, TensorValue>,
   numSamples: number): Promise<Record<string, Tensor>> {
   try {
-    const [cipher, mask, signature] = await rnd.advertise();
-    await ch.send({ t: "secagg_keys", round: ins.round, cipher_public: cipher, mask_public: mask, signature });
+    const [cipher, mask, signature, commitments] = await rnd.advertise();
+    await ch.send({ t: "secagg_keys", round: ins.round, cipher_public: cipher, mask_public: mask, signature, commitments });
     const peers = await answer(ch, "secagg_peers");
     await ch.send({ t: "secagg_shares", round: ins.round, sealed: await rnd.share(peers) });
     const inbox = await answer(ch, "secagg_inbox");
@@ -65,16 +67,26 @@ export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instructi
 }
 
 /** Step 3: answer the unmasking request of `msg.round` (one for a round this device has no state of
- * is a protocol error: the server asked the wrong device). */
-export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<void> {
-  if (rnd === null || rnd.scope.round !== msg.round) {
-    throw new ProtocolError(ErrorCode.UNEXPECTED, `an unmasking request for round ${msg.round}, which this device did not mask`);
+ * is refused: the server asked the wrong device, or one that left): the device's signature on the
+ * survivor set, then, asked again with the signers' signatures, its shares. A request the device refuses (a block
+ * short of t survivors, both secrets of one peer) gets no answer: the device stays connected for the
+ * next round, and the refusal is returned ("" when it answered). */
+export async function reveal(ch: Channel, rnd: DeviceRound | null, msg: SecAggUnmask): Promise<string> {
+  if (rnd === null || rnd.scope.round !== msg.round) { // not answered: the device stays for the next round
+    return `secure round: an unmasking request for round ${msg.round}, which this device did not mask (or left)`;
   }
   let shares: ReturnType<DeviceRound["reveal"]>;
   try {
-    shares = rnd.reveal(msg.survivors, msg.dropped);
+    if (Object.keys(msg.signatures).length === 0) { // the consistency round's first request: sign the survivor set
+      const consent = await rnd.consent(msg.survivor_set);
+      await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: {}, key_shares: {}, consent });
+      return "";
+    }
+    shares = rnd.reveal(msg.survivors, msg.dropped, msg.blocks, msg.survivor_set, msg.signatures);
   } catch (exc) {
-    throw broken(exc);
+    if (exc instanceof SecAggError) return `secure round: ${exc.message}`;
+    throw exc;
   }
-  await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1] });
+  await ch.send({ t: "secagg_reveal", round: msg.round, seed_shares: shares[0], key_shares: shares[1], consent: new Uint8Array(0) });
+  return "";
 }

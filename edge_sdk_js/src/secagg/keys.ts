@@ -58,3 +58,11 @@ export async function selfMaskSeed(seed: Uint8Array, scope: Scope, block: number
   const info = label("self-mask", scope.session, scope.round, block, deviceId);
   return hkdf(checkBytes("self-mask seed", seed, KEY_BYTES), info, KEY_BYTES, backend);
 }
+
+/** The commitment to `deviceId`'s seed b_u^k of `block` (signed in its advertisement): HKDF-SHA256 of
+ * the seed with label("seed-commit", session, round, block, id), as edge_sdk/secagg/keys.py. */
+export async function seedCommitment(seed: Uint8Array, scope: Scope, block: number, deviceId: string,
+  backend?: CryptoBackend): Promise<Uint8Array> {
+  const info = label("seed-commit", scope.session, scope.round, block, deviceId);
+  return hkdf(checkBytes("self-mask seed", seed, KEY_BYTES), info, KEY_BYTES, backend);
+}

@@ -17,15 +17,25 @@ when every device it awaits has answered or its time is up:
 2. masked uploads: :meth:`SecureRound.take_masked` adds a device's masked words to each block's
    running sum (memory: the model, not devices x model); a device not in U_1, or presumed dropped,
    is refused.
-3. unmasking: :meth:`SecureRound.close_uploads` fixes U_2 (those who uploaded) and asks each of them
-   for its neighbours' shares; :meth:`SecureRound.take_reveal` checks an answer names exactly whom it
-   was asked about; :meth:`SecureRound.finish` rebuilds the survivors' self-mask seeds and the
-   dropped devices' mask keys (t shares each) and removes the masks from each block's sum.
+3. unmasking: :meth:`SecureRound.close_uploads` fixes U_2 (those who uploaded), picks the blocks
+   whose surviving cohort reaches t and asks each survivor for its neighbours' shares of those
+   blocks' seeds alone (a device has one seed per trained block, so a block left hidden stays
+   hidden whatever else is revealed); :meth:`SecureRound.take_reveal` checks an answer names at
+   most whom it was asked about (a peer whose sealed shares did not open for it is left out);
+   :meth:`SecureRound.finish` rebuilds the survivors' block seeds and the dropped devices' mask
+   keys, each checked against what its owner signed (the seed commitment, the mask public key):
+   from the shares it has, a subset of t that rebuilds the committed secret is searched, and every
+   share off that polynomial names its sender (:attr:`SecureRound.blamed`), whose other shares are
+   then set aside; it then removes the masks from each block's sum.
 
-Block k's cohort is the devices of U_2 with split <= k. A block with fewer than ``min_survivors``
-of them, or a secret that fewer than t shares reached, is not revealed (:class:`BlockOutcome` says
-why); the server learns each revealed block's sum of weighted, clipped updates and the sum of the
-weights, nothing of one device's.
+Block k's cohort is the devices of U_2 with split <= k. The round's t (:attr:`SecureRound.t`, a
+majority of a neighbourhood as SecAgg+ picks its secret threshold, at least 3, or ``min_survivors``
+where that is higher) bounds what is revealed: a block with fewer than t trainers among the cohort
+that advertised keys is not trained securely this round (:attr:`SecureRound.unsecured`: it keeps its
+value), and one with fewer than t survivors, or a secret that fewer than t good shares reached, is
+not revealed (:class:`BlockOutcome` says why). The devices check the same bound before they answer
+(edge_sdk.secagg.round). The server learns each revealed block's sum of weighted, clipped updates
+and the sum of the weights, nothing of one device's.
 
 Distributed DP (Kairouz, Liu, Steinke 2021, Algorithm 1): with a :class:`NoisePlan` of multiplier z_b
 and ``survivors`` (block -> n_min_b) every device adds N_Z(0, sigma_b^2 / n_min_b) to block b's
@@ -44,16 +54,29 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_sdk.secagg import (KEY_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, combine_shares, neighbour_graph,
-                             pair_mask_seed, remove_masks, self_mask_seed, verify_advertisement)
+from edge_sdk.secagg import (KEY_BYTES, SHARE_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, neighbour_graph,
+                             pair_mask_seed, public_key, remove_masks, seed_commitment, self_mask_seed,
+                             verify_advertisement, verify_survivors)
 from edge_sdk.secagg.graph import default_degree
+from edge_sdk.secagg.shamir import robust_combine
 
-__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage"]
+__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage", "default_threshold"]
+
+#: Below this many survivors no block sum is revealed, whatever the cohort: a sum of two tells each the other's.
+LEAST_THRESHOLD = 3
+
+
+def default_threshold(graph: Graph) -> int:
+    """The round's t: SecAgg+'s secret threshold of the graph (a majority of a neighbourhood,
+    floor((deg + 1) / 2) + 1, edge_sdk.secagg.graph; the smallest over the cohort), at least
+    :data:`LEAST_THRESHOLD`. A sum of fewer survivors than the shares needed to rebuild one secret is
+    never revealed, so a coalition that could rebuild a secret could not also learn a smaller sum."""
+    return max(LEAST_THRESHOLD, min(graph.threshold.values()))
 
 
 class SecureStage(enum.Enum):
@@ -108,6 +131,59 @@ class NoisePlan:
         n_min = min(self.survivors[b], cohort)
         return n_min, max(n_min, min(self.expected.get(b, n_min), cohort))
 
+    def summed(self, clip: float, cohort: int) -> float:
+        """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
+        return max((self.multiplier * clip * (cohort / max(1, self.sized_for(b, cohort)[1])) ** 0.5
+                    for b in self.survivors), default=0.0)
+
+    def fields(self, fixed: FixedPoint) -> dict[str, object]:
+        """Each block's sigma and n_min as the devices take them (``SecAggPeers``): a share of variance
+        sigma^2 / n_min, which with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
+        if not self.survivors:
+            return {}
+        sigma = self.multiplier * fixed.clip * 2.0**fixed.frac_bits
+        sized = {b: self.sized_for(b, fixed.cohort) for b in self.survivors}
+        return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
+                "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
+
+
+class Revealed:
+    """The shares the unmasking answers brought, by whose secret and from whom, and the secrets they
+    rebuild (each once), checked against what its owner signed: a seed against its commitment, a mask
+    key against its public key. Shares of a holder already blamed are set aside; a share off the
+    committed polynomial blames its holder (:attr:`blamed`)."""
+
+    def __init__(self, scope: Scope, keys: Mapping[str, _Device]) -> None:
+        self.scope, self.keys = scope, keys
+        self.seeds: dict[tuple[str, int], list[tuple[str, bytes]]] = {}  # (owner, block) -> (holder, share)
+        self.masks: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share)
+        self.blamed: dict[str, str] = {}  # holder -> the wrong share it sent
+        self._cache: dict[tuple[str, int], bytes | str] = {}
+
+    def _check(self, device: str, block: int) -> Callable[[bytes], bool]:
+        if block < 0:
+            return lambda s: public_key(s) == self.keys[device].mask
+        at = block - self.keys[device].split
+        want = self.keys[device].commitments[at * KEY_BYTES:(at + 1) * KEY_BYTES]
+        return lambda s: seed_commitment(s, self.scope, block, device) == want
+
+    def rebuild(self, device: str, block: int, graph: Graph) -> bytes | str:
+        """The secret of ``device`` (its seed of ``block``; block -1: its mask key), or why not."""
+        if (device, block) not in self._cache:
+            got = self.seeds.get((device, block), []) if block >= 0 else self.masks.get(device, [])
+            got = [(holder, share) for holder, share in got if holder not in self.blamed]
+            t = graph.threshold[device]
+            what = f"{device!r}'s seed of block {block}" if block >= 0 else f"{device!r}'s mask key"
+            try:
+                secret, wrong = robust_combine([share for _, share in got], t, self._check(device, block))
+            except SecAggError as exc:
+                self._cache[device, block] = f"{what}: {len(got)} good shares reached the server, {t} needed ({exc})"
+            else:
+                for i in wrong:
+                    self.blamed.setdefault(got[i][0], f"sent a wrong share of {what}")
+                self._cache[device, block] = secret
+        return self._cache[device, block]
+
 
 @dataclass
 class _Device:
@@ -115,6 +191,7 @@ class _Device:
     cipher: bytes
     mask: bytes
     signature: bytes
+    commitments: bytes  # 32 bytes per trained block, in block order
 
 
 class SecureRound:
@@ -135,9 +212,14 @@ class SecureRound:
         self.shared: dict[str, dict[str, bytes]] = {}  # U_1: sender -> receiver -> sealed
         self.masked: set[str] = set()  # U_2
         self.sums: dict[int, np.ndarray] = {}
+        self.t = LEAST_THRESHOLD  # fixed by close_keys
+        self.unsecured: dict[int, str] = {}  # block -> why it is not trained securely this round
+        self.revealing: list[int] = []  # the blocks whose seeds the unmasking asks for
         self.asked: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        self.seed_shares: dict[str, list[bytes]] = {}
-        self.key_shares: dict[str, list[bytes]] = {}
+        self.book = Revealed(scope, self.keys)  # the unmasking answers' shares and what they rebuild
+        self.seed_shares, self.key_shares, self.blamed = self.book.seeds, self.book.masks, self.book.blamed
+        self.unopened: dict[str, list[str]] = {}  # holder -> peers whose sealed shares did not open for it
+        self.consents: dict[str, bytes] = {}  # survivor -> its signature on the survivor set
         self._stage = SecureStage.KEYS
 
     @property
@@ -156,8 +238,10 @@ class SecureRound:
         return {b: sum(s <= b for s in splits) for b in range(self.num_blocks)}
 
     # -- 0: keys ---------------------------------------------------------------------------------
-    def advertise(self, device: str, split: int, cipher: bytes, mask: bytes, signature: bytes) -> None:
-        """Take a device's key advertisement (once per round; signed by its roster identity key)."""
+    def advertise(self, device: str, split: int, cipher: bytes, mask: bytes, signature: bytes,
+                  commitments: bytes) -> None:
+        """Take a device's key advertisement (once per round; keys, split and seed commitments signed by
+        its roster identity key)."""
         self._at(SecureStage.KEYS, device, "a key advertisement")
         if device in self.keys:
             raise SecureRefusal(f"{device!r} advertised keys twice in one round (a replay)")
@@ -166,8 +250,11 @@ class SecureRound:
             raise SecureRefusal(f"{device!r} has no identity key in the roster: it cannot join a secure round")
         if not 0 <= split < self.num_blocks:
             raise SecureRefusal(f"{device!r} trains no block (split {split})")
-        verify_advertisement(identity, device, self.scope, cipher, mask, signature)
-        self.keys[device] = _Device(split, cipher, mask, signature)
+        if len(commitments) != KEY_BYTES * (self.num_blocks - split):
+            raise SecureRefusal(f"{device!r} committed to {len(commitments) // KEY_BYTES} block seeds, trained "
+                                f"{self.num_blocks - split} (an advertisement without commitments is refused)")
+        verify_advertisement(identity, device, self.scope, cipher, mask, split, commitments, signature)
+        self.keys[device] = _Device(split, cipher, mask, signature, bytes(commitments))
 
     def close_keys(self, *, weight_scale: float, noise: NoisePlan | None = None) -> dict[str, dict[str, object]]:
         """Fix U_0 and the graph; per member, the fields of its ``SecAggPeers``. A device whose first
@@ -193,25 +280,14 @@ class SecureRound:
         if not members:
             return {}
         self.graph = graph
-        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self._summed_noise(len(members)))
+        self.t = max(self.min_survivors, default_threshold(graph))
+        for b in range(self.num_blocks):
+            trainers = sum(self.keys[m].split <= b for m in members)
+            if trainers < self.t:
+                self.unsecured[b] = (f"{trainers} devices of the cohort train block {b}, fewer than t = {self.t}: "
+                                     "not trained securely this round (it keeps its value)")
+        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self.noise.summed(self.clip, len(members)))
         return {m: self._peers(m, members) for m in members}
-
-    def _summed_noise(self, cohort: int) -> float:
-        """The largest block's noise standard deviation (update units) if all ``cohort`` devices add a share."""
-        return max((self.noise.multiplier * self.clip * (cohort / max(1, self.noise.sized_for(b, cohort)[1])) ** 0.5
-                    for b in self.noise.survivors), default=0.0)
-
-    def _noise_fields(self) -> dict[str, object]:
-        """Each block's sigma and n_min as the devices take them: a share of variance sigma^2 / n_min, which
-        with sigma = z_b C 2^f sqrt(n_min_b / n_exp_b) is (z_b C 2^f)^2 / n_exp_b."""
-        fixed = self.fixed
-        assert fixed is not None
-        if not self.noise.survivors:
-            return {}
-        sigma = self.noise.multiplier * fixed.clip * 2.0**fixed.frac_bits
-        sized = {b: self.noise.sized_for(b, fixed.cohort) for b in self.noise.survivors}
-        return {"noise_sigma": {str(b): sigma * (n_min / n_exp) ** 0.5 for b, (n_min, n_exp) in sized.items()},
-                "noise_survivors": {str(b): n_min for b, (n_min, _) in sized.items()}}
 
     def _degree(self, n: int) -> int:
         k = self.degree or default_degree(n)
@@ -225,8 +301,9 @@ class SecureRound:
                 "cipher_keys": {v: self.keys[v].cipher for v in near}, "mask_keys": {v: self.keys[v].mask for v in near},
                 "signatures": {v: self.keys[v].signature for v in near},
                 "identities": {v: self.identities[v] for v in near}, "splits": {v: self.keys[v].split for v in near},
+                "commitments": {v: self.keys[v].commitments for v in near}, "min_survivors": self.t,
                 "clip": fixed.clip, "frac_bits": fixed.frac_bits, "ring_bits": fixed.ring_bits, "cohort": fixed.cohort,
-                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self._noise_fields()}
+                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self.noise.fields(fixed)}
 
     # -- 1: shares -------------------------------------------------------------------------------
     def take_shares(self, device: str, sealed: Mapping[str, bytes]) -> None:
@@ -286,16 +363,55 @@ class SecureRound:
         self.masked.add(device)
 
     # -- 3: unmasking ----------------------------------------------------------------------------
-    def close_uploads(self) -> dict[str, tuple[list[str], list[str]]]:
-        """Fix U_2; per survivor, (its survivors incl. itself, its dropped) among its U_1 neighbours."""
+    def close_uploads(self) -> dict[str, tuple[list[str], list[str], list[int]]]:
+        """Fix U_2 and the blocks to reveal (each one's surviving cohort reaches t); per survivor,
+        (its survivors incl. itself, its dropped that trained a block revealed, the blocks revealed)
+        among its U_1 neighbours. Nothing is asked when no block can be revealed."""
         self._at(SecureStage.MASKED, "the server", "closing the uploads")
         self._stage = SecureStage.UNMASK
+        self.revealing = [b for b in range(self.num_blocks)
+                          if b in self.sums and b not in self.unsecured and len(self.cohort(b)) >= self.t]
+        if not self.revealing:
+            return {}
+        last = max(self.revealing)
         for u in sorted(self.masked, key=str.encode):
             near = self.neighbours(u)
             alive = sorted([u, *(v for v in near if v in self.masked)], key=str.encode)
-            gone = sorted((v for v in near if v not in self.masked), key=str.encode)
+            gone = sorted((v for v in near if v not in self.masked and self.keys[v].split <= last), key=str.encode)
             self.asked[u] = (frozenset(alive), frozenset(gone))
-        return {u: (sorted(a, key=str.encode), sorted(g, key=str.encode)) for u, (a, g) in self.asked.items()}
+        return {u: (sorted(a, key=str.encode), sorted(g, key=str.encode), list(self.revealing))
+                for u, (a, g) in self.asked.items()}
+
+    def cohort(self, block: int) -> list[str]:
+        """Block ``block``'s survivors: the devices of U_2 that trained it."""
+        return [u for u in self.masked if self.keys[u].split <= block]
+
+    def survivor_set(self) -> list[str]:
+        """U_2, every device whose masked upload the sums hold: the set the survivors sign (ConsistencyCheck)."""
+        return sorted(self.masked, key=str.encode)
+
+    def take_consent(self, device: str, signature: bytes) -> None:
+        """A survivor's signature on :meth:`survivor_set` (Bonawitz et al. 2017, ConsistencyCheck), once."""
+        self._at(SecureStage.UNMASK, device, "a signature on the survivor set")
+        if device not in self.asked or device in self.consents:
+            raise SecureRefusal(f"a survivor-set signature from {device!r}, which was not asked (or signed already)")
+        verify_survivors(self.identities[device], device, self.scope, self.survivor_set(), signature)
+        self.consents[device] = bytes(signature)
+
+    def consistent(self) -> bool:
+        """Whether at least t survivors signed the survivor set: the devices answer with shares only then."""
+        return len(self.consents) >= self.t
+
+    def signatures_for(self, device: str) -> dict[str, bytes]:
+        """The signatures ``device`` can check: its own and its neighbours' (it holds their identity keys)."""
+        assert self.graph is not None
+        near = set(self.graph.neighbours[device]) | {device}
+        return {v: sig for v, sig in self.consents.items() if v in near}
+
+    def abandon_unmasking(self) -> None:
+        """Fewer than t survivors signed the survivor set: no share is asked for, nothing is unmasked."""
+        self._at(SecureStage.UNMASK, "the server", "abandoning the unmasking")
+        self.asked.clear()
 
     def forget_asked(self, device: str) -> None:
         """A survivor gone since its upload cannot answer the unmasking: it is not awaited."""
@@ -303,17 +419,33 @@ class SecureRound:
         self.asked.pop(device, None)
 
     def take_reveal(self, device: str, seed_shares: Mapping[str, bytes], key_shares: Mapping[str, bytes]) -> None:
-        """Take a survivor's shares: exactly those it was asked for, once."""
+        """Take a survivor's shares: at most those it was asked for (one per revealed block a survivor
+        trained), once; those it leaves out are peers whose sealed shares did not open for it."""
         self._at(SecureStage.UNMASK, device, "an unmasking answer")
         asked = self.asked.pop(device, None)
-        if asked is None:
-            raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already)")
-        if set(seed_shares) != asked[0] or set(key_shares) != asked[1]:
+        if asked is None or device not in self.consents:
+            raise SecureRefusal(f"an unmasking answer from {device!r}, which was not asked (or answered already, "
+                                "or did not sign the survivor set)")
+        seeds_due = {v for v in asked[0] if self._blocks_of(v)}
+        if not set(seed_shares) <= seeds_due or not set(key_shares) <= asked[1] \
+                or (device in seeds_due and device not in seed_shares):
             raise SecureRefusal(f"{device!r}'s unmasking answer names devices it was not given")
-        for v, share in seed_shares.items():
-            self.seed_shares.setdefault(v, []).append(bytes(share))
+        for v, shares in seed_shares.items():
+            blocks = self._blocks_of(v)
+            if len(shares) != SHARE_BYTES * len(blocks):
+                raise SecureRefusal(f"{device!r}'s answer holds {len(shares)} bytes of {v!r}'s seed shares, not "
+                                    f"{SHARE_BYTES} for each of {len(blocks)} blocks")
+            for i, b in enumerate(blocks):
+                self.seed_shares.setdefault((v, b), []).append((device, bytes(shares[i * SHARE_BYTES:(i + 1) * SHARE_BYTES])))
         for v, share in key_shares.items():
-            self.key_shares.setdefault(v, []).append(bytes(share))
+            self.key_shares.setdefault(v, []).append((device, bytes(share)))
+        missing = (seeds_due - set(seed_shares)) | (asked[1] - set(key_shares))
+        if missing:
+            self.unopened[device] = sorted(missing, key=str.encode)
+
+    def _blocks_of(self, device: str) -> list[int]:
+        """The revealed blocks ``device`` trained: whose seeds' shares the unmasking asks for."""
+        return [b for b in self.revealing if self.keys[device].split <= b]
 
     def finish(self) -> list[BlockOutcome]:
         """Each block's outcome: its unmasked, decoded sum, or why it stays hidden. Closes the round
@@ -322,30 +454,14 @@ class SecureRound:
         fixed, graph = self.fixed, self.graph
         if fixed is None or graph is None:
             return [BlockOutcome(b, 0, reason="no cohort shared keys") for b in range(self.num_blocks)]
-        need = max(2, self.min_survivors)
-        seeds: dict[str, bytes | str] = {}
-        keys: dict[str, bytes | str] = {}
-        return [self._block(b, fixed, graph, need, seeds, keys) for b in range(self.num_blocks)]
+        return [self._block(b, fixed, graph) for b in range(self.num_blocks)]
 
-    def _rebuild(self, device: str, shares: Mapping[str, list[bytes]], cache: dict[str, bytes | str],
-                 graph: Graph) -> bytes | str:
-        """The secret of ``device`` from its shares, or why not (cached: once per device)."""
-        if device not in cache:
-            got, t = shares.get(device, []), graph.threshold[device]
-            if len(got) < t:
-                cache[device] = f"{len(got)} shares of {device!r}'s secret reached the server, {t} needed"
-            else:
-                try:
-                    cache[device] = combine_shares(got, t)
-                except SecAggError as exc:
-                    cache[device] = f"{device!r}'s shares do not agree: {exc}"
-        return cache[device]
-
-    def _block(self, b: int, fixed: FixedPoint, graph: Graph, need: int, seeds: dict, keys: dict) -> BlockOutcome:
-        cohort = [u for u in self.masked if self.keys[u].split <= b]
+    def _block(self, b: int, fixed: FixedPoint, graph: Graph) -> BlockOutcome:
+        cohort = self.cohort(b)
         outcome = BlockOutcome(b, len(cohort))
-        if b not in self.sums or len(cohort) < need:
-            outcome.reason = f"{len(cohort)} masked updates of block {b}, fewer than the threshold {need}"
+        if b not in self.revealing:
+            outcome.reason = self.unsecured.get(b) or (f"{len(cohort)} masked updates of block {b}, fewer than the "
+                                                       f"threshold t = {self.t}")
             return outcome
         if self.noise.survivors:
             n_min, n_exp = self.noise.sized_for(b, fixed.cohort)
@@ -356,7 +472,7 @@ class SecureRound:
             outcome.multiplier = self.noise.multiplier * (len(cohort) / n_exp) ** 0.5
         self_seeds: dict[str, bytes] = {}
         for u in cohort:
-            seed = self._rebuild(u, self.seed_shares, seeds, graph)
+            seed = self.book.rebuild(u, b, graph)
             if isinstance(seed, str):
                 outcome.reason = seed
                 return outcome
@@ -366,7 +482,7 @@ class SecureRound:
             partners = [u for u in self.neighbours(d) if u in cohort]
             if not partners:
                 continue
-            key = self._rebuild(d, self.key_shares, keys, graph)
+            key = self.book.rebuild(d, -1, graph)
             if isinstance(key, str):
                 outcome.reason = key
                 return outcome

@@ -99,6 +99,12 @@ class SecureStages:
                 await self._shares(session, msg, rs, secure)
             elif isinstance(msg, p.SecAggReveal) and secure.stage is SecureStage.DONE:
                 log.info("secure round %d: %s answered the unmasking after it ended", rs.round, device)
+            elif isinstance(msg, p.SecAggReveal) and msg.consent and device not in secure.asked:
+                log.info("secure round %d: %s signed the survivor set after its stage closed", rs.round, device)
+            elif isinstance(msg, p.SecAggReveal) and msg.consent:
+                secure.take_consent(device, msg.consent)
+                if set(secure.asked) <= set(secure.consents):
+                    self._answered.set()
             elif isinstance(msg, p.SecAggReveal):
                 secure.take_reveal(device, msg.seed_shares, msg.key_shares)
                 if not secure.asked:
@@ -113,7 +119,8 @@ class SecureStages:
         if device in self.presumed_dropped or secure.stage is not SecureStage.KEYS or work is None:
             why = "presumed dropped this round" if device in self.presumed_dropped else "the key stage is closed"
             return await self._turn_away(session, msg, rs, why)
-        secure.advertise(device, work.selection.split, msg.cipher_public, msg.mask_public, msg.signature)
+        secure.advertise(device, work.selection.split, msg.cipher_public, msg.mask_public, msg.signature,
+                         msg.commitments)
         await self._progress(rs)
 
     async def _shares(self, session: Session, msg: p.SecAggShares, rs: RoundState, secure: SecureRound) -> None:
@@ -155,6 +162,8 @@ class SecureStages:
             return
         closed = secure.close_keys(weight_scale=self._weight_scale(secure.keys),
                                    noise=self.plan_noise(secure.advertised_cohorts()))
+        for b, why in secure.unsecured.items():  # said once, at the close, not only in the round's outcome
+            log.warning("secure round %d: block %d: %s", rs.round, b, why)
         for u, fields in closed.items():
             await self.send_to(u, p.SecAggPeers(round=rs.round, **fields))
         await self._left_out(rs, secure)
@@ -193,11 +202,11 @@ class SecureStages:
         if msg is None or isinstance(msg, (p.SecAggKeys, p.SecAggShares)):
             await self.access.send(session, p.Ack(r, False, f"secure round: {why}", "train"))
 
-    def _journal(self, rs: RoundState | None, device: str, reason: str, *, closed: bool) -> None:
+    def _journal(self, rs: RoundState | None, device: str, reason: str, *, closed: bool, phase: str = "train") -> None:
         log.info("secure round: %s: %s", device, reason)
         if rs is not None:
             self.store.reports.record(rs.round, device, {"accepted": False, "reason": reason, "secure": True,
-                                                        "closed": closed}, phase="train")
+                                                        "closed": closed}, phase=phase)
             self.access.emit("rejected", {"device": device, "round": rs.round, "refusal": "secure", "reason": reason})
 
     async def send_to(self, device: str, msg: p.Message) -> None:
@@ -222,18 +231,56 @@ class SecureStages:
                 await self.send_to(device, p.Ack(ctx_round, False, f"secure round: the round closed in its "
                                                                    f"{secure.stage.value} stage", "train"))
             return False
+        asks, survivors = secure.close_uploads(), secure.survivor_set()
+        if not asks:  # no block's survivors reach t: nothing to unmask
+            return True
+        # ConsistencyCheck (Bonawitz et al. 2017): each survivor signs the survivor set; each then sees
+        # the signatures it can check, and answers with shares only if at least t devices signed it.
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *ask, survivors) for u, ask in asks.items()},
+                        lambda: set(secure.asked) <= set(secure.consents))
+        if not secure.consistent():
+            log.info("secure round %d: %d of %d survivors signed the survivor set, fewer than t = %d: nothing is "
+                     "unmasked", ctx_round, len(secure.consents), len(asks), secure.t)
+            secure.abandon_unmasking()
+            return True
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *asks[u], survivors, secure.signatures_for(u))
+                                    for u in list(secure.asked) if u in secure.consents}, lambda: not secure.asked)
+        return True
+
+    async def _ask(self, ctx_round: int, requests: Mapping[str, p.SecAggUnmask], done: Callable[[], bool]) -> None:
+        """Send each survivor its request and wait (at most ``secure_stage_s``) until ``done``; a
+        survivor gone, or not asked again, is not awaited."""
+        secure = self.secure
+        assert secure is not None
         self._answered.clear()
-        for u, (alive, gone) in secure.close_uploads().items():
+        for u in [u for u in secure.asked if u not in requests]:
+            secure.forget_asked(u)
+        for u, request in requests.items():
             if u in self.access.sessions:
-                await self.send_to(u, p.SecAggUnmask(ctx_round, alive, gone))
+                await self.send_to(u, request)
             else:  # gone since its upload: it cannot answer
                 secure.forget_asked(u)
-        if secure.asked:
+        if not done():
             try:
                 await asyncio.wait_for(self._answered.wait(), timeout=self.config.secure_stage_s)
             except asyncio.TimeoutError:
                 log.info("secure round %d: %d survivors did not answer the unmasking", ctx_round, len(secure.asked))
-        return True
+
+    def blame(self) -> None:
+        """Journal, after the round's unmasking, whoever sent a wrong share (found against its owner's
+        commitment: its other shares were set aside, as a dropped device's) and whose sealed shares a
+        holder said did not open (the holder's word: the server cannot open them), each under phase
+        ``secagg`` so the device's own report of the round stays as it was."""
+        secure, rs = self.secure, self.access.round_state()
+        if secure is None or rs is None:
+            return
+        for device, why in secure.blamed.items():
+            self._journal(rs, device, f"secure round: {why}: its shares set aside, treated as dropped",
+                          closed=False, phase="secagg")
+        for holder, peers in secure.unopened.items():
+            for v in peers:
+                self._journal(rs, v, f"secure round: its sealed shares did not open for {holder!r}", closed=False,
+                              phase="secagg")
 
     # -- the connection hooks -------------------------------------------------------------------
     def returned(self, session: Session) -> None:

@@ -108,6 +108,7 @@ class SecureSums(Combiner):
             self.outcomes = secure.finish()
             return
         self.outcomes = await asyncio.to_thread(secure.finish)
+        self.stages.blame()
         self.unmask_s = time.monotonic() - started
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
@@ -155,6 +156,8 @@ class SecureSums(Combiner):
         return {"blocks": blocks, "cohort": 0 if secure is None else len(secure.keys),
                 "shared": 0 if secure is None else len(secure.shared), "masked": len(self.reports),
                 "left_out": {} if secure is None else dict(secure.left_out),
+                "threshold": 0 if secure is None else secure.t,
+                "blamed": {} if secure is None else dict(secure.blamed),
                 "recovered": sorted({d for o in self.outcomes for d in o.recovered}),
                 "presumed_dropped": sorted(stages.presumed_dropped), **stages.cost, "unmask_s": self.unmask_s}
 
