@@ -9,39 +9,53 @@ per device (a strategy's phases: evaluate, then train; train, then compare), eac
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED"]
+__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins"]
 
 # SKIPPED: never sent (the device could not hold what was asked); not a straggler.
 OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refused", "gone", "skipped"
 
 
-def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1,
+def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int | None, *, minimum: int = 1,
                    k: int | None = None, poisson: bool = False) -> list[str]:
     """Sample ``k`` (default ``ceil(fraction * n)``, at least ``minimum``) of ``candidates``,
     reproducibly per (seed, round), returned sorted. ``poisson``: each candidate independently with
     probability ``fraction`` instead (no minimum: the sample may be empty), the sampling a DP
-    accountant of Poisson rounds assumes."""
+    accountant of Poisson rounds assumes.
+
+    ``seed`` None: a secret draw from ``os.urandom`` (:func:`secret_coins`), which nothing public
+    predicts. DP's amplification by sampling (Abadi et al., 2016, Theorem 1; the accountant's
+    sampled Gaussian) holds only if nobody knows who is in a round: a device known to be drawn is
+    accounted at q = 1 for that round. A seed is for plain, reproducible research runs."""
     pool = sorted(candidates)
     if not pool:
         return []
     if poisson and k is None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        coins = np.random.default_rng([seed, round]).random(len(pool))
+        coins = secret_coins(len(pool)) if seed is None else np.random.default_rng([seed, round]).random(len(pool))
         return [d for d, c in zip(pool, coins) if c < fraction]
     if k is None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         k = max(minimum, math.ceil(fraction * len(pool)))
     k = min(len(pool), max(0, k))
-    rng = np.random.default_rng([seed, round])
-    picked = rng.choice(len(pool), size=k, replace=False)
+    if seed is None:  # the k smallest of n uniform coins: a uniform k-subset
+        picked = np.argsort(secret_coins(len(pool)), kind="stable")[:k]
+    else:
+        picked = np.random.default_rng([seed, round]).choice(len(pool), size=k, replace=False)
     return [pool[i] for i in sorted(picked)]
+
+
+def secret_coins(n: int) -> np.ndarray:
+    """``n`` uniform numbers in [0, 1) of 53 bits each, from ``os.urandom`` (the OS CSPRNG)."""
+    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    return words.astype(np.float64) / float(1 << 53)
 
 
 @dataclass

@@ -239,7 +239,7 @@ class RoundLoop:
             round=r, global_state=MappingProxyType(self.global_state),
             devices=MappingProxyType({d: self.sessions[d].info for d in self.idle()}), state=rs,
             blocks=tuple(self.template.block_names), fraction=self.config.fraction,
-            seed=self.config.seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
+            seed=None if (seed := self.config.cohort_seed) is None else seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
         )
         self.round, self.ctx = rs, ctx
         return rs, ctx
