@@ -227,21 +227,39 @@ class Attendance:
     Without I/O: the round loop tells it of each round's close and of each sign of life.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first_round: int = 1) -> None:
+        """``first_round``: the first round this server process runs (after a resume, the one after
+        the last completed)."""
         self._stalls: dict[str, int] = {}  # device -> misses not yet paid off by accepted reports
         self._silent: set[str] = set()  # missed its last report and not seen alive since
         self._rest: dict[str, int] = {}  # device -> rounds it still sits out, once alive again
         self._asked: set[str] = set()  # the open round's selected devices
         self._back: set[str] = set()  # of those, the ones that reconnected during the round
+        self._cut: set[str] = set()  # devices whose task of the next round a restart of the server cut
+        self._next = first_round  # the round this process opens next, or has open
 
-    def round_opened(self, selected: Iterable[str]) -> None:
-        """A round asked ``selected`` for their work."""
+    def round_opened(self, selected: Iterable[str], round: int | None = None) -> None:
+        """A round (number ``round``) asked ``selected`` for their work."""
         self._asked, self._back = set(selected), set()
+        self._next = self._next if round is None else round
+
+    def returned(self, device_id: str, resume_round: int) -> None:
+        """A device connected, saying it was working in round ``resume_round`` (-1: none). It is alive
+        (:meth:`alive`). If that round is the one this process is about to run or runs, and the device
+        was not asked for it by this process, the process before a restart (a crash, a kill) asked
+        it: the restart, the server's own doing, cut its task, so missing that round's report is no
+        miss of the device's (a secure round, say, cannot take back a device whose keys the previous
+        process held)."""
+        self.alive(device_id)
+        if resume_round == self._next and device_id not in self._asked:
+            self._cut.add(device_id)
 
     def round_closed(self, stragglers: Iterable[str], reported: Iterable[str]) -> None:
         """A round stopped waiting: its ``stragglers`` missed a report, ``reported`` answered. A
         straggler that reconnected while the round was open has shown it is alive: its miss counts,
-        but it is not silent."""
+        but it is not silent. A straggler whose task a restart cut (:meth:`returned`) missed nothing."""
+        stragglers = set(stragglers) - self._cut
+        self._cut, self._next = set(), self._next + 1
         for device_id in list(self._rest):
             left = self._rest[device_id] - 1
             if left > 0:

@@ -52,12 +52,20 @@ def event(line: str) -> dict:
     return json.loads(line.removeprefix("EVENT ")) if line.startswith("EVENT ") else {}
 
 
+def enroll(tmp_path: Path) -> list[str]:
+    """Credentials of the devices (a secure round's identities), in files: the extra arguments."""
+    with Store(tmp_path / "store") as store:
+        for i in range(DEVICES):
+            (tmp_path / f"dev-{i}.secret").write_text(store.credentials.enroll(f"dev-{i}") + "\n")
+    return ["--secret-file", str(tmp_path / "dev-{i}.secret")]
+
+
 @contextmanager
-def devices(port: int) -> Iterator[list[subprocess.Popen]]:
+def devices(port: int, extra: list[str] = ()) -> Iterator[list[subprocess.Popen]]:
     procs = [subprocess.Popen(
         [sys.executable, "-m", "edge_sdk", "--server", f"ws://127.0.0.1:{port}", "--id", f"dev-{i}", "--budget",
          "2GiB", "--data", "digits", "--client", str(i), "--num-clients", str(DEVICES), "--reconnect-retries", "-1",
-         "--reconnect-max-delay", "1", "--once"], cwd=ROOT, env=device_env(), stdout=subprocess.DEVNULL,
+         "--reconnect-max-delay", "1", "--once", *(a.format(i=i) for a in extra)], cwd=ROOT, env=device_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL) for i in range(DEVICES)]
     try:
         yield procs
@@ -102,7 +110,7 @@ def finish(server: subprocess.Popen, timeout_s: float = 300) -> list[str]:
 def config(tmp_path: Path, port: int, **overrides: object) -> ServerConfig:
     return ServerConfig(**{"model": "digits_mlp", "eval_data": "digits", "rounds": 4, "min_devices": DEVICES,
                            "local_steps": 2, "store_dir": tmp_path / "store", "port": port, "deadline_s": 120,
-                           "eval_every": 0, "max_loss_rise": 0, "wait_devices_s": 180, **overrides})
+                           "eval_every": 0, "max_loss_rise": 0, "wait_devices_s": 90, **overrides})
 
 
 def test_a_dp_run_killed_with_a_release_in_flight_resumes_with_every_release_accounted(tmp_path: Path) -> None:
@@ -124,3 +132,22 @@ def test_a_dp_run_killed_with_a_release_in_flight_resumes_with_every_release_acc
     assert [r["round"] for r in rounds if r["complete"]] == [1, 2, 3, 4]
     assert made[0] == 2 and made[1] == 3  # rounds 1 and 2; then 2 again, 3 and 4
     assert len(accounted["ledger"]["rounds"]) == sum(made) == rounds[-1]["metrics"]["privacy"]["rounds"]
+
+
+def test_a_resumed_secure_run_selects_every_connected_device_again(tmp_path: Path) -> None:
+    """Killed while round 2's masked uploads come in, the resumed secure run starts round 2 again
+    with the devices as they reconnect; a device whose round-2 task the new server itself cut (it
+    came back into a secure round whose keys it had no part in) has missed nothing: every round
+    after the restart selects all three."""
+    port = free_port()
+    secure = {"secure_aggregation": True, "secure_clip": 20.0, "rounds": 5, "require_credentials": True}
+    with devices(port, enroll(tmp_path)):
+        kill_when(start_server(config(tmp_path, port, **secure)),
+                  lambda line: event(line).get("event") == "update" and event(line)["round"] == 2)
+        resumed = finish(start_server(config(tmp_path, port, resume=True, **secure)))
+    with Store(tmp_path / "store") as store:
+        rounds = store.rounds.all()
+    everyone = [f"dev-{i}" for i in range(DEVICES)]
+    assert [r["round"] for r in rounds if r["complete"]] == [1, 2, 3, 4, 5]
+    after = [r for r in rounds if r["round"] >= 3]
+    assert all(r["selected"] == everyone for r in after), ([r["selected"] for r in rounds], resumed[-40:])
