@@ -18,9 +18,15 @@ update after honest training), digits_mlp, iid shards of the digits training spl
   accuracy of the last five rounds; and the honest fleet with direction trust on and off, with each
   run's wall time (``--seeds`` seeds each). Written to ``bench/results/attacks_demo.json``.
 
+- **free riders in the demo's fleet** (``--free-riders``): three colluding insiders on one shard, each
+  sending 0.01 of its honest update, against the honest fleet, under the defaults, by the mean accuracy
+  of the last three and the last five rounds (``--seeds`` seeds each). Written to
+  ``bench/results/attacks_free_riders.json``.
+
 Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
 writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
-compare candidate defaults). ``python bench/attacks.py --demo [--seeds 0]`` runs the demo fleet's.
+compare candidate defaults). ``python bench/attacks.py --demo [--seeds 0]`` runs the demo fleet's;
+``--free-riders [--seeds 0,1]`` its free riders.
 """
 
 from __future__ import annotations
@@ -68,11 +74,12 @@ def _run(root: Path, name: str, devices, *, plain: bool, options: dict, rounds: 
 INSIDERS = ("sign_flip", "constant", "boost100", "inflated", "lone")
 
 
-def _demo_run(root: Path, attack: str | None, trust: bool, seed: int) -> dict:
+def _demo_run(root: Path, attack: str | None, trust: bool, seed: int, insiders: int = 1) -> dict:
     name = f"{attack or 'honest'}-{'trust' if trust else 'off'}-{seed}"
     t0 = time.monotonic()
-    result = run_demo_fleet(root / name, attack, trust=trust, seed=seed)
-    row = {"run": name, "last5": round(100 * result.mean_accuracy(), 2), "final": round(100 * result.accuracy, 2),
+    result = run_demo_fleet(root / name, attack, trust=trust, seed=seed, insiders=insiders)
+    row = {"run": name, "last5": round(100 * result.mean_accuracy(), 2), "last3": round(100 * result.mean_accuracy(3), 2),
+           "final": round(100 * result.accuracy, 2),
            "wall_s": round(time.monotonic() - t0, 1), "failed_rounds": sum("failed" in h for h in result.history)}
     print(json.dumps(row), flush=True)
     return row
@@ -107,12 +114,35 @@ def demo(ctx: Context) -> dict:
                             "moved": {a: round(mean("last5", a) - honest, 2) for a in INSIDERS}})
 
 
+def free_riders(ctx: Context) -> dict:
+    """Three colluding free riders (0.01 x) in the demo's fleet against the honest fleet (module docstring)."""
+    seeds, runs = ctx.seeds, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep, lane in interleave(("honest", "free_rider"), len(seeds)):
+            attack = None if lane == "honest" else lane
+            runs.append({"seed": seeds[rep], "attack": attack,
+                         **_demo_run(Path(tmp), attack, True, seeds[rep], insiders=1 if attack is None else 3)})
+
+    def mean(key: str, attack: str | None) -> float:
+        vals = [r[key] for r in runs if r["attack"] == attack]
+        return sum(vals) / len(vals)
+
+    moved = {k: round(mean(k, "free_rider") - mean(k, None), 2) for k in ("last3", "last5")}
+    print("\n| fleet | last 3 rounds (%) | last 5 rounds (%) |")
+    for attack, label in ((None, "honest"), ("free_rider", "with 3 free riders (0.01 x)")):
+        print(f"| {label} | {mean('last3', attack):.2f} | {mean('last5', attack):.2f} |")
+    print(f"| points moved | {moved['last3']:+.2f} | {moved['last5']:+.2f} |")
+    return ctx.write(runs, {"rounds": ROUNDS_DEMO, "seeds": seeds, "insiders": 3, "scale": 0.01, "moved": moved})
+
+
 def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--plain", action="store_true", help="also run each attack against a plain server")
-    ap.add_argument("--attacks", default=",".join(a for a in ATTACKS if a != "boost10"))
+    ap.add_argument("--attacks", default=",".join(a for a in ATTACKS if a not in ("boost10", "free_rider")))
     ap.add_argument("--skip-honest-cost", action="store_true")
     ap.add_argument("-O", dest="options", action="append", default=[], help="strategy option of the defaults runs")
+    ap.add_argument("--free-riders", action="store_true", help="three colluding free riders (0.01 x) in the demo "
+                    "fleet (--seeds: its seeds; results in bench/results/attacks_free_riders.json)")
     ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost "
                     "(--seeds: its seeds; results in bench/results/attacks_demo.json)")
 
@@ -121,6 +151,8 @@ def run(ctx: Context) -> dict:
     args = ctx.args
     if args.demo:
         return demo(ctx)
+    if args.free_riders:
+        return free_riders(ctx)
     options = dict(o.split("=", 1) for o in args.options)
     out: dict[str, object] = {"rounds": args.rounds, "options": options, "attacks": [], "honest_cost": []}
     runs: list[dict] = []
@@ -159,8 +191,8 @@ def run(ctx: Context) -> dict:
 
 
 def results_name(args: argparse.Namespace) -> str:
-    """attacks[_demo]"""
-    return "attacks_demo" if args.demo else "attacks"
+    """attacks[_demo|_free_riders]"""
+    return "attacks_demo" if args.demo else "attacks_free_riders" if args.free_riders else "attacks"
 
 
 CASE = Case("attacks", __doc__, run, arguments=arguments, seeds="0", results=results_name,

@@ -94,7 +94,11 @@ class ServerConfig:
         True, "Devices score their loss after local training (one forward pass of a batch a round, about a sixth "
               "of 5 steps' work); false: a train report has the loss before training and the mean loss of the "
               "local steps.", cli=False)
-    seed: NonNegativeInt = setting(0, "Seed of the model's initial weights and of device sampling.")
+    seed: NonNegativeInt = setting(0, "Seed of the model's initial weights (and of device sampling in plain runs "
+                                      "without --sample-seed).")
+    sample_seed: NonNegativeInt | None = setting(
+        None, "Seed of device sampling, for reproducible plain runs; none: --seed. Under --dp or "
+              "--secure-aggregation cohorts are secret draws from os.urandom and a sample seed is refused.")
     eval_every: NonNegativeInt = setting(1, "Evaluate every n rounds (0: never).")
     eval_data: str = setting("digits", "Held-out dataset for evaluation.", cli="--data")
     eval_source: str = setting(
@@ -293,6 +297,18 @@ class ServerConfig:
                                                f"{', '.join(MECHANISMS)}, or package.module:Class")
         if self.secure_aggregation and (conflict := self.secure_conflict()):
             raise SettingError("secure_aggregation", conflict)
+        if self.sample_seed is not None and (self.dp or self.secure_aggregation):
+            raise SettingError("sample_seed", "a seeded cohort is predictable: under dp and secure aggregation "
+                                              "cohorts are secret draws (docs/security.md)")
+
+    @property
+    def cohort_seed(self) -> int | None:
+        """The seed of each round's cohort draw; None, a secret draw from ``os.urandom``, under DP (its
+        amplification by sampling assumes nobody knows the cohort) and secure aggregation (a known
+        cohort tells who is in each masked sum). Plain runs: ``sample_seed``, or ``seed`` when unset."""
+        if self.dp or self.secure_aggregation:
+            return None
+        return self.seed if self.sample_seed is None else self.sample_seed
 
     def secure_conflict(self) -> str | None:
         """Why secure aggregation cannot run with these settings: what needs one device's update in the clear.

@@ -9,39 +9,53 @@ per device (a strategy's phases: evaluate, then train; train, then compare), eac
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED"]
+__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins"]
 
 # SKIPPED: never sent (the device could not hold what was asked); not a straggler.
 OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refused", "gone", "skipped"
 
 
-def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int, *, minimum: int = 1,
+def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed: int | None, *, minimum: int = 1,
                    k: int | None = None, poisson: bool = False) -> list[str]:
     """Sample ``k`` (default ``ceil(fraction * n)``, at least ``minimum``) of ``candidates``,
     reproducibly per (seed, round), returned sorted. ``poisson``: each candidate independently with
     probability ``fraction`` instead (no minimum: the sample may be empty), the sampling a DP
-    accountant of Poisson rounds assumes."""
+    accountant of Poisson rounds assumes.
+
+    ``seed`` None: a secret draw from ``os.urandom`` (:func:`secret_coins`), which nothing public
+    predicts. DP's amplification by sampling (Abadi et al., 2016, Theorem 1; the accountant's
+    sampled Gaussian) holds only if nobody knows who is in a round: a device known to be drawn is
+    accounted at q = 1 for that round. A seed is for plain, reproducible research runs."""
     pool = sorted(candidates)
     if not pool:
         return []
     if poisson and k is None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        coins = np.random.default_rng([seed, round]).random(len(pool))
+        coins = secret_coins(len(pool)) if seed is None else np.random.default_rng([seed, round]).random(len(pool))
         return [d for d, c in zip(pool, coins) if c < fraction]
     if k is None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         k = max(minimum, math.ceil(fraction * len(pool)))
     k = min(len(pool), max(0, k))
-    rng = np.random.default_rng([seed, round])
-    picked = rng.choice(len(pool), size=k, replace=False)
+    if seed is None:  # the k smallest of n uniform coins: a uniform k-subset
+        picked = np.argsort(secret_coins(len(pool)), kind="stable")[:k]
+    else:
+        picked = np.random.default_rng([seed, round]).choice(len(pool), size=k, replace=False)
     return [pool[i] for i in sorted(picked)]
+
+
+def secret_coins(n: int) -> np.ndarray:
+    """``n`` uniform numbers in [0, 1) of 53 bits each, from ``os.urandom`` (the OS CSPRNG)."""
+    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    return words.astype(np.float64) / float(1 << 53)
 
 
 @dataclass
@@ -213,21 +227,39 @@ class Attendance:
     Without I/O: the round loop tells it of each round's close and of each sign of life.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first_round: int = 1) -> None:
+        """``first_round``: the first round this server process runs (after a resume, the one after
+        the last completed)."""
         self._stalls: dict[str, int] = {}  # device -> misses not yet paid off by accepted reports
         self._silent: set[str] = set()  # missed its last report and not seen alive since
         self._rest: dict[str, int] = {}  # device -> rounds it still sits out, once alive again
         self._asked: set[str] = set()  # the open round's selected devices
         self._back: set[str] = set()  # of those, the ones that reconnected during the round
+        self._cut: set[str] = set()  # devices whose task of the next round a restart of the server cut
+        self._next = first_round  # the round this process opens next, or has open
 
-    def round_opened(self, selected: Iterable[str]) -> None:
-        """A round asked ``selected`` for their work."""
+    def round_opened(self, selected: Iterable[str], round: int | None = None) -> None:
+        """A round (number ``round``) asked ``selected`` for their work."""
         self._asked, self._back = set(selected), set()
+        self._next = self._next if round is None else round
+
+    def returned(self, device_id: str, resume_round: int) -> None:
+        """A device connected, saying it was working in round ``resume_round`` (-1: none). It is alive
+        (:meth:`alive`). If that round is the one this process is about to run or runs, and the device
+        was not asked for it by this process, the process before a restart (a crash, a kill) asked
+        it: the restart, the server's own doing, cut its task, so missing that round's report is no
+        miss of the device's (a secure round, say, cannot take back a device whose keys the previous
+        process held)."""
+        self.alive(device_id)
+        if resume_round == self._next and device_id not in self._asked:
+            self._cut.add(device_id)
 
     def round_closed(self, stragglers: Iterable[str], reported: Iterable[str]) -> None:
         """A round stopped waiting: its ``stragglers`` missed a report, ``reported`` answered. A
         straggler that reconnected while the round was open has shown it is alive: its miss counts,
-        but it is not silent."""
+        but it is not silent. A straggler whose task a restart cut (:meth:`returned`) missed nothing."""
+        stragglers = set(stragglers) - self._cut
+        self._cut, self._next = set(), self._next + 1
         for device_id in list(self._rest):
             left = self._rest[device_id] - 1
             if left > 0:

@@ -65,7 +65,8 @@ class Attack:
 
 #: The attacks of the suite. ``inflated`` sends a sign-flipped update behind a 100-fold sample claim
 #: (an inflated claim behind an honest update only shifts weight to honest data). ``lone`` sits
-#: alone at split 1 (blocks fc2..head of digits_mlp) and boosts its update tenfold.
+#: alone at split 1 (blocks fc2..head of digits_mlp) and boosts its update tenfold. ``free_rider``
+#: sends 0.01 of its honest update: the right direction, next to no step, full weight.
 ATTACKS: dict[str, Attack] = {a.name: a for a in (
     Attack("boost10", scale=10.0),
     Attack("boost100", scale=100.0),
@@ -73,6 +74,7 @@ ATTACKS: dict[str, Attack] = {a.name: a for a in (
     Attack("constant", shift=1.0),
     Attack("inflated", scale=-1.0, claim=100),
     Attack("lone", scale=10.0, split=1),
+    Attack("free_rider", scale=0.01),
 )}
 
 
@@ -185,14 +187,17 @@ ROUNDS_DEMO = 8
 
 
 def run_demo_fleet(store_dir: Path, attack: str | None, *, rounds: int = ROUNDS_DEMO, trust: bool = True,
-                   seed: int = 0) -> FleetResult:
+                   seed: int = 0, insiders: int = 1) -> FleetResult:
     """The demo's fleet under the default settings, every device enrolled and proving its
     credential, with the insider ``attack`` of :data:`ATTACKS` (None: the honest fleet alone);
     ``trust`` False turns direction trust off (the rest of the defaults stay). Every round waits for
     every device (``straggler_policy`` deadline): on a loaded machine the grace period would close a
     round without the slowest device, and selection would then leave it out, so the insider would
-    not be measured in every round."""
-    devices = DEMO_HONEST + ((FleetDevice("attacker", DEMO_SHARDS - 1, attack=ATTACKS[attack]),) if attack else ())
+    not be measured in every round. ``insiders`` > 1: that many colluding insiders, all on the
+    insider's shard (the same honest update, tampered alike)."""
+    names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
+    devices = DEMO_HONEST + (tuple(FleetDevice(n, DEMO_SHARDS - 1, attack=ATTACKS[attack]) for n in names)
+                             if attack else ())
     settings: dict[str, object] = {"straggler_policy": "deadline", **({} if trust else {"direction_trust": False})}
     return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=DEMO_SHARDS,
                      seed=seed, settings=settings)

@@ -126,3 +126,29 @@ def test_a_robust_statistic_over_too_few_contributors_says_so() -> None:
         robust.add(d, "blocks.fc1.bias", np.ones(3))
     robust.aggregate()
     assert "median of 2 is their mean" in robust.summary()[0]["note"]
+
+
+def test_each_block_is_normalised_to_the_references_norm_so_size_gives_no_leverage() -> None:
+    """FLTrust, Eq. 4: a free rider's 0.01 x update and a x100 boosted one both come out at the
+    reference's norm block by block (rows and slices against the same elements of the reference);
+    their direction, and so their trust, is unchanged."""
+    trust = DirectionTrust(TEMPLATE)
+    trust.begin_round(REFERENCE)
+    honest = _scaled(REFERENCE, {0: 0.8, 1: 1.2})
+    for size in (0.01, 100.0):
+        update = _scaled(honest, {0: size, 1: size})
+        scaled, factors = trust.normalise(update, Selection.tail(0))
+        for b in (0, 1):
+            names = [n for n in STATE if BLOCK_OF[n] == b]
+            norm = np.sqrt(sum(float(np.sum(np.square(scaled[n], dtype=np.float64))) for n in names))
+            want = np.sqrt(sum(float(np.sum(np.square(REFERENCE[n], dtype=np.float64))) for n in names))
+            assert norm == pytest.approx(want, rel=1e-5)
+        assert factors[0] == pytest.approx(1 / (0.8 * size), rel=1e-5)
+        assert trust.score("d", scaled, Selection.tail(0)) == pytest.approx(trust.score("d", honest, Selection.tail(0)))
+    name = "blocks.fc1.weight"
+    rows = p.RowSparse(np.array([0, 2]), REFERENCE[name][[0, 2]] * 0.01, 3)
+    scaled, _ = trust.normalise({name: rows}, Selection.tail(0))
+    np.testing.assert_allclose(scaled[name].values, REFERENCE[name][[0, 2]], rtol=1e-5)
+    off = DirectionTrust(TEMPLATE, enabled=False)
+    off.begin_round(REFERENCE)
+    assert off.normalise(honest, Selection.tail(0)) == (honest, {})

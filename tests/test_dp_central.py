@@ -26,7 +26,6 @@ from orchestrator.aggregation.privacy.accountant import BlockRelease, PrivacyLed
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
 from orchestrator.aggregation.privacy.gaussian import CentralGaussian
 from orchestrator.aggregation.privacy.release import PrivateRelease
-from orchestrator.rounds import sample_devices
 from orchestrator.server import Orchestrator
 from orchestrator.store import Store
 from orchestrator.views.terminal import privacy_words, round_line
@@ -43,10 +42,13 @@ def dp_config(store: Path, **overrides: object):
 
 
 async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list | None = None,
-                 labels: dict[str, dict[str, str]] | None = None):
+                 labels: dict[str, dict[str, str]] | None = None, watch=None):
     """Run a server with scripted devices answering every instruction with deltas of ``delta``
-    (``labels``: a device's hello labels); the first round starts once every device is connected."""
+    (``labels``: a device's hello labels); the first round starts once every device is connected.
+    ``watch``: called with the server before it runs."""
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)) if events is not None else None)
+    if watch is not None:
+        watch(orch)
     ready, start = asyncio.Event(), asyncio.Event()
     server = asyncio.create_task(orch.run(ready=ready, start=start))
     await ready.wait()
@@ -201,16 +203,39 @@ def test_a_dp_run_reports_epsilon_every_round_and_a_resumed_run_continues_the_le
     assert f"epsilon {straight[-1]['privacy']['epsilon']:.4g} (delta 1e-05, central noise)" in round_line(straight[-1], 3)
 
 
+def test_each_release_is_journaled_before_its_noise_is_drawn(tmp_path: Path) -> None:
+    """Journal first: when the mechanism is asked to noise round r, the store already accounts r
+    releases (synced, so a crash from then on leaves the release accounted)."""
+    config = dp_config(tmp_path / "s", rounds=3, min_devices=2, dp_noise_multiplier=1.0)
+    seen: list[tuple[int, int]] = []
+
+    def watch(orch: Orchestrator) -> None:
+        release = orch.intake.release
+        noise = release.mechanism.release
+
+        def noised(ctx, *args):
+            seen.append((ctx.round, len(release.store.privacy.accounted()["ledger"]["rounds"])))
+            return noise(ctx, *args)
+
+        release.mechanism.release = noised
+
+    asyncio.run(_serve(config, ["d0", "d1"], watch=watch))
+    assert seen == [(1, 1), (2, 2), (3, 3)]
+
+
 def test_with_poisson_sampling_each_device_is_in_a_round_by_its_own_coin_and_accounted_so(tmp_path: Path) -> None:
-    """dp_sampling=poisson: each round's cohort is each idle device's own coin at rate q (its size
-    varies, empty rounds included), and the ledger accounts Poisson-sampled rounds at q."""
-    z, q, rounds, devices = 1.5, 0.2, 4, [f"d{i}" for i in range(6)]  # rounds 3 and 4 draw nobody
+    """dp_sampling=poisson: each round's cohort is each idle device's own secret coin at rate q (its
+    size varies, empty rounds included), and the ledger accounts Poisson-sampled rounds at q."""
+    z, q, rounds, devices = 1.5, 0.2, 4, [f"d{i}" for i in range(6)]
     config = dp_config(tmp_path / "s", rounds=rounds, min_devices=6, fraction=q, dp_noise_multiplier=z,
                        dp_sampling="poisson")
     orch, history = asyncio.run(_serve(config, devices))
-    drawn = [sample_devices(devices, q, r, config.seed, poisson=True) for r in range(1, rounds + 1)]
-    assert [h["selected"] for h in history] == [len(d) for d in drawn]
-    assert [len(d) for d in drawn] == [1, 3, 0, 0]  # not a fixed size; an empty round is still noised
+    store = Store(config.store_dir)
+    try:
+        drawn = [r["selected"] for r in store.rounds.all()]
+    finally:
+        store.close()
+    assert [h["selected"] for h in history] == [len(d) for d in drawn] and len(drawn) == rounds
     blocks = orch.model.block_names
     ledger = PrivacyLedger(blocks, 1e-5, sampling="poisson")
     for r, h in enumerate(history):

@@ -48,11 +48,33 @@ def test_the_plan_for_scripts_names_the_multiplier_and_the_noise_on_the_mean() -
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     z = plan["noise_multiplier"]
-    assert plan["rate"] == 0.05 and plan["expected_cohort"] == 500 and plan["delta"] == pytest.approx(10000**-1.1)
+    assert plan["rate"] == 0.05 and plan["expected_cohort"] == 500 and plan["delta"] == 1e-5  # 1/N^1.1 is larger
     assert plan["delta_is_default"] is True and plan["refusals"] == []
-    assert plan["epsilon"] == pytest.approx(epsilon_for(z, 0.05, 100, 10000**-1.1, accountant="rdp"))
-    assert plan["epsilon"] <= 4 < epsilon_for(z * 0.995, 0.05, 100, 10000**-1.1, accountant="rdp")
+    assert plan["epsilon"] == pytest.approx(epsilon_for(z, 0.05, 100, 1e-5, accountant="rdp"))
+    assert plan["epsilon"] <= 4 < epsilon_for(z * 0.995, 0.05, 100, 1e-5, accountant="rdp")
     assert plan["mean_stddev"] == pytest.approx(z * 0.5 / 500) and plan["sum_stddev"] == pytest.approx(z * 0.5)
+
+
+@pytest.mark.parametrize(("devices", "sampling"), [(1000, "poisson"), (1000, "fixed"), (100_000, "poisson")])
+def test_the_plan_is_the_one_the_server_runs(devices: int, sampling: str) -> None:
+    """dp-plan with its default delta prints the multiplier and delta the server calibrates for the
+    same fleet, cohort, rounds and target (min(1e-5, 1/N^1.1) on both sides: 1e-5 for 1,000 devices,
+    1/N^1.1 for 100,000); for 1,000 / 100 a round / 10 rounds / epsilon 8, Poisson: 0.6121."""
+    from orchestrator.aggregation.privacy.central import plan_central
+    from orchestrator.config import ServerConfig
+
+    out = edgetrain("--devices", str(devices), "--per-round", str(devices // 10), "--rounds", "10",
+                    "--target-epsilon", "8", "--sampling", sampling, "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    server = plan_central(ServerConfig(dp=True, dp_target_epsilon=8.0, min_devices=devices, fraction=0.1, rounds=10,
+                                       dp_sampling=sampling), num_blocks=4)
+    assert (plan["noise_multiplier"], plan["delta"]) == (server.multiplier, server.delta)
+    assert server.delta == min(1e-5, devices**-1.1)
+    if (devices, sampling) == (1000, "poisson"):
+        assert f"{server.multiplier:.4f}" == "0.6121"
+        shown = edgetrain("--devices", "1000", "--per-round", "100", "--rounds", "10", "--target-epsilon", "8")
+        assert "noise multiplier 0.6121" in shown.stdout and "delta 1e-05 (min(1e-5, 1/N^1.1))" in shown.stdout
 
 
 def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
@@ -90,7 +112,7 @@ def test_distributed_noise_names_each_device_share_and_the_multiplier_as_survivo
     assert set(cases) == {1.0, 0.9, 0.7}
     for share, case in cases.items():
         assert case["noise_multiplier"] == pytest.approx(z * (share / 0.9) ** 0.5)
-        assert case["epsilon"] == pytest.approx(epsilon_for(case["noise_multiplier"], 0.05, 50, 10000**-1.1,
+        assert case["epsilon"] == pytest.approx(epsilon_for(case["noise_multiplier"], 0.05, 50, 1e-5,
                                                             accountant="rdp"))
     assert cases[1.0]["epsilon"] < plan["epsilon"] <= 4.0 < cases[0.7]["epsilon"]
     blocks = {b["block"]: b for b in plan["blocks"]}

@@ -42,6 +42,28 @@ def test_a_straggler_that_reconnected_during_the_round_is_not_silent() -> None:
     assert not seen.selectable("flaky")
 
 
+def test_a_task_cut_by_the_servers_restart_is_no_miss() -> None:
+    """Resumed at round 5: a device back saying it was working in round 5 (for the process before
+    the restart) and then missing round 5's report is not held out; one that missed round 5 of this
+    process, or a later round, is; and a device asked by this process that drops and returns keeps
+    its miss (it is not silent, as before)."""
+    seen = Attendance(first_round=5)
+    seen.returned("cut", 5)  # connected before round 5 opened, its round-5 task cut by the restart
+    seen.returned("fresh", -1)
+    seen.round_opened({"cut", "fresh", "a"}, 5)
+    seen.round_closed(stragglers={"cut", "fresh"}, reported={"a"})
+    assert seen.selectable("cut") and not seen.selectable("fresh") and seen.silent() == {"fresh"}
+    seen.round_opened({"cut", "a"}, 6)
+    seen.returned("cut", 6)  # it dropped out of round 6 of this process and came back: its own miss
+    seen.round_closed(stragglers={"cut"}, reported={"a"})
+    seen.round_opened({"a"}, 7)
+    seen.round_closed(stragglers=(), reported={"a"})
+    seen.returned("late", 6)  # back from round 6, which this process closed: no excuse
+    seen.round_opened({"late", "a"}, 8)
+    seen.round_closed(stragglers={"late"}, reported={"a"})
+    assert not seen.selectable("late")
+
+
 def test_repeated_stalls_lower_a_devices_priority() -> None:
     seen = Attendance()
     rests = []

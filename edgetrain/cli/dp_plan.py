@@ -192,7 +192,7 @@ def dp_plan(
     rate: Optional[float] = typer.Option(None, help="Sampling rate q: each device's chance of being in a round."),
     rounds: Optional[int] = typer.Option(None, help="Rounds (R). Default with a fleet: its rounds."),
     target_epsilon: float = typer.Option(..., "--target-epsilon", help="Epsilon the whole run may spend."),
-    delta: Optional[float] = typer.Option(None, help="Delta (default 1 / N^1.1; must be below 1 / N)."),
+    delta: Optional[float] = typer.Option(None, help="Delta (default min(1e-5, 1 / N^1.1), as the server; must be below 1 / N)."),
     clip: float = typer.Option(1.0, help="L2 clip C of one device's whole update (split over the blocks)."),
     blocks_from_fleet: Optional[str] = typer.Option(None, "--blocks-from-fleet",
                                                     help="A fleet file (or shipped fleet name): plan per block."),
@@ -232,7 +232,7 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    delta = f"{plan['delta']:.3g}" + (" (1/N^1.1)" if plan["delta_is_default"] else "")
+    delta = f"{plan['delta']:.3g}" + (" (min(1e-5, 1/N^1.1))" if plan["delta_is_default"] else "")
     console.print(f"{plan['devices']} devices, rate {plan['rate']:.4g} ({plan['sampling']} sampling, expected "
                   f"cohort {plan['expected_cohort']:.4g}), {plan['rounds']} rounds")
     console.print(f"target epsilon {plan['target_epsilon']:g} at delta {delta}, accountant {plan['accountant']}")

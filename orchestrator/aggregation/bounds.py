@@ -8,8 +8,8 @@ for and the upload format and the release allow:
 - ``norm_bound`` (:class:`NormBoundStep`): each block's norm against the server's reference update and
   its peers' history (:mod:`orchestrator.aggregation.normbound`); it also keeps the round's reference
   update, which direction trust reads;
-- ``direction_trust`` (:class:`TrustStep`): each block's weight by its cosine with the reference update
-  (:mod:`orchestrator.aggregation.trust`);
+- ``direction_trust`` (:class:`TrustStep`): each block normalised to the reference update's norm and
+  weighed by its cosine with it (:mod:`orchestrator.aggregation.trust`);
 - ``dp_clip``: a privacy mechanism's clip of each update, per block, before its sum is noised
   (:class:`~orchestrator.aggregation.privacy.clipping.ClipAndSum`);
 - ``device_clip`` (:class:`~orchestrator.aggregation.secure.upload.DeviceClip`): under masking the server cannot see an update, so the bound is
@@ -63,7 +63,8 @@ class NormBoundStep(Bound):
 
 
 class TrustStep(Bound):
-    """Weigh an update, per block, by ReLU of its cosine with the round's reference update."""
+    """Normalise an update, per block, to the round's reference update's norm, and weigh it by ReLU
+    of its cosine with it (FLTrust, Eq. 4 and Algorithm 1)."""
 
     name = "direction_trust"
 
@@ -75,9 +76,10 @@ class TrustStep(Bound):
         self.trust.begin_round(self.norms.update)
 
     def apply(self, pending: Pending) -> Pending:
-        scores = self.trust.score(pending.device_id, pending.tensors, pending.selection)
-        return pending.with_(entry_weights=self.trust.entry_weights(pending.tensors, scores),
-                             scored={"trust": self.trust.named(scores)} if scores else None)
+        tensors, factors = self.trust.normalise(pending.tensors, pending.selection)
+        scores = self.trust.score(pending.device_id, tensors, pending.selection)
+        scored = {"trust": self.trust.named(scores), "normalised": self.trust.named(factors)} if scores else None
+        return pending.with_(tensors=tensors, entry_weights=self.trust.entry_weights(tensors, scores), scored=scored)
 
     def discard(self, device_id: str) -> None:
         self.trust.discard(device_id)

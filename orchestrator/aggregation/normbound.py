@@ -40,7 +40,7 @@ from orchestrator.config import ServerConfig
 from orchestrator.parts import Reference
 from orchestrator.store import Store
 
-__all__ = ["HISTORY", "MIN_PEERS", "Bounded", "NormBound", "block_norms", "update_norm"]
+__all__ = ["HISTORY", "MIN_PEERS", "Bounded", "NormBound", "block_norms", "scaled_delta", "update_norm"]
 
 log = logging.getLogger("edgetrain.server")
 
@@ -67,7 +67,8 @@ def block_norms(tensors: Mapping[str, object], block_of: Mapping[str, int]) -> d
     return {b: update_norm(ts) for b, ts in sorted(by_block.items())}
 
 
-def _scaled(t: object, scale: float) -> object:
+def scaled_delta(t: object, scale: float) -> object:
+    """A delta (dense or row-sparse) times ``scale``; counters (non-float entries) are left alone."""
     if isinstance(t, p.RowSparse):
         return p.RowSparse(t.indices, t.values * np.asarray(scale, t.values.dtype), t.num_rows)
     return t * np.asarray(scale, t.dtype) if t.dtype.kind == "f" else t
@@ -156,7 +157,7 @@ class NormBound:
                                                     f"{self.factor:g} x the {which} ({limit:.3g})")
                 over[b] = limit / norm
         if over:
-            tensors = {n: _scaled(t, over[self.block_of[n]]) if self.block_of[n] in over else t
+            tensors = {n: scaled_delta(t, over[self.block_of[n]]) if self.block_of[n] in over else t
                        for n, t in tensors.items()}
         for b, norm in norms.items():
             self._pending.append((device, b, split, norm * over.get(b, 1.0)))

@@ -1,5 +1,5 @@
-"""Direction-aware trust per block: an update is weighed by how far its direction agrees with the
-server's own update of the round, block by block.
+"""Direction-aware trust per block: an update is normalised to the size of the server's own update
+of the round and weighed by how far its direction agrees with it, block by block.
 
 The norm bound (:mod:`orchestrator.aggregation.normbound`) limits how *large* an update may be; an update of
 honest size pointing the wrong way (a sign-flipped one) passes it and cancels an honest device's
@@ -9,8 +9,17 @@ aggregates ``sum_i TS_i g_i / sum_i TS_j``: an update at 90 degrees or more from
 weighs nothing. FLTrust scores the whole update; under partial training a device trains only its
 tail of blocks, so here each block (layer group) a device trained gets its own score from that
 block's cosine with the same block of the reference update (:mod:`orchestrator.aggregation.reference`), and the
-device's weight in that block's mean is multiplied by it (``DeviceReport.entry_weights``; the
-magnitude side of FLTrust, normalising each update to the reference's norm, is the norm bound's).
+device's weight in that block's mean is multiplied by it (``DeviceReport.entry_weights``).
+
+Magnitude. FLTrust normalises each update to the reference's norm before weighing it (Section 4.2,
+Eq. 4: g_i <- (||g_0|| / ||g_i||) g_i), so that an update's leverage comes from its direction only:
+here each block a device trained is scaled to the norm of the reference's same block, over the same
+elements (:meth:`DirectionTrust.normalise`). Without it, size is an attacker's lever both ways: a
+boosted update within the norm bound outweighs its peers, and a free rider (an update shrunk to
+0.01 of an honest one, direction unchanged: trust about that of an honest device) takes its full
+share of the weight while contributing nothing, shrinking the round's step (three such in the
+demo's fleet cost 5.48 points before; BENCHMARKS.md, "Free riders"). The norm bound still clips
+first, so the history of accepted norms it keeps is what devices sent.
 
 ``trust_floor`` > 0 is a soft variant: ``max(floor, ReLU(cos))``, which keeps some weight on an
 honest device whose non-IID data points away from the server's. A sign-flipped update then weighs
@@ -32,9 +41,10 @@ import numpy as np
 
 from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
+from orchestrator.aggregation.normbound import scaled_delta
 from orchestrator.strategies.selection import Selection
 
-__all__ = ["DirectionTrust", "block_cosines"]
+__all__ = ["DirectionTrust", "block_cosines", "norm_ratios"]
 
 
 def _pair(delta: object, ref: np.ndarray, selection: Selection | None, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -49,10 +59,10 @@ def _pair(delta: object, ref: np.ndarray, selection: Selection | None, name: str
     return values.ravel(), np.asarray(ref, values.dtype).ravel()
 
 
-def block_cosines(tensors: Mapping[str, object], reference: Mapping[str, np.ndarray], block_of: Mapping[str, int],
-                  selection: Selection | None = None) -> dict[int, float]:
-    """cos(update, reference) per block, over the float entries both have. A block whose reference
-    has no length gets nan (no direction to judge by); an update of no length, 0."""
+def _block_dots(tensors: Mapping[str, object], reference: Mapping[str, np.ndarray], block_of: Mapping[str, int],
+                selection: Selection | None) -> dict[int, tuple[float, float, float]]:
+    """Per block: (update . reference, ||update||^2, ||reference||^2) over the float entries both
+    have, the reference taken at the update's elements."""
     dots: dict[int, list[float]] = {}
     for name, delta in tensors.items():
         values = delta.values if isinstance(delta, p.RowSparse) else delta
@@ -64,13 +74,28 @@ def block_cosines(tensors: Mapping[str, object], reference: Mapping[str, np.ndar
         acc[0] += float(d @ r)
         acc[1] += float(d @ d)
         acc[2] += float(r @ r)
+    return {b: (dot, dd, rr) for b, (dot, dd, rr) in sorted(dots.items())}
+
+
+def block_cosines(tensors: Mapping[str, object], reference: Mapping[str, np.ndarray], block_of: Mapping[str, int],
+                  selection: Selection | None = None) -> dict[int, float]:
+    """cos(update, reference) per block, over the float entries both have. A block whose reference
+    has no length gets nan (no direction to judge by); an update of no length, 0."""
     out: dict[int, float] = {}
-    for b, (dot, dd, rr) in sorted(dots.items()):
+    for b, (dot, dd, rr) in _block_dots(tensors, reference, block_of, selection).items():
         if rr <= 0:
             out[b] = math.nan
         else:
             out[b] = 0.0 if dd <= 0 else dot / math.sqrt(dd * rr)
     return out
+
+
+def norm_ratios(tensors: Mapping[str, object], reference: Mapping[str, np.ndarray], block_of: Mapping[str, int],
+                selection: Selection | None = None) -> dict[int, float]:
+    """||reference|| / ||update|| per block, over the same elements (FLTrust, Eq. 4); only blocks
+    where both have a length."""
+    return {b: math.sqrt(rr / dd) for b, (_, dd, rr) in _block_dots(tensors, reference, block_of, selection).items()
+            if dd > 0 and rr > 0}
 
 
 class DirectionTrust:
@@ -86,6 +111,17 @@ class DirectionTrust:
     def begin_round(self, reference: Mapping[str, np.ndarray] | None) -> None:
         """A round opens with the server's reference update (None: none this round, weights stay 1)."""
         self._reference, self._scores = reference, {}
+
+    def normalise(self, tensors: Mapping[str, object], selection: Selection | None
+                  ) -> tuple[Mapping[str, object], dict[int, float]]:
+        """Each block of the update scaled to the reference's norm over the same elements (FLTrust,
+        Eq. 4), and the factor of each block; unchanged when trust is off or there is no reference."""
+        if not self.enabled or not self._reference or not tensors:
+            return tensors, {}
+        factors = norm_ratios(tensors, self._reference, self.block_of, selection)
+        scaled = {n: scaled_delta(t, factors[self.block_of[n]]) if self.block_of[n] in factors else t
+                  for n, t in tensors.items()}
+        return scaled, factors
 
     def score(self, device: str, tensors: Mapping[str, object], selection: Selection | None) -> dict[int, float]:
         """Block -> trust in [floor, 1] of a device's (bounded) update; empty when trust is off or

@@ -111,7 +111,7 @@ class RoundLoop:
                                      current=lambda: (self.round, self.ctx), prepared=self.prepared,
                                      changed=self.changed.set)
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
-        self.attendance = Attendance()  # who missed a report: not selected until seen alive
+        self.attendance = Attendance(self.start_round)  # who missed a report: not selected until seen alive
         self._prepared: asyncio.Future[float] | None = None  # the round's ReportIntake.prepare, in a thread
 
     # -- devices --------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ class RoundLoop:
         instructions = list(self.strategy.configure(ctx))
         self.store.rounds.begin(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
-        self.attendance.round_opened({i.device_id for i in instructions})
+        self.attendance.round_opened({i.device_id for i in instructions}, r)
         await self.instructions.dispatch(instructions)
         self._prepared = asyncio.ensure_future(asyncio.to_thread(self._prepare, self.global_state, r))
         while (closed_by := closing(rs, ctx, self.strategy, self.config, t0)) is None:
@@ -239,7 +239,7 @@ class RoundLoop:
             round=r, global_state=MappingProxyType(self.global_state),
             devices=MappingProxyType({d: self.sessions[d].info for d in self.idle()}), state=rs,
             blocks=tuple(self.template.block_names), fraction=self.config.fraction,
-            seed=self.config.seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
+            seed=None if (seed := self.config.cohort_seed) is None else seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
         )
         self.round, self.ctx = rs, ctx
         return rs, ctx
@@ -331,7 +331,7 @@ class RoundLoop:
         """A device was welcomed. One that drops mid-round and comes back resumes that round: the
         upload it was sending when its connection dropped, else the work it still owes. A device
         that was silent is selectable again (after its rest, if it stalled repeatedly)."""
-        self.attendance.alive(session.device_id)
+        self.attendance.returned(session.device_id, session.hello.resume_round)
         rs = self.round
         if rs is not None and session.hello.resume_round == rs.round and rs.expects(session.device_id):
             rs.on_back(session.device_id)

@@ -17,12 +17,23 @@ class Privacy:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def record(self, round: int, state: Mapping[str, object]) -> None:
+    def record(self, round: int, state: Mapping[str, object], *, durable: bool = False) -> None:
         """Journal the privacy ledger (and clips) as they stand after round ``round``'s release.
-        Recording a round again (a retried attempt, or a crash before its completion) replaces it."""
+        Recording a round again (a retried attempt, or a crash before its completion) replaces it.
+        ``durable``: synced to disk before it returns (a release that is about to be made)."""
         round = round_number(round)
-        with self.db.write() as db:
+        with self.db.write(durable=durable) as db:
             db.execute("INSERT OR REPLACE INTO privacy(round, state) VALUES (?, ?)", (round, dumps(state)))
+
+    def accounted(self) -> dict | None:
+        """The ledger as last journaled, its round completed or not (None: none yet). Ledgers are
+        cumulative and a round is journaled before its noise is drawn (``PrivateRelease.release``), so
+        this one counts every release the run ever made, including one cut short by a crash: a
+        resumed run continues it, and its rerun of that round is accounted once more."""
+        if "privacy" not in self.db.tables():
+            return None
+        row = self.db.one("SELECT state FROM privacy ORDER BY round DESC LIMIT 1")
+        return None if row is None else json.loads(row["state"])
 
     def last(self) -> dict | None:
         """The privacy state journaled with the last completed round (None: none yet), which a

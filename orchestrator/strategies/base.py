@@ -210,15 +210,16 @@ class RoundContext:
     state: RoundState
     blocks: tuple[str, ...] = ()
     fraction: float = 1.0
-    seed: int = 0
+    seed: int | None = 0  # None: cohorts are secret draws (ServerConfig.cohort_seed)
     poisson: bool = False  # a fraction samples each device independently (dp_sampling = "poisson")
 
     def sample(self, candidates: Iterable[str] | None = None, *, fraction: float | None = None,
                k: int | None = None, salt: int = 0) -> list[str]:
-        """Reproducible sample of ``candidates`` (default: every device), by fraction or count."""
+        """Sample of ``candidates`` (default: every device), by fraction or count: reproducible per
+        seed, or secret (``os.urandom``) when the context has none."""
         pool = self.devices if candidates is None else candidates
         return sample_devices(pool, self.fraction if fraction is None else fraction, self.round,
-                              self.seed + salt, k=k, poisson=self.poisson)
+                              None if self.seed is None else self.seed + salt, k=k, poisson=self.poisson)
 
     @property
     def num_blocks(self) -> int:

@@ -401,7 +401,7 @@ class VaRSeL(Strategy):
             return []
         w = approx_weights([self._distances[d] for d in devices], self._a, m, self._k)
         self._w_tilde = {d: float(x) for d, x in zip(devices, w)}
-        rng = np.random.default_rng([self.seed, ctx.seed, ctx.round])
+        rng = np.random.default_rng(None if ctx.seed is None else [self.seed, ctx.seed, ctx.round])
         draws = rng.random(len(devices))
         self._sampled = [d for d, x, u in zip(devices, w, draws) if u < x]
         return [Instruction(d, "train", self._selection[d]) for d in self._sampled]

@@ -21,8 +21,11 @@ device at split s training k of them has z sqrt(L / k): weak devices spend less.
 mean of block b is z C / m_b: the input-side blocks, which only strong devices train, have the
 smaller cohort and the noisier mean.
 
-The delta. 1 / N^1.1 by default (N devices): below 1 / N, so that a mechanism that publishes one
-device's data whole with probability delta cannot meet it; the exponent puts it a little further.
+The delta. min(:data:`DELTA_CAP`, 1 / N^1.1) by default (N devices): below 1 / N, so that a mechanism
+that publishes one device's data whole with probability delta cannot meet it; the exponent puts it a
+little further, and the cap keeps small fleets at the customary 1e-5. :func:`default_delta` is the one
+owner of that rule: the server's plan (``central``) and ``edgetrain dp-plan`` both ask it, so a plan
+printed before a run is the plan the server runs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accou
 from orchestrator.strategies.base import Combines
 
 __all__ = [
+    "DELTA_CAP",
     "MIN_COHORT",
     "Z_MAX",
     "Z_MIN",
@@ -63,15 +67,19 @@ Z_MIN, Z_MAX = 0.3, 100.0
 MIN_COHORT = 10
 
 
+#: The largest default delta, whatever the fleet: 1 / N^1.1 is above it for fleets under about 35,000.
+DELTA_CAP = 1e-5
+
+
 class PrivacyPlanError(ValueError):
     """DP settings that cannot work, said in one line."""
 
 
 def default_delta(devices: int) -> float:
-    """1 / N^1.1 for a fleet of N devices (see the module docstring)."""
+    """min(1e-5, 1 / N^1.1) for a fleet of N devices (see the module docstring)."""
     if devices < 1:
         raise PrivacyPlanError(f"a fleet needs at least one device, got {devices}")
-    return float(devices) ** -1.1
+    return min(DELTA_CAP, float(devices) ** -1.1)
 
 
 def check_delta(delta: float, devices: int) -> float:

@@ -28,10 +28,7 @@ from orchestrator.aggregation.privacy.calibrate import (PrivacyPlanError, check_
 from orchestrator.aggregation.privacy.clipping import sum_multiplier
 from orchestrator.config import ServerConfig
 
-__all__ = ["CentralPlan", "DEFAULT_DELTA", "plan_central"]
-
-#: The delta used unless set, when 1 / N^1.1 is not smaller.
-DEFAULT_DELTA = 1e-5
+__all__ = ["CentralPlan", "plan_central"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ def plan_central(config: ServerConfig, num_blocks: int) -> CentralPlan:
     fleet, poisson = max(1, config.min_devices), config.dp_sampling == "poisson"
     cohort = config.fraction * fleet if poisson else min(fleet, max(1, math.ceil(config.fraction * fleet)))
     check_cohort(cohort, f"fraction {config.fraction:g} of --min-devices {fleet}", minimum=config.dp_min_cohort)
-    delta = config.dp_delta if config.dp_delta is not None else min(DEFAULT_DELTA, default_delta(fleet))
+    delta = config.dp_delta if config.dp_delta is not None else default_delta(fleet)
     check_delta(delta, fleet)
     z, target = config.dp_noise_multiplier, config.dp_target_epsilon
     q, accounted = (config.fraction, None) if poisson else (cohort / fleet, fleet)

@@ -12,9 +12,12 @@ a resumed run's last completed round, refusing one kept at other settings), and 
    (:meth:`~orchestrator.aggregation.privacy.mechanism.PrivacyMechanism.releases`); it asks the
    accountant ahead, in a worker thread, while the server keeps serving (:meth:`settle`);
 3. never releases a round that would take the model past the target: the run ends before it, with the
-   round named; else the mechanism noises the sums, the ledger records the event, and the ledger and
-   the mechanism's state are journaled with the round (``store.privacy.record``), so that a resumed
-   run continues them;
+   round named; else, journal first, the ledger records the event and is journaled, synced to disk,
+   before the mechanism draws the noise (``store.privacy.record``), then the mechanism's state after
+   the release is journaled beside it. A release cut short by a crash is therefore accounted: a
+   resumed run continues the last journaled ledger (``store.privacy.accounted``), which counts it,
+   with the mechanism's state of the last completed round, and accounts the round's rerun again
+   (a release that may have left the server is never taken back);
 4. says in the round's metrics what was spent so far (per block and for the model) and what the round
    released.
 """
@@ -107,10 +110,11 @@ class PrivateRelease(Release):
         self.ledger = PrivacyLedger(mechanism.blocks, mechanism.plan.delta, accountant=config.dp_accountant,
                                     sampling=config.dp_sampling)
         if config.resume:
-            saved = store.privacy.last()
-            ledger = resumed_ledger(saved, store.rounds.completed(), self.ledger, mechanism.journal_mode)
-            if ledger is not None and saved is not None:
+            saved, accounted = store.privacy.last(), store.privacy.accounted()
+            ledger = resumed_ledger(accounted, store.rounds.completed(), self.ledger, mechanism.journal_mode)
+            if ledger is not None:
                 self.ledger = ledger
+            if saved is not None:
                 mechanism.restore(saved)
         self.stop_reason: str | None = None
 
@@ -146,14 +150,20 @@ class PrivateRelease(Release):
                            extra={**result.extra, "privacy": self.summary({})})
         if self.target is not None and self.ledger.would_exceed(self.target, r.event):
             raise PrivacyBudgetSpent(over_target(self.ledger, self.target, ctx.round, r.event))
+        self.ledger.record(r.event)  # journal first: accounted before the noise is drawn
+        self._journal(ctx.round, durable=True)
         state, said = self.mechanism.release(ctx, result, sums, r.expected, r.released)
-        self.ledger.record(r.event)
-        self.store.privacy.record(ctx.round, {"ledger": self.ledger.to_json(), **self.mechanism.state(),
-                                              "mode": self.mechanism.journal_mode})
+        log.info("round %d: noised release of %d blocks, accounted as release %d", ctx.round, len(r.released),
+                 len(self.ledger.rounds))
+        self._journal(ctx.round)
         self.stop_reason = next_stop(self.ledger, self.target, ctx.round, self.config.rounds, r.event) \
             or self.stop_reason
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
             {**said, "fleet": r.fleet, "cohort": r.cohort})})
+
+    def _journal(self, round: int, *, durable: bool = False) -> None:
+        self.store.privacy.record(round, {"ledger": self.ledger.to_json(), **self.mechanism.state(),
+                                          "mode": self.mechanism.journal_mode}, durable=durable)
 
     def summary(self, round_info: Mapping[str, object]) -> dict[str, object]:
         """The privacy spent so far (per block and for the model) and what this round released."""
