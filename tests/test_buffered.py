@@ -1,0 +1,107 @@
+"""Buffered asynchronous rounds (FedBuff; docs/buffered.md): the staleness weight, what is refused at
+startup and why, and a fleet of real device processes trained through ``edgetrain serve`` in buffered
+mode, a slow device's updates folded with their staleness instead of being cut."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emulator.faults import Faults
+from emulator.launch import DeviceLaunch, device_argv
+from emulator.localfleet import device_env, role_budgets
+from orchestrator.aggregation.assembly import check_capabilities
+from orchestrator.aggregation.buffered import staleness_weight
+from orchestrator.config import SettingError
+from orchestrator.store import Store
+from orchestrator.strategies import make_strategy
+from tests.factories import server_config
+
+
+def test_staleness_weight_is_fedbuffs_inverse_square_root_by_default() -> None:
+    assert staleness_weight(0, 0.5) == 1.0
+    assert staleness_weight(3, 0.5) == pytest.approx(0.5)  # 1/sqrt(1 + 3)
+    assert staleness_weight(8, 0.5) == pytest.approx(1 / 3)
+    assert staleness_weight(5, 0.0) == 1.0  # constant weighting
+    with pytest.raises(ValueError):
+        staleness_weight(-1, 0.5)
+
+
+@pytest.mark.parametrize(("strategy", "options", "settings", "says"), [
+    ("fedsubavg", {}, {}, "combines by a rule of its own"),
+    ("fedavg", {"aggregation": "median"}, {}, "robust statistic median"),
+    ("fedalign", {}, {}, "combines by a rule of its own"),
+    ("fedavg", {}, {"secure_aggregation": True}, "secure aggregation"),
+    ("fedavg", {}, {"dp": True, "dp_noise_multiplier": 1.0}, "privacy ledger"),
+])
+def test_what_cannot_run_buffered_is_refused_in_one_line(tmp_path: Path, strategy: str, options: dict,
+                                                         settings: dict, says: str) -> None:
+    config = server_config(tmp_path, round_mode="buffered", strategy=strategy, **settings)
+    with pytest.raises(SettingError) as refused:
+        check_capabilities(config, make_strategy(strategy, **options))
+    assert refused.value.name == "round_mode" and says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_weighted_means_run_buffered(tmp_path: Path) -> None:
+    for name in ("fedavg", "embracingfl"):
+        check_capabilities(server_config(tmp_path, round_mode="buffered", strategy=name), make_strategy(name))
+
+
+def _serve(port: int, store: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "edgetrain", "serve", "--model", "digits_mlp", "--port", str(port),
+            "--store", str(store), "--json-events", "--local-steps", "5", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=device_env(), text=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_buffered_rounds_train_real_devices_and_fold_a_slow_devices_stale_updates(tmp_path: Path) -> None:
+    """Three device processes, one 4 s slower per report: with a buffer of 2 the fast ones step the
+    model while the slow one trains, and its updates arrive stale, folded with (1 + s)^-1/2."""
+    port, store_dir = _free_port(), tmp_path / "store"
+    strong = role_budgets("digits_mlp")["strong"]
+    server = _serve(port, store_dir, "--strategy", "embracingfl", "--round-mode", "buffered", "--concurrency", "3",
+                    "--buffer-size", "2", "--rounds", "8", "--min-devices", "3", "--eval-every", "4")
+    launches = [DeviceLaunch(f"d{i}", strong, client=i, num_clients=3,
+                             faults=Faults(delay_s=4.0) if i == 2 else Faults()) for i in range(3)]
+    devices = [subprocess.Popen(device_argv(l, f"ws://127.0.0.1:{port}"), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=device_env()) for l in launches]
+    try:
+        out, err = server.communicate(timeout=300)
+        assert server.returncode == 0, err[-2000:]
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        ends = [e for e in events if e.get("event") == "round_end"]
+        assert [e["round"] for e in ends] == list(range(1, 9))
+        assert all(e["buffered"] == 2 and e["model_version"] == e["round"] for e in ends)
+        store = Store.open_readonly(store_dir)
+        reports = [r for r in store.reports.all() if r["accepted"]]
+        rounds = store.rounds.all()
+        store.close()
+        slow = [r for r in reports if r["device_id"] == "d2"]
+        stale = [r for r in slow if r["staleness"] > 0]
+        assert stale, f"the slow device's updates were all fresh: {[r['staleness'] for r in slow]}"
+        for r in reports:  # each folded with its staleness weight, computed on the version it was sent
+            assert r["staleness"] == r["round"] - 1 - r["model_version"] >= 0
+            assert r["staleness_weight"] == pytest.approx(1 / math.sqrt(1 + r["staleness"]))
+        assert not any(e.get("event") == "late" for e in events)  # nobody was cut
+        accuracy = [r["metrics"]["accuracy"] for r in rounds if r["metrics"] and "accuracy" in r["metrics"]]
+        assert accuracy[-1] > 0.5, accuracy  # digits: 10 classes, chance is 0.1
+    finally:
+        for proc in [server, *devices]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
