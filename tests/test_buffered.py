@@ -105,3 +105,56 @@ def test_buffered_rounds_train_real_devices_and_fold_a_slow_devices_stale_update
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_buffer_resumes_it_losing_no_folded_update_and_folding_none_twice(tmp_path: Path) -> None:
+    """SIGKILL once two of buffer 2's three updates are folded (and acked): the journal holds them,
+    and ``--resume`` reopens buffer 2 with exactly those two, which the third update completes."""
+    port, store_dir = _free_port(), tmp_path / "store"
+    strong = role_budgets("digits_mlp")["strong"]
+    args = ("--round-mode", "buffered", "--concurrency", "3", "--buffer-size", "3", "--rounds", "3",
+            "--min-devices", "3", "--eval-every", "0")
+    server = _serve(port, store_dir, *args)
+    launches = [DeviceLaunch(f"d{i}", strong, client=i, num_clients=3,
+                             faults=Faults(delay_s=6.0) if i == 2 else Faults()) for i in range(3)]
+    devices = [subprocess.Popen(device_argv(l, f"ws://127.0.0.1:{port}"), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=device_env()) for l in launches]
+    restarted = None
+    try:
+        folded, deadline = [], time.monotonic() + 180
+        for line in server.stdout:
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("event") == "update" and event["round"] == 2 and event["accepted"]:
+                folded.append(event["device"])
+                if len(folded) == 2:
+                    break
+            assert time.monotonic() < deadline
+        server.kill()  # SIGKILL: no clean shutdown, mid-buffer
+        server.wait()
+        store = Store.open_readonly(store_dir)
+        held = store.buffer.held(2)
+        assert store.rounds.completed() == 1
+        store.close()
+        assert sorted(r["device_id"] for r in held) == sorted(folded)  # every acked update is in the journal
+
+        restarted = _serve(port, store_dir, *args, "--resume")
+        out, err = restarted.communicate(timeout=240)
+        assert restarted.returncode == 0, err[-2000:]
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        start = next(e for e in events if e.get("event") == "round_start")
+        assert (start["round"], start["restored"]) == (2, 2)
+        new = [e["device"] for e in events if e.get("event") == "update" and e["round"] == 2 and e["accepted"]]
+        assert len(new) == 1 and new[0] not in folded  # the restored devices give buffer 2 nothing more
+        end = next(e for e in events if e.get("event") == "round_end" and e["round"] == 2)
+        assert end["buffered"] == 3
+        store = Store.open_readonly(store_dir)
+        accepted = [r["device_id"] for r in store.reports.all(2) if r["accepted"]]
+        assert sorted(accepted) == sorted([*folded, *new])  # three distinct updates: none folded twice
+        assert store.buffer.held(2) == [] and store.rounds.completed() == 3
+        store.close()
+    finally:
+        for proc in [server, restarted, *devices]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

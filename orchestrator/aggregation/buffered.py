@@ -17,6 +17,10 @@ paper's Delta is ``x_start - x_end``, ours ``x_end - x_start``). A stale update 
 away: the mean divides by the weights, not by the staleness-scaled weights, so a buffer of stale
 updates moves the model less than a fresh one.
 
+Every folded update is journaled as it is folded (``store.buffer``: its tensors as folded, its weight),
+before its device's ack: a server killed mid-buffer refolds exactly those when ``--resume`` reopens the
+buffer (:meth:`BufferedFold.begin_round`), and none of a completed round.
+
 The strategy's rule is its declared weighted mean (``Strategy.combines``), applied here as the secure
 block sums apply it; a strategy of another rule cannot run buffered (``check_capabilities``).
 """
@@ -35,7 +39,8 @@ from orchestrator.aggregation.pipeline import Combiner, Pending, report_info
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Folded, Session, Work
 from orchestrator.store import Store
-from orchestrator.strategies import RoundContext, RoundResult, Strategy, WeightedSums
+from orchestrator.strategies import DeviceReport, RoundContext, RoundResult, Strategy, WeightedSums
+from orchestrator.strategies.selection import Selection
 
 __all__ = ["BufferedFold", "staleness_of", "staleness_weight"]
 
@@ -73,10 +78,25 @@ class BufferedFold(Combiner):
         self._sums: WeightedSums | None = None
         self._staleness: list[int] = []
         self._refused = 0
+        self._opened = False  # whether this process opened a buffer yet (only the first refolds the journal's)
 
     def begin_round(self, state: MappingProxyType | dict, round: int) -> None:
-        """A buffer opens on the model version ``round - 1``: empty sums around it."""
+        """A buffer opens on the model version ``round - 1``: sums around it. The first buffer a process
+        opens holds the updates the journal kept of it (a run resumed mid-buffer), each folded once; a
+        later one starts empty (a buffer run again after failing its checks drops its updates, as a
+        synchronous round's retry does)."""
         self._sums, self._staleness, self._refused = WeightedSums(state), [], 0
+        first, self._opened = not self._opened, True
+        self.store.buffer.forget(round - 1 if first else round)
+        for row in self.store.buffer.held(round) if first else ():
+            info = row["info"]
+            report = DeviceReport(
+                device_id=row["device_id"], round=round, phase=row["phase"], role=info["role"],
+                num_samples=int(info["num_samples"]), trained=tuple(info["trained"]),
+                metrics=MappingProxyType(info["metrics"]), tensors=MappingProxyType(p.decode_tensors(row["tensors"])),
+                selection=Selection.tail(int(info["split"])), entry_weights=MappingProxyType(info["entry_weights"]))
+            self._sums.add_report(report, row["weight"])
+            self._staleness.append(int(info["staleness"]))
 
     def take(self, session: Session, msg: p.Report, work: Work, pending: Pending, ctx: RoundContext) -> Folded:
         """Fold the update scaled by s(tau); refuse a bound's refusal, a phase other than train, or an
@@ -95,12 +115,19 @@ class BufferedFold(Combiner):
             log.info("refused %s's %s report (buffer %d): %s", session.device_id, msg.phase, ctx.round, reason)
             return Folded(False, reason, {**report_info(report), **pending.scored, **seen, "accepted": False,
                                           "reason": reason})
+        if work.selection.kind != "tail":  # a weighted mean's selections are tails (Combines.weighted_mean)
+            raise RuntimeError(f"buffered rounds fold tails, not a {work.selection.kind} selection")
         tensors = {name: _scaled(t, weight) for name, t in report.tensors.items()}
-        self._sums.add_report(replace(report, tensors=MappingProxyType(tensors)),
-                              1.0 if self.uniform else float(report.num_samples))
+        w = 1.0 if self.uniform else float(report.num_samples)
+        self._sums.add_report(replace(report, tensors=MappingProxyType(tensors)), w)
         self._staleness.append(tau)
-        return Folded(True, "", {**report_info(report), **pending.scored, **seen, "accepted": True, "reason": "",
-                                 **({"bounded": pending.changed} if pending.changed else {})})
+        journal = {**report_info(report), **pending.scored, **seen, "accepted": True, "reason": "",
+                   **({"bounded": pending.changed} if pending.changed else {})}
+        self.store.buffer.record(ctx.round, session.device_id, msg.phase, p.encode_tensors(tensors), w, {
+            "role": report.role, "num_samples": report.num_samples, "trained": list(report.trained),
+            "metrics": dict(report.metrics), "split": work.selection.split, "staleness": tau,
+            "entry_weights": dict(report.entry_weights), "journal": journal})
+        return Folded(True, "", journal)
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         """The model stepped by eta_g times the buffer's staleness-weighted mean, per entry over its contributors."""

@@ -86,11 +86,19 @@ class BufferedLoop(RoundLoop):
         """Open buffer ``rs.round`` on the current version, keep ``concurrency`` devices training, and
         take reports until ``buffer_size`` are folded (or the deadline passes with at least one)."""
         r = rs.round
-        self.intake.begin_round(self.global_state, r)
+        self.intake.begin_round(self.global_state, r)  # a resumed run's first buffer refolds what the journal kept
+        restored = self.store.buffer.held(r)
+        for row in restored:  # in the buffer already: these devices give it no second update
+            rs.issue(row["device_id"], row["phase"])
+            rs.on_report(row["device_id"], row["phase"], True)
         self.store.rounds.begin(r, sorted(self.inflight))
-        self.emit("round_start", {"round": r, "model_version": r - 1, "in_flight": len(self.inflight)})
+        for row in restored:  # the round's journal, begun anew, keeps the restored reports' rows
+            self.store.reports.record(r, row["device_id"], {**row["info"]["journal"], "restored": True},
+                                      phase=row["phase"])
+        self.emit("round_start", {"round": r, "model_version": r - 1, "in_flight": len(self.inflight),
+                                  "restored": len(restored)})
         self._prepared = asyncio.ensure_future(asyncio.to_thread(self._prepare, self.global_state, r))
-        self.folded = 0
+        self.folded = len(restored)
         self.opened.set()
         while (closed_by := self._closing(rs)) is None:
             await self.fill()
