@@ -158,3 +158,68 @@ def test_a_server_killed_mid_buffer_resumes_it_losing_no_folded_update_and_foldi
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_speed_factors_are_heavy_tailed_reproducible_and_from_traces(tmp_path: Path) -> None:
+    from emulator.speeds import load_speed_trace, report_delays, speed_factors
+
+    ids = [f"d{i:04d}" for i in range(2000)]
+    factors = speed_factors(ids, distribution="pareto", shape=1.5, seed=3, cap=1000.0)
+    assert factors == speed_factors(ids, distribution="pareto", shape=1.5, seed=3, cap=1000.0)
+    values = np.array(sorted(factors.values()))
+    assert values.min() >= 1.0
+    # Pareto(1.5) from 1: median 2^(2/3) = 1.59, 90th percentile 10^(2/3) = 4.64 (sampling error allowed).
+    assert np.median(values) == pytest.approx(1.59, rel=0.08)
+    assert np.quantile(values, 0.9) == pytest.approx(4.64, rel=0.15)
+    assert set(speed_factors(ids[:5], distribution="uniform").values()) == {1.0}
+    assert max(speed_factors(ids, shape=0.5, cap=20.0).values()) == 20.0
+    (tmp_path / "speeds.csv").write_text("# device,factor\na,3\nb,1.5\n")
+    assert load_speed_trace(tmp_path / "speeds.csv", ["a", "c"]) == {"a": 3.0, "b": 1.5, "c": 1.0}
+    assert report_delays({"a": 3.0, "c": 1.0}, 2.0) == {"a": 4.0, "c": 0.0}
+    (tmp_path / "bad.json").write_text('{"a": 0.5}')
+    with pytest.raises(ValueError, match="at least 1"):
+        load_speed_trace(tmp_path / "bad.json")
+
+
+@pytest.mark.slow
+def test_each_blocks_buffer_counts_only_the_updates_that_trained_it(tmp_path: Path) -> None:
+    """EmbracingFL buffered: one strong device (slowed) and two weak ones. A buffer of weak updates
+    only leaves the input-side blocks bit for bit; one with the strong update moves them too."""
+    import asyncio
+
+    from emulator.localfleet import run_local_fleet
+
+    budgets = role_budgets("digits_mlp")
+    launches = [DeviceLaunch("strong", budgets["strong"], client=0, num_clients=3, faults=Faults(delay_s=3.0)),
+                *(DeviceLaunch(f"weak{i}", budgets["weak"], client=i, num_clients=3) for i in (1, 2))]
+    config = server_config(tmp_path / "store", model="digits_mlp", strategy="embracingfl", round_mode="buffered",
+                           concurrency=3, buffer_size=2, rounds=6, min_devices=3, local_steps=5, eval_every=0,
+                           max_staleness=100, keep_checkpoints=10)
+    asyncio.run(run_local_fleet(config, launches))
+    store = Store.open_readonly(config.store_dir)
+    try:
+        weak_split = min(r["trained"][0] for r in store.reports.all() if r["role"] == "weak")
+        assert weak_split > 0
+        input_side = _input_side_names(config.model, weak_split)
+        assert input_side
+        moved, kept = 0, 0
+        for r in range(2, 7):
+            roles = {x["role"] for x in store.reports.all(r) if x["accepted"]}
+            before, after = store.checkpoints.read(r - 1), store.checkpoints.read(r)
+            same = all(np.array_equal(before[n], after[n]) for n in input_side)
+            if roles == {"weak"}:
+                assert same, f"buffer {r} of weak updates only moved an input-side block"
+                kept += 1
+            elif "strong" in roles:
+                assert not same
+                moved += 1
+        assert kept and moved, (kept, moved)
+    finally:
+        store.close()
+
+
+def _input_side_names(model: str, split: int) -> list[str]:
+    from edge_sdk.models import build_model
+
+    m = build_model(model)
+    return [n for n in m.state_dict() if n not in set(m.state_names(split))]
