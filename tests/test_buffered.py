@@ -182,6 +182,7 @@ def test_speed_factors_are_heavy_tailed_reproducible_and_from_traces(tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_each_blocks_buffer_counts_only_the_updates_that_trained_it(tmp_path: Path) -> None:
     """EmbracingFL buffered: one strong device (slowed) and two weak ones. A buffer of weak updates
     only leaves the input-side blocks bit for bit; one with the strong update moves them too."""
