@@ -49,6 +49,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pareto-shape", type=float, default=1.5)
     ap.add_argument("--cap", type=float, default=30.0, help="largest slowdown factor")
     ap.add_argument("--target", type=float, default=None, help="target accuracy (default: synchronous final)")
+    ap.add_argument("--logs", type=Path, default=None, help="folder for the devices' stderr, per lane and seed")
 
 
 def _config(args: argparse.Namespace, lane: str, store: Path, seed: int, data_root: str | None) -> ServerConfig:
@@ -77,10 +78,13 @@ def _lane(args: argparse.Namespace, lane: str, seed: int, data_root: str | None)
             start.append(time.monotonic())
         if kind == "round_end" and "accuracy" in data:
             timeline.append((time.monotonic() - start[0], float(data["accuracy"])))
+            print(f"{lane} seed {seed}: version {data['round']} at {timeline[-1][0]:.1f} s, accuracy "
+                  f"{timeline[-1][1]:.4f}", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         run = asyncio.run(run_local_fleet(_config(args, lane, Path(tmp) / "store", seed, data_root), launches,
-                                          on_event=on_event, data_root=data_root))
+                                          on_event=on_event, data_root=data_root,
+                                          stderr_dir=args.logs / f"{lane}-{seed}" if args.logs else None))
     wasted = sum(len(r.get("stragglers", [])) + int(r.get("rejected", 0)) for r in run.history) \
         if lane == "synchronous" else sum(int(r.get("wasted_total", 0)) for r in run.history)
     folded = sum(int(r.get("buffered" if lane == "buffered" else "reported", 0)) for r in run.history)
