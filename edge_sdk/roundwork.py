@@ -120,7 +120,8 @@ class RoundWork:
             else:
                 payload = None if result.tensors is None else self.updates.encode(result.tensors, ins.config)
             prog.reports[ins.phase] = (p.Report(ins.round, ins.phase, num_samples, result.trained,
-                                                "" if payload is None else uuid.uuid4().hex, result.metrics), payload)
+                                                "" if payload is None else uuid.uuid4().hex, result.metrics,
+                                                model_version=ins.model_version), payload)
             if not self.memory.keeps_freed_buffers:  # else after the upload, when idle
                 self.memory.release()
         return prog.reports[ins.phase]

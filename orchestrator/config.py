@@ -22,6 +22,7 @@ from edge_sdk.references import is_reference
 from edge_sdk.values import (ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, SettingError,
                              convert)
 from orchestrator.aggregation.privacy import ACCOUNTANTS, MECHANISMS, SAMPLINGS
+from orchestrator.rounds import ROUND_DRIVERS
 
 __all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
 
@@ -39,6 +40,7 @@ WeightCodec = Literal[tuple(n for n, c in CODECS.items() if c.lossless or not c.
 DeltaWidth = Literal[("none", *(f"int{b}" for b in sorted(DELTA_BITS, reverse=True)))]  # type: ignore[valid-type]
 Accountant = Literal[tuple(ACCOUNTANTS)]  # type: ignore[valid-type]
 Sampling = Literal[tuple(SAMPLINGS)]  # type: ignore[valid-type]
+RoundMode = Literal[tuple(ROUND_DRIVERS)]  # type: ignore[valid-type]
 
 
 def setting(default: Any = None, help: str = "", *, cli: str | bool = True, cli_default: Any = None,
@@ -73,6 +75,21 @@ class ServerConfig:
     quorum: Fraction = setting(1.0, "Share of selected devices whose updates close a round early.")
     deadline_s: Positive = setting(120.0, "Seconds after which a round closes without its stragglers.",
                                    cli="--deadline")
+    # Buffered asynchronous rounds (FedBuff, Nguyen et al. 2022, Algorithm 1; docs/buffered.md).
+    round_mode: RoundMode = setting(
+        "synchronous", "How rounds run: synchronous (a cohort per round, waited for until its quorum, grace or "
+                       "deadline) or buffered (up to --concurrency devices train at once, each on the model version "
+                       "it was sent; every --buffer-size updates, each weighed by its staleness, step the model).",
+        names="orchestrator.rounds:ROUND_DRIVERS")
+    concurrency: Count = setting(100, "Buffered rounds: devices training at once (FedBuff's concurrency).")
+    buffer_size: Count = setting(10, "Buffered rounds: updates folded before the model steps (FedBuff's K).")
+    server_lr: Positive = setting(1.0, "Buffered rounds: the server learning rate the buffer's mean update "
+                                       "is applied with (FedBuff's eta_g).")
+    staleness_exponent: NonNegative = setting(
+        0.5, "Buffered rounds: an update s versions stale weighs (1 + s)^-a; 0.5 is FedBuff's 1/sqrt(1 + s), 0 "
+             "weighs every update alike.")
+    max_staleness: NonNegativeInt = setting(
+        100, "Buffered rounds: an update more versions stale than this is not folded (it is wasted, and counted).")
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
@@ -342,7 +359,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_mechanism", "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
-                                      "secure_clip", "secure_threshold")
+                                      "secure_clip", "secure_threshold", "round_mode", "concurrency", "buffer_size",
+                                      "server_lr", "staleness_exponent", "max_staleness")
 
 class _AutoCodec(str):
     """The update codec ``auto`` chose: its name for every reader, and chosen again when a copy of the

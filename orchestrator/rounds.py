@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins"]
+__all__ = ["ROUND_DRIVERS", "Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins"]
+
+#: How rounds run (``ServerConfig.round_mode``): the round driver of each mode, chosen once when the server
+#: is built. ``synchronous``: a cohort per round, waited for; ``buffered``: FedBuff's asynchronous buffer.
+ROUND_DRIVERS: dict[str, str] = {
+    "synchronous": "orchestrator.server.roundloop:RoundLoop",
+    "buffered": "orchestrator.server.buffered:BufferedLoop",
+}
 
 # SKIPPED: never sent (the device could not hold what was asked); not a straggler.
 OUTSTANDING, REPORTED, REFUSED, GONE, SKIPPED = "outstanding", "reported", "refused", "gone", "skipped"

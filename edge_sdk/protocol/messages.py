@@ -351,9 +351,16 @@ class Report(Message):
     trained: tuple[int, int]
     transfer_id: str
     metrics: dict[str, Scalar]
+    #: Optional: the ``Instruction.model_version`` this report answers, echoed (``-1``: not said, a
+    #: device that predates the field). Buffered rounds weigh an update by its staleness, the
+    #: versions the model moved on since (docs/protocol.md, "Model versions").
+    model_version: int = -1
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"model_version"})
 
     def check(self) -> None:
         _require(self.round >= 0, "report.round is negative")
+        _require(self.model_version >= -1, "report.model_version is below -1")
         _require(self.phase != "", "report.phase is empty")
         _require(self.num_samples >= 0, "report.num_samples is negative")
         start, stop = self.trained

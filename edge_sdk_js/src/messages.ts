@@ -82,6 +82,8 @@ export interface TransferEnd { t: "transfer_end"; transfer_id: string; sha256: s
 export interface Report {
   t: "report"; round: number; phase: string; num_samples: number; trained: Pair; transfer_id: string;
   metrics: Record<string, Scalar>;
+  /** Optional (left out while `-1`): the instruction's `model_version`, echoed (docs/protocol.md, "Model versions"). */
+  model_version?: number;
 }
 export interface Ack { t: "ack"; round: number; accepted: boolean; reason: string; phase: string }
 export interface ErrorMsg { t: "error"; code: string; message: string }
@@ -257,6 +259,7 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
   instruction: [["digests", "dict_str", {}]],
   fetch: [["held", "str", ""]],
+  report: [["model_version", "int", -1]],
   secagg_keys: [["commitments", "bytes", new Uint8Array(0)]],
   secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}], ["commitments", "dict_bytes", {}],
     ["min_survivors", "int", 0]],
@@ -453,6 +456,7 @@ function checkValues(msg: Message): void {
     case "report": {
       const [a, b] = msg.trained;
       require(msg.round >= 0 && msg.num_samples >= 0 && msg.phase !== "", "report: bad round, num_samples or phase");
+      require(msg.model_version === undefined || msg.model_version >= -1, "report.model_version is below -1");
       require(0 <= a && a <= b, `report.trained has a bad range (${a}, ${b})`);
       require(msg.transfer_id !== "" || (a === 0 && b === 0), "report.trained must be (0, 0) when the report has no tensors");
       break;

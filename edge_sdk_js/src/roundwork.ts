@@ -90,7 +90,8 @@ export async function phaseReport(device: WorkingDevice, ch: Channel, ins: Instr
   if (result.tensors !== undefined && ins.config[SECAGG_KEY]) payload = await masked(device, ch, ins, prog, result.tensors, numSamples);
   else if (result.tensors !== undefined) payload = device.updates.encode(result.tensors, ins.config);
   return [{ t: "report", round: ins.round, phase: ins.phase, num_samples: numSamples,
-    trained: result.trained ?? [0, 0], transfer_id: payload === null ? "" : randomHex(16), metrics: result.metrics }, payload];
+    trained: result.trained ?? [0, 0], transfer_id: payload === null ? "" : randomHex(16), metrics: result.metrics,
+    model_version: ins.model_version }, payload];
 }
 
 /** A secure round's upload in place of the update (src/secagg/exchange.ts; the cryptography loads here). */

@@ -47,6 +47,11 @@ test("messages: every field present, none extra, types checked", () => {
   assert.equal(codeOf(() => decode(Uint8Array.from([0x81, 0xa1, 0x74, 0xa3, 0x66, 0x6f, 0x6f]))), "bad_version");
   assert.equal(codeOf(() => encode({ t: "ack", round: 1, accepted: 1, reason: "", phase: "" })), "malformed");
   assert.equal(codeOf(() => encode({ t: "report", round: 1, phase: "train", num_samples: 1, trained: [0, 1], transfer_id: "", metrics: {} })), "malformed");
+  // A report echoes its instruction's model_version (buffered rounds weigh it by staleness); -1: not said.
+  const report = { t: "report", round: 4, phase: "train", num_samples: 8, trained: [1, 3], transfer_id: "u", metrics: {} };
+  assert.deepEqual(decode(encode({ ...report, model_version: 2 })), { ...report, model_version: 2 });
+  assert.deepEqual(decode(encode(report)), { ...report, model_version: -1 });
+  assert.equal(codeOf(() => encode({ ...report, model_version: -2 })), "malformed");
 });
 
 test("tensors: round trip, and NaN, bad shapes and unknown dtypes refused", () => {

@@ -20,9 +20,11 @@ privacy mechanism's release compute a weighted mean of whole blocks, so a strate
 (of ours, or ``package.module:Class`` of your own) runs under both, and any other is refused before
 the first round (:func:`check_capabilities`).
 
-Where the next parts plug in: buffered asynchronous rounds (FedBuff: each update folded with a
-staleness weight into a buffer, the model stepped every B updates) are a combiner that folds into its
-buffer in ``take`` and steps in ``aggregate``; a hardened secure round (per-block secrets, a
+Buffered asynchronous rounds (``round_mode = "buffered"``, FedBuff) take plain uploads into the
+``buffer`` combiner (:mod:`orchestrator.aggregation.buffered`: each update folded with its staleness
+weight, the model stepped with the server learning rate), whose round driver
+(:mod:`orchestrator.server.buffered`) closes a buffer every ``buffer_size`` updates; the bounds run per
+update as they do in synchronous rounds. Where the next parts plug in: a hardened secure round (per-block secrets, a
 consistency round, group sums for robustness) is the secure combiner's stages
 (:mod:`orchestrator.aggregation.secure.stages`) and its round's :class:`~orchestrator.aggregation.secure.round.SecureStage`.
 """
@@ -58,6 +60,7 @@ UPLOAD_FORMATS: dict[str, str] = {
 COMBINERS: dict[str, str] = {
     "strategy": "orchestrator.aggregation.combine:StrategyFold",
     "secure_sums": "orchestrator.aggregation.secure.sums:SecureSums",
+    "buffer": "orchestrator.aggregation.buffered:BufferedFold",
 }
 #: The bounds, by name, in the order the chain runs them.
 BOUNDS: dict[str, str] = {
@@ -99,10 +102,28 @@ def check_capabilities(config: ServerConfig, strategy: Strategy) -> None:
         raise SettingError("secure_aggregation", f"strategy {strategy.name} combines by {combines.describe()}; "
                                                  f"secure aggregation sums whole blocks and runs a strategy that "
                                                  f"declares a weighted mean (Strategy.combines)")
+    if config.round_mode == "buffered":
+        _check_buffered(config, combines.is_sum, combines.describe(), strategy.name)
     if config.dp:
         from orchestrator.aggregation.privacy.calibrate import check_strategy
 
         check_strategy(strategy.name, combines)
+
+
+def _check_buffered(config: ServerConfig, is_sum: bool, rule: str, name: str) -> None:
+    """Buffered rounds fold each update alone into a weighted mean of blocks, step by step: a rule of
+    the strategy's own (rows, prioritized phases, a robust statistic) has no buffered form, and neither
+    masked sums (a cohort that unmasks together) nor a privacy ledger of rounds account a buffer yet."""
+    if not is_sum:
+        raise SettingError("round_mode", f"strategy {name} combines by {rule}; buffered rounds fold each update "
+                                         f"into a weighted mean of blocks and run a strategy that declares one "
+                                         f"(Strategy.combines)")
+    if config.secure_aggregation:
+        raise SettingError("round_mode", "buffered rounds fold each update as it arrives; secure aggregation "
+                                         "unmasks a cohort's sum together and runs synchronous rounds only")
+    if config.dp:
+        raise SettingError("round_mode", "buffered rounds release a model every buffer; the privacy ledger "
+                                         "accounts synchronous rounds only, so dp runs synchronous rounds")
 
 
 def _mechanism(config: ServerConfig, template: LayeredModel, format: UploadFormat) -> Any:
@@ -165,6 +186,8 @@ def assemble_intake(config: ServerConfig, template: LayeredModel, strategy: Stra
         plan_noise = mechanism.noise_shares if mechanism is not None else (lambda cohorts: None)
         combiner = _load(COMBINERS, "secure_sums", "combiner")(
             config, format, store, access, clip=_device_clip(config, mechanism), uniform=uniform, plan_noise=plan_noise)
+    elif config.round_mode == "buffered":  # FedBuff's buffer over plain uploads (check_capabilities)
+        combiner = _load(COMBINERS, "buffer", "combiner")(config, strategy, store)
     else:
         combiner = _load(COMBINERS, format.combiner, "combiner")(strategy, store)
     release: Release = Release()

@@ -19,9 +19,20 @@ from orchestrator.parts import Folded, Session, Work
 from orchestrator.store import Store
 from orchestrator.strategies import DeviceReport, Refused, RoundContext, RoundResult, Strategy
 
-__all__ = ["StrategyFold"]
+__all__ = ["StrategyFold", "device_report"]
 
 log = logging.getLogger("edgetrain.server")
+
+
+def device_report(session: Session, msg: p.Report, work: Work, pending: Pending, ctx: RoundContext) -> DeviceReport:
+    """The report as a strategy's rule sees it: its weight at most the registered sample count, its
+    tensors as the bounds left them, its per-entry trust."""
+    return DeviceReport(
+        device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
+        num_samples=pending.samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
+        tensors=MappingProxyType(pending.tensors), selection=work.selection,
+        entry_weights=MappingProxyType(pending.entry_weights),
+    )
 
 
 class StrategyFold(Combiner):
@@ -34,12 +45,7 @@ class StrategyFold(Combiner):
         """Hand the report to ``on_report`` (a bound's refusal is the strategy's ``Refused`` without
         asking it): its weight in each block's mean is scaled by the block's direction trust, and the
         journal keeps what the bounds changed and scored."""
-        report = DeviceReport(
-            device_id=session.device_id, round=ctx.round, phase=msg.phase, role=session.plan.role,
-            num_samples=pending.samples, trained=tuple(msg.trained), metrics=MappingProxyType(dict(msg.metrics)),
-            tensors=MappingProxyType(pending.tensors), selection=work.selection,
-            entry_weights=MappingProxyType(pending.entry_weights),
-        )
+        report = device_report(session, msg, work, pending, ctx)
         try:
             if pending.refusal is not None:
                 raise Refused(pending.refusal)

@@ -30,6 +30,7 @@ from edge_sdk import protocol as p
 from edge_sdk.memory import tune_allocator
 from edge_sdk.models import LayeredModel, build_model
 from edge_sdk.protocol.session import ServerSession
+from edge_sdk.references import load_reference
 from edge_sdk.transport import Channel, Pace, recv_msg, send_msg, send_payload, server_tls, ws_options
 from exporters.cache import ChunkCache
 from exporters.train_export import TrainGraphCache
@@ -39,7 +40,7 @@ from orchestrator.aggregation.privacy import PrivacyBudgetSpent
 from orchestrator.aggregation.reference import ReferenceUpdate
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Session, Traffic, Work
-from orchestrator.rounds import RoundState
+from orchestrator.rounds import ROUND_DRIVERS, RoundState
 from orchestrator.server.admission import Admission, device_info, journaled_id, model_context
 from orchestrator.server.evaluate import Evaluator
 from orchestrator.server.heap import RoundHeap
@@ -103,9 +104,12 @@ class Orchestrator:
         evaluator, heap = Evaluator(config, self.model), RoundHeap()
         start = start_run(config, self.store, self.strategy.name, self.model)
         self.intake = self.report_intake(evaluator, heap)
-        self.loop = RoundLoop(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
-                              start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
-                              emit=emit)
+        # The round driver of the run's mode, chosen once (orchestrator.rounds.ROUND_DRIVERS): synchronous
+        # rounds or FedBuff's buffered ones; the server has no mode of its own.
+        driver: type[RoundLoop] = load_reference(ROUND_DRIVERS[config.round_mode], "round driver")
+        self.loop = driver(config, self.strategy, self.store, self.model, self.sessions, self.payloads, self.intake,
+                           start=start, evaluator=evaluator, heap=heap, traffic=self.traffic, send=self._send,
+                           emit=emit)
         self.port: int | None = None
         if config.web:  # pages on the port, reading a view of the server and fed its events (views.web)
             self.web = self._web_site(web)
@@ -139,7 +143,7 @@ class Orchestrator:
         return self.loop.round
 
     def _train_work(self, device_id: str) -> Work | None:
-        return self.loop.instructions.of(device_id, "train")
+        return self.loop.work_for(device_id, "train")
 
     def _round_number(self) -> int | None:
         return None if self.loop.round is None else self.loop.round.round
@@ -323,8 +327,7 @@ class Orchestrator:
 
     async def _on_fetch(self, session: Session, msg: p.Fetch) -> None:
         payload = self.payloads.get(msg.payload_id)
-        rs = self.loop.round
-        if payload is None or rs is None or msg.round != rs.round or not rs.expects(session.device_id):
+        if payload is None or not self.loop.serves_fetch(session.device_id, msg.round):
             await self._send(session, p.Ack(msg.round, False, "round closed"))
             return
         if not 0 <= msg.offset <= len(payload.data):
@@ -333,8 +336,8 @@ class Orchestrator:
         # delta from what the device holds where the server has that (download_delta), else whole.
         payload, offset = await asyncio.to_thread(self.payloads.answer, msg.payload_id, msg.held, msg.offset)
         size = len(payload.data)
-        self._charge_fetch(session, rs.round, size - offset)
-        tid = f"{payload.kind}-{rs.round}-{msg.payload_id[:48]}-{session.device_id}"
+        self._charge_fetch(session, msg.round, size - offset)
+        tid = f"{payload.kind}-{msg.round}-{msg.payload_id[:48]}-{session.device_id}"
         # A device that stops reading cannot hold this connection's sender (and the round) for longer
         # than its payload takes at the slowest pace allowed.
         # (transfer_min_rate 0: no slowest pace, so no limit.)
@@ -343,7 +346,7 @@ class Orchestrator:
             try:
                 await asyncio.wait_for(
                     send_payload(session.channel, payload.data, transfer_id=tid, kind=payload.kind,
-                                 meta={**payload.meta, "round": rs.round}, frame_size=self.config.frame_size,
+                                 meta={**payload.meta, "round": msg.round}, frame_size=self.config.frame_size,
                                  offset=offset, sha256=payload.sha256),
                     timeout=allowed)
             except asyncio.TimeoutError:
@@ -351,12 +354,12 @@ class Orchestrator:
         sent = size - offset
         held = size if offset == size and size else 0  # from the device's store or bundle
         self.traffic.count_sent(sent, session.device_id, payload.kind, msg.payload_id, held=held)
-        self._emit("sent", {"device": session.device_id, "round": rs.round, "kind": payload.kind,
+        self._emit("sent", {"device": session.device_id, "round": msg.round, "kind": payload.kind,
                                "payload": msg.payload_id, "bytes": sent, **({"held": True} if held else {})})
 
     def _charge_fetch(self, session: Session, round_no: int, nbytes: int) -> None:
         """Count a fetch against the device's limits (:class:`FetchLimits`); over them, it is cut off."""
-        named = [len(payload.data) for work in self.loop.instructions.work_of(session.device_id)
+        named = [len(payload.data) for work in self.loop.work_of(session.device_id)
                  for payload in map(self.payloads.get, work.payload_ids) if payload is not None]
         reason = self.fetches.charge(session.device_id, round_no, nbytes, named)
         if reason is not None:

@@ -121,10 +121,13 @@ class Payloads:
     def get(self, payload_id: str) -> Payload | None:
         return self.by_id.get(payload_id)
 
-    def begin(self, state: Mapping[str, np.ndarray]) -> None:
-        """A new round serves ``state``: its version, no payloads yet."""
+    def begin(self, state: Mapping[str, np.ndarray], keep: Sequence[str] = ()) -> None:
+        """A new round serves ``state``: its version, no payloads yet but those ``keep`` names (an
+        earlier version's, still out to a device that trains on it: buffered rounds)."""
+        kept = {pid: self.by_id[pid] for pid in keep if pid in self.by_id}
         self.state, self.version = state, state_version(state)
         self.clear()
+        self.by_id.update(kept)
         if self.deltas is not None:
             self.deltas.next_round()
         with self._lock:

@@ -28,7 +28,7 @@ from edge_sdk import protocol as p
 from edge_sdk.models import LayeredModel
 from orchestrator.aggregation.intake import ReportIntake
 from orchestrator.config import ServerConfig
-from orchestrator.parts import Emit, RunStart, Send, Session, Traffic
+from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
 from orchestrator.rounds import Attendance, RoundState
 from orchestrator.server.dispatch import Dispatch
 from orchestrator.server.evaluate import Evaluator
@@ -38,7 +38,7 @@ from orchestrator.server.validation import CommitCheck
 from orchestrator.store import Store
 from orchestrator.strategies import RoundContext, RoundResult, Strategy
 
-__all__ = ["RoundLoop", "closing", "role_counts", "round_metrics"]
+__all__ = ["RoundHooks", "RoundLoop", "closing", "role_counts", "round_metrics"]
 
 log = logging.getLogger("edgetrain.server")
 
@@ -89,7 +89,39 @@ def round_metrics(rs: RoundState, result: RoundResult, sessions: Mapping[str, Se
     }
 
 
-class RoundLoop:
+class RoundHooks:
+    """What a round driver says of its rounds, and what a driver of another mode overrides
+    (:class:`~orchestrator.server.buffered.BufferedLoop`): what a closed round forgets, what its journal
+    line says, which earlier payloads stay servable, whose fetches are served and which instruction a
+    report answers. Here, synchronous rounds: everything belongs to the open round."""
+
+    payloads: Payloads
+    instructions: Dispatch
+    round: RoundState | None
+    sessions: Mapping[str, Session]
+    traffic: Traffic
+
+    def forget_round(self) -> None:
+        self.payloads.clear()
+        self.instructions.clear()
+
+    def metrics(self, rs: RoundState, result: RoundResult) -> dict[str, object]:
+        return round_metrics(rs, result, self.sessions, self.traffic)
+
+    def kept_payloads(self) -> tuple[str, ...]:
+        return ()  # every instruction is of its own round
+
+    def serves_fetch(self, device_id: str, round: int) -> bool:
+        return self.round is not None and round == self.round.round and self.round.expects(device_id)
+
+    def work_of(self, device_id: str) -> list[Work]:
+        return self.instructions.work_of(device_id)
+
+    def work_for(self, device_id: str, phase: str) -> Work | None:
+        return self.instructions.of(device_id, phase)
+
+
+class RoundLoop(RoundHooks):
     """The rounds, their bookkeeping and the global state; devices are reached through ``send``."""
 
     def __init__(self, config: ServerConfig, strategy: Strategy, store: Store, template: LayeredModel,
@@ -176,6 +208,13 @@ class RoundLoop:
         """Run round ``r``; False if its result failed the checks and it should run again."""
         t0, cpu0 = time.monotonic(), time.process_time()
         rs, ctx = self._open(r, attempt)
+        closed_by, prepare_s = await self.collect(rs, ctx, t0)
+        return await self.step(rs, ctx, closed_by, prepare_s, t0, cpu0, attempt=attempt, last_try=last_try)
+
+    async def collect(self, rs: RoundState, ctx: RoundContext, t0: float) -> tuple[str, float]:
+        """Configure the round, send its instructions and take reports until it closes; why it closed
+        and how long report intake's preparation took."""
+        r = rs.round
         self.intake.begin_round(self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
         self.store.rounds.begin(r, sorted({i.device_id for i in instructions}))
@@ -190,6 +229,12 @@ class RoundLoop:
         rs.close()  # an upload that completes during the awaits below is late, not folded into the aggregate
         prepare_s = await self.prepared()
         self.attendance.round_closed(rs.stragglers(), rs.reported())
+        return closed_by, prepare_s
+
+    async def step(self, rs: RoundState, ctx: RoundContext, closed_by: str, prepare_s: float, t0: float,
+                   cpu0: float, *, attempt: int, last_try: bool) -> bool:
+        """The round's aggregate, checked and committed (or not: False if it should run again)."""
+        r = rs.round
         await self.intake.settle(ctx)
         result = self.intake.aggregate(ctx)
         candidate = {k: np.asarray(v) for k, v in result.state.items()}
@@ -205,10 +250,9 @@ class RoundLoop:
             self.emit("round_failed", {"round": r, "attempt": attempt + 1, "reason": failure,
                                        "devices": list(result.devices)})
         self.round = self.ctx = self._prepared = None
-        self.payloads.clear()
-        self.instructions.clear()
+        self.forget_round()
         self.intake.end_round()
-        metrics = {**round_metrics(rs, result, self.sessions, self.traffic), "attempt": attempt + 1,
+        metrics = {**self.metrics(rs, result), "attempt": attempt + 1,
                    **({"failed": failure} if failure else {}), **({"retried": list(self.retried)} if self.retried else {}),
                    "closed_by": closed_by, "prepare_s": prepare_s}
         if failure is not None and not last_try:
@@ -231,7 +275,7 @@ class RoundLoop:
 
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
-        self.payloads.begin(self.global_state)
+        self.payloads.begin(self.global_state, keep=self.kept_payloads())
         self.instructions.clear()
         self.traffic.restart()
         rs = RoundState(r, deadline=time.monotonic() + self.config.deadline_s, quorum=self.config.quorum)
@@ -278,7 +322,7 @@ class RoundLoop:
         """A report from a device: taken in by report intake (its upload received and decoded),
         then folded if this round awaits it. A report that breaks the protocol is journaled
         (:meth:`journal_refusal`) and its error raised: the device is disconnected."""
-        work = self.instructions.of(session.device_id, msg.phase)
+        work = self.work_for(session.device_id, msg.phase)
         try:
             tensors = await self.intake.receive(session, msg, work, self.round)
             await self._fold(session, msg, tensors)

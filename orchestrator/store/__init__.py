@@ -40,6 +40,7 @@ from orchestrator.store.credentials import Credentials, Proofs
 from orchestrator.store.database import Database, StoreError
 from orchestrator.store.devices import Devices
 from orchestrator.store.meta import Meta
+from orchestrator.store.buffer import Buffer
 from orchestrator.store.norms import Norms
 from orchestrator.store.privacy import Privacy
 from orchestrator.store.reports import Reports, Transfers
@@ -100,7 +101,7 @@ class Store:
         self.rounds = Rounds(db, self.checkpoints)
         self.reports, self.transfers = Reports(db), Transfers(db)
         self.credentials, self.proofs, self.closures = Credentials(db), Proofs(db), Closures(db)
-        self.norms, self.privacy = Norms(db), Privacy(db)
+        self.norms, self.privacy, self.buffer = Norms(db), Privacy(db), Buffer(db)
 
     def close(self) -> None:
         self.db.close()

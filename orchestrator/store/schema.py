@@ -11,6 +11,7 @@ rounds. A new repository that needs a table or a column adds a migration here, n
 * version 2: each credential's identity key (``credentials.identity``, the Ed25519 public key its
   secure rounds are signed with, edge_sdk.secagg.binding), which that version kept in a JSON file
   beside the store (``secagg_roster.json``): the file's keys move into the journal and the file is removed.
+* version 3: the updates folded into a buffered run's open buffer (``buffer``, orchestrator/store/buffer.py).
 """
 
 from __future__ import annotations
@@ -147,6 +148,15 @@ def _absorb_roster(db: sqlite3.Connection, directory: Path) -> None:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, _VERSION_1),
     Migration(2, "ALTER TABLE credentials ADD COLUMN identity BLOB", then=_absorb_roster),
+    Migration(3, """CREATE TABLE IF NOT EXISTS buffer (
+        round INTEGER NOT NULL,
+        device_id TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        tensors BLOB NOT NULL,
+        weight REAL NOT NULL,
+        info TEXT NOT NULL,
+        PRIMARY KEY (round, device_id, phase)
+    )"""),
 )
 VERSION = MIGRATIONS[-1].version
 

@@ -88,6 +88,13 @@ def privacy_words(privacy: Mapping[str, Any]) -> str:
     return f"epsilon {privacy['epsilon']:.4g} (delta {privacy['delta']:.3g}{mode})"
 
 
+def buffer_words(m: Mapping[str, Any]) -> str:
+    """A buffer's words: the version made, the staleness folded, devices still training, updates wasted."""
+    words = f"version {m['model_version']}: staleness mean {float(m.get('staleness_mean', 0.0)):.1f}, " \
+            f"max {m.get('staleness_max', 0)}, {m.get('in_flight', 0)} training"
+    return words + (f", {m['wasted_total']} wasted" if m.get("wasted_total") else "")
+
+
 def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str:
     """One line for a finished round: reports, the server's accuracy and loss (else the devices' own
     loss), its time, stragglers, refusals, and why it was not committed if it was not."""
@@ -106,6 +113,8 @@ def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str
         blocks = m["secure"].get("blocks") or {}
         parts.append(f"secure: {sum(bool(b.get('revealed')) for b in blocks.values())} of {len(blocks)} blocks "
                      f"revealed, {len(m['secure'].get('recovered') or [])} dropouts recovered")
+    if "model_version" in m:  # a buffered round: the version it made and what it folded (docs/buffered.md)
+        parts.append(buffer_words(m))
     if m.get("stragglers"):
         parts.append(f"stragglers {', '.join(map(str, m['stragglers']))}")
     if refused:
