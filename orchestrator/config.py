@@ -230,6 +230,11 @@ class ServerConfig:
         None, "Privacy mechanism: a registered name, or package.module:Class for one of your own (docs/security.md, "
               "\"Privacy mechanisms\"); none: central Gaussian noise, or with --secure-aggregation the devices' "
               "discrete Gaussian shares.", names="orchestrator.aggregation.privacy:MECHANISMS")
+    dp_ftrl_epoch: NonNegativeInt = setting(
+        0, "With --dp-mechanism ftrl: rounds per tree (the tree restarts after them; each device takes part at most "
+           "once per tree); 0: floor(N / K), the most rounds in which K of N devices can each take part once.")
+    dp_ftrl_lr: Positive = setting(1.0, "With --dp-mechanism ftrl: the server's learning rate on the noised prefix "
+                                         "sum of mean updates.", cli=False)
     dp_accountant: Accountant = setting("pld", "Privacy accountant (dp-accounting); fixed-size sampling is always "
                                                "accounted with rdp.")
     dp_sampling: Sampling = setting(
@@ -309,7 +314,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
-                                      "dp_mechanism", "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
+                                      "dp_mechanism", "dp_ftrl_epoch", "dp_ftrl_lr", "dp_accountant", "dp_sampling", "dp_min_cohort",
+                                      "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
                                       "secure_clip", "secure_threshold")

@@ -30,6 +30,7 @@ __all__ = ["ACCOUNTANTS", "MECHANISMS", "PrivacyBudgetSpent", "SAMPLINGS"]
 MECHANISMS: dict[str, str] = {
     "gaussian": "orchestrator.aggregation.privacy.gaussian:CentralGaussian",
     "discrete_gaussian": "orchestrator.aggregation.privacy.distributed:DistributedDiscreteGaussian",
+    "ftrl": "orchestrator.aggregation.privacy.ftrl:FtrlMechanism",
 }
 
 #: The accountants of ``dp-accounting`` a ledger can keep (``orchestrator.aggregation.privacy.accountant``):

@@ -28,12 +28,13 @@ device's data whole with probability delta cannot meet it; the exponent puts it 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dp_accounting
 
-from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
+from orchestrator.aggregation.privacy.accountant import (epsilon_for, fresh_accountant, sampled_gaussian,
+                                                         tree_accountant, tree_epsilon, tree_event)
 from orchestrator.strategies.base import Combines
 
 __all__ = [
@@ -52,6 +53,9 @@ __all__ = [
     "noise_per_coordinate",
     "plan_blocks",
     "plan_splits",
+    "ftrl_epoch",
+    "tree_multiplier",
+    "trees",
 ]
 
 #: The range of noise multipliers searched: below 0.3 one round's epsilon alone is large; above 100
@@ -123,6 +127,43 @@ def noise_multiplier(target_epsilon: float, q: float, rounds: int, delta: float,
         target_epsilon, delta, dp_accounting.ExplicitBracketInterval(Z_MIN, Z_MAX), tol=1e-4))
 
 
+def trees(rounds: int, epoch: int) -> list[int]:
+    """The trees of ``rounds`` rounds restarted every ``epoch``: their sizes in rounds."""
+    if rounds < 1 or epoch < 1:
+        raise PrivacyPlanError(f"DP-FTRL needs rounds >= 1 and rounds per tree >= 1, got {rounds} and {epoch}")
+    return [epoch] * (rounds // epoch) + ([rounds % epoch] if rounds % epoch else [])
+
+
+def ftrl_epoch(fleet: int, cohort: int, rounds: int, configured: int = 0) -> int:
+    """DP-FTRL's rounds per tree: ``configured`` (``dp_ftrl_epoch``), or by default floor(N / K),
+    the most rounds in which K of N devices can each take part once, at most the run's rounds; a
+    schedule whose tree needs a device twice (b K > N) is refused. The server's plan and
+    ``dp-plan`` both ask here."""
+    epoch = min(rounds, configured or fleet // max(1, cohort))
+    if epoch < 1 or epoch * cohort > fleet:
+        raise PrivacyPlanError(f"dp_ftrl_epoch {epoch}: {epoch} rounds of {cohort} devices need {epoch * cohort} "
+                               f"devices, each once per tree, and the fleet has {fleet}; use at most "
+                               f"{fleet // max(1, cohort)} rounds per tree")
+    return epoch
+
+
+def tree_multiplier(target_epsilon: float, rounds: int, epoch: int, delta: float) -> float:
+    """The smallest multiplier per tree node whose DP-FTRL epsilon after ``rounds`` rounds, trees
+    restarted every ``epoch``, is at most ``target_epsilon`` at ``delta`` (``dp_accounting``'s search,
+    as :func:`noise_multiplier`); refused when even :data:`Z_MAX` cannot reach it."""
+    sizes = trees(rounds, epoch)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise PrivacyPlanError(f"the target epsilon must be a finite number > 0, got {target_epsilon:g}")
+    if tree_epsilon(Z_MAX, sizes, delta) > target_epsilon:
+        raise PrivacyPlanError(f"target epsilon {target_epsilon:g} cannot be reached by DP-FTRL in {rounds} rounds "
+                               f"(trees of {epoch}): even noise multiplier {Z_MAX:g} spends more; plan fewer rounds")
+    if tree_epsilon(Z_MIN, sizes, delta) <= target_epsilon:
+        return Z_MIN
+    return float(dp_accounting.calibrate_dp_mechanism(
+        tree_accountant, lambda z: tree_event(z, sizes), target_epsilon, delta,
+        dp_accounting.ExplicitBracketInterval(Z_MIN, Z_MAX), tol=1e-4))
+
+
 def check_noise(multiplier: float, target_epsilon: float, q: float, rounds: int, delta: float, *,
                 accountant: str = "pld", fleet: int | None = None) -> float:
     """The epsilon a configured multiplier spends in the planned rounds; refused, naming the
@@ -175,23 +216,26 @@ class SplitPlan:
 
 
 def plan_blocks(multiplier: float, clip: float, block_devices: Sequence[tuple[str, int]], q: float, rounds: int,
-                delta: float, *, accountant: str = "pld", fleet: int | None = None) -> list[BlockPlan]:
+                delta: float, *, accountant: str = "pld", fleet: int | None = None,
+                spend: Callable[[float], float] | None = None) -> list[BlockPlan]:
     """Per-layer clipping of the blocks some device trains (``block_devices``: block name and the
     number of devices able to train it, in model order), for a model multiplier ``multiplier``.
     With ``fleet`` (fixed-size cohorts of the whole fleet), each block's release is accounted as
-    that sample of the fleet: devices that do not train a block add a zero vector to its sum."""
+    that sample of the fleet: devices that do not train a block add a zero vector to its sum.
+    ``spend``: a multiplier's epsilon over the run when it is not sampled rounds (DP-FTRL's trees)."""
     released = [(b, n) for b, n in block_devices if n > 0]
     if not released:
         raise PrivacyPlanError("no device trains any block")
     scale = math.sqrt(len(released))
     z_b, c_b = multiplier * scale, clip / scale
-    eps = epsilon_for(z_b, q, rounds, delta, accountant=accountant, fleet=fleet)
+    eps = spend(z_b) if spend else epsilon_for(z_b, q, rounds, delta, accountant=accountant, fleet=fleet)
     return [BlockPlan(b, n, q * n, c_b, z_b, z_b * c_b, noise_per_coordinate(z_b, c_b, q * n), eps)
             for b, n in released]
 
 
 def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q: float, rounds: int, delta: float,
-                *, accountant: str = "pld", fleet: int | None = None) -> list[SplitPlan]:
+                *, accountant: str = "pld", fleet: int | None = None,
+                spend: Callable[[float], float] | None = None) -> list[SplitPlan]:
     """Each split's devices (``splits``: split -> devices) under :func:`plan_blocks`'s per-layer
     clipping of a model of ``num_blocks`` blocks."""
     low = min(splits)
@@ -200,7 +244,8 @@ def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q
     for s in sorted(splits):
         k = num_blocks - s
         z = multiplier * math.sqrt(released / k)
-        out.append(SplitPlan(s, splits[s], k, z, epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)))
+        eps = spend(z) if spend else epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)
+        out.append(SplitPlan(s, splits[s], k, z, eps))
     return out
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from edge_sdk.references import is_reference, load_reference
 from orchestrator.aggregation.pipeline import BlockSums, Bound
 from orchestrator.aggregation.privacy import MECHANISMS
-from orchestrator.aggregation.privacy.accountant import BlockRelease
+from orchestrator.aggregation.privacy.accountant import BlockRelease, RoundEvent
 from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
 from orchestrator.config import ServerConfig
 from orchestrator.strategies import RoundContext, RoundResult
@@ -109,6 +109,22 @@ class PrivacyMechanism(ABC):
     def withheld(self, ctx: RoundContext, result: RoundResult) -> dict[str, np.ndarray]:
         """The round's state when it releases no block."""
         return result.state
+
+    # -- the accountant's event ------------------------------------------------------------------------
+    @property
+    def sampling(self) -> str:
+        """How the ledger takes the rounds: the run's ``dp_sampling`` (DP-FTRL: its trees)."""
+        return self.config.dp_sampling
+
+    def event(self, rate: float, fleet: int, cohort: int, blocks: Mapping[str, BlockRelease]) -> RoundEvent:
+        """The round as the accountant takes it: Poisson at ``rate``, or ``cohort`` of the ``fleet``."""
+        if self.config.dp_sampling == "poisson":
+            return RoundEvent(rate, blocks)
+        return RoundEvent.fixed(fleet, cohort, blocks)
+
+    def excluded(self) -> frozenset[str]:
+        """Devices the next round's selection must leave out (DP-FTRL: those in the open tree)."""
+        return frozenset()
 
     # -- state across rounds ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
