@@ -109,7 +109,8 @@ def _schedule(devices: Optional[int], per_round: Optional[int], rate: Optional[f
 def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
                  target_epsilon: float, delta: Optional[float], clip: float, fleet: FleetBlocks | None,
                  sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10, noise: str = "central",
-                 min_survivors: float = 0.7, expected_survivors: Optional[float] = None) -> dict[str, Any]:
+                 min_survivors: float = 0.7, expected_survivors: Optional[float] = None,
+                 mechanism: str = "gaussian", rounds_per_tree: int = 0) -> dict[str, Any]:
     """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
     ``refusals``, each one line."""
     from orchestrator.aggregation.privacy import calibrate as cal
@@ -128,12 +129,17 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
                                    f"({expected:g}) <= 1")
     d = cal.check_delta(delta if delta is not None else cal.default_delta(n), n)
     fixed = n if sampling == "fixed" else None
-    z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
+    spend, ftrl = None, _ftrl(mechanism, noise, n, q, r, rounds_per_tree, target_epsilon, d)
+    if ftrl is not None:
+        z, spend, sampling, accountant = ftrl.pop("z"), ftrl.pop("spend"), "tree", "rdp"
+    else:
+        z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
     plan: dict[str, Any] = {
         "devices": n, "rate": q, "expected_cohort": q * n, "rounds": r, "target_epsilon": target_epsilon,
         "delta": d, "delta_is_default": delta is None, "sampling": sampling,
         "accountant": "rdp" if fixed else accountant, "clip": clip, "noise_multiplier": z,
-        "epsilon": epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
+        "epsilon": spend(z) if spend else epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
+        "mechanism": mechanism, "ftrl": ftrl,
         "sum_stddev": z * clip, "mean_stddev": cal.noise_per_coordinate(z, clip, q * n),
         "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [],
     }
@@ -143,13 +149,13 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
     if fleet is not None:
         splits = _scaled(fleet.splits, n) if devices is not None else fleet.splits
         per_block = [(b, sum(c for s, c in splits.items() if s <= i)) for i, b in enumerate(fleet.blocks)]
-        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed)
+        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed, spend=spend)
         if noise == "distributed":  # each device's share: the block's sum noise over sqrt(e m_b) devices
             plan["distributed"]["share_stddev"] = {b.block: b.sum_stddev / math.sqrt(expected * b.cohort)
                                                    for b in blocks}
         plan.update(fleet=fleet.name, blocks=[asdict(b) for b in blocks],
                     splits=[asdict(s) for s in cal.plan_splits(z, len(fleet.blocks), splits, q, r, d,
-                                                               accountant=accountant, fleet=fixed)])
+                                                               accountant=accountant, fleet=fixed, spend=spend)])
         checks += [(b.cohort, f"block {b.block}") for b in blocks]
         try:
             from orchestrator.strategies import make_strategy
@@ -163,6 +169,28 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         except cal.PrivacyPlanError as exc:
             plan["refusals"].append(str(exc))
     return plan
+
+
+def _ftrl(mechanism: str, noise: str, n: int, q: float, r: int, rounds_per_tree: int, target: float,
+          d: float) -> dict[str, Any] | None:
+    """DP-FTRL's plan (``--mechanism ftrl``, ``orchestrator.aggregation.privacy.ftrl``): K = ceil(q N)
+    devices a round, the server's rounds per tree (``calibrate.ftrl_epoch``), the trees, the multiplier
+    per tree node and its epsilon (``spend``). None: the sampled Gaussian."""
+    from orchestrator.aggregation.privacy import calibrate as cal
+    from orchestrator.aggregation.privacy.accountant import tree_epsilon
+
+    if mechanism not in ("gaussian", "ftrl"):
+        raise cal.PrivacyPlanError(f"--mechanism must be gaussian or ftrl, got {mechanism!r}")
+    if mechanism == "gaussian":
+        return None
+    if noise == "distributed":
+        raise cal.PrivacyPlanError("--mechanism ftrl plans central noise only: the devices do not add tree noise "
+                                   "shares under secure aggregation yet")
+    cohort = min(n, max(1, math.ceil(q * n - 1e-9)))
+    epoch = cal.ftrl_epoch(n, cohort, r, rounds_per_tree)
+    trees = cal.trees(r, epoch)
+    return {"cohort": cohort, "rounds_per_tree": epoch, "trees": trees,
+            "z": cal.tree_multiplier(target, r, epoch, d), "spend": lambda z: tree_epsilon(z, trees, d)}
 
 
 def _distributed(z: float, q: float, r: int, d: float, accountant: str, fixed: Optional[int], floor: float,
@@ -206,6 +234,10 @@ def dp_plan(
     expected_survivors: Optional[float] = typer.Option(None, "--expected-survivors", help="distributed: the share "
                                                        "the devices' noise is sized for (dp_expected_survivors; "
                                                        "default --min-survivors)."),
+    mechanism: str = typer.Option("gaussian", help="gaussian (DP-SGD with sampling: --dp) or ftrl (DP-FTRL, tree "
+                                                   "aggregation without sampling: --dp-mechanism ftrl)."),
+    rounds_per_tree: int = typer.Option(0, "--rounds-per-tree", help="ftrl: rounds per tree (dp_ftrl_epoch; "
+                                        "0: floor(N / K), as the server)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
@@ -216,7 +248,8 @@ def dp_plan(
     plan = privacy_plan(devices=devices, per_round=per_round, rate=rate, rounds=rounds, target_epsilon=target_epsilon,
                         delta=delta, clip=clip, fleet=fleet, sampling=sampling, accountant=accountant,
                         min_cohort=min_cohort, noise=noise, min_survivors=min_survivors,
-                        expected_survivors=expected_survivors)
+                        expected_survivors=expected_survivors, mechanism=mechanism,
+                        rounds_per_tree=rounds_per_tree)
     if as_json:
         typer.echo(json.dumps(plan, indent=2))
         if plan["refusals"]:
@@ -246,6 +279,11 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
         for case in dist["cases"]:
             console.print(f"  {case['survivors']:.0%} of each cohort surviving: multiplier {case['noise_multiplier']:.4f},"
                           f" epsilon {case['epsilon']:.3f} after {plan['rounds']} rounds like it")
+    elif plan["ftrl"]:
+        f = plan["ftrl"]
+        console.print(f"DP-FTRL: {f['cohort']} devices a round, trees of {f['rounds_per_tree']} rounds "
+                      f"({len(f['trees'])} trees), each device at most once per tree; no sampling assumed; the "
+                      f"multiplier is per tree node")
     else:
         console.print("central noise: the server adds it to each block's clipped sum")
     if plan["blocks"]:
