@@ -101,6 +101,29 @@ def test_dp_ftrl_is_planned_with_the_servers_trees_and_multiplier(tmp_path: Path
     assert per_block["ftrl"]["rounds_per_tree"] == 20 and json.loads(json.dumps(per_block)) == per_block
 
 
+def test_the_per_block_allocation_is_planned_with_each_roles_spend(tmp_path: Path) -> None:
+    """--allocation utility: each block's multiplier, the objective against uniform noise's, and every
+    split's epsilon within the target (the strongest at it), as the server would allocate them."""
+    from edgetrain.cli.dp_plan import fleet_blocks, privacy_plan
+    from orchestrator.aggregation.privacy.calibrate import allocate_multipliers
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    blocks = fleet_blocks(str(fleet))
+    plan = privacy_plan(devices=10000, per_round=None, rate=None, rounds=None, target_epsilon=4.0, delta=None,
+                        clip=1.0, fleet=blocks, accountant="rdp", allocation="utility")
+    alloc = plan["allocation"]
+    assert alloc["objective"] < alloc["uniform_objective"]
+    c_b, cohorts = 0.5, {"fc1": 150, "fc2": 150, "fc3": 500, "head": 500}
+    expected = allocate_multipliers(plan["noise_multiplier"], {b: blocks.sizes[b] * c_b**2 / cohorts[b] ** 2
+                                                               for b in cohorts})
+    assert alloc["multipliers"] == pytest.approx(expected)
+    assert {b["block"]: b["noise_multiplier"] for b in plan["blocks"]} == pytest.approx(expected)
+    splits = {s["split"]: s for s in plan["splits"]}
+    assert splits[0]["epsilon"] == pytest.approx(plan["epsilon"], rel=1e-6) and splits[0]["epsilon"] <= 4.0 + 1e-9
+    assert splits[2]["epsilon"] < splits[0]["epsilon"]
+
+
 def test_distributed_noise_names_each_device_share_and_the_multiplier_as_survivors_vary(tmp_path: Path) -> None:
     """--noise distributed: the same multiplier z; shares sized for 90% of each cohort give z sqrt(s / 0.9)
     with a share s surviving, so all surviving spends less than the target and the floor (70%) more."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -42,6 +42,7 @@ class FleetBlocks:
     rate: float
     strategy: str
     options: dict[str, Any]
+    sizes: dict[str, int] = field(default_factory=dict)  # block -> its coordinates d_b
 
 
 def fleet_blocks(path: str) -> FleetBlocks:
@@ -65,8 +66,12 @@ def fleet_blocks(path: str) -> FleetBlocks:
                 cost, d.budget_bytes, fleet.training.batch_size, local_samples=_group_samples(fleet, d.group),
                 memory=memory).split
         splits[split_of[d.group]] = splits.get(split_of[d.group], 0) + 1
+    sizes = dict.fromkeys(model.block_names, 0)
+    for name, t in model.state_dict().items():
+        if t.is_floating_point():
+            sizes[model.block_names[model.block_of(name)]] += t.numel()
     return FleetBlocks(fleet.name, list(model.block_names), splits, fleet.training.rounds, fleet.training.fraction,
-                       fleet.training.strategy, dict(fleet.strategy_options))
+                       fleet.training.strategy, dict(fleet.strategy_options), sizes)
 
 
 def _group_samples(fleet: Fleet, group: str) -> int:
@@ -110,7 +115,7 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
                  target_epsilon: float, delta: Optional[float], clip: float, fleet: FleetBlocks | None,
                  sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10, noise: str = "central",
                  min_survivors: float = 0.7, expected_survivors: Optional[float] = None,
-                 mechanism: str = "gaussian", rounds_per_tree: int = 0) -> dict[str, Any]:
+                 mechanism: str = "gaussian", rounds_per_tree: int = 0, allocation: str = "uniform") -> dict[str, Any]:
     """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
     ``refusals``, each one line."""
     from orchestrator.aggregation.privacy import calibrate as cal
@@ -141,7 +146,7 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         "epsilon": spend(z) if spend else epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
         "mechanism": mechanism, "ftrl": ftrl,
         "sum_stddev": z * clip, "mean_stddev": cal.noise_per_coordinate(z, clip, q * n),
-        "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [],
+        "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [], "allocation": None,
     }
     if noise == "distributed":
         plan["distributed"] = _distributed(z, q, r, d, accountant, fixed, min_survivors, expected)
@@ -149,13 +154,18 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
     if fleet is not None:
         splits = _scaled(fleet.splits, n) if devices is not None else fleet.splits
         per_block = [(b, sum(c for s, c in splits.items() if s <= i)) for i, b in enumerate(fleet.blocks)]
-        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed, spend=spend)
+        allocated = _allocation(allocation, z, clip, per_block, fleet.sizes, q)
+        plan["allocation"] = allocated
+        by_name = allocated["multipliers"] if allocated else None
+        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed, spend=spend,
+                                 multipliers=by_name)
         if noise == "distributed":  # each device's share: the block's sum noise over sqrt(e m_b) devices
             plan["distributed"]["share_stddev"] = {b.block: b.sum_stddev / math.sqrt(expected * b.cohort)
                                                    for b in blocks}
         plan.update(fleet=fleet.name, blocks=[asdict(b) for b in blocks],
-                    splits=[asdict(s) for s in cal.plan_splits(z, len(fleet.blocks), splits, q, r, d,
-                                                               accountant=accountant, fleet=fixed, spend=spend)])
+                    splits=[asdict(s) for s in cal.plan_splits(
+                        z, len(fleet.blocks), splits, q, r, d, accountant=accountant, fleet=fixed, spend=spend,
+                        multipliers=[by_name.get(b, math.inf) for b in fleet.blocks] if by_name else None)])
         checks += [(b.cohort, f"block {b.block}") for b in blocks]
         try:
             from orchestrator.strategies import make_strategy
@@ -169,6 +179,27 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         except cal.PrivacyPlanError as exc:
             plan["refusals"].append(str(exc))
     return plan
+
+
+def _allocation(allocation: str, z: float, clip: float, per_block: list[tuple[str, int]], sizes: dict[str, int],
+                q: float) -> dict[str, Any] | None:
+    """``--allocation utility`` (the server's ``dp_allocation``): each released block's multiplier
+    from ``calibrate.allocate_multipliers`` (weights d_b C_b^2 / m_b^2), and the objective it
+    minimises, the expected squared norm of the noise on the mean update, against uniform noise's.
+    None: uniform."""
+    from orchestrator.aggregation.privacy import calibrate as cal
+
+    if allocation not in ("uniform", "utility"):
+        raise cal.PrivacyPlanError(f"--allocation must be uniform or utility, got {allocation!r}")
+    released = [(b, n) for b, n in per_block if n > 0]
+    if allocation == "uniform" or not released:
+        return None
+    c_b = clip / math.sqrt(len(released))
+    weights = {b: sizes.get(b, 0) * c_b**2 / (q * n) ** 2 for b, n in released}
+    multipliers = cal.allocate_multipliers(z, weights)
+    uniform = dict.fromkeys(weights, z * math.sqrt(len(released)))
+    return {"multipliers": multipliers, "objective": cal.allocation_objective(multipliers, weights),
+            "uniform_objective": cal.allocation_objective(uniform, weights)}
 
 
 def _ftrl(mechanism: str, noise: str, n: int, q: float, r: int, rounds_per_tree: int, target: float,
@@ -238,6 +269,9 @@ def dp_plan(
                                                    "aggregation without sampling: --dp-mechanism ftrl)."),
     rounds_per_tree: int = typer.Option(0, "--rounds-per-tree", help="ftrl: rounds per tree (dp_ftrl_epoch; "
                                         "0: floor(N / K), as the server)."),
+    allocation: str = typer.Option("uniform", help="uniform (z sqrt(L) on every block) or utility (per-block "
+                                                   "multipliers minimising the noise on the mean update for the same "
+                                                   "model epsilon: dp_allocation)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
@@ -249,7 +283,7 @@ def dp_plan(
                         delta=delta, clip=clip, fleet=fleet, sampling=sampling, accountant=accountant,
                         min_cohort=min_cohort, noise=noise, min_survivors=min_survivors,
                         expected_survivors=expected_survivors, mechanism=mechanism,
-                        rounds_per_tree=rounds_per_tree)
+                        rounds_per_tree=rounds_per_tree, allocation=allocation)
     if as_json:
         typer.echo(json.dumps(plan, indent=2))
         if plan["refusals"]:
@@ -287,7 +321,11 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
     else:
         console.print("central noise: the server adds it to each block's clipped sum")
     if plan["blocks"]:
-        table = Table(title=f"Per block (fleet {plan['fleet']}): per-layer clipping, equal noise on every block",
+        alloc = plan["allocation"]
+        how = ("per-layer clipping, noise allocated per block (expected squared noise norm on the mean "
+               f"{alloc['objective']:.4g}, uniform: {alloc['uniform_objective']:.4g})" if alloc
+               else "per-layer clipping, equal noise on every block")
+        table = Table(title=f"Per block (fleet {plan['fleet']}): {how}",
                       title_justify="left", box=box.SIMPLE_HEAVY)
         shares = plan["distributed"]["share_stddev"] if plan["noise"] == "distributed" else None
         for col in ("block", "devices", "cohort", "clip", "multiplier", "noise std (sum)", "noise std (mean)",

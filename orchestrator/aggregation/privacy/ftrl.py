@@ -153,10 +153,12 @@ class FtrlClip(ClipAndSum):
 
 @dataclass
 class _Tree:
-    """The open tree: the model it began from, the clipped sums' prefix, each block's denominator."""
+    """The open tree: the model it began from, its noise, each block's multiplier and denominator,
+    the clipped sums' prefix."""
 
     start: dict[str, np.ndarray]
     noise: TreeNoise
+    z: dict[int, float]
     cohorts: dict[int, float]
     prefix: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -183,9 +185,11 @@ class FtrlMechanism(PrivacyMechanism):
     def sampling(self) -> str:
         return TREE
 
-    def multipliers(self) -> dict[int, float]:
-        """Each block's multiplier per tree node, z_b."""
-        return {b: self.plan.block_multiplier for b in range(len(self.blocks))}
+    def multipliers(self, expected: Mapping[int, float]) -> dict[int, float]:
+        """Each block's multiplier per tree node, z_b: the open tree's (fixed for a tree: its nodes
+        are accounted at one multiplier), or, for a new tree, :meth:`block_multipliers` of the
+        blocks the round expects (uniform, or the per-block allocation)."""
+        return dict(self.tree.z) if self.tree is not None else self.block_multipliers(expected)
 
     def server_clip(self) -> Bound:
         return self.clip
@@ -198,9 +202,10 @@ class FtrlMechanism(PrivacyMechanism):
         return 1 if self.tree is None else self.tree.noise.steps + 1
 
     def releases(self, sums: BlockSums | None, expected: Mapping[int, float]) -> dict[int, BlockRelease]:
-        """Every block some idle device can train, at its node multiplier (a zero sum included)."""
-        z = self.multipliers()
-        return {b: BlockRelease(z[b]) for b in expected}
+        """Every block some idle device can train, at its node multiplier (a zero sum included); a
+        block no device could train when the tree began waits for the next tree."""
+        z = self.multipliers(expected)
+        return {b: BlockRelease(z[b]) for b in expected if b in z}
 
     def event(self, rate: float, fleet: int, cohort: int, blocks: Mapping[str, BlockRelease]) -> RoundEvent:
         """The round as the tree's step ``t`` (no sampling rate is accounted; ``rate`` is kept as said)."""
@@ -208,14 +213,13 @@ class FtrlMechanism(PrivacyMechanism):
 
     def _open(self, ctx: RoundContext, expected: Mapping[int, float]) -> _Tree:
         if self.tree is None:
-            z = self.multipliers()
-            floats = {k: np.asarray(v) for k, v in ctx.global_state.items() if np.asarray(v).dtype.kind == "f"}
+            z = self.multipliers(expected)
+            floats = {k: np.asarray(v) for k, v in ctx.global_state.items()
+                      if np.asarray(v).dtype.kind == "f" and self.block_of[k] in z}
             stddevs = {k: z[self.block_of[k]] * self.plan.block_clip for k in floats}
             noise = TreeNoise(stddevs, {k: v.shape for k, v in floats.items()}, self.normal)
-            self.tree = _Tree({k: v.astype(np.float64) for k, v in floats.items()}, noise, dict(expected),
+            self.tree = _Tree({k: v.astype(np.float64) for k, v in floats.items()}, noise, z, dict(expected),
                               {k: np.zeros(v.shape) for k, v in floats.items()})
-        for b, m in expected.items():
-            self.tree.cohorts.setdefault(b, m)
         return self.tree
 
     def release(self, ctx: RoundContext, result: RoundResult, sums: BlockSums | None, expected: Mapping[int, float],

@@ -40,6 +40,7 @@ from edge_sdk.references import is_reference, load_reference
 from orchestrator.aggregation.pipeline import BlockSums, Bound
 from orchestrator.aggregation.privacy import MECHANISMS
 from orchestrator.aggregation.privacy.accountant import BlockRelease, RoundEvent
+from orchestrator.aggregation.privacy.calibrate import allocate_multipliers
 from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
 from orchestrator.config import ServerConfig
 from orchestrator.strategies import RoundContext, RoundResult
@@ -69,6 +70,26 @@ class PrivacyMechanism(ABC):
     def __init__(self, config: ServerConfig, blocks: Sequence[str], block_of: Mapping[str, int]) -> None:
         self.config, self.blocks, self.block_of = config, tuple(blocks), dict(block_of)
         self.plan: CentralPlan = plan_central(config, len(self.blocks))
+
+    def bind(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """The model's floating-point entries and their shapes, before the first round: each block's
+        coordinates d_b, which the per-block allocation weighs (:meth:`block_multipliers`)."""
+        sizes = dict.fromkeys(range(len(self.blocks)), 0)
+        for name, shape in shapes.items():
+            sizes[self.block_of[name]] += int(np.prod(shape, dtype=np.int64))
+        self.sizes = sizes
+
+    def block_multipliers(self, expected: Mapping[int, float]) -> dict[int, float]:
+        """Each released block's multiplier z_b (block -> expected cohort m_b in ``expected``):
+        z sqrt(L) each (``dp_allocation = "uniform"``), or the allocation that minimises the noise on the
+        mean update for the same model multiplier z (``"utility"``,
+        :func:`~orchestrator.aggregation.privacy.calibrate.allocate_multipliers`, weights d_b C_b^2 / m_b^2)."""
+        if self.config.dp_allocation == "uniform" or not expected:
+            return {b: self.plan.block_multiplier for b in expected}
+        c = self.plan.block_clip
+        z = allocate_multipliers(self.plan.multiplier, {self.blocks[b]: getattr(self, "sizes", {}).get(b, 0) * c**2 / m**2
+                                                        for b, m in expected.items()})
+        return {b: z[self.blocks[b]] for b in expected}
 
     @property
     def journal_mode(self) -> str:
