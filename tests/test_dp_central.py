@@ -43,10 +43,13 @@ def dp_config(store: Path, **overrides: object):
 
 
 async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list | None = None,
-                 labels: dict[str, dict[str, str]] | None = None):
+                 labels: dict[str, dict[str, str]] | None = None, setup=None):
     """Run a server with scripted devices answering every instruction with deltas of ``delta``
-    (``labels``: a device's hello labels); the first round starts once every device is connected."""
+    (``labels``: a device's hello labels; ``setup``: called with the server before it listens); the
+    first round starts once every device is connected."""
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)) if events is not None else None)
+    if setup is not None:
+        setup(orch)
     ready, start = asyncio.Event(), asyncio.Event()
     server = asyncio.create_task(orch.run(ready=ready, start=start))
     await ready.wait()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dp_accounting import rdp
 
+from edge_sdk.models import build_model
 from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
 from orchestrator.aggregation.privacy.ftrl import FtrlMechanism, TreeNoise
 from orchestrator.config import SettingError
@@ -82,6 +83,37 @@ def test_a_dp_ftrl_run_reports_the_tree_epsilon_and_takes_each_device_once_per_t
     assert history[-1]["privacy"]["mode"] == "ftrl"
 
 
+def test_the_model_is_the_ftrl_iterate_of_the_noised_prefix_sum(tmp_path: Path) -> None:
+    """Six devices, two a round, one tree of three rounds; the mechanism's normal source seeded here only.
+    After round 3 the model is theta_0 + (S_3 + noise of node [1, 2] + noise of leaf 3) / m: the six
+    clipped updates summed, the tree's two covering nodes (the first leaf's noise no longer in it)."""
+    rng, draws = np.random.default_rng(11), []
+
+    def normal(shape, sd):
+        draws.append(rng.normal(0.0, sd, shape))
+        return draws[-1]
+
+    def seeded(orch) -> None:
+        orch.intake.release.mechanism.normal = normal
+
+    config = dp_config(tmp_path / "s", rounds=3, min_devices=6, fraction=1 / 3, dp_mechanism="ftrl",
+                       dp_noise_multiplier=2.0, dp_clip=1.0)
+    initial = {k: v.detach().numpy().astype(np.float64)
+               for k, v in build_model(config.model, seed=config.seed).state_dict().items()}
+    orch, history = asyncio.run(_serve(config, [f"d{i}" for i in range(6)], setup=seeded))
+    assert [h["privacy"]["tree_step"] for h in history] == [1, 2, 3]
+    names = [k for k, v in initial.items() if v.dtype.kind == "f"]
+    node12, leaf3 = draws[len(names):2 * len(names)], draws[2 * len(names):]
+    blocks = orch.model.block_names
+    for i, name in enumerate(names):
+        block = [k for k in names if orch.model.block_of(k) == orch.model.block_of(name)]
+        size = sum(initial[k].size for k in block)
+        clipped = (1.0 / math.sqrt(len(blocks))) / math.sqrt(size)  # a constant update clipped to C_b
+        expected = initial[name] + (6 * clipped + node12[i] + leaf3[i]) / 2
+        np.testing.assert_allclose(orch.global_state[name], expected, rtol=1e-5, atol=1e-6)
+    assert len(draws) == 3 * len(names)  # one tree node per entry per round
+
+
 @pytest.mark.parametrize("overrides, says", [
     ({"dp_ftrl_epoch": 3, "rounds": 5}, "3 rounds of 2 devices need 6 devices, each once per tree, and the fleet has 4"),
     ({"dp_sampling": "poisson"}, "samples nothing"),
@@ -101,4 +133,5 @@ def test_ftrl_under_secure_aggregation_is_refused_with_the_reason(tmp_path: Path
                        secure_aggregation=True, strategy="fedavg")
     with pytest.raises(SettingError) as refused:
         Orchestrator(config)
-    assert "ftrl" in str(refused.value) and "\n" not in str(refused.value)
+    assert "ftrl" in str(refused.value) and "a secure round reveals only its own round" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -35,8 +35,11 @@ run restarts the tree from the resumed model: the ledger starts a new tree at th
 which is what the restarted mechanism does, and the devices may take part in it once more.
 
 Not here: adaptive clipping (its count would need a tree of its own) and Poisson sampling (DP-FTRL
-samples nothing) are refused; under secure aggregation the devices would add the tree's node noise
-themselves, which the SDKs do not do yet, so ``ftrl`` releases plain uploads only.
+samples nothing) are refused. Under secure aggregation ``ftrl`` is refused (:attr:`formats_why`): a
+node spanning rounds i..t is the un-noised sum x_i + ... + x_t plus one fresh noise, and a secure round
+reveals only its own round's sum; the released increment S_t - S_{t-1} would need noise correlated with
+the earlier rounds' node noise, which no device (and by design not the server) knows. Doing it takes
+noise seeds shared among the devices and hidden from the server, not built here.
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ class FtrlMechanism(PrivacyMechanism):
     name = FTRL
     mode = FTRL
     formats = frozenset({"plain"})
+    formats_why = ("a tree node spanning several rounds is their un-noised sum plus one fresh noise, and a secure "
+                   "round reveals only its own round's sum; the devices do not add tree noise shares")
 
     def __init__(self, config: ServerConfig, blocks: Sequence[str], block_of: Mapping[str, int], *,
                  normal: Normal = gaussian) -> None:

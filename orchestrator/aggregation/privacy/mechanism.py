@@ -66,6 +66,8 @@ class PrivacyMechanism(ABC):
     #: The upload formats it releases from: ``"plain"`` (the server sees each clipped update) and/or
     #: ``"masked"`` (secure aggregation: the server sees block sums only).
     formats: ClassVar[frozenset[str]] = frozenset()
+    #: Why it does not release from the other formats (the refusal's reason), if it says.
+    formats_why: ClassVar[str] = ""
 
     def __init__(self, config: ServerConfig, blocks: Sequence[str], block_of: Mapping[str, int]) -> None:
         self.config, self.blocks, self.block_of = config, tuple(blocks), dict(block_of)
