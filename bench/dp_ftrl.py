@@ -55,7 +55,7 @@ def run_one(fleet_kind: str, epsilon: float | None, variant: str, seed: int, arg
                        dp_options=VARIANTS[variant] if epsilon is not None else None)
     config = server_config(fleet, store_dir=tmp / name, data_root=args.data_root, deadline_s=300)
     config = dataclasses.replace(config, eval_every=args.rounds, eval_limit=args.eval_limit, keep_checkpoints=1,
-                                 validation_samples=0)
+                                 validation_samples=0, wait_devices_s=900)  # a loaded machine connects slowly
     t0 = time.monotonic()
     run = asyncio.run(run_emulation(fleet, config, data_root=args.data_root, stderr_dir=tmp / name / "logs",
                                     workers=args.workers))
