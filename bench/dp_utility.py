@@ -31,6 +31,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +43,15 @@ from bench.harness.fleets import build_fleet, group  # noqa: E402
 
 
 def case_fleet(name: str, fleet: str, devices: int, rounds: int, fraction: float, epsilon: float | None, clip: float,
-              noise: str = "central", expected_survivors: float | None = None):
+              noise: str = "central", expected_survivors: float | None = None, *, seed: int = 0,
+              dp_options: dict[str, object] | None = None):
     """The fleet of one run: ``epsilon`` None is the non-private baseline; ``noise`` "distributed" runs the
     rounds secure, the devices adding the noise (orchestrator.aggregation.privacy.distributed), their shares
-    sized for ``expected_survivors`` of each block's cohort (None: the server's default)."""
+    sized for ``expected_survivors`` of each block's cohort (None: the server's default); ``dp_options``:
+    more DP settings (a mechanism, an allocation); ``seed``: the fleet's (data split, model, cohorts)."""
     strong = devices if fleet == "allstrong" else devices // 4
     dp: dict[str, object] = {} if epsilon is None else {"dp": True, "dp_target_epsilon": epsilon, "dp_delta": 1e-5,
-                                                        "dp_clip": clip}
+                                                        "dp_clip": clip, **(dp_options or {})}
     if epsilon is not None and noise == "distributed":
         dp["secure_aggregation"] = True
         if expected_survivors is not None:
@@ -57,7 +60,7 @@ def case_fleet(name: str, fleet: str, devices: int, rounds: int, fraction: float
     if devices > strong:
         groups.append(group("mid-phone", devices - strong, "head-only", force_split=1))
     return build_fleet(
-        name, model="mnist_2nn", dataset="mnist", seed=0,
+        name, model="mnist_2nn", dataset="mnist", seed=seed,
         training={"strategy": "embracingfl", "rounds": rounds, "fraction": fraction, "local_steps": 5, "batch_size": 16,
                   "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, "norm_bound": 0.0, "direction_trust": False,
                   "max_loss_rise": 0.0, **dp},
@@ -121,20 +124,35 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
-def arguments(ap: argparse.ArgumentParser) -> None:
+def workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The workload's options (:func:`case_fleet`), shared with ``bench/dp_ftrl.py``."""
     ap.add_argument("--devices", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--epsilons", default="1,2,4,8")
     ap.add_argument("--fleets", default="mixed,allstrong")
+    ap.add_argument("--eval-limit", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=None)
+
+
+def keep(ctx: Context, results: list[dict], result: dict, table: Callable[[list[dict]], str]) -> dict:
+    """Add one run's ``result`` and write them all (json, and ``table``'s markdown) after every run: a
+    stopped invocation keeps what it measured."""
+    results.append(result)
+    print(json.dumps(result), flush=True)
+    doc = ctx.write(results, quiet=True)
+    ctx.out.with_suffix(".md").write_text(table(results))
+    return doc
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
+    workload_arguments(ap)
     ap.add_argument("--noise", default="central,distributed",
                     help="who adds the noise: central (the server) and/or distributed (the devices, in secure rounds)")
     ap.add_argument("--expected-survivors", type=float, default=None,
                     help="distributed: the share of each block's cohort the devices' noise is sized for "
                          "(dp_expected_survivors; default: the server's, dp_min_survivors)")
-    ap.add_argument("--eval-limit", type=int, default=2000)
-    ap.add_argument("--workers", type=int, default=None)
 
 
 def run(ctx: Context) -> dict:
@@ -145,10 +163,8 @@ def run(ctx: Context) -> dict:
         for fleet_kind in parse_list(args.fleets):
             for eps in epsilons:
                 for noise in (["central"] if eps is None else parse_list(args.noise)):
-                    results.append(run_one(fleet_kind, eps, args, Path(tmp), noise))
-                    print(json.dumps(results[-1]), flush=True)
-                    doc = ctx.write(results, quiet=True)  # after every run: a stopped invocation keeps what it measured
-                    ctx.out.with_suffix(".md").write_text(markdown(results, args))
+                    doc = keep(ctx, results, run_one(fleet_kind, eps, args, Path(tmp), noise),
+                               lambda rs: markdown(rs, args))
     print(markdown(results, args))
     return doc
 

@@ -21,7 +21,7 @@ from edge_sdk.codecs.delta import DELTA_BITS
 from edge_sdk.references import is_reference
 from edge_sdk.values import (ByteSize, Count, Fraction, NonNegative, NonNegativeInt, Positive, Range, SettingError,
                              convert)
-from orchestrator.aggregation.privacy import ACCOUNTANTS, MECHANISMS, SAMPLINGS
+from orchestrator.aggregation.privacy import ACCOUNTANTS, ALLOCATIONS, MECHANISMS, SAMPLINGS
 from orchestrator.rounds import ROUND_DRIVERS
 
 __all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
@@ -41,6 +41,7 @@ DeltaWidth = Literal[("none", *(f"int{b}" for b in sorted(DELTA_BITS, reverse=Tr
 Accountant = Literal[tuple(ACCOUNTANTS)]  # type: ignore[valid-type]
 Sampling = Literal[tuple(SAMPLINGS)]  # type: ignore[valid-type]
 RoundMode = Literal[tuple(ROUND_DRIVERS)]  # type: ignore[valid-type]
+Allocation = Literal[tuple(ALLOCATIONS)]  # type: ignore[valid-type]
 
 
 def setting(default: Any = None, help: str = "", *, cli: str | bool = True, cli_default: Any = None,
@@ -260,6 +261,15 @@ class ServerConfig:
         None, "Privacy mechanism: a registered name, or package.module:Class for one of your own (docs/security.md, "
               "\"Privacy mechanisms\"); none: central Gaussian noise, or with --secure-aggregation the devices' "
               "discrete Gaussian shares.", names="orchestrator.aggregation.privacy:MECHANISMS")
+    dp_ftrl_epoch: NonNegativeInt = setting(
+        0, "With --dp-mechanism ftrl: rounds per tree (the tree restarts after them; each device takes part at most "
+           "once per tree); 0: floor(N / K), the most rounds in which K of N devices can each take part once.")
+    dp_ftrl_lr: Positive = setting(1.0, "With --dp-mechanism ftrl: the server's learning rate on the noised prefix "
+                                         "sum of mean updates.", cli=False)
+    dp_allocation: Allocation = setting(
+        "uniform", "How the model's noise is shared between blocks: uniform (z sqrt(L) each) or utility (the "
+                   "multipliers that minimise the noise on the mean update for the same model epsilon: blocks with "
+                   "few devices or many coordinates get less noise; docs/security.md, \"Per-block noise\").")
     dp_accountant: Accountant = setting("pld", "Privacy accountant (dp-accounting); fixed-size sampling is always "
                                                "accounted with rdp.")
     dp_sampling: Sampling = setting(
@@ -356,7 +366,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "validation_samples", "loss_after", "dp",
                                       "dp_noise_multiplier", "dp_target_epsilon", "dp_delta", "dp_clip",
                                       "dp_adaptive_clip", "dp_target_quantile", "dp_clip_lr", "dp_count_stddev",
-                                      "dp_mechanism", "dp_accountant", "dp_sampling", "dp_min_cohort", "dp_min_survivors",
+                                      "dp_mechanism", "dp_ftrl_epoch", "dp_ftrl_lr", "dp_allocation", "dp_accountant", "dp_sampling", "dp_min_cohort",
+                                      "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
                                       "secure_clip", "secure_threshold", "round_mode", "concurrency", "buffer_size",

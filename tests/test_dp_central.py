@@ -42,13 +42,13 @@ def dp_config(store: Path, **overrides: object):
 
 
 async def _serve(config, devices: list[str], delta: float = 0.5, *, events: list | None = None,
-                 labels: dict[str, dict[str, str]] | None = None, watch=None):
+                 labels: dict[str, dict[str, str]] | None = None, setup=None):
     """Run a server with scripted devices answering every instruction with deltas of ``delta``
-    (``labels``: a device's hello labels); the first round starts once every device is connected.
-    ``watch``: called with the server before it runs."""
+    (``labels``: a device's hello labels; ``setup``: called with the server before it listens); the
+    first round starts once every device is connected."""
     orch = Orchestrator(config, on_event=lambda kind, data: events.append((kind, data)) if events is not None else None)
-    if watch is not None:
-        watch(orch)
+    if setup is not None:
+        setup(orch)
     ready, start = asyncio.Event(), asyncio.Event()
     server = asyncio.create_task(orch.run(ready=ready, start=start))
     await ready.wait()
@@ -209,7 +209,7 @@ def test_each_release_is_journaled_before_its_noise_is_drawn(tmp_path: Path) -> 
     config = dp_config(tmp_path / "s", rounds=3, min_devices=2, dp_noise_multiplier=1.0)
     seen: list[tuple[int, int]] = []
 
-    def watch(orch: Orchestrator) -> None:
+    def setup(orch: Orchestrator) -> None:
         release = orch.intake.release
         noise = release.mechanism.release
 
@@ -219,7 +219,7 @@ def test_each_release_is_journaled_before_its_noise_is_drawn(tmp_path: Path) -> 
 
         release.mechanism.release = noised
 
-    asyncio.run(_serve(config, ["d0", "d1"], watch=watch))
+    asyncio.run(_serve(config, ["d0", "d1"], setup=setup))
     assert seen == [(1, 1), (2, 2), (3, 3)]
 
 

@@ -95,6 +95,57 @@ def test_per_block_from_a_fleet_file(tmp_path: Path) -> None:
     assert plan["refusals"] == [] and json.loads(json.dumps(plan)) == plan
 
 
+def test_dp_ftrl_is_planned_with_the_servers_trees_and_multiplier(tmp_path: Path) -> None:
+    """--mechanism ftrl: the server's rounds per tree (floor(N / K)), its trees, its multiplier per node,
+    and the epsilon dp-accounting's tree aggregation gives it; the per-split spends follow."""
+    from edgetrain.cli.dp_plan import fleet_blocks, privacy_plan
+    from orchestrator.aggregation.privacy.accountant import tree_epsilon
+    from orchestrator.aggregation.privacy.ftrl import plan_ftrl
+    from tests.factories import server_config
+
+    out = edgetrain("--devices", "1000", "--per-round", "100", "--rounds", "25", "--target-epsilon", "4",
+                    "--delta", "1e-5", "--mechanism", "ftrl", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    server = plan_ftrl(server_config(tmp_path / "s", min_devices=1000, fraction=0.1, rounds=25, dp=True,
+                                     dp_mechanism="ftrl", dp_target_epsilon=4.0, dp_delta=1e-5), 2)
+    assert plan["ftrl"] == {"cohort": 100, "rounds_per_tree": server.epoch, "trees": list(server.trees)}
+    assert server.trees == (10, 10, 5) and plan["sampling"] == "tree"
+    assert plan["noise_multiplier"] == pytest.approx(server.central.multiplier, rel=1e-9)
+    assert plan["epsilon"] == pytest.approx(tree_epsilon(plan["noise_multiplier"], [10, 10, 5], 1e-5))
+    assert plan["epsilon"] <= 4
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    per_block = privacy_plan(devices=10000, per_round=None, rate=None, rounds=None, target_epsilon=4.0, delta=None,
+                             clip=1.0, fleet=fleet_blocks(str(fleet)), mechanism="ftrl")
+    splits = {s["split"]: s for s in per_block["splits"]}
+    assert splits[0]["epsilon"] == pytest.approx(per_block["epsilon"]) and splits[2]["epsilon"] < per_block["epsilon"]
+    assert per_block["ftrl"]["rounds_per_tree"] == 20 and json.loads(json.dumps(per_block)) == per_block
+
+
+def test_the_per_block_allocation_is_planned_with_each_roles_spend(tmp_path: Path) -> None:
+    """--allocation utility: each block's multiplier, the objective against uniform noise's, and every
+    split's epsilon within the target (the strongest at it), as the server would allocate them."""
+    from edgetrain.cli.dp_plan import fleet_blocks, privacy_plan
+    from orchestrator.aggregation.privacy.calibrate import allocate_multipliers
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    blocks = fleet_blocks(str(fleet))
+    plan = privacy_plan(devices=10000, per_round=None, rate=None, rounds=None, target_epsilon=4.0, delta=None,
+                        clip=1.0, fleet=blocks, accountant="rdp", allocation="utility")
+    alloc = plan["allocation"]
+    assert alloc["objective"] < alloc["uniform_objective"]
+    c_b, cohorts = 0.5, {"fc1": 150, "fc2": 150, "fc3": 500, "head": 500}
+    expected = allocate_multipliers(plan["noise_multiplier"], {b: blocks.sizes[b] * c_b**2 / cohorts[b] ** 2
+                                                               for b in cohorts})
+    assert alloc["multipliers"] == pytest.approx(expected)
+    assert {b["block"]: b["noise_multiplier"] for b in plan["blocks"]} == pytest.approx(expected)
+    splits = {s["split"]: s for s in plan["splits"]}
+    assert splits[0]["epsilon"] == pytest.approx(plan["epsilon"], rel=1e-6) and splits[0]["epsilon"] <= 4.0 + 1e-9
+    assert splits[2]["epsilon"] < splits[0]["epsilon"]
+
+
 def test_distributed_noise_names_each_device_share_and_the_multiplier_as_survivors_vary(tmp_path: Path) -> None:
     """--noise distributed: the same multiplier z; shares sized for 90% of each cohort give z sqrt(s / 0.9)
     with a share s surviving, so all surviving spends less than the target and the floor (70%) more."""

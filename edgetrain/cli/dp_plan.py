@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -42,6 +42,7 @@ class FleetBlocks:
     rate: float
     strategy: str
     options: dict[str, Any]
+    sizes: dict[str, int] = field(default_factory=dict)  # block -> its coordinates d_b
 
 
 def fleet_blocks(path: str) -> FleetBlocks:
@@ -65,8 +66,12 @@ def fleet_blocks(path: str) -> FleetBlocks:
                 cost, d.budget_bytes, fleet.training.batch_size, local_samples=_group_samples(fleet, d.group),
                 memory=memory).split
         splits[split_of[d.group]] = splits.get(split_of[d.group], 0) + 1
+    sizes = dict.fromkeys(model.block_names, 0)
+    for name, t in model.state_dict().items():
+        if t.is_floating_point():
+            sizes[model.block_names[model.block_of(name)]] += t.numel()
     return FleetBlocks(fleet.name, list(model.block_names), splits, fleet.training.rounds, fleet.training.fraction,
-                       fleet.training.strategy, dict(fleet.strategy_options))
+                       fleet.training.strategy, dict(fleet.strategy_options), sizes)
 
 
 def _group_samples(fleet: Fleet, group: str) -> int:
@@ -109,7 +114,8 @@ def _schedule(devices: Optional[int], per_round: Optional[int], rate: Optional[f
 def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Optional[float], rounds: Optional[int],
                  target_epsilon: float, delta: Optional[float], clip: float, fleet: FleetBlocks | None,
                  sampling: str = "poisson", accountant: str = "pld", min_cohort: int = 10, noise: str = "central",
-                 min_survivors: float = 0.7, expected_survivors: Optional[float] = None) -> dict[str, Any]:
+                 min_survivors: float = 0.7, expected_survivors: Optional[float] = None,
+                 mechanism: str = "gaussian", rounds_per_tree: int = 0, allocation: str = "uniform") -> dict[str, Any]:
     """The plan as plain data (what ``--json`` prints); settings that cannot work are listed in
     ``refusals``, each one line."""
     from orchestrator.aggregation.privacy import calibrate as cal
@@ -128,14 +134,19 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
                                    f"({expected:g}) <= 1")
     d = cal.check_delta(delta if delta is not None else cal.default_delta(n), n)
     fixed = n if sampling == "fixed" else None
-    z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
+    spend, ftrl = None, _ftrl(mechanism, noise, n, q, r, rounds_per_tree, target_epsilon, d)
+    if ftrl is not None:
+        z, spend, sampling, accountant = ftrl.pop("z"), ftrl.pop("spend"), "tree", "rdp"
+    else:
+        z = cal.noise_multiplier(target_epsilon, q, r, d, accountant=accountant, fleet=fixed)
     plan: dict[str, Any] = {
         "devices": n, "rate": q, "expected_cohort": q * n, "rounds": r, "target_epsilon": target_epsilon,
         "delta": d, "delta_is_default": delta is None, "sampling": sampling,
         "accountant": "rdp" if fixed else accountant, "clip": clip, "noise_multiplier": z,
-        "epsilon": epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
+        "epsilon": spend(z) if spend else epsilon_for(z, q, r, d, accountant=accountant, fleet=fixed),
+        "mechanism": mechanism, "ftrl": ftrl,
         "sum_stddev": z * clip, "mean_stddev": cal.noise_per_coordinate(z, clip, q * n),
-        "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [],
+        "noise": noise, "fleet": None, "blocks": [], "splits": [], "refusals": [], "allocation": None,
     }
     if noise == "distributed":
         plan["distributed"] = _distributed(z, q, r, d, accountant, fixed, min_survivors, expected)
@@ -143,13 +154,18 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
     if fleet is not None:
         splits = _scaled(fleet.splits, n) if devices is not None else fleet.splits
         per_block = [(b, sum(c for s, c in splits.items() if s <= i)) for i, b in enumerate(fleet.blocks)]
-        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed)
+        allocated = _allocation(allocation, z, clip, per_block, fleet.sizes, q)
+        plan["allocation"] = allocated
+        by_name = allocated["multipliers"] if allocated else None
+        blocks = cal.plan_blocks(z, clip, per_block, q, r, d, accountant=accountant, fleet=fixed, spend=spend,
+                                 multipliers=by_name)
         if noise == "distributed":  # each device's share: the block's sum noise over sqrt(e m_b) devices
             plan["distributed"]["share_stddev"] = {b.block: b.sum_stddev / math.sqrt(expected * b.cohort)
                                                    for b in blocks}
         plan.update(fleet=fleet.name, blocks=[asdict(b) for b in blocks],
-                    splits=[asdict(s) for s in cal.plan_splits(z, len(fleet.blocks), splits, q, r, d,
-                                                               accountant=accountant, fleet=fixed)])
+                    splits=[asdict(s) for s in cal.plan_splits(
+                        z, len(fleet.blocks), splits, q, r, d, accountant=accountant, fleet=fixed, spend=spend,
+                        multipliers=[by_name.get(b, math.inf) for b in fleet.blocks] if by_name else None)])
         checks += [(b.cohort, f"block {b.block}") for b in blocks]
         try:
             from orchestrator.strategies import make_strategy
@@ -163,6 +179,49 @@ def privacy_plan(*, devices: Optional[int], per_round: Optional[int], rate: Opti
         except cal.PrivacyPlanError as exc:
             plan["refusals"].append(str(exc))
     return plan
+
+
+def _allocation(allocation: str, z: float, clip: float, per_block: list[tuple[str, int]], sizes: dict[str, int],
+                q: float) -> dict[str, Any] | None:
+    """``--allocation utility`` (the server's ``dp_allocation``): each released block's multiplier
+    from ``calibrate.allocate_multipliers`` (weights d_b C_b^2 / m_b^2), and the objective it
+    minimises, the expected squared norm of the noise on the mean update, against uniform noise's.
+    None: uniform."""
+    from orchestrator.aggregation.privacy import calibrate as cal
+
+    if allocation not in ("uniform", "utility"):
+        raise cal.PrivacyPlanError(f"--allocation must be uniform or utility, got {allocation!r}")
+    released = [(b, n) for b, n in per_block if n > 0]
+    if allocation == "uniform" or not released:
+        return None
+    c_b = clip / math.sqrt(len(released))
+    weights = {b: sizes.get(b, 0) * c_b**2 / (q * n) ** 2 for b, n in released}
+    multipliers = cal.allocate_multipliers(z, weights)
+    uniform = dict.fromkeys(weights, z * math.sqrt(len(released)))
+    return {"multipliers": multipliers, "objective": cal.allocation_objective(multipliers, weights),
+            "uniform_objective": cal.allocation_objective(uniform, weights)}
+
+
+def _ftrl(mechanism: str, noise: str, n: int, q: float, r: int, rounds_per_tree: int, target: float,
+          d: float) -> dict[str, Any] | None:
+    """DP-FTRL's plan (``--mechanism ftrl``, ``orchestrator.aggregation.privacy.ftrl``): K = ceil(q N)
+    devices a round, the server's rounds per tree (``calibrate.ftrl_epoch``), the trees, the multiplier
+    per tree node and its epsilon (``spend``). None: the sampled Gaussian."""
+    from orchestrator.aggregation.privacy import calibrate as cal
+    from orchestrator.aggregation.privacy.accountant import tree_epsilon
+
+    if mechanism not in ("gaussian", "ftrl"):
+        raise cal.PrivacyPlanError(f"--mechanism must be gaussian or ftrl, got {mechanism!r}")
+    if mechanism == "gaussian":
+        return None
+    if noise == "distributed":
+        raise cal.PrivacyPlanError("--mechanism ftrl plans central noise only: the devices do not add tree noise "
+                                   "shares under secure aggregation yet")
+    cohort = min(n, max(1, math.ceil(q * n - 1e-9)))
+    epoch = cal.ftrl_epoch(n, cohort, r, rounds_per_tree)
+    trees = cal.trees(r, epoch)
+    return {"cohort": cohort, "rounds_per_tree": epoch, "trees": trees,
+            "z": cal.tree_multiplier(target, r, epoch, d), "spend": lambda z: tree_epsilon(z, trees, d)}
 
 
 def _distributed(z: float, q: float, r: int, d: float, accountant: str, fixed: Optional[int], floor: float,
@@ -206,6 +265,13 @@ def dp_plan(
     expected_survivors: Optional[float] = typer.Option(None, "--expected-survivors", help="distributed: the share "
                                                        "the devices' noise is sized for (dp_expected_survivors; "
                                                        "default --min-survivors)."),
+    mechanism: str = typer.Option("gaussian", help="gaussian (DP-SGD with sampling: --dp) or ftrl (DP-FTRL, tree "
+                                                   "aggregation without sampling: --dp-mechanism ftrl)."),
+    rounds_per_tree: int = typer.Option(0, "--rounds-per-tree", help="ftrl: rounds per tree (dp_ftrl_epoch; "
+                                        "0: floor(N / K), as the server)."),
+    allocation: str = typer.Option("uniform", help="uniform (z sqrt(L) on every block) or utility (per-block "
+                                                   "multipliers minimising the noise on the mean update for the same "
+                                                   "model epsilon: dp_allocation)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The noise multiplier that meets a target epsilon, and the noise it costs, per block."""
@@ -216,7 +282,8 @@ def dp_plan(
     plan = privacy_plan(devices=devices, per_round=per_round, rate=rate, rounds=rounds, target_epsilon=target_epsilon,
                         delta=delta, clip=clip, fleet=fleet, sampling=sampling, accountant=accountant,
                         min_cohort=min_cohort, noise=noise, min_survivors=min_survivors,
-                        expected_survivors=expected_survivors)
+                        expected_survivors=expected_survivors, mechanism=mechanism,
+                        rounds_per_tree=rounds_per_tree, allocation=allocation)
     if as_json:
         typer.echo(json.dumps(plan, indent=2))
         if plan["refusals"]:
@@ -246,10 +313,19 @@ def _print(console: Console, plan: dict[str, Any]) -> None:
         for case in dist["cases"]:
             console.print(f"  {case['survivors']:.0%} of each cohort surviving: multiplier {case['noise_multiplier']:.4f},"
                           f" epsilon {case['epsilon']:.3f} after {plan['rounds']} rounds like it")
+    elif plan["ftrl"]:
+        f = plan["ftrl"]
+        console.print(f"DP-FTRL: {f['cohort']} devices a round, trees of {f['rounds_per_tree']} rounds "
+                      f"({len(f['trees'])} trees), each device at most once per tree; no sampling assumed; the "
+                      f"multiplier is per tree node")
     else:
         console.print("central noise: the server adds it to each block's clipped sum")
     if plan["blocks"]:
-        table = Table(title=f"Per block (fleet {plan['fleet']}): per-layer clipping, equal noise on every block",
+        alloc = plan["allocation"]
+        how = ("per-layer clipping, noise allocated per block (expected squared noise norm on the mean "
+               f"{alloc['objective']:.4g}, uniform: {alloc['uniform_objective']:.4g})" if alloc
+               else "per-layer clipping, equal noise on every block")
+        table = Table(title=f"Per block (fleet {plan['fleet']}): {how}",
                       title_justify="left", box=box.SIMPLE_HEAVY)
         shares = plan["distributed"]["share_stddev"] if plan["noise"] == "distributed" else None
         for col in ("block", "devices", "cohort", "clip", "multiplier", "noise std (sum)", "noise std (mean)",

@@ -138,8 +138,12 @@ def _mechanism(config: ServerConfig, template: LayeredModel, format: UploadForma
     if format.name not in cls.formats:
         raise SettingError("dp_mechanism", f"mechanism {name} releases from {' or '.join(sorted(cls.formats)) or 'no'} "
                                            f"uploads, not {format.name} ones"
-                                           + (" (secure_aggregation masks them)" if format.name == "masked" else ""))
-    return cls(config, template.block_names, {n: template.block_of(n) for n in template.state_dict()})
+                                           + (" (secure_aggregation masks them)" if format.name == "masked" else "")
+                                           + (f": {cls.formats_why}" if cls.formats_why else ""))
+    state = template.state_dict()
+    mechanism = cls(config, template.block_names, {n: template.block_of(n) for n in state})
+    mechanism.bind({n: tuple(t.shape) for n, t in state.items() if t.is_floating_point()})
+    return mechanism
 
 
 def _bounds(config: ServerConfig, template: LayeredModel, store: Store, services: IntakeServices,

@@ -118,6 +118,10 @@ class ReportIntake(ABC):
         final model. Never here."""
         return False
 
+    def excluded(self) -> frozenset[str]:
+        """Devices a new round may not select (a DP-FTRL tree's participants); none here."""
+        return frozenset()
+
     # -- what a device says beyond its reports (the server hands it over; defaults for none) -----
     async def on_message(self, session: Session, msg: p.Message) -> None:
         """A message that is neither a fetch nor a report (a secure round's SecAgg*): refused here."""
@@ -186,6 +190,9 @@ class Intake(ReportIntake):
 
     def ends_run(self) -> bool:
         return self.release.ends_run()
+
+    def excluded(self) -> frozenset[str]:
+        return self.release.excluded()
 
     # -- the bytes ------------------------------------------------------------------------------
     async def receive(self, session: Session, msg: p.Report, work: Work | None, rs: RoundState | None) -> Tensors:

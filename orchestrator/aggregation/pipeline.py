@@ -229,5 +229,9 @@ class Release:
         """Whether the round just released is the run's last before its planned rounds."""
         return False
 
+    def excluded(self) -> frozenset[str]:
+        """Devices a new round may not select (DP-FTRL: each device once per tree)."""
+        return frozenset()
+
     def end_round(self) -> None:
         """The round is over, committed or not."""

@@ -150,13 +150,14 @@ class RoundLoop(RoundHooks):
     def idle(self) -> list[str]:
         """Connected devices a new round may select: none it awaits, none known to be silent
         (:class:`~orchestrator.rounds.Attendance`)."""
-        rs, attendance = self.round, self.attendance
-        return [d for d in self.sessions if (rs is None or not rs.expects(d)) and attendance.selectable(d)]
+        rs, attendance, excluded = self.round, self.attendance, self.intake.excluded()
+        return [d for d in self.sessions
+                if (rs is None or not rs.expects(d)) and attendance.selectable(d) and d not in excluded]
 
     def idle_count(self) -> int:
         """``len(self.idle())``, without a scan of the registry while no round is open and no
         device is held out."""
-        if self.round is None and not self.attendance.held_out():
+        if self.round is None and not self.attendance.held_out() and not self.intake.excluded():
             return len(self.sessions)
         return len(self.idle())
 
@@ -273,6 +274,16 @@ class RoundLoop(RoundHooks):
         exist, and the server's torch work (its reference training, a payload's export) runs one at a time."""
         return await asyncio.shield(self._prepared) if self._prepared is not None else 0.0
 
+    def _fraction(self) -> float:
+        """The share of the selectable devices a round samples: ``fraction``, or, while the intake
+        leaves devices out (a DP-FTRL tree's participants), the share that keeps the cohort at
+        ``fraction`` of the connected devices."""
+        excluded = self.intake.excluded()
+        if not excluded:
+            return self.config.fraction
+        pool, total = len(self.idle()), len(self.sessions)  # 1e-9: ceil(share x pool) stays fraction x total
+        return min(1.0, max(1e-9, self.config.fraction * total - 1e-9) / max(1, pool))
+
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
         self.payloads.begin(self.global_state, keep=self.kept_payloads())
@@ -282,7 +293,7 @@ class RoundLoop(RoundHooks):
         ctx = RoundContext(
             round=r, global_state=MappingProxyType(self.global_state),
             devices=MappingProxyType({d: self.sessions[d].info for d in self.idle()}), state=rs,
-            blocks=tuple(self.template.block_names), fraction=self.config.fraction,
+            blocks=tuple(self.template.block_names), fraction=self._fraction(),
             seed=None if (seed := self.config.cohort_seed) is None else seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
         )
         self.round, self.ctx = rs, ctx

@@ -21,7 +21,7 @@ The devices' side (their clip and their discrete noise shares under secure aggre
 tables below without loading ``dp-accounting``.
 """
 
-__all__ = ["ACCOUNTANTS", "MECHANISMS", "PrivacyBudgetSpent", "SAMPLINGS"]
+__all__ = ["ACCOUNTANTS", "ALLOCATIONS", "MECHANISMS", "PrivacyBudgetSpent", "SAMPLINGS"]
 
 #: The privacy mechanisms, by name: where each one's class lives (``package.module:Class``), loaded
 #: when a run uses it (:func:`~orchestrator.aggregation.privacy.mechanism.mechanism_class`). A new
@@ -30,6 +30,7 @@ __all__ = ["ACCOUNTANTS", "MECHANISMS", "PrivacyBudgetSpent", "SAMPLINGS"]
 MECHANISMS: dict[str, str] = {
     "gaussian": "orchestrator.aggregation.privacy.gaussian:CentralGaussian",
     "discrete_gaussian": "orchestrator.aggregation.privacy.distributed:DistributedDiscreteGaussian",
+    "ftrl": "orchestrator.aggregation.privacy.ftrl:FtrlMechanism",
 }
 
 #: The accountants of ``dp-accounting`` a ledger can keep (``orchestrator.aggregation.privacy.accountant``):
@@ -38,6 +39,10 @@ ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
 #: How a round's cohort is drawn, as the accountant takes it: ceil(fraction x N) of the N idle devices
 #: (``fixed``), or each device independently with probability fraction (``poisson``).
 SAMPLINGS: tuple[str, ...] = ("fixed", "poisson")
+#: How the model's noise is shared between its blocks: ``uniform`` (z_b = z sqrt(L), per-layer clipping
+#: with equal noise) or ``utility`` (the multipliers that minimise the noise on the mean update under
+#: the same model budget: ``orchestrator.aggregation.privacy.calibrate.allocate_multipliers``).
+ALLOCATIONS: tuple[str, ...] = ("uniform", "utility")
 
 
 class PrivacyBudgetSpent(Exception):

@@ -33,6 +33,17 @@ support: a cohort of exactly K of N devices is ``SampledWithoutReplacementDpEven
 replace-one relation (Wang, Balle, Kasiviswanathan, 2019), where replacing a device moves a clipped
 sum by up to 2 C: the event's multiplier is z / 2.
 
+Without sampling: DP-FTRL's tree aggregation (``sampling = "tree"``, the ``ftrl`` mechanism,
+:mod:`orchestrator.aggregation.privacy.ftrl`). No cohort is assumed secret or uniformly drawn; each
+device takes part at most once per tree (a restart every b rounds), and each tree of T rounds
+releases its prefix sums through the nodes of a binary tree, each noised with N(0, (z C)^2): one
+device's contribution reaches ceil(log2(T + 1)) nodes, a Gaussian of multiplier z composed that
+many times (Kairouz et al., 2021, "Practical and Private (Deep) Learning without Sampling or
+Shuffling", Theorem 4.1 and Appendix D). ``dp_accounting``'s ``SingleEpochTreeAggregationDpEvent``
+per tree, composed over the trees, in its RDP accountant under the replace-with-a-special-record
+relation it requires (:func:`tree_epsilon`). A round's event carries its step in its tree
+(``RoundEvent.tree_step``, 1 for a tree's first round).
+
 State. The ledger is its list of rounds, plain JSON (:meth:`PrivacyLedger.to_json`); epsilon is a
 pure function of that list (consecutive equal rounds are composed as one self-composition, left to
 right), so a resumed run rebuilt from the JSON reports exactly the epsilons of an uninterrupted one.
@@ -63,6 +74,9 @@ __all__ = [
     "epsilon_for",
     "fresh_accountant",
     "sampled_gaussian",
+    "tree_epsilon",
+    "tree_event",
+    "TREE",
 ]
 
 #: PLD discretisation of the privacy loss (dp_accounting's default is 1e-4; see the module docstring).
@@ -72,6 +86,8 @@ PLD_INTERVAL = 1e-3
 #: (q = 0.1, 100 rounds, delta 1e-5: z = 0.7 gives 16.44 either way, z = 0.6 gives 24.18 against 23.35).
 RDP_ORDERS = tuple(o for o in rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS if o >= 2)
 STATE_VERSION = 1
+#: The ledger's sampling for DP-FTRL's tree aggregation: no sampling, participation once per tree.
+TREE = "tree"
 
 
 class LedgerError(ValueError):
@@ -127,12 +143,16 @@ class RoundEvent:
     blocks: Mapping[str, BlockRelease]
     fleet: int | None = None
     cohort: int | None = None
+    tree_step: int | None = None  # DP-FTRL: the round's step in its tree (1: a new tree); None: sampled
 
     def __post_init__(self) -> None:
         if not (0 < self.q <= 1):
             raise LedgerError(f"the sampling rate must be in (0, 1], got {self.q!r}")
         if not self.blocks:
             raise LedgerError("a round that released no block has nothing to account")
+        if self.tree_step is not None and (isinstance(self.tree_step, bool) or not isinstance(self.tree_step, int)
+                                           or self.tree_step < 1):
+            raise LedgerError(f"a round's step in its tree must be an integer >= 1, got {self.tree_step!r}")
 
     @classmethod
     def fixed(cls, fleet: int, cohort: int, blocks: Mapping[str, BlockRelease]) -> RoundEvent:
@@ -152,6 +172,8 @@ class RoundEvent:
             for name, b in self.blocks.items()}}
         if self.fleet is not None:
             data.update(fleet=self.fleet, cohort=self.cohort)
+        if self.tree_step is not None:
+            data["tree_step"] = self.tree_step
         return data
 
     @classmethod
@@ -168,7 +190,7 @@ class RoundEvent:
             blocks[str(name)] = BlockRelease(_positive(b.get("z"), f"block {name!r}'s z"), float(count))
         if data.get("fleet") is not None:
             return cls.fixed(int(data["fleet"]), int(data["cohort"]), blocks)
-        return cls(_positive(data.get("q"), "q"), blocks)
+        return cls(_positive(data.get("q"), "q"), blocks, tree_step=data.get("tree_step"))
 
 
 @dataclass(frozen=True)
@@ -217,6 +239,27 @@ def epsilon_for(noise_multiplier: float, q: float, rounds: int, delta: float, *,
     return float(acct.get_epsilon(delta))
 
 
+def tree_event(multiplier: float, trees: Iterable[int]) -> dp_accounting.DpEvent:
+    """The trees of DP-FTRL (each tree's number of rounds, ``trees``), every node noised at
+    ``multiplier``, a device in each tree at most once: one ``SingleEpochTreeAggregationDpEvent`` per
+    tree, composed (Kairouz et al., 2021, Appendix D)."""
+    return dp_accounting.ComposedDpEvent([dp_accounting.SingleEpochTreeAggregationDpEvent(multiplier, int(t))
+                                          for t in trees])
+
+
+def tree_accountant() -> rdp.RdpAccountant:
+    """RDP at dp_accounting's default orders (a tree's RDP is linear in the order, alpha d / 2 z^2:
+    no order fails to converge), under the relation its tree events require."""
+    return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+
+
+def tree_epsilon(multiplier: float, trees: Iterable[int], delta: float) -> float:
+    """Epsilon at ``delta`` of DP-FTRL's trees (:func:`tree_event`)."""
+    acct = tree_accountant()
+    acct.compose(tree_event(multiplier, trees))
+    return float(acct.get_epsilon(delta))
+
+
 _Key = tuple[float, float, "int | None", "int | None"]  # (q, multiplier, fleet, cohort) of one round in one view
 
 
@@ -254,12 +297,43 @@ class _View:
         return float(acct.get_epsilon(delta))
 
 
+@dataclass
+class _TreeView:
+    """One sequence of DP-FTRL rounds (the model's, or one block's) as its trees: ``runs`` holds
+    [multiplier, rounds] per tree. A round at step 1 (or at a step not past the last tree's) starts
+    a tree; a later step extends the last tree to it (a block not released at a step still had its
+    node noised: the tree's size is what counts)."""
+
+    runs: list[list[Any]] = field(default_factory=list)
+
+    def add(self, key: tuple[float, int]) -> None:
+        z, step = key
+        if not self.runs or step <= self.runs[-1][1]:
+            self.runs.append([z, step])
+            return
+        if z != self.runs[-1][0]:
+            raise LedgerError(f"a tree's nodes are noised at one multiplier: {self.runs[-1][0]:g}, then {z:g}")
+        self.runs[-1][1] = step
+
+    def epsilon(self, delta: float, extra: tuple[tuple[float, int], ...] = ()) -> float:
+        view = copy.deepcopy(self) if extra else self
+        for key in extra:
+            view.add(key)
+        if not view.runs:
+            return 0.0
+        acct = tree_accountant()
+        for z, steps in view.runs:
+            acct.compose(tree_event(z, [steps]))
+        return float(acct.get_epsilon(delta))
+
+
 class PrivacyLedger:
     """Every round's release, and the (epsilon, delta) it adds up to, per block and for the model.
 
     ``blocks`` are the model's block names in order (the ledger refuses rounds naming others);
     ``delta`` the target delta; ``accountant`` ``"pld"`` or ``"rdp"``; ``sampling`` ``"poisson"``
-    (rounds give ``q``) or ``"fixed"`` (rounds give the fleet and the cohort; accounted with RDP).
+    (rounds give ``q``), ``"fixed"`` (rounds give the fleet and the cohort; accounted with RDP) or
+    ``"tree"`` (DP-FTRL: rounds give their step in their tree; accounted with RDP).
     """
 
     def __init__(self, blocks: Iterable[str], delta: float, *, accountant: str = "pld",
@@ -271,13 +345,14 @@ class PrivacyLedger:
             raise LedgerError(f"delta must be in (0, 1), got {delta!r}")
         if accountant not in ACCOUNTANTS:
             raise LedgerError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
-        if sampling not in SAMPLINGS:
-            raise LedgerError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+        if sampling not in (*SAMPLINGS, TREE):
+            raise LedgerError(f"sampling must be one of {', '.join((*SAMPLINGS, TREE))}, got {sampling!r}")
         self.delta, self.sampling = float(delta), sampling
-        self.accountant = "rdp" if sampling == "fixed" else accountant
+        self.accountant = "rdp" if sampling in ("fixed", TREE) else accountant
         self.rounds: list[RoundEvent] = []
-        self._model = _View(self.accountant, sampling)
-        self._views = {b: _View(self.accountant, sampling) for b in self.blocks}
+        view = _TreeView if sampling == TREE else (lambda: _View(self.accountant, sampling))
+        self._model: _View | _TreeView = view()
+        self._views: dict[str, _View | _TreeView] = {b: view() for b in self.blocks}
         self._spent: Spent | None = None
         # What spent_after answered or look_ahead computed: (rounds recorded then, the events after
         # them, what they spend); events compare by value. Recording an event makes (n, (event,)) the
@@ -285,13 +360,16 @@ class PrivacyLedger:
         # shared 2-core machine).
         self._after: list[tuple[int, tuple[RoundEvent, ...], Spent]] = []
 
-    def _keys(self, event: RoundEvent) -> tuple[_Key, dict[str, _Key]]:
+    def _keys(self, event: RoundEvent) -> tuple[Any, dict[str, Any]]:
         unknown = sorted(set(event.blocks) - set(self.blocks))
         if unknown:
             raise LedgerError(f"round releases blocks the model does not have: {', '.join(unknown)}")
-        if (event.fleet is not None) != (self.sampling == "fixed"):
-            raise LedgerError(f"a round of {'fixed-size' if event.fleet is not None else 'Poisson'} sampling "
-                              f"in a ledger of {self.sampling} sampling")
+        if (event.fleet is not None) != (self.sampling == "fixed") or (event.tree_step is None) == (self.sampling == TREE):
+            kind = "tree" if event.tree_step is not None else "fixed-size" if event.fleet is not None else "Poisson"
+            raise LedgerError(f"a round of {kind} sampling in a ledger of {self.sampling} sampling")
+        if event.tree_step is not None:
+            return (event.multiplier, event.tree_step), {
+                name: (b.multiplier, event.tree_step) for name, b in event.blocks.items()}
         keys = {name: (event.q, b.multiplier, event.fleet, event.cohort) for name, b in event.blocks.items()}
         return (event.q, event.multiplier, event.fleet, event.cohort), keys
 
@@ -348,8 +426,8 @@ class PrivacyLedger:
 
     def _spent_with(self, events: tuple[RoundEvent, ...] = ()) -> Spent:
         """What the recorded rounds and then ``events`` spend."""
-        models: list[_Key] = []
-        keys: dict[str, list[_Key]] = {}
+        models: list[Any] = []
+        keys: dict[str, list[Any]] = {}
         for event in events:
             model, block_keys = self._keys(event)
             models.append(model)
@@ -358,7 +436,7 @@ class PrivacyLedger:
         # Views whose rounds are equal give equal epsilons: compute each distinct one once.
         memo: dict[Any, float] = {}
 
-        def eps(view: _View, extra: tuple[_Key, ...]) -> float:
+        def eps(view: _View | _TreeView, extra: tuple[Any, ...]) -> float:
             signature = (tuple((k, c) for k, c in view.runs), extra)
             if signature not in memo:
                 memo[signature] = view.epsilon(self.delta, extra)

@@ -31,12 +31,13 @@ printed before a run is the plan the server runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dp_accounting
 
-from orchestrator.aggregation.privacy.accountant import epsilon_for, fresh_accountant, sampled_gaussian
+from orchestrator.aggregation.privacy.accountant import (combined_multiplier, epsilon_for, fresh_accountant, sampled_gaussian,
+                                                         tree_accountant, tree_epsilon, tree_event)
 from orchestrator.strategies.base import Combines
 
 __all__ = [
@@ -56,6 +57,11 @@ __all__ = [
     "noise_per_coordinate",
     "plan_blocks",
     "plan_splits",
+    "allocate_multipliers",
+    "allocation_objective",
+    "ftrl_epoch",
+    "tree_multiplier",
+    "trees",
 ]
 
 #: The range of noise multipliers searched: below 0.3 one round's epsilon alone is large; above 100
@@ -131,6 +137,43 @@ def noise_multiplier(target_epsilon: float, q: float, rounds: int, delta: float,
         target_epsilon, delta, dp_accounting.ExplicitBracketInterval(Z_MIN, Z_MAX), tol=1e-4))
 
 
+def trees(rounds: int, epoch: int) -> list[int]:
+    """The trees of ``rounds`` rounds restarted every ``epoch``: their sizes in rounds."""
+    if rounds < 1 or epoch < 1:
+        raise PrivacyPlanError(f"DP-FTRL needs rounds >= 1 and rounds per tree >= 1, got {rounds} and {epoch}")
+    return [epoch] * (rounds // epoch) + ([rounds % epoch] if rounds % epoch else [])
+
+
+def ftrl_epoch(fleet: int, cohort: int, rounds: int, configured: int = 0) -> int:
+    """DP-FTRL's rounds per tree: ``configured`` (``dp_ftrl_epoch``), or by default floor(N / K),
+    the most rounds in which K of N devices can each take part once, at most the run's rounds; a
+    schedule whose tree needs a device twice (b K > N) is refused. The server's plan and
+    ``dp-plan`` both ask here."""
+    epoch = min(rounds, configured or fleet // max(1, cohort))
+    if epoch < 1 or epoch * cohort > fleet:
+        raise PrivacyPlanError(f"dp_ftrl_epoch {epoch}: {epoch} rounds of {cohort} devices need {epoch * cohort} "
+                               f"devices, each once per tree, and the fleet has {fleet}; use at most "
+                               f"{fleet // max(1, cohort)} rounds per tree")
+    return epoch
+
+
+def tree_multiplier(target_epsilon: float, rounds: int, epoch: int, delta: float) -> float:
+    """The smallest multiplier per tree node whose DP-FTRL epsilon after ``rounds`` rounds, trees
+    restarted every ``epoch``, is at most ``target_epsilon`` at ``delta`` (``dp_accounting``'s search,
+    as :func:`noise_multiplier`); refused when even :data:`Z_MAX` cannot reach it."""
+    sizes = trees(rounds, epoch)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise PrivacyPlanError(f"the target epsilon must be a finite number > 0, got {target_epsilon:g}")
+    if tree_epsilon(Z_MAX, sizes, delta) > target_epsilon:
+        raise PrivacyPlanError(f"target epsilon {target_epsilon:g} cannot be reached by DP-FTRL in {rounds} rounds "
+                               f"(trees of {epoch}): even noise multiplier {Z_MAX:g} spends more; plan fewer rounds")
+    if tree_epsilon(Z_MIN, sizes, delta) <= target_epsilon:
+        return Z_MIN
+    return float(dp_accounting.calibrate_dp_mechanism(
+        tree_accountant, lambda z: tree_event(z, sizes), target_epsilon, delta,
+        dp_accounting.ExplicitBracketInterval(Z_MIN, Z_MAX), tol=1e-4))
+
+
 def check_noise(multiplier: float, target_epsilon: float, q: float, rounds: int, delta: float, *,
                 accountant: str = "pld", fleet: int | None = None) -> float:
     """The epsilon a configured multiplier spends in the planned rounds; refused, naming the
@@ -183,33 +226,73 @@ class SplitPlan:
 
 
 def plan_blocks(multiplier: float, clip: float, block_devices: Sequence[tuple[str, int]], q: float, rounds: int,
-                delta: float, *, accountant: str = "pld", fleet: int | None = None) -> list[BlockPlan]:
+                delta: float, *, accountant: str = "pld", fleet: int | None = None,
+                spend: Callable[[float], float] | None = None,
+                multipliers: Mapping[str, float] | None = None) -> list[BlockPlan]:
     """Per-layer clipping of the blocks some device trains (``block_devices``: block name and the
     number of devices able to train it, in model order), for a model multiplier ``multiplier``.
     With ``fleet`` (fixed-size cohorts of the whole fleet), each block's release is accounted as
-    that sample of the fleet: devices that do not train a block add a zero vector to its sum."""
+    that sample of the fleet: devices that do not train a block add a zero vector to its sum.
+    ``spend``: a multiplier's epsilon over the run when it is not sampled rounds (DP-FTRL's trees);
+    ``multipliers``: each block's z_b (a per-block allocation), else z sqrt(L) each."""
     released = [(b, n) for b, n in block_devices if n > 0]
     if not released:
         raise PrivacyPlanError("no device trains any block")
     scale = math.sqrt(len(released))
-    z_b, c_b = multiplier * scale, clip / scale
-    eps = epsilon_for(z_b, q, rounds, delta, accountant=accountant, fleet=fleet)
-    return [BlockPlan(b, n, q * n, c_b, z_b, z_b * c_b, noise_per_coordinate(z_b, c_b, q * n), eps)
+    c_b = clip / scale
+    z = multipliers or dict.fromkeys((b for b, _ in released), multiplier * scale)
+    eps = {zb: spend(zb) if spend else epsilon_for(zb, q, rounds, delta, accountant=accountant, fleet=fleet)
+           for zb in {z[b] for b, _ in released}}  # equal multipliers: one accountant's answer
+    return [BlockPlan(b, n, q * n, c_b, z[b], z[b] * c_b, noise_per_coordinate(z[b], c_b, q * n), eps[z[b]])
             for b, n in released]
 
 
 def plan_splits(multiplier: float, num_blocks: int, splits: Mapping[int, int], q: float, rounds: int, delta: float,
-                *, accountant: str = "pld", fleet: int | None = None) -> list[SplitPlan]:
+                *, accountant: str = "pld", fleet: int | None = None,
+                spend: Callable[[float], float] | None = None,
+                multipliers: Sequence[float] | None = None) -> list[SplitPlan]:
     """Each split's devices (``splits``: split -> devices) under :func:`plan_blocks`'s per-layer
-    clipping of a model of ``num_blocks`` blocks."""
+    clipping of a model of ``num_blocks`` blocks: a device at split s composes the blocks [s, L),
+    each at its z_b (``multipliers``, by block index; else z sqrt(L') for the L' released blocks), into
+    one Gaussian of multiplier (sum_b z_b^-2)^-1/2."""
     low = min(splits)
-    released = num_blocks - low
+    z_b = list(multipliers) if multipliers is not None else \
+        [math.inf] * low + [multiplier * math.sqrt(num_blocks - low)] * (num_blocks - low)
     out = []
     for s in sorted(splits):
-        k = num_blocks - s
-        z = multiplier * math.sqrt(released / k)
-        out.append(SplitPlan(s, splits[s], k, z, epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)))
+        z = combined_multiplier(z_b[s:])
+        eps = spend(z) if spend else epsilon_for(z, q, rounds, delta, accountant=accountant, fleet=fleet)
+        out.append(SplitPlan(s, splits[s], num_blocks - s, z, eps))
     return out
+
+
+def allocation_objective(multipliers: Mapping[str, float], weights: Mapping[str, float]) -> float:
+    """sum_b w_b z_b^2: with w_b = d_b C_b^2 / m_b^2, the expected squared norm of the noise on the
+    mean update (block b: d_b coordinates, noise z_b C_b / m_b on each)."""
+    return sum(weights[b] * multipliers[b] ** 2 for b in weights)
+
+
+def allocate_multipliers(multiplier: float, weights: Mapping[str, float]) -> dict[str, float]:
+    """Per-block multipliers for nested cohorts (``dp_allocation = "utility"``): the z_b that
+    minimise the noise on the mean update, sum_b w_b z_b^2 with w_b = d_b C_b^2 / m_b^2
+    (:func:`allocation_objective`; d_b the block's coordinates, C_b its clip, m_b its expected
+    cohort: a block with many coordinates or few devices weighs more), under the model's budget:
+    sum_b z_b^-2 = z^-2. That constraint is every role's: the device at the lowest split trains every
+    released block, and its round is one Gaussian of multiplier (sum_b z_b^-2)^-1/2 = z, the model's
+    (so its epsilon is the target's, as under uniform noise); a device at split s trains the blocks
+    b >= s, a partial sum, so its multiplier is larger and it spends less.
+
+    With u_b = z_b^-2 the problem is: minimise sum_b w_b / u_b subject to sum_b u_b = z^-2, convex;
+    the Lagrangian's stationarity gives w_b / u_b^2 = lambda, so u_b = z^-2 sqrt(w_b) / sum_c sqrt(w_c),
+    i.e. z_b = z sqrt(sum_c sqrt(w_c) / sqrt(w_b)), at objective z^2 (sum_b sqrt(w_b))^2. Uniform noise
+    (z_b = z sqrt(L)) costs z^2 L sum_b w_b, never less (Cauchy-Schwarz; equal only when every w_b is
+    equal). Per-layer clipping with equal noise (McMahan et al., 2018, Section 3) is the uniform case;
+    the allocation keeps its clips and moves only the noise."""
+    if not weights or any(not (w > 0 and math.isfinite(w)) for w in weights.values()):
+        raise PrivacyPlanError(f"a per-block allocation needs each block's weight > 0, got {dict(weights)}")
+    roots = {b: math.sqrt(w) for b, w in weights.items()}
+    total = sum(roots.values())
+    return {b: multiplier * math.sqrt(total / r) for b, r in roots.items()}
 
 
 def check_strategy(name: str, combines: Combines) -> None:

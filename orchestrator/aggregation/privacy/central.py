@@ -89,6 +89,8 @@ def plan_central(config: ServerConfig, num_blocks: int) -> CentralPlan:
         check_noise(z, target, q, config.rounds, delta, accountant=config.dp_accountant, fleet=accounted)
     plan = CentralPlan(float(z), float(delta), target, fleet, cohort, num_blocks, config.dp_clip,
                        config.dp_count_stddev)
+    if config.dp_adaptive_clip and config.dp_allocation != "uniform":
+        raise PrivacyPlanError("dp_allocation utility keeps each block's clip fixed: not with dp_adaptive_clip")
     if config.dp_adaptive_clip:  # the count must be noised, and leave the sum some budget
         if plan.count_noise(cohort) <= 0:
             raise PrivacyPlanError("adaptive clipping needs dp_count_stddev > 0: an un-noised count is not private")

@@ -32,14 +32,16 @@ survived (the protocol needs it) and each block's count of survivors (the unnois
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from orchestrator.aggregation.pipeline import BlockSums
 from orchestrator.aggregation.privacy.accountant import BlockRelease
+from orchestrator.aggregation.privacy.calibrate import PrivacyPlanError
 from orchestrator.aggregation.privacy.mechanism import PrivacyMechanism
 from orchestrator.aggregation.secure.round import NoisePlan
+from orchestrator.config import ServerConfig
 from orchestrator.strategies import RoundContext, RoundResult
 
 __all__ = ["DISTRIBUTED", "DistributedDiscreteGaussian"]
@@ -54,6 +56,12 @@ class DistributedDiscreteGaussian(PrivacyMechanism):
     name = "discrete_gaussian"
     mode = DISTRIBUTED
     formats = frozenset({"masked"})
+
+    def __init__(self, config: ServerConfig, blocks: Sequence[str], block_of: Mapping[str, int]) -> None:
+        if config.dp_allocation != "uniform":
+            raise PrivacyPlanError("dp_allocation utility: the devices' noise shares are sized for one multiplier "
+                                   "per round (z sqrt(L)); per-block shares are not built")
+        super().__init__(config, blocks, block_of)
 
     def noise_shares(self, cohorts: Mapping[int, int]) -> NoisePlan:
         """Step 2: each block's n_min_b from the cohort that advertised keys, z_b, and the survivors

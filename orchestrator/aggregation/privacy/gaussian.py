@@ -71,6 +71,8 @@ class CentralGaussian(PrivacyMechanism):
         """Every block some idle device can train, noised whether or not a sampled device trained it
         this round: the accountant's mechanism is the sum plus noise, a zero sum included (an untouched
         block would tell that none of its devices was sampled)."""
+        if self.config.dp_allocation == "utility":  # no count: adaptive clipping keeps uniform noise
+            return {b: BlockRelease(z) for b, z in self.block_multipliers(expected).items()}
         return {b: BlockRelease(self.sum_multiplier, self.count_stddev) for b in expected}
 
     def release(self, ctx: RoundContext, result: RoundResult, sums: BlockSums | None, expected: Mapping[int, float],
@@ -83,7 +85,7 @@ class CentralGaussian(PrivacyMechanism):
             block = self.block_of[name]
             if old.dtype.kind != "f" or block not in expected:
                 continue
-            m, sigma = expected[block], self.sum_multiplier * clip.clipping.blocks[block].clip
+            m, sigma = expected[block], released[block].noise_multiplier * clip.clipping.blocks[block].clip
             total = gaussian(old.shape, sigma)
             if name in clip.sums:
                 total += clip.sums[name]

@@ -39,7 +39,8 @@ import numpy as np
 from edge_sdk.references import is_reference, load_reference
 from orchestrator.aggregation.pipeline import BlockSums, Bound
 from orchestrator.aggregation.privacy import MECHANISMS
-from orchestrator.aggregation.privacy.accountant import BlockRelease
+from orchestrator.aggregation.privacy.accountant import BlockRelease, RoundEvent
+from orchestrator.aggregation.privacy.calibrate import allocate_multipliers
 from orchestrator.aggregation.privacy.central import CentralPlan, plan_central
 from orchestrator.config import ServerConfig
 from orchestrator.strategies import RoundContext, RoundResult
@@ -65,10 +66,32 @@ class PrivacyMechanism(ABC):
     #: The upload formats it releases from: ``"plain"`` (the server sees each clipped update) and/or
     #: ``"masked"`` (secure aggregation: the server sees block sums only).
     formats: ClassVar[frozenset[str]] = frozenset()
+    #: Why it does not release from the other formats (the refusal's reason), if it says.
+    formats_why: ClassVar[str] = ""
 
     def __init__(self, config: ServerConfig, blocks: Sequence[str], block_of: Mapping[str, int]) -> None:
         self.config, self.blocks, self.block_of = config, tuple(blocks), dict(block_of)
         self.plan: CentralPlan = plan_central(config, len(self.blocks))
+
+    def bind(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """The model's floating-point entries and their shapes, before the first round: each block's
+        coordinates d_b, which the per-block allocation weighs (:meth:`block_multipliers`)."""
+        sizes = dict.fromkeys(range(len(self.blocks)), 0)
+        for name, shape in shapes.items():
+            sizes[self.block_of[name]] += int(np.prod(shape, dtype=np.int64))
+        self.sizes = sizes
+
+    def block_multipliers(self, expected: Mapping[int, float]) -> dict[int, float]:
+        """Each released block's multiplier z_b (block -> expected cohort m_b in ``expected``):
+        z sqrt(L) each (``dp_allocation = "uniform"``), or the allocation that minimises the noise on the
+        mean update for the same model multiplier z (``"utility"``,
+        :func:`~orchestrator.aggregation.privacy.calibrate.allocate_multipliers`, weights d_b C_b^2 / m_b^2)."""
+        if self.config.dp_allocation == "uniform" or not expected:
+            return {b: self.plan.block_multiplier for b in expected}
+        c = self.plan.block_clip
+        z = allocate_multipliers(self.plan.multiplier, {self.blocks[b]: getattr(self, "sizes", {}).get(b, 0) * c**2 / m**2
+                                                        for b, m in expected.items()})
+        return {b: z[self.blocks[b]] for b in expected}
 
     @property
     def journal_mode(self) -> str:
@@ -109,6 +132,22 @@ class PrivacyMechanism(ABC):
     def withheld(self, ctx: RoundContext, result: RoundResult) -> dict[str, np.ndarray]:
         """The round's state when it releases no block."""
         return result.state
+
+    # -- the accountant's event ------------------------------------------------------------------------
+    @property
+    def sampling(self) -> str:
+        """How the ledger takes the rounds: the run's ``dp_sampling`` (DP-FTRL: its trees)."""
+        return self.config.dp_sampling
+
+    def event(self, rate: float, fleet: int, cohort: int, blocks: Mapping[str, BlockRelease]) -> RoundEvent:
+        """The round as the accountant takes it: Poisson at ``rate``, or ``cohort`` of the ``fleet``."""
+        if self.config.dp_sampling == "poisson":
+            return RoundEvent(rate, blocks)
+        return RoundEvent.fixed(fleet, cohort, blocks)
+
+    def excluded(self) -> frozenset[str]:
+        """Devices the next round's selection must leave out (DP-FTRL: those in the open tree)."""
+        return frozenset()
 
     # -- state across rounds ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

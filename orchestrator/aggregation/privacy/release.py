@@ -108,7 +108,7 @@ class PrivateRelease(Release):
         self.mechanism, self.config, self.store = mechanism, config, store
         self.target, self.poisson = config.dp_target_epsilon, config.dp_sampling == "poisson"
         self.ledger = PrivacyLedger(mechanism.blocks, mechanism.plan.delta, accountant=config.dp_accountant,
-                                    sampling=config.dp_sampling)
+                                    sampling=mechanism.sampling)
         if config.resume:
             saved, accounted = store.privacy.last(), store.privacy.accounted()
             ledger = resumed_ledger(accounted, store.rounds.completed(), self.ledger, mechanism.journal_mode)
@@ -130,7 +130,7 @@ class PrivateRelease(Release):
         if not released:
             return _Round(None, expected, released, fleet, cohort)
         blocks = {self.mechanism.blocks[b]: r for b, r in released.items()}
-        event = RoundEvent(rate, blocks) if self.poisson else RoundEvent.fixed(fleet, cohort, blocks)
+        event = self.mechanism.event(rate, fleet, cohort, blocks)
         return _Round(event, expected, released, fleet, cohort)
 
     async def settle(self, ctx: RoundContext, sums: BlockSums | None) -> None:
@@ -156,7 +156,8 @@ class PrivateRelease(Release):
         log.info("round %d: noised release of %d blocks, accounted as release %d", ctx.round, len(r.released),
                  len(self.ledger.rounds))
         self._journal(ctx.round)
-        self.stop_reason = next_stop(self.ledger, self.target, ctx.round, self.config.rounds, r.event) \
+        following = self.mechanism.event(r.event.q, r.fleet, r.cohort, r.event.blocks)  # DP-FTRL: its next step
+        self.stop_reason = next_stop(self.ledger, self.target, ctx.round, self.config.rounds, following) \
             or self.stop_reason
         return replace(result, state=state, extra={**result.extra, "privacy": self.summary(
             {**said, "fleet": r.fleet, "cohort": r.cohort})})
@@ -172,6 +173,9 @@ class PrivateRelease(Release):
 
     def ends_run(self) -> bool:
         return self.stop_reason is not None
+
+    def excluded(self) -> frozenset[str]:
+        return self.mechanism.excluded()
 
     def end_round(self) -> None:
         self.mechanism.end_round()
