@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ROUND_DRIVERS", "Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins"]
+__all__ = ["ROUND_DRIVERS", "Attendance", "RoundState", "sample_devices", "OUTSTANDING", "REPORTED", "REFUSED", "GONE", "SKIPPED", "secret_coins",
+           "cohort_fraction"]
 
 #: How rounds run (``ServerConfig.round_mode``): the round driver of each mode, chosen once when the server
 #: is built. ``synchronous``: a cohort per round, waited for; ``buffered``: FedBuff's asynchronous buffer.
@@ -57,6 +58,15 @@ def sample_devices(candidates: Iterable[str], fraction: float, round: int, seed:
     else:
         picked = np.random.default_rng([seed, round]).choice(len(pool), size=k, replace=False)
     return [pool[i] for i in sorted(picked)]
+
+
+def cohort_fraction(fraction: float, excluding: bool, pool: int, total: int) -> float:
+    """The share of the ``pool`` selectable devices a round samples: ``fraction``, or, while the
+    intake leaves devices out (``excluding``: a DP-FTRL tree's participants), the share that keeps
+    the cohort at ``fraction`` of the ``total`` connected devices."""
+    if not excluding:
+        return fraction
+    return min(1.0, max(1e-9, fraction * total - 1e-9) / max(1, pool))  # 1e-9: ceil(share x pool) stays fraction x total
 
 
 def secret_coins(n: int) -> np.ndarray:

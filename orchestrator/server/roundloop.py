@@ -29,7 +29,7 @@ from edge_sdk.models import LayeredModel
 from orchestrator.aggregation.intake import ReportIntake
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Emit, RunStart, Send, Session, Traffic, Work
-from orchestrator.rounds import Attendance, RoundState
+from orchestrator.rounds import Attendance, RoundState, cohort_fraction
 from orchestrator.server.dispatch import Dispatch
 from orchestrator.server.evaluate import Evaluator
 from orchestrator.server.heap import RoundHeap
@@ -274,16 +274,6 @@ class RoundLoop(RoundHooks):
         exist, and the server's torch work (its reference training, a payload's export) runs one at a time."""
         return await asyncio.shield(self._prepared) if self._prepared is not None else 0.0
 
-    def _fraction(self) -> float:
-        """The share of the selectable devices a round samples: ``fraction``, or, while the intake
-        leaves devices out (a DP-FTRL tree's participants), the share that keeps the cohort at
-        ``fraction`` of the connected devices."""
-        excluded = self.intake.excluded()
-        if not excluded:
-            return self.config.fraction
-        pool, total = len(self.idle()), len(self.sessions)  # 1e-9: ceil(share x pool) stays fraction x total
-        return min(1.0, max(1e-9, self.config.fraction * total - 1e-9) / max(1, pool))
-
     def _open(self, r: int, attempt: int) -> tuple[RoundState, RoundContext]:
         """A new round over the idle devices, serving the global state."""
         self.payloads.begin(self.global_state, keep=self.kept_payloads())
@@ -293,7 +283,8 @@ class RoundLoop(RoundHooks):
         ctx = RoundContext(
             round=r, global_state=MappingProxyType(self.global_state),
             devices=MappingProxyType({d: self.sessions[d].info for d in self.idle()}), state=rs,
-            blocks=tuple(self.template.block_names), fraction=self._fraction(),
+            blocks=tuple(self.template.block_names), fraction=cohort_fraction(self.config.fraction, bool(self.intake.excluded()),
+                                                       len(self.idle()), len(self.sessions)),
             seed=None if (seed := self.config.cohort_seed) is None else seed + 7919 * attempt, poisson=self.config.dp and self.config.dp_sampling == "poisson",
         )
         self.round, self.ctx = rs, ctx

@@ -55,7 +55,7 @@ from orchestrator.aggregation.privacy.accountant import TREE, BlockRelease, Roun
 from orchestrator.aggregation.privacy.calibrate import (PrivacyPlanError, check_cohort, check_delta, default_delta,
                                                         ftrl_epoch, tree_multiplier)
 from orchestrator.aggregation.privacy.calibrate import trees as tree_sizes
-from orchestrator.aggregation.privacy.central import DEFAULT_DELTA, CentralPlan
+from orchestrator.aggregation.privacy.central import CentralPlan
 from orchestrator.aggregation.privacy.clipping import AdaptiveClip, AdaptiveClipping, ClipAndSum
 from orchestrator.aggregation.privacy.mechanism import PrivacyMechanism
 from orchestrator.aggregation.privacy.noise import gaussian
@@ -97,7 +97,7 @@ def plan_ftrl(config: ServerConfig, num_blocks: int) -> FtrlPlan:
     cohort = min(fleet, max(1, math.ceil(config.fraction * fleet)))
     check_cohort(cohort, f"fraction {config.fraction:g} of --min-devices {fleet}", minimum=config.dp_min_cohort)
     epoch = ftrl_epoch(fleet, cohort, config.rounds, config.dp_ftrl_epoch)
-    delta = config.dp_delta if config.dp_delta is not None else min(DEFAULT_DELTA, default_delta(fleet))
+    delta = config.dp_delta if config.dp_delta is not None else default_delta(fleet)
     check_delta(delta, fleet)
     sizes = tuple(tree_sizes(config.rounds, epoch))
     z, target = config.dp_noise_multiplier, config.dp_target_epsilon
