@@ -96,7 +96,6 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
 def arguments(ap: argparse.ArgumentParser) -> None:
     workload_arguments(ap)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
-    ap.add_argument("--seeds", default="0")
 
 
 def run(ctx: Context) -> dict:
@@ -104,17 +103,17 @@ def run(ctx: Context) -> dict:
     epsilons = [None, *parse_list(args.epsilons, float)]
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dp-ftrl-") as tmp:
-        for seed in parse_list(args.seeds, int):
+        for seed in ctx.seeds:
             for fleet_kind in parse_list(args.fleets):
                 for eps in epsilons:
                     for variant in (["dpsgd"] if eps is None else parse_list(args.variants)):
-                        doc = keep(ctx, results, run_one(fleet_kind, eps, variant, seed, args, Path(tmp)),
+                        keep(ctx, results, run_one(fleet_kind, eps, variant, seed, args, Path(tmp)),
                                    lambda rs: markdown(rs, args))
     print(markdown(results, args))
-    return doc
+    return ctx.write(results, quiet=True)
 
 
-CASE = Case("dp_ftrl", __doc__, run, arguments=arguments, data_root=True,
+CASE = Case("dp_ftrl", __doc__, run, arguments=arguments, seeds="0", data_root=True,
             quick={"devices": 20, "rounds": 2, "fraction": 0.5, "epsilons": "8", "fleets": "mixed",
                    "variants": "ftrl-alloc", "eval_limit": 200})
 

@@ -655,7 +655,7 @@ def _check(s: Any, name: Callable[[str], str], *, api: bool = False) -> None:
     gave it (``name``: a field's name to the option or key)."""
     if not api and not s.device_id.strip():
         raise SettingError(name("device_id"), "every device needs an id (--id, or id = \"...\" in the config file)")
-    if (problem := device_id_problem(s.device_id)) is not None:
+    if s.device_id and (problem := device_id_problem(s.device_id)) is not None:  # the API may leave it unset
         raise SettingError(name("device_id"), problem)
     if s.tls_ca and not s.server.lower().startswith("wss://"):
         raise SettingError(name("tls_ca"), f"is for a wss:// server, and {s.server!r} is not one")
