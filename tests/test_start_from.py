@@ -102,7 +102,7 @@ def test_emulate_runs_the_transformers_fleet_from_scratch_and_from_a_given_model
         assert b.meta.get("start_from") and a.meta.get("start_from") is None
         loss = {name: [r["metrics"]["loss_before"] for r in s.rounds.all()] for name, s in (("a", a), ("b", b))}
         final_a = a.checkpoints.read(a.rounds.completed())
-        first_b = b.updates(1)
+        first_b = b.reports.all(1)
     assert loss["b"][0] < loss["a"][0] - 0.2, loss  # it fine-tuned the trained model, not a fresh one
     assert all(u["accepted"] for u in first_b) and len({u["device_id"] for u in first_b}) == 8
     assert set(final_a) == set(_state("char_transformer_tiny", 0))

@@ -37,7 +37,7 @@ def _graph_splits(name: str) -> list[int]:
 #: (tests/test_transformer_lm.py, which checks every split of it, not only the reachable ones).
 SLOW_MODELS = frozenset({"char_transformer", "char_transformer_phone"})
 
-CASES = [pytest.param(name, k, marks=pytest.mark.slow) if name in SLOW_MODELS else (name, k)
+CASES = [pytest.param(name, k, marks=[pytest.mark.slow, pytest.mark.timeout(1200)]) if name in SLOW_MODELS else (name, k)
          for name in MODEL_NAMES if name != "char_transformer_tiny" for k in _graph_splits(name)]
 
 #: Parity of the two trainers is checked on the tails a device with 2,000 local samples can be

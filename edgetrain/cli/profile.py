@@ -339,10 +339,11 @@ def _print_fleet(console: Console, cost: ModelCost, batch: int, memory: Training
     other = Target(RUNTIMES["torch" if on.name == "onnxruntime" else "onnxruntime"], on.graph_splits)
     table = Table(title=f"Plans for every device class ({cost.model}, batch {batch}) on {on.name}, and on {other.name}",
                   title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint", f"{other.name} role",
-                f"{other.name} split", f"{other.name} footprint"):
-        table.add_column(col, justify="left" if col in ("class", "role", "chunks", f"{other.name} role") else "right",
-                         no_wrap=col != "chunks")
+    for col in ("class", "budget", "role", "split", "chunks", "capacity", "footprint", f"{other.name}\nrole",
+                f"{other.name}\nsplit", f"{other.name}\nfootprint"):
+        table.add_column(col, justify="left" if col in ("class", "role", "chunks", f"{other.name}\nrole") else "right",
+                         no_wrap=col != "chunks",  # a class's name is never cut short: the other columns give way
+                         min_width=max(len(d.name) for d in device_classes()) if col == "class" else None)
     for d in device_classes():
         figures = runtime.with_overrides(d.runtime_overrides)
         plan = _plan(cost, d.budget_bytes, batch, memory, figures, samples, on)
