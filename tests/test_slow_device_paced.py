@@ -24,8 +24,8 @@ from tests.factories import server_config
 pytestmark = pytest.mark.slow
 
 LOCAL_STEPS = 10
-STEP_DELAY_S = 1.6  # 10 steps: 16 s, over the 10 s grace that follows the fast devices' answers
-FAST_STEP_S = 0.1  # the cohort's rounds take about a second (the tiny model's alone take milliseconds)
+STEP_DELAY_S = 3.0  # 10 steps: 30 s, far over the 10 s grace that follows the fast devices' answers
+FAST_STEP_S = 0.3  # the cohort's rounds take about 3 s (the tiny model's alone take milliseconds)
 
 
 def _run(tmp_path: Path, rounds: int, **settings: object) -> tuple[list[dict], list[dict], list[dict]]:
@@ -47,7 +47,7 @@ def _folded(events: list[dict]) -> set[int]:
 
 
 def test_a_slow_device_is_folded_in_every_round_it_is_selected_once_measured(tmp_path: Path) -> None:
-    history, journal, events = _run(tmp_path, rounds=10)
+    history, journal, events = _run(tmp_path, rounds=11)
     assert history[0]["stragglers"] == ["slow"] and history[0]["closed_by"] == "grace"  # not measured yet: cut
     late = [e for e in events if e.get("event") == "round_done" and e["round"] == 1]
     assert late and not late[0]["accepted"] and "late" in late[0]["reason"]  # its late report measured it
