@@ -12,6 +12,7 @@ import pytest
 from edge_sdk import protocol as p
 from orchestrator.server.pace import PACE_MARGIN, DevicePace, Paces, fit_steps, measure, round_budget
 from orchestrator.strategies import Instruction
+from orchestrator.views.terminal import round_line
 from tests.factories import server_config
 
 
@@ -76,3 +77,9 @@ def test_paces_are_measured_from_send_to_report_late_or_not_and_plan_the_next_ro
     assert paced == {"slow": 4}
     assert [i.local_steps for i in planned] == [None, None, 4, None, None, None, 30]
     assert [(i.device_id, i.phase) for i in planned] == [(i.device_id, i.phase) for i in asked]
+
+
+def test_the_round_line_names_the_devices_paced() -> None:
+    line = round_line({"round": 3, "reported": 3, "selected": 3, "round_wall_s": 6.4, "paced": {"slow": 2}}, 10)
+    assert line.endswith("paced slow (2 steps)")
+    assert "paced" not in round_line({"round": 3, "reported": 3, "selected": 3}, 10)
