@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emulator.capping import MECHANISM_ENV, MEMORY_EXIT_CODE, apply_self_limit, is_out_of_memory
-from emulator.faults import FaultInjector
+from emulator.faults import FaultInjector, slowed_backend
 from emulator.launch import DeviceLaunch
 
 if TYPE_CHECKING:
@@ -92,8 +92,12 @@ def build_client(launch: DeviceLaunch, x: np.ndarray, y: np.ndarray, *, server: 
     labels = dict(launch.labels)
     if f.force_split is not None:
         labels["force_split"] = str(f.force_split)
-    config = DeviceSettings(**{**launch.settings(), "labels": labels}, server=server, warm_tails=warm_tails,
-                            trim_memory=not in_process)
+    settings = {**launch.settings(), "labels": labels}
+    if f.step_delay_s > 0:  # slow steps: the backend's class wrapped, not the connection
+        from edge_sdk.backends import backend_class
+
+        settings["backend"] = slowed_backend(backend_class(launch.backend), f.step_delay_s)
+    config = DeviceSettings(**settings, server=server, warm_tails=warm_tails, trim_memory=not in_process)
     if not f.on_connection:  # nothing to inject: the production connection, untouched
         return DeviceClient(config, x, y, on_event=on_event)
     injector = FaultInjector(f, launch.device_id, seed=launch.seed, on_event=on_event, in_process=in_process)

@@ -19,6 +19,10 @@ round from any message with a ``round`` field, and applies the device's :class:`
 - cut upload: in the rounds listed, the link is reset when the upload (transfer kind ``"update"``)
   has sent half its bytes; the server keeps what reached it and asks for the rest.
 - delay: ``delay_s`` of network delay before each report (``"report"``) leaves.
+- slow steps: ``step_delay_s`` more seconds of every local training step, not of the connection: the
+  device trains with its backend's class wrapped (:func:`slowed_backend`), so a device asked for fewer
+  steps really finishes sooner, as a slow processor would (the server's pacing,
+  :mod:`orchestrator.server.pace`, is tested with it).
 
 A reset is what a failing network does: ``transport.abort()`` (no closing handshake, bytes in
 flight may be lost), then the error any later use of the connection would raise.
@@ -35,6 +39,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -43,8 +48,10 @@ from typing import Any, NoReturn
 import numpy as np
 
 from edge_sdk import protocol as p
+from edge_sdk.backends import TrainingBackend
 
-__all__ = ["DROP_EXIT", "DROP_POINTS", "DeviceVanished", "FaultInjector", "FaultyConnection", "Faults"]
+__all__ = ["DROP_EXIT", "DROP_POINTS", "DeviceVanished", "FaultInjector", "FaultyConnection", "Faults",
+           "slowed_backend"]
 
 #: Exit status of a device process that vanished on purpose.
 DROP_EXIT = 75
@@ -81,6 +88,7 @@ class Faults:
     cut_upload_rounds: tuple[int, ...] = ()
     delay_s: float = 0.0
     force_split: int | None = None
+    step_delay_s: float = 0.0
     drop_at: str = "model"  # one of DROP_POINTS
 
     def __post_init__(self) -> None:
@@ -88,10 +96,12 @@ class Faults:
             object.__setattr__(self, name, _rounds(getattr(self, name)))
         object.__setattr__(self, "drop_prob", float(self.drop_prob))
         object.__setattr__(self, "delay_s", float(self.delay_s))
+        object.__setattr__(self, "step_delay_s", float(self.step_delay_s))
         if not 0.0 <= self.drop_prob <= 1.0:
             raise ValueError(f"drop_prob must be in [0, 1], got {self.drop_prob}")
-        if self.delay_s < 0:
-            raise ValueError(f"delay_s must not be negative, got {self.delay_s}")
+        for name in ("delay_s", "step_delay_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.drop_at not in DROP_POINTS:
             raise ValueError(f"drop_at must be one of {DROP_POINTS}, got {self.drop_at!r}")
         if self.force_split is not None and (isinstance(self.force_split, bool) or int(self.force_split) < 0):
@@ -99,7 +109,7 @@ class Faults:
 
     @property
     def on_connection(self) -> bool:
-        """True when the connection must be wrapped (any fault but ``force_split``)."""
+        """True when the connection must be wrapped (any fault but ``force_split`` and ``step_delay_s``)."""
         return bool(self.drop_rounds or self.drop_prob > 0 or self.cut_download_rounds or self.cut_upload_rounds
                     or self.delay_s > 0)
 
@@ -119,6 +129,23 @@ class Faults:
     def from_dict(cls, raw: Mapping[str, Any]) -> Faults:
         """The inverse of :meth:`to_dict`; unknown keys raise TypeError."""
         return cls(**dict(raw))
+
+
+def slowed_backend(backend: type[TrainingBackend], step_delay_s: float) -> type[TrainingBackend]:
+    """``backend``'s class, each training run ``step_delay_s`` seconds per local step slower (it sleeps
+    ``local_steps * step_delay_s`` in the training thread before it trains): the device's own
+    ``train_s`` and round time grow with the steps it is asked for. Same name and runtimes, so the
+    hello and the plan are those of the device it slows."""
+    if step_delay_s <= 0:
+        return backend
+
+    class Slowed(backend):  # type: ignore[valid-type, misc]
+        def train(self, tail: Any, y: Any, config: Any) -> Any:
+            time.sleep(step_delay_s * config.local_steps)
+            return super().train(tail, y, config)
+
+    Slowed.__name__ = Slowed.__qualname__ = f"Slowed{backend.__name__}"
+    return Slowed
 
 
 class DeviceVanished(Exception):

@@ -170,6 +170,7 @@ class ServerConfig:
     straggler_grace_s: NonNegative = setting(
         10.0, "Least time a round waits for its stragglers once --straggler-quorum answered (straggler policy "
               "grace).", cli="--straggler-grace")
+    straggler_pacing: bool = setting(True, "A device too slow for the round's grace is asked for the local steps that fit its measured speed.")
     revocation_poll_s: Positive = setting(
         1.0, "How often the server looks for credentials revoked (edgetrain device revoke) while it runs, to "
              "close their connections.", cli=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +91,9 @@ class RoundState:
     #: Set when the round stops waiting (then it aggregates, checks and commits): no report counts any more.
     closed: bool = False
     status: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Devices asked for fewer local steps than configured, for their measured speed (device -> steps;
+    #: :mod:`orchestrator.server.pace`).
+    paced: dict[str, int] = field(default_factory=dict)
     #: The same statuses by device (phase -> status): a device's questions cost O(its phases), not O(round).
     _by_device: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     #: Kept as statuses change, so that what the server asks after every report (settled? quorum?
@@ -106,6 +109,10 @@ class RoundState:
     def start_grace(self, until: float) -> None:
         """The straggler grace period starts; it ends at ``until`` (monotonic seconds)."""
         self.grace_end = until
+
+    def pace(self, paced: Mapping[str, int]) -> None:
+        """These devices are asked for fewer local steps than configured (device -> steps)."""
+        self.paced.update(paced)
 
     def _set(self, device_id: str, phase: str, status: str) -> None:
         key = (device_id, phase)

@@ -286,3 +286,20 @@ def test_the_device_entry_refuses_a_bad_launch() -> None:
     proc = subprocess.run([sys.executable, "-m", "emulator.device", '{"device_id": "d"}', "--server",
                            "ws://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a device launch" in proc.stderr
+
+
+def test_slow_steps_wrap_the_backend_not_the_connection() -> None:
+    """``step_delay_s`` slows training per local step (emulator.faults.slowed_backend), so the server's
+    pacing (tests/test_slow_device_paced.py) sees a device that fewer steps really make faster."""
+    from edge_sdk.backends import TorchBackend
+
+    f = Faults(step_delay_s=0.5)
+    assert not f.on_connection  # nothing to inject in the connection
+    launch = DeviceLaunch.from_json(DeviceLaunch("slow", 1 << 30, client=0, num_clients=1, faults=f).to_json())
+    assert launch.faults.step_delay_s == 0.5  # travels to the device process in its launch
+    slowed = faults_module.slowed_backend(TorchBackend, 0.5)
+    assert issubclass(slowed, TorchBackend) and slowed is not TorchBackend
+    assert (slowed.name, slowed.kind, slowed.runtimes) == (TorchBackend.name, TorchBackend.kind, TorchBackend.runtimes)
+    assert faults_module.slowed_backend(TorchBackend, 0.0) is TorchBackend
+    with pytest.raises(ValueError, match="step_delay_s"):
+        Faults(step_delay_s=-1.0)

@@ -50,7 +50,7 @@ KNOWN = {
 #: The server's parts (docs/architecture.md, "The server"): they share records through orchestrator.parts.
 #: Module paths under orchestrator/: the server's I/O and its parts in server/, report intake in aggregation/.
 SERVER_PARTS = ("server.admission", "server.buffered", "server.dispatch", "server.heap", "aggregation.intake", "aggregation.normbound",
-                "server.payloads",
+                "server.pace", "server.payloads",
                 "server.plancache", "server.planning", "aggregation.reference", "server.resume", "server.revocation",
                 "server.roundloop", "server.orchestrator", "aggregation.trust", "server.uploads", "server.validation")
 

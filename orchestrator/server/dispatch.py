@@ -28,13 +28,16 @@ class Dispatch:
     """The instructions out this round (``work``: device -> phase -> :class:`Work`) and their sending.
 
     ``current``: the open round and its context; ``prepared``: waits for the round's report intake
-    preparation; ``changed``: wakes the round loop (something it waits on may have changed)."""
+    preparation; ``changed``: wakes the round loop (something it waits on may have changed); ``sent``:
+    told of each instruction as it goes out (the round loop measures devices' speed from it)."""
 
     def __init__(self, strategy: Strategy, sessions: Mapping[str, Session], payloads: Payloads, intake: ReportIntake,
                  *, send: Send, current: Callable[[], tuple[RoundState | None, RoundContext | None]],
-                 prepared: Callable[[], Awaitable[float]], changed: Callable[[], None]) -> None:
+                 prepared: Callable[[], Awaitable[float]], changed: Callable[[], None],
+                 sent: Callable[[str, p.Instruction, float], None] | None = None) -> None:
         self.strategy, self.sessions, self.payloads, self.intake = strategy, sessions, payloads, intake
         self.send, self.current, self.prepared, self.changed = send, current, prepared, changed
+        self.sent = sent or (lambda device_id, wire, now: None)
         self.work: dict[str, dict[str, Work]] = {}
 
     def clear(self) -> None:
@@ -87,8 +90,10 @@ class Dispatch:
         rs = self.current()[0]
         assert rs is not None
         extra = self.intake.instruction_config(work)
+        now = time.monotonic()
+        self.sent(session.device_id, work.wire, now)  # the device's pace is measured from here
         await self.send(session, p.Instruction(**{**work.wire.__dict__,
-                                                  "deadline_s": max(0.0, rs.deadline - time.monotonic()),
+                                                  "deadline_s": max(0.0, rs.deadline - now),
                                                   **({"config": {**work.wire.config, **extra}} if extra else {})}))
 
     def of(self, device_id: str, phase: str) -> Work | None:

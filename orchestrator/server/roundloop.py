@@ -33,6 +33,7 @@ from orchestrator.rounds import Attendance, RoundState, cohort_fraction
 from orchestrator.server.dispatch import Dispatch
 from orchestrator.server.evaluate import Evaluator
 from orchestrator.server.heap import RoundHeap
+from orchestrator.server.pace import Paces
 from orchestrator.server.payloads import Payloads
 from orchestrator.server.validation import CommitCheck
 from orchestrator.store import Store
@@ -78,6 +79,7 @@ def round_metrics(rs: RoundState, result: RoundResult, sessions: Mapping[str, Se
     return {
         "round": rs.round, "selected": len(rs.selected), "reported": len(reported), "rejected": len(rs.refused()),
         "stragglers": sorted(rs.stragglers()), "over_budget": sorted(rs.skipped()),
+        **({"paced": dict(sorted(rs.paced.items()))} if rs.paced else {}),
         "roles": role_counts(sessions, rs.reported("train") or reported),
         "bytes_sent": traffic.sent, "bytes_received": traffic.received,
         # Per device: bytes down and up by payload kind, and those it held and was not sent.
@@ -139,9 +141,10 @@ class RoundLoop(RoundHooks):
         self.ctx: RoundContext | None = None
         self.changed = asyncio.Event()
         #: The instructions out this round: sent, and read by report intake through ``Work``.
+        self.pace = Paces(config)  # each device's measured speed, and the steps that fit a round
         self.instructions = Dispatch(strategy, sessions, payloads, intake, send=send,
                                      current=lambda: (self.round, self.ctx), prepared=self.prepared,
-                                     changed=self.changed.set)
+                                     changed=self.changed.set, sent=self.pace.sent)
         self.retried: list[str] = []  # why the current round's earlier attempts were not committed
         self.attendance = Attendance(self.start_round)  # who missed a report: not selected until seen alive
         self._prepared: asyncio.Future[float] | None = None  # the round's ReportIntake.prepare, in a thread
@@ -218,6 +221,8 @@ class RoundLoop(RoundHooks):
         r = rs.round
         self.intake.begin_round(self.global_state, r)
         instructions = list(self.strategy.configure(ctx))
+        instructions, paced = self.pace.plan(instructions) if self.config.straggler_pacing else (instructions, {})
+        rs.pace(paced)
         self.store.rounds.begin(r, sorted({i.device_id for i in instructions}))
         self.emit("round_start", {"round": r, "selected": len({i.device_id for i in instructions})})
         self.attendance.round_opened({i.device_id for i in instructions}, r)
@@ -324,6 +329,7 @@ class RoundLoop(RoundHooks):
         """A report from a device: taken in by report intake (its upload received and decoded),
         then folded if this round awaits it. A report that breaks the protocol is journaled
         (:meth:`journal_refusal`) and its error raised: the device is disconnected."""
+        self.pace.reported(session.device_id, msg, time.monotonic())  # in time or late: its speed is measured
         work = self.work_for(session.device_id, msg.phase)
         try:
             tensors = await self.intake.receive(session, msg, work, self.round)

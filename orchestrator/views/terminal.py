@@ -97,7 +97,7 @@ def buffer_words(m: Mapping[str, Any]) -> str:
 
 def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str:
     """One line for a finished round: reports, the server's accuracy and loss (else the devices' own
-    loss), its time, stragglers, refusals, and why it was not committed if it was not."""
+    loss), its time, stragglers, the devices paced, refusals, and why it was not committed if it was not."""
     m = metrics
     parts = [f"round {m['round']}/{rounds}", f"{m.get('reported', 0)} of {m.get('selected', 0)} reported"]
     if "accuracy" in m:
@@ -117,6 +117,8 @@ def round_line(metrics: Mapping[str, Any], rounds: int, refused: int = 0) -> str
         parts.append(buffer_words(m))
     if m.get("stragglers"):
         parts.append(f"stragglers {', '.join(map(str, m['stragglers']))}")
+    if isinstance(m.get("paced"), Mapping) and m["paced"]:  # asked for fewer steps, for their measured speed
+        parts.append("paced " + ", ".join(f"{d} ({k} steps)" for d, k in m["paced"].items()))
     if refused:
         parts.append(f"{refused} refused")
     if m.get("failed"):
