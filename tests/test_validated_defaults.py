@@ -40,6 +40,20 @@ def test_the_servers_transfer_defaults_are_the_validated_ones():
     assert ServerConfig(secure_aggregation=True).update_codec == "none"  # masked ring words: no codec
 
 
+def test_the_rounds_defaults_are_the_validated_ones():
+    """Pacing a slow device is on by default because bench/pacing.py ran it against cutting it."""
+    from orchestrator.config import ServerConfig
+
+    record = RECORD["defaults"]["rounds"]
+    fields = ServerConfig.__dataclass_fields__
+    settings = {k: v for k, v in record.items() if k not in ("benches", "evidence")}
+    assert settings == {"straggler_pacing": True}
+    for name, value in settings.items():
+        assert fields[name].default == value, f"ServerConfig.{name} is {fields[name].default!r}; validated: {value!r}"
+    source = (REPO / "bench" / "pacing.py").read_text()
+    assert "straggler_pacing=lane == \"paced\"" in source  # both lanes: the default and its alternative
+
+
 def test_the_devices_keep_their_payloads_by_default(tmp_path, monkeypatch):
     from edge_sdk.payload_store import PAYLOAD_CACHE_ENV, payload_folder
     from edge_sdk.settings import TABLE_FILE, setting_default
