@@ -11,7 +11,7 @@ first wall-clock time after the first round opened that its accuracy reached it.
 a synchronous round's stragglers (cut, their work dropped) and refused reports; a buffered run's
 updates refused as too stale, refused, or lost with their device.
 
-    python bench/buffered.py --data-root ../shared/datasets [--devices 12 --rounds 8 --seeds 0]
+    python bench/buffered.py --data-root "$EDGETRAIN_DATA" [--devices 12 --rounds 8 --seeds 0]
 """
 
 from __future__ import annotations
