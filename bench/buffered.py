@@ -11,7 +11,18 @@ first wall-clock time after the first round opened that its accuracy reached it.
 a synchronous round's stragglers (cut, their work dropped) and refused reports; a buffered run's
 updates refused as too stale, refused, or lost with their device.
 
-    python bench/buffered.py --data-root "$EDGETRAIN_DATA" [--devices 12 --rounds 8 --seeds 0]
+--base-round-s is the delay's unit: set it to what a factor-1 device's round takes on the machine
+(about 0.5 s for the default workload on the shared 2-core machine: with a 2 s unit a buffered run's
+first version, the updates of the K = 3 fastest devices, factors 1.11-1.12 and so held back 0.24 s, came
+0.6 s after the first buffer opened), or the fleet is not the distribution drawn: a unit far below the
+real round dilutes the tail (a factor-30 device is then only a few times slower), one far above
+stretches it (a factor-1.6 device several times slower). A buffer folds
+exactly K updates (the K-th closes it; on a loaded server several reports arriving together were all
+folded into one buffer, and the buffered lane ran as synchronous rounds of more devices), and a run ends
+when its last version is made (a report then waiting for a buffer is answered: before, it kept the server
+from closing and the buffered lane never finished).
+
+    python bench/buffered.py --data-root "$EDGETRAIN_DATA" [--devices 12 --rounds 8 --seeds 0 --base-round-s 0.5]
 """
 
 from __future__ import annotations

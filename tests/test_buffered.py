@@ -98,7 +98,8 @@ def test_buffered_rounds_train_real_devices_and_fold_a_slow_devices_stale_update
         for r in reports:  # each folded with its staleness weight, computed on the version it was sent
             assert r["staleness"] == r["round"] - 1 - r["model_version"] >= 0
             assert r["staleness_weight"] == pytest.approx(1 / math.sqrt(1 + r["staleness"]))
-        assert not any(e.get("event") == "late" for e in events)  # nobody was cut
+        # nobody was cut: a report is late only once the run is over (answered, not left waiting)
+        assert not any(e.get("event") == "late" and not e.get("over") for e in events)
         accuracy = [r["metrics"]["accuracy"] for r in rounds if r["metrics"] and "accuracy" in r["metrics"]]
         assert accuracy[-1] > 0.5, accuracy  # digits: 10 classes, chance is 0.1
     finally:

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { encodeTensors } from "../dist/index.js";
 import { loadShard } from "../dist/shard.js";
-import { CHROMIUM, openPage, servePage } from "./browser.mjs";
+import { CHROMIUM, openPage, rendererMemory, servePage } from "./browser.mjs";
 import { HERE, REPO, python, pythonEnv } from "./cases.mjs";
 
 export function tempDir(prefix) {
@@ -111,7 +111,7 @@ export async function browserDevice(dir, url, id, shard, budgetMiB, { webgpu = f
     const reports = await client.run();
     return { reports: reports.length, events: window.events, probe };
   }, url, `/shards/${id}.bin`, id, budgetMiB * 2 ** 20, webgpu, secret ?? "");
-  return { done, browser, close: async () => { await browser.close(); await site.close(); } };
+  return { id, done, browser, close: async () => { await browser.close(); await site.close(); } };
 }
 
 /**
@@ -150,7 +150,8 @@ async function startFleet(kind, dir, url, tabs, { procs, pages }, { deviceArgs =
 /**
  * Run one fleet of the workload for `rounds` rounds; resolves what the journal says (final
  * accuracy per round, each device's runtime, role and split) and what `during({ url, site, dir })`
- * resolved: a check run while the fleet trains (`web` serves the status page at `site`). `serveArgs`
+ * resolved: a check run while the fleet trains (`web` serves the status page at `site`), and each tab's run (`tabs`: its
+ * reports and events, its renderer's and GPU process's resident peaks). `serveArgs`
  * and `deviceArgs` are more options of the server and of the Python and Node devices (the tabs take
  * none: a page's settings are the SDK's defaults); `gpuTab` false: the first tab trains on WebAssembly too.
  */
@@ -170,10 +171,16 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   const started = performance.now();
   const fleet = { procs: [], pages: [] };
   let seen;
+  let tabRuns = {};
   try {
     await startFleet(kind, dir, url, tabs, fleet, { deviceArgs, gpuTab });
     const watching = during && waitForPort(port, server).then(() => during({ url, site: `http://127.0.0.1:${port}`, dir }));
-    [seen] = await Promise.all([watching, ...fleet.pages.map((p) => p.done)]);
+    let ran;
+    [seen, ...ran] = await Promise.all([watching, ...fleet.pages.map((p) => p.done)]);
+    // Each tab's run (its reports, its events) and, before it closes, its renderer's and GPU process's peaks.
+    tabRuns = Object.fromEntries(fleet.pages.map((p, i) => [p.id, { ...ran[i],
+      peak: Math.max(0, ...rendererMemory(p.browser).map((m) => m.peak)),
+      gpuPeak: Math.max(0, ...rendererMemory(p.browser, "gpu-process").map((m) => m.peak)) }]));
     const codes = await Promise.all(fleet.procs.map((p) => p.done));
     if (codes.some((c) => c !== 0)) throw new Error(`device exit codes ${codes} (logs in ${dir})`);
     const code = await server.done;
@@ -184,7 +191,7 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
   }
   const j = journal(dir);
   return {
-    kind, seed, rounds, wall_s: Math.round((performance.now() - started) / 1000), logs: dir, journal: j, seen,
+    kind, seed, rounds, wall_s: Math.round((performance.now() - started) / 1000), logs: dir, journal: j, seen, tabs: tabRuns,
     accuracy: j.rounds.map((r) => r.metrics.accuracy ?? null), finished: j.rounds.filter((r) => r.finished).length,
     devices: Object.fromEntries(Object.entries(j.devices).map(([id, d]) => [id, { runtime: d.backend, role: d.role, split: d.split }])),
   };

@@ -20,7 +20,8 @@ def main() -> None:
         reports = [{"round": u["round"], "device": u["device_id"], "phase": u["phase"],
                     "accepted": None if u.get("accepted") is None else int(bool(u["accepted"])),
                     "backend": (u.get("metrics") or {}).get("backend"), "selection": u.get("selection"),
-                    "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes")}
+                    "peak_rss_bytes": (u.get("metrics") or {}).get("peak_rss_bytes"),
+                    "model_version": u.get("model_version"), "staleness": u.get("staleness")}
                    for u in store.reports.all()]
     print(json.dumps({"devices": devices, "rounds": rounds, "reports": reports}))
 

@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 
 export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service", "webgpu-conformance",
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
-  "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet"]);
+  "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet"]);
 
 const tier = process.argv[2] ?? "quick";
 if (tier !== "quick" && tier !== "slow") {

@@ -46,7 +46,17 @@ class BufferedLoop(RoundLoop):
         self.folded = 0  # updates folded into the open buffer
         self.wasted: dict[str, int] = {}  # updates lost since the last buffer closed, by why
         self.started = 0  # instructions sent over the run: each fill's sample draws anew
-        self.opened = asyncio.Event()  # set while a buffer takes reports
+        self.opened = asyncio.Event()  # set while a buffer takes reports (and once the run is over)
+        self.over = False  # the last version is made: no buffer opens again
+
+    async def run(self, start: asyncio.Event | None = None) -> None:
+        """Every version; then the reports still waiting for a buffer are answered (late: no buffer opens
+        again), or their connections' handlers would wait for ever and the server could not close."""
+        try:
+            await super().run(start)
+        finally:
+            self.over = True
+            self.opened.set()
 
     # -- devices --------------------------------------------------------------------------------
     def idle(self) -> list[str]:
@@ -155,15 +165,20 @@ class BufferedLoop(RoundLoop):
     async def _fold(self, session: Session, msg: p.Report, tensors: dict | MappingProxyType) -> None:
         """Fold a report into the open buffer whatever version it trained on (waiting while a buffer
         closes), journal and ack it, and start the device on the current version."""
-        while self.round is None or not self.opened.is_set():
-            await self.opened.wait()
-        await self.prepared()
+        while not self.over:  # a full buffer takes no more: the report waits for the next one
+            while not self.over and (self.round is None or not self.opened.is_set()):
+                await self.opened.wait()
+            if not self.over:
+                await self.prepared()
+            if self.opened.is_set() and self.round is not None:
+                break
         rs, ctx, device = self.round, self.ctx, session.device_id
         work = self.work_for(device, msg.phase)
-        if rs is None or ctx is None or work is None or msg.round != work.wire.round:
+        if self.over or rs is None or ctx is None or work is None or msg.round != work.wire.round:
             self.attendance.alive(device)
-            await self.send(session, p.Ack(msg.round, False, "late: not an instruction out to this device", msg.phase))
-            self.emit("late", {"device": device, "round": msg.round, "phase": msg.phase})
+            why = "late: the run is over" if self.over else "late: not an instruction out to this device"
+            await self.send(session, p.Ack(msg.round, False, why, msg.phase))
+            self.emit("late", {"device": device, "round": msg.round, "phase": msg.phase, "over": self.over})
             return
         if msg.model_version not in (-1, work.wire.model_version):
             raise p.ProtocolError("malformed", f"report.model_version {msg.model_version} is not the instruction's "
@@ -175,6 +190,8 @@ class BufferedLoop(RoundLoop):
         rs.on_report(device, msg.phase, folded.accepted)
         if folded.accepted:
             self.folded += 1
+            if self.folded >= self.config.buffer_size:  # Algorithm 1: the K-th update closes the buffer
+                self.opened.clear()
         else:
             self._waste("stale" if str(folded.reason).startswith("stale") else "refused")
         self.store.reports.record(rs.round, device, folded.journal, phase=msg.phase)
