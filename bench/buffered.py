@@ -32,7 +32,6 @@ import asyncio
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import Case, Context  # noqa: E402
+from bench.harness.timeline import AccuracyTimeline, time_to_target  # noqa: E402
 from emulator.faults import Faults  # noqa: E402
 from emulator.localfleet import DeviceLaunch, run_local_fleet  # noqa: E402
 from emulator.speeds import report_delays, speed_factors  # noqa: E402
@@ -81,20 +81,12 @@ def _lane(args: argparse.Namespace, lane: str, seed: int, data_root: str | None)
     delays = report_delays(speed_factors(ids, shape=args.pareto_shape, seed=seed, cap=args.cap), args.base_round_s)
     launches = [DeviceLaunch(d, budget, client=i, num_clients=args.devices, data=args.data, seed=seed,
                              faults=Faults(delay_s=delays[d])) for i, d in enumerate(ids)]
-    timeline: list[tuple[float, float]] = []
-    start: list[float] = []
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "round_start" and not start:
-            start.append(time.monotonic())
-        if kind == "round_end" and "accuracy" in data:
-            timeline.append((time.monotonic() - start[0], float(data["accuracy"])))
-            print(f"{lane} seed {seed}: version {data['round']} at {timeline[-1][0]:.1f} s, accuracy "
-                  f"{timeline[-1][1]:.4f}", flush=True)
+    recorder = AccuracyTimeline(f"{lane} seed {seed} (rounds are versions)")
+    timeline = recorder.points
 
     with tempfile.TemporaryDirectory() as tmp:
         run = asyncio.run(run_local_fleet(_config(args, lane, Path(tmp) / "store", seed, data_root), launches,
-                                          on_event=on_event, data_root=data_root,
+                                          on_event=recorder.on_event, data_root=data_root,
                                           stderr_dir=args.logs / f"{lane}-{seed}" if args.logs else None))
     wasted = sum(len(r.get("stragglers", [])) + int(r.get("rejected", 0)) for r in run.history) \
         if lane == "synchronous" else sum(int(r.get("wasted_total", 0)) for r in run.history)
@@ -104,10 +96,6 @@ def _lane(args: argparse.Namespace, lane: str, seed: int, data_root: str | None)
             "folded_updates": folded, "slowest_factor": max(1 + d / args.base_round_s for d in delays.values())}
 
 
-def _time_to(timeline: list, target: float) -> float | None:
-    return next((t for t, acc in timeline if acc >= target), None)
-
-
 def run(ctx: Context) -> dict:
     args = ctx.args
     runs = [_lane(args, lane, seed, ctx.data_root) for seed in ctx.seeds for lane in LANES]
@@ -115,7 +103,7 @@ def run(ctx: Context) -> dict:
         sync = next(x for x in runs if x["seed"] == r["seed"] and x["lane"] == "synchronous")
         target = args.target if args.target is not None else sync["final_accuracy"]
         r["target"] = target
-        r["time_to_target_s"] = _time_to(r["timeline"], target)
+        r["time_to_target_s"] = time_to_target(r["timeline"], target)
     report = {}
     for seed in ctx.seeds:
         s, b = (next(x for x in runs if x["seed"] == seed and x["lane"] == lane) for lane in LANES)

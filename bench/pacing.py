@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import Case, Context, parse_list  # noqa: E402
+from bench.harness.timeline import AccuracyTimeline, time_to_target  # noqa: E402
 from emulator.faults import Faults  # noqa: E402
 from emulator.localfleet import DeviceLaunch, run_local_fleet  # noqa: E402
 from orchestrator.config import ServerConfig  # noqa: E402
@@ -64,24 +64,16 @@ def _launches(args: argparse.Namespace, seed: int) -> list[DeviceLaunch]:
 
 def _lane(args: argparse.Namespace, lane: str, seed: int, data_root: str | None) -> dict:
     """One run: which rounds folded or cut a slow device, and the accuracy over wall-clock time."""
-    timeline: list[tuple[float, float]] = []
-    start: list[float] = []
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "round_start" and not start:
-            start.append(time.monotonic())
-        if kind == "round_end" and "accuracy" in data:
-            timeline.append((time.monotonic() - start[0], float(data["accuracy"])))
-            print(f"{lane} seed {seed}: round {data['round']} at {timeline[-1][0]:.1f} s, accuracy "
-                  f"{timeline[-1][1]:.4f}, stragglers {data.get('stragglers')}, paced {data.get('paced', {})}",
-                  flush=True)
+    recorder = AccuracyTimeline(f"{lane} seed {seed}",
+                                lambda d: f"stragglers {d.get('stragglers')}, paced {d.get('paced', {})}")
+    timeline = recorder.points
 
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig(model=args.model, eval_data=args.data, data_root=data_root, strategy="fedavg",
                               rounds=args.rounds, min_devices=args.devices, local_steps=args.local_steps, lr=args.lr,
                               seed=seed, store_dir=Path(tmp) / "store", wait_devices_s=600, eval_every=1,
                               straggler_pacing=lane == "paced")
-        run = asyncio.run(run_local_fleet(config, _launches(args, seed), on_event=on_event, data_root=data_root))
+        run = asyncio.run(run_local_fleet(config, _launches(args, seed), on_event=recorder.on_event, data_root=data_root))
     slow_ids = {d for d in run.device_events if d.startswith("slow")}
     folded = sorted({e["round"] for d in slow_ids for e in run.device_events[d]
                      if e.get("event") == "round_done" and e.get("accepted")})
@@ -101,7 +93,7 @@ def run(ctx: Context) -> dict:
         target = args.target if args.target is not None else c["final_accuracy"]
         for r in (p, c):
             r["target"] = target
-            r["time_to_target_s"] = next((t for t, acc in r["timeline"] if acc >= target), None)
+            r["time_to_target_s"] = time_to_target(r["timeline"], target)
         report[f"seed {seed}"] = {
             "target": target, **{f"{r['lane']}_{k}": r[k] for r in (p, c)
                                  for k in ("final_accuracy", "wall_s", "time_to_target_s", "rounds_folding_slow",

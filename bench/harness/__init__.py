@@ -5,6 +5,7 @@
   (lanes side by side in every repeat);
 - :mod:`bench.harness.results`: the results document every benchmark writes to
   ``bench/results/<case>.json`` (command, machine, date, commit, per-run records, summaries);
+- :mod:`bench.harness.timeline`: accuracy over wall-clock time from a server's round events (time to target);
 - :mod:`bench.harness.fleets`: fleets as :class:`emulator.fleet.Fleet` values and the one writer of
   fleet files.
 
