@@ -62,6 +62,7 @@ def test_every_bench_script_is_a_case_of_the_harness(name):
     assert re.search(r"\b(ctx|context)\.write\(", source), f"bench/{name}.py writes no results through the harness"
 
 
+@pytest.mark.slow  # imports every benchmark; the quick tier checks each Case
 def test_every_script_answers_help_when_run_as_a_command(tmp_path):
     """Each script run as ``python bench/x.py --help`` (from another folder, nothing on PYTHONPATH, so it
     finds the repository itself), in one process so that torch is imported once."""

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
 from orchestrator.config import ServerConfig
 
 
+@pytest.mark.slow  # real devices through serve
 def test_fedavg_never_sends_the_whole_model_to_a_weak_device(tmp_path: Path) -> None:
     budgets = role_budgets("digits_mlp")
     launches = [DeviceLaunch("strong-0", budgets["strong"], client=0, num_clients=2),

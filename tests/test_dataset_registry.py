@@ -154,6 +154,7 @@ def _edgetrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
                           env=env, timeout=300, cwd=REPO)
 
 
+@pytest.mark.slow  # a whole-command run; the quick tier keeps a sibling
 def test_emulate_refuses_absent_data_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in device_env().items() if k != DATA_ENV}
     unset = _edgetrain("emulate", "--fleet", "tinyshakespeare-char-lstm", "--out", str(tmp_path), env=env)

@@ -55,7 +55,8 @@ def test_the_plan_for_scripts_names_the_multiplier_and_the_noise_on_the_mean() -
     assert plan["mean_stddev"] == pytest.approx(z * 0.5 / 500) and plan["sum_stddev"] == pytest.approx(z * 0.5)
 
 
-@pytest.mark.parametrize(("devices", "sampling"), [(1000, "poisson"), (1000, "fixed"), (100_000, "poisson")])
+@pytest.mark.parametrize(("devices", "sampling"), [(1000, "poisson"), pytest.param(1000, "fixed", marks=pytest.mark.slow),
+                                                   pytest.param(100_000, "poisson", marks=pytest.mark.slow)])
 def test_the_plan_is_the_one_the_server_runs(devices: int, sampling: str) -> None:
     """dp-plan with its default delta prints the multiplier and delta the server calibrates for the
     same fleet, cohort, rounds and target (min(1e-5, 1/N^1.1) on both sides: 1e-5 for 1,000 devices,

@@ -367,6 +367,7 @@ def test_cli_plans_a_secure_run_with_the_secure_rounds_memory(tmp_path):
     assert "masked words" in out[("--secure-aggregation",)].stdout and "masked words" not in out[()].stdout
 
 
+@pytest.mark.slow  # a whole-command run; the quick tier keeps a sibling
 def test_cli_plans_for_the_backend_it_is_given(tmp_path):
     """At 300 MiB digits_mlp fits no torch device, and fits one training from ONNX Runtime graphs: the
     refusal says where it fits, and --backend plans as the server plans a hello naming that runtime

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.shared_data import REPO
 
 LEVELS = r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)"
@@ -30,6 +32,7 @@ def test_serve_waits_for_its_devices_forever_by_default(tmp_path: Path) -> None:
     assert limited["wait_devices_s"] == 600
 
 
+@pytest.mark.slow  # waits out its limit
 def test_a_serve_that_waits_in_vain_says_so_in_one_format_and_gives_up_at_its_limit(tmp_path: Path) -> None:
     out = _serve("--port", "0", "--store", str(tmp_path / "store"), "--rounds", "1", "--min-devices", "1",
                  "--wait-devices", "10.5")

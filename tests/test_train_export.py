@@ -137,6 +137,7 @@ def test_whole_resnet20_passes_the_check_at_a_relu_kink(graphs: TrainGraphCache,
     assert stem_error(sides) < 1e-5 and sides.taken == 1
 
 
+@pytest.mark.slow  # exports and verifies a graph
 def test_a_wrong_relu_far_from_zero_is_still_caught(models) -> None:
     """Taking the graph's side only within float32 rounding of zero: a graph whose ReLU is wrong
     elsewhere (a leaky one) is refused."""
@@ -156,6 +157,7 @@ def test_a_wrong_relu_far_from_zero_is_still_caught(models) -> None:
         verify_train_graph(model, 2, bad.to_bytes(), tolerance=1e-4)
 
 
+@pytest.mark.slow  # exports and verifies a graph
 def test_inference_mode_batch_norm_is_caught(models) -> None:
     """The silent lowering of train-mode BatchNorm as inference BatchNorm never ships."""
     with pytest.raises(ExportError, match=r"differs from torch autograd; worst tensor '(loss|grad:|new:)"):

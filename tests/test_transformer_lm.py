@@ -114,6 +114,7 @@ def test_the_accounting_counts_attention_as_context_squared_per_head() -> None:
     assert grown >= 2 * batch * extra * 4  # two blocks' attention, float32
 
 
+@pytest.mark.slow  # a whole-command run; the quick tier keeps a sibling
 def test_edgetrain_profile_shows_each_blocks_attention(tmp_path) -> None:
     from tests.test_planner import edgetrain
 
