@@ -24,6 +24,7 @@ from emulator.localfleet import role_budgets, start_orchestrator
 from exporters.bundle import write_bundle
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
+from tests.factories import EXACT_TRANSFERS
 from tests.refused_graphs import graphs_refusing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +73,10 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
     assert out.returncode == 0, out.stderr
     assert "split 2/4, role moderate: the largest split" in out.stderr, out.stderr
 
+    # A bundle holds its chunks as exported (float32): its device is served whole chunks, as a server
+    # with the chunk codec off sends them (docs/device-guide.md, "A bundle").
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=5, lr=0.1,
-                          store_dir=tmp_path / "store", train_graph_dir=graph_dir, deadline_s=120)
+                          store_dir=tmp_path / "store", train_graph_dir=graph_dir, deadline_s=120, **EXACT_TRANSFERS)
     digits = load_dataset("digits")
     events: list[tuple[str, dict]] = []
 

@@ -25,7 +25,7 @@ from emulator.localfleet import device_env, role_budgets, run_local_fleet
 from exporters.onnx_export import export_chunk
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
-from tests.factories import server_config
+from tests.factories import EXACT_TRANSFERS, server_config
 
 pytestmark = pytest.mark.slow
 
@@ -229,7 +229,7 @@ def test_transfers_cut_by_the_network_resume_where_they_stopped(tmp_path: Path) 
     of its update from the bytes it holds (Resume), the weak device fetches the rest of its chunk
     from the bytes it holds (Fetch.offset), and both updates count without training again."""
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=3, lr=0.1,
-                          store_dir=tmp_path / "store", deadline_s=120)
+                          store_dir=tmp_path / "store", deadline_s=120, **EXACT_TRANSFERS)  # whole chunks to cut
     # The strong device uploads 3 s late: the round is still open when the weak device comes back (a
     # device that vanishes mid-download is not waited for; one whose upload was cut is).
     launches = _fleet("digits_mlp", ["strong", "weak"], faults={"strong-0": Faults(cut_upload_rounds=(1,), delay_s=3),
