@@ -21,7 +21,7 @@ import pytest
 from orchestrator.store import Store
 from tests.attacks import ROUNDS_DEMO, FleetResult, run_demo_fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # two fleets of several rounds per test
 
 INSIDERS = ("sign_flip", "constant", "boost100", "inflated", "lone")
 
