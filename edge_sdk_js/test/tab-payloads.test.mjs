@@ -20,7 +20,7 @@ const skip = CHROMIUM === undefined && "chromium is not installed (apt-get insta
 /** The server journal's payload movements (orchestrator.store.Store.transfers). */
 function transfers(dir) {
   const code = "import json, sys\nfrom orchestrator.store import Store\n"
-    + "with Store.open_readonly(sys.argv[1]) as s: print(json.dumps(s.transfers()))";
+    + "with Store.open_readonly(sys.argv[1]) as s: print(json.dumps(s.transfers.all()))";
   return JSON.parse(execFileSync(python(), ["-c", code, join(dir, "store")], { env: pythonEnv(), cwd: join(HERE, "..", "..") }).toString());
 }
 

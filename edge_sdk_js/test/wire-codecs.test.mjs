@@ -15,7 +15,7 @@ import { HERE, python, pythonEnv } from "./cases.mjs";
 /** The server journal's payload movements (orchestrator.store.Store.transfers). */
 function transfers(dir) {
   const code = "import json, sys\nfrom orchestrator.store import Store\n"
-    + "with Store.open_readonly(sys.argv[1]) as s: print(json.dumps(s.transfers()))";
+    + "with Store.open_readonly(sys.argv[1]) as s: print(json.dumps(s.transfers.all()))";
   return JSON.parse(execFileSync(python(), ["-c", code, join(dir, "store")], { env: pythonEnv(), cwd: join(HERE, "..", "..") }).toString());
 }
 
