@@ -20,6 +20,7 @@ from edge_sdk.downloads import DeviceRefused
 from edge_sdk.wire_codecs import UpdateEncoder, decode_payload, decode_state, encode_payload, encode_state
 from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.config import ServerConfig
+from tests.factories import EXACT_TRANSFERS
 
 #: Every codec of the registry an update may travel through besides none (the parametrized runs add it).
 UPDATE_CODECS = tuple(name for name in CODECS if name != "none")
@@ -99,8 +100,9 @@ def tamper_update(payload: bytes, how: str) -> bytes:
 def test_each_update_codec_round_trips_in_a_real_run(tmp_path: Path, update_codec: str) -> None:
     """One round of two digits_mlp devices: both updates travel through the codec, the intake
     decodes and folds them; a lossy codec's bytes up are those of its bits per coordinate."""
-    config = ServerConfig(model="digits_mlp", rounds=1, min_devices=2, local_steps=2, lr=0.1,
-                          store_dir=tmp_path / "store", deadline_s=120, update_codec=update_codec)
+    config = ServerConfig(model="digits_mlp", rounds=1, min_devices=2, local_steps=2, lr=0.1,  # float32 downloads:
+                          store_dir=tmp_path / "store", deadline_s=120,  # the model's bytes count its floats
+                          **{**EXACT_TRANSFERS, "update_codec": update_codec})
     history, events, outcomes = _run(tmp_path, config)
     assert all(not isinstance(o, BaseException) for o in outcomes), outcomes
     assert history[0]["reported"] == 2 and history[0]["rejected"] == 0 and np.isfinite(history[0]["test_loss"])
