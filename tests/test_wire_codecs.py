@@ -120,7 +120,7 @@ def test_downloads_travel_through_the_codec_of_their_kind(tmp_path: Path, chunk_
     and train on them: the lossy tails are smaller than float32, and the run learns."""
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=3, lr=0.1,
                           store_dir=tmp_path / "store", deadline_s=120, chunk_codec=chunk_codec, tail_codec=tail_codec,
-                          update_codec="sr8")
+                          update_codec="sr8", download_delta="none")  # whole tails: their codec shows
     budgets = (role_budgets("digits_mlp")["moderate"], 1 << 30)
     plain = _run(tmp_path, replace(config, store_dir=tmp_path / "plain", chunk_codec="none", tail_codec="none",
                                    update_codec="none"), budgets=budgets)[0]
