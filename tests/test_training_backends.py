@@ -28,6 +28,7 @@ from emulator.schedule import server_config
 from orchestrator.config import ServerConfig
 from profiles.runtime import RUNTIMES, backend_runtime
 from tests.alt_backend import AltBackend
+from tests.factories import EXACT_TRANSFERS
 
 ROOT = Path(__file__).resolve().parents[1]
 ALT = "tests.alt_backend:AltBackend"
@@ -74,7 +75,7 @@ def test_the_backend_is_chosen_once_per_instruction_from_the_plan() -> None:
 
 async def _one_device(tmp: Path, backend: str) -> list:
     config = ServerConfig(model="digits_mlp", rounds=2, min_devices=1, local_steps=3, seed=0, store_dir=tmp / backend,
-                          allow_forced_split=True, deadline_s=120)
+                          allow_forced_split=True, deadline_s=120, **EXACT_TRANSFERS)
     orch, server = await start_orchestrator(config, lambda kind, data: None)
     x, y = load_shard("digits", client=0, num_clients=4)
     device = DeviceSettings(f"ws://127.0.0.1:{orch.port}", "dev-0", 4 << 30, backend=backend, reconnect=False,
