@@ -8,6 +8,7 @@ model: on real hardware the same roles follow from the device classes in ``profi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Optional
@@ -38,41 +39,46 @@ def demo(
     seed: int = typer.Option(0),
 ) -> None:
     """Train a mixed fleet end to end and write metrics.json and accuracy.png under runs/<timestamp>/."""
-    from edgetrain.cli import console as wide_console
-
-    from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
     from orchestrator.config import ServerConfig
-    from orchestrator.views.fleetview import FleetView, summarise_run
-    from orchestrator.views.report import new_run_dir, plot_accuracy, write_metrics
+
+    roles = ["strong"] * strong + ["moderate"] * moderate + ["weak"] * weak
+    n = len(roles)
+    if n < 1:
+        raise typer.BadParameter("the fleet needs at least one device")
+    # The settings are checked before torch loads or a run folder is made: a mistyped option is one
+    # line at once, and leaves no empty runs/<time>/ behind.
+    config = ServerConfig(
+        model=model, strategy=strategy, rounds=rounds, min_devices=n, local_steps=local_steps, lr=lr,
+        eval_data=data, data_root=data_root, store_dir=out / "store", seed=seed, deadline_s=120,
+        wait_devices_s=120,  # the demo starts its devices: a fleet that died is an error, not a wait
+        keep_checkpoints=1,  # a demo is not resumed: its final weights are what it keeps
+    )
     from profiles.runtime import backend_runtime
 
-    console = wide_console()
-    run_dir = new_run_dir(out)
     try:
         weak_runtime = backend_runtime(weak_backend).name
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--weak-backend") from None
+
+    from edgetrain.cli import console as wide_console
+    from emulator.localfleet import DeviceLaunch, role_budgets, run_local_fleet
+    from orchestrator.views.fleetview import FleetView, summarise_run
+    from orchestrator.views.report import new_run_dir, plot_accuracy, write_metrics
+
+    console = wide_console()
+    run_dir = new_run_dir(out)
+    config = dataclasses.replace(config, store_dir=run_dir / "store")
     budgets = role_budgets(model)
     # A weak device is budgeted for the runtime its backend is planned on (ONNX Runtime without torch:
     # a far smaller process), so the planner still gives it the last block only.
     if weak_runtime != "torch":
         budgets["weak"] = role_budgets(model, backend=weak_runtime)["weak"]
-    roles = ["strong"] * strong + ["moderate"] * moderate + ["weak"] * weak
-    n = len(roles)
-    if n < 1:
-        raise typer.BadParameter("the fleet needs at least one device")
     launches = [
         DeviceLaunch(device_id=f"{role}-{i:02d}", budget_bytes=budgets[role], client=i, num_clients=n,
                      data=data, partition=partition, seed=seed,
                      backend=weak_backend if role == "weak" else "torch")
         for i, role in enumerate(roles)
     ]
-    config = ServerConfig(
-        model=model, strategy=strategy, rounds=rounds, min_devices=n, local_steps=local_steps, lr=lr,
-        eval_data=data, data_root=data_root, store_dir=run_dir / "store", seed=seed, deadline_s=120,
-        wait_devices_s=120,  # the demo starts its devices: a fleet that died is an error, not a wait
-        keep_checkpoints=1,  # a demo is not resumed: its final weights are what it keeps
-    )
     console.print(f"[bold]edgetrain demo[/]: {model} on {data}, {strong} strong + {moderate} moderate + {weak} weak "
                   f"devices (weak on {weak_backend}), {rounds} rounds, strategy {strategy}; writing {run_dir}")
     t0 = time.monotonic()

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_sdk import protocol as p
-from edge_sdk.models import LayeredModel
 from edge_sdk.references import load_reference
 from edge_sdk.values import SettingError
 from orchestrator.aggregation.intake import Intake
@@ -47,6 +46,9 @@ from orchestrator.rounds import RoundState
 from orchestrator.server.uploads import Uploads
 from orchestrator.store import Store
 from orchestrator.strategies import Strategy
+
+if TYPE_CHECKING:  # a model is only passed through here; the command line checks settings without torch
+    from edge_sdk.models import LayeredModel
 
 __all__ = ["BOUNDS", "COMBINERS", "DEFAULT_MECHANISMS", "IntakeServices", "UPLOAD_FORMATS", "assemble_intake",
            "check_capabilities"]

@@ -48,7 +48,6 @@ from typing import Literal, get_args
 import numpy as np
 
 from edge_sdk.algorithms.width import WIDTH_KEY  # the device side reads the ratio from this key
-from edge_sdk.models.zoo import model_for_state, width_shapes
 from orchestrator.strategies.base import (
     DEFAULT_WEIGHT_SHARE,
     AveragingStrategy,
@@ -116,6 +115,8 @@ class WidthReduction(AveragingStrategy):
         """The zoo model whose width-reduced shapes are cut (option ``model``, else recognised)."""
         if self.model:
             return self.model
+        from edge_sdk.models.zoo import model_for_state  # torch: only when a round is cut
+
         name = model_for_state({k: tuple(v.shape) for k, v in global_state.items()})
         if name is None:
             raise ValueError("width: the global state is not that of a zoo model that takes a width "
@@ -134,6 +135,8 @@ class WidthReduction(AveragingStrategy):
             if width == 1.0:
                 sel = Selection.tail(0)
             else:
+                from edge_sdk.models.zoo import width_shapes  # torch: only when a round is cut
+
                 shapes = width_shapes(model, width)
                 bad = sorted(n for n in set(shapes) | set(global_state)
                              if n not in shapes or n not in global_state
@@ -175,6 +178,8 @@ class WidthReduction(AveragingStrategy):
         ok = isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 < float(w) <= 1.0
         width = float(w) if ok else 1.0
         if width < 1.0:
+            from edge_sdk.models.zoo import width_shapes
+
             shapes = width_shapes(model, width)
             wrong = sorted(n for n, s in selection.channels.items() if shapes.get(n) != tuple(s))
             wrong += sorted(n for n, s in shapes.items() if s and n not in selection.channels)  # scalars go whole
