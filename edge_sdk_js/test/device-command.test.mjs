@@ -108,7 +108,7 @@ test("errors are one line with the Python device's exit status", { timeout: 120_
     [[...base, "--data", join(dir, "zip.npz")], 2, /^error: --data: .*zip\.npz: not a zip archive$/],
     [[...base, "--data", join(dir, "words.csv")], 2, /^error: --data: .*words\.csv: every cell but the header must be a number/],
     [[...base, "--data", join(dir, "none.npz")], 2, /^error: --data: no data file at /],
-    [[...base, "--data", "digits"], 2, /^error: --data: 'digits' is not a \.npz\/\.json\/\.csv\/\.npy file/],
+    [[...base, "--data", "digits"], 2, /^error: --data: 'digits' is not a \.npz\/\.json\/\.csv\/\.npy\/\.txt file/],
     [[...base, "--secret-file", join(dir, "none.secret")], 2, /^error: --secret-file: cannot read .*: No such file or directory$/],
     [[...base, "--label", "priority"], 2, /^error: --label: expected KEY=VALUE, got 'priority'$/],
     [[...base, "--backend", "torch"], 2, /^error: --backend: a setting of the python device only; this device does not take it/],
