@@ -87,27 +87,22 @@ def test_a_bundle_holds_its_payloads_under_the_digests_the_default_server_names(
     assert "codec shuffle" in (exact_held.mismatch("train_graph", {"codec": "shuffle"}) or "")
 
 
-@pytest.mark.slow
-def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunks(
-        tmp_path: Path, graph_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bundle is planned for the device's budget and samples as the server plans it (split 2 of
-    digits_mlp on ONNX Runtime), and written for the server's default transfer settings, which the
-    server runs (chunks as int4 deltas, the training graph through shuffle). Round 1: the bundle
-    device and a strong torch device train; the bundle device takes its chunk and training graph
-    from the bundle (0 bytes sent of either). The strong device trains the frozen blocks too, so in
-    round 2 the server's chunk has changed: the bundle device downloads it as a delta from the
-    bundle's copy, and still not the training graph. Both rounds' updates fold."""
-    monkeypatch.setenv("EDGETRAIN_PAYLOAD_CACHE", str(tmp_path / "payloads"))
+def _bundled_run(tmp_path: Path, graph_dir: Path, rounds: int, *bundle_args: str) -> tuple[list[dict], list[tuple[str, dict]],
+                                                                                    list[dict]]:
+    """``edgetrain bundle`` (``bundle_args`` added) for a moderate ONNX Runtime device of digits_mlp, then
+    a default server (``rounds``) with that device (a process started with the bundle) and a strong torch
+    device: the server's history and events, and the bundle device's JSON events."""
     budget = role_budgets("digits_mlp", backend="onnxruntime")["moderate"]
     samples = len(load_shard("digits", client=0, num_clients=2)[0])
     out = _edgetrain("bundle", "--model", "digits_mlp", "--budget", str(budget), "--samples", str(samples),
-                     "--backend", "onnxruntime", "--graph-dir", str(graph_dir), "--out", str(tmp_path / "b.tar"))
+                     "--backend", "onnxruntime", "--graph-dir", str(graph_dir), "--out", str(tmp_path / "b.tar"),
+                     *bundle_args)
     assert out.returncode == 0, out.stderr
     assert "split 2/4, role moderate: the largest split" in out.stderr, out.stderr
-    assert "for a server sending chunks as delta int4" in out.stdout, out.stdout
 
-    config = ServerConfig(model="digits_mlp", rounds=2, min_devices=2, local_steps=5, lr=0.1,
+    config = ServerConfig(model="digits_mlp", rounds=rounds, min_devices=2, local_steps=5, lr=0.1,
                           store_dir=tmp_path / "store", train_graph_dir=graph_dir, deadline_s=120)
+    assert config.chunk_codec == "shuffle" and config.download_delta == "int4"  # the server's defaults
     digits = load_dataset("digits")
     events: list[tuple[str, dict]] = []
 
@@ -127,23 +122,54 @@ def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunk
 
     history, code, stdout, stderr = asyncio.run(run())
     assert code == 0, stderr[-2000:]
-    assert [h["round"] for h in history] == [1, 2]
-    assert config.chunk_codec == "shuffle" and config.download_delta == "int4"  # the server's defaults
+    assert [h["round"] for h in history] == list(range(1, rounds + 1))
+    with Store(tmp_path / "store") as store:
+        folded = {(u["device_id"], u["round"]) for u in store.reports.all() if u["accepted"]}
+    assert folded == {(d, r) for d in ("bundled", "strong") for r in range(1, rounds + 1)}
+    assert np.isfinite(history[-1]["test_loss"])
+    return history, events, [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_a_device_provisioned_from_a_bundle_trains_without_downloading_its_chunks(
+        tmp_path: Path, graph_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundle is planned for the device's budget and samples as the server plans it (split 2 of
+    digits_mlp on ONNX Runtime), and written for the server's default transfer settings, which the
+    server runs (chunks as int4 deltas, the training graph through shuffle). Round 1: the bundle
+    device and a strong torch device train; the bundle device takes its chunk and training graph
+    from the bundle (0 bytes sent of either). The strong device trains the frozen blocks too, so in
+    round 2 the server's chunk has changed: the bundle device downloads it as a delta from the
+    bundle's copy, and still not the training graph. Both rounds' updates fold."""
+    monkeypatch.setenv("EDGETRAIN_PAYLOAD_CACHE", str(tmp_path / "payloads"))
+    _, events, device_events = _bundled_run(tmp_path, graph_dir, 2)
     sent = {(d["round"], d["kind"]): d["bytes"] for k, d in events if k == "sent" and d["device"] == "bundled"}
     assert sent[(1, "chunk")] == 0 and sent[(1, "train_graph")] == 0, sent
     assert sent[(2, "chunk")] > 0 and sent[(2, "train_graph")] == 0, sent  # only what changed
     assert sent[(1, "model")] > 0  # the trainable tail's current weights always come from the server
-    device_events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     used = {(e["round"], e["kind"]) for e in device_events if e["event"] == "from_bundle"}
     assert used == {(1, "chunk"), (1, "train_graph"), (2, "train_graph")}, used
     # The changed chunk came as a delta from the bundle's copy (the base the server sent nobody).
     assert any(e["event"] == "delta_applied" and e["round"] == 2 and e["kind"] == "chunk" and e["base"]
                for e in device_events), device_events
     assert not any(e["event"] == "bundle_mismatch" for e in device_events)
-    with Store(tmp_path / "store") as store:
-        folded = {(u["device_id"], u["round"]) for u in store.reports.all() if u["accepted"]}
-    assert folded == {(d, r) for d in ("bundled", "strong") for r in (1, 2)}
-    assert np.isfinite(history[-1]["test_loss"])
+
+
+@pytest.mark.slow
+def test_a_bundle_written_for_other_transfer_settings_is_downloaded_and_said_once(
+        tmp_path: Path, graph_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundle written for a server that sends everything exact, against the default server: the
+    device downloads its chunk and training graph (the digests differ, so it never offers the
+    bundle's bytes as the server's), trains, and says once per payload kind, in one line, why."""
+    monkeypatch.setenv("EDGETRAIN_PAYLOAD_CACHE", str(tmp_path / "payloads"))
+    _, events, device_events = _bundled_run(tmp_path, graph_dir, 1, "--chunk-codec", "none", "--graph-codec", "none",
+                                            "--download-delta", "none")
+    sent = {(d["round"], d["kind"]): d["bytes"] for k, d in events if k == "sent" and d["device"] == "bundled"}
+    assert sent[(1, "chunk")] > 0 and sent[(1, "train_graph")] > 0, sent
+    assert not any(e["event"] == "from_bundle" for e in device_events)
+    told = [e for e in device_events if e["event"] == "bundle_mismatch"]
+    assert sorted(e["kind"] for e in told) == ["chunk", "train_graph"], told
+    for e in told:
+        assert "\n" not in e["message"] and "b.tar" in e["message"] and "--download-delta" in e["message"], e
 
 
 @pytest.mark.slow
