@@ -174,8 +174,10 @@ class Downloads:
         self.on_event(source, {"device": self.device_id, "round": round_no, "payload": payload_id,
                                "kind": begin.kind, "bytes": len(stored)})
         if bundled is not None:
-            if bundled.plain and self._keep(memoryview(stored), bundled.sha256) is not None and slot:
-                self.store.set_slot(slot, bundled.sha256)  # type: ignore[union-attr]
+            if bundled.plain and self.store is not None:
+                self._keep(memoryview(stored), bundled.sha256)
+                if slot:
+                    self.store.set_slot(slot, bundled.sha256)
             return memoryview(stored)
         return memoryview(stored) if RECON_META in begin.meta else self._decoded(memoryview(stored), begin)
 

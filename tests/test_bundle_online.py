@@ -59,6 +59,28 @@ def test_held_payloads_are_found_by_id_or_block_range_and_used_under_the_servers
     assert held.read(entry) == held.bundle.chunk_bytes(0)
 
 
+def test_a_held_chunk_is_kept_as_the_next_deltas_base_where_the_device_keeps_payloads(tmp_path: Path) -> None:
+    """A bundle payload the server confirmed: kept in the device's store under its digest, in its slot
+    (the base of the next round's delta download); with no store (payload-cache off), used all the same."""
+    from edge_sdk import protocol as p
+    from edge_sdk.downloads import Downloads
+    from edge_sdk.payload_store import PayloadStore
+
+    write_bundle(build_model("tiny", seed=0), 1, [(0, 1)], tmp_path / "b.tar", version=0)
+    events: list[tuple[str, dict]] = []
+    for store in (PayloadStore(tmp_path / "store", 1 << 20), None):
+        downloads = Downloads("d", p.DEFAULT_LIMITS, lambda kind, data: events.append((kind, data)),
+                              bundle=tmp_path / "b.tar", store=store)
+        held = downloads.held.find("x", (0, 1))  # type: ignore[union-attr]
+        assert held is not None and held.plain
+        begin = p.TransferBegin("t", "chunk", held.size, held.served, 1 << 16, held.size, {})
+        data = downloads._from_held(1, "x", begin, downloads.held.read(held), held, "1:chunk:0")  # type: ignore[union-attr]
+        assert bytes(data) == downloads.held.bundle.chunk_bytes(0)  # type: ignore[union-attr]
+        if store is not None:
+            assert store.slot("1:chunk:0") == held.sha256 and store.get(held.sha256) == bytes(data)
+    assert [k for k, _ in events] == ["from_bundle", "from_bundle"]
+
+
 def test_a_bundle_holds_its_payloads_under_the_digests_the_default_server_names(tmp_path: Path) -> None:
     """Under the server's defaults a chunk travels as an int4 delta payload and the training graph
     through shuffle: the bundle holds the chunk as a device rebuilds it, and records the digests the
