@@ -15,7 +15,14 @@ in the manifest as ``train_graph``; :meth:`Bundle.train_graph` returns it for
 :class:`edge_sdk.ort_trainer.OrtTail`. Bundles without one omit the field.
 
 Online, a device started with a bundle (:class:`HeldPayloads`) takes the chunks and the training
-graph from it instead of downloading them, whenever the server's payload has the same bytes.
+graph from it instead of downloading them, whenever the server's payload has the same bytes. The
+server names each payload by a digest of the bytes a device holds once it has it (``Instruction.digests``:
+the sha256 of the payload as it travels, or of what a delta download rebuilds), and that depends on
+the server's transfer settings. A bundle is therefore written for them (``Manifest.transfer``: the
+chunk and graph codecs and the download delta): a chunk under a download delta is held as the bytes
+the device would rebuild (its float32 weights on the delta's grid), and each entry records the digest
+the server names it by (``served_sha256``); the device compares that with the instruction's digest
+and fetches only the payloads whose digests differ.
 
 Chunks are read one at a time, straight from the archive, so a weak device never holds all of
 them (EmbracingFL, Algorithm 1). This module needs numpy only (ONNX Runtime to run what it reads).
@@ -29,7 +36,7 @@ import json
 import os
 import tarfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +54,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "ChunkEntry",
+    "EXACT_TRANSFER",
     "GraphEntry",
     "HeldPayload",
     "HeldPayloads",
@@ -93,6 +101,7 @@ class ChunkEntry:
     input_dtype: str
     output_shape: tuple[int, ...]
     output_dtype: str
+    served_sha256: str = ""  # the digest the server names it by under Manifest.transfer ("": sha256)
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,11 @@ class GraphEntry:
     sha256: str
     size: int
     split: int
+    served_sha256: str = ""  # the digest the server names it by under Manifest.transfer ("": sha256)
+
+
+#: The transfer settings a bundle is written for when its manifest names none (every payload exact).
+EXACT_TRANSFER = {"chunk_codec": "none", "graph_codec": "none", "download_delta": "none"}
 
 
 @dataclass(frozen=True)
@@ -146,12 +160,23 @@ class Manifest:
     chunks: tuple[ChunkEntry, ...]
     tail: TailEntry
     train_graph: GraphEntry | None = None  # for a device that trains without torch
+    # The server transfer settings the payloads are held for (keys of EXACT_TRANSFER); empty: exact.
+    transfer: dict[str, str] = field(default_factory=dict)
+
+    def held_form(self, kind: str) -> str:
+        """How the server's payloads of ``kind`` travel under :attr:`transfer`: ``delta int4``, or a codec."""
+        t = {**EXACT_TRANSFER, **self.transfer}
+        if kind == "chunk" and t["download_delta"] != "none":
+            return f"delta {t['download_delta']}"
+        return t["graph_codec" if kind == "train_graph" else "chunk_codec"]
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as JSON-ready data, with its ``format`` tag and ``digest``."""
         body = {"format": BUNDLE_FORMAT, **asdict(self)}
         if self.train_graph is None:
             del body["train_graph"]  # bundles without a graph read as they always have
+        if not self.transfer:
+            del body["transfer"]
         body = json.loads(json.dumps(body))  # tuples -> lists, as they come back from JSON
         body["digest"] = manifest_digest(body)
         return body
@@ -193,6 +218,7 @@ class Manifest:
                 chunks=tuple(_chunk(c, i) for i, c in enumerate(_list(data, "chunks"))),
                 tail=_tail(_dict(data, "tail")),
                 train_graph=_graph(_dict(data, "train_graph")) if "train_graph" in data else None,
+                transfer=_transfer(data),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"malformed manifest: {exc}") from None
@@ -271,6 +297,21 @@ def _opt_str(data: dict[str, Any], key: str) -> str | None:
     return None if data.get(key, None) is None else _str(data, key)
 
 
+def _served(data: dict[str, Any]) -> str:
+    """An entry's ``served_sha256`` (absent in bundles written before it: "")."""
+    return _str(data, "served_sha256") if "served_sha256" in data else ""
+
+
+def _transfer(data: dict[str, Any]) -> dict[str, str]:
+    """The manifest's transfer settings (absent: {}, every payload exact), of known keys only."""
+    if "transfer" not in data:
+        return {}
+    transfer = _dict(data, "transfer")
+    if set(transfer) - set(EXACT_TRANSFER) or not all(isinstance(v, str) for v in transfer.values()):
+        raise TypeError(f"field 'transfer' must map some of {sorted(EXACT_TRANSFER)} to names")
+    return dict(transfer)
+
+
 def _dict(data: dict[str, Any], key: str) -> dict[str, Any]:
     return _get(data, key, dict)
 
@@ -316,6 +357,7 @@ def _chunk(data: Any, index: int) -> ChunkEntry:
         input_dtype=_dtype(data, "input_dtype"),
         output_shape=_shape(data, "output_shape"),
         output_dtype=_dtype(data, "output_dtype"),
+        served_sha256=_served(data),
     )
 
 
@@ -345,7 +387,7 @@ def _tail(data: dict[str, Any]) -> TailEntry:
 
 def _graph(data: dict[str, Any]) -> GraphEntry:
     return GraphEntry(id=_str(data, "id"), file=_str(data, "file"), sha256=_str(data, "sha256"),
-                      size=_int(data, "size"), split=_int(data, "split"))
+                      size=_int(data, "size"), split=_int(data, "split"), served_sha256=_served(data))
 
 
 # -- reading a bundle ------------------------------------------------------------------------
@@ -537,7 +579,8 @@ def load_bundle(path: str | os.PathLike[str]) -> Bundle:
 @dataclass(frozen=True)
 class HeldPayload:
     """A payload a bundle holds: a chunk of blocks [start, stop) or the training graph (start = stop =
-    split), under the id the server ships it as, with its size and sha256 (its content address)."""
+    split), under the id the server ships it as, with its size and sha256 (its content address), and
+    ``served``: the digest the server names it by under the bundle's transfer settings."""
 
     id: str
     kind: str
@@ -546,26 +589,34 @@ class HeldPayload:
     size: int
     sha256: str
     file: str
+    served: str = ""
+
+    @property
+    def plain(self) -> bool:
+        """Whether the server's digest names the held bytes themselves (not an encoding of them)."""
+        return self.served == self.sha256
 
 
 class HeldPayloads:
     """The chunks and training graph of a bundle, for a device that joins a server with it.
 
     A payload is found by its id, or (a chunk) by its block range when the server's version moved
-    past the bundle's; the device then asks the server only for the payload's size and sha256 (a
-    fetch from its last byte) and uses the bundle's bytes when both match. A payload that did
-    change is :meth:`forget`-ten and downloaded like any other."""
+    past the bundle's; the device uses the bundle's bytes when the server names the payload by the
+    digest the bundle recorded for it (:meth:`matches`), and downloads it otherwise. Where it does not,
+    :meth:`mismatch` says in one line whether the bundle was written for other transfer settings."""
 
     def __init__(self, bundle: Bundle) -> None:
         m = bundle.manifest
         self.bundle = bundle
-        held = [HeldPayload(c.id, "chunk", c.start, c.stop, c.size, c.sha256, c.file) for c in m.chunks]
+        held = [HeldPayload(c.id, "chunk", c.start, c.stop, c.size, c.sha256, c.file, c.served_sha256 or c.sha256)
+                for c in m.chunks]
         if m.train_graph is not None:
             g = m.train_graph
-            held.append(HeldPayload(g.id, "train_graph", g.split, g.split, g.size, g.sha256, g.file))
+            held.append(HeldPayload(g.id, "train_graph", g.split, g.split, g.size, g.sha256, g.file,
+                                    g.served_sha256 or g.sha256))
         self._by_id = {h.id: h for h in held}
         self._by_range = {(h.start, h.stop): h for h in held if h.kind == "chunk"}
-        self._changed: set[str] = set()  # payload ids whose server bytes differ from the bundle's
+        self._told: set[str] = set()  # payload kinds whose transfer mismatch was reported
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> HeldPayloads:
@@ -580,24 +631,30 @@ class HeldPayloads:
 
     def find(self, payload_id: str, block_range: tuple[int, int] | None = None) -> HeldPayload | None:
         """The held payload the server may be shipping as ``payload_id`` (None: download it)."""
-        if payload_id in self._changed:
-            return None
         found = self._by_id.get(payload_id)
         if found is None and block_range is not None:
             found = self._by_range.get((int(block_range[0]), int(block_range[1])))
         return found
 
-    def forget(self, payload_id: str) -> None:
-        """Download ``payload_id`` from now on (until :meth:`confirm`): asked before the server answers,
-        so that a connection lost over a payload of another size does not ask again forever."""
-        self._changed.add(payload_id)
+    @staticmethod
+    def matches(held: HeldPayload, digest: str) -> bool:
+        """Whether the server's payload, named by ``digest`` (the instruction's), is the held one."""
+        return bool(digest) and digest == held.served
 
-    def confirm(self, payload_id: str, held: HeldPayload, total_size: int, sha256: str) -> bool:
-        """Whether the server's ``payload_id`` (``total_size`` bytes of ``sha256``) is the held payload."""
-        same = (total_size, sha256) == (held.size, held.sha256)
-        if same:
-            self._changed.discard(payload_id)
-        return same
+    def mismatch(self, kind: str, meta: dict[str, Any]) -> str | None:
+        """Why the bundle's payloads of ``kind`` cannot match the server's, once per kind: the server
+        sends them under other transfer settings (``meta``: a transfer's, naming its codec) than the
+        bundle was written for. None when the settings agree (the server's model moved on) or it was said."""
+        codec = str(meta.get("codec", "none"))
+        held = self.bundle.manifest.held_form(kind)
+        same = held.startswith("delta") if codec == "delta" else held == codec
+        if same or kind in self._told:
+            return None
+        self._told.add(kind)
+        served = "delta-coded" if codec == "delta" else f"through codec {codec}"
+        return (f"bundle {self.bundle.path}: the server sends {kind} payloads {served}, the bundle holds them for "
+                f"{held}, so they are downloaded; write it for the server's settings "
+                "(edgetrain bundle --chunk-codec/--graph-codec/--download-delta as edgetrain serve runs)")
 
     def read(self, held: HeldPayload) -> bytes:
         """The held payload's bytes, checked against their sha256 again as they are read."""

@@ -2,10 +2,11 @@
 
 A payload (a frozen chunk, the trainable tail, a training graph, a broadcast) moves as frames under
 one sha256 (docs/protocol.md, "Transfers"). A download cut by a dropped connection resumes from the
-bytes already held (``Fetch.offset``); a payload the device's offline bundle holds with the same
-size and sha256 is not downloaded at all (:class:`edge_sdk.bundle.HeldPayloads`), nor is one the
-device's own store holds by the sha256 its instruction names (:class:`edge_sdk.payload_store.PayloadStore`,
-asked with ``Fetch.held``: the server sends no byte of it). Where the server delta-codes downloads
+bytes already held (``Fetch.offset``); a payload the device's offline bundle holds under the digest
+its instruction names (:class:`edge_sdk.bundle.HeldPayloads`: the bundle records the digest the server
+names each payload by under its transfer settings) is not downloaded at all, nor is one the device's
+own store holds by that digest (:class:`edge_sdk.payload_store.PayloadStore`); both are asked with
+``Fetch.held``, and the server sends no byte of them. Where the server delta-codes downloads
 (``download_delta``), a device asks for a changed chunk or tail with the digest of the version it
 holds of the same payload (its slot, :func:`download_slot`) and rebuilds the new one from the
 quantized difference (:mod:`edge_sdk.codecs.delta`); the frames of a
@@ -112,20 +113,18 @@ class Downloads:
                     timings: dict[str, float], *, block_range: tuple[int, int] | None = None,
                     sha256: str = "", slot: str = "") -> memoryview:
         """Download one payload; ``partial`` holds the round's cut downloads (resumed from their
-        offset), ``timings["download_s"]`` counts the time. A payload the device's bundle holds with
-        the same bytes is not downloaded, nor one of ``sha256`` (the instruction's digest) that the
-        device's store holds."""
+        offset), ``timings["download_s"]`` counts the time. A payload of ``sha256`` (the instruction's
+        digest) that the device's bundle or its store holds is not downloaded: the fetch names the
+        digest (``Fetch.held``) and the server sends none of its bytes."""
         t = time.monotonic()
         incoming = partial.get(payload_id)
-        held = None
-        if self.held is not None and incoming is None and self.welcome is not None \
-                and self.held.serves(self.welcome.model, self.welcome.num_blocks):
-            held = self.held.find(payload_id, block_range)
-        if held is not None:
-            data = await self._fetch_held(ch, round_no, payload_id, held)
-            if data is not None:
-                return self._keep(data, held.sha256)
-        stored = self.store.get(sha256) if self.store is not None and sha256 and incoming is None else None
+        held = self._held(payload_id, block_range) if incoming is None else None
+        bundled = held is not None and self.held is not None and self.held.matches(held, sha256)
+        stored: bytes | None = None
+        if bundled:
+            stored = await asyncio.to_thread(self.held.read, held)  # type: ignore[union-attr]
+        elif self.store is not None and sha256 and incoming is None:
+            stored = self.store.get(sha256)
         base = self.store.slot(slot) if stored is None and incoming is None and self.store is not None else ""
         while True:
             await send_msg(ch, p.Fetch(round_no, payload_id, incoming.offset if incoming else 0,
@@ -133,10 +132,8 @@ class Downloads:
             begin = await _transfer_begin(ch)
             if stored is not None:
                 if begin.offset == begin.total_size and sha256 in (begin.sha256, begin.meta.get(RECON_META)):
-                    self.on_event("from_store", {"device": self.device_id, "round": round_no, "payload": payload_id,
-                                                 "kind": begin.kind, "bytes": len(stored)})
                     timings["download_s"] += time.monotonic() - t
-                    return memoryview(stored) if RECON_META in begin.meta else self._decoded(memoryview(stored), begin)
+                    return self._from_held(round_no, payload_id, begin, stored, held if bundled else None, slot)
                 stored = None  # the server's bytes differ: it sends them from 0
             if incoming is None:
                 incoming = p.IncomingTransfer(begin, self.limits)
@@ -149,6 +146,8 @@ class Downloads:
             # The payload changed since the partial download: drop it and start again from 0.
             await drain(ch, begin)
             incoming = None
+        if held is not None and self.held is not None:
+            self._tell_mismatch(round_no, held.kind, incoming.begin.meta)
         partial[payload_id] = incoming
         # Verified, and no second copy of a payload that may be most of the budget. The device hashes
         # each frame as it lands (hash_in_feed): no worker thread, whose stack and arena count too.
@@ -158,6 +157,37 @@ class Downloads:
         if incoming.begin.meta.get(CODEC_META) == DELTA_CODEC:
             return await self._rebuilt(data, incoming.begin, slot, round_no)
         return self._decoded(self._keep(data, incoming.begin.sha256), incoming.begin)
+
+    def _held(self, payload_id: str, block_range: tuple[int, int] | None) -> Any:
+        """The bundle's payload the server may be shipping as ``payload_id``, for a server of the bundle's model."""
+        if self.held is None or self.welcome is None or not self.held.serves(self.welcome.model,
+                                                                              self.welcome.num_blocks):
+            return None
+        return self.held.find(payload_id, block_range)
+
+    def _from_held(self, round_no: int, payload_id: str, begin: p.TransferBegin, stored: bytes, bundled: Any,
+                   slot: str) -> memoryview:
+        """A payload the server confirmed the device holds: the bundle's bytes (``bundled``: its entry,
+        held as the device would after downloading it; kept in the store, as the base of the next
+        round's delta, where the digest names them) or the store's (as they travelled)."""
+        source = "from_store" if bundled is None else "from_bundle"
+        self.on_event(source, {"device": self.device_id, "round": round_no, "payload": payload_id,
+                               "kind": begin.kind, "bytes": len(stored)})
+        if bundled is not None:
+            if bundled.plain and self.store is not None:
+                self._keep(memoryview(stored), bundled.sha256)
+                if slot:
+                    self.store.set_slot(slot, bundled.sha256)
+            return memoryview(stored)
+        return memoryview(stored) if RECON_META in begin.meta else self._decoded(memoryview(stored), begin)
+
+    def _tell_mismatch(self, round_no: int, kind: str, meta: dict) -> None:
+        """Say once (a ``bundle_mismatch`` event, one line on the device's console) that the bundle was
+        written for other transfer settings than the server's."""
+        message = self.held.mismatch(kind, meta)  # type: ignore[union-attr]
+        if message is not None:
+            self.on_event("bundle_mismatch", {"device": self.device_id, "round": round_no, "kind": kind,
+                                              "message": message})
 
     async def _rebuilt(self, data: memoryview, begin: p.TransferBegin, slot: str, round_no: int) -> memoryview:
         """A delta download's payload: rebuilt on the base it names (from the store), checked against
@@ -187,21 +217,6 @@ class Downloads:
         if self.store is not None and sha256:
             self.store.put(sha256, data)
         return data
-
-    async def _fetch_held(self, ch: Channel, round_no: int, payload_id: str, held: Any) -> memoryview | None:
-        """The bundle's bytes of ``payload_id`` if the server's have the same size and sha256: asked
-        as a fetch from the held size on, which costs no payload byte when they match. None (and
-        downloaded from then on) when the server's payload changed."""
-        assert self.held is not None
-        self.held.forget(payload_id)
-        await send_msg(ch, p.Fetch(round_no, payload_id, held.size))
-        begin = await _transfer_begin(ch)
-        if begin.offset == held.size and self.held.confirm(payload_id, held, begin.total_size, begin.sha256):
-            self.on_event("from_bundle", {"device": self.device_id, "round": round_no, "payload": payload_id,
-                                          "kind": held.kind, "bytes": held.size})
-            return memoryview(await asyncio.to_thread(self.held.read, held))
-        await drain(ch, begin)
-        return None
 
 
 def _apply(data: memoryview, base: bytes | None, kind: str, digest: str, limits: p.Limits) -> bytes:

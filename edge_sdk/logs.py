@@ -40,6 +40,8 @@ def describe(kind: str, fields: dict[str, Any]) -> str:
     if kind == "reconnect":
         return (f"server {f.get('server', '')} unreachable ({f.get('error', '')}); "
                 f"retry {f.get('attempt')} in {float(f.get('delay_s', 0.0)):.1f} s")
+    if kind == "bundle_mismatch":
+        return str(f.get("message", ""))
     if kind == "welcome":
         return f"joined as {f.get('role')} at split {f.get('split')}"
     if kind == "run_over":

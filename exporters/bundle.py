@@ -3,6 +3,12 @@
 The format (manifest, checksums, reading) is defined device-side in :mod:`edge_sdk.bundle`;
 this module produces it from a layered model. A bundle for a device without torch also carries
 the tail's training graph (``train_graph=True``), exported and verified like the server's.
+
+A bundle is written for the server's transfer settings (``transfer``: its chunk and graph codecs and
+download delta), so that a device holds each payload as it would after downloading it, under the
+digest the server names it by (:func:`served`): a chunk under a download delta as the bytes a device
+rebuilds from the whole delta payload (``Q(chunk)``, deterministic nearest rounding), a payload
+through a lossless codec as its plain bytes, named by the sha256 of their encoding.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 
 from edge_sdk.bundle import (
     BUNDLE_FORMAT_VERSION,
+    EXACT_TRANSFER,
     MANIFEST_NAME,
     ROWS_PREFIX,
     ChunkEntry,
@@ -34,7 +41,7 @@ from exporters.cache import ChunkCache, chunk_id
 from exporters.onnx_export import ExportSettings, chunk_io, export_chunk
 from exporters.train_export import TrainGraphCache
 
-__all__ = ["TAIL_FILE", "TRAIN_GRAPH_FILE", "check_chunks", "cut_rows", "tail_arrays", "write_bundle"]
+__all__ = ["TAIL_FILE", "TRAIN_GRAPH_FILE", "check_chunks", "cut_rows", "served", "tail_arrays", "write_bundle"]
 
 TAIL_FILE = "tail.npz"
 TRAIN_GRAPH_FILE = "train_graph.bin"
@@ -94,6 +101,25 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def served(kind: str, data: bytes, transfer: Mapping[str, str]) -> tuple[bytes, str]:
+    """A payload of ``kind`` (``chunk`` or ``train_graph``) as a device holds it once downloaded under
+    the server's ``transfer`` settings, and the digest the server's instruction names it by
+    (orchestrator/server/payloads.py: a delta payload's ``recon``, else the sha256 of what travels)."""
+    t = {**EXACT_TRANSFER, **transfer}
+    if kind == "chunk" and t["download_delta"] != "none":
+        from edge_sdk.codecs.delta import encode_delta
+        from exporters.weights import onnx_regions
+
+        _, recon = encode_delta(data, onnx_regions(data), None, int(t["download_delta"].removeprefix("int")))
+        return recon, _sha256(recon)
+    codec = t["graph_codec" if kind == "train_graph" else "chunk_codec"]
+    if codec == "none":
+        return data, _sha256(data)
+    from edge_sdk.wire_codecs import encode_payload
+
+    return data, _sha256(encode_payload(data, codec, kind))
+
+
 def write_bundle(
     model: LayeredModel,
     plan_split: int,
@@ -108,6 +134,7 @@ def write_bundle(
     rows: Mapping[str, Sequence[int] | np.ndarray] | None = None,
     train_graph: bool = False,
     graph_cache: TrainGraphCache | None = None,
+    transfer: Mapping[str, str] | None = None,
 ) -> Manifest:
     """Export blocks [0, plan_split) as ``chunks`` and write them with the tail to the archive ``out``.
 
@@ -122,21 +149,29 @@ def write_bundle(
     (no torch): from ``graph_cache`` when given, else exported and verified here. A tail the export
     check refuses raises :class:`~exporters.onnx_export.ExportError` (plan that device at another
     split, or give it torch). Not with ``rows``: a row-selected table has no training graph.
+
+    ``transfer`` names the server's transfer settings the payloads are held for (keys ``chunk_codec``,
+    ``graph_codec``, ``download_delta``; :func:`served`); None: every payload exact, as a server with
+    all of them ``none`` sends it.
     """
     if train_graph and rows:
         raise ValueError("a bundle with row-selected tables has no training graph (those tables train with torch)")
     ranges = check_chunks(chunks, plan_split, len(model))
     if cache is not None:
         settings = cache.settings
+    transfer = {**EXACT_TRANSFER, **(transfer or {})}
+    unknown = set(transfer) - set(EXACT_TRANSFER)
+    if unknown:
+        raise ValueError(f"transfer settings {sorted(unknown)} are not a bundle's (it knows {sorted(EXACT_TRANSFER)})")
     files: list[tuple[str, bytes]] = []
-    entries = [_chunk_entry(model, index, start, stop, version, settings, cache, files)
+    entries = [_chunk_entry(model, index, start, stop, version, settings, cache, files, transfer)
                for index, (start, stop) in enumerate(ranges)]
     graph_entry = None
     if train_graph:
         gid, graph_bytes = (graph_cache or TrainGraphCache()).get_or_export(model, plan_split)
         files.append((TRAIN_GRAPH_FILE, graph_bytes))
         graph_entry = GraphEntry(id=gid, file=TRAIN_GRAPH_FILE, sha256=_sha256(graph_bytes), size=len(graph_bytes),
-                                 split=plan_split)
+                                 split=plan_split, served_sha256=served("train_graph", graph_bytes, transfer)[1])
     model_in = chunk_io(model, 0, len(model))
     manifest = Manifest(
         format_version=BUNDLE_FORMAT_VERSION,
@@ -153,6 +188,7 @@ def write_bundle(
         chunks=tuple(entries),
         tail=_tail_entry(model, plan_split, rows or {}, files),
         train_graph=graph_entry,
+        transfer=transfer,
     )
     manifest._check_consistent()
     _write_tar(Path(out), [(MANIFEST_NAME, manifest.to_json()), *files])
@@ -160,14 +196,17 @@ def write_bundle(
 
 
 def _chunk_entry(model: LayeredModel, index: int, start: int, stop: int, version: str | int,
-                 settings: ExportSettings, cache: ChunkCache | None, files: list[tuple[str, bytes]]) -> ChunkEntry:
-    """Blocks [start, stop) exported (or taken from ``cache``), added to ``files``, and their manifest entry."""
+                 settings: ExportSettings, cache: ChunkCache | None, files: list[tuple[str, bytes]],
+                 transfer: Mapping[str, str]) -> ChunkEntry:
+    """Blocks [start, stop) exported (or taken from ``cache``), held as the server's ``transfer``
+    settings deliver them (:func:`served`), added to ``files``, and their manifest entry."""
     if cache is not None:
         cid, data = cache.get_or_export(model, version, start, stop)
     else:
         cid, data = chunk_id(model.name, version, start, stop, settings), export_chunk(
             model, start, stop, settings=settings
         )
+    data, digest = served("chunk", data, transfer)
     io_ = chunk_io(model, start, stop)
     name = f"chunks/{index:03d}-blocks-{start}-{stop}.onnx"
     files.append((name, data))
@@ -182,6 +221,7 @@ def _chunk_entry(model: LayeredModel, index: int, start: int, stop: int, version
         input_dtype=io_.input_dtype,
         output_shape=io_.output_shape,
         output_dtype=io_.output_dtype,
+        served_sha256=digest,
     )
 
 

@@ -128,6 +128,12 @@ class TrainingMemory:
     chunk costs the larger of the two; a tail's comes before training, which holds more copies of it
     (:attr:`param_copies` and ``transfer_copies``). 0 where downloads travel whole.
 
+    ``codec_bytes`` and ``codec_bits``: what encoding the update holds beside the tail's values and
+    the frame while it goes out (:meth:`with_update_codec`): fixed bytes, and bits per value sent.
+    EDEN's rotation works a bounded slice of segments at a time (:data:`edge_sdk.codecs.eden.SLICE`),
+    so its workspace is fixed (:func:`edge_sdk.codecs.eden.workspace_bytes`), beside the record's
+    packed rotation signs (2 bits a value). 0 where updates travel through a codec declaring none.
+
     ``margin``: a share added to the model's bytes for what the accounting does not itemise
     (allocator slack, temporaries of the loss and the optimizer step). Measured on torch 2.13:
     the peak RSS growth of a ResNet20 training step (splits 0, 4, 7; batches 32 and 128) was
@@ -149,6 +155,8 @@ class TrainingMemory:
     secure_bytes: int = 0
     delta_copies: int = 0
     delta_bits: int = 0
+    codec_bytes: int = 0
+    codec_bits: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_SIZES:
@@ -169,6 +177,8 @@ class TrainingMemory:
         if self.delta_copies < 0 or self.delta_bits not in (0, 2, 4, 8):
             raise ValueError(f"delta_copies must be >= 0 and delta_bits 0, 2, 4 or 8, not {self.delta_copies}, "
                              f"{self.delta_bits}")
+        if self.codec_bytes < 0 or self.codec_bits < 0:
+            raise ValueError(f"codec_bytes and codec_bits must be >= 0, not {self.codec_bytes}, {self.codec_bits}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), not {self.margin}")
 
@@ -184,6 +194,14 @@ class TrainingMemory:
     def with_deltas(self, bits: int) -> TrainingMemory:
         """This memory where chunks and tails travel as ``bits``-bit delta downloads (0: whole)."""
         return dataclasses.replace(self, delta_copies=3 if bits else 0, delta_bits=bits)
+
+    def with_update_codec(self, name: str) -> TrainingMemory:
+        """This memory where updates travel through codec ``name`` (the server's resolved ``update_codec``):
+        the workspace its encoding declares (:meth:`edge_sdk.codecs.base.Codec.workspace`)."""
+        from edge_sdk.codecs import codec
+
+        fixed, bits = codec(name).workspace()
+        return dataclasses.replace(self, codec_bytes=fixed, codec_bits=bits)
 
     @property
     def param_copies(self) -> int:
@@ -451,7 +469,8 @@ class ModelCost:
             process=memory.process_bytes + memory.secure_bytes,
             sequential=memory.sequential_phases,
             margin=memory.margin,
-            upload=(trainable + held + (trainable + held - under) * memory.upload_copies) * size,
+            upload=(trainable + held + (trainable + held - under) * memory.upload_copies) * size
+            + memory.codec_bytes + math.ceil((trainable + held - under) * memory.codec_bits / 8),
         )
 
     def rows_saved(self, k: int, rows: Mapping[str, int] | None) -> int:

@@ -187,6 +187,22 @@ def test_a_secure_round_is_in_the_footprint(resnet20):
     assert dataclasses.replace(secure, upload=10**12).model_bytes == pytest.approx(1.1e12, abs=1)
 
 
+def test_the_update_codecs_workspace_is_in_the_upload(resnet20):
+    """Under EDEN (the default update codec) the upload holds one slice's rotation workspace and the
+    record's packed signs (2 bits a value sent) beside the tail's values and frame; a codec declaring
+    nothing (none, float16) adds nothing (profiles.accounting, TrainingMemory.with_update_codec)."""
+    from edge_sdk.codecs.eden import workspace_bytes
+
+    plain = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB)
+    eden = resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB, memory=TrainingMemory().with_update_codec("eden2"))
+    values = resnet20.trainable_params(4) + sum(b.params - b.trainable_params + b.buffers for b in resnet20.blocks[4:])
+    assert 2 * MiB <= workspace_bytes() <= 4 * MiB
+    assert eden.upload - plain.upload == workspace_bytes() + (2 * values + 7) // 8
+    for name in ("none", "float16"):
+        assert resnet20.footprint(4, batch=32, runtime_bytes=100 * MiB,
+                                  memory=TrainingMemory().with_update_codec(name)).upload == plain.upload
+
+
 def test_chunks_must_cover_the_frozen_blocks(resnet20):
     resnet20.footprint(4, chunks=[(0, 2), (2, 4)])
     for bad in ([(0, 2)], [(0, 2), (3, 4)], [(1, 4)], [(0, 5)]):

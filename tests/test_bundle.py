@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -18,7 +19,7 @@ from edge_sdk.forward import multi_step_forward
 from edge_sdk.models.zoo import build_model, digits_mlp
 from exporters.bundle import check_chunks, write_bundle
 from exporters.cache import ChunkCache, chunk_id
-from exporters.onnx_export import ExportSettings
+from exporters.onnx_export import ExportSettings, export_chunk
 
 WIDTH = 128
 
@@ -210,6 +211,24 @@ def test_cli_split_writes_a_loadable_bundle(tmp_path):
     assert bundle.manifest.split == 2 and bundle.manifest.model_version == "7"
     assert [(c.start, c.stop) for c in bundle.manifest.chunks] == [(0, 1), (1, 2)]
     assert "chunk [1, 2)" in result.output
+
+
+def test_cli_writes_the_bundle_for_the_servers_transfer_settings(tmp_path):
+    """By default the server's defaults (chunks as int4 deltas, so held as a device rebuilds them);
+    with every setting none, the chunks as exported."""
+    lossy, exact = tmp_path / "default.tar", tmp_path / "exact.tar"
+    assert _cli("--model", "digits_mlp", "--split", "1", "--out", str(lossy)).exit_code == 0
+    result = _cli("--model", "digits_mlp", "--split", "1", "--out", str(exact), "--chunk-codec", "none",
+                  "--graph-codec", "none", "--download-delta", "none")
+    assert result.exit_code == 0, result.output
+    d, e = load_bundle(lossy).manifest, load_bundle(exact).manifest
+    assert d.transfer == {"chunk_codec": "shuffle", "graph_codec": "shuffle", "download_delta": "int4"}
+    assert d.held_form("chunk") == "delta int4" and e.held_form("chunk") == "none"
+    assert e.chunks[0].sha256 == e.chunks[0].served_sha256 == hashlib.sha256(
+        export_chunk(build_model("digits_mlp", seed=0), 0, 1)).hexdigest()
+    assert d.chunks[0].sha256 == d.chunks[0].served_sha256 != e.chunks[0].sha256
+    bad = _cli("--model", "digits_mlp", "--split", "1", "--out", str(tmp_path / "x.tar"), "--download-delta", "int5")
+    assert bad.exit_code == 2 and "--download-delta must be one of none, int8, int4, int2" in bad.output
 
 
 @pytest.mark.parametrize("how", [["--budget", "125MiB"], ["--device", "pi-4-2gb"]])

@@ -13,8 +13,10 @@ from hypothesis.extra import numpy as hnp
 
 from edge_sdk.codecs import CODECS, CodecError, ErrorFeedback, codec, decode, decode_bytes, encode_bytes, linear_codes
 from edge_sdk.codecs.blockwise import BlockwiseCodec
+from edge_sdk.codecs import eden
+from edge_sdk.codecs.bits import pack
 from edge_sdk.codecs.eden import CENTROIDS, NMSE
-from edge_sdk.codecs.record import DTYPES
+from edge_sdk.codecs.record import DTYPES, parse_header
 from edge_sdk.protocol.tensors import DTYPES as WIRE_DTYPES
 
 LOSSLESS = [n for n, c in CODECS.items() if c.lossless]
@@ -147,6 +149,55 @@ def test_eden_centroids_are_lloyd_max_for_the_normal():
             a, b = edges[k], edges[k + 1]
             assert abs((pdf(a) - pdf(b)) / (cdf(b) - cdf(a)) - centroid) < 1e-6
         assert len(c) == 2 ** bits and NMSE[bits] > 0
+
+
+def _eden_at_once(x: np.ndarray, bits: int, segment: int, seed: int) -> tuple[bytes, np.ndarray]:
+    """EDEN's body (scales, packed codes) and its decoding with every segment rotated at once, as the
+    codec did before it worked a slice at a time: the reference the sliced codec must equal bit for bit."""
+    whole, rest, padded = eden.segments(x.size, segment)
+    (fw, fl), (sw, sl) = eden.signs(seed, whole, segment, padded)
+    codes, scales = eden._quantize(x[:whole * segment].reshape(whole, segment), (fw, sw), bits)
+    out = eden._restore(codes, scales, (fw, sw), bits).reshape(-1)
+    if rest:
+        last = np.zeros((1, padded), dtype=np.float32)
+        last[0, :rest] = x[whole * segment:]
+        c, s = eden._quantize(last, (fl, sl), bits)
+        out = np.concatenate((out, eden._restore(c, s, (fl, sl), bits).reshape(-1)[:rest]))
+        codes, scales = np.concatenate((codes.reshape(-1), c.reshape(-1))), np.concatenate((scales, s))
+    return scales.astype("<f4").tobytes() + pack(codes.reshape(-1), bits), out
+
+
+@pytest.mark.parametrize("n,segment", [(1, 4), (13, 1), (77, 2), (1001, 4), (4099, 8), (70_001, 16),
+                                       (3 * 2**16 + 5, 2**16), (2**17 + 2**16, 2**16), (300_001, 2**18),
+                                       (2**16 - 3, 2**16)])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_eden_a_slice_at_a_time_is_bit_identical_to_all_segments_at_once(n, segment, bits):
+    x = np.random.default_rng(n + bits).normal(size=n).astype(np.float32)
+    record = eden.EdenCodec(bits, segment).encode(x, seed=n * 31 + bits)
+    body, restored = _eden_at_once(x, bits, segment, n * 31 + bits)
+    assert record[parse_header(memoryview(record)).offset + eden._PARAMS.size:] == body  # after the parameters
+    assert decode(record).tobytes() == restored.tobytes()
+
+
+def test_eden_workspace_is_fixed_whatever_the_tensor_size():
+    """Encoding and decoding take ``workspace_bytes()`` beside the tensor, the record and the packed
+    sign stream (2 bits a coordinate), for a tensor of a quarter million or of four million values:
+    the rotation runs a slice of segments at a time."""
+    import tracemalloc
+
+    for n in (2**18, 2**22 + 999):
+        x = np.random.default_rng(0).normal(size=n).astype(np.float32)
+        fixed = eden.workspace_bytes() + (2 * n + 7) // 8
+        tracemalloc.start()
+        record = eden.EdenCodec(2).encode(x, seed=1)
+        encode_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        tracemalloc.start()
+        decode(record)
+        decode_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert encode_peak - len(record) <= fixed, (n, encode_peak - len(record), fixed)
+        assert decode_peak - 4 * n <= fixed, (n, decode_peak - 4 * n, fixed)
 
 
 def test_eden_segments_pad_and_cut():

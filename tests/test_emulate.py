@@ -168,15 +168,11 @@ def test_without_cgroups_the_rlimit_fallback_enforces_the_same_fleet(tmp_path: P
 
     if "rlimit-as+watchdog" not in available_mechanisms():
         pytest.skip("RLIMIT_AS is not available on this system")
-    import dataclasses
-
-    from tests.factories import EXACT_TRANSFERS
-
     fleet = load_fleet("tiny-capped")
-    # RLIMIT_AS caps address space, not resident memory: the default update codec's rotation workspace
-    # (EDEN, 16 MiB a block at once) is not in a plan, which counts resident bytes, and a moderate device
-    # hit the cap there; the cgroup test above runs the default transfers.
-    config = dataclasses.replace(server_config(fleet, rounds=2, store_dir=tmp_path / "store"), **EXACT_TRANSFERS)
+    # The server's default transfers, as the cgroup test above runs them: the default update codec
+    # (EDEN) rotates a fixed slice at a time, a workspace the plan counts (TrainingMemory.with_update_codec).
+    config = server_config(fleet, rounds=2, store_dir=tmp_path / "store")
+    assert config.update_codec == "eden2" and config.download_delta == "int4" and config.chunk_codec == "shuffle"
     run = asyncio.run(run_fleet(fleet, config, mechanism="rlimit-as+watchdog", drops={}, stderr_dir=tmp_path / "logs"))
     assert [r["round"] for r in run.history] == [1, 2]
     for d in (d.to_dict() for d in run.devices):

@@ -55,6 +55,12 @@ class Codec:
     def bound(self, array: np.ndarray) -> Bound:
         raise NotImplementedError
 
+    def workspace(self) -> tuple[int, int]:
+        """What an encode holds beside the tensor and its record, for a device's memory plan
+        (profiles.accounting.TrainingMemory.with_update_codec): fixed bytes, and bits per value of
+        the tensor. ``(0, 0)``: nothing this codec declares."""
+        return 0, 0
+
     def __repr__(self) -> str:
         return f"<codec {self.name}>"
 

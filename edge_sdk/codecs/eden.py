@@ -24,6 +24,14 @@ first, a set bit meaning -1: the first ``T`` bits (``T`` = all padded coordinate
 the next ``T`` are D2. Each segment sends its float32 ``S`` and its padded coordinates' codes. Every
 device draws its own seed (its errors are then independent and average out across devices, EDEN
 Section 2) and the record carries it. Not linear: each record has its own rotation and scale.
+
+Memory: every segment is rotated, quantized and restored on its own (Algorithm 1 works per vector),
+so encoding and decoding walk the segments a bounded slice at a time (:data:`SLICE`, at least one
+segment), and their workspace -- the rotation's float32 copies, the float64 norms and dot products,
+the unpacked signs and codes, about :data:`WORKSPACE_PER_COORD` bytes a coordinate -- stays
+``WORKSPACE_PER_COORD * max(SLICE, segment)`` (:func:`workspace_bytes`) whatever the tensor's size,
+beside the record and the tensor themselves and the packed sign stream (2 bits a coordinate). The
+output is bit-identical to rotating every segment at once: rows never mix.
 """
 
 from __future__ import annotations
@@ -36,9 +44,9 @@ from .base import Bound, Codec, float32_input
 from .bits import pack, packed_size, unpack
 from .hadamard import rotate, tree_sum, unrotate
 from .record import CodecError, Header, pack_header, take
-from .stream import EDEN_LABEL, new_seed, seeded_bytes
+from .stream import EDEN_LABEL, check_seed, new_seed, seeded_bytes
 
-__all__ = ["EdenCodec", "CENTROIDS", "NMSE", "DEFAULT_SEGMENT"]
+__all__ = ["EdenCodec", "CENTROIDS", "NMSE", "DEFAULT_SEGMENT", "SLICE", "WORKSPACE_PER_COORD", "workspace_bytes"]
 
 #: Lloyd-Max centroids of the standard normal (the positive half; the table is symmetric), computed by
 #: Lloyd's iteration in float64 (tests/vectors/make_codec_vectors.py checks the centroid condition).
@@ -55,6 +63,17 @@ _THRESHOLDS = {b: (c[1:] + c[:-1]) / 2 for b, c in CENTROIDS.items()}
 #: The asymptotic normalized error sigma_b^2 / (1 - sigma_b^2) of unbiased EDEN at b bits.
 NMSE = {1: 0.5707963267948963, 2: 0.13312116871518942, 3: 0.03578401849968207, 4: 0.00959214303599245}
 DEFAULT_SEGMENT = 1 << 16
+#: Coordinates encoded or decoded at once (whole segments; one segment where a segment is longer).
+SLICE = 1 << 16
+#: Peak bytes of workspace per coordinate of a slice: float32 copies of the rotation, float64 products,
+#: codes, unpacked signs. tracemalloc measured 31-32 on encode and 29 on decode (tensors of 2^18 to 2^22
+#: coordinates, 2 and 4 bits); tests/test_codecs.py holds the bound.
+WORKSPACE_PER_COORD = 40
+
+
+def workspace_bytes(segment: int = DEFAULT_SEGMENT) -> int:
+    """The most workspace an EDEN encode or decode of segment ``segment`` takes at once (any tensor size)."""
+    return WORKSPACE_PER_COORD * max(SLICE, segment)
 _PARAMS = struct.Struct("<B3xIQ")  # bits, segment, seed
 
 
@@ -94,6 +113,68 @@ def _restore(codes: np.ndarray, scale: np.ndarray, sg: tuple[np.ndarray, np.ndar
     return unrotate(unrotate(values, sg[1]), sg[0])
 
 
+def _slices(whole: int, segment: int) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) of the whole segments, :data:`SLICE` coordinates (at least one row) each.
+    Rows per slice are a power of two; with segments under 8 coordinates they are a multiple of 8,
+    so that every slice's codes start on a byte of the packed body."""
+    rows = max(1, SLICE // segment)
+    return [(r0, min(r0 + rows, whole)) for r0 in range(0, whole, rows)]
+
+
+class _SignStream:
+    """The two passes' signs of a record, read a slice at a time from the packed seeded stream
+    (``2 T`` bits: D1 for the ``T`` padded coordinates, then D2), as :func:`signs` gives them whole."""
+
+    def __init__(self, seed: int, total: int) -> None:
+        self.total = total
+        self.bits = np.frombuffer(seeded_bytes(EDEN_LABEL, seed, (2 * total + 7) // 8), np.uint8)
+
+    def _signs(self, start: int, count: int) -> np.ndarray:
+        first, skip = divmod(start, 8)
+        raw = self.bits[first:(start + count + 7) // 8]
+        bits = np.unpackbits(raw, bitorder="little", count=skip + count)[skip:]
+        return np.float32(1) - np.float32(2) * bits.astype(np.float32)
+
+    def rows(self, start: int, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The signs of ``rows`` rows of ``width`` padded coordinates from coordinate ``start``, per pass."""
+        n = rows * width
+        return (self._signs(start, n).reshape(rows, width), self._signs(self.total + start, n).reshape(rows, width))
+
+
+def _codes(body: memoryview, start: int, count: int, bits: int) -> np.ndarray:
+    """Codes [start, start + count) of a packed body: unpacked from the byte that code ``8 * (start // 8)``
+    begins (every eighth code starts on a byte whatever ``bits``)."""
+    aligned = start - start % 8
+    first = aligned * bits // 8
+    n = start + count - aligned
+    return unpack(body[first:first + packed_size(n, bits)], n, bits)[start - aligned:]
+
+
+class _Packer:
+    """Codes packed as they come, a slice at a time, into ``body``, as :func:`pack` packs all of them:
+    whole groups of 8 codes (``bits`` bytes each) are packed, the few left over wait for the next slice."""
+
+    def __init__(self, bits: int, body: memoryview) -> None:
+        self.bits, self.body, self.at, self.pending = bits, body, 0, np.zeros(0, dtype=np.uint8)
+
+    def _write(self, codes: np.ndarray) -> None:
+        packed = pack(codes, self.bits)
+        self.body[self.at:self.at + len(packed)] = packed
+        self.at += len(packed)
+
+    def add(self, codes: np.ndarray) -> None:
+        codes = np.concatenate((self.pending, codes.reshape(-1))) if self.pending.size else codes.reshape(-1)
+        cut = codes.size - codes.size % 8
+        self._write(codes[:cut])
+        self.pending = codes[cut:].copy()
+
+    def done(self) -> None:
+        self._write(self.pending)
+        if self.at != len(self.body):
+            raise AssertionError(f"eden packed {self.at} code bytes into a body of {len(self.body)}")
+        self.body.release()
+
+
 class EdenCodec(Codec):
     codec_id, unbiased = 6, True
 
@@ -106,18 +187,27 @@ class EdenCodec(Codec):
 
     def encode(self, array: np.ndarray, *, seed: int | None = None) -> bytes:
         x = float32_input(array, self.name).reshape(-1)
-        seed = new_seed() if seed is None else seed
-        whole, rest, padded = segments(x.size, self.segment)
-        (first_whole, first_last), (second_whole, second_last) = signs(seed, whole, self.segment, padded)
-        codes, scales = _quantize(x[:whole * self.segment].reshape(whole, self.segment), (first_whole, second_whole),
-                                  self.bits)
+        seed = new_seed() if seed is None else check_seed(seed)
+        seg = self.segment
+        whole, rest, padded = segments(x.size, seg)
+        count, total = whole + (1 if rest else 0), whole * seg + padded
+        head = pack_header(self.codec_id, array) + _PARAMS.pack(self.bits, seg, seed)
+        out = bytearray(len(head) + 4 * count + packed_size(total, self.bits))  # the record, filled a slice at a time
+        out[:len(head)] = head
+        scales = np.frombuffer(out, dtype="<f4", count=count, offset=len(head))
+        stream, packer = _SignStream(seed, total), _Packer(self.bits, memoryview(out)[len(head) + 4 * count:])
+        for r0, r1 in _slices(whole, seg):
+            codes, scales[r0:r1] = _quantize(x[r0 * seg:r1 * seg].reshape(r1 - r0, seg),
+                                             stream.rows(r0 * seg, r1 - r0, seg), self.bits)
+            packer.add(codes)
         if rest:
             last = np.zeros((1, padded), dtype=np.float32)
-            last[0, :rest] = x[whole * self.segment:]
-            c, s = _quantize(last, (first_last, second_last), self.bits)
-            codes, scales = np.concatenate((codes.reshape(-1), c.reshape(-1))), np.concatenate((scales, s))
-        head = pack_header(self.codec_id, array) + _PARAMS.pack(self.bits, self.segment, seed)
-        return head + scales.astype("<f4").tobytes() + pack(codes.reshape(-1), self.bits)
+            last[0, :rest] = x[whole * seg:]
+            codes, scales[whole:] = _quantize(last, stream.rows(whole * seg, 1, padded), self.bits)
+            packer.add(codes)
+        packer.done()
+        del scales  # the buffer's only export: bytes() may copy it now
+        return bytes(out)
 
     def decode_body(self, header: Header, record: memoryview) -> np.ndarray:
         bits, segment, seed = _PARAMS.unpack(take(record, header.offset, _PARAMS.size, "eden parameters"))
@@ -133,16 +223,24 @@ class EdenCodec(Codec):
             raise CodecError(f"eden record holds {len(body)} code bytes, {total} codes need {packed_size(total, bits)}")
         if not np.isfinite(scales).all():
             raise CodecError("eden record holds a non-finite scale")
-        codes = unpack(body, total, bits)
-        (first_whole, first_last), (second_whole, second_last) = signs(seed, whole, segment, padded)
-        out = _restore(codes[:whole * segment].reshape(whole, segment), scales[:whole], (first_whole, second_whole),
-                       bits).reshape(-1)
+        stream, out = _SignStream(seed, total), np.empty(header.size, dtype=np.float32)
+        for r0, r1 in _slices(whole, segment):
+            codes = _codes(body, r0 * segment, (r1 - r0) * segment, bits).reshape(r1 - r0, segment)
+            out[r0 * segment:r1 * segment] = _restore(codes, scales[r0:r1], stream.rows(r0 * segment, r1 - r0, segment),
+                                                      bits).reshape(-1)
+            if not np.isfinite(out[r0 * segment:r1 * segment]).all():
+                raise CodecError("eden record decodes to NaN or infinity")
         if rest:
-            tail = _restore(codes[whole * segment:].reshape(1, padded), scales[whole:], (first_last, second_last), bits)
-            out = np.concatenate((out, tail.reshape(-1)[:rest]))
-        if not np.isfinite(out).all():
-            raise CodecError("eden record decodes to NaN or infinity")
+            codes = _codes(body, whole * segment, padded, bits).reshape(1, padded)
+            out[whole * segment:] = _restore(codes, scales[whole:], stream.rows(whole * segment, 1, padded),
+                                             bits).reshape(-1)[:rest]
+            if not np.isfinite(out[whole * segment:]).all():
+                raise CodecError("eden record decodes to NaN or infinity")
         return out.reshape(header.shape)
+
+    def workspace(self) -> tuple[int, int]:
+        """One slice's rotation (:func:`workspace_bytes`), and the packed signs: 2 bits a value."""
+        return workspace_bytes(self.segment), 2
 
     def bound(self, array: np.ndarray) -> Bound:
         """No elementwise guarantee; ``E ||x_hat - x||^2`` is ``NMSE`` times each segment's ``||x_j||^2 n_j / d_j``

@@ -45,23 +45,25 @@ def bundle(
     rows: Optional[Path] = typer.Option(
         None, help="A FedSubAvg submodel: a JSON file mapping each sparse table entry to the rows the device's data "
                    "touches. The plan counts only those rows and the bundle carries only them."),
+    chunk_codec: Optional[str] = typer.Option(
+        None, help="The server's --chunk-codec: the chunks are held as it sends them (default: edgetrain serve's)."),
+    graph_codec: Optional[str] = typer.Option(
+        None, help="The server's --graph-codec, for the training graph (default: edgetrain serve's)."),
+    download_delta: Optional[str] = typer.Option(
+        None, help="The server's --download-delta: chunks held as a device rebuilds them (default: serve's)."),
 ) -> None:
     """Plan a split for a device (or take one), export the frozen chunks, and write a bundle.
 
     The plan is the server's: the largest split that fits the budget on the runtime the backend is
     planned on, and for a backend that trains from training graphs the next one down while a split's training graph fails its export check; the
     command says which split it chose and why. A device started with --bundle uses the bundle's
-    chunks and training graph instead of downloading them.
+    chunks and training graph instead of downloading them; they are written for the server's transfer
+    settings (--chunk-codec, --graph-codec, --download-delta, by default edgetrain serve's), as the
+    device would hold them after downloading them.
 
     Example: edgetrain bundle --model digits_mlp --device pi-zero-2w --backend onnxruntime --out pi.tar
     """
-    given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
-    if len(given) != 1:
-        raise _fail(f"give exactly one of --device, --budget, --split (got {', '.join(given) or 'none'})")
-    if runtime is not None and split is not None:
-        raise _fail("--runtime sets the plan for --device or --budget; --split takes no plan")
-    if batch < 1:
-        raise _fail(f"--batch must be at least 1, got {batch}")
+    _check_plan_options(device, budget, split, runtime, batch)
     from profiles.runtime import backend_runtime
 
     try:
@@ -69,6 +71,7 @@ def bundle(
     except ValueError as exc:
         raise _fail(f"--backend: {exc}") from None
     declared = _read_rows(rows) if rows is not None else {}
+    transfer = _transfer(chunk_codec=chunk_codec, graph_codec=graph_codec, download_delta=download_delta)
 
     from edge_sdk.models.zoo import build_model
     from exporters.bundle import write_bundle
@@ -92,12 +95,43 @@ def bundle(
     try:
         manifest = write_bundle(
             layered, split, chunks, out, version=version, device_class=device, role=role, settings=settings,
-            train_graph=planned.needs_graph, graph_cache=graph_cache, rows=declared or None,
+            train_graph=planned.needs_graph, graph_cache=graph_cache, rows=declared or None, transfer=transfer,
         )
     except (ValueError, ExportError) as exc:
         raise _fail(str(exc)) from None
 
     _print_manifest(out, manifest)
+
+
+def _check_plan_options(device: str | None, budget: str | None, split: int | None, runtime: str | None,
+                        batch: int) -> None:
+    """Exactly one of --device, --budget, --split; --runtime only with a plan; a batch of at least 1."""
+    given = [name for name, value in (("--device", device), ("--budget", budget), ("--split", split)) if value is not None]
+    if len(given) != 1:
+        raise _fail(f"give exactly one of --device, --budget, --split (got {', '.join(given) or 'none'})")
+    if runtime is not None and split is not None:
+        raise _fail("--runtime sets the plan for --device or --budget; --split takes no plan")
+    if batch < 1:
+        raise _fail(f"--batch must be at least 1, got {batch}")
+
+
+def _transfer(**given: str | None) -> dict[str, str]:
+    """The server transfer settings the bundle is written for: as given, else ``edgetrain serve``'s
+    defaults (:class:`orchestrator.config.ServerConfig`), each checked against the values it takes."""
+    import dataclasses
+    import typing
+
+    from orchestrator.config import ServerConfig
+
+    fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
+    hints = typing.get_type_hints(ServerConfig, include_extras=True)
+    out = {}
+    for name, value in given.items():
+        allowed = typing.get_args(hints[name])
+        out[name] = fields[name].default if value is None else value
+        if out[name] not in allowed:
+            raise _fail(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+    return out
 
 
 def _plan_chunks(layered: LayeredModel, model: str, split: int | None, *, device: str | None, budget: str | None,
@@ -153,6 +187,7 @@ def _print_manifest(out: Path, manifest: Manifest) -> None:
     typer.echo(
         f"{out}: {manifest.model} v{manifest.model_version}, split {manifest.split}/{manifest.num_blocks}"
         + (f", role {manifest.role}" if manifest.role else "")
+        + f"; for a server sending chunks as {manifest.held_form('chunk')}"
     )
     for c in manifest.chunks:
         typer.echo(f"  chunk [{c.start}, {c.stop}) {c.size:>10,} bytes  {c.id[:12]}")

@@ -6,7 +6,8 @@ every instruction that asks a device for more than its plan (a longer tail, more
 model such as width reduction's) is checked here against the device's budget with the planner's
 own footprint count for the device's runtime (:func:`profiles.planner.tail_footprint`), a chunk's
 delta download rebuilt on the device counted where the server sends them
-(:meth:`profiles.accounting.TrainingMemory.with_deltas`). It also
+(:meth:`profiles.accounting.TrainingMemory.with_deltas`), and the update codec's encoding workspace
+(:meth:`profiles.accounting.TrainingMemory.with_update_codec`: EDEN's fixed slice and signs). It also
 keeps which splits have a training graph that exports and verifies (:attr:`Planning.graph_splits`).
 A secure run's devices are planned with their secure round's memory
 (:meth:`profiles.accounting.TrainingMemory.secured`: the masked words and the secure round's own
@@ -48,7 +49,7 @@ class Planning:
         self.selects_rows = selects_rows
         self.emit = emit
         #: How the devices train, as far as memory goes: every plan and budget check counts with it.
-        memory = TrainingMemory().with_deltas(delta_bits(config.download_delta))
+        memory = TrainingMemory().with_deltas(delta_bits(config.download_delta)).with_update_codec(config.update_codec)
         self.memory = memory.secured() if config.secure_aggregation else memory
         # Splits with no static refusal, less those whose graph the export check refused (found on
         # first use and remembered on disk): a plan never names a graph that cannot be shipped.

@@ -6,7 +6,7 @@
  */
 import type { Tensor } from "../tensors.js";
 import type { Codec, EncodeOptions } from "./base.js";
-import { pack, packedSize, unpack } from "./bits.js";
+import { packedSize } from "./bits.js";
 import { rotate, treeSum, unrotate } from "./hadamard.js";
 import { CodecError, type Header, checkFinite, concat, float32Input, packHeader, take, view } from "./record.js";
 import { EDEN_LABEL, type Seed, newSeed, seedBig, seededBytes } from "./stream.js";
@@ -37,12 +37,45 @@ function layout(n: number, segment: number): Layout {
   return { whole, rest, padded, total: whole * segment + padded, count: whole + (rest ? 1 : 0) };
 }
 
-/** The signs of both passes: bits [0, total) of the stream are D1, [total, 2 total) are D2. */
-function signs(seed: Seed, total: number): [Float32Array, Float32Array] {
-  const bytes = seededBytes(EDEN_LABEL, seed, Math.ceil((2 * total) / 8));
-  const out = new Float32Array(2 * total);
-  for (let i = 0; i < 2 * total; i++) out[i] = (bytes[i >>> 3]! >>> (i & 7)) & 1 ? -1 : 1;
-  return [out.subarray(0, total), out.subarray(total)];
+/**
+ * The signs of both passes, read a segment at a time from the packed stream: bits [0, total) are D1,
+ * [total, 2 total) are D2. Only the stream (2 bits a coordinate) and one segment's signs are held.
+ */
+class SignStream {
+  private readonly bytes: Uint8Array;
+  constructor(seed: Seed, private readonly total: number) {
+    this.bytes = seededBytes(EDEN_LABEL, seed, Math.ceil((2 * total) / 8));
+  }
+
+  /** The signs of padded coordinates [off, off + d) of both passes, into `sg` (each at least d long). */
+  read(off: number, d: number, sg: [Float32Array, Float32Array]): void {
+    for (const [pass, base] of [[0, off], [1, this.total + off]] as const) {
+      const out = sg[pass];
+      for (let i = 0; i < d; i++) out[i] = (this.bytes[(base + i) >>> 3]! >>> ((base + i) & 7)) & 1 ? -1 : 1;
+    }
+  }
+}
+
+/** Codes [0, d) packed into `out` from code `at` on (`out` zeroed): pack()'s bits, a segment at a time. */
+function packAt(out: Uint8Array, at: number, codes: Uint8Array, d: number, bits: number): void {
+  let bit = at * bits;
+  for (let i = 0; i < d; i++, bit += bits) {
+    const v = codes[i]!, byte = bit >>> 3, shift = bit & 7;
+    out[byte]! |= (v << shift) & 0xff;
+    if (shift + bits > 8) out[byte + 1]! |= v >>> (8 - shift);
+  }
+}
+
+/** Codes [at, at + d) of a packed body into `codes`: unpack()'s bits, a segment at a time. */
+function unpackAt(body: Uint8Array, at: number, d: number, bits: number, codes: Uint8Array): void {
+  const mask = (1 << bits) - 1;
+  let bit = at * bits;
+  for (let i = 0; i < d; i++, bit += bits) {
+    const byte = bit >>> 3, shift = bit & 7;
+    let v = body[byte]! >>> shift;
+    if (shift + bits > 8) v |= body[byte + 1]! << (8 - shift);
+    codes[i] = v & mask;
+  }
 }
 
 function checkSegment(segment: number): boolean {
@@ -83,23 +116,32 @@ export class EdenCodec implements Codec {
     this.name = `eden${bits}`;
   }
 
+  /**
+   * Segment by segment (Algorithm 1 works per vector): the workspace is one segment's coordinates,
+   * signs and codes, beside the input, the record and the packed sign stream (edge_sdk/codecs/eden.py,
+   * "Memory"). The same bytes as rotating every segment at once.
+   */
   encode(t: Tensor, options: EncodeOptions = {}): Uint8Array {
     const x = float32Input(t, this.name);
     const seed = options.seed === undefined ? newSeed() : seedBig(options.seed);
-    const L = layout(x.length, this.segment);
-    const y = new Float32Array(L.total);
-    y.set(x);
-    const sg = signs(seed, L.total), codes = new Uint8Array(L.total);
-    const scales = new Uint8Array(4 * L.count), sv = view(scales);
+    const L = layout(x.length, this.segment), width = L.whole ? this.segment : L.padded;
+    const stream = new SignStream(seed, L.total);
+    const y = new Float32Array(width), codes = new Uint8Array(width);
+    const sg: [Float32Array, Float32Array] = [new Float32Array(width), new Float32Array(width)];
+    const scales = new Uint8Array(4 * L.count), sv = view(scales), body = new Uint8Array(packedSize(L.total, this.bits));
     for (let s = 0; s < L.count; s++) {
-      const d = s < L.whole ? this.segment : L.padded;
-      sv.setFloat32(4 * s, quantize(y, sg, s * this.segment, d, this.bits, codes), true);
+      const off = s * this.segment, d = s < L.whole ? this.segment : L.padded;
+      y.fill(0, 0, d);
+      y.set(x.subarray(off, Math.min(off + d, x.length)));
+      stream.read(off, d, sg);
+      sv.setFloat32(4 * s, quantize(y, sg, 0, d, this.bits, codes), true);
+      packAt(body, off, codes, d, this.bits);
     }
     const head = packHeader(this.codecId, t, PARAMS), hv = view(head), at = head.length - PARAMS;
     head[at] = this.bits;
     hv.setUint32(at + 4, this.segment, true);
     hv.setBigUint64(at + 8, seed, true);
-    return concat([head, scales, pack(codes, this.bits)]);
+    return concat([head, scales, body]);
   }
 
   decodeBody(header: Header, record: Uint8Array): Tensor {
@@ -110,18 +152,22 @@ export class EdenCodec implements Codec {
     const sv = view(take(record, at, 4 * L.count, "scales"));
     const body = record.subarray(at + 4 * L.count);
     if (body.length !== packedSize(L.total, bits)) throw new CodecError(`eden record holds ${body.length} code bytes, ${L.total} codes need ${packedSize(L.total, bits)}`);
-    const codes = unpack(body, L.total, bits), sg = signs(seed, L.total), c = CENTROIDS[bits]!;
-    const y = new Float32Array(L.total);
+    const c = CENTROIDS[bits]!, stream = new SignStream(seed, L.total), width = L.whole ? segment : L.padded;
+    const y = new Float32Array(width), codes = new Uint8Array(width);
+    const sg: [Float32Array, Float32Array] = [new Float32Array(width), new Float32Array(width)];
+    const out = new Float32Array(header.size);
     for (let s = 0; s < L.count; s++) {
       const S = sv.getFloat32(4 * s, true);
       if (!Number.isFinite(S)) throw new CodecError("eden record holds a non-finite scale");
       const table = Float32Array.from(c, (v) => S * v);
       const off = s * segment, d = s < L.whole ? segment : L.padded;
-      for (let i = off; i < off + d; i++) y[i] = table[codes[i]!]!;
-      unrotate(y, sg[1], off, d);
-      unrotate(y, sg[0], off, d);
+      unpackAt(body, off, d, bits, codes);
+      for (let i = 0; i < d; i++) y[i] = table[codes[i]!]!;
+      stream.read(off, d, sg);
+      unrotate(y, sg[1], 0, d);
+      unrotate(y, sg[0], 0, d);
+      out.set(y.subarray(0, Math.min(d, header.size - off)), off);
     }
-    const out = y.slice(0, header.size);
     checkFinite(out, "eden record");
     return { dtype: "float32", shape: header.shape, data: out };
   }
