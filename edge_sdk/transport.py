@@ -200,12 +200,19 @@ async def send_payload(ws: Connection | Channel, payload: BytesLike, *, transfer
 @dataclass(frozen=True)
 class Pace:
     """How slow a transfer may be before the receiver gives up on it: no frame for ``stall_s``
-    seconds, or fewer than ``min_rate`` bytes per second on average once ``grace_s`` have passed
+    seconds, or fewer than ``min_rate`` bytes per second on average, from the first frame, once ``grace_s`` have passed
     (a peer that trickles a byte every few seconds must not hold a server's round or memory)."""
 
     stall_s: float = 30.0
     min_rate: float = 16 << 10
     grace_s: float = 10.0
+
+
+def _check_rate(begin: TransferBegin, pace: Pace, moved: int, elapsed: float) -> None:
+    """``timeout`` when, past ``pace.grace_s``, the transfer has averaged under ``pace.min_rate``."""
+    if elapsed > pace.grace_s and moved / elapsed < pace.min_rate:
+        raise ProtocolError(ErrorCode.TIMEOUT, f"transfer {begin.transfer_id[:64]!r} moves at "
+                                               f"{moved / elapsed:.0f} B/s, below {pace.min_rate:.0f}")
 
 
 async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: Limits = DEFAULT_LIMITS, *,
@@ -229,7 +236,8 @@ async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: L
     loop = asyncio.get_running_loop()
     hashing: asyncio.Future[int] | None = None  # the worker's job, if one was started
     caught_up = threading.Event()  # set by that job when it has hashed all it saw: it is done
-    started, first = loop.time(), incoming.offset
+    started: float | None = None
+    first = incoming.offset
     try:
         while not incoming.finished:
             if pace is None:
@@ -240,13 +248,12 @@ async def recv_payload(ws: Connection | Channel, begin: TransferBegin, limits: L
                 except asyncio.TimeoutError:
                     raise ProtocolError(ErrorCode.TIMEOUT, f"transfer {begin.transfer_id[:64]!r} made no progress "
                                                            f"for {pace.stall_s:g} s") from None
-                elapsed = loop.time() - started
-                if elapsed > pace.grace_s and (incoming.offset - first) / elapsed < pace.min_rate:
-                    raise ProtocolError(ErrorCode.TIMEOUT, f"transfer {begin.transfer_id[:64]!r} moves at "
-                                                           f"{(incoming.offset - first) / elapsed:.0f} B/s, below "
-                                                           f"{pace.min_rate:.0f}")
             if type(msg) is TransferFrame:
+                if started is None:  # the average runs from the first frame: a sender busy (or starved
+                    started = loop.time()  # of CPU) before it is slow to start, not a trickle; stall_s bounds it
                 incoming.feed(msg)
+                if pace is not None:
+                    _check_rate(begin, pace, incoming.offset - first, loop.time() - started)
             elif type(msg) is TransferEnd:
                 incoming.finish(msg)
             elif type(msg) is Error:

@@ -4,14 +4,16 @@ device long before its deadline, and the other devices are served."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from pathlib import Path
 
 import numpy as np
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
 
 from edge_sdk import protocol as p
-from edge_sdk.transport import recv_msg, send_msg, ws_options
+from edge_sdk.transport import Pace, recv_msg, recv_payload, send_msg, ws_options
 from emulator.localfleet import start_orchestrator
 from tests.factories import server_config
 from tests.scripted import scripted_device
@@ -79,3 +81,33 @@ def test_with_no_slowest_pace_a_download_has_no_time_limit(tmp_path: Path) -> No
 
     history = asyncio.run(main())
     assert history[0]["reported"] == 1, history[0]
+
+
+def test_a_sender_slow_to_start_is_not_cut_once_its_frames_flow() -> None:
+    """The average rate runs from the first frame: a device busy (encoding, or starved of CPU) for longer
+    than the grace before its first frame, then sending at full speed, is not a trickle (stall_s bounds
+    the wait for that first frame)."""
+    payload = bytes(range(256)) * 64  # 16 KiB in 16 frames
+    pace = Pace(stall_s=5.0, min_rate=4096, grace_s=0.3)
+
+    async def main() -> bytes:
+        received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def handler(ws) -> None:  # type: ignore[no-untyped-def]
+            begin = await recv_msg(ws)
+            try:
+                received.set_result(bytes(await recv_payload(ws, begin, pace=pace)))
+            except Exception as exc:  # noqa: BLE001 - handed to the test
+                received.set_exception(exc)
+
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with connect(f"ws://127.0.0.1:{port}", **ws_options()) as ws:
+                await send_msg(ws, p.TransferBegin("t", "update", len(payload), hashlib.sha256(payload).hexdigest(),
+                                                   1024, 0, {}))
+                await asyncio.sleep(3 * pace.grace_s)  # busy before the first frame
+                for offset in range(0, len(payload), 1024):
+                    await send_msg(ws, p.TransferFrame("t", offset, payload[offset:offset + 1024]))
+                return await asyncio.wait_for(received, timeout=10)
+
+    assert asyncio.run(main()) == payload
