@@ -141,15 +141,19 @@ def test_a_device_never_timed_is_paced_in_its_first_round_from_its_probe(tmp_pat
 
 def test_the_first_measurement_replaces_the_seed_and_calibrates_the_others(tmp_path: Path) -> None:
     kept: list[tuple[str, DevicePace]] = []
-    probes = {"a": 0.5, "new": 1.0}
-    paces = Paces(server_config(tmp_path, local_steps=10), probe=probes.get, keep=lambda d, pc: kept.append((d, pc)))
+    probes = {"a": 0.5, "new": 1.0, "js": 1.0}
+    kinds = {"a": "onnxruntime", "new": "onnxruntime", "js": "onnxruntime-node"}  # the probe each ran
+    paces = Paces(server_config(tmp_path, local_steps=10), probe=probes.get, keep=lambda d, pc: kept.append((d, pc)),
+                  kind=kinds.__getitem__)
     assert paces.estimate("a") == DevicePace(0.0, 0.5) and paces.of("a") is None  # a seed, not a measurement
     paces.sent("a", _wire(1, 10), now=0.0)
     assert paces.reported("a", _report(1, train_s=10.0, steps=10), now=12.0) == DevicePace(2.0, 1.0)
     assert paces.estimate("a") == DevicePace(2.0, 1.0)  # replaced, not blended with the seed
     assert kept == [("a", DevicePace(2.0, 1.0))]  # each new estimate is handed on to be journaled
     # a's model step is 2x its probe step: a new device's probe is scaled by that median ratio.
-    assert paces.calibration() == 2.0 and paces.estimate("new") == DevicePace(0.0, 2.0)
+    assert paces.calibration("onnxruntime") == 2.0 and paces.estimate("new") == DevicePace(0.0, 2.0)
+    # Another SDK's probe is not scaled by it: none of its kind measured yet, its seed is uncalibrated.
+    assert paces.calibration("onnxruntime-node") == 1.0 and paces.estimate("js") == DevicePace(0.0, 1.0)
 
 
 def test_a_restarted_server_paces_from_the_store_as_before(tmp_path: Path) -> None:

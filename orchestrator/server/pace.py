@@ -26,8 +26,9 @@ claims to be slow only gets less work to do.
 Before its first round is timed, a device is seeded from its hello's ``probe_step_s``: the seconds one
 SGD step of the SDKs' fixed probe (a dense layer on a batch of 32, ``edge_sdk.backends.base.probe_sgd_step``)
 took there with its training backend. The seed is ``DevicePace(0, probe_step_s * c)``, ``c`` the
-median ratio of measured ``step_s`` to probe step over the devices already measured (1 while there
-are none: the probe is then taken as one of the model's steps); the first measurement replaces it,
+median ratio of measured ``step_s`` to probe step over the devices already measured that ran the same
+probe (the same hello runtimes: SDK and backend; 1 while there are none: the probe is then taken as one
+of the model's steps); the first measurement replaces it,
 it is never blended in. The claim is checked (finite, in ``(0, PROBE_STEP_MAX_S]``, else no seed) and
 only ever asks a device for fewer steps than the round's, never more; like any predicted time it
 moves the round's expected close only as one of its cohort (:func:`round_budget`), never below the
@@ -140,12 +141,15 @@ class Paces:
 
     def __init__(self, config: ServerConfig, known: Mapping[str, DevicePace] | None = None,
                  probe: Callable[[str], float | None] = lambda device_id: None,
-                 keep: Callable[[str, DevicePace], None] = lambda device_id, pace: None) -> None:
+                 keep: Callable[[str, DevicePace], None] = lambda device_id, pace: None,
+                 kind: Callable[[str], str] = lambda device_id: "") -> None:
         """``known``: the paces measured before a restart; ``probe``: a connected device's hello's
-        ``probe_step_s`` (None or 0: none); ``keep``: called with each new estimate (to journal it)."""
+        ``probe_step_s`` (None or 0: none); ``keep``: called with each new estimate (to journal it);
+        ``kind``: which probe a device ran (its hello's runtimes: the SDK and backend that timed it),
+        so a probe is calibrated only against devices that ran the same one."""
         self.config = config
         self._pace: dict[str, DevicePace] = dict(known or {})
-        self._probe, self._keep = probe, keep
+        self._probe, self._keep, self._kind = probe, keep, kind
         self._out: dict[str, tuple[int, int, float]] = {}  # device -> (round, steps, sent at) of its train instruction
 
     @classmethod
@@ -156,27 +160,36 @@ class Paces:
             session = sessions.get(device_id)
             return None if session is None else session.hello.probe_step_s
 
+        def kind(device_id: str) -> str:
+            session = sessions.get(device_id)
+            return "" if session is None else ",".join(session.hello.runtimes)
+
         known = {d: DevicePace(*pace) for d, pace in store.paces.all().items()}
-        return cls(config, known, probe, lambda d, pace: store.paces.record(d, pace.overhead_s, pace.step_s))
+        return cls(config, known, probe, lambda d, pace: store.paces.record(d, pace.overhead_s, pace.step_s), kind)
 
     def of(self, device_id: str) -> DevicePace | None:
         """The device's measured pace."""
         return self._pace.get(device_id)
 
-    def calibration(self) -> float:
+    def calibration(self, kind: str = "") -> float:
         """Seconds of the model's step per second of probe step: the median over the connected devices
-        both measured and probed (1.0 while there are none)."""
+        of probe ``kind`` both measured and probed (1.0 while there are none: the same arithmetic
+        takes several times longer in one SDK than in another, so kinds are not mixed)."""
         ratios = [pace.step_s / probe for d, pace in self._pace.items()
                   if (probe := _seconds(self._probe(d))) is not None and 0 < probe <= p.PROBE_STEP_MAX_S
-                  and pace.step_s > 0]
+                  and pace.step_s > 0 and self._kind(d) == kind]
         return statistics.median(ratios) if ratios else 1.0
 
-    def estimate(self, device_id: str, calibration: float | None = None) -> DevicePace | None:
-        """The device's measured pace, else its seed from its hello's probe (:func:`probe_seed`)."""
+    def estimate(self, device_id: str, calibrations: dict[str, float] | None = None) -> DevicePace | None:
+        """The device's measured pace, else its seed from its hello's probe (:func:`probe_seed`);
+        ``calibrations``: by kind, filled as they are computed (one round's plan shares them)."""
         pace = self._pace.get(device_id)
         if pace is not None:
             return pace
-        return probe_seed(self._probe(device_id), self.calibration() if calibration is None else calibration)
+        kind, known = self._kind(device_id), {} if calibrations is None else calibrations
+        if kind not in known:
+            known[kind] = self.calibration(kind)
+        return probe_seed(self._probe(device_id), known[kind])
 
     def sent(self, device_id: str, wire: p.Instruction, now: float) -> None:
         """A train instruction went out (the first send counts: a resend after a reconnect keeps it)."""
@@ -205,8 +218,9 @@ class Paces:
         (or, not timed yet, seeded) time would overrun the round's expected close
         (:func:`round_budget`), and those shares by device. Only train instructions at the server's
         own step count are paced: a strategy that asks for its own steps keeps them."""
-        steps, c = self.config.local_steps, self.calibration()
-        train = {ins.device_id: self.estimate(ins.device_id, c) for ins in instructions
+        steps = self.config.local_steps
+        calibrations: dict[str, float] = {}
+        train = {ins.device_id: self.estimate(ins.device_id, calibrations) for ins in instructions
                  if ins.phase == "train" and ins.local_steps is None}
         budget = round_budget([None if pc is None else pc.seconds(steps) for pc in train.values()], self.config)
         paced: dict[str, int] = {}
