@@ -29,7 +29,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from edge_sdk import protocol as p
-from edge_sdk.backends import backend_class
+from edge_sdk.backends import backend_class, measure_probe
 from edge_sdk.credentials import make_proof
 from edge_sdk.data.sources import DataSource, as_source, source_arrays
 from edge_sdk.downloads import DeviceRefused, Downloads, RoundAborted, expect
@@ -198,13 +198,13 @@ class DeviceClient:
             raise
 
     async def _hello(self, ch: Channel) -> p.Welcome:
-        c = self.config
+        c, probe = self.config, await asyncio.to_thread(measure_probe, self.backend)  # once per backend: its pace's seed
         resume = self.work.progress.round if self.work.progress else -1
         await send_msg(ch, p.Hello(
             device_id=c.device_id, token=make_proof(c.device_id, c.secret, purpose="hello") if c.secret else c.token,
             budget_bytes=c.budget_bytes, cores=c.cores, runtimes=list(self.backend.runtimes), num_samples=len(self.x),
             device_class=c.device_class, labels=dict(c.labels), resume_round=resume, rows=self.rows,
-            ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)},
+            ext={**c.hello_ext, **private_hello_ext(self.row_bits, c.private_heat)}, probe_step_s=probe,
             input_shape=list(self.input_shape), num_classes=-1 if self.num_classes is None else self.num_classes,
         ))
         welcome = await expect(ch, p.Welcome)

@@ -134,8 +134,8 @@ class Faults:
 def slowed_backend(backend: type[TrainingBackend], step_delay_s: float) -> type[TrainingBackend]:
     """``backend``'s class, each training run ``step_delay_s`` seconds per local step slower (it sleeps
     ``local_steps * step_delay_s`` in the training thread before it trains): the device's own
-    ``train_s`` and round time grow with the steps it is asked for. Same name and runtimes, so the
-    hello and the plan are those of the device it slows."""
+    ``train_s`` and round time grow with the steps it is asked for, and its probe step (the hello's
+    ``probe_step_s``) is as much slower. Same name and runtimes, so the plan is that of the device it slows."""
     if step_delay_s <= 0:
         return backend
 
@@ -143,6 +143,11 @@ def slowed_backend(backend: type[TrainingBackend], step_delay_s: float) -> type[
         def train(self, tail: Any, y: Any, config: Any) -> Any:
             time.sleep(step_delay_s * config.local_steps)
             return super().train(tail, y, config)
+
+        @classmethod
+        def probe_step(cls) -> None:
+            time.sleep(step_delay_s)
+            super().probe_step()
 
     Slowed.__name__ = Slowed.__qualname__ = f"Slowed{backend.__name__}"
     return Slowed

@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from edge_sdk import protocol as p
-from edge_sdk.backends.base import KINDS, Tail, TailInputs, TrainingBackend
+from edge_sdk.backends.base import KINDS, Tail, TailInputs, TrainingBackend, measure_probe
 from edge_sdk.backends.graph import GraphBackend
 from edge_sdk.backends.torch import TorchBackend
 from edge_sdk.references import is_reference, load_reference
 
 __all__ = ["AUTO", "BACKENDS", "KINDS", "GraphBackend", "Tail", "TailInputs", "TorchBackend", "TrainingBackend",
-           "backend_class", "backend_names", "choose_backend"]
+           "backend_class", "backend_names", "choose_backend", "measure_probe"]
 
 #: The backends by name, in the order ``auto`` tries them (torch's steps are faster; ONNX Runtime
 #: needs far less memory and no torch install).

@@ -25,6 +25,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import math
+import time
+import weakref
+
 import numpy as np
 
 from edge_sdk import protocol as p
@@ -32,7 +36,7 @@ from edge_sdk import protocol as p
 if TYPE_CHECKING:
     from edge_sdk.training import TrainConfig, TrainResult
 
-__all__ = ["KINDS", "Tail", "TailInputs", "TrainingBackend"]
+__all__ = ["KINDS", "Tail", "TailInputs", "TrainingBackend", "measure_probe", "probe_sgd_step"]
 
 #: What a backend trains from (``TrainingBackend.kind``; ``profiles.runtime.Runtime.backend`` of the
 #: runtimes it declares): the tail's state as a torch module, or the server's training graph.
@@ -135,3 +139,52 @@ class TrainingBackend(ABC):
     @abstractmethod
     def evaluate(self, tail: Tail, y: np.ndarray, config: TrainConfig) -> dict[str, float]:
         """The received model's loss (and accuracy) on the local data, without training."""
+
+    @classmethod
+    def probe_step(cls) -> None:
+        """One local training step of the probe (:func:`probe_sgd_step`), as this backend's training
+        thread runs a step; :func:`measure_probe` times it for the hello's ``probe_step_s``. A backend
+        whose steps cost more than numpy's (or an emulated slow device) overrides it."""
+        probe_sgd_step()
+
+
+#: The probe: one SGD step of a dense layer (64 inputs, 10 classes) with softmax cross-entropy on a
+#: batch of 32 fixed rows. The JavaScript SDK's probe is the same step (edge_sdk_js/src/backends/probe.ts).
+PROBE_SHAPE = (32, 64, 10)
+_PROBE: dict[str, np.ndarray] = {}
+#: backend class -> its probe step (seconds), measured once per process.
+_MEASURED: weakref.WeakKeyDictionary[type[TrainingBackend], float] = weakref.WeakKeyDictionary()
+
+
+def probe_sgd_step(lr: float = 0.1) -> None:
+    """One local SGD step on the probe batch (EmbracingFL Algorithm 2's local step, on a one-layer
+    model): forward, softmax cross-entropy's gradient, the update of the weights."""
+    if not _PROBE:
+        batch, inputs, classes = PROBE_SHAPE
+        rng = np.random.default_rng(0)
+        _PROBE["x"] = rng.standard_normal((batch, inputs)).astype(np.float32)
+        _PROBE["y"] = np.arange(batch) % classes
+        _PROBE["w"] = np.zeros((inputs, classes), np.float32)
+    x, y, w = _PROBE["x"], _PROBE["y"], _PROBE["w"]
+    logits = x @ w
+    p_ = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p_ /= p_.sum(axis=1, keepdims=True)
+    p_[np.arange(len(y)), y] -= 1.0
+    w -= (lr / len(y)) * (x.T @ p_)
+
+
+def measure_probe(backend: type[TrainingBackend]) -> float:
+    """The seconds one probe step takes with ``backend`` (the hello's ``probe_step_s``), after one
+    untimed step of the probe itself (numpy's first call allocates); held within
+    ``(0, PROBE_STEP_MAX_S]`` so the hello carries a valid claim. Measured once per backend class and
+    process (the devices of one emulator worker share it): a reconnecting device repeats its figure."""
+    cached = _MEASURED.get(backend)
+    if cached is not None:
+        return cached
+    probe_sgd_step()
+    start = time.perf_counter()
+    backend.probe_step()
+    elapsed = time.perf_counter() - start
+    seconds = min(p.PROBE_STEP_MAX_S, max(elapsed, 1e-6)) if math.isfinite(elapsed) else p.PROBE_STEP_MAX_S
+    _MEASURED[backend] = seconds
+    return seconds

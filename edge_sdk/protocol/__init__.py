@@ -16,6 +16,7 @@ from .messages import (
     TRAIN_GRAPH_KEY,
     PHASES,
     TENSOR_PHASES,
+    PROBE_STEP_MAX_S,
     PROTOCOL_VERSION,
     Ack,
     Bye,
@@ -46,6 +47,7 @@ from .tensors import DTYPES, TENSOR_EXT, RowSparse, decode_tensors, encode_tenso
 from .transfer import DEFAULT_FRAME_SIZE, IncomingTransfer, frames, sha256_hex
 
 __all__ = [
+    "PROBE_STEP_MAX_S",
     "PROTOCOL_VERSION",
     "ErrorCode",
     "ProtocolError",

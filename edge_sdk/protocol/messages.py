@@ -26,6 +26,7 @@ from .errors import ErrorCode, ProtocolError
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "PROBE_STEP_MAX_S",
     "Scalar",
     "Message",
     "Hello",
@@ -98,6 +99,11 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+#: The longest probe step a hello may claim (seconds): the probe takes microseconds to milliseconds on
+#: a device that can train at all, so more is not a measurement.
+PROBE_STEP_MAX_S = 60.0
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ProtocolError(ErrorCode.MALFORMED, message)
@@ -151,14 +157,21 @@ class Hello(Message):
     #: Optional: the label count of the local data (largest label + 1); -1: not declared (or a
     #: regression target). Refused when the model has fewer classes.
     num_classes: int = -1
+    #: Optional: the seconds one local training step of the SDK's probe (a fixed tiny dense layer on a
+    #: probe batch, :data:`PROBE_STEP_MAX_S` at most) took on this device with its training backend;
+    #: 0: not measured. The server seeds the device's pace with it before its first round is timed
+    #: (orchestrator/server/pace.py).
+    probe_step_s: float = 0.0
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"input_shape", "num_classes"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"input_shape", "num_classes", "probe_step_s"})
 
     def check(self) -> None:
         _require(self.device_id != "", "hello.device_id is empty")
         _require(len(self.input_shape) <= 8 and all(d >= 1 for d in self.input_shape),
                  "hello.input_shape has more than 8 axes or an axis below 1")
         _require(self.num_classes >= -1, "hello.num_classes is below -1")
+        _require(0.0 <= self.probe_step_s <= PROBE_STEP_MAX_S,
+                 f"hello.probe_step_s is outside [0, {PROBE_STEP_MAX_S:g}] seconds")
         for column, values in self.rows.items():
             _require(all(b > a for a, b in zip(values, values[1:])), f"hello.rows[{column!r}] is not strictly increasing")
             _require(not values or values[0] >= 0, f"hello.rows[{column!r}] holds a negative row")

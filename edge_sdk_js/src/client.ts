@@ -10,6 +10,7 @@
 import { DEFAULT_REGISTRY } from "./algorithms/index.js";
 import type { TrainingBackend } from "./backends/backend.js";
 import { DEFAULT_BACKEND, makeBackend } from "./backends/index.js";
+import { measureProbe } from "./backends/probe.js";
 import { authorizationHeader, makeProof, withTicket } from "./credentials.js";
 import { backoffDelay } from "./backoff.js";
 import { gather, type DataSource, type DeviceData } from "./data.js";
@@ -99,6 +100,8 @@ export class DeviceClient {
   welcome: Welcome | null = null;
   readonly registry: DeviceRegistry;
   readonly backend: TrainingBackend;
+  /** The hello's probe step, measured before the first hello (its pace's seed on the server). */
+  private probeStepS: number | undefined;
   private data: DeviceData | null = null;
   private progress: RoundProgress | null = null;
   private readonly limits: Limits;
@@ -234,11 +237,13 @@ export class DeviceClient {
   /** One connection's life; true when the server said goodbye. */
   private async session(ch: Channel): Promise<boolean> {
     const o = this.options;
+    this.probeStepS ??= await measureProbe(this.backend);
     await ch.send({
       t: "hello", device_id: o.deviceId, token: o.secret ? makeProof(o.deviceId, o.secret) : (o.token ?? ""),
       budget_bytes: o.budgetBytes, cores: o.cores ?? 1, runtimes: [...this.backend.runtimes], num_samples: this.data!.x.shape[0]!,
       device_class: o.deviceClass ?? "", labels: { ...(o.labels ?? {}) }, resume_round: this.progress?.round ?? -1,
       rows: {}, ext: { ...(o.helloExt ?? {}) }, input_shape: this.data!.x.shape.slice(1), num_classes: o.numClasses ?? -1,
+      probe_step_s: this.probeStepS,
     });
     try {
       const welcome = await nextReply(ch);

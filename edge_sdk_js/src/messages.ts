@@ -9,6 +9,8 @@ import { Decoder, Encoder } from "@msgpack/msgpack";
 import { ErrorCode, ProtocolError } from "./errors.js";
 
 export const PROTOCOL_VERSION = 4;
+/** The longest probe step a hello may claim, seconds (`Hello.probe_step_s`). */
+export const PROBE_STEP_MAX_S = 60;
 export const PHASES = ["train", "evaluate", "compare"] as const;
 /** The phases whose report carries tensors (an `update` transfer); the others report metrics only. */
 export const TENSOR_PHASES: ReadonlySet<string> = new Set(["train"]);
@@ -56,6 +58,8 @@ export interface Hello {
   input_shape?: number[];
   /** Optional (left out while -1): the data's label count. */
   num_classes?: number;
+  /** Optional (left out while 0): the seconds one step of the SDK's probe took (src/backends/probe.ts). */
+  probe_step_s?: number;
 }
 export interface Welcome {
   t: "welcome"; device_id: string; role: string; split: number; num_blocks: number; chunks: Pair[];
@@ -256,7 +260,7 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
 /** Optional fields (docs/protocol.md, "Optional fields"): left out of a message while they hold their
  * default, taken as the default when absent, so a peer that predates them exchanges it as before. */
 const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
-  hello: [["input_shape", "list_int", []], ["num_classes", "int", -1]],
+  hello: [["input_shape", "list_int", []], ["num_classes", "int", -1], ["probe_step_s", "float", 0]],
   instruction: [["digests", "dict_str", {}]],
   fetch: [["held", "str", ""]],
   report: [["model_version", "int", -1]],
@@ -422,6 +426,8 @@ function checkValues(msg: Message): void {
       require((msg.input_shape ?? []).length <= 8 && (msg.input_shape ?? []).every((d) => d >= 1),
         "hello.input_shape has more than 8 axes or an axis below 1");
       require((msg.num_classes ?? -1) >= -1, "hello.num_classes is below -1");
+      require((msg.probe_step_s ?? 0) >= 0 && (msg.probe_step_s ?? 0) <= PROBE_STEP_MAX_S,
+        `hello.probe_step_s is outside [0, ${PROBE_STEP_MAX_S}] seconds`);
       break;
     case "welcome":
       require(msg.num_blocks >= 0 && msg.split >= 0 && msg.split <= msg.num_blocks, "welcome.split is outside [0, num_blocks]");

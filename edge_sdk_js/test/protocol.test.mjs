@@ -2,10 +2,12 @@
 // answered with an error frame and a 1008 close, and the device stops (it does not retry);
 // messages, tensors and transfers refuse what docs/protocol.md says they refuse.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
-import { DeviceClient, IncomingTransfer, ProtocolError, decode, decodeTensors, encode, encodeTensors, frames, loadRuntime,
-  tensor } from "../dist/index.js";
+import { python, pythonEnv } from "./cases.mjs";
+import { DeviceClient, IncomingTransfer, PROBE_STEP_MAX_S, ProtocolError, decode, decodeTensors, encode, encodeTensors, frames,
+  loadRuntime, measureProbe, tensor } from "../dist/index.js";
 
 function serverSaying(reply) {
   return new Promise((resolve) => {
@@ -33,6 +35,7 @@ test("a malformed frame from the server gets an error frame and a 1008 close", a
   peer.close();
   assert.equal(peer.seen[0].t, "hello");
   assert.deepEqual(peer.seen[0].runtimes, ["onnxruntime-node"]);
+  assert.ok(peer.seen[0].probe_step_s > 0 && peer.seen[0].probe_step_s < 1, `${peer.seen[0].probe_step_s}`); // its pace's seed
   assert.equal(peer.seen[1].t, "error");
   assert.equal(peer.seen[1].code, "malformed");
   assert.deepEqual(peer.seen[2], { closed: 1008 });
@@ -52,6 +55,28 @@ test("messages: every field present, none extra, types checked", () => {
   assert.deepEqual(decode(encode({ ...report, model_version: 2 })), { ...report, model_version: 2 });
   assert.deepEqual(decode(encode(report)), { ...report, model_version: -1 });
   assert.equal(codeOf(() => encode({ ...report, model_version: -2 })), "malformed");
+});
+
+test("hello: the probe step is optional, checked, and measured with the backend's own step", async () => {
+  const hello = { t: "hello", device_id: "d", token: "", budget_bytes: 1, cores: 1, runtimes: ["onnxruntime"], num_samples: 1,
+    device_class: "", labels: {}, resume_round: -1, rows: {}, ext: {} };
+  assert.deepEqual(decode(encode(hello)), { ...hello, input_shape: [], num_classes: -1, probe_step_s: 0 }); // an old device: none
+  assert.deepEqual(decode(encode({ ...hello, probe_step_s: 0.25 })).probe_step_s, 0.25);
+  const codeOf = (fn) => { try { fn(); } catch (e) { return e.code; } return "ok"; };
+  assert.equal(codeOf(() => encode({ ...hello, probe_step_s: PROBE_STEP_MAX_S + 1 })), "malformed");
+  assert.equal(codeOf(() => encode({ ...hello, probe_step_s: -0.5 })), "malformed");
+  assert.equal(codeOf(() => encode({ ...hello, probe_step_s: Infinity })), "non_finite");
+  // The Python SDK (the server's side) reads both hellos: the probe, and none from an old device.
+  const hexes = [encode({ ...hello, probe_step_s: 0.25 }), encode(hello)].map((b) => Buffer.from(b).toString("hex"));
+  const script = "import sys\nfrom edge_sdk import protocol as p\nprint(*(p.decode(bytes.fromhex(h)).probe_step_s for h in sys.argv[1:]))";
+  assert.equal(execFileSync(python(), ["-c", script, ...hexes], { env: pythonEnv(), encoding: "utf8" }).trim(), "0.25 0.0");
+  const plain = await measureProbe({ name: "plain", runtimes: [], needsGraph: false, check() {}, async prepare() { throw new Error(); } });
+  assert.ok(plain > 0 && plain < 1, `${plain}`);
+  let stepped = 0;
+  const slow = await measureProbe({ name: "slow", runtimes: [], needsGraph: false, check() {}, async prepare() { throw new Error(); },
+    async probeStep() { stepped += 1; await new Promise((r) => setTimeout(r, 200)); } });
+  assert.equal(stepped, 1);
+  assert.ok(slow >= 0.19, `${slow}`);
 });
 
 test("tensors: round trip, and NaN, bad shapes and unknown dtypes refused", () => {

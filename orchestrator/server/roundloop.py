@@ -141,7 +141,7 @@ class RoundLoop(RoundHooks):
         self.ctx: RoundContext | None = None
         self.changed = asyncio.Event()
         #: The instructions out this round: sent, and read by report intake through ``Work``.
-        self.pace = Paces(config)  # each device's measured speed, and the steps that fit a round
+        self.pace = Paces.kept(config, store, sessions)  # each device's speed (journaled), the steps that fit a round
         self.instructions = Dispatch(strategy, sessions, payloads, intake, send=send,
                                      current=lambda: (self.round, self.ctx), prepared=self.prepared,
                                      changed=self.changed.set, sent=self.pace.sent)

@@ -20,6 +20,8 @@ transactions and the schema) and one repository per concern, each an attribute::
     store.closures     connections ended for cause                        closures.py
     store.norms        per-block update norms (the norm bound's history)  norms.py
     store.privacy      the privacy ledger after each release              privacy.py
+    store.buffer       updates folded into a buffered run's open buffer   buffer.py
+    store.paces        each device's measured pace (straggler pacing)     paces.py
 
 Callers go through a repository (``store.rounds.complete(...)``, ``store.reports.all(round)``); SQL
 lives in this package only (tests/test_sql_in_store_only.py). A feature that keeps something new adds
@@ -42,6 +44,7 @@ from orchestrator.store.devices import Devices
 from orchestrator.store.meta import Meta
 from orchestrator.store.buffer import Buffer
 from orchestrator.store.norms import Norms
+from orchestrator.store.paces import Paces
 from orchestrator.store.privacy import Privacy
 from orchestrator.store.reports import Reports, Transfers
 from orchestrator.store.rounds import Rounds
@@ -102,6 +105,7 @@ class Store:
         self.reports, self.transfers = Reports(db), Transfers(db)
         self.credentials, self.proofs, self.closures = Credentials(db), Proofs(db), Closures(db)
         self.norms, self.privacy, self.buffer = Norms(db), Privacy(db), Buffer(db)
+        self.paces = Paces(db)
 
     def close(self) -> None:
         self.db.close()

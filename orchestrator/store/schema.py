@@ -12,6 +12,7 @@ rounds. A new repository that needs a table or a column adds a migration here, n
   secure rounds are signed with, edge_sdk.secagg.binding), which that version kept in a JSON file
   beside the store (``secagg_roster.json``): the file's keys move into the journal and the file is removed.
 * version 3: the updates folded into a buffered run's open buffer (``buffer``, orchestrator/store/buffer.py).
+* version 4: each device's measured pace (``paces``, orchestrator/store/paces.py).
 """
 
 from __future__ import annotations
@@ -156,6 +157,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         weight REAL NOT NULL,
         info TEXT NOT NULL,
         PRIMARY KEY (round, device_id, phase)
+    )"""),
+    Migration(4, """CREATE TABLE IF NOT EXISTS paces (
+        device_id TEXT PRIMARY KEY,
+        overhead_s REAL NOT NULL,
+        step_s REAL NOT NULL,
+        updated REAL NOT NULL
     )"""),
 )
 VERSION = MIGRATIONS[-1].version

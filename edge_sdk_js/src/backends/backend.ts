@@ -42,4 +42,7 @@ export interface TrainingBackend {
   check(ins: Instruction): void;
   /** The instruction's tail with its received state. */
   prepare(request: TailRequest): Promise<PreparedTail>;
+  /** One local step of the hello's probe (src/backends/probe.ts), where a backend's steps cost more
+   * than plain JavaScript's; without it the probe runs `probeSgdStep`. */
+  probeStep?(): Promise<void>;
 }

@@ -10,6 +10,7 @@ import { WebGpuBackend } from "./webgpu.js";
 
 export type { PreparedTail, TailRequest, TrainingBackend } from "./backend.js";
 export { GraphBackend } from "./onnxruntime.js";
+export { PROBE_SHAPE, measureProbe, probeSgdStep } from "./probe.js";
 export { WebGpuBackend, WebGpuFailure, cpuOnlyNodes, type WebGpuAdapter, type WebGpuProbe } from "./webgpu.js";
 
 /** Builds a backend on the device's runtime (the ONNX Runtime it runs frozen chunks in) with `threads`. */
