@@ -1,6 +1,6 @@
 // JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
 // a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
-// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
+// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp (three on its GPU)
 // against a real orchestrator, every round's report accepted, in the role their budget buys, and
 // their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget; so
 // does a tab training on its GPU (WebGPU), at a weak and a moderate budget, its GPU process reported.
@@ -12,13 +12,16 @@ import { CHROMIUM } from "./browser.mjs";
 import { cappedDevice, tabDevice } from "./budgets.mjs";
 
 const ROUNDS = 5;
+/** A tab on its GPU trains three: SwiftShader's rounds take a minute each, and a peak that grew round
+ * over round shows by the third as it does by the fifth (the CPU tabs and Node devices train five). */
+const GPU_ROUNDS = 3;
 const MiB = 2 ** 20;
 
-function assertKept(r, role) {
+function assertKept(r, role, rounds = ROUNDS) {
   const where = `(logs in ${r.logs})`;
   assert.equal(r.role, role, `planned ${r.role}, expected ${role} ${where}`);
-  assert.equal(r.finished, ROUNDS, `${r.finished} of ${ROUNDS} rounds finished ${where}`);
-  assert.equal(r.accepted, ROUNDS, `${r.accepted} of ${ROUNDS} reports accepted ${where}`);
+  assert.equal(r.finished, rounds, `${r.finished} of ${rounds} rounds finished ${where}`);
+  assert.equal(r.accepted, rounds, `${r.accepted} of ${rounds} reports accepted ${where}`);
   assert.ok(r.peak > 50 * MiB, `a peak of ${r.peak} bytes is no reading ${where}`);
   assert.ok(r.peak <= r.budget, `peak ${(r.peak / MiB).toFixed(1)} MiB over the budget of ${r.budget / MiB} MiB ${where}`);
 }
@@ -72,13 +75,13 @@ for (const [budget, role] of [[400, "weak"], [580, "moderate"]]) {
  * stays under the budget; the GPU process, which a page can neither see nor bound, is reported beside it.
  */
 for (const [budget, role] of [[530, "weak"], [710, "moderate"]]) {
-  test(`a ${role} Chromium tab on its GPU at ${budget} MiB trains ${ROUNDS} rounds under its budget`, { timeout: 900_000 }, async (t) => {
+  test(`a ${role} Chromium tab on its GPU at ${budget} MiB trains ${GPU_ROUNDS} rounds under its budget`, { timeout: 900_000 }, async (t) => {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
-    const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true, webgpu: true });
+    const r = await tabDevice("digits_mlp", budget, GPU_ROUNDS, { trace: true, webgpu: true });
     console.log(`# ${role} tab on the GPU at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB, `
       + `GPU process peak ${(r.gpuPeak / MiB).toFixed(1)} MiB`);
     assert.equal(r.runtime, "onnxruntime-webgpu", "planned on the GPU's runtime");
     assert.ok(r.gpuPeak > 0, "the GPU process is read");
-    assertKept(r, role);
+    assertKept(r, role, GPU_ROUNDS);
   });
 }
