@@ -74,8 +74,11 @@ function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; 
  * edge_sdk/codecs/delta.py): the skeleton's pieces with each region's float32 values written back,
  * `base + decode(weights)` in float32 (`Math.fround` of the double sum is the float32 sum), or just
  * `decode(weights)` without a base. The caller checks the result against the server's sha256.
+ * `inPlace`: the base is the caller's own copy, and the result is written over it (each byte is read
+ * before it is written), so a chunk is held once, not twice, while it is rebuilt; a base left half
+ * written by a malformed delta is the caller's to drop.
  */
-export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, limits: Limits): Uint8Array {
+export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, limits: Limits, inPlace = false): Uint8Array {
   try {
     const { skel, regions, step } = deltaEntries(payload, limits);
     let count = 0;
@@ -83,8 +86,8 @@ export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, li
     if (count !== step.length) throw new CodecError(`a delta's weights hold ${step.length} values, its regions ${count}`);
     const size = skel.length + 4 * count;
     if (base !== undefined && base.length !== size) throw new CodecError(`a delta of a ${size}-byte payload applied to a ${base.length}-byte base`);
-    const out = new Uint8Array(size);
-    const view = new DataView(out.buffer), held = base && new DataView(base.buffer, base.byteOffset, base.byteLength);
+    const out = inPlace && base !== undefined ? base : new Uint8Array(size);
+    const view = new DataView(out.buffer, out.byteOffset, out.byteLength), held = base && new DataView(base.buffer, base.byteOffset, base.byteLength);
     let at = 0, used = 0, k = 0;
     for (let i = 0; i < regions.length; i += 2) {
       const offset = Number(regions[i]), n = Number(regions[i + 1]);
