@@ -6,7 +6,7 @@
  * codec in `config.update_codec`, and `config.update_feedback` asks for error feedback (Karimireddy
  * et al. 2019, Algorithm 2) where the codec is biased.
  */
-import { CodecError, ErrorFeedback, codec, decode, decodeBytes } from "./codecs/index.js";
+import { CodecError, ErrorFeedback, codec, decode, decodeBytes, float32Values } from "./codecs/index.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import type { Limits, Scalar } from "./messages.js";
 import { decodeTensors, encodeTensors, type Tensor, type TensorValue } from "./tensors.js";
@@ -56,7 +56,7 @@ export function decodePayload(data: Uint8Array, meta: Record<string, Scalar>, ki
   }
 }
 
-function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; regions: BigInt64Array; step: Float32Array } {
+function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; regions: BigInt64Array; step: { length: number; at: (i: number) => number } } {
   const entries = decodeTensors(payload, limits);
   const keys = Object.keys(entries).sort().join(",");
   if (keys !== "regions,skeleton,weights") throw new CodecError(`a delta payload holds skeleton, regions and weights, got ${keys.slice(0, 64)}`);
@@ -64,9 +64,10 @@ function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; 
   if (!isRecord(skelRecord) || !isRecord(weightsRecord) || "rowSparse" in regionsT || regionsT.dtype !== "int64"
       || regionsT.shape.length !== 2 || regionsT.shape[1] !== 2) throw new CodecError("a delta payload's entries have the wrong types");
   const skel = decode(skelRecord.data as Uint8Array, limits.maxTransferBytes);
-  const step = decode(weightsRecord.data as Uint8Array, limits.maxTransferBytes);
-  if (skel.dtype !== "uint8" || skel.shape.length !== 1 || step.dtype !== "float32") throw new CodecError("a delta payload's records have the wrong types");
-  return { skel: skel.data as Uint8Array, regions: regionsT.data as BigInt64Array, step: step.data as Float32Array };
+  if (skel.dtype !== "uint8" || skel.shape.length !== 1) throw new CodecError("a delta payload's records have the wrong types");
+  // The weights' values are read from their grid record as they are added, not decoded into a chunk-sized array.
+  const step = float32Values(weightsRecord.data as Uint8Array, limits.maxTransferBytes);
+  return { skel: skel.data as Uint8Array, regions: regionsT.data as BigInt64Array, step };
 }
 
 /**
@@ -96,7 +97,8 @@ export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, li
       used += offset - at;
       for (let j = 0; j < n; j++, k++) {
         const o = offset + 4 * j;
-        view.setFloat32(o, held ? Math.fround(held.getFloat32(o, true) + step[k]!) : step[k]!, true);
+        const d = step.at(k);
+        view.setFloat32(o, held ? Math.fround(held.getFloat32(o, true) + d) : d, true);
       }
       at = offset + 4 * n;
     }
