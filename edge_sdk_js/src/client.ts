@@ -174,6 +174,8 @@ export class DeviceClient {
         continue; // left between instructions (stop or pause)
       } catch (exc) {
         if (this.leaving !== null && exc instanceof ConnectionLost) { ch?.close(); continue; } // cut by stop/pause({ now })
+        // The server said goodbye while the device was busy, then closed: training is over, not a drop to retry.
+        if (exc instanceof ConnectionLost && ch?.farewell != null) { ch.close(); return this.reports; }
         if (exc instanceof ProtocolError && !exc.remote) {
           ch?.sendError(exc); // a bad frame from the server, or an instruction this device cannot carry out: say so and close
           this.emit("error", { device: o.deviceId, code: exc.code, message: exc.message });

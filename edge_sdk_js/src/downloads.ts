@@ -12,7 +12,7 @@
 import { ErrorCode, ProtocolError, RoundAborted } from "./errors.js";
 import type { Instruction, Limits, TransferBegin } from "./messages.js";
 import type { PayloadStore } from "./payload-store.js";
-import { nextReply } from "./replies.js";
+import { nextReply, ServerBye } from "./replies.js";
 import { IncomingTransfer } from "./transfer.js";
 import type { Channel } from "./transport.js";
 import { sha256Hex } from "./transfer.js";
@@ -78,6 +78,7 @@ export async function fetchPayload(ch: Channel, round: number, payloadId: string
     if (msg.t === "transfer_frame") incoming.feed(msg);
     else if (msg.t === "transfer_end") incoming.finish(msg);
     else if (msg.t === "error") throw new ProtocolError(msg.code, msg.message, true);
+    else if (msg.t === "bye") throw new ServerBye(msg.reason); // the run ended mid-download: not a malformed transfer
     else throw new ProtocolError(ErrorCode.UNEXPECTED, `${msg.t} during transfer ${incoming.begin.transfer_id.slice(0, 64)}`);
   }
   const data = incoming.result();
@@ -93,7 +94,8 @@ async function rebuilt(data: Uint8Array, begin: TransferBegin, round: number, op
   const baseDigest = String(begin.meta[DELTA_BASE_META] ?? ""), digest = String(begin.meta[RECON_META] ?? "");
   const base = baseDigest && opts.store ? await opts.store.get(baseDigest) : undefined;
   if (baseDigest && base === undefined) throw new ProtocolError(ErrorCode.MALFORMED, `a delta on ${baseDigest.slice(0, 16)}, which this device does not hold`);
-  const out = applyDelta(data, base, opts.limits);
+  // A base read afresh from the store is this download's own: rebuilt in place, one chunk held, not two.
+  const out = applyDelta(data, base, opts.limits, opts.store?.fresh === true);
   if (sha256Hex(out) !== digest) throw new ProtocolError(ErrorCode.MALFORMED, `a ${begin.kind} delta rebuilds other bytes than the server's`);
   opts.onDelta?.({ round, kind: begin.kind, bytes: begin.total_size, rebuilt: out.length, base: baseDigest !== "" });
   if (opts.store) {

@@ -51,6 +51,7 @@ export function folderPayloadStore(folder: string, maxBytes: number): PayloadSto
   const drop = async (digest: string) => { sizes.delete(digest); await rm(join(folder, digest), { force: true }); };
   const slots = readSlots(folder);
   return {
+    fresh: true,
     slot: async (name) => { const d = slots.get(name) ?? ""; return sizes.has(d) ? d : ""; },
     setSlot: async (name, digest) => {
       if (!sizes.has(digest) || !enterSlot(slots, name, digest)) return;
@@ -62,7 +63,9 @@ export function folderPayloadStore(folder: string, maxBytes: number): PayloadSto
       if (!sizes.has(digest)) return undefined;
       let data: Uint8Array;
       try {
-        data = new Uint8Array(await readFile(join(folder, digest)));
+        // The file's own buffer, not a copy of it: a copy held a 17 MB chunk twice until V8 collected one.
+        const read = await readFile(join(folder, digest));
+        data = new Uint8Array(read.buffer, read.byteOffset, read.byteLength);
       } catch {
         await drop(digest);
         return undefined;

@@ -52,6 +52,7 @@ export async function indexedDbPayloadStore(name: string, maxBytes: number): Pro
   }
 
   return {
+    fresh: true,
     async get(digest) {
       const held = await db.get("payloads", digest);
       if (held === undefined) return undefined;

@@ -18,6 +18,10 @@ import { bytesToHex } from "@noble/hashes/utils.js";
 export interface PayloadStore {
   /** The held bytes of `digest`, checked against it; undefined if not held (or damaged). */
   get(digest: string): Promise<Uint8Array | undefined>;
+  /** Whether `get` reads the bytes afresh each time (a file, IndexedDB), so that the caller owns what it
+   * returns and may write over it: a delta download is then rebuilt in its base's bytes, one payload
+   * held instead of two (src/downloads.ts). A store that hands out the bytes it keeps says false. */
+  readonly fresh?: boolean;
   /** Keep `data`, whose sha256 the caller verified is `digest`. */
   put(digest: string, data: Uint8Array): Promise<void>;
   /** The digest of the payload held for delta-download slot `name` ("" if none, or no longer held). */

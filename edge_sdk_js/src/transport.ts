@@ -51,6 +51,9 @@ export class Channel {
   private readonly queue: (Message | ProtocolError)[] = [];
   private waiter: (() => void) | null = null;
   private closed: string | null = null;
+  /** The reason of a `bye` the server sent, once one came: training is over, even where the device was
+   * busy (training, forwarding) until after the server closed, and its next send meets a closed socket. */
+  private byeReason: string | null = null;
 
   private constructor(private readonly ws: WebSocketLike, private readonly limits: Limits) {
     ws.addEventListener("message", (event: { data: unknown }) => this.onMessage(event.data));
@@ -91,8 +94,14 @@ export class Channel {
     } catch (exc) {
       item = exc instanceof ProtocolError ? exc : new ProtocolError(ErrorCode.MALFORMED, String(exc));
     }
+    if (!(item instanceof ProtocolError) && item.t === "bye") this.byeReason = item.reason;
     this.queue.push(item);
     this.wake();
+  }
+
+  /** The reason of the server's goodbye, if one came on this connection (read or not); else null. */
+  get farewell(): string | null {
+    return this.byeReason;
   }
 
   /** The next message, checked by the session; throws `ProtocolError` for bad input, `ConnectionLost` at the end. */

@@ -6,7 +6,7 @@
  * codec in `config.update_codec`, and `config.update_feedback` asks for error feedback (Karimireddy
  * et al. 2019, Algorithm 2) where the codec is biased.
  */
-import { CodecError, ErrorFeedback, codec, decode, decodeBytes } from "./codecs/index.js";
+import { CodecError, ErrorFeedback, codec, decode, decodeBytes, float32Values } from "./codecs/index.js";
 import { ErrorCode, ProtocolError } from "./errors.js";
 import type { Limits, Scalar } from "./messages.js";
 import { decodeTensors, encodeTensors, type Tensor, type TensorValue } from "./tensors.js";
@@ -56,7 +56,7 @@ export function decodePayload(data: Uint8Array, meta: Record<string, Scalar>, ki
   }
 }
 
-function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; regions: BigInt64Array; step: Float32Array } {
+function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; regions: BigInt64Array; step: { length: number; at: (i: number) => number } } {
   const entries = decodeTensors(payload, limits);
   const keys = Object.keys(entries).sort().join(",");
   if (keys !== "regions,skeleton,weights") throw new CodecError(`a delta payload holds skeleton, regions and weights, got ${keys.slice(0, 64)}`);
@@ -64,9 +64,10 @@ function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; 
   if (!isRecord(skelRecord) || !isRecord(weightsRecord) || "rowSparse" in regionsT || regionsT.dtype !== "int64"
       || regionsT.shape.length !== 2 || regionsT.shape[1] !== 2) throw new CodecError("a delta payload's entries have the wrong types");
   const skel = decode(skelRecord.data as Uint8Array, limits.maxTransferBytes);
-  const step = decode(weightsRecord.data as Uint8Array, limits.maxTransferBytes);
-  if (skel.dtype !== "uint8" || skel.shape.length !== 1 || step.dtype !== "float32") throw new CodecError("a delta payload's records have the wrong types");
-  return { skel: skel.data as Uint8Array, regions: regionsT.data as BigInt64Array, step: step.data as Float32Array };
+  if (skel.dtype !== "uint8" || skel.shape.length !== 1) throw new CodecError("a delta payload's records have the wrong types");
+  // The weights' values are read from their grid record as they are added, not decoded into a chunk-sized array.
+  const step = float32Values(weightsRecord.data as Uint8Array, limits.maxTransferBytes);
+  return { skel: skel.data as Uint8Array, regions: regionsT.data as BigInt64Array, step };
 }
 
 /**
@@ -74,8 +75,11 @@ function deltaEntries(payload: Uint8Array, limits: Limits): { skel: Uint8Array; 
  * edge_sdk/codecs/delta.py): the skeleton's pieces with each region's float32 values written back,
  * `base + decode(weights)` in float32 (`Math.fround` of the double sum is the float32 sum), or just
  * `decode(weights)` without a base. The caller checks the result against the server's sha256.
+ * `inPlace`: the base is the caller's own copy, and the result is written over it (each byte is read
+ * before it is written), so a chunk is held once, not twice, while it is rebuilt; a base left half
+ * written by a malformed delta is the caller's to drop.
  */
-export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, limits: Limits): Uint8Array {
+export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, limits: Limits, inPlace = false): Uint8Array {
   try {
     const { skel, regions, step } = deltaEntries(payload, limits);
     let count = 0;
@@ -83,8 +87,8 @@ export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, li
     if (count !== step.length) throw new CodecError(`a delta's weights hold ${step.length} values, its regions ${count}`);
     const size = skel.length + 4 * count;
     if (base !== undefined && base.length !== size) throw new CodecError(`a delta of a ${size}-byte payload applied to a ${base.length}-byte base`);
-    const out = new Uint8Array(size);
-    const view = new DataView(out.buffer), held = base && new DataView(base.buffer, base.byteOffset, base.byteLength);
+    const out = inPlace && base !== undefined ? base : new Uint8Array(size);
+    const view = new DataView(out.buffer, out.byteOffset, out.byteLength), held = base && new DataView(base.buffer, base.byteOffset, base.byteLength);
     let at = 0, used = 0, k = 0;
     for (let i = 0; i < regions.length; i += 2) {
       const offset = Number(regions[i]), n = Number(regions[i + 1]);
@@ -93,7 +97,8 @@ export function applyDelta(payload: Uint8Array, base: Uint8Array | undefined, li
       used += offset - at;
       for (let j = 0; j < n; j++, k++) {
         const o = offset + 4 * j;
-        view.setFloat32(o, held ? Math.fround(held.getFloat32(o, true) + step[k]!) : step[k]!, true);
+        const d = step.at(k);
+        view.setFloat32(o, held ? Math.fround(held.getFloat32(o, true) + d) : d, true);
       }
       at = offset + 4 * n;
     }

@@ -30,3 +30,23 @@ test("a delta applied to a base of another size, or cut short, is a protocol err
   const delta = bytes(c.delta);
   assert.throws(() => applyDelta(delta.subarray(0, delta.length >> 1), base, DEFAULT_LIMITS), ProtocolError);
 });
+
+test("a delta rebuilt in place writes the same bytes over its base, a view inside a larger buffer", () => {
+  const cases = VECTORS.cases.filter((v) => v.base !== null);
+  assert.ok(cases.length >= 1);
+  for (const c of cases) {
+    const held = bytes(c.base);
+    const room = new Uint8Array(8 + held.length + 24);
+    room.set(held, 8);
+    const base = room.subarray(8, 8 + held.length);
+    const out = applyDelta(bytes(c.delta), base, DEFAULT_LIMITS, true);
+    assert.equal(out.buffer, room.buffer, "rebuilt in the base's own bytes, no second payload");
+    assert.equal(out.byteOffset, 8);
+    assert.equal(sha(out), c.rebuilt_sha256, `${c.payload} ${c.bits} bits in place`);
+    assert.deepEqual([...room.subarray(0, 8), ...room.subarray(8 + held.length)], new Array(32).fill(0), "nothing written outside the base");
+  }
+  // Not asked to: the base is left as it was (a store that hands out what it keeps).
+  const c = cases[0], base = bytes(c.base);
+  applyDelta(bytes(c.delta), base, DEFAULT_LIMITS);
+  assert.deepEqual(base, bytes(c.base));
+});

@@ -57,3 +57,16 @@ test("payload-cache auto is a folder of the device's own per server, as the Pyth
     if (saved === undefined) delete process.env.EDGETRAIN_PAYLOAD_CACHE; else process.env.EDGETRAIN_PAYLOAD_CACHE = saved;
   }
 });
+
+test("the folder store reads a payload afresh each time: what get returns is the caller's to write over", async (t) => {
+  const folder = mkdtempSync(join(tmpdir(), "edgetrain-fresh-"));
+  t.after(() => rmSync(folder, { recursive: true, force: true }));
+  const store = folderPayloadStore(folder, 700), chunk = bytes("c");
+  assert.equal(store.fresh, true);
+  await store.put(sha(chunk), chunk);
+  const first = await store.get(sha(chunk));
+  first.fill(0); // a delta download rebuilt in place over its base
+  assert.deepEqual(await store.get(sha(chunk)), chunk, "the held payload is untouched");
+  // The memory store hands out the bytes it keeps: a delta must not be rebuilt over them.
+  assert.notEqual(memoryPayloadStore(700).fresh, true);
+});

@@ -6,8 +6,8 @@ import { execFileSync } from "node:child_process";
 import { test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 import { python, pythonEnv } from "./cases.mjs";
-import { DeviceClient, IncomingTransfer, PROBE_STEP_MAX_S, ProtocolError, decode, decodeTensors, encode, encodeTensors, frames,
-  loadRuntime, measureProbe, tensor } from "../dist/index.js";
+import { BUILTIN_REGISTRY, DeviceClient, IncomingTransfer, PROBE_STEP_MAX_S, ProtocolError, decode, decodeTensors, encode,
+  encodeTensors, frames, loadRuntime, measureProbe, tensor } from "../dist/index.js";
 
 function serverSaying(reply) {
   return new Promise((resolve) => {
@@ -39,6 +39,51 @@ test("a malformed frame from the server gets an error frame and a 1008 close", a
   assert.equal(peer.seen[1].t, "error");
   assert.equal(peer.seen[1].code, "malformed");
   assert.deepEqual(peer.seen[2], { closed: 1008 });
+});
+
+/** A server that answers the hello with a welcome and one instruction of phase `busy`, then says goodbye
+ * and closes, as a run's end does while a device trains; `closed` resolves once the device saw the close. */
+function serverEndingMidRound() {
+  return new Promise((resolve) => {
+    const wss = new WebSocketServer({ host: "127.0.0.1", port: 0 });
+    let hellos = 0, sawClose;
+    const closed = new Promise((r) => { sawClose = r; });
+    wss.on("connection", (ws) => {
+      ws.once("message", () => {
+        hellos += 1;
+        ws.send(encode({ t: "welcome", device_id: "d", role: "weak", split: 1, num_blocks: 2, chunks: [], model: "m",
+          model_version: 0, batch_size: 1, local_steps: 1, config: {} }));
+        ws.send(encode({ t: "instruction", round: 1, phase: "busy", model_version: 0, split: 1, chunk_ids: [], model_id: "m",
+          selection: "tail", broadcast_id: "", local_steps: 1, lr: 0.1, deadline_s: 0, config: {} }));
+        ws.send(encode({ t: "bye", reason: "training finished" }));
+        ws.close(1000, "done");
+        ws.on("close", () => sawClose());
+      });
+    });
+    wss.on("listening", () => resolve({ url: `ws://127.0.0.1:${wss.address().port}`, closed, hellos: () => hellos,
+      close: () => wss.close() }));
+  });
+}
+
+test("a goodbye that comes while the device is busy ends its run: its next send meets a closed socket, not a drop to retry", async () => {
+  const peer = await serverEndingMidRound();
+  let release;
+  const busy = new Promise((r) => { release = r; });
+  const registry = BUILTIN_REGISTRY.extended({ phases: { busy: async () => { await busy; return { metrics: {} }; } } });
+  const x = tensor("float32", [2, 2], new Float32Array(4));
+  const y = tensor("int64", [2], new BigInt64Array(2));
+  const client = new DeviceClient({ server: peer.url, deviceId: "d", budgetBytes: 1 << 30, runtime: await loadRuntime("node"),
+    webSocket: (url) => new WebSocket(url), data: { x, y }, registry, reconnect: false });
+  const run = client.run();
+  await peer.closed;
+  await new Promise((r) => setTimeout(r, 50)); // the device's socket has its close too
+  release();
+  try {
+    assert.deepEqual(await run, [], "the run ends with the goodbye (without it: ConnectionLost, or reconnects forever)");
+    assert.equal(peer.hellos(), 1, "no second connection");
+  } finally {
+    peer.close();
+  }
 });
 
 test("messages: every field present, none extra, types checked", () => {

@@ -19,8 +19,11 @@ export function rint(t: number): number {
   return r - t === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
+/** The grid codecs' id in a record's header. */
+export const GRID_CODEC_ID = 5;
+
 export class BlockwiseCodec implements Codec {
-  readonly codecId = 5;
+  readonly codecId = GRID_CODEC_ID;
   readonly name: string;
   readonly lossless = false;
   readonly unbiased: boolean;
@@ -79,14 +82,7 @@ export class BlockwiseCodec implements Codec {
   }
 
   decodeBody(header: Header, record: Uint8Array): Tensor {
-    const p = take(record, header.offset, PARAMS, "grid parameters"), pv = view(p);
-    const bits = p[0]!, block = pv.getUint32(4, true);
-    if (![1, 2, 4, 8].includes(bits) || pv.getUint16(2, true) !== 0 || header.dtype !== "float32") throw new CodecError(`grid record with ${bits} bits of ${header.dtype}`);
-    const n = header.size, at = header.offset + PARAMS;
-    const blocks = block ? Math.ceil(n / block) : 1;
-    const sv = view(take(record, at, block ? 8 * blocks : 4, "scales"));
-    const body = record.subarray(at + (block ? 8 * blocks : 4));
-    if (body.length !== packedSize(n, bits)) throw new CodecError(`grid record holds ${body.length} code bytes, ${n} codes of ${bits} bits need ${packedSize(n, bits)}`);
+    const { bits, block, blocks, sv, body } = parseGrid(header, record), n = header.size;
     const q = unpack(body, n, bits), out = new Float32Array(n);
     if (!block) {
       const s = sv.getFloat32(0, true), top = 1 << (bits - 1);
@@ -100,6 +96,43 @@ export class BlockwiseCodec implements Codec {
     checkFinite(out, "grid record");
     return { dtype: "float32", shape: header.shape, data: out };
   }
+}
+
+/** A grid record's parameters, scales and codes, checked. */
+function parseGrid(header: Header, record: Uint8Array): { bits: number; block: number; blocks: number; sv: DataView; body: Uint8Array } {
+  const p = take(record, header.offset, PARAMS, "grid parameters"), pv = view(p);
+  const bits = p[0]!, block = pv.getUint32(4, true);
+  if (![1, 2, 4, 8].includes(bits) || pv.getUint16(2, true) !== 0 || header.dtype !== "float32") throw new CodecError(`grid record with ${bits} bits of ${header.dtype}`);
+  const n = header.size, at = header.offset + PARAMS;
+  const blocks = block ? Math.ceil(n / block) : 1;
+  const sv = view(take(record, at, block ? 8 * blocks : 4, "scales"));
+  const body = record.subarray(at + (block ? 8 * blocks : 4));
+  if (body.length !== packedSize(n, bits)) throw new CodecError(`grid record holds ${body.length} code bytes, ${n} codes of ${bits} bits need ${packedSize(n, bits)}`);
+  return { bits, block, blocks, sv, body };
+}
+
+/**
+ * The values of a per-block grid record (`decodeBody`'s, bit for bit: `fround(q * scale) + lo` in
+ * float32) read one at a time from its packed codes, never held as a float32 array: a delta download
+ * adds a chunk's 4.3 million of them to its base (src/wire-codecs.ts) without a 17 MB array beside it.
+ * Null for a record on one shared scale (`decode` reads those).
+ */
+export function gridReader(header: Header, record: Uint8Array): { length: number; at: (i: number) => number } | null {
+  const { bits, block, sv, body } = parseGrid(header, record);
+  if (!block) return null;
+  const mask = (1 << bits) - 1;
+  return {
+    length: header.size,
+    at(i: number): number {
+      const bit = i * bits, where = Math.floor(bit / 8), shift = bit % 8;
+      let q = body[where]! >>> shift;
+      if (shift + bits > 8) q |= body[where + 1]! << (8 - shift);
+      const b = Math.floor(i / block);
+      const v = f(f((q & mask) * sv.getFloat32(8 * b + 4, true)) + sv.getFloat32(8 * b, true));
+      if (!Number.isFinite(v)) throw new CodecError("grid record decodes to NaN or infinity");
+      return v;
+    },
+  };
 }
 
 /** The signed integer codes and shared scale of a shared-grid record: sum the codes (masked) in the ring, times the scale. */

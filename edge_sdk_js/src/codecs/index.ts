@@ -4,7 +4,7 @@
  */
 export type { Codec, EncodeOptions } from "./base.js";
 export { CodecError, MAX_BYTES } from "./record.js";
-export { CODECS, codec, decode, decodeBytes, encodeBytes, linearCodes, type CodecParams } from "./registry.js";
+export { CODECS, codec, decode, decodeBytes, encodeBytes, float32Values, linearCodes, type CodecParams } from "./registry.js";
 export { ErrorFeedback } from "./feedback.js";
 export { CENTROIDS, NMSE } from "./eden.js";
 export { seededBytes } from "./stream.js";

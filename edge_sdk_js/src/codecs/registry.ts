@@ -1,7 +1,7 @@
 /** The codecs by name and the one decoder (edge_sdk/codecs/registry.py). */
 import type { Tensor } from "../tensors.js";
 import type { Codec } from "./base.js";
-import { BlockwiseCodec, DEFAULT_BLOCK, linearCodes as gridCodes } from "./blockwise.js";
+import { BlockwiseCodec, DEFAULT_BLOCK, GRID_CODEC_ID, gridReader, linearCodes as gridCodes } from "./blockwise.js";
 import { DEFAULT_SEGMENT, EdenCodec } from "./eden.js";
 import { Float16Codec } from "./half.js";
 import { DEFAULT_LEVEL, NoneCodec, ShuffleCodec, ZlibCodec } from "./lossless.js";
@@ -50,6 +50,20 @@ export function decode(record: Uint8Array, maxBytes = MAX_BYTES): Tensor {
   const reader = BY_ID.get(header.codecId);
   if (reader === undefined) throw new CodecError(`unknown codec id ${header.codecId}`);
   return reader.decodeBody(header, record);
+}
+
+/**
+ * A float32 record's values by index: read from the record one at a time where its codec can
+ * (`gridReader`: a per-block grid), else decoded whole. The same values as `decode`'s.
+ */
+export function float32Values(record: Uint8Array, maxBytes = MAX_BYTES): { length: number; at: (i: number) => number } {
+  const header = parseHeader(record, maxBytes);
+  const streamed = header.codecId === GRID_CODEC_ID ? gridReader(header, record) : null;
+  if (streamed !== null) return streamed;
+  const t = decode(record, maxBytes);
+  if (t.dtype !== "float32") throw new CodecError(`a record of float32 values holds ${t.dtype}`);
+  const data = t.data as Float32Array;
+  return { length: data.length, at: (i) => data[i]! };
 }
 
 /** A byte payload (an ONNX chunk, a training graph, a tensor payload) through a lossless codec. */
