@@ -23,7 +23,7 @@ Lanes (``--lanes``, all by default, in this order):
   Every other edgetrain lane runs its server with ``norm_bound = 0`` and ``direction_trust = false`` (no
   reference update trained on the server's data each round), ``max_loss_rise = 0`` (no validation before commit) and ``loss_after =
   false`` (devices report the loss before training and the mean of their steps' losses, with no forward
-  pass after training) and float32 transfers (no payload, delta or update codec: ``EXACT_TRANSFERS``),
+  pass after training) and float32 transfers (no payload, delta or update codec: ``orchestrator.config.EXACT_TRANSFERS``),
   the settings a fleet's ``[training]`` may give, because Flower's strategies and the plain loop do none
   of that (Flower's client reports the mean loss of its steps and sends float32 arrays); these two lanes
   price the defaults.
@@ -223,13 +223,6 @@ def _round_recorder(rounds: dict[int, dict], marks: dict[str, float] | None = No
     return on_event
 
 
-#: Transfers as Flower and the plain loop make them, float32 and whole: the lanes that compare with them
-#: send no compressed payload, delta or update (on loopback compression is only CPU; the ``*-defaults``
-#: lanes price the server's lossy transfer defaults with the rest).
-EXACT_TRANSFERS = {"chunk_codec": "none", "tail_codec": "none", "graph_codec": "none", "download_delta": "none",
-                   "update_codec": "none"}
-
-
 def _server_config(s: dict, store: Path, lean: bool = False):
     """The orchestrator's settings for the workload (FedAvg, every device waited for).
 
@@ -238,8 +231,10 @@ def _server_config(s: dict, store: Path, lean: bool = False):
     training (they report the loss before it and the mean of their steps' losses; Flower's client
     reports the latter), unless ``s["server_defaults"]`` (the ``*-defaults`` lanes, which price those)."""
     import fl_common as fc
-    from orchestrator.config import ServerConfig
+    from orchestrator.config import EXACT_TRANSFERS, ServerConfig
 
+    # Transfers as Flower and the plain loop make them, float32 and whole (on loopback compression is
+    # only CPU; the ``*-defaults`` lanes price the server's lossy transfer defaults with the rest).
     checks = {} if s.get("server_defaults") else {"norm_bound": 0.0, "direction_trust": False, "max_loss_rise": 0.0,
                                                   "loss_after": False, **EXACT_TRANSFERS}
     return ServerConfig(**checks,

@@ -24,7 +24,7 @@ from edge_sdk.values import (ByteSize, Count, Fraction, NonNegative, NonNegative
 from orchestrator.aggregation.privacy import ACCOUNTANTS, ALLOCATIONS, MECHANISMS, SAMPLINGS
 from orchestrator.rounds import ROUND_DRIVERS
 
-__all__ = ["TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
+__all__ = ["EXACT_TRANSFERS", "TRAINING_SETTINGS", "ServerConfig", "SettingError", "setting", "setting_hints"]
 
 Round = Annotated[int, Range(1)]
 Port = Annotated[int, Range(0, 65535)]
@@ -382,6 +382,12 @@ class _AutoCodec(str):
 #: The update codec ``update_codec = "auto"`` gives where secure aggregation does not exclude one: EDEN at 2
 #: bits a coordinate (bench/round_bytes.py's `delta4+eden2`; bench/validated.toml [defaults]).
 AUTO_UPDATE_CODEC = "eden2"
+
+#: The transfer settings under which every payload, download and update arrives as it was sent (float32,
+#: no codec, no delta): what a comparison with a framework that sends float32 arrays, or a check of exact
+#: means, runs under. The defaults above are lossy (bench/validated.toml [defaults]).
+EXACT_TRANSFERS: dict[str, str] = {"chunk_codec": "none", "tail_codec": "none", "graph_codec": "none",
+                                   "download_delta": "none", "update_codec": "none"}
 
 
 @functools.cache

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.config import ServerConfig
+from orchestrator.config import EXACT_TRANSFERS, ServerConfig
 
 __all__ = ["EXACT_TRANSFERS", "server_config"]
-
-#: The transfer settings under which every payload and update arrives as it was sent (float32).
-EXACT_TRANSFERS: dict[str, object] = {"chunk_codec": "none", "tail_codec": "none", "graph_codec": "none",
-                                      "download_delta": "none", "update_codec": "none"}
 
 #: What the server tests share unless they say otherwise. Direction trust is off: most of these tests'
 #: devices send scripted constant deltas (tests/scripted.py), which no training direction agrees with, and
