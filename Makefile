@@ -23,12 +23,14 @@ demo: $(STAMP)
 # `make test` is the suite a change must pass, under 10 minutes on 2 cores. The long end-to-end
 # tests (whole fleets of device processes, attack runs, many rounds) carry @pytest.mark.slow and
 # run in `make test-slow`; CI (.ci/run) runs both tiers, `make test-all` does the same here.
+# --dist loadgroup: a module marked xdist_group (the attack fleets) runs on one worker, its shared
+# fleets once.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) test-js
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)
 	$(MAKE) test-js JS_TESTS=test:slow
 
 test-all: test test-slow

@@ -21,7 +21,8 @@ import pytest
 from orchestrator.store import Store
 from tests.attacks import ROUNDS_DEMO, FleetResult, run_demo_fleet
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # two fleets of several rounds per test
+# Two fleets of several rounds per test; one worker runs the module, so the honest fleet runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("attacks_trust")]
 
 INSIDERS = ("sign_flip", "constant", "boost100", "inflated", "lone")
 
