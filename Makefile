@@ -5,10 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# npm script of edge_sdk_js/ that test-js runs: `test` (quick), `test:slow` (fleets, resume, serve --web)
+# npm script of edge_sdk_js/ that test-js runs: `test` (quick), `test:slow` (fleets, resume, serve --web),
+# `test:heavy` (the WebGPU conformance on SwiftShader)
 JS_TESTS ?= test
 
-.PHONY: demo test test-slow test-all test-js install bench clean
+.PHONY: demo test test-slow test-heavy test-all test-js install bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,10 +31,18 @@ test: $(STAMP)
 	$(MAKE) test-js
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "slow and not heavy" $(PYTEST_ARGS)
 	$(MAKE) test-js JS_TESTS=test:slow
 
-test-all: test test-slow
+# The heavy tier: runs whose cost is minutes of CPU each and whose claim is a measured margin (an
+# attacker's cost in accuracy over two live fleets of eight rounds, every split of the phone-sized
+# transformer exported and verified, the WebGPU tab's numbers on SwiftShader). Not in CI, whose hour
+# the two tiers above fill; run before a release and after changing what they cover.
+test-heavy: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m heavy $(PYTEST_ARGS)
+	$(MAKE) test-js JS_TESTS=test:heavy
+
+test-all: test test-slow test-heavy
 
 # The JavaScript device SDK (edge_sdk_js/, docs/js-device.md): dependencies from its lockfile,
 # a strict type-check and build, then its tests against this checkout's Python (conformance with

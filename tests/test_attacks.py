@@ -32,9 +32,10 @@ from tests.attacks import ATTACKS, FleetDevice, FleetResult, run_fleet
 # Each test may run two fleets of eight rounds (the honest one and its attacked twin, cached per module):
 # the default 300 s per test is not enough for both on a loaded 2-core machine, and a timeout that fires
 # inside the server kills a connection (an honest device then sees 1011).
-# One worker runs the module (make's pytest distributes by xdist group): the honest fleets the tests
-# share then run once, not once per worker.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("attacks")]
+# The heavy tier (make test-heavy; each case is two live fleets of eight rounds, and its claim a measured
+# margin of accuracy). One worker runs the module (make's pytest distributes by xdist group): the honest
+# fleets the tests share then run once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1200), pytest.mark.xdist_group("attacks")]
 
 ROUNDS = 8
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))  # ids seed local training: keep them

@@ -21,8 +21,9 @@ import pytest
 from orchestrator.store import Store
 from tests.attacks import ROUNDS_DEMO, FleetResult, run_demo_fleet
 
-# Two fleets of several rounds per test; one worker runs the module, so the honest fleet runs once.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("attacks_trust")]
+# Two fleets of several rounds per test, a measured margin of accuracy: the heavy tier (make test-heavy).
+# One worker runs the module, so the honest fleet runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1200), pytest.mark.xdist_group("attacks_trust")]
 
 INSIDERS = ("sign_flip", "constant", "boost100", "inflated", "lone")
 

@@ -36,9 +36,19 @@ def _graph_splits(name: str) -> list[int]:
 #: cases run in the slow tier; the test-sized transformer's every split runs in the quick one
 #: (tests/test_transformer_lm.py, which checks every split of it, not only the reachable ones).
 SLOW_MODELS = frozenset({"char_transformer", "char_transformer_phone"})
+#: The phone-sized transformer's ten splits (the same blocks as char_transformer's, wider and more of
+#: them) are the heavy tier's (make test-heavy): minutes each, beyond CI's hour.
+HEAVY_MODELS = frozenset({"char_transformer_phone"})
 
-CASES = [pytest.param(name, k, marks=[pytest.mark.slow, pytest.mark.timeout(1200)]) if name in SLOW_MODELS else (name, k)
-         for name in MODEL_NAMES if name != "char_transformer_tiny" for k in _graph_splits(name)]
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    if name not in SLOW_MODELS:
+        return []
+    return [pytest.mark.slow, pytest.mark.timeout(1200)] + ([pytest.mark.heavy] if name in HEAVY_MODELS else [])
+
+
+CASES = [pytest.param(name, k, marks=_marks(name)) for name in MODEL_NAMES if name != "char_transformer_tiny"
+         for k in _graph_splits(name)]
 
 #: Parity of the two trainers is checked on the tails a device with 2,000 local samples can be
 #: planned at. Deeper ResNet20 tails (splits 1-6, planned only for tiny local datasets) drift apart

@@ -7,18 +7,24 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service", "webgpu-conformance",
+export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service",
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
   "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet"]);
+/** The heavy tier (`make test-heavy`, not CI): the WebGPU tab's numbers against the Python device, on
+ * SwiftShader (minutes a split). */
+export const HEAVY = new Set(["webgpu-conformance"]);
 
 const tier = process.argv[2] ?? "quick";
-if (tier !== "quick" && tier !== "slow") {
-  console.error(`usage: node test/run.mjs quick|slow (got ${tier})`);
+if (tier !== "quick" && tier !== "slow" && tier !== "heavy") {
+  console.error(`usage: node test/run.mjs quick|slow|heavy (got ${tier})`);
   process.exit(2);
 }
 const here = dirname(fileURLToPath(import.meta.url));
 const files = readdirSync(here).filter((f) => f.endsWith(".test.mjs")).sort()
-  .filter((f) => SLOW.has(f.slice(0, -".test.mjs".length)) === (tier === "slow"))
+  .filter((f) => {
+    const name = f.slice(0, -".test.mjs".length);
+    return (HEAVY.has(name) ? "heavy" : SLOW.has(name) ? "slow" : "quick") === tier;
+  })
   .map((f) => join("test", f));
 // The devices the tests start keep their payloads by default (payload-cache "auto"): under a folder of
 // this run's, removed after it, never in the user's cache.
