@@ -194,7 +194,7 @@ WEB_TRAINING_COPIES = 9
 #: digits_mlp tab's few kernels (Gemm, Relu) are inside the runtime figure, which its peaks measured. It
 #: depends on the kernels run, not on the model's shapes: the test-sized char_transformer_tiny@rank=4 (35K
 #: parameters, 23 MiB of WebAssembly memory) trained through its adapters peaked at 344-364 MiB with the
-#: optimising tier and at 240-245 MiB without it (``--liftoff-only``, a switch a page cannot set):
+#: optimising tier and at 240-253 MiB without it (``--liftoff-only``, a switch a page cannot set):
 #: ``node edge_sdk_js/bench/tab-steps.mjs char_transformer_tiny@rank=4 0 4 --adapters [--liftoff-only]``,
 #: shared 2-core machine, 2026-12-06, load 9-12 (BENCHMARKS.md). Charged whole, as its highest measured
 #: difference (364.1 - 244.3 MiB), for every model with attention layers: what part of it the runtime
