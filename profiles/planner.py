@@ -182,9 +182,13 @@ def tail_footprint(
 ) -> Footprint:
     """What a device on runtime ``backend`` holds to train blocks [split, L) of ``cost`` with the
     frozen ``chunks`` (None: each frozen block its own chunk), whole or through its ``adapters``:
-    the one footprint count that plans and the server's budget checks share."""
+    the one footprint count that plans and the server's budget checks share. The runtime's part is its
+    figure and what it holds compiling the model's kernels (``Runtime.compile_bytes``: a tab's, for
+    a model with attention)."""
+    attention = any(b.attention_elements for b in cost.blocks)  # chunks and tail: the device runs them all
     return cost.footprint(split, batch_size, memory=backend_memory(memory, backend),
-                          runtime_bytes=_runtime_bytes(runtime, backend), chunks=chunks,
+                          runtime_bytes=_runtime_bytes(runtime, backend) + RUNTIMES[backend].compile_bytes(attention),
+                          chunks=chunks,
                           local_samples=local_samples, rows=rows, adapters=adapters)
 
 

@@ -99,18 +99,28 @@ class Runtime:
     ``training_copies``: copies of the trainable parameters the runtime holds while it trains beyond
     what :class:`profiles.accounting.TrainingMemory` counts for every device (measured where it runs;
     see :data:`WEB_TRAINING_COPIES`).
+    ``attention_compile_bytes``: what the runtime holds beyond ``memory`` while it compiles the kernels of
+    a model with attention layers the first time they run hot (:data:`WEB_ATTENTION_COMPILE_BYTES`).
     """
 
     name: str
     memory: str | int
     backend: str
     training_copies: int = 0
+    attention_compile_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in KINDS:
             raise ValueError(f"runtime {self.name}: backend must be {' or '.join(KINDS)}, not {self.backend!r}")
         if self.training_copies < 0:
             raise ValueError(f"runtime {self.name}: training_copies must be >= 0, not {self.training_copies}")
+        if self.attention_compile_bytes < 0:
+            raise ValueError(f"runtime {self.name}: attention_compile_bytes must be >= 0, not {self.attention_compile_bytes}")
+
+    def compile_bytes(self, attention: bool) -> int:
+        """What this runtime holds beyond its figure to compile a model's kernels: ``attention``, the
+        model the device runs (its frozen chunks and its tail) has attention layers."""
+        return self.attention_compile_bytes if attention else 0
 
     @property
     def needs_graph(self) -> bool:
@@ -174,6 +184,23 @@ JS_RUNTIME_MEMORY: Mapping[str, int] = MappingProxyType({
 #: (SwiftShader, 2026-12-06).
 WEB_TRAINING_COPIES = 9
 
+#: What a Chromium tab's renderer (onnxruntime-web, WebAssembly) holds beyond its runtime figure while V8's
+#: optimising tier (TurboFan) compiles the ONNX Runtime kernels a transformer's graphs run hot. V8 first runs
+#: WebAssembly through its baseline compiler (Liftoff) and recompiles a function once it has run often
+#: enough, in the background, in compilation memory of its own: not the JavaScript heap, not the WebAssembly
+#: memory, not an array a collection frees. A transformer's training graph runs ~35 kinds of operator
+#: (batched MatMul, Transpose, Softmax, LayerNormalization, Erf, their gradients), so over its first 5-15
+#: steps the renderer grows by 100-120 MiB of anonymous memory, and falls back once they are compiled; a
+#: digits_mlp tab's few kernels (Gemm, Relu) are inside the runtime figure, which its peaks measured. It
+#: depends on the kernels run, not on the model's shapes: the test-sized char_transformer_tiny@rank=4 (35K
+#: parameters, 23 MiB of WebAssembly memory) trained through its adapters peaked at 344-364 MiB with the
+#: optimising tier and at 240-253 MiB without it (``--liftoff-only``, a switch a page cannot set):
+#: ``node edge_sdk_js/bench/tab-steps.mjs char_transformer_tiny@rank=4 0 4 --adapters [--liftoff-only]``,
+#: shared 2-core machine, 2026-12-06, load 9-12 (BENCHMARKS.md). Charged whole, as its highest measured
+#: difference (364.1 - 244.3 MiB), for every model with attention layers: what part of it the runtime
+#: figure already holds for an MLP's kernels is not separated.
+WEB_ATTENTION_COMPILE_BYTES = 120 * _MiB
+
 #: The training runtimes, in the order the planner prefers them (a device that names several is
 #: planned on the first of them here): torch steps are faster; ONNX Runtime needs far less memory.
 #: Adding a runtime is one entry.
@@ -194,7 +221,7 @@ RUNTIMES: Mapping[str, Runtime] = MappingProxyType({r.name: r for r in (
     # falling back to WebAssembly.
     Runtime("onnxruntime-webgpu", memory=WEBGPU_RUNTIME_BYTES, backend="graph", training_copies=WEB_TRAINING_COPIES),
     Runtime("onnxruntime-web", memory=JS_RUNTIME_MEMORY["onnxruntime-web"], backend="graph",
-            training_copies=WEB_TRAINING_COPIES),
+            training_copies=WEB_TRAINING_COPIES, attention_compile_bytes=WEB_ATTENTION_COMPILE_BYTES),
 )})
 
 def device_runtime(names: Sequence[str]) -> Runtime:

@@ -447,6 +447,31 @@ def test_a_tab_is_charged_the_parameter_copies_it_holds_while_training() -> None
     assert (moderate.split, moderate.role) == (2, "moderate") and moderate.footprint_bytes > 500 << 20
 
 
+def test_a_tab_is_charged_what_v8_holds_compiling_a_transformers_kernels() -> None:
+    # A tab's renderer grows by 100-120 MiB while V8's optimising tier compiles the kernels of a model with
+    # attention layers (profiles.runtime.WEB_ATTENTION_COMPILE_BYTES, measured): charged to onnxruntime-web
+    # for a transformer, at every split and either way it trains, and to no other runtime nor model.
+    from profiles.planner import tail_footprint
+    from profiles.runtime import RUNTIMES, WEB_ATTENTION_COMPILE_BYTES, Runtime
+
+    assert RUNTIMES["onnxruntime-web"].attention_compile_bytes == WEB_ATTENTION_COMPILE_BYTES > 0
+    assert all(RUNTIMES[n].attention_compile_bytes == 0 for n in ("torch", "onnxruntime", "onnxruntime-node"))
+    with pytest.raises(ValueError, match="attention_compile_bytes"):
+        Runtime("x", memory=1, backend="graph", attention_compile_bytes=-1)
+    lm = measure_model(build_model("char_transformer_tiny@rank=4"))
+    for split in range(len(lm)):
+        for adapters in (False, True):
+            tab, node = (tail_footprint(lm, split, 32, backend=b, runtime=0, adapters=adapters)
+                         for b in ("onnxruntime-web", "onnxruntime-node"))
+            assert tab.runtime == WEB_ATTENTION_COMPILE_BYTES and node.runtime == 0
+    mlp = measure_model(build_model("digits_mlp"))
+    assert tail_footprint(mlp, 2, 32, backend="onnxruntime-web", runtime=0).runtime == 0
+    plan = plan_split(lm, 440 << 20, 32, backends=("onnxruntime-web",), graph_splits=range(len(lm)), local_samples=495)
+    assert plan.adapters and plan.footprint.runtime == RUNTIMES["onnxruntime-web"].memory + WEB_ATTENTION_COMPILE_BYTES
+    with pytest.raises(PlanError):  # what a tab was planned at before the compilation was charged
+        plan_split(lm, 320 << 20, 32, backends=("onnxruntime-web",), graph_splits=range(len(lm)), local_samples=495)
+
+
 def test_a_tab_on_its_gpu_is_planned_with_what_its_renderer_holds_while_it_trains() -> None:
     # The WebGPU build's tab: its renderer holds more than the WebAssembly build's while it trains on the GPU
     # (profiles.runtime.WEBGPU_RUNTIME_BYTES, measured) and the same gradient copies, so a digits_mlp tab on

@@ -77,14 +77,16 @@ export function servePage(extra = {}) {
 
 /**
  * A headless Chromium with the page open and loaded (window.ready). `webgpu`: the page loads
- * onnxruntime-web's WebGPU build; `adapter` (default: as `webgpu`): the browser offers an adapter.
+ * onnxruntime-web's WebGPU build; `adapter` (default: as `webgpu`): the browser offers an adapter;
+ * `flags`: more command-line switches of a browser it launches (a measurement's, e.g. V8's `--js-flags`).
  */
-export async function openPage(url, { webgpu = false, adapter = webgpu } = {}) {
+export async function openPage(url, { webgpu = false, adapter = webgpu, flags = [] } = {}) {
   const { default: puppeteer } = await import("puppeteer-core");
   // A device page may train for many minutes inside one evaluate: the callers bound it with their own timeouts.
   const remote = process.env.EDGETRAIN_BROWSER_URL;
   const browser = remote ? await puppeteer.connect({ browserURL: remote, protocolTimeout: 0 })
-    : await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: adapter ? WEBGPU_FLAGS : CHROMIUM_FLAGS, protocolTimeout: 0 });
+    : await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: [...(adapter ? WEBGPU_FLAGS : CHROMIUM_FLAGS), ...flags],
+      protocolTimeout: 0 });
   const page = await browser.newPage();
   if (remote) browser.close = async () => { await page.close(); await browser.disconnect(); }; // a phone's browser stays open
   page.on("pageerror", (err) => console.error(`# page error: ${err.message}`));

@@ -90,7 +90,7 @@ export async function cappedDevice(kind, model, budgetMiB, rounds, { secure = fa
  * before the first session. `sample()` reads the renderer's resident memory from /proc with what the
  * page is doing and holds: its WebAssembly memory (which never shrinks) and V8's JavaScript heap.
  */
-async function tracePage(browser) {
+export async function tracePage(browser) {
   const [page] = (await browser.pages()).filter((p) => p.url().startsWith("http"));
   await page.evaluate(() => {
     const Memory = WebAssembly.Memory;
@@ -123,12 +123,12 @@ async function tracePage(browser) {
 }
 
 /** The largest of each reading per round and phase of a trace's samples, in MiB. */
-function tracePhases(samples) {
+export function tracePhases(samples) {
   const rows = new Map();
   for (const s of samples) {
     const key = `${s.rounds} ${s.phase}`;
     const row = rows.get(key) ?? { round: s.rounds, phase: s.phase, rss: 0, peak: 0, wasm: 0, js: 0, gpu: 0 };
-    for (const k of ["rss", "peak", "wasm", "js", "gpu"]) row[k] = Math.max(row[k], Math.round(s[k] / MiB * 10) / 10);
+    for (const k of ["rss", "peak", "wasm", "js", "gpu", "code", "anon", "file", "big", "jsTotal", "backing"].filter((k) => k in s)) row[k] = Math.max(row[k] ?? 0, Math.round(s[k] / MiB * 10) / 10);
     rows.set(key, row);
   }
   return [...rows.values()];
