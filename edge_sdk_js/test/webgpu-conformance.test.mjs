@@ -12,7 +12,7 @@
 // it in the convolutions' weights; the dense layers agree within 5e-7), so there everything but the
 // deltas and the loss after training is compared.
 // Every split takes about 56 minutes here (SwiftShader runs the GPU's kernels on the CPU; 14 of them the
-// cases' first export), so `make test-slow` runs two of them, the planner's moderate digits_mlp tab and its
+// cases' first export), so `make test-heavy` (not CI) runs two of them, the planner's moderate digits_mlp tab and its
 // weak ResNet20 tab; EDGETRAIN_WEBGPU_CONFORMANCE=all runs every tab split (bench/README.md), or a list
 // of model:split names those.
 import assert from "node:assert/strict";
