@@ -71,7 +71,10 @@ test("buffered rounds train a mixed fleet, the slow WebGPU tab's updates folded 
     for (const r of train) assert.equal(r.staleness, r.round - 1 - r.model_version, `${r.device} in buffer ${r.round}`);
     const gpu = train.filter((r) => r.device === "tab-4");
     assert.ok(gpu.length >= 1, `the GPU tab reported nothing before the run ended ${where}`);
-    assert.ok(gpu.every((r) => r.staleness >= 1), `the GPU tab's staleness ${gpu.map((r) => r.staleness)} ${where}`);
+    // Stale updates are folded: the GPU tab's after its first are stale (its first may meet the first buffer
+    // still open when the other devices start slowly on a loaded machine: staleness 0, also folded).
+    assert.ok(gpu.slice(1).every((r) => r.staleness >= 1) && gpu.some((r) => r.staleness >= 1),
+      `the GPU tab's staleness ${gpu.map((r) => r.staleness)} ${where}`);
     assert.ok(gpu.every((r) => r.backend === "onnxruntime-webgpu"), "the GPU tab trained on the GPU");
     const folded = events.filter((e) => e.event === "update" && e.device === "tab-4");
     assert.deepEqual(folded.map((e) => [e.round, e.accepted, e.staleness]), gpu.map((r) => [r.round, true, r.staleness]));

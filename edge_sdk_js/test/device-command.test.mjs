@@ -30,13 +30,14 @@ function lines(file) {
   return readFileSync(file, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
 }
 
-test("hello: the declared data are optional fields, left out at their defaults as the Python codec does", () => {
+test("hello: the declared data and the probe step are optional fields, left out at their defaults as the Python codec does", () => {
   const hello = { t: "hello", device_id: "d", token: "", budget_bytes: 1, cores: 1, runtimes: [], num_samples: 3, device_class: "",
     labels: {}, resume_round: -1, rows: {}, ext: {} };
-  assert.deepEqual(decode(encode({ ...hello, input_shape: [1, 28, 28], num_classes: 10 })), { ...hello, input_shape: [1, 28, 28], num_classes: 10 });
+  assert.deepEqual(decode(encode({ ...hello, input_shape: [1, 28, 28], num_classes: 10 })),
+    { ...hello, input_shape: [1, 28, 28], num_classes: 10, probe_step_s: 0 });
   const bare = encode(hello);
-  assert.deepEqual(decode(bare), { ...hello, input_shape: [], num_classes: -1 });
-  assert.deepEqual(encode({ ...hello, input_shape: [], num_classes: -1 }), bare);
+  assert.deepEqual(decode(bare), { ...hello, input_shape: [], num_classes: -1, probe_step_s: 0 });
+  assert.deepEqual(encode({ ...hello, input_shape: [], num_classes: -1, probe_step_s: 0 }), bare);
   assert.throws(() => encode({ ...hello, input_shape: [0] }), /input_shape/);
 });
 
