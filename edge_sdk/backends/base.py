@@ -158,7 +158,10 @@ _MEASURED: weakref.WeakKeyDictionary[type[TrainingBackend], float] = weakref.Wea
 
 def probe_sgd_step(lr: float = 0.1) -> None:
     """One local SGD step on the probe batch (EmbracingFL Algorithm 2's local step, on a one-layer
-    model): forward, softmax cross-entropy's gradient, the update of the weights."""
+    model): forward, softmax cross-entropy's gradient, the update of the weights. The products are
+    numpy's own loops (``einsum``), not BLAS: a first BLAS call starts OpenBLAS's threads and their
+    buffers, address space a device that trains in ONNX Runtime never reserves otherwise (under an
+    RLIMIT_AS cap it cost a weak device its ONNX Runtime session)."""
     if not _PROBE:
         batch, inputs, classes = PROBE_SHAPE
         rng = np.random.default_rng(0)
@@ -166,11 +169,11 @@ def probe_sgd_step(lr: float = 0.1) -> None:
         _PROBE["y"] = np.arange(batch) % classes
         _PROBE["w"] = np.zeros((inputs, classes), np.float32)
     x, y, w = _PROBE["x"], _PROBE["y"], _PROBE["w"]
-    logits = x @ w
+    logits = np.einsum("bi,ic->bc", x, w)
     p_ = np.exp(logits - logits.max(axis=1, keepdims=True))
     p_ /= p_.sum(axis=1, keepdims=True)
     p_[np.arange(len(y)), y] -= 1.0
-    w -= (lr / len(y)) * (x.T @ p_)
+    w -= (lr / len(y)) * np.einsum("bi,bc->ic", x, p_)
 
 
 def measure_probe(backend: type[TrainingBackend]) -> float:
