@@ -12,18 +12,18 @@ with real keys, signatures, shares, seals and masks (docs/security.md, "Block th
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
 import pytest
 
 from edge_sdk import protocol as p
-from edge_sdk.secagg import (SHARE_BYTES, SecAggError, agree, pair_mask_seed, public_key, remove_masks,
-                             seed_commitment, self_mask_seed, split_secret)
+from edge_sdk.secagg import (SHARE_BYTES, SecAggError, agree, pair_mask_seed, remove_masks, self_mask_seed,
+                             split_secret)
 from edge_sdk.secagg.round import weight_of
 from edge_sdk.secagg.shamir import robust_combine
 from orchestrator.aggregation.secure.round import SecureRefusal
+from tests.secagg_attack import Advertised, rebuild_secrets, rebuilt
 from tests.test_secagg_round import CLIP, SCOPE, Fleet, wire
 
 
@@ -50,15 +50,6 @@ def _unmasks(fleet: Fleet, device: str, block: int, seed: bytes, dropped_keys: d
     return bool(np.max(np.abs(fixed.decode(plain).values - _clipped(fleet, device, block))) <= fixed.error_bound)
 
 
-def _rebuilt(shares: list[bytes], t: int) -> list[bytes]:
-    """Every secret any t of ``shares`` interpolate to (the attacker tries them all)."""
-    found = []
-    for subset in itertools.combinations(shares, t):
-        if len({s[-1] for s in subset}) == t:
-            found.append(robust_combine(list(subset), t, lambda _: True)[0])
-    return found
-
-
 def test_a_partner_dropping_out_of_a_cohort_of_two_exposes_nothing():
     """Issue 49's case: two strong devices alone train block 0, one is gone after its shares. The
     server asks for nothing of block 0 (below t), and every secret the shares it received rebuild
@@ -74,7 +65,7 @@ def test_a_partner_dropping_out_of_a_cohort_of_two_exposes_nothing():
     key = fleet.server.book.rebuild("s1", -1, fleet.server.graph)
     assert isinstance(key, bytes)  # the attacker holds the dropped partner's mask key
     t = fleet.server.graph.threshold["s2"]
-    candidates = _rebuilt(_received_shares(fleet, "s2"), t)
+    candidates = rebuilt(_received_shares(fleet, "s2"), t)
     assert candidates and not any(_unmasks(fleet, "s2", 0, seed, {"s1": key}) for seed in candidates)
     # The attack itself is sound: with s2's real seed of block 0 it rebuilds the update.
     assert _unmasks(fleet, "s2", 0, fleet.devices["s2"]._seeds[0], {"s1": key})
@@ -195,21 +186,15 @@ def test_a_survivor_set_signature_that_does_not_verify_is_refused_by_the_server(
 
 
 def _attack(fleet: Fleet) -> tuple[set[tuple[str, int]], set[str]]:
-    """What an attacker holding everything the server received rebuilds: each (device, block) whose
-    committed seed some t of the shares it got of that device interpolate to (whatever the shares were
-    labelled), and each device whose mask key they rebuild (checked against its public key)."""
-    server, seeds, keys = fleet.server, set(), set()
-    for u, device in server.keys.items():
-        if u not in server.shared:
-            continue
-        t = server.graph.threshold[u]
-        for secret in _rebuilt(_received_shares(fleet, u), t):
-            commits = [device.commitments[i:i + 32] for i in range(0, len(device.commitments), 32)]
-            seeds |= {(u, device.split + i) for i, c in enumerate(commits)
-                      if seed_commitment(secret, SCOPE, device.split + i, u) == c}
-            if public_key(secret) == device.mask:
-                keys.add(u)
-    return seeds, keys
+    """What an attacker holding everything the server received rebuilds (tests/secagg_attack.py): each
+    (device, block) whose committed seed some t of the shares it got of that device interpolate to
+    (whatever the shares were labelled), and each device whose mask key they rebuild (checked against
+    its public key)."""
+    server = fleet.server
+    advertised = {u: Advertised(d.split, d.mask, d.commitments) for u, d in server.keys.items() if u in server.shared}
+    shares = {u: _received_shares(fleet, u) for u in advertised}
+    seeds, keys = rebuild_secrets(advertised, shares, {u: server.graph.threshold[u] for u in advertised}, SCOPE)
+    return set(seeds), set(keys)
 
 
 @pytest.mark.parametrize("stage", ["keys", "shares", "upload"])

@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 
 export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service",
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
-  "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet"]);
+  "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet", "secagg-attack"]);
 /** The heavy tier (`make test-heavy`, not CI): the WebGPU tab's numbers against the Python device, on
  * SwiftShader (minutes a split). */
 export const HEAVY = new Set(["webgpu-conformance"]);
