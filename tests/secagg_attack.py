@@ -6,9 +6,9 @@ objects and hands :func:`rebuild_secrets` the shares the server got. ``edge_sdk_
 records, through a websocket relay in front of a real ``edgetrain serve --secure-aggregation``, every
 frame Python, Node and tab devices exchanged with it, and runs ``python -m tests.secagg_attack
 RECORDING ENCODINGS... --model M``: the frames are decoded with the SDK's codec (msgpack; nothing is
-unpickled), uploads reassembled with its transfers and read with the server's own masked-upload
-format, and the attack printed as JSON for the test to judge against the devices' own quantized
-words (ENCODINGS: JSON lines the test's devices wrote as they encoded, never sent to the server).
+unpickled), each upload the server acked reassembled with its transfers and read with the server's
+own masked-upload format, and the attack printed as JSON for the test to judge against the devices'
+own quantized words (ENCODINGS: JSON lines the test's devices wrote as they encoded, never sent).
 
 The attack works at the level of the protocol's secrets, so it holds whatever the words' packing:
 
@@ -31,7 +31,7 @@ import itertools
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -80,7 +80,8 @@ def rebuilt(shares: Sequence[bytes], t: int) -> list[bytes]:
 
 
 def rebuild_secrets(advertised: Mapping[str, Advertised], shares: Mapping[str, Sequence[bytes]],
-                    thresholds: Mapping[str, int], scope: Scope) -> tuple[dict[tuple[str, int], bytes], dict[str, bytes]]:
+                    thresholds: Mapping[str, int],
+                    scope: Scope) -> tuple[dict[tuple[str, int], bytes], dict[str, bytes]]:
     """(device, block) -> the seed b_u^k and device -> the mask key s_u^SK that some t_u of the shares
     of u the server received rebuild, each checked against what u advertised (step 1 above)."""
     seeds: dict[tuple[str, int], bytes] = {}
@@ -132,10 +133,11 @@ class Seen:
 class _Connection:
     """One recorded connection, read in order: whose it is and the upload it is in."""
 
-    def __init__(self, words) -> None:
+    def __init__(self, words: Callable[[bytes, int], dict[int, np.ndarray]]) -> None:
         self.device = ""
         self.reports: dict[str, p.Report] = {}
         self.incoming: tuple[p.IncomingTransfer, p.Report] | None = None
+        self.uploaded: dict[int, bytes] = {}  # round -> the upload whose report the server has not acked yet
         self._words = words
 
     def received(self, msg: p.Message, rounds: dict[int, Seen]) -> None:
@@ -144,7 +146,8 @@ class _Connection:
             self.device = msg.device_id
         elif isinstance(msg, p.SecAggKeys):  # the server takes a device's first advertisement of a round
             seen = rounds[msg.round]
-            seen.advertised.setdefault(self.device, Advertised(seen.splits[self.device], msg.mask_public, msg.commitments))
+            adv = Advertised(seen.splits[self.device], msg.mask_public, msg.commitments)
+            seen.advertised.setdefault(self.device, adv)
         elif isinstance(msg, p.SecAggShares):
             rounds[msg.round].shared.add(self.device)
         elif isinstance(msg, p.SecAggReveal):
@@ -155,16 +158,24 @@ class _Connection:
         elif isinstance(msg, p.TransferBegin) and msg.transfer_id in self.reports:
             self.incoming = (p.IncomingTransfer(msg, LIMITS), self.reports[msg.transfer_id])
         elif isinstance(msg, (p.TransferFrame, p.TransferEnd)) and self.incoming is not None:
-            self._upload(msg, rounds)
+            self._upload(msg)
 
-    def _upload(self, msg: p.TransferFrame | p.TransferEnd, rounds: dict[int, Seen]) -> None:
+    def _upload(self, msg: p.TransferFrame | p.TransferEnd) -> None:
         incoming, report = self.incoming
-        incoming.feed(msg) if isinstance(msg, p.TransferFrame) else incoming.finish(msg)
+        if isinstance(msg, p.TransferFrame):
+            incoming.feed(msg)
+        else:
+            incoming.finish(msg)
         if incoming.finished:
             self.incoming = None
-            seen = rounds[report.round]
-            if seen.scope is not None and self.device not in seen.uploads:  # a secure round's masked words
-                seen.uploads[self.device] = self._words(incoming.result(), seen.splits[self.device])
+            self.uploaded[report.round] = incoming.result()
+
+    def _acked(self, msg: p.Ack, rounds: dict[int, Seen]) -> None:
+        """The server took (or refused) this device's train report of ``msg.round``: a secure round's
+        upload it took is in its sums (its first; the server takes one a device and round)."""
+        payload, seen = self.uploaded.pop(msg.round, None), rounds[msg.round]
+        if msg.accepted and payload is not None and seen.scope is not None and self.device not in seen.uploads:
+            seen.uploads[self.device] = self._words(payload, seen.splits[self.device])
 
     def sent(self, msg: p.Message, rounds: dict[int, Seen]) -> None:
         """A message the server sent on this connection."""
@@ -179,6 +190,8 @@ class _Connection:
             seen.members = list(msg.members)
             for v, mask in msg.mask_keys.items():  # what the server took of each neighbour's advertisement
                 seen.advertised[v] = Advertised(int(msg.splits[v]), mask, msg.commitments[v])
+        elif isinstance(msg, p.Ack) and msg.phase == "train":
+            self._acked(msg, rounds)
         elif isinstance(msg, p.SecAggInbox):
             rounds[msg.round].inbox[self.device] = set(msg.sealed)
         elif isinstance(msg, p.SecAggUnmask):
@@ -188,7 +201,7 @@ class _Connection:
             seen.dropped |= set(msg.dropped)
 
 
-def masked_reader(model: str):
+def masked_reader(model: str) -> Callable[[bytes, int], dict[int, np.ndarray]]:
     """(payload, split) -> block -> its masked words as the server reads them: the server's own
     masked-upload format (orchestrator.aggregation.secure.upload) over the run's model."""
     from edge_sdk.models.zoo import build_model
@@ -234,8 +247,8 @@ def read_own(paths: Iterable[str]) -> dict[tuple[str, int, int], Own]:
             for line in f:
                 if line.strip():
                     r = json.loads(line)  # a device masks a block once a round: its first record
-                    own.setdefault((r["device"], r["round"], r["block"]), Own(r["count"], np.array(r["head"], np.uint32),
-                                                                        r["weight"], r["bits"]))
+                    mine = Own(r["count"], np.array(r["head"], np.uint32), r["weight"], r["bits"])
+                    own.setdefault((r["device"], r["round"], r["block"]), mine)
     return own
 
 
@@ -333,7 +346,8 @@ def attack_round(seen: Seen, own: Mapping[tuple[str, int, int], Own]) -> dict[st
 def attack_recording(recording: str, encodings: Sequence[str], model: str) -> dict[str, object]:
     """The attack on every secure round of ``recording`` (step 1 and 2 above)."""
     own = read_own(encodings)
-    return {"head": HEAD, "rounds": [attack_round(seen, own) for _, seen in sorted(read_recording(recording, model).items())]}
+    rounds = read_recording(recording, model)
+    return {"head": HEAD, "rounds": [attack_round(rounds[r], own) for r in sorted(rounds)]}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
