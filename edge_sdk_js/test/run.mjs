@@ -5,7 +5,7 @@ import { spawnSync } from "node:child_process";
 import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service",
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
@@ -30,6 +30,8 @@ const files = readdirSync(here).filter((f) => f.endsWith(".test.mjs")).sort()
 // this run's, removed after it, never in the user's cache.
 const payloads = mkdtempSync(join(tmpdir(), "edgetrain-test-payloads-"));
 const env = { ...process.env, EDGETRAIN_PAYLOAD_CACHE: payloads };
-const run = spawnSync(process.execPath, ["--test", ...files], { stdio: "inherit", cwd: dirname(here), env });
+// test/tmp.mjs in every file's process: a passing test's temporary folders are removed, a failing one's kept.
+const cleanup = pathToFileURL(join(here, "tmp.mjs")).href;
+const run = spawnSync(process.execPath, ["--test", "--import", cleanup, ...files], { stdio: "inherit", cwd: dirname(here), env });
 rmSync(payloads, { recursive: true, force: true });
 process.exit(run.status ?? 1);
