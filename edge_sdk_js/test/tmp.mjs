@@ -17,6 +17,8 @@ let depth = 0; // how deep the running test is: 0 outside tests, 1 in a top-leve
 let made = []; // folders made by the running top-level test
 let outside = []; // folders made outside any test
 let failed = false;
+/** EDGETRAIN_KEEP_TEST_DIRS=1 keeps every folder, a passing test's too (to read a fleet's logs). */
+const KEEP = Boolean(process.env.EDGETRAIN_KEEP_TEST_DIRS);
 
 /** A fresh folder `<system temp>/<prefix>XXXXXX`: removed when the test that made it passes, kept when it fails. */
 export function tempDir(prefix) {
@@ -54,13 +56,15 @@ function judge(t) {
   if (depth > 0) return; // a subtest: its folders are its top-level test's, judged when that one ends
   const dirs = made;
   made = [];
-  if (t.passed) remove(dirs);
-  else keep(dirs, `${t.name} failed`);
+  if (!t.passed) keep(dirs, `${t.name} failed`);
+  else if (KEEP) keep(dirs, "EDGETRAIN_KEEP_TEST_DIRS");
+  else remove(dirs);
 }
 
 function atEnd() {
   const dirs = outside;
   outside = [];
   if (failed) keep(dirs, "a test of this file failed");
+  else if (KEEP) keep(dirs, "EDGETRAIN_KEEP_TEST_DIRS");
   else remove(dirs);
 }
