@@ -8,9 +8,10 @@ import { encodeTensors } from "../dist/index.js";
 import { loadShard } from "../dist/shard.js";
 import { CHROMIUM, openPage, rendererMemory, servePage } from "./browser.mjs";
 import { HERE, REPO, python, pythonEnv } from "./cases.mjs";
+import { tempDir } from "./tmp.mjs";
 
 /** A test's folder in the system temp directory: removed when the test passes, kept (its path printed) when it fails. */
-export { tempDir } from "./tmp.mjs";
+export { tempDir };
 
 export function freePort() {
   return new Promise((resolve, reject) => {
