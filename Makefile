@@ -37,7 +37,7 @@ test-slow: $(STAMP)
 # The heavy tier: runs whose cost is minutes of CPU each and whose claim is a measured margin (an
 # attacker's cost in accuracy over two live fleets of eight rounds, every split of the phone-sized
 # transformer exported and verified, the WebGPU tab's numbers and a moderate GPU tab's budget on
-# SwiftShader). Not in CI, whose hour
+# SwiftShader, the secure mixed fleet's accuracy against its plain run). Not in CI, whose hour
 # the two tiers above fill; run before a release and after changing what they cover.
 test-heavy: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m heavy $(PYTEST_ARGS)
