@@ -13,7 +13,7 @@ export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-flee
 /** The heavy tier (`make test-heavy`, not CI): the WebGPU tab's numbers against the Python device, on
  * SwiftShader (minutes a split); the moderate GPU tab's budget (minutes of SwiftShader a round; the weak
  * GPU tab's budget and the buffered fleet's moderate GPU tab are in CI). */
-export const HEAVY = new Set(["webgpu-conformance", "budgets-heavy", "secagg-fleet-accuracy"]);
+export const HEAVY = new Set(["webgpu-conformance", "budgets-heavy", "secagg-fleet-accuracy", "mixed-fleet-accuracy"]);
 
 const tier = process.argv[2] ?? "quick";
 if (tier !== "quick" && tier !== "slow" && tier !== "heavy") {
