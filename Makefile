@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # npm script of edge_sdk_js/ that test-js runs: `test` (quick), `test:slow` (fleets, resume, serve --web),
-# `test:heavy` (the WebGPU conformance and a moderate GPU tab's budget on SwiftShader)
+# `test:heavy` (the WebGPU conformance and the GPU tabs' budgets on SwiftShader, the accuracy comparisons)
 JS_TESTS ?= test
 
 .PHONY: demo test test-slow test-heavy test-all test-js install bench clean
@@ -36,7 +36,7 @@ test-slow: $(STAMP)
 
 # The heavy tier: runs whose cost is minutes of CPU each and whose claim is a measured margin (an
 # attacker's cost in accuracy over two live fleets of eight rounds, every split of the phone-sized
-# transformer exported and verified, the WebGPU tab's numbers and a moderate GPU tab's budget on
+# transformer exported and verified, the WebGPU tab's numbers and the GPU tabs' budgets on
 # SwiftShader, the secure mixed fleet's accuracy against its plain run). Not in CI, whose hour
 # the two tiers above fill; run before a release and after changing what they cover.
 test-heavy: $(STAMP)

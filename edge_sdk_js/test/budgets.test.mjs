@@ -2,14 +2,15 @@
 // a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
 // rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
 // against a real orchestrator, every round's report accepted, in the role their budget buys, and
-// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget; so
-// does a tab training on its GPU (WebGPU) at a weak budget (three rounds), its GPU process reported.
+// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget. A tab
+// training on its GPU (WebGPU, on SwiftShader here: minutes a round) is held to its weak and moderate budgets
+// in the heavy tier (test/budgets-heavy.test.mjs); in CI the buffered fleet's GPU tab (710 MiB, moderate) is.
 // Skipped with one line where there is no cgroup memory controller to cap with (not root) or no
 // Chromium. In `make test-slow`.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { CHROMIUM } from "./browser.mjs";
-import { assertKept, cappedDevice, gpuTabTest, tabDevice } from "./budgets.mjs";
+import { assertKept, cappedDevice, tabDevice } from "./budgets.mjs";
 
 const ROUNDS = 5;
 const MiB = 2 ** 20;
@@ -55,12 +56,3 @@ for (const [budget, role] of [[400, "weak"], [580, "moderate"]]) {
     assertKept(r, role, ROUNDS);
   });
 }
-
-/**
- * A tab training on its GPU (the WebGPU build; SwiftShader here): the planner charges it what its renderer
- * holds while it trains on the GPU and the same parameter copies (profiles/runtime.py, WEBGPU_RUNTIME_BYTES),
- * so a digits_mlp tab gets the weak plan from 526 MiB and the moderate one from 706 MiB, and its renderer
- * stays under the budget; the GPU process, which a page can neither see nor bound, is reported beside it.
- * The weak one here; the moderate one (710 MiB) is test/budgets-heavy.test.mjs's, in the heavy tier.
- */
-gpuTabTest(530, "weak");

@@ -11,8 +11,8 @@ export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-flee
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
   "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet"]);
 /** The heavy tier (`make test-heavy`, not CI, whose hour the quick and slow tiers fill): the WebGPU tab's
- * numbers against the Python device, on SwiftShader (minutes a split); the moderate GPU tab's budget (minutes
- * of SwiftShader a round; the weak GPU tab's budget and the buffered fleet's moderate GPU tab are in CI); the
+ * numbers against the Python device, on SwiftShader (minutes a split); the GPU tabs' budgets (minutes
+ * of SwiftShader a round; the buffered fleet's moderate GPU tab is in CI); the
  * secure and the mixed fleets' accuracy against a second fleet's (CI runs each fleet alone, with an accuracy
  * floor); the status page's login over plain http (CI logs in over https, the same flow over TLS). */
 export const HEAVY = new Set(["webgpu-conformance", "budgets-heavy", "secagg-fleet-accuracy", "mixed-fleet-accuracy",
