@@ -3,11 +3,13 @@
 // Python device, for comparison) runs under a hard memory cap equal to its budget (test/capped.py:
 // the cgroup memory controller, so going over is a kill, not a number); a tab runs in headless
 // Chromium, its renderer's resident high-water mark read from /proc (test/browser.mjs). Used by
-// test/budgets.test.mjs and bench/js_budgets.py.
+// test/budgets.test.mjs, test/budgets-heavy.test.mjs and bench/js_budgets.py.
+import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { join } from "node:path";
+import { test } from "node:test";
 import { promisify } from "node:util";
-import { rendererMemory } from "./browser.mjs";
+import { CHROMIUM, rendererMemory } from "./browser.mjs";
 import { HERE, python, pythonEnv } from "./cases.mjs";
 import { browserDevice, enroll, journal, start, startServer, tempDir, writeShards } from "./fleet.mjs";
 
@@ -169,4 +171,36 @@ export async function tabDevice(model, budgetMiB, rounds, { trace = false, webgp
     await tab.close();
     if (srv.exitCode === null) srv.kill();
   }
+}
+
+/** A budgets test's run `r` (cappedDevice, tabDevice) kept its budget: planned `role`, each of its `rounds`
+ * rounds finished and its report accepted, its peak a reading and under the budget. */
+export function assertKept(r, role, rounds) {
+  const where = `(logs in ${r.logs})`;
+  assert.equal(r.role, role, `planned ${r.role}, expected ${role} ${where}`);
+  assert.equal(r.finished, rounds, `${r.finished} of ${rounds} rounds finished ${where}`);
+  assert.equal(r.accepted, rounds, `${r.accepted} of ${rounds} reports accepted ${where}`);
+  assert.ok(r.peak > 50 * MiB, `a peak of ${r.peak} bytes is no reading ${where}`);
+  assert.ok(r.peak <= r.budget, `peak ${(r.peak / MiB).toFixed(1)} MiB over the budget of ${r.budget / MiB} MiB ${where}`);
+}
+
+/** A tab on its GPU trains three rounds: SwiftShader's rounds take a minute each, and a peak that grew round
+ * over round shows by the third as it does by the fifth (the CPU tabs and Node devices train five). */
+export const GPU_ROUNDS = 3;
+
+/**
+ * The test of a tab training on its GPU (the WebGPU build; SwiftShader here) at `budget` MiB: planned `role`
+ * on onnxruntime-webgpu, GPU_ROUNDS rounds each accepted, its renderer's peak under the budget, its GPU
+ * process's (which a page can neither see nor bound) read and reported beside it.
+ */
+export function gpuTabTest(budget, role) {
+  test(`a ${role} Chromium tab on its GPU at ${budget} MiB trains ${GPU_ROUNDS} rounds under its budget`, { timeout: 900_000 }, async (t) => {
+    if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
+    const r = await tabDevice("digits_mlp", budget, GPU_ROUNDS, { trace: true, webgpu: true });
+    console.log(`# ${role} tab on the GPU at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB, `
+      + `GPU process peak ${(r.gpuPeak / MiB).toFixed(1)} MiB`);
+    assert.equal(r.runtime, "onnxruntime-webgpu", "planned on the GPU's runtime");
+    assert.ok(r.gpuPeak > 0, "the GPU process is read");
+    assertKept(r, role, GPU_ROUNDS);
+  });
 }

@@ -1,30 +1,19 @@
 // JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
 // a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
-// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp (three on its GPU)
+// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
 // against a real orchestrator, every round's report accepted, in the role their budget buys, and
-// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget; so
-// does a tab training on its GPU (WebGPU), at a weak and a moderate budget, its GPU process reported.
+// their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget. A tab
+// training on its GPU (WebGPU, on SwiftShader here: minutes a round) is held to its weak and moderate budgets
+// in the heavy tier (test/budgets-heavy.test.mjs); in CI the buffered fleet's GPU tab (710 MiB, moderate) is.
 // Skipped with one line where there is no cgroup memory controller to cap with (not root) or no
 // Chromium. In `make test-slow`.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { CHROMIUM } from "./browser.mjs";
-import { cappedDevice, tabDevice } from "./budgets.mjs";
+import { assertKept, cappedDevice, tabDevice } from "./budgets.mjs";
 
 const ROUNDS = 5;
-/** A tab on its GPU trains three: SwiftShader's rounds take a minute each, and a peak that grew round
- * over round shows by the third as it does by the fifth (the CPU tabs and Node devices train five). */
-const GPU_ROUNDS = 3;
 const MiB = 2 ** 20;
-
-function assertKept(r, role, rounds = ROUNDS) {
-  const where = `(logs in ${r.logs})`;
-  assert.equal(r.role, role, `planned ${r.role}, expected ${role} ${where}`);
-  assert.equal(r.finished, rounds, `${r.finished} of ${rounds} rounds finished ${where}`);
-  assert.equal(r.accepted, rounds, `${r.accepted} of ${rounds} reports accepted ${where}`);
-  assert.ok(r.peak > 50 * MiB, `a peak of ${r.peak} bytes is no reading ${where}`);
-  assert.ok(r.peak <= r.budget, `peak ${(r.peak / MiB).toFixed(1)} MiB over the budget of ${r.budget / MiB} MiB ${where}`);
-}
 
 for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
   test(`a ${role} Node device under a hard cap of its ${budget} MiB budget trains ${ROUNDS} rounds`, { timeout: 600_000 }, async (t) => {
@@ -34,7 +23,7 @@ for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
     assert.ok(!r.cap.oom_killed && r.cap.cgroup_peak_bytes <= r.budget);
     assert.ok(r.reportedPeak > 0 && r.reportedPeak <= r.budget, `the device reported a peak of ${r.reportedPeak} bytes`);
     console.log(`# ${role} Node device at ${budget} MiB: resident peak ${(r.peak / MiB).toFixed(1)} MiB`);
-    assertKept(r, role);
+    assertKept(r, role, ROUNDS);
   });
 }
 
@@ -50,7 +39,7 @@ test(`a strong Node device under a hard cap of its 400 MiB budget trains ${ROUND
   assert.ok(!r.cap.oom_killed && r.cap.cgroup_peak_bytes <= r.budget);
   assert.deepEqual(r.masked, Array(ROUNDS).fill(2), `two masked uploads a round (logs in ${r.logs})`);
   console.log(`# strong Node device at 400 MiB, secure rounds: resident peak ${(r.peak / MiB).toFixed(1)} MiB`);
-  assertKept(r, "strong");
+  assertKept(r, "strong", ROUNDS);
 });
 
 /**
@@ -64,24 +53,6 @@ for (const [budget, role] of [[400, "weak"], [580, "moderate"]]) {
     if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
     const r = await tabDevice("digits_mlp", budget, ROUNDS, { trace: true });
     console.log(`# ${role} tab at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB`);
-    assertKept(r, role);
-  });
-}
-
-/**
- * A tab training on its GPU (the WebGPU build; SwiftShader here): the planner charges it what its renderer
- * holds while it trains on the GPU and the same parameter copies (profiles/runtime.py, WEBGPU_RUNTIME_BYTES),
- * so a digits_mlp tab gets the weak plan from 526 MiB and the moderate one from 706 MiB, and its renderer
- * stays under the budget; the GPU process, which a page can neither see nor bound, is reported beside it.
- */
-for (const [budget, role] of [[530, "weak"], [710, "moderate"]]) {
-  test(`a ${role} Chromium tab on its GPU at ${budget} MiB trains ${GPU_ROUNDS} rounds under its budget`, { timeout: 900_000 }, async (t) => {
-    if (CHROMIUM === undefined) { t.skip("no Chromium: set CHROMIUM or install Debian's chromium"); return; }
-    const r = await tabDevice("digits_mlp", budget, GPU_ROUNDS, { trace: true, webgpu: true });
-    console.log(`# ${role} tab on the GPU at ${budget} MiB: split ${r.split}, renderer peak ${(r.peak / MiB).toFixed(1)} MiB, `
-      + `GPU process peak ${(r.gpuPeak / MiB).toFixed(1)} MiB`);
-    assert.equal(r.runtime, "onnxruntime-webgpu", "planned on the GPU's runtime");
-    assert.ok(r.gpuPeak > 0, "the GPU process is read");
-    assertKept(r, role, GPU_ROUNDS);
+    assertKept(r, role, ROUNDS);
   });
 }

@@ -1,18 +1,17 @@
 // A real orchestrator (`python -m edgetrain serve`) and devices as processes on 127.0.0.1,
 // for the end-to-end tests and the benchmark.
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, openSync, writeFileSync } from "node:fs";
+import { openSync, writeFileSync } from "node:fs";
 import { createServer, connect } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { encodeTensors } from "../dist/index.js";
 import { loadShard } from "../dist/shard.js";
 import { CHROMIUM, openPage, rendererMemory, servePage } from "./browser.mjs";
 import { HERE, REPO, python, pythonEnv } from "./cases.mjs";
+import { tempDir } from "./tmp.mjs";
 
-export function tempDir(prefix) {
-  return mkdtempSync(join(tmpdir(), prefix));
-}
+/** A test's folder in the system temp directory: removed when the test passes, kept (its path printed) when it fails. */
+export { tempDir };
 
 export function freePort() {
   return new Promise((resolve, reject) => {

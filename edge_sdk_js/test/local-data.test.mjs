@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { csvData, imageData, textData } from "../dist/index.js";
+import { tempDir } from "./tmp.mjs";
 
 test("CSV: a header or none, the label by name or last, names numbered in sorted order", () => {
   const a = csvData("f1,f2,label\n1,2,0\n3,4.5,2\n\n");
@@ -50,12 +51,11 @@ test("images: one subfolder per class, resized to the model's input, grey or RGB
 
 test("text: next-character windows in the model's vocabulary, as the Python device reads the same file", async () => {
   const { execFileSync } = await import("node:child_process");
-  const { mkdtempSync, writeFileSync } = await import("node:fs");
-  const { tmpdir } = await import("node:os");
+  const { writeFileSync } = await import("node:fs");
   const { join } = await import("node:path");
   const { python, pythonEnv } = await import("./cases.mjs");
   const { readLocalData } = await import("../dist/data-file.js");
-  const dir = mkdtempSync(join(tmpdir(), "edgetrain-text-"));
+  const dir = tempDir("edgetrain-text-");
   const file = join(dir, "mine.txt");
   writeFileSync(file, "Now is the winter of our discontent — 😀\nMade glorious summer by this sun of York;\n", "utf8");
   const script = "import json, sys\nfrom edge_sdk.data.sources import TextSource, vocabulary\n"

@@ -3,19 +3,18 @@
 // the Python store writes), and a slot never names a payload the store no longer holds.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { memoryPayloadStore } from "../dist/payload-store.js";
 import { folderPayloadStore, payloadFolder } from "../dist/payload-store-file.js";
+import { tempDir } from "./tmp.mjs";
 
 const sha = (data) => createHash("sha256").update(data).digest("hex");
 const bytes = (c) => new Uint8Array(300).fill(c.charCodeAt(0));
 
 test("a slot's payload outlives the process and a slot never names one gone", async (t) => {
-  const folder = mkdtempSync(join(tmpdir(), "edgetrain-slots-"));
-  t.after(() => rmSync(folder, { recursive: true, force: true }));
+  const folder = tempDir("edgetrain-slots-");
   const chunk = bytes("c"), tail = bytes("t"), other = bytes("o");
   const store = folderPayloadStore(folder, 700);
   await store.put(sha(chunk), chunk);
@@ -59,8 +58,7 @@ test("payload-cache auto is a folder of the device's own per server, as the Pyth
 });
 
 test("the folder store reads a payload afresh each time: what get returns is the caller's to write over", async (t) => {
-  const folder = mkdtempSync(join(tmpdir(), "edgetrain-fresh-"));
-  t.after(() => rmSync(folder, { recursive: true, force: true }));
+  const folder = tempDir("edgetrain-fresh-");
   const store = folderPayloadStore(folder, 700), chunk = bytes("c");
   assert.equal(store.fresh, true);
   await store.put(sha(chunk), chunk);

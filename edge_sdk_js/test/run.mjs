@@ -5,14 +5,18 @@ import { spawnSync } from "node:child_process";
 import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-fleet", "phone-lan", "service",
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
   "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet", "secagg-attack"]);
-/** The heavy tier (`make test-heavy`, not CI): the WebGPU tab's numbers against the Python device, on
- * SwiftShader (minutes a split). */
-export const HEAVY = new Set(["webgpu-conformance"]);
+/** The heavy tier (`make test-heavy`, not CI, whose hour the quick and slow tiers fill): the WebGPU tab's
+ * numbers against the Python device, on SwiftShader (minutes a split); the GPU tabs' budgets (minutes
+ * of SwiftShader a round; the buffered fleet's moderate GPU tab is in CI); the
+ * secure and the mixed fleets' accuracy against a second fleet's (CI runs each fleet alone, with an accuracy
+ * floor); the status page's login over plain http (CI logs in over https, the same flow over TLS). */
+export const HEAVY = new Set(["webgpu-conformance", "budgets-heavy", "secagg-fleet-accuracy", "mixed-fleet-accuracy",
+  "status-login-http"]);
 
 const tier = process.argv[2] ?? "quick";
 if (tier !== "quick" && tier !== "slow" && tier !== "heavy") {
@@ -30,6 +34,8 @@ const files = readdirSync(here).filter((f) => f.endsWith(".test.mjs")).sort()
 // this run's, removed after it, never in the user's cache.
 const payloads = mkdtempSync(join(tmpdir(), "edgetrain-test-payloads-"));
 const env = { ...process.env, EDGETRAIN_PAYLOAD_CACHE: payloads };
-const run = spawnSync(process.execPath, ["--test", ...files], { stdio: "inherit", cwd: dirname(here), env });
+// test/tmp.mjs in every file's process: a passing test's temporary folders are removed, a failing one's kept.
+const cleanup = pathToFileURL(join(here, "tmp.mjs")).href;
+const run = spawnSync(process.execPath, ["--test", "--import", cleanup, ...files], { stdio: "inherit", cwd: dirname(here), env });
 rmSync(payloads, { recursive: true, force: true });
 process.exit(run.status ?? 1);

@@ -10,7 +10,7 @@
 // it sends: none carries the quantized words, the masked words it uploads are in them, and the masked
 // words do not correlate with the quantized ones. In `make test-slow`.
 import assert from "node:assert/strict";
-import { readFileSync, rmSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import WebSocket from "ws";
@@ -65,7 +65,6 @@ test("a Node device takes part in secure rounds beside Python devices: every blo
       "the Node device answered each round's unmasking request");
     // 10 classes: chance is 0.1 (two rounds of five steps, the updates clipped to 20 and quantized).
     assert.ok(j.rounds.at(-1).metrics.accuracy > 0.2, `accuracy after ${ROUNDS} rounds: ${j.rounds.at(-1).metrics.accuracy}`);
-    rmSync(dir, { recursive: true, force: true });
   });
 
 /** The ring word `w` of `bits` as a signed integer (the centred lift). */
@@ -175,5 +174,4 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
       console.log(`# block ${i}: ${n} words of ${bits} bits, correlation of the masked with the quantized ${rho.toFixed(4)}`);
       assert.ok(Math.abs(rho) < 5 / Math.sqrt(n), `block ${i}: masked words correlate with the quantized ones (${rho}, ${n} words)`);
     }
-    rmSync(dir, { recursive: true, force: true });
   });

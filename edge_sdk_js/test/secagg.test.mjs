@@ -5,13 +5,13 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import * as sa from "../dist/secagg/index.js";
 import { CHROMIUM, openPage, servePage } from "./browser.mjs";
 import { REPO, python, pythonEnv } from "./cases.mjs";
+import { tempDir } from "./tmp.mjs";
 
 const V = JSON.parse(readFileSync(join(REPO, "tests", "vectors", "secagg.json"), "utf8"));
 const SCOPE = sa.scope(V.scope.session, V.scope.round);
@@ -267,7 +267,7 @@ const BROWSER_PAGE = `<!doctype html><html><head><meta charset="utf-8">
 
 test("in Chromium both backends reproduce the vectors", { skip: CHROMIUM ? false : "chromium is not installed: browser test skipped",
   timeout: 120_000 }, async () => {
-  const dir = mkdtempSync(join(tmpdir(), "edgetrain-secagg-page-"));
+  const dir = tempDir("edgetrain-secagg-page-");
   writeFileSync(join(dir, "index.html"), BROWSER_PAGE);
   const site = await servePage({ page: dir, vectors: join(REPO, "tests", "vectors") });
   const { browser, page } = await openPage(`${site.url}page/index.html`);
@@ -305,6 +305,5 @@ test("in Chromium both backends reproduce the vectors", { skip: CHROMIUM ? false
   } finally {
     await browser.close();
     await site.close();
-    rmSync(dir, { recursive: true, force: true });
   }
 });

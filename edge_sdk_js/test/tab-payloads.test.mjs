@@ -6,7 +6,7 @@
 // journal says they came from the device's store). In `make test-slow`.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { rmSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { encodeTensors } from "../dist/index.js";
@@ -126,5 +126,4 @@ test("a tab reloaded between runs is sent no byte of the chunks and training gra
       await browser.close();
       await site.close();
     }
-    rmSync(dir, { recursive: true, force: true });
   });
