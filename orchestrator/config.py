@@ -299,8 +299,8 @@ class ServerConfig:
            "0: SecAgg+'s secret threshold for the cohort (a majority of a neighbourhood), at least 3.")
     secure_degree: NonNegativeInt = setting(
         0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to 33 devices, else 3 log2 n.", cli=False)
-    secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices.",
-                                       cli=False)
+    secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices "
+                                             "(longer for phones on slow links or a loaded server).")
     train_graph_dir: Path | None = setting(
         None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
               "may share it.", cli=False)

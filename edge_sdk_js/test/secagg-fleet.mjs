@@ -61,7 +61,9 @@ export async function runFleet(kind, { secure, kill = [] }) {
   const dir = tempDir(`edgetrain-secagg-fleet-${kind}-`);
   const ids = Object.keys(FLEET);
   const secrets = Object.fromEntries(ids.map((id) => [id, enroll(dir, id)]));
-  const rule = secure ? ["--secure-aggregation", "--secure-clip", "20"]
+  // A stage waits 120 s, not 30: on a loaded machine a device's keys can take longer than 30 s to come (its
+  // process starved of CPU), and the test's claim is every masked upload of the fleet in every round.
+  const rule = secure ? ["--secure-aggregation", "--secure-clip", "20", "--secure-stage-s", "120"]
     : ["--norm-bound", "0", "--no-direction-trust", "-O", "max_weight_share=1.0"];
   const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", String(ROUNDS), "--min-devices", String(ids.length),
     "--local-steps", "10", "--deadline", "300", "--straggler-policy", "deadline", "--seed", String(SEED), "--eval-every", "1",
