@@ -47,6 +47,7 @@ SERVER = (
 WORKER = (
     ("start-up", ("_find_and_load", "_local_data", "load_runtimes")),
     ("training", ("train_tail",)),
+    ("payload store (a download kept by sha256)", ("PayloadStore.",)),
     ("loading the round's state into a tail", ("TorchBackend.prepare", "_TailSource.state", "_loaded")),
     ("download (receive, sha256, decode)", ("Downloads.fetch", "recv_payload", "IncomingTransfer", "decode_tensors")),
     ("upload (encode, send)", ("_upload", "send_payload", "encode_parts", "encode_tensors")),

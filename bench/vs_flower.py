@@ -888,8 +888,10 @@ def run(ctx: Context) -> dict | None:
         flwr_py, flwr_note = ensure_flwr_venv(args.flwr_venv.resolve(), logs / "pip-flwr.log")
         if flwr_py is None:
             print(f"Flower lanes skipped: {flwr_note}", flush=True)
+    # The edgetrain devices keep their payloads under the run's folder (removed at the end), not in the
+    # user's cache: each lane's server listens on a new port, so nothing there would be read again.
     base_env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", VS_FLOWER_REPO=str(ROOT), PYTHONUNBUFFERED="1",
-                    RAY_DEDUP_LOGS="0", RAY_USAGE_STATS_ENABLED="0")
+                    RAY_DEDUP_LOGS="0", RAY_USAGE_STATS_ENABLED="0", EDGETRAIN_PAYLOAD_CACHE=str(work / "payloads"))
     runs: dict[str, list[dict]] = {lane: [] for lane in lanes}
     for repeat, lane in interleave(lanes, ctx.repeats):  # every lane once a repeat, the first one rotating
         if lane == lanes[0] and ctx.repeats > 1:

@@ -16,9 +16,11 @@ start more than a few busy threads.
 A worker's devices share what a process of one device would rebuild every round: one pool of built
 tails (:class:`edge_sdk.warm_tails.WarmTails`; a tail is taken in the training thread, loaded with
 the round's state, trained and given back, so a device that is not training holds no model) and the
-heap (no ``malloc_trim`` after each report, and glibc's own policy for large buffers instead of a
-mapping per buffer: the next device reuses them at once, without faulting their pages in again; a
-quarter of the CPU of an mnist_cnn training step, edge_sdk.client.DeviceSettings.trim_memory), and
+heap (no ``malloc_trim`` after each report, and freed buffers kept in the heap instead of a mapping
+per buffer or a heap trimmed on free: the next device reuses them at once, without faulting their
+pages in again (:func:`keep_heap`; a quarter of the CPU of an mnist_cnn training step,
+edge_sdk.client.DeviceSettings.trim_memory), one file per payload its devices keep
+(:mod:`edge_sdk.payload_store`: a device's store links the file another device of the worker wrote), and
 each device's shard is a read-only map of a file of its own (:mod:`emulator.shards`).
 Every check of the protocol stays on: each transfer's sha256, each tensor's validation.
 
@@ -243,6 +245,20 @@ def load_runtimes() -> None:
         torch.set_num_interop_threads(1)
 
 
+def keep_heap() -> bool:
+    """Keep every freed buffer below 32 MiB in the heap for the next device, and never shrink the heap
+    on a free (:func:`edge_sdk.memory.keep_freed_buffers`), where glibc's own policy still moved its
+    mapping threshold and trimmed the top of each arena's heap as buffers came and went: each trim
+    unmapped pages that the next device's round faulted in again (about 1,800 page faults per device
+    round of mnist_cnn: the download's receive buffer and a training's activations and gradients),
+    and an unmap in a process of several threads also interrupts the other cores that run its threads
+    (a TLB shootdown). A worker holds its devices' memory for the whole run anyway; its peak is set by
+    the tails training at once, not by the heap it keeps. True if applied (glibc)."""
+    from edge_sdk.memory import keep_freed_buffers
+
+    return keep_freed_buffers(True)
+
+
 def cpu_and_memory() -> dict[str, float | int]:
     """This process's CPU (user + system, all threads), resident set and its high-water mark."""
     from edge_sdk.memory import cpu_seconds, process_memory
@@ -403,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     raise_fd_limit()  # a socket per device: thousands per worker need more than a 1,024 soft limit
     load_runtimes()
+    keep_heap()
     # torch's and ONNX Runtime's objects live as long as the worker: out of the collector's reach
     # (gc.freeze), a full collection walks only what the devices allocate, not the runtimes again.
     gc.collect()

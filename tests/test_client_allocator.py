@@ -68,6 +68,33 @@ def test_kept_buffers_stay_for_the_next_step_and_go_at_the_trim() -> None:
     assert freed >= 3 << 20
 
 
+_WORKER_CODE = """
+import numpy as np
+from edge_sdk.memory import rss_bytes
+if {keep}:
+    from emulator.lightweight import keep_heap
+    assert keep_heap()
+for _ in range(3):  # 20 MB of 100 KB buffers (a device round's smaller tensors), allocated then freed
+    parts = [np.ones(12_500) for _ in range(200)]
+    held = rss_bytes()
+    del parts
+    print(held - rss_bytes())
+"""
+
+
+@needs_glibc
+def test_a_lightweight_worker_keeps_its_freed_heap_where_glibc_would_trim_it() -> None:
+    # glibc's own policy shrinks the heap when its free top passes the trim threshold, and the next
+    # device's round faults those pages in again; a worker keeps them (emulator.lightweight.keep_heap).
+    def released(keep: bool) -> int:
+        out = subprocess.run([sys.executable, "-c", _WORKER_CODE.format(keep=keep)], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parents[1])
+        return min(int(x) for x in out.stdout.split())
+
+    assert released(False) >= 10 << 20
+    assert released(True) < 2 << 20
+
+
 _SERVER_CODE = """
 import threading
 import numpy as np

@@ -43,6 +43,29 @@ def test_the_store_keeps_payloads_by_content_within_its_budget_and_across_proces
     assert memory.put(_sha(a), memoryview(a)) and memory.get(_sha(a)) == a
 
 
+def test_stores_of_one_process_write_a_payload_once_and_each_keeps_and_evicts_its_own(tmp_path: Path) -> None:
+    # A lightweight worker runs many devices, each with its own store: the second store that keeps
+    # the same payload links the first one's file (one inode) instead of writing the bytes again.
+    a, b = b"a" * 400, b"b" * 400
+    one, two = PayloadStore(tmp_path / "one", 1000), PayloadStore(tmp_path / "two", 500)
+    assert one.put(_sha(a), a) and two.put(_sha(a), memoryview(a))
+    first, second = (tmp_path / "one" / _sha(a)).stat(), (tmp_path / "two" / _sha(a)).stat()
+    assert second.st_ino == first.st_ino and first.st_nlink == 2
+    assert two.get(_sha(a)) == a and one.get(_sha(a)) == a
+    assert not list((tmp_path / "two").glob(".*.tmp"))  # no temporary link left behind
+    assert two.put(_sha(b), b)  # over two's 500 bytes: a leaves two, and stays in one
+    assert _sha(a) not in two and not (tmp_path / "two" / _sha(a)).exists() and one.get(_sha(a)) == a
+    one.drop(_sha(a))  # the file it wrote is gone: the next store that keeps a writes the bytes
+    three = PayloadStore(tmp_path / "three", 1000)
+    assert three.put(_sha(a), a) and three.get(_sha(a)) == a
+    assert (tmp_path / "three" / _sha(a)).stat().st_nlink == 1
+    (tmp_path / "three" / _sha(a)).write_bytes(b"damaged")  # a damaged shared file is caught where it is read
+    four = PayloadStore(tmp_path / "four", 1000)
+    assert four.put(_sha(a), a) and four.get(_sha(a)) is None and _sha(a) not in four
+    five = PayloadStore(tmp_path / "five", 1000)  # the damaged file is linked no more
+    assert five.put(_sha(a), a) and five.get(_sha(a)) == a
+
+
 def test_which_payload_each_slot_holds_outlives_the_process_and_never_names_one_gone(tmp_path: Path) -> None:
     """Delta downloads name the version a device holds for a slot: a restarted device (a new store on
     the same folder) still names it; a slot whose payload was evicted, a damaged map, or a payload the
