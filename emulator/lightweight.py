@@ -632,6 +632,7 @@ class LightweightBackend(EmulationBackend):
         self.emu: LightweightEmulator | None = None
         self.sampler: asyncio.Task | None = None
         self.run_files: tempfile.TemporaryDirectory | None = None  # spec files and logs without a stderr_dir
+        self.payload_files: tempfile.TemporaryDirectory | None = None  # the devices' payloads (device_env)
 
     @classmethod
     def validate(cls, fleet: Fleet, options: Mapping[str, Any]) -> None:
@@ -676,7 +677,8 @@ class LightweightBackend(EmulationBackend):
         folder = Path(self.run_files.name) if self.run_files is not None else Path(self.stderr_dir)
         folder.mkdir(parents=True, exist_ok=True)
         self.sampler = asyncio.create_task(sample_rss(self.handles))
-        env = device_env()
+        self.payload_files = tempfile.TemporaryDirectory(prefix="edgetrain-payloads-")
+        env = device_env(self.payload_files.name)
         for w in self.handles:
             await self._spawn(w, folder, env)
 
@@ -693,8 +695,9 @@ class LightweightBackend(EmulationBackend):
             self.sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sampler
-        if self.run_files is not None:
-            self.run_files.cleanup()
+        for files in (self.run_files, self.payload_files):
+            if files is not None:
+                files.cleanup()
 
     def result(self, history: list[dict]) -> EmulationRun:
         for metrics in history:  # the devices' side of each round's cost, beside the server's server_cpu_s

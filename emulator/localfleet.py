@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +48,17 @@ def prepare_device_data(launches: Sequence[DeviceLaunch], data_root: str | None)
         load_dataset(name, root=data_root, split="train", limit=limit, mmap=True)
 
 
-def device_env() -> dict[str, str]:
-    """Environment for device processes: one thread each, so many share two cores politely."""
+def device_env(payloads: str | None = None) -> dict[str, str]:
+    """Environment for device processes: one thread each, so many share two cores politely; and, unless
+    the user named one ($EDGETRAIN_PAYLOAD_CACHE), ``payloads`` as the root of the devices' payload
+    folders: an emulation's devices live as long as its run, so their payloads go with it (a folder per
+    server port and device id in the user's cache would pile up, run after run, on ports never met again)."""
+    from edge_sdk.payload_store import PAYLOAD_CACHE_ENV
+
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if payloads is not None and not os.environ.get(PAYLOAD_CACHE_ENV):
+        env[PAYLOAD_CACHE_ENV] = payloads
     return env
 
 
@@ -104,12 +112,13 @@ async def run_local_fleet(
     pumps = []
     if stderr_dir is not None:
         stderr_dir.mkdir(parents=True, exist_ok=True)
+    payloads = tempfile.TemporaryDirectory(prefix="edgetrain-payloads-")
     try:
         for d in devices:
             err = open(stderr_dir / f"{d.device_id}.log", "wb") if stderr_dir else asyncio.subprocess.DEVNULL
             proc = await asyncio.create_subprocess_exec(
                 *device_argv(d, url, data_root=data_root, python=python(d) if python else sys.executable), stdout=asyncio.subprocess.PIPE, stderr=err,
-                env=device_env(),
+                env=device_env(payloads.name),
             )
             procs[d.device_id] = proc
             pumps.append(asyncio.create_task(_pump(proc, d.device_id, events[d.device_id], emit)))
@@ -127,6 +136,7 @@ async def run_local_fleet(
         for t in pumps:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, timeout=5)
+        payloads.cleanup()
     return FleetRun(history, events, {k: p.returncode for k, p in procs.items()})
 
 

@@ -229,6 +229,7 @@ class ProcessBackend(EmulationBackend):
         self.backends = dict(backends or {})
         self.supervisor: DeviceSupervisor | None = None
         self.secrets_dir: tempfile.TemporaryDirectory | None = None
+        self.payload_files: tempfile.TemporaryDirectory | None = None  # the devices' payloads (device_env)
 
     @classmethod
     def describe(cls, fleet: Fleet, config: ServerConfig, options: Mapping[str, Any]) -> str:
@@ -249,9 +250,11 @@ class ProcessBackend(EmulationBackend):
             self.stderr_dir.mkdir(parents=True, exist_ok=True)
         elif needs_credentials(config):
             self.secrets_dir = tempfile.TemporaryDirectory(prefix="edgetrain-launches-")
+        self.payload_files = tempfile.TemporaryDirectory(prefix="edgetrain-payloads-")
         self.supervisor = DeviceSupervisor(
             self.specs, launches, self.recorder, mechanism=self.mechanism, timeout_s=self.timeout_s,
-            rss_guard=self.rss_guard, data_root=self.data_root, stderr_dir=self.stderr_dir, env=device_env(),
+            rss_guard=self.rss_guard, data_root=self.data_root, stderr_dir=self.stderr_dir,
+            env=device_env(self.payload_files.name),
             launch_dir=Path(self.secrets_dir.name) if self.secrets_dir else self.stderr_dir)
         prepare_device_data(list(launches.values()), self.data_root)
 
@@ -264,8 +267,9 @@ class ProcessBackend(EmulationBackend):
     async def cancel(self) -> None:
         if self.supervisor is not None:
             await self.supervisor.stop()
-        if self.secrets_dir is not None:
-            self.secrets_dir.cleanup()
+        for files in (self.secrets_dir, self.payload_files):
+            if files is not None:
+                files.cleanup()
 
     def result(self, history: list[dict]) -> EmulationRun:
         return self.recorder.run(history, [s.id for s in self.specs])

@@ -31,6 +31,7 @@ from emulator.lightweight import (
     default_workers,
     split_devices,
 )
+from edge_sdk.payload_store import PAYLOAD_CACHE_ENV
 from emulator.localfleet import device_env
 from emulator.runner import run_emulation
 from emulator.schedule import drop_schedule, server_config
@@ -42,10 +43,10 @@ ROUNDS = 2
 WORKERS = 2
 
 
-def _emulate(*args: str, timeout: float = 180) -> str:
+def _emulate(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> str:
     """Run the command; its console output with rich's line wrapping undone."""
     argv = [sys.executable, "-m", "edgetrain", "emulate", *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=device_env(), timeout=timeout)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env or device_env(), timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return " ".join(proc.stdout.split())
 
@@ -53,7 +54,12 @@ def _emulate(*args: str, timeout: float = 180) -> str:
 @pytest.fixture(scope="module")
 def run200(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("lightweight") / "runs"
-    stdout = _emulate("--fleet", "tiny-200", "--rounds", str(ROUNDS), "--workers", str(WORKERS), "--out", str(out))
+    # As a user runs it: no $EDGETRAIN_PAYLOAD_CACHE (the tests' conftest sets one), the user's cache a folder
+    # of the test's own, to see what the run leaves in it.
+    cache = tmp_path_factory.mktemp("user-cache")
+    env = {k: v for k, v in device_env().items() if k != PAYLOAD_CACHE_ENV} | {"EDGETRAIN_CACHE": str(cache)}
+    stdout = _emulate("--fleet", "tiny-200", "--rounds", str(ROUNDS), "--workers", str(WORKERS), "--out", str(out),
+                      env=env)
     (run_dir,) = out.iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     with Store(run_dir / "store") as store:
@@ -61,6 +67,7 @@ def run200(tmp_path_factory: pytest.TempPathFactory) -> dict:
         metrics["journal_rounds"] = store.rounds.all()
         metrics["journal_updates"] = store.reports.all()
     metrics["stdout"] = stdout
+    metrics["left_in_cache"] = sorted(str(f.relative_to(cache)) for f in (cache / "payloads").rglob("*"))
     metrics["by_id"] = {d["device"]: d for d in metrics["devices"]}
     return metrics
 
@@ -95,6 +102,13 @@ def test_every_round_completes_with_every_selected_device_that_did_not_vanish(ru
     # Devices vanished on purpose, each alone: its worker's other devices went on (the rounds above).
     dropped = [d for d in run200["devices"] if d["lives"] and d["lives"][0]["ended"] == "dropped"]
     assert dropped and all(d["lives"][0]["round"] in d["drop_rounds"] for d in dropped)
+
+
+def test_the_devices_payloads_go_with_the_run(run200: dict) -> None:
+    """200 emulated devices keep their payloads for the run (payload-cache auto), in a folder of the run's
+    own, removed at its end: nothing in the user's cache, where a folder per server port and device id
+    would pile up run after run."""
+    assert run200["left_in_cache"] == []
 
 
 def test_report_and_metrics_say_lightweight_with_the_worker_processes(run200: dict) -> None:
