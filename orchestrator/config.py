@@ -294,6 +294,9 @@ class ServerConfig:
                "devices that trained it, never one device's update (docs/security.md).")
     secure_clip: Positive = setting(1.0, "L2 bound each device clips each block of its update to before masking "
                                          "(under secure aggregation the server cannot bound one update).")
+    secure_value_bits: NonNegativeInt = setting(0, "With --secure-aggregation: bits q (2-24) each device rounds a "
+        "coordinate to, in a ring of bit_length(cohort (2^(q-1) - 1)) + 1 bits, its masked words packed at that width "
+        "(docs/security.md, 'Compressed secure uploads'); 0: the 32-bit ring, int32 words (a float32 update's size).")
     secure_threshold: NonNegativeInt = setting(
         0, "Fewest surviving devices whose sum of a block is revealed (t); a block with fewer keeps its value. "
            "0: SecAgg+'s secret threshold for the cohort (a majority of a neighbourhood), at least 3.")
@@ -341,11 +344,7 @@ class ServerConfig:
     def secure_conflict(self) -> str | None:
         """Why secure aggregation cannot run with these settings: what needs one device's update in the clear.
         (Whether the strategy can is its own declaration, ``Strategy.combines``: asked where it is built.)"""
-        if self.dp and self.dp_adaptive_clip:
-            return "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"
-        if self.update_codec != "none":
-            return f"update_codec {self.update_codec}: a masked update is ring words, not a coded update"
-        return None
+        return _masked_words_conflict(self)
 
     def lr_at(self, round_number: int) -> float:
         """The local learning rate devices train round ``round_number`` with (1-based): the step schedule
@@ -371,8 +370,23 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
-                                      "secure_clip", "secure_threshold", "round_mode", "concurrency", "buffer_size",
+                                      "secure_clip", "secure_value_bits", "secure_threshold", "round_mode", "concurrency", "buffer_size",
                                       "server_lr", "staleness_exponent", "max_staleness")
+
+def _masked_words_conflict(config: ServerConfig) -> str | None:
+    """Why the masked words cannot be what these settings ask: a coded update, or a compressed round that is
+    out of range or would carry distributed noise (its ring has no room for the noise's tail); or an adaptive clip."""
+    if config.dp and config.dp_adaptive_clip:
+        return "dp_adaptive_clip needs each update's norm in the clear; distributed noise keeps a fixed clip"
+    if config.update_codec != "none":
+        return (f"update_codec {config.update_codec}: a masked update is ring words, not a coded update "
+                "(secure_value_bits compresses them)")
+    if config.secure_value_bits and not 2 <= config.secure_value_bits <= 24:
+        return f"secure_value_bits {config.secure_value_bits}: a compressed round's values have 2 to 24 bits"
+    if config.secure_value_bits and config.dp:
+        return "secure_value_bits with dp: distributed noise needs the 32-bit ring (a compressed ring has no room for it)"
+    return None
+
 
 class _AutoCodec(str):
     """The update codec ``auto`` chose: its name for every reader, and chosen again when a copy of the

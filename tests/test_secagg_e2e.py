@@ -20,7 +20,7 @@ import pytest
 
 from edge_sdk.cli import load_shard
 from edge_sdk.client import DeviceClient, DeviceSettings
-from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint
+from edge_sdk.secagg.fixedpoint import BlockEncoder, FixedPoint, packed_bytes, unpack_words
 from edge_sdk.secagg.round import DeviceRound, weight_of
 from emulator.localfleet import role_budgets, start_orchestrator
 from orchestrator.aggregation.intake import Intake
@@ -41,6 +41,7 @@ class Recorder:
         self.plain: dict[tuple[int, str], dict] = {}
         self.received: dict[tuple[int, str], dict] = {}
         self.outcomes: dict[int, tuple[FixedPoint, list]] = {}
+        self.rounds: dict[int, SecureRound] = {}
         local = threading.local()  # devices mask in worker threads, several at once: each its own record
         start, rounding = BlockEncoder.__init__, BlockEncoder._round
         mask, fold, finish = DeviceRound.mask, Intake.fold, SecureRound.finish
@@ -70,6 +71,7 @@ class Recorder:
         def finishing(secure):
             out = finish(secure)
             self.outcomes[secure.scope.round] = (secure.fixed, out)
+            self.rounds[secure.scope.round] = secure
             return out
 
         monkeypatch.setattr(BlockEncoder, "__init__", starting)
@@ -149,6 +151,36 @@ def test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact(tmp_p
     with Store(store_dir) as store:
         accepted = [u for u in store.reports.all() if u.get("accepted")]
     assert len(accepted) == 3 * len(FLEET) and all(u.get("secure") for u in accepted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_compressed_round_sends_packed_words_and_reveals_their_exact_ring_sum(tmp_path: Path, monkeypatch) -> None:
+    """secure_value_bits = 8 on the mixed fleet: every upload is its blocks' words packed at the ring's
+    b bits (5 devices: b = 11), and each revealed block is the exact ring sum of the cohort's encodings,
+    within n 2^-f of the sum of their clipped, clamped, weighted updates."""
+    rec = Recorder(monkeypatch)
+    history, _ = _run_fleet(tmp_path, rounds=2, secure_value_bits=8)
+    # Above chance (0.1); secure_clip 20 is far above these updates' norms, so B and the step are coarse here.
+    assert [h["round"] for h in history] == [1, 2] and history[-1]["accuracy"] > 0.2, history[-1]
+    for (r, d), plain in rec.plain.items():
+        secure = rec.rounds[r]
+        assert secure.compression is not None and secure.fixed.ring_bits == 11
+        for i, b in enumerate(range(plain["split"], 4)):
+            got = rec.received[(r, d)][f"secagg.{b}"]
+            assert got.dtype == np.uint8 and got.size == packed_bytes(secure.sizes[b] + 1, 11)
+            assert not np.array_equal(unpack_words(got, secure.sizes[b] + 1, 11), plain["words"][i])
+    for r, (_, outcomes) in rec.outcomes.items():
+        members = {d: p for (rr, d), p in rec.plain.items() if rr == r}
+        for out in outcomes:
+            fixed = rec.rounds[r].fixed_for(out.block)
+            cohort = {d: p for d, p in members.items() if p["split"] <= out.block}
+            i = {d: out.block - p["split"] for d, p in cohort.items()}
+            total = sum(cohort[d]["words"][i[d]].astype(np.uint64) for d in cohort) % (1 << fixed.ring_bits)
+            assert np.array_equal(fixed.decode(total.astype(np.uint32)).values, out.values)  # exact ring sum
+            plain = sum(np.clip(_clipped(p["blocks"][i[d]], fixed.clip), -fixed.bound, fixed.bound)
+                        * weight_of(p["samples"], p["scale"]) for d, p in cohort.items())
+            assert np.max(np.abs(out.values - plain)) <= fixed.error_bound
 
 
 def _clipped(x: np.ndarray, clip: float) -> np.ndarray:

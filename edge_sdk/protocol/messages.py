@@ -511,10 +511,13 @@ class SecAggPeers(Message):
     ``noise_survivors`` to n_min_b: the device adds N_Z(0, sigma_b^2 / n_min_b) to each value word.
     ``commitments``: per neighbour, its signed seed commitments (part of what its signature covers);
     ``min_survivors``: the round's t, the fewest devices whose sum of a block is ever revealed (a device
-    refuses a round whose t is below its own setting)."""
+    refuses a round whose t is below its own setting). A compressed round (optional, absent without
+    it): ``value_bits`` q and ``value_spread`` k (edge_sdk.secagg.fixedpoint.Compression); each block's
+    fixed point follows from them, and ``ring_bits`` is b = bit_length(cohort (2^(q-1) - 1)) + 1."""
 
     TYPE: ClassVar[str] = "secagg_peers"
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors",
+                                                    "value_bits", "value_spread"})
 
     round: int
     graph_seed: bytes
@@ -535,9 +538,14 @@ class SecAggPeers(Message):
     noise_survivors: dict[str, Scalar] = field(default_factory=dict)
     commitments: dict[str, bytes] = field(default_factory=dict)
     min_survivors: int = 0
+    value_bits: int = 0
+    value_spread: float = 0.0
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_peers.round is negative")
+        _require(0 <= self.value_bits <= 24 and math.isfinite(self.value_spread) and self.value_spread >= 0
+                 and (self.value_bits == 0) == (self.value_spread == 0) and self.value_bits != 1,
+                 "secagg_peers.value_bits and value_spread are not a compression (q in [2, 24], k > 0) or none")
         _multiple("secagg_peers.commitments", self.commitments, 0, _KEY_BYTES)
         _require(0 <= self.min_survivors <= _MAX_PEERS, "secagg_peers.min_survivors is outside [0, 255]")
         _require(len(self.graph_seed) == _KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes")

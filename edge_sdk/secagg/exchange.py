@@ -17,6 +17,7 @@ from edge_sdk import protocol as p
 from edge_sdk.downloads import RoundAborted, next_reply
 from edge_sdk.transport import Channel, send_msg
 
+from .fixedpoint import pack_words
 from .labels import Scope, SecAggError
 from .layout import block_parts
 from .round import DeviceRound
@@ -29,8 +30,16 @@ CLIP_KEY = "secagg_clip"
 
 
 def upload_name(block: int) -> str:
-    """The name of block ``block``'s masked words in the upload (int32 on the wire, the ring words' bits)."""
+    """The name of block ``block``'s masked words in the upload: int32 on the wire (the ring words'
+    bits), or in a compressed round the words packed at the ring's b bits (uint8, :func:`pack_words`)."""
     return f"secagg.{block}"
+
+
+def wire_words(rnd: DeviceRound, words: np.ndarray) -> np.ndarray:
+    """One block's masked words as they travel: packed at b bits in a compressed round, else int32."""
+    fixed = rnd.fixed
+    assert fixed is not None
+    return pack_words(words, fixed.ring_bits) if rnd.compression is not None else words.view("<i4")
 
 
 async def _answer(ch: Channel, kind: type[p.Message]) -> p.Message:
@@ -59,7 +68,7 @@ async def masked_update(ch: Channel, rnd: DeviceRound, ins: p.Instruction, tenso
         words = await asyncio.to_thread(rnd.mask, blocks, num_samples)
     except SecAggError as exc:  # the server relayed something the protocol forbids: follow it no further
         raise p.ProtocolError("malformed", f"secure round: {exc}") from None
-    return {upload_name(b): w.view("<i4") for b, w in enumerate(words, start=ins.split)}
+    return {upload_name(b): wire_words(rnd, w) for b, w in enumerate(words, start=ins.split)}
 
 
 def start(device_id: str, secret: str, ins: p.Instruction, num_blocks: int, min_survivors: int) -> DeviceRound:

@@ -32,6 +32,21 @@ unbiased, with standard deviation at most sqrt(n) / 2 * 2^-f. The weight sum's b
 divided by C. Docs line: "decode(sum of encodes) is within n 2^-f of the sum of the clipped,
 weighted updates, per coordinate; the ring is Z_{2^b} with b = bit_length(n ceil(C 2^f)) + 1".
 
+Compressed rounds (:class:`Compression`, docs/security.md "Compressed secure uploads"): the ring
+above fits 32-bit words and the sum of float updates to within n 2^-f, so a masked upload is as large
+as the float32 update. A compressed round bounds each coordinate by B instead of C (the block's
+vector is clipped to L2 norm C first, as above) and rounds it to q-bit values: a device's coordinate
+becomes an integer of [-M, M], M = 2^(q-1) - 1, so the cohort's sum fits b = bit_length(n M) + 1
+bits (the same no-wrap argument with Q = M), and the words travel packed at b bits
+(:func:`pack_words`). B is k C / sqrt(d) rounded up to M 2^-f (f the largest with M 2^-f >= k C /
+sqrt(d), so the step is 2^-f, a power of two, as in the float ring): a block whose norm C is spread
+evenly over its d coordinates has coordinates of magnitude C / sqrt(d), and k = :data:`SPREAD`
+standard deviations of them stay unclamped. Clamping a larger coordinate to B biases it (the
+error bound above then holds for the clamped values); the stochastic rounding stays unbiased, with
+standard deviation at most 2^-f / 2 per coordinate and device. The weight coordinate is w B 2^f
+(w M levels). Both sides compute B and f from (n, q, k, C, d) with exact operations only (a
+square root, a division and products by powers of two), so the SDKs agree on them.
+
 A device encodes a block a slice at a time (:class:`BlockEncoder`, after one pass for the norm,
 :func:`l2_norm`): each coordinate's word depends only on its value, the block's clip factor and its
 place in the rounding stream, so the slices' words are :meth:`FixedPoint.encode`'s, and the float64
@@ -52,7 +67,8 @@ from .keys import KEY_BYTES
 from .labels import SecAggError
 from .masks import MAX_RING_BITS, MAX_WORDS, KeyStream, ring_mask
 
-__all__ = ["SLICE_WORDS", "BlockEncoder", "Decoded", "FixedPoint", "l2_norm", "ring_bits_for", "slices"]
+__all__ = ["SLICE_WORDS", "SPREAD", "BlockEncoder", "Compression", "Decoded", "FixedPoint", "l2_norm", "pack_words",
+           "packed_bytes", "ring_bits_for", "slices", "unpack_words"]
 
 MAX_FRAC_BITS = 60
 MAX_COHORT = 2**20
@@ -60,6 +76,11 @@ MAX_COHORT = 2**20
 NOISE_TAIL = 10.0
 #: Coordinates a device encodes and masks at once: its float64 temporaries are 512 KiB each.
 SLICE_WORDS = 1 << 16
+#: A compressed round's per-coordinate bound in standard deviations of an evenly spread block, k in
+#: B = k C / sqrt(d) (module docstring; bench/secure_bytes.py measured the default).
+SPREAD = 4.0
+#: The most bits a compressed round's devices quantise a coordinate to (q).
+MAX_VALUE_BITS = 24
 
 
 def slices(parts: Sequence[np.ndarray], size: int = SLICE_WORDS) -> Iterator[np.ndarray]:
@@ -82,10 +103,106 @@ def l2_norm(parts: Iterable[np.ndarray]) -> float:
 
 
 def ring_bits_for(cohort: int, clip: float, frac_bits: int, noise: float = 0.0) -> int:
-    """The smallest b such that the sum of ``cohort`` encoded values, plus noise of standard
-    deviation ``noise`` (update units) up to :data:`NOISE_TAIL` deviations, cannot wrap in Z_{2^b}."""
+    """The smallest b such that the sum of ``cohort`` encoded values, each coordinate at most ``clip``
+    (or a compressed round's bound B), plus noise of standard deviation ``noise`` (update units) up
+    to :data:`NOISE_TAIL` deviations, cannot wrap in Z_{2^b}."""
     room = math.ceil(NOISE_TAIL * noise * 2.0**frac_bits)
     return (cohort * math.ceil(clip * 2.0**frac_bits) + room).bit_length() + 1
+
+
+def packed_bytes(count: int, bits: int) -> int:
+    """The bytes of ``count`` words packed at ``bits`` bits each (the last byte's high bits zero)."""
+    return (count * bits + 7) // 8
+
+
+def pack_words(words: np.ndarray, bits: int) -> np.ndarray:
+    """``words`` (uint32, each below 2^bits) as a little-endian bit stream: word i holds bits
+    [i b, (i + 1) b) of the stream, and stream bit j is bit j mod 8 of byte j // 8 (uint8 array of
+    :func:`packed_bytes`). Done a slice at a time: a slice of :data:`SLICE_WORDS` words is whole bytes."""
+    ring_mask(bits)
+    flat = np.asarray(words, dtype=np.uint32).ravel()
+    shifts = np.arange(bits, dtype=np.uint32)
+    out = np.empty(packed_bytes(flat.size, bits), dtype=np.uint8)
+    step = SLICE_WORDS * bits // 8
+    for i, at in enumerate(range(0, flat.size, SLICE_WORDS)):
+        piece = flat[at:at + SLICE_WORDS]
+        stream = ((piece[:, None] >> shifts) & np.uint32(1)).astype(np.uint8)
+        packed = np.packbits(stream.ravel(), bitorder="little")
+        out[i * step:i * step + packed.size] = packed
+    return out
+
+
+def unpack_words(data: np.ndarray, count: int, bits: int) -> np.ndarray:
+    """The ``count`` words of :func:`pack_words`'s stream ``data`` (uint32); refused unless ``data`` is
+    exactly :func:`packed_bytes` long with its padding bits zero."""
+    ring_mask(bits)
+    raw = np.asarray(data)
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != packed_bytes(count, bits):
+        raise SecAggError(f"{count} words packed at {bits} bits are {packed_bytes(count, bits)} bytes (uint8), "
+                          f"got {raw.size} of {raw.dtype}")
+    tail = count * bits % 8
+    if tail and int(raw[-1]) >> tail:
+        raise SecAggError("the packed words' padding bits are not zero")
+    weights = (np.uint32(1) << np.arange(bits, dtype=np.uint32))
+    out = np.empty(count, dtype=np.uint32)
+    step = SLICE_WORDS * bits // 8
+    for i, at in enumerate(range(0, count, SLICE_WORDS)):
+        n = min(SLICE_WORDS, count - at)
+        stream = np.unpackbits(raw[i * step:i * step + packed_bytes(n, bits)], count=n * bits, bitorder="little")
+        out[at:at + n] = stream.reshape(n, bits).astype(np.uint32) @ weights
+    return out
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A compressed round (module docstring): each device rounds a coordinate to ``value_bits`` (q)
+    bits, M = 2^(q-1) - 1 levels a side, within the bound B = k C / sqrt(d) rounded up to M 2^-f,
+    ``spread`` k; the ring is b = bit_length(n M) + 1 bits and the upload is packed at b bits."""
+
+    value_bits: int
+    spread: float = SPREAD
+
+    def __post_init__(self) -> None:
+        if type(self.value_bits) is not int or not 2 <= self.value_bits <= MAX_VALUE_BITS:
+            raise SecAggError(f"value bits must be an integer in [2, {MAX_VALUE_BITS}], got {self.value_bits!r}")
+        if not (isinstance(self.spread, (int, float)) and math.isfinite(self.spread) and self.spread > 0):
+            raise SecAggError(f"the spread must be finite and > 0, got {self.spread!r}")
+
+    def fields(self) -> dict[str, int | float]:
+        """The fields of ``SecAggPeers`` that tell the devices this compression."""
+        return {"value_bits": self.value_bits, "value_spread": float(self.spread)}
+
+    @property
+    def levels(self) -> int:
+        """M: a device's coordinate is an integer of [-M, M]."""
+        return 2 ** (self.value_bits - 1) - 1
+
+    def ring_bits(self, cohort: int) -> int:
+        """b: the sum of ``cohort`` devices' values cannot wrap in Z_{2^b}."""
+        return (cohort * self.levels).bit_length() + 1
+
+    def fitting(self, cohort: int) -> Compression:
+        """This compression, or for a cohort whose sum of q-bit values would not fit 32-bit words the
+        largest q that does (the server sends the devices the q it chose)."""
+        q = self.value_bits
+        while q > 2 and self.__class__(q, self.spread).ring_bits(cohort) > MAX_RING_BITS:
+            q -= 1
+        return self if q == self.value_bits else self.__class__(q, self.spread)
+
+    def fixed(self, cohort: int, clip: float, dimension: int) -> FixedPoint:
+        """The fixed point of a block of ``dimension`` coordinates: the largest f (at most
+        :data:`MAX_FRAC_BITS`) with M 2^-f >= k C / sqrt(d), and B = min(C, M 2^-f)."""
+        if type(dimension) is not int or dimension < 1:
+            raise SecAggError(f"a block has at least one coordinate, got {dimension!r}")
+        if self.ring_bits(cohort) > MAX_RING_BITS:
+            raise SecAggError(f"{cohort} devices' {self.value_bits}-bit values need a ring of "
+                              f"{self.ring_bits(cohort)} bits, more than {MAX_RING_BITS}")
+        target = self.spread * clip / math.sqrt(dimension)
+        f = 0
+        while f < MAX_FRAC_BITS and self.levels * 2.0 ** -(f + 1) >= target:
+            f += 1
+        bound = min(clip, self.levels * 2.0**-f)
+        return FixedPoint(clip, f, self.ring_bits(cohort), cohort, bound=bound)
 
 
 class Decoded(NamedTuple):
@@ -99,13 +216,15 @@ class Decoded(NamedTuple):
 class FixedPoint:
     """The round's encoding: L2 bound ``clip`` (C), ``frac_bits`` (f), ``ring_bits`` (b) and the
     largest number of devices whose blocks are summed, ``cohort`` (n); ``noise``: the standard
-    deviation (update units) of the distributed noise the ring must hold, summed over the cohort."""
+    deviation (update units) of the distributed noise the ring must hold, summed over the cohort;
+    ``bound``: a compressed round's per-coordinate bound B (:class:`Compression`; 0: C)."""
 
     clip: float
     frac_bits: int
     ring_bits: int
     cohort: int
     noise: float = 0.0
+    bound: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -116,7 +235,12 @@ class FixedPoint:
             raise SecAggError(f"cohort must be an integer in [1, {MAX_COHORT}], got {self.cohort!r}")
         if not (math.isfinite(self.noise) and self.noise >= 0):
             raise SecAggError(f"noise must be finite and >= 0, got {self.noise!r}")
-        needed = ring_bits_for(self.cohort, self.clip, self.frac_bits, self.noise)
+        if not (math.isfinite(self.bound) and 0 <= self.bound <= self.clip):
+            raise SecAggError(f"a coordinate bound must be in [0, clip], got {self.bound!r}")
+        if self.bound and self.noise:
+            raise SecAggError("distributed noise needs the float ring: a compressed round's ring has no room "
+                              "for the noise's tail")
+        needed = ring_bits_for(self.cohort, self.limit, self.frac_bits, self.noise)
         if needed > MAX_RING_BITS:
             raise SecAggError(f"{self.cohort} devices at clip {self.clip} and 2^{self.frac_bits} need a ring of "
                               f"{needed} bits, more than {MAX_RING_BITS}: lower frac_bits")
@@ -138,6 +262,16 @@ class FixedPoint:
         return cls(clip, frac_bits, ring_bits_for(cohort, clip, frac_bits, noise), cohort, noise)
 
     @property
+    def limit(self) -> float:
+        """The bound of every coordinate, B (a compressed round's) or C."""
+        return self.bound or self.clip
+
+    @property
+    def packed(self) -> bool:
+        """Whether the round's words travel packed at b bits (a compressed round's) or as int32 words."""
+        return self.bound > 0
+
+    @property
     def error_bound(self) -> float:
         """The most a decoded coordinate of a sum of ``cohort`` blocks differs from the float sum."""
         return self.cohort * (2.0**-self.frac_bits + self.clip * 2.0**-50)
@@ -145,7 +279,7 @@ class FixedPoint:
     @property
     def weight_error_bound(self) -> float:
         """The most the decoded weight sum differs from the sum of the weights."""
-        return self.error_bound / self.clip
+        return self.error_bound / self.limit
 
     def encode(self, update: np.ndarray, weight: float, rounding_seed: bytes | None = None) -> np.ndarray:
         """One block's words (uint32, values in [0, 2^b)): ``update`` clipped, weighted, scaled and
@@ -164,7 +298,7 @@ class FixedPoint:
         v = (words & np.uint32(ring_mask(self.ring_bits))).astype(np.int64)
         v[v >= 2 ** (self.ring_bits - 1)] -= 2**self.ring_bits
         scale = 2.0**-self.frac_bits
-        return Decoded(v[:-1] * scale, float(v[-1]) * scale / self.clip)
+        return Decoded(v[:-1] * scale, float(v[-1]) * scale / self.limit)
 
 
 class BlockEncoder:
@@ -183,7 +317,7 @@ class BlockEncoder:
         factor = 1.0 if norm <= fixed.clip else fixed.clip / norm
         self._factor = factor * weight
         self._scale = 2.0**fixed.frac_bits
-        self._limit = fixed.clip * self._scale
+        self._limit = fixed.limit * self._scale
         self._ring = ring_mask(fixed.ring_bits)
         self._stream = KeyStream(os.urandom(KEY_BYTES) if rounding_seed is None else rounding_seed)
         self._done = False
@@ -203,7 +337,7 @@ class BlockEncoder:
         """The weight coordinate's word, last (step 2's y_d)."""
         if self._done:
             raise SecAggError("a block has one weight word")
-        y = np.array([self.weight * self.fixed.clip], dtype=np.float64)
+        y = np.array([self.weight * self.fixed.limit], dtype=np.float64)
         y *= self._scale
         words = self._round(y)
         self._done = True

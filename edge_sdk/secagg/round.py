@@ -46,7 +46,7 @@ import numpy as np
 from edge_sdk.dp import add_in_ring, noise_share
 
 from .binding import sign_advertisement, sign_survivors, verify_advertisement, verify_survivors
-from .fixedpoint import BlockEncoder, FixedPoint, l2_norm, slices
+from .fixedpoint import BlockEncoder, Compression, FixedPoint, l2_norm, slices
 from .graph import neighbour_graph
 from .keys import KEY_BYTES, agree, generate_keypair, pair_mask_seed, seed_commitment, self_mask_seed, share_key
 from .labels import Scope, SecAggError
@@ -86,6 +86,7 @@ class DeviceRound:
         self.neighbours: tuple[str, ...] = ()
         self.splits: dict[str, int] = {}
         self.fixed: FixedPoint | None = None
+        self.compression: Compression | None = None  # a compressed round's (edge_sdk.secagg.fixedpoint)
         self.weight_scale = 1.0
         self.threshold = 2
         self.noise: dict[int, tuple[float, int]] = {}  # block -> (sigma_b in ring units, n_min_b)
@@ -138,8 +139,12 @@ class DeviceRound:
         self._members, self._identities = frozenset(peers.members), dict(peers.identities)
         self.noise = self._noise(peers)
         summed = max((sigma * (peers.cohort / n) ** 0.5 for sigma, n in self.noise.values()), default=0.0)
-        self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
-                                summed * 2.0**-peers.frac_bits)  # refuses a ring with no room for the noise
+        self.compression = self._compression(peers)
+        if self.compression is None:
+            self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
+                                    summed * 2.0**-peers.frac_bits)  # refuses a ring with no room for the noise
+        else:
+            self.fixed = self.compression.fixed(peers.cohort, float(peers.clip), 1)
         self.weight_scale = float(peers.weight_scale)
         for v in self.neighbours:
             split = peers.splits[v]
@@ -157,6 +162,29 @@ class DeviceRound:
         self._own = ([block[0] for block in seeds], keys[0])
         return {v: seal_shares(self._share_keys[v], self.scope, me, v, [block[i + 1] for block in seeds], keys[i + 1])
                 for i, v in enumerate(self.neighbours)}
+
+    def _compression(self, peers: SecAggPeers) -> Compression | None:
+        """A compressed round's quantisation (``value_bits`` > 0), refused with distributed noise (its
+        ring holds no noise tail) or with a ring that is not the one its cohort needs."""
+        if not peers.value_bits:
+            return None
+        compression = Compression(peers.value_bits, float(peers.value_spread))
+        if self.noise:
+            raise SecAggError(f"{self.device_id}: a compressed round with distributed noise (its ring has no "
+                              "room for the noise)")
+        if peers.ring_bits != compression.ring_bits(peers.cohort):
+            raise SecAggError(f"{self.device_id}: a ring of {peers.ring_bits} bits for {peers.cohort} devices' "
+                              f"{peers.value_bits}-bit values, which need {compression.ring_bits(peers.cohort)}")
+        return compression
+
+    def fixed_for(self, count: int) -> FixedPoint:
+        """The fixed point of a block of ``count`` coordinates: the round's, or a compressed round's
+        for that block's size."""
+        fixed = self.fixed
+        assert fixed is not None
+        if self.compression is None:
+            return fixed
+        return self.compression.fixed(fixed.cohort, fixed.clip, count)
 
     def _noise(self, peers: SecAggPeers) -> dict[int, tuple[float, int]]:
         """Each trained block's (sigma_b, n_min_b): every trained block or none is noised (a block
@@ -210,14 +238,13 @@ class DeviceRound:
                 for block, values in enumerate(blocks, start=self.split)]
 
     def _mask_block(self, block: int, parts: list[np.ndarray], weight: float) -> np.ndarray:
-        fixed = self.fixed
-        assert fixed is not None
         partners = self.partners(block)
         if not partners:  # alone, its block would be unmasked with its self mask: refuse
             raise SecAggError(f"{self.device_id}: no neighbour of block {block}'s cohort sent shares")
         count = sum(np.asarray(part).size for part in parts)
-        if count + 1 > MAX_WORDS:
-            raise SecAggError(f"a block has at most {MAX_WORDS - 1} coordinates")
+        if not 1 <= count + 1 <= MAX_WORDS or (self.compression is not None and count < 1):
+            raise SecAggError(f"a block has at most {MAX_WORDS - 1} coordinates (and some, in a compressed round)")
+        fixed = self.fixed_for(count)
         encoder = BlockEncoder(fixed, l2_norm(slices(parts)), weight)
         seeds = {v: pair_mask_seed(self._pair_secrets[v], self.scope, block, self.device_id, v) for v in partners}
         masks = MaskStream(fixed.ring_bits, self.device_id,

@@ -112,6 +112,8 @@ export interface SecAggPeers {
   noise_sigma: Record<string, Scalar>; noise_survivors: Record<string, Scalar>;
   /** Per neighbour, its signed seed commitments; the round's t (the fewest devices a revealed sum holds). */
   commitments: Record<string, Uint8Array>; min_survivors: number;
+  /** A compressed round's q-bit values and spread k (0 and 0: the 32-bit ring; src/secagg/fixedpoint.ts `Compression`). */
+  value_bits: number; value_spread: number;
 }
 /** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (28 + 33 (m + 1) bytes for m trained blocks). */
 export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Record<string, Uint8Array> }
@@ -212,6 +214,9 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
       break;
     case "secagg_peers":
       require(msg.graph_seed.byteLength === KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes");
+      require(Number.isInteger(msg.value_bits) && msg.value_bits >= 0 && msg.value_bits <= 24 && msg.value_bits !== 1
+        && Number.isFinite(msg.value_spread) && msg.value_spread >= 0 && (msg.value_bits === 0) === (msg.value_spread === 0),
+      "secagg_peers.value_bits and value_spread are not a compression (q in [2, 24], k > 0) or none");
       checkMultiple("secagg_peers.commitments", msg.commitments, 0, KEY_BYTES);
       require(Number.isInteger(msg.min_survivors) && msg.min_survivors >= 0 && msg.min_survivors <= MAX_PEERS,
         "secagg_peers.min_survivors is outside [0, 255]");
@@ -266,7 +271,7 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   report: [["model_version", "int", -1]],
   secagg_keys: [["commitments", "bytes", new Uint8Array(0)]],
   secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}], ["commitments", "dict_bytes", {}],
-    ["min_survivors", "int", 0]],
+    ["min_survivors", "int", 0], ["value_bits", "int", 0], ["value_spread", "float", 0]],
   secagg_unmask: [["blocks", "list_int", []], ["survivor_set", "list_str", []], ["signatures", "dict_bytes", {}]],
   secagg_reveal: [["consent", "bytes", new Uint8Array(0)]],
 };

@@ -25,13 +25,16 @@ const ROUNDS = 2;
 const DEVICES = ["py-0", "py-1", "node-2", "py-3"];
 const PYTHON_DEVICES = [[0, "py-0"], [1, "py-1"], [3, "py-3"]]; // strong: client index, id
 
-test("a Node device takes part in secure rounds beside Python devices: every block revealed, its reports accepted",
+// The 32-bit ring (int32 words), and a compressed round (8-bit values, the words packed at the ring's
+// bits: docs/security.md, "Compressed secure uploads"), where the server unpacks the Node device's words.
+for (const [what, extra] of [["", []], [" (compressed: 8-bit values, packed words)", ["--secure-value-bits", "8"]]]) {
+test(`a Node device takes part in secure rounds beside Python devices${what}: every block revealed, its reports accepted`,
   { timeout: 900_000 }, async () => {
     const dir = tempDir("edgetrain-secagg-js-");
     const secrets = Object.fromEntries(DEVICES.map((id) => [id, enroll(dir, id)]));
     const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", String(ROUNDS), "--min-devices", "4",
       "--local-steps", "5", "--lr", "0.1", "--deadline", "300", "--straggler-policy", "deadline", "--require-credentials",
-      "--secure-aggregation", "--secure-clip", "20"]);
+      "--secure-aggregation", "--secure-clip", "20", ...extra]);
     const shards = writeShards(dir, [2], 4);
     const procs = [];
     try {
@@ -66,6 +69,7 @@ test("a Node device takes part in secure rounds beside Python devices: every blo
     // 10 classes: chance is 0.1 (two rounds of five steps, the updates clipped to 20 and quantized).
     assert.ok(j.rounds.at(-1).metrics.accuracy > 0.2, `accuracy after ${ROUNDS} rounds: ${j.rounds.at(-1).metrics.accuracy}`);
   });
+}
 
 /** The ring word `w` of `bits` as a signed integer (the centred lift). */
 function lift(w, bits) {
@@ -107,7 +111,7 @@ test("blind to a Node device's bytes: no frame it sends carries its quantized up
     const secrets = Object.fromEntries(ids.map((id) => [id, enroll(dir, id)]));
     const { server, url } = await startServer(dir, ["--model", "digits_mlp", "--rounds", "1", "--min-devices", "4",
       "--local-steps", "5", "--lr", "0.1", "--deadline", "300", "--straggler-policy", "deadline", "--require-credentials",
-      "--secure-aggregation", "--secure-clip", "20"]);
+      "--secure-aggregation", "--secure-clip", "20", ...extra]);
     const shards = writeShards(dir, [2], 4);
     // What the device encodes and masks, recorded as it does (the server process never sees it).
     const encodings = [], masked = [];

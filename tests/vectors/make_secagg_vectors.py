@@ -174,7 +174,8 @@ def fixed_point() -> dict:
                     "update": update, "weight": weight, "rounding_seed": rounding.hex(),
                     "words": fp.encode(np.array(update), weight, rounding).tolist()})
     plans = [{"cohort": c, "clip": clip, "frac_bits": f,
-              "planned": {k: v for k, v in FixedPoint.plan(c, clip, f).__dict__.items() if k != "noise"}}
+              "planned": {k: v for k, v in FixedPoint.plan(c, clip, f).__dict__.items()
+                          if k not in ("noise", "bound")}}
              for c, clip, f in [(1, 1.0, None), (100, 2.0, None), (10**5, 10.0, None), (50, 0.01, 30)]]
     return {"encodings": out, "plans": plans}
 
@@ -213,7 +214,7 @@ def round_scenario() -> dict:
         blocks.append({"block": block, "size": size, "cohort": cohort, "survivors": survivors, "uploads": uploads,
                        "masked_sum": total.tolist(), "unmasked": unmasked.tolist(),
                        "decoded": {"values": decoded.values.tolist(), "weight": decoded.weight}})
-    return {"fixed_point": {k: v for k, v in fp.__dict__.items() if k != "noise"}, "splits": splits, "dropped": dropped,
+    return {"fixed_point": {k: v for k, v in fp.__dict__.items() if k not in ("noise", "bound")}, "splits": splits, "dropped": dropped,
             "mask_private": {d: sk[d].hex() for d in IDS}, "self_seed": {d: own[d].hex() for d in IDS},
             "blocks": blocks}
 

@@ -10,6 +10,7 @@ import { SECAGG_KEY, type Instruction, type Message, type SecAggUnmask } from ".
 import { nextReply } from "../replies.js";
 import { tensor, type Tensor, type TensorValue } from "../tensors.js";
 import type { Channel } from "../transport.js";
+import { packWords } from "./fixedpoint.js";
 import { SecAggError, scope } from "./labels.js";
 import { blockParts } from "./layout.js";
 import { DeviceRound } from "./round.js";
@@ -18,9 +19,19 @@ import { DeviceRound } from "./round.js";
 export const BLOCKS_KEY = "secagg_blocks";
 export const CLIP_KEY = "secagg_clip";
 
-/** The name of block `block`'s masked words in the upload (int32 on the wire, the ring words' bits). */
+/** The name of block `block`'s masked words in the upload: int32 on the wire (the ring words' bits), or
+ * in a compressed round the words packed at the ring's b bits (uint8, `packWords`). */
 export function uploadName(block: number): string {
   return `secagg.${block}`;
+}
+
+/** One block's masked words as they travel: packed at b bits in a compressed round, else int32. */
+export function wireWords(rnd: DeviceRound, w: Uint32Array): Tensor {
+  if (rnd.compression !== null) {
+    const packed = packWords(w, rnd.fixed!.ringBits);
+    return tensor("uint8", [packed.length], packed);
+  }
+  return tensor("int32", [w.length], new Int32Array(w.buffer, w.byteOffset, w.length));
 }
 
 async function answer<T extends Message["t"]>(ch: Channel, t: T): Promise<Message & { t: T }> {
@@ -59,8 +70,7 @@ export async function maskedUpdate(ch: Channel, rnd: DeviceRound, ins: Instructi
     await rnd.receive(inbox.sealed);
     const blocks = blockParts(tensors, String(ins.config[BLOCKS_KEY] ?? "").split(","), ins.split);
     const words = await rnd.mask(blocks, numSamples);
-    return Object.fromEntries(words.map((w, i) => [uploadName(ins.split + i),
-      tensor("int32", [w.length], new Int32Array(w.buffer, w.byteOffset, w.length))]));
+    return Object.fromEntries(words.map((w, i) => [uploadName(ins.split + i), wireWords(rnd, w)]));
   } catch (exc) {
     throw broken(exc);
   }

@@ -7,6 +7,10 @@
  * inputs and rounding seed (the L2 norm is summed in order here; numpy may sum in another order,
  * which changes it by rounding only). A device encodes a block a slice at a time (`BlockEncoder`,
  * after `l2Norm`'s pass), which gives the words `encode` gives for the whole block.
+ *
+ * A compressed round (`Compression`, fixedpoint.py's docstring): each coordinate is bounded by
+ * B = k C / sqrt(d) rounded up to M 2^-f and rounded to an integer of [-M, M], M = 2^(q-1) - 1, in
+ * a ring of b = bit_length(n M) + 1 bits; the words travel packed at b bits (`packWords`).
  */
 import { type CryptoBackend, randomBytes } from "./backend.js";
 import { KEY_BYTES } from "./keys.js";
@@ -20,6 +24,58 @@ export const MAX_COHORT = 2 ** 20;
 export const NOISE_TAIL = 10;
 /** Coordinates a device encodes and masks at once. */
 export const SLICE_WORDS = 1 << 16;
+/** A compressed round's per-coordinate bound in standard deviations of an evenly spread block (k). */
+export const SPREAD = 4;
+/** The most bits a compressed round's devices quantise a coordinate to (q). */
+export const MAX_VALUE_BITS = 24;
+
+/** The bytes of `count` words packed at `bits` bits each. */
+export function packedBytes(count: number, bits: number): number {
+  return Math.ceil((count * bits) / 8);
+}
+
+/** `words` (each below 2^bits) as a little-endian bit stream: word i holds stream bits [i b, (i + 1) b),
+ * stream bit j is bit j mod 8 of byte j / 8; the last byte's high bits are zero (fixedpoint.py's pack_words). */
+export function packWords(words: ArrayLike<number>, bits: number): Uint8Array {
+  ringMask(bits);
+  const out = new Uint8Array(packedBytes(words.length, bits));
+  let pos = 0;
+  for (let i = 0; i < words.length; i++) {
+    let v = words[i]!, left = bits;
+    while (left > 0) {
+      const at = pos >>> 3, off = pos & 7, take = Math.min(8 - off, left);
+      out[at]! |= (v & ((1 << take) - 1)) << off;
+      v = Math.floor(v / 2 ** take);
+      pos += take;
+      left -= take;
+    }
+  }
+  return out;
+}
+
+/** The `count` words of `packWords`'s stream `data`; refused unless it is exactly `packedBytes` long
+ * with its padding bits zero. */
+export function unpackWords(data: Uint8Array, count: number, bits: number): Uint32Array {
+  ringMask(bits);
+  if (data.length !== packedBytes(count, bits)) {
+    throw new SecAggError(`${count} words packed at ${bits} bits are ${packedBytes(count, bits)} bytes, got ${data.length}`);
+  }
+  const tail = (count * bits) % 8;
+  if (tail && data[data.length - 1]! >> tail) throw new SecAggError("the packed words' padding bits are not zero");
+  const out = new Uint32Array(count);
+  let pos = 0;
+  for (let i = 0; i < count; i++) {
+    let v = 0, got = 0;
+    while (got < bits) {
+      const at = pos >>> 3, off = pos & 7, take = Math.min(8 - off, bits - got);
+      v += ((data[at]! >> off) & ((1 << take) - 1)) * 2 ** got;
+      pos += take;
+      got += take;
+    }
+    out[i] = v;
+  }
+  return out;
+}
 
 /** The concatenation of `parts`, in views of at most `size` values (subarrays of typed arrays; no copy). */
 export function* slices(parts: readonly ArrayLike<number>[], size = SLICE_WORDS): Generator<ArrayLike<number>> {
@@ -58,11 +114,42 @@ export interface Decoded {
   readonly weight: number;
 }
 
+/** A compressed round: q-bit values (`valueBits`), M = 2^(q-1) - 1 levels a side, within the bound
+ * B = k C / sqrt(d) rounded up to M 2^-f (`spread` k), in a ring of bit_length(n M) + 1 bits. */
+export class Compression {
+  constructor(readonly valueBits: number, readonly spread = SPREAD) {
+    if (!(Number.isInteger(valueBits) && valueBits >= 2 && valueBits <= MAX_VALUE_BITS)) {
+      throw new SecAggError(`value bits must be an integer in [2, ${MAX_VALUE_BITS}], got ${valueBits}`);
+    }
+    if (!(Number.isFinite(spread) && spread > 0)) throw new SecAggError(`the spread must be finite and > 0, got ${spread}`);
+  }
+
+  /** M: a device's coordinate is an integer of [-M, M]. */
+  get levels(): number {
+    return 2 ** (this.valueBits - 1) - 1;
+  }
+
+  /** b: the sum of `cohort` devices' values cannot wrap in Z_{2^b}. */
+  ringBits(cohort: number): number {
+    return (cohort * this.levels).toString(2).length + 1;
+  }
+
+  /** The fixed point of a block of `dimension` coordinates: the largest f with M 2^-f >= k C / sqrt(d), B = min(C, M 2^-f). */
+  fixed(cohort: number, clip: number, dimension: number): FixedPoint {
+    if (!(Number.isInteger(dimension) && dimension >= 1)) throw new SecAggError(`a block has at least one coordinate, got ${dimension}`);
+    const target = (this.spread * clip) / Math.sqrt(dimension);
+    let f = 0;
+    while (f < MAX_FRAC_BITS && this.levels * 2 ** -(f + 1) >= target) f++;
+    return new FixedPoint(clip, f, this.ringBits(cohort), cohort, 0, Math.min(clip, this.levels * 2 ** -f));
+  }
+}
+
 /** The round's encoding: L2 bound `clip` (C), `fracBits` (f), `ringBits` (b), at most `cohort` (n) devices summed,
- * `noise`: the standard deviation (update units) of the distributed noise summed over the cohort. */
+ * `noise`: the standard deviation (update units) of the distributed noise summed over the cohort; `bound`: a
+ * compressed round's per-coordinate bound B (0: C). */
 export class FixedPoint {
   constructor(readonly clip: number, readonly fracBits: number, readonly ringBits: number, readonly cohort: number,
-    readonly noise = 0) {
+    readonly noise = 0, readonly bound = 0) {
     if (!(Number.isFinite(clip) && clip > 0)) throw new SecAggError(`clip must be finite and > 0, got ${clip}`);
     if (!(Number.isInteger(fracBits) && fracBits >= 0 && fracBits <= MAX_FRAC_BITS)) {
       throw new SecAggError(`frac_bits must be an integer in [0, ${MAX_FRAC_BITS}], got ${fracBits}`);
@@ -71,7 +158,9 @@ export class FixedPoint {
       throw new SecAggError(`cohort must be an integer in [1, ${MAX_COHORT}], got ${cohort}`);
     }
     if (!(Number.isFinite(noise) && noise >= 0)) throw new SecAggError(`noise must be finite and >= 0, got ${noise}`);
-    const needed = ringBitsFor(cohort, clip, fracBits, noise);
+    if (!(Number.isFinite(bound) && bound >= 0 && bound <= clip)) throw new SecAggError(`a coordinate bound must be in [0, clip], got ${bound}`);
+    if (bound && noise) throw new SecAggError("distributed noise needs the float ring: a compressed round's ring has no room for the noise's tail");
+    const needed = ringBitsFor(cohort, this.limit, fracBits, noise);
     if (needed > MAX_RING_BITS) {
       throw new SecAggError(`${cohort} devices at clip ${clip} and 2^${fracBits} need a ring of ${needed} bits, `
         + `more than ${MAX_RING_BITS}: lower frac_bits`);
@@ -93,6 +182,16 @@ export class FixedPoint {
     return new FixedPoint(clip, f, ringBitsFor(cohort, clip, f, noise), cohort, noise);
   }
 
+  /** The bound of every coordinate: B (a compressed round's) or C. */
+  get limit(): number {
+    return this.bound || this.clip;
+  }
+
+  /** Whether the words travel packed at b bits (a compressed round's) or as int32 words. */
+  get packed(): boolean {
+    return this.bound > 0;
+  }
+
   /** The most a decoded coordinate of a sum of `cohort` blocks differs from the float sum. */
   get errorBound(): number {
     return this.cohort * (2 ** -this.fracBits + this.clip * 2 ** -50);
@@ -100,7 +199,7 @@ export class FixedPoint {
 
   /** The most the decoded weight sum differs from the sum of the weights. */
   get weightErrorBound(): number {
-    return this.errorBound / this.clip;
+    return this.errorBound / this.limit;
   }
 
   /** One block's words (values in [0, 2^b)): clipped, weighted, scaled, rounded, then the weight coordinate. */
@@ -127,7 +226,7 @@ export class FixedPoint {
     };
     const values = new Float64Array(total.length - 1);
     for (let i = 0; i < values.length; i++) values[i] = lift(total[i]!) * scale;
-    return { values, weight: (lift(total[total.length - 1]!) * scale) / this.clip };
+    return { values, weight: (lift(total[total.length - 1]!) * scale) / this.limit };
   }
 }
 
@@ -151,7 +250,7 @@ export class BlockEncoder {
     const factor = norm <= fixed.clip ? 1 : fixed.clip / norm;
     this.s = factor * weight;
     this.scale = 2 ** fixed.fracBits;
-    this.limit = fixed.clip * this.scale;
+    this.limit = fixed.limit * this.scale;
     this.ring = ringMask(fixed.ringBits);
     this.stream = new KeyStream(roundingSeed ?? randomBytes(KEY_BYTES), backend);
   }
@@ -174,7 +273,7 @@ export class BlockEncoder {
     if (this.done) throw new SecAggError("a block has one weight word");
     const uniforms = await this.stream.read(1);
     this.done = true;
-    return Uint32Array.of(this.round(this.weight * this.fixed.clip * this.scale, uniforms[0]!));
+    return Uint32Array.of(this.round(this.weight * this.fixed.limit * this.scale, uniforms[0]!));
   }
 
   private round(raw: number, uniform: number): number {

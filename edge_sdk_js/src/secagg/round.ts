@@ -27,7 +27,7 @@ import { addInRing, noiseShare } from "../dp.js";
 import type { SecAggPeers } from "../messages.js";
 import { randomBytes, type CryptoBackend } from "./backend.js";
 import { signAdvertisement, signSurvivors, verifyAdvertisement, verifySurvivors } from "./binding.js";
-import { BlockEncoder, FixedPoint, l2Norm, slices } from "./fixedpoint.js";
+import { BlockEncoder, Compression, FixedPoint, l2Norm, slices } from "./fixedpoint.js";
 import { neighbourGraph } from "./graph.js";
 import { KEY_BYTES, agree, generateKeyPair, pairMaskSeed, publicKey, seedCommitment, selfMaskSeed, shareKey, type KeyPair } from "./keys.js";
 import { SecAggError, concat, type Scope } from "./labels.js";
@@ -60,6 +60,8 @@ export class DeviceRound {
   neighbours: readonly string[] = [];
   readonly splits = new Map<string, number>();
   fixed: FixedPoint | null = null;
+  /** A compressed round's quantisation (fixedpoint.ts `Compression`), or null. */
+  compression: Compression | null = null;
   weightScale = 1;
   /** Distributed DP: block -> [sigma_b in ring units, n_min_b] (edge_sdk/secagg/round.py). */
   noise = new Map<number, [number, number]>();
@@ -149,8 +151,11 @@ export class DeviceRound {
     this.noise = this.noiseOf(peers);
     let summed = 0;
     for (const [sigma, n] of this.noise.values()) summed = Math.max(summed, sigma * Math.sqrt(peers.cohort / n));
+    this.compression = this.compressionOf(peers);
     // refuses a ring with no room for the noise
-    this.fixed = new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort, summed * 2 ** -peers.frac_bits);
+    this.fixed = this.compression === null
+      ? new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort, summed * 2 ** -peers.frac_bits)
+      : this.compression.fixed(peers.cohort, peers.clip, 1);
     this.weightScale = peers.weight_scale;
     for (const v of this.neighbours) await this.meet(v, peers);
     const count = this.neighbours.length + 1;
@@ -164,6 +169,24 @@ export class DeviceRound {
         this.backend === undefined ? {} : { backend: this.backend });
     }
     return out;
+  }
+
+  /** A compressed round's quantisation (value_bits > 0), refused with distributed noise or a ring its cohort does not need. */
+  private compressionOf(peers: SecAggPeers): Compression | null {
+    if (!peers.value_bits) return null;
+    const compression = new Compression(peers.value_bits, peers.value_spread);
+    if (this.noise.size > 0) throw new SecAggError(`${this.deviceId}: a compressed round with distributed noise (its ring has no room for the noise)`);
+    if (peers.ring_bits !== compression.ringBits(peers.cohort)) {
+      throw new SecAggError(`${this.deviceId}: a ring of ${peers.ring_bits} bits for ${peers.cohort} devices' ${peers.value_bits}-bit values, `
+        + `which need ${compression.ringBits(peers.cohort)}`);
+    }
+    return compression;
+  }
+
+  /** The fixed point of a block of `count` coordinates: the round's, or a compressed round's for that size. */
+  fixedFor(count: number): FixedPoint {
+    const fixed = this.fixed!;
+    return this.compression === null ? fixed : this.compression.fixed(fixed.cohort, fixed.clip, count);
   }
 
   /** Each trained block's [sigma_b, n_min_b] (distributed DP): every trained block or none is noised. */
@@ -239,11 +262,13 @@ export class DeviceRound {
 
   private async maskBlock(block: number, parts: readonly ArrayLike<number>[], weight: number,
     roundingSeed?: Uint8Array): Promise<Uint32Array> {
-    const fixed = this.fixed!;
     const partners = this.partners(block);
     if (partners.length === 0) throw new SecAggError(`${this.deviceId}: no neighbour of block ${block}'s cohort sent shares`);
     const count = parts.reduce((n, part) => n + part.length, 0);
-    if (count + 1 > MAX_WORDS) throw new SecAggError(`a block has at most ${MAX_WORDS - 1} coordinates`);
+    if (count + 1 > MAX_WORDS || (this.compression !== null && count < 1)) {
+      throw new SecAggError(`a block has at most ${MAX_WORDS - 1} coordinates (and some, in a compressed round)`);
+    }
+    const fixed = this.fixedFor(count);
     const encoder = new BlockEncoder(fixed, l2Norm(slices(parts)), weight, roundingSeed, this.backend);
     const pairSeeds = new Map<string, Uint8Array>();
     for (const v of partners) pairSeeds.set(v, await pairMaskSeed(this.pairSecrets.get(v)!, this.scope, block, this.deviceId, v, this.backend));

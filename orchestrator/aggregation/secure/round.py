@@ -62,10 +62,12 @@ import numpy as np
 from edge_sdk.secagg import (KEY_BYTES, SHARE_BYTES, FixedPoint, Graph, Scope, SecAggError, agree, neighbour_graph,
                              pair_mask_seed, public_key, remove_masks, seed_commitment, self_mask_seed,
                              verify_advertisement, verify_survivors)
+from edge_sdk.secagg.fixedpoint import Compression, unpack_words
 from edge_sdk.secagg.graph import default_degree
 from edge_sdk.secagg.shamir import robust_combine
 
-__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage", "default_threshold"]
+__all__ = ["BlockOutcome", "NoisePlan", "SecureRefusal", "SecureRound", "SecureStage", "block_fixed", "block_words", "default_threshold",
+           "plan_fixed"]
 
 #: Below this many survivors no block sum is revealed, whatever the cohort: a sum of two tells each the other's.
 LEAST_THRESHOLD = 3
@@ -185,6 +187,40 @@ class Revealed:
         return self._cache[device, block]
 
 
+def plan_fixed(cohort: int, clip: float, noise: NoisePlan, compression: Compression | None
+               ) -> tuple[FixedPoint, Compression | None]:
+    """The round's fixed point for ``cohort`` members: the 32-bit ring with room for the noise, or a
+    compressed round's (its q lowered where the cohort's sum would not fit 32-bit words; refused with
+    distributed noise, for which its ring has no room)."""
+    if compression is None:
+        return FixedPoint.plan(cohort, clip, noise=noise.summed(clip, cohort)), None
+    if noise.survivors:
+        raise SecAggError("a compressed secure round cannot carry distributed noise: its ring has no room for it")
+    compression = compression.fitting(cohort)
+    return compression.fixed(cohort, clip, 1), compression
+
+
+def block_fixed(fixed: FixedPoint | None, compression: Compression | None, size: int) -> FixedPoint:
+    """The fixed point of a block of ``size`` coordinates: the round's, or a compressed round's for that size."""
+    assert fixed is not None
+    return fixed if compression is None else compression.fixed(fixed.cohort, fixed.clip, size)
+
+
+def block_words(device: str, b: int, words: np.ndarray, fixed: FixedPoint, size: int) -> np.ndarray:
+    """One block of a masked upload as ring words, checked: ``size`` + 1 words of Z_{2^b}; a compressed
+    round's unpacked first (exactly the packed length, uint8, its padding bits zero)."""
+    if fixed.packed:
+        try:
+            words = unpack_words(words, size + 1, fixed.ring_bits)
+        except SecAggError as exc:
+            raise SecureRefusal(f"{device!r}'s block {b}: {exc}") from None
+    if words.dtype != np.uint32 or words.shape != (size + 1,):
+        raise SecureRefusal(f"{device!r}'s block {b} is not {size + 1} ring words")
+    if fixed.ring_bits < 32 and int(words.max(initial=0)) >> fixed.ring_bits:
+        raise SecureRefusal(f"{device!r}'s block {b} holds words outside Z_2^{fixed.ring_bits}")
+    return words
+
+
 @dataclass
 class _Device:
     split: int
@@ -198,10 +234,11 @@ class SecureRound:
     """One round's secure aggregation over ``num_blocks`` blocks, in ``scope``."""
 
     def __init__(self, scope: Scope, num_blocks: int, sizes: Mapping[int, int], *, clip: float,
-                 identities: Mapping[str, bytes], degree: int = 0, min_survivors: int = 0) -> None:
+                 identities: Mapping[str, bytes], degree: int = 0, min_survivors: int = 0,
+                 compression: Compression | None = None) -> None:
         self.scope, self.num_blocks, self.sizes = scope, num_blocks, dict(sizes)  # block -> coordinates
         self.clip, self.identities = clip, identities
-        self.degree, self.min_survivors = degree, min_survivors
+        self.degree, self.min_survivors, self.compression = degree, min_survivors, compression  # compression: q, k
         self.weight_scale = 1.0  # fixed by close_keys
         self.noise = NoisePlan()  # fixed by close_keys
         self.graph_seed = os.urandom(KEY_BYTES)
@@ -286,8 +323,12 @@ class SecureRound:
             if trainers < self.t:
                 self.unsecured[b] = (f"{trainers} devices of the cohort train block {b}, fewer than t = {self.t}: "
                                      "not trained securely this round (it keeps its value)")
-        self.fixed = FixedPoint.plan(len(members), self.clip, noise=self.noise.summed(self.clip, len(members)))
+        self.fixed, self.compression = plan_fixed(len(members), self.clip, self.noise, self.compression)
         return {m: self._peers(m, members) for m in members}
+
+    def fixed_for(self, block: int) -> FixedPoint:
+        """Block ``block``'s fixed point: the round's, or a compressed round's for the block's size."""
+        return block_fixed(self.fixed, self.compression, self.sizes[block])
 
     def _degree(self, n: int) -> int:
         k = self.degree or default_degree(n)
@@ -303,7 +344,8 @@ class SecureRound:
                 "identities": {v: self.identities[v] for v in near}, "splits": {v: self.keys[v].split for v in near},
                 "commitments": {v: self.keys[v].commitments for v in near}, "min_survivors": self.t,
                 "clip": fixed.clip, "frac_bits": fixed.frac_bits, "ring_bits": fixed.ring_bits, "cohort": fixed.cohort,
-                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self.noise.fields(fixed)}
+                "weight_scale": self.weight_scale, "threshold": graph.threshold[device], **self.noise.fields(fixed),
+                **({} if self.compression is None else self.compression.fields())}
 
     # -- 1: shares -------------------------------------------------------------------------------
     def take_shares(self, device: str, sealed: Mapping[str, bytes]) -> None:
@@ -336,8 +378,8 @@ class SecureRound:
         return [v for v in self.graph.neighbours[device] if v in self.shared]
 
     # -- 2: masked uploads -----------------------------------------------------------------------
-    def check_masked(self, device: str, blocks: Mapping[int, np.ndarray]) -> None:
-        """Refuse an upload that is not exactly the words of the blocks the device trained."""
+    def check_masked(self, device: str, blocks: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Refuse an upload that is not exactly the words of the blocks the device trained; its words (:func:`block_words`)."""
         self._at(SecureStage.MASKED, device, "a masked update")
         if device not in self.shared:
             raise SecureRefusal(f"a masked update from {device!r}, which did not share its keys this round")
@@ -348,16 +390,11 @@ class SecureRound:
         expected = set(range(self.keys[device].split, self.num_blocks))
         if set(blocks) != expected:
             raise SecureRefusal(f"{device!r}'s masked update covers blocks {sorted(blocks)}, not {sorted(expected)}")
-        for b, words in blocks.items():
-            if words.dtype != np.uint32 or words.shape != (self.sizes[b] + 1,):
-                raise SecureRefusal(f"{device!r}'s block {b} is not {self.sizes[b] + 1} ring words")
-            if fixed.ring_bits < 32 and int(words.max(initial=0)) >> fixed.ring_bits:
-                raise SecureRefusal(f"{device!r}'s block {b} holds words outside Z_2^{fixed.ring_bits}")
+        return {b: block_words(device, b, words, fixed, self.sizes[b]) for b, words in blocks.items()}
 
     def take_masked(self, device: str, blocks: Mapping[int, np.ndarray]) -> None:
         """Add a checked masked update to the blocks' running sums."""
-        self.check_masked(device, blocks)
-        for b, words in blocks.items():
+        for b, words in self.check_masked(device, blocks).items():
             total = self.sums.get(b)
             self.sums[b] = words.copy() if total is None else total + words  # uint32: mod 2^32, reduced later
         self.masked.add(device)
@@ -454,7 +491,7 @@ class SecureRound:
         fixed, graph = self.fixed, self.graph
         if fixed is None or graph is None:
             return [BlockOutcome(b, 0, reason="no cohort shared keys") for b in range(self.num_blocks)]
-        return [self._block(b, fixed, graph) for b in range(self.num_blocks)]
+        return [self._block(b, self.fixed_for(b), graph) for b in range(self.num_blocks)]
 
     def _block(self, b: int, fixed: FixedPoint, graph: Graph) -> BlockOutcome:
         cohort = self.cohort(b)

@@ -26,6 +26,7 @@ import numpy as np
 from edge_sdk import protocol as p
 from edge_sdk.secagg import Scope, SecAggError
 from edge_sdk.secagg.exchange import BLOCKS_KEY
+from edge_sdk.secagg.fixedpoint import Compression
 from orchestrator.aggregation.pipeline import BlockSums, Combiner, Pending
 from orchestrator.aggregation.secure.round import BlockOutcome, NoisePlan, SecureRound
 from orchestrator.aggregation.secure.stages import RoundAccess, SecureStages
@@ -60,7 +61,9 @@ class SecureSums(Combiner):
         scope = Scope(f"{self.config.model}/{self.config.seed}/{os.urandom(12).hex()}", round)
         self.secure = SecureRound(scope, len(self.layout.block_names), self.layout.sizes, clip=self.clip,
                                   identities=self.store.credentials.identities(), degree=self.config.secure_degree,
-                                  min_survivors=self.config.secure_threshold)
+                                  min_survivors=self.config.secure_threshold,
+                                  compression=Compression(self.config.secure_value_bits)
+                                  if self.config.secure_value_bits else None)
         self.stages.open(self.secure)
 
     def instruction_config(self, work: Work) -> dict[str, p.Scalar]:

@@ -41,7 +41,8 @@ class BlockLayout:
 
 
 class MaskedUpload(UploadFormat):
-    """``encode_tensors`` of int32 ring words named by block (``edge_sdk.secagg.exchange.upload_name``)."""
+    """``encode_tensors`` of int32 ring words named by block (``edge_sdk.secagg.exchange.upload_name``), or
+    in a compressed round the words packed at the ring's bits (uint8; the round unpacks and checks them)."""
 
     name = "masked"
     sees_updates = False
@@ -61,20 +62,24 @@ class MaskedUpload(UploadFormat):
         return p.decode_tensors(data, self.limits)
 
     def check(self, msg: p.Report, work: Work, tensors: Tensors, state: Mapping[str, np.ndarray]) -> None:
-        """A train report of the instruction's tail with samples, whose upload is exactly int32 words
-        named by each trained block."""
+        """A train report of the instruction's tail with samples, whose upload is exactly int32 words (or
+        packed bytes, uint8) named by each trained block; their sizes are the round's to check."""
         split, last = work.selection.split, len(self.layout.block_names)
         if msg.phase != "train" or tuple(msg.trained) != (split, last) or msg.num_samples <= 0:
             raise p.ProtocolError("malformed", f"a secure report trains [{split}, {last}) with samples, got "
                                                f"{tuple(msg.trained)} and {msg.num_samples}")
         if set(tensors) != {upload_name(b) for b in range(split, last)} \
-                or any(np.asarray(t).dtype != np.dtype("<i4") for t in tensors.values()):
-            raise p.ProtocolError("malformed", "a secure report's upload is not int32 ring words named by block")
+                or any(np.asarray(t).dtype not in (np.dtype("<i4"), np.dtype(np.uint8)) for t in tensors.values()):
+            raise p.ProtocolError("malformed", "a secure report's upload is not int32 ring words (or packed "
+                                               "uint8 words) named by block")
 
     def words(self, work: Work, tensors: Tensors) -> dict[int, np.ndarray]:
-        """A checked upload's words per block, as the ring's unsigned words."""
-        return {b: np.asarray(tensors[upload_name(b)]).view(np.uint32).ravel()
-                for b in range(work.selection.split, len(self.layout.block_names))}
+        """A checked upload's words per block, as the ring's unsigned words (packed bytes as they came)."""
+        out = {}
+        for b in range(work.selection.split, len(self.layout.block_names)):
+            t = np.asarray(tensors[upload_name(b)])
+            out[b] = t if t.dtype == np.uint8 else t.view(np.uint32).ravel()
+        return out
 
 
 class DeviceClip(Bound):
