@@ -13,7 +13,7 @@ seeds 0, 1, 2 (the fleet's seed: model, partition, cohorts).
 Per case it reports the bytes of the masked uploads (the server's per-device byte count of the
 ``update`` payload, the masked words' frame) per device-round, over the float32 update's bytes (4
 per parameter), and the accuracy (mean of the last 3 rounds). ``python bench/secure_bytes.py`` writes
-``bench/results/secure_bytes.json``; ``--modes`` (``float,q7``), ``--seeds``, ``--rounds`` size it.
+``bench/results/secure_bytes.json``; ``--modes`` (``float,q7``), ``--seeds`` (``0,1,2``), ``--rounds`` (8) size it.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness import Case, Context, parse_list  # noqa: E402
 from bench.harness.fleets import build_fleet, fleet_toml, group  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "secure_bytes.json"
 DEVICES = 8
 #: digits_mlp's parameters (64*2048 + 2048 + 2 * (2048*2048 + 2048) + 2048*10 + 10), 4 bytes each in float32.
 PARAMETERS = 64 * 2048 + 2048 + 2 * (2048 * 2048 + 2048) + 2048 * 10 + 10
@@ -94,34 +94,39 @@ def run_case(mode: str, seed: int, rounds: int, timeout_s: float) -> dict:
                 "ratio": (mean(ups) / (4 * PARAMETERS)) if ups else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="float,q7")
-    ap.add_argument("--seeds", default="0,1,2")
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--modes", default="float,q7", help="float (the 32-bit ring) and qN (N-bit values), comma-separated")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--case-timeout", type=float, default=1800)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    ap.add_argument("--case-timeout", type=float, default=1800, help="seconds one emulation may take")
+
+
+def run(ctx: Context) -> dict:
+    args = ctx.args
+    modes = parse_list(args.modes, str)
     cases = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        for mode in args.modes.split(","):
+    for seed in ctx.seeds:
+        for mode in modes:
             case = run_case(mode, seed, args.rounds, args.case_timeout)
             print(json.dumps({k: v for k, v in case.items() if k != "accuracy"}), flush=True)
             cases.append(case)
-    summary = {}
-    for mode in args.modes.split(","):
+    report = {}
+    for mode in modes:
         done = [c for c in cases if c["mode"] == mode and "error" not in c]
         if done:
-            summary[mode] = {"accuracy_last3_mean": mean(c["accuracy_last3"] for c in done),
-                             "ratio_mean": mean(c["ratio"] for c in done if c["ratio"] is not None),
-                             "seeds": [c["seed"] for c in done]}
-    load = os.getloadavg()
-    doc = {"bench": "secure_bytes", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": "2-core AMD EPYC (shared)", "load_avg_at_end": [round(x, 2) for x in load],
-           "rounds": args.rounds, "devices": DEVICES, "cases": cases, "summary": summary}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+            report[mode] = {"accuracy_last3_mean": mean(c["accuracy_last3"] for c in done),
+                            "ratio_mean": mean(c["ratio"] for c in done if c["ratio"] is not None),
+                            "seeds": [c["seed"] for c in done]}
+    ctx.write(cases, report)
+    return report
+
+
+CASE = Case("secure_bytes", __doc__, run, arguments=arguments, seeds="0,1,2",
+            quick={"modes": "q7", "seeds": "0", "rounds": 2},
+            metrics=("accuracy_last3", "ratio", "masked_bytes_per_device_round", "wall_s"), group_by=("mode",))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return CASE.main(argv)
 
 
 if __name__ == "__main__":
