@@ -511,10 +511,13 @@ class SecAggPeers(Message):
     ``noise_survivors`` to n_min_b: the device adds N_Z(0, sigma_b^2 / n_min_b) to each value word.
     ``commitments``: per neighbour, its signed seed commitments (part of what its signature covers);
     ``min_survivors``: the round's t, the fewest devices whose sum of a block is ever revealed (a device
-    refuses a round whose t is below its own setting)."""
+    refuses a round whose t is below its own setting); ``weight``: this device's aggregation weight in
+    [0, 1], fixed by the server from its registered samples (the device multiplies its update by it; -1,
+    absent: a server that predates it, and the device takes ``min(1, num_samples / weight_scale)``)."""
 
     TYPE: ClassVar[str] = "secagg_peers"
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors",
+                                                    "weight"})
 
     round: int
     graph_seed: bytes
@@ -535,9 +538,11 @@ class SecAggPeers(Message):
     noise_survivors: dict[str, Scalar] = field(default_factory=dict)
     commitments: dict[str, bytes] = field(default_factory=dict)
     min_survivors: int = 0
+    weight: float = -1.0
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_peers.round is negative")
+        _require(self.weight == -1.0 or 0.0 <= self.weight <= 1.0, "secagg_peers.weight is outside [0, 1]")
         _multiple("secagg_peers.commitments", self.commitments, 0, _KEY_BYTES)
         _require(0 <= self.min_survivors <= _MAX_PEERS, "secagg_peers.min_survivors is outside [0, 255]")
         _require(len(self.graph_seed) == _KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes")

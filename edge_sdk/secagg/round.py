@@ -87,6 +87,7 @@ class DeviceRound:
         self.splits: dict[str, int] = {}
         self.fixed: FixedPoint | None = None
         self.weight_scale = 1.0
+        self.weight = -1.0
         self.threshold = 2
         self.noise: dict[int, tuple[float, int]] = {}  # block -> (sigma_b in ring units, n_min_b)
         self._share_keys: dict[str, bytes] = {}
@@ -141,6 +142,7 @@ class DeviceRound:
         self.fixed = FixedPoint(float(peers.clip), peers.frac_bits, peers.ring_bits, peers.cohort,
                                 summed * 2.0**-peers.frac_bits)  # refuses a ring with no room for the noise
         self.weight_scale = float(peers.weight_scale)
+        self.weight = float(peers.weight)  # the server's w for this device (-1: a server that predates it)
         for v in self.neighbours:
             split = peers.splits[v]
             if type(split) is not int or not 0 <= split < self.num_blocks \
@@ -205,7 +207,9 @@ class DeviceRound:
         if len(blocks) != self.num_blocks - self.split:
             raise SecAggError(f"{self.device_id}: {len(blocks)} blocks to mask, trained "
                               f"{self.num_blocks - self.split}")
-        weight = weight_of(num_samples, self.weight_scale)
+        # The server's weight, fixed from the samples registered for this device (docs/security.md,
+        # "Secure groups"); the device's own count only for a server that sends none.
+        weight = self.weight if self.weight >= 0 else weight_of(num_samples, self.weight_scale)
         return [self._mask_block(block, [values] if isinstance(values, np.ndarray) else list(values), weight)
                 for block, values in enumerate(blocks, start=self.split)]
 

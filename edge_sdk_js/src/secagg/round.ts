@@ -61,6 +61,7 @@ export class DeviceRound {
   readonly splits = new Map<string, number>();
   fixed: FixedPoint | null = null;
   weightScale = 1;
+  weight = -1;
   /** Distributed DP: block -> [sigma_b in ring units, n_min_b] (edge_sdk/secagg/round.py). */
   noise = new Map<number, [number, number]>();
   threshold = 2;
@@ -152,6 +153,7 @@ export class DeviceRound {
     // refuses a ring with no room for the noise
     this.fixed = new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort, summed * 2 ** -peers.frac_bits);
     this.weightScale = peers.weight_scale;
+    this.weight = peers.weight ?? -1; // the server's w for this device (-1: a server that predates it)
     for (const v of this.neighbours) await this.meet(v, peers);
     const count = this.neighbours.length + 1;
     const seeds: Uint8Array[][] = [];
@@ -228,7 +230,9 @@ export class DeviceRound {
     if (blocks.length !== this.numBlocks - this.split) {
       throw new SecAggError(`${this.deviceId}: ${blocks.length} blocks to mask, trained ${this.numBlocks - this.split}`);
     }
-    const weight = weightOf(numSamples, this.weightScale);
+    // The server's weight, fixed from the samples registered for this device (docs/security.md, "Secure groups");
+    // the device's own count only for a server that sends none.
+    const weight = this.weight >= 0 ? this.weight : weightOf(numSamples, this.weightScale);
     const out: Uint32Array[] = [];
     for (const [i, values] of blocks.entries()) {
       const parts = isParts(values) ? values : [values];
