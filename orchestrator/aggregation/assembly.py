@@ -211,9 +211,10 @@ def assemble_intake(config: ServerConfig, template: LayeredModel, strategy: Stra
         from orchestrator.aggregation.privacy.release import PrivateRelease
 
         release = PrivateRelease(mechanism, config, store)
-    # A secure group's sum is one update to the bounds that read updates (docs/security.md, "Secure groups"):
-    # not under a privacy mechanism, whose noised sums no reference update may be measured against.
+    # With secure groups, each group's sum is one update to the bounds that read updates (docs/security.md,
+    # "Secure groups"); not under a privacy mechanism, whose noised sums no reference update may be measured
+    # against. Without (secure_group_size 0) the round is today's one sum, applied as the strategy's mean.
     sum_bounds = _reading_bounds(config, template, store, services) \
-        if format.bounded_sums and mechanism is None else []
+        if format.bounded_sums and mechanism is None and config.secure_group_size else []
     return Intake(config, format, bounds, combiner, release, uploads=services.uploads,
                   check_revoked=services.check_revoked, sum_bounds=sum_bounds)
