@@ -29,8 +29,9 @@ update after honest training), digits_mlp, iid shards of the digits training spl
   aggregation in groups of at least ``--group-size``, each insider of ``SECURE_ATTACKS`` against the
   honest secure fleet, and the honest fleet plain; three colluding free riders (0.01 x) with
   ``free_rider``. Per run: the mean accuracy of the last three of 8 rounds, rounds completed, honest
-  devices that exited, and whether the journal named the insider (its own rows, or its group's: a
-  weight word, trust below 0.1 in a block). Written to ``bench/results/attacks_secure.json``.
+  devices that exited, and how the journal named the insider: rows of its own (a share blamed, seals
+  that did not open), rows of its group (a weight word), rounds whose metrics gave its group trust
+  below 0.1 in a block, and rounds its group had the lowest trust of the round's groups. Written to ``bench/results/attacks_secure.json``.
 
 Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
 writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
@@ -158,10 +159,14 @@ def _named(store_dir: Path, history: list[dict], insiders: list[str]) -> dict:
         rows = store.reports.all()
     own = sum(1 for u in rows if u["device_id"] in insiders and (u.get("accepted") is False or u.get("phase") == "secagg"))
     group = sum(1 for u in rows if u["device_id"].startswith("group") and any(i in str(u.get("reason")) for i in insiders))
-    low = sum(1 for h in history if any(any(i in g.get("members", ()) for i in insiders)
-                                        and min(g.get("trust", {"": 1.0}).values()) < 0.1
-                                        for g in h.get("secure", {}).get("groups", [])))
-    return {"own_rows": own, "group_rows": group, "rounds_low_trust": low}
+    low = lowest = 0
+    for h in history:
+        groups = h.get("secure", {}).get("groups", [])
+        trust = [min(g.get("trust", {"": 1.0}).values()) for g in groups]
+        hostile = [t for g, t in zip(groups, trust) if any(i in g.get("members", ()) for i in insiders)]
+        low += any(t < 0.1 for t in hostile)
+        lowest += bool(hostile) and len(groups) > 1 and min(hostile) == min(trust) and min(trust) < max(trust)
+    return {"own_rows": own, "group_rows": group, "rounds_low_trust": low, "rounds_lowest_trust": lowest}
 
 
 def _secure_run(root: Path, lane: str, group_size: int, seed: int) -> dict:
@@ -184,18 +189,21 @@ def secure(ctx: Context) -> dict:
     """Insiders of secure rounds in groups, against the honest secure fleet (module docstring)."""
     args, runs = ctx.args, []
     lanes = [lane for lane in SECURE_LANES if lane in args.secure_lanes.split(",")]
+    summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "attacks": sorted(SECURE_ATTACKS)}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
-            runs += [{"seed": seed, **_secure_run(Path(tmp), lane, args.group_size, seed)} for lane in lanes]
+            for lane in lanes:  # minutes a run: the rows so far are written after each
+                runs.append({"seed": seed, **_secure_run(Path(tmp), lane, args.group_size, seed)})
+                ctx.write(runs, summary, quiet=True)
     honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
     print(f"\n| run (group size {args.group_size}) | last 3 of 8 rounds (%) | points vs honest secure | rounds | "
           "honest exited | named |")
     for r in runs:
         moved = f"{r['last3'] - honest[r['seed']]:+.2f}" if r["seed"] in honest else "-"
-        named = "" if "own_rows" not in r else f"{r['own_rows']} own, {r['group_rows']} group, {r['rounds_low_trust']} low"
+        named = "" if "own_rows" not in r else (f"{r['own_rows']} own, {r['group_rows']} group, {r['rounds_low_trust']} "
+                                                f"below 0.1, {r['rounds_lowest_trust']} lowest")
         print(f"| {r['run']} | {r['last3']:.2f} | {moved} | {r['rounds']} | {len(r['honest_exited'])} | {named} |")
-    return ctx.write(runs, {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size,
-                            "attacks": sorted(SECURE_ATTACKS)})
+    return ctx.write(runs, summary)
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:
