@@ -171,3 +171,15 @@ def test_the_peers_weight_is_checked_and_optional_on_the_wire():
     assert wire(p.SecAggPeers(**fields)).weight == -1.0
     with pytest.raises(p.ProtocolError, match="weight"):
         p.encode(p.SecAggPeers(**fields, weight=1.5))
+
+
+def test_groups_are_refused_with_distributed_noise_in_one_line():
+    from edge_sdk.values import SettingError
+    from orchestrator.aggregation.assembly import check_capabilities
+    from orchestrator.config import ServerConfig
+    from orchestrator.strategies import make_strategy
+
+    strategy = make_strategy("embracingfl")
+    check_capabilities(ServerConfig(secure_aggregation=True, secure_group_size=3), strategy)
+    with pytest.raises(SettingError, match="secure_group_size"):
+        check_capabilities(ServerConfig(secure_aggregation=True, secure_group_size=3, dp=True), strategy)
