@@ -188,7 +188,7 @@ def _secure_run(root: Path, lane: str, group_size: int, seed: int) -> dict:
 def secure(ctx: Context) -> dict:
     """Insiders of secure rounds in groups, against the honest secure fleet (module docstring)."""
     args, runs = ctx.args, []
-    lanes = [lane for lane in SECURE_LANES if lane in args.secure_lanes.split(",")]
+    lanes = [lane for lane in args.secure_lanes.split(",") if lane in SECURE_LANES]  # in the order given
     summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "attacks": sorted(SECURE_ATTACKS)}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
