@@ -255,7 +255,7 @@ class GroupedRound:
                     fixed = g.fixed
                     assert fixed is not None
                     server = sum(self.weights.get(u, 1.0) for u in g.cohort(out.block))
-                    if abs(out.weight - server) > (out.cohort + 1) * 2.0 ** -fixed.frac_bits:
+                    if abs(out.weight - server) > fixed.weight_error_bound:
                         self.weight_mismatch.setdefault(i, (
                             f"group {i} ({', '.join(self.members[i])}): block {out.block}'s weight word sums to "
                             f"{out.weight:.6g}, not the {server:.6g} the server fixed; the server's sum is used"))
