@@ -23,6 +23,16 @@ update after honest training), digits_mlp, iid shards of the digits training spl
   of the last three and the last five rounds (``--seeds`` seeds each). Written to
   ``bench/results/attacks_free_riders.json``.
 
+- **insiders of secure rounds** (``--secure [--group-size 3] [--attacks ...]``): the secure fleet
+  (tests/attacks.py, ``run_secure_fleet``: six devices at split 0 and one at split 2, so that the cohort
+  holds two groups of at least 3 that each train every block) under the defaults with secure
+  aggregation in groups of at least ``--group-size``, each insider of ``SECURE_ATTACKS`` against the
+  honest secure fleet, and the honest fleet plain; three colluding free riders (0.01 x) with
+  ``free_rider``. Per run: the mean accuracy of the last three of 8 rounds, rounds completed, honest
+  devices that exited, and how the journal named the insider: rows of its own (a share blamed, seals
+  that did not open), rows of its group (a weight word), rounds whose metrics gave its group trust
+  below 0.1 in a block, and rounds its group had the lowest trust of the round's groups. Written to ``bench/results/attacks_secure.json``.
+
 Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
 writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
 compare candidate defaults). ``python bench/attacks.py --demo [--seeds 0]`` runs the demo fleet's;
@@ -44,7 +54,8 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import Case, Context, interleave  # noqa: E402
 from bench.harness.journal import updates  # noqa: E402
-from tests.attacks import ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, FleetDevice, run_demo_fleet, run_fleet  # noqa: E402
+from tests.attacks import (ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, SECURE_ATTACKS, FleetDevice,  # noqa: E402
+                           run_demo_fleet, run_fleet, run_secure_fleet)
 
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
 FLEETS = {
@@ -135,6 +146,66 @@ def free_riders(ctx: Context) -> dict:
     return ctx.write(runs, {"rounds": ROUNDS_DEMO, "seeds": seeds, "insiders": 3, "scale": 0.01, "moved": moved})
 
 
+SECURE_LANES = ("honest", "sign_flip", "noclip_x-3", "noclip_x100", "weight_word", "honest-plain", "free_rider",
+                "boost100", "constant", "bad_seals", "wrong_shares")
+
+
+def _named(store_dir: Path, history: list[dict], insiders: list[str]) -> dict:
+    """How the journal named the insiders: rows of their own (a refusal, a share blamed), rows of a group
+    holding one (its weight word), rounds where a group holding one was weighed below 0.1 in some block."""
+    from orchestrator.store import Store
+
+    with Store(store_dir) as store:
+        rows = store.reports.all()
+    own = sum(1 for u in rows if u["device_id"] in insiders and (u.get("accepted") is False or u.get("phase") == "secagg"))
+    group = sum(1 for u in rows if u["device_id"].startswith("group") and any(i in str(u.get("reason")) for i in insiders))
+    low = lowest = 0
+    for h in history:
+        groups = h.get("secure", {}).get("groups", [])
+        trust = [min(g.get("trust", {"": 1.0}).values()) for g in groups]
+        hostile = [t for g, t in zip(groups, trust) if any(i in g.get("members", ()) for i in insiders)]
+        low += any(t < 0.1 for t in hostile)
+        lowest += bool(hostile) and len(groups) > 1 and min(hostile) == min(trust) and min(trust) < max(trust)
+    return {"own_rows": own, "group_rows": group, "rounds_low_trust": low, "rounds_lowest_trust": lowest}
+
+
+def _secure_run(root: Path, lane: str, group_size: int, seed: int) -> dict:
+    attack = None if lane.startswith("honest") else lane
+    insiders = 3 if attack == "free_rider" else 1
+    t0 = time.monotonic()
+    result = run_secure_fleet(root / lane, attack, secure=lane != "honest-plain", group_size=group_size, seed=seed,
+                              insiders=insiders)
+    names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
+    row = {"run": lane, "last3": round(100 * result.mean_accuracy(3), 2), "final": round(100 * result.accuracy, 2),
+           "rounds": len(result.history), "failed_rounds": sum("failed" in h for h in result.history),
+           "honest_exited": sorted(d for d in result.errors if d not in names),
+           "groups": [len(g["members"]) for g in result.history[-1].get("secure", {}).get("groups", [])],
+           "wall_s": round(time.monotonic() - t0, 1), **(_named(root / lane, result.history, names) if attack else {})}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def secure(ctx: Context) -> dict:
+    """Insiders of secure rounds in groups, against the honest secure fleet (module docstring)."""
+    args, runs = ctx.args, []
+    lanes = [lane for lane in args.secure_lanes.split(",") if lane in SECURE_LANES]  # in the order given
+    summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "attacks": sorted(SECURE_ATTACKS)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in ctx.seeds:
+            for lane in lanes:  # minutes a run: the rows so far are written after each
+                runs.append({"seed": seed, **_secure_run(Path(tmp), lane, args.group_size, seed)})
+                ctx.write(runs, summary, quiet=True)
+    honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
+    print(f"\n| run (group size {args.group_size}) | last 3 of 8 rounds (%) | points vs honest secure | rounds | "
+          "honest exited | named |")
+    for r in runs:
+        moved = f"{r['last3'] - honest[r['seed']]:+.2f}" if r["seed"] in honest else "-"
+        named = "" if "own_rows" not in r else (f"{r['own_rows']} own, {r['group_rows']} group, {r['rounds_low_trust']} "
+                                                f"below 0.1, {r['rounds_lowest_trust']} lowest")
+        print(f"| {r['run']} | {r['last3']:.2f} | {moved} | {r['rounds']} | {len(r['honest_exited'])} | {named} |")
+    return ctx.write(runs, summary)
+
+
 def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--plain", action="store_true", help="also run each attack against a plain server")
@@ -143,12 +214,18 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-O", dest="options", action="append", default=[], help="strategy option of the defaults runs")
     ap.add_argument("--free-riders", action="store_true", help="three colluding free riders (0.01 x) in the demo "
                     "fleet (--seeds: its seeds; results in bench/results/attacks_free_riders.json)")
+    ap.add_argument("--secure", action="store_true", help="insiders of secure rounds in groups (--group-size, "
+                    "--secure-lanes, --seeds; results in bench/results/attacks_secure.json)")
+    ap.add_argument("--group-size", type=int, default=3, help="secure_group_size of the --secure runs (0: one group)")
+    ap.add_argument("--secure-lanes", default=",".join(SECURE_LANES), help="the --secure runs, in this order")
     ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost "
                     "(--seeds: its seeds; results in bench/results/attacks_demo.json)")
 
 
 def run(ctx: Context) -> dict:
     args = ctx.args
+    if args.secure:
+        return secure(ctx)
     if args.demo:
         return demo(ctx)
     if args.free_riders:
@@ -191,8 +268,8 @@ def run(ctx: Context) -> dict:
 
 
 def results_name(args: argparse.Namespace) -> str:
-    """attacks[_demo|_free_riders]"""
-    return "attacks_demo" if args.demo else "attacks_free_riders" if args.free_riders else "attacks"
+    """attacks[_secure|_demo|_free_riders]"""
+    return "attacks_secure" if args.secure else "attacks_demo" if args.demo else "attacks_free_riders" if args.free_riders else "attacks"
 
 
 CASE = Case("attacks", __doc__, run, arguments=arguments, seeds="0", results=results_name,

@@ -302,6 +302,7 @@ class ServerConfig:
            "0: SecAgg+'s secret threshold for the cohort (a majority of a neighbourhood), at least 3.")
     secure_degree: NonNegativeInt = setting(
         0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to 33 devices, else 3 log2 n.", cli=False)
+    secure_group_size: NonNegativeInt = setting(0, "Secure groups of >= this many devices, each sum bounded alone; 0: one.")
     secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices "
                                              "(longer for phones on slow links or a loaded server).")
     train_graph_dir: Path | None = setting(
@@ -370,7 +371,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
-                                      "secure_clip", "secure_value_bits", "secure_threshold", "round_mode", "concurrency", "buffer_size",
+                                      "secure_clip", "secure_value_bits", "secure_threshold", "secure_group_size", "round_mode",
+                                      "concurrency", "buffer_size",
                                       "server_lr", "staleness_exponent", "max_staleness")
 
 def _masked_words_conflict(config: ServerConfig) -> str | None:

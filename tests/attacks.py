@@ -29,8 +29,9 @@ from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
 
-__all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "Attack", "AttackerClient", "FleetDevice",
-           "FleetResult", "run_demo_fleet", "run_fleet", "tampering_backend"]
+__all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "SECURE_ATTACKS", "SECURE_HONEST",
+           "Attack", "AttackerClient", "FleetDevice",
+           "FleetResult", "run_demo_fleet", "run_fleet", "run_secure_fleet", "tampering_backend"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,8 @@ def run_fleet(store_dir: Path, devices: Sequence[FleetDevice], *, aggregation: s
     if credentials:
         with Store(store_dir) as store:
             secrets = {d.device_id: store.credentials.enroll(d.device_id) for d in devices}
-    return asyncio.run(_fleet(config, devices, shards, role_budgets("digits_mlp")["strong"], secrets))
+    budget = role_budgets("digits_mlp", secure=bool((settings or {}).get("secure_aggregation")))["strong"]
+    return asyncio.run(_fleet(config, devices, shards, budget, secrets))
 
 
 #: The demo's fleet shape (the hostile kit's): two devices training the whole model and one training
@@ -201,3 +203,94 @@ def run_demo_fleet(store_dir: Path, attack: str | None, *, rounds: int = ROUNDS_
     settings: dict[str, object] = {"straggler_policy": "deadline", **({} if trust else {"direction_trust": False})}
     return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=DEMO_SHARDS,
                      seed=seed, settings=settings)
+
+
+# -- insiders of secure rounds ------------------------------------------------------------------------
+#: How an insider's secure round misbehaves (besides tampering with its update before it is masked):
+#: ``no_clip`` encodes its update without the device's clip (a fixed point whose clip is 10^6 times the
+#: round's); ``bad_seals`` sends random bytes in place of its sealed shares; ``wrong_shares`` answers the
+#: unmasking with every share altered; ``weight_word`` adds a quarter of the ring to each block's weight word.
+ROUND_TAMPERS = ("no_clip", "bad_seals", "wrong_shares", "weight_word")
+#: The insiders of secure rounds: name -> (the update's tampering, the secure round's).
+SECURE_ATTACKS: dict[str, tuple[Attack, str]] = {
+    "sign_flip": (ATTACKS["sign_flip"], ""),
+    "boost100": (ATTACKS["boost100"], ""),
+    "constant": (ATTACKS["constant"], ""),
+    "noclip_x100": (Attack("noclip_x100", scale=100.0), "no_clip"),
+    "noclip_x-3": (Attack("noclip_x-3", scale=-3.0), "no_clip"),
+    "wrong_shares": (Attack("wrong_shares"), "wrong_shares"),
+    "bad_seals": (Attack("bad_seals"), "bad_seals"),
+    "weight_word": (Attack("weight_word"), "weight_word"),
+    "free_rider": (ATTACKS["free_rider"], ""),
+}
+#: The secure fleet: six devices training the whole model and one training blocks 2-3 (the demo fleet's
+#: shape, doubled, so that the cohort holds two groups of at least 3 that each train blocks 0-1 with t = 3),
+#: on iid shards 0-6 of the digits training split cut in :data:`SECURE_SHARDS`; insiders take shard 7.
+SECURE_HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(6)) + (FleetDevice("weak-0", 6, split=2),)
+SECURE_SHARDS = 8
+
+
+def _tampered_round(how: str):  # noqa: ANN202 - a DeviceRound subclass, built when secure aggregation loads
+    import os
+
+    from edge_sdk.secagg.fixedpoint import FixedPoint
+    from edge_sdk.secagg.masks import ring_mask
+    from edge_sdk.secagg.round import DeviceRound
+
+    class TamperedRound(DeviceRound):
+        def share(self, peers):  # type: ignore[no-untyped-def]
+            sealed = super().share(peers)
+            if how == "no_clip":  # an unchecked fixed point: the same words, a clip nobody reaches
+                fixed = object.__new__(FixedPoint)
+                for f in dataclasses.fields(FixedPoint):
+                    object.__setattr__(fixed, f.name, getattr(self.fixed, f.name))
+                object.__setattr__(fixed, "clip", self.fixed.clip * 1e6)
+                self.fixed = fixed
+            return {v: os.urandom(len(s)) for v, s in sealed.items()} if how == "bad_seals" else sealed
+
+        def mask(self, blocks, num_samples):  # type: ignore[no-untyped-def]
+            words = super().mask(blocks, num_samples)
+            if how == "weight_word":
+                ring = ring_mask(self.fixed.ring_bits)
+                for w in words:
+                    w[-1] = (int(w[-1]) + (1 << (self.fixed.ring_bits - 2))) & ring
+            return words
+
+        def reveal(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            seeds, keys = super().reveal(*args, **kwargs)
+            if how == "wrong_shares":
+                def alter(s: bytes) -> bytes:  # every 33-byte share's last byte flipped
+                    return bytes(b ^ 0x5A if (i + 1) % 33 == 0 else b for i, b in enumerate(s))
+                seeds = {v: alter(s) if v != self.device_id else s for v, s in seeds.items()}
+                keys = {v: alter(s) for v, s in keys.items()}
+            return seeds, keys
+
+    return TamperedRound
+
+
+def run_secure_fleet(store_dir: Path, attack: str | None, *, secure: bool = True, group_size: int = 3,
+                     rounds: int = ROUNDS_DEMO, seed: int = 0, insiders: int = 1) -> FleetResult:
+    """:data:`SECURE_HONEST` under the default settings with ``secure`` aggregation in groups of at least
+    ``group_size`` (0: one group), every device enrolled, and ``insiders`` devices of :data:`SECURE_ATTACKS`
+    ``attack`` on shard 7 (None: the honest fleet alone). Every round waits for every device."""
+    from edge_sdk.secagg import Scope, exchange
+
+    names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
+    update, how = SECURE_ATTACKS[attack] if attack else (None, "")
+    devices = SECURE_HONEST + (tuple(FleetDevice(n, SECURE_SHARDS - 1, attack=update) for n in names) if attack else ())
+    settings: dict[str, object] = {"straggler_policy": "deadline", "secure_aggregation": secure,
+                                   **({"secure_group_size": group_size} if secure else {})}
+    honest_start, tampered = exchange.start, _tampered_round(how) if how else None
+
+    def start(device_id, secret, ins, num_blocks, min_survivors):  # type: ignore[no-untyped-def]
+        if tampered is None or device_id not in names:
+            return honest_start(device_id, secret, ins, num_blocks, min_survivors)
+        return tampered(device_id, secret, Scope(str(ins.config[p.SECAGG_KEY]), ins.round), ins.split, num_blocks,
+                        min_survivors=min_survivors)
+
+    exchange.start = start
+    try:
+        return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=SECURE_SHARDS,
+                         seed=seed, settings=settings)
+    finally:
+        exchange.start = honest_start

@@ -294,7 +294,7 @@ def _raw(kind, a, b, ids, n) -> bytes:
               "graph_seed": bytes(32), "degree": n, "cipher_keys": a, "mask_keys": b, "signatures": a,
               "identities": b, "splits": {}, "clip": 1.0, "frac_bits": 3, "ring_bits": 20, "cohort": 3,
               "weight_scale": 1.0, "threshold": 2, "noise_sigma": {}, "noise_survivors": {},
-              "commitments": a if kind is p.SecAggPeers else bytes(32 * (n % 3)), "min_survivors": 3, "blocks": [],
+              "commitments": a if kind is p.SecAggPeers else bytes(32 * (n % 3)), "min_survivors": 3, "weight": 0.5, "blocks": [],
               "value_bits": 6 * (n % 2), "value_spread": 4.0 * (n % 2),
               "survivor_set": ids, "signatures": b, "consent": next(iter(b.values()), b"")}
     fields = [name for name, _ in m.schema(kind)]

@@ -6,6 +6,7 @@ their neighbours and rebuild its secrets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from edge_sdk import protocol as p
 from edge_sdk.secagg import Scope, SecAggError, agree, combine_shares, open_shares, public_key, share_key
 from edge_sdk.secagg.keys import KeyPair
 from edge_sdk.secagg.layout import block_vectors
-from edge_sdk.secagg.round import DeviceRound
+from edge_sdk.secagg.round import DeviceRound, weight_of
 
 V = json.loads((Path(__file__).parent / "vectors" / "secagg_round.json").read_text(encoding="utf-8"))
 SCOPE = Scope(V["scope"]["session"], V["scope"]["round"])
@@ -97,3 +98,22 @@ def test_a_tampered_inbox_leaves_the_device_in_the_round():
     sealed[v] = bytes([sealed[v][0] ^ 1]) + sealed[v][1:]
     rnd.receive(sealed)  # a peer's box that does not open: noted, the device stays in the round
     assert "do not open" in rnd.unopened[v] and v in rnd.partners(2)
+
+
+def test_the_servers_weight_in_the_peers_message_is_the_weight_the_device_masks_with():
+    # Both SDKs (edge_sdk_js/test/secagg-round.test.mjs): the server's weight, sent in secagg_peers, is
+    # what the device multiplies by, whatever sample count the device itself holds.
+    peers = message("secagg_peers")
+    fixed = dataclasses.replace(peers, weight=weight_of(V["num_samples"], peers.weight_scale))
+    rnd = device_round()
+    rnd.advertise()
+    rnd.share(p.decode(p.encode(fixed)))
+    rnd.receive(message("secagg_inbox").sealed)
+    words = rnd.mask(block_vectors(update(), V["blocks"], V["split"]), 10**6)
+    assert {str(b): w.tolist() for b, w in enumerate(words, start=V["split"])} == V["masked"]
+    other = device_round()
+    other.advertise()
+    other.share(dataclasses.replace(peers, weight=0.5 * fixed.weight))
+    other.receive(message("secagg_inbox").sealed)
+    assert [w.tolist() for w in other.mask(block_vectors(update(), V["blocks"], V["split"]), V["num_samples"])] \
+        != [w.tolist() for w in words]

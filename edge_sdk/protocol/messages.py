@@ -513,11 +513,14 @@ class SecAggPeers(Message):
     ``min_survivors``: the round's t, the fewest devices whose sum of a block is ever revealed (a device
     refuses a round whose t is below its own setting). A compressed round (optional, absent without
     it): ``value_bits`` q and ``value_spread`` k (edge_sdk.secagg.fixedpoint.Compression); each block's
-    fixed point follows from them, and ``ring_bits`` is b = bit_length(cohort (2^(q-1) - 1)) + 1."""
+    fixed point follows from them, and ``ring_bits`` is b = bit_length(cohort (2^(q-1) - 1)) + 1.
+    ``weight``: this device's aggregation weight in [0, 1], fixed by the server from its registered
+    samples (the device multiplies its update by it; -1, absent: a server that predates it, and the
+    device takes ``min(1, num_samples / weight_scale)``)."""
 
     TYPE: ClassVar[str] = "secagg_peers"
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"noise_sigma", "noise_survivors", "commitments", "min_survivors",
-                                                    "value_bits", "value_spread"})
+                                                    "value_bits", "value_spread", "weight"})
 
     round: int
     graph_seed: bytes
@@ -540,12 +543,14 @@ class SecAggPeers(Message):
     min_survivors: int = 0
     value_bits: int = 0
     value_spread: float = 0.0
+    weight: float = -1.0
 
     def check(self) -> None:
         _require(self.round >= 0, "secagg_peers.round is negative")
         _require(0 <= self.value_bits <= 24 and math.isfinite(self.value_spread) and self.value_spread >= 0
                  and (self.value_bits == 0) == (self.value_spread == 0) and self.value_bits != 1,
                  "secagg_peers.value_bits and value_spread are not a compression (q in [2, 24], k > 0) or none")
+        _require(self.weight == -1.0 or 0.0 <= self.weight <= 1.0, "secagg_peers.weight is outside [0, 1]")
         _multiple("secagg_peers.commitments", self.commitments, 0, _KEY_BYTES)
         _require(0 <= self.min_survivors <= _MAX_PEERS, "secagg_peers.min_survivors is outside [0, 255]")
         _require(len(self.graph_seed) == _KEY_BYTES, "secagg_peers.graph_seed is not 32 bytes")

@@ -88,6 +88,7 @@ class DeviceRound:
         self.fixed: FixedPoint | None = None
         self.compression: Compression | None = None  # a compressed round's (edge_sdk.secagg.fixedpoint)
         self.weight_scale = 1.0
+        self.weight = -1.0
         self.threshold = 2
         self.noise: dict[int, tuple[float, int]] = {}  # block -> (sigma_b in ring units, n_min_b)
         self._share_keys: dict[str, bytes] = {}
@@ -146,6 +147,7 @@ class DeviceRound:
         else:
             self.fixed = self.compression.fixed(peers.cohort, float(peers.clip), 1)
         self.weight_scale = float(peers.weight_scale)
+        self.weight = float(peers.weight)  # the server's w for this device (-1: a server that predates it)
         for v in self.neighbours:
             split = peers.splits[v]
             if type(split) is not int or not 0 <= split < self.num_blocks \
@@ -233,7 +235,9 @@ class DeviceRound:
         if len(blocks) != self.num_blocks - self.split:
             raise SecAggError(f"{self.device_id}: {len(blocks)} blocks to mask, trained "
                               f"{self.num_blocks - self.split}")
-        weight = weight_of(num_samples, self.weight_scale)
+        # The server's weight, fixed from the samples registered for this device (docs/security.md,
+        # "Secure groups"); the device's own count only for a server that sends none.
+        weight = self.weight if self.weight >= 0 else weight_of(num_samples, self.weight_scale)
         return [self._mask_block(block, [values] if isinstance(values, np.ndarray) else list(values), weight)
                 for block, values in enumerate(blocks, start=self.split)]
 

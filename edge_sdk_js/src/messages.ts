@@ -114,6 +114,9 @@ export interface SecAggPeers {
   commitments: Record<string, Uint8Array>; min_survivors: number;
   /** A compressed round's q-bit values and spread k (0 and 0: the 32-bit ring; src/secagg/fixedpoint.ts `Compression`). */
   value_bits: number; value_spread: number;
+  /** This device's aggregation weight in [0, 1], fixed by the server from its registered samples (-1: absent, a
+   * server that predates it: the device takes min(1, num_samples / weight_scale)). */
+  weight: number;
 }
 /** Device -> server, SecAgg+ round 1 (ShareKeys): per neighbour, its sealed shares (28 + 33 (m + 1) bytes for m trained blocks). */
 export interface SecAggShares { t: "secagg_shares"; round: number; sealed: Record<string, Uint8Array> }
@@ -230,6 +233,7 @@ function checkSecAgg(msg: SecAggKeys | SecAggPeers | SecAggShares | SecAggInbox 
       require(msg.frac_bits >= 0 && msg.frac_bits <= 60 && msg.ring_bits >= 1 && msg.ring_bits <= 32, "secagg_peers has a bad fixed point");
       require(msg.cohort >= 2 && msg.threshold >= 2, "secagg_peers.cohort or threshold is below 2");
       require(msg.weight_scale > 0, "secagg_peers.weight_scale is not positive");
+      require(msg.weight === -1 || (msg.weight >= 0 && msg.weight <= 1), "secagg_peers.weight is outside [0, 1]");
       require(Object.keys(msg.noise_sigma).length === Object.keys(msg.noise_survivors).length
         && Object.keys(msg.noise_sigma).every((b) => Object.hasOwn(msg.noise_survivors, b)), "secagg_peers.noise_* name different blocks");
       require(Object.values(msg.noise_sigma).every((v) => typeof v === "number" && Number.isFinite(v) && v >= 0),
@@ -271,7 +275,7 @@ const OPTIONAL: Partial<Record<Message["t"], [string, Kind, unknown][]>> = {
   report: [["model_version", "int", -1]],
   secagg_keys: [["commitments", "bytes", new Uint8Array(0)]],
   secagg_peers: [["noise_sigma", "dict_scalar", {}], ["noise_survivors", "dict_scalar", {}], ["commitments", "dict_bytes", {}],
-    ["min_survivors", "int", 0], ["value_bits", "int", 0], ["value_spread", "float", 0]],
+    ["min_survivors", "int", 0], ["value_bits", "int", 0], ["value_spread", "float", 0], ["weight", "float", -1]],
   secagg_unmask: [["blocks", "list_int", []], ["survivor_set", "list_str", []], ["signatures", "dict_bytes", {}]],
   secagg_reveal: [["consent", "bytes", new Uint8Array(0)]],
 };

@@ -115,6 +115,20 @@ test("a round refuses what the server may not relay (a forged signature, both se
     /block 1 would be unmasked with 2 survivors/);
 });
 
+test("the server's weight in secagg_peers is the weight the device masks with, as in Python", async () => {
+  // tests/test_secagg_round_vectors.py: the same round with the server's weight, whatever count the device holds.
+  const peers = message("secagg_peers");
+  const weight = sa.weightOf(V.num_samples, peers.weight_scale);
+  const rnd = await deviceRound();
+  await rnd.advertise();
+  await rnd.share(decode(encode({ ...peers, weight })));
+  await rnd.receive(message("secagg_inbox").sealed);
+  const words = await rnd.mask(sa.blockVectors(update(), V.blocks, V.split), 10 ** 6);
+  assert.deepEqual(Object.fromEntries(words.map((w, i) => [String(V.split + i), [...w]])), V.masked);
+  assert.throws(() => encode({ ...peers, weight: 1.5 }), /weight is outside/);
+  assert.equal(decode(encode(peers)).weight, -1);
+});
+
 test("the codec refuses malformed secure messages", () => {
   const keys = message("secagg_keys");
   assert.throws(() => encode({ ...keys, signature: new Uint8Array(63) }), /signature is not 64 bytes/);

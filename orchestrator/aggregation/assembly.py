@@ -104,6 +104,9 @@ def check_capabilities(config: ServerConfig, strategy: Strategy) -> None:
         raise SettingError("secure_aggregation", f"strategy {strategy.name} combines by {combines.describe()}; "
                                                  f"secure aggregation sums whole blocks and runs a strategy that "
                                                  f"declares a weighted mean (Strategy.combines)")
+    if config.secure_aggregation and config.dp and config.secure_group_size:
+        raise SettingError("secure_group_size", "secure groups reveal one sum per group; distributed noise is sized "
+                                                "for one sum of the cohort: dp runs one group (secure_group_size 0)")
     if config.round_mode == "buffered":
         _check_buffered(config, combines.is_sum, combines.describe(), strategy.name)
     if config.dp:
@@ -154,18 +157,25 @@ def _bounds(config: ServerConfig, template: LayeredModel, store: Store, services
     releases the round; a mechanism's clip; under masking, the devices' clip."""
     chain: list[Bound] = []
     if format.sees_updates and mechanism is None:
-        from orchestrator.aggregation.normbound import NormBound
-        from orchestrator.aggregation.trust import DirectionTrust
-
-        norms = NormBound(config, template, store, services.reference)
-        chain.append(_load(BOUNDS, "norm_bound", "bound")(norms))
-        if config.direction_trust:
-            trust = DirectionTrust(template, config.trust_floor, config.direction_trust)
-            chain.append(_load(BOUNDS, "direction_trust", "bound")(trust, norms))
+        chain += _reading_bounds(config, template, store, services)
     if mechanism is not None and (clip := mechanism.server_clip()) is not None:
         chain.append(clip)
     if not format.sees_updates:
         chain.append(_load(BOUNDS, "device_clip", "bound")(_device_clip(config, mechanism)))
+    return chain
+
+
+def _reading_bounds(config: ServerConfig, template: LayeredModel, store: Store, services: IntakeServices) -> list[Bound]:
+    """``norm_bound`` and (``direction_trust``) ``direction_trust``: the bounds that read an update in the
+    clear, against the server's reference update (each device's update, or a secure group's mean)."""
+    from orchestrator.aggregation.normbound import NormBound
+    from orchestrator.aggregation.trust import DirectionTrust
+
+    norms = NormBound(config, template, store, services.reference)
+    chain: list[Bound] = [_load(BOUNDS, "norm_bound", "bound")(norms)]
+    if config.direction_trust:
+        trust = DirectionTrust(template, config.trust_floor, config.direction_trust)
+        chain.append(_load(BOUNDS, "direction_trust", "bound")(trust, norms))
     return chain
 
 
@@ -201,5 +211,10 @@ def assemble_intake(config: ServerConfig, template: LayeredModel, strategy: Stra
         from orchestrator.aggregation.privacy.release import PrivateRelease
 
         release = PrivateRelease(mechanism, config, store)
+    # With secure groups, each group's sum is one update to the bounds that read updates (docs/security.md,
+    # "Secure groups"); not under a privacy mechanism, whose noised sums no reference update may be measured
+    # against. Without (secure_group_size 0) the round is today's one sum, applied as the strategy's mean.
+    sum_bounds = _reading_bounds(config, template, store, services) \
+        if format.bounded_sums and mechanism is None and config.secure_group_size else []
     return Intake(config, format, bounds, combiner, release, uploads=services.uploads,
-                  check_revoked=services.check_revoked)
+                  check_revoked=services.check_revoked, sum_bounds=sum_bounds)

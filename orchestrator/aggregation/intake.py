@@ -144,8 +144,10 @@ class Intake(ReportIntake):
     every report goes through; each part owns its own state."""
 
     def __init__(self, config: ServerConfig, format: UploadFormat, bounds: Sequence[Bound], combiner: Combiner,
-                 release: Release, *, uploads: Uploads, check_revoked: Callable[[Session], None]) -> None:
+                 release: Release, *, uploads: Uploads, check_revoked: Callable[[Session], None],
+                 sum_bounds: Sequence[Bound] = ()) -> None:
         self.config, self.format, self.bounds = config, format, tuple(bounds)
+        self.sum_bounds = tuple(sum_bounds)  # the chain the combiner's revealed sums go through (secure groups)
         self.combiner, self.release = combiner, release
         self.uploads, self.check_revoked = uploads, check_revoked
 
@@ -156,7 +158,7 @@ class Intake(ReportIntake):
 
     def prepare(self, state: Mapping[str, np.ndarray], round: int) -> None:
         """The bounds' references for the round (the server's reference update, trained on its data)."""
-        for bound in self.bounds:
+        for bound in (*self.bounds, *self.sum_bounds):
             bound.prepare(state, round)
 
     def instruction_config(self, work: Work) -> Mapping[str, p.Scalar]:
@@ -166,26 +168,34 @@ class Intake(ReportIntake):
         return extra
 
     async def settle(self, ctx: RoundContext) -> None:
+        """The combiner's conversation (a secure round's unmasking), then each sum it reveals through the
+        sums' chain of bounds as one update (a secure group's mean: norm bound, direction trust)."""
         await self.combiner.settle(ctx)
+        for pending in self.combiner.sum_updates():
+            for bound in self.sum_bounds:
+                pending = bound.apply(pending)
+            self.combiner.take_sum(pending)
+            for bound in self.sum_bounds:
+                bound.taken(pending)
         await self.release.settle(ctx, self.combiner.block_sums())
 
     def aggregate(self, ctx: RoundContext) -> RoundResult:
         """The combiner's result, as each bound leaves it (blocks no report was trusted for are named),
         then as it is released (noised and accounted under a privacy mechanism)."""
         result = self.combiner.aggregate(ctx)
-        for bound in self.bounds:
+        for bound in (*self.bounds, *self.sum_bounds):
             result = bound.finish(ctx, result)
         return self.release.release(ctx, result, self.combiner.block_sums())
 
     def end_round(self) -> None:
         self.uploads.drop()
-        for bound in self.bounds:
+        for bound in (*self.bounds, *self.sum_bounds):
             bound.end_round()
         self.combiner.end_round()
         self.release.end_round()
 
     def commit(self, round: int) -> None:
-        for bound in self.bounds:
+        for bound in (*self.bounds, *self.sum_bounds):
             bound.commit(round)
 
     def ends_run(self) -> bool:

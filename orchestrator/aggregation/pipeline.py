@@ -112,6 +112,8 @@ class UploadFormat(ABC):
     resumable: ClassVar[bool]
     #: The combiner of ``COMBINERS`` that takes this format's uploads.
     combiner: ClassVar[str]
+    #: Whether its combiner reveals sums the bounds that read updates apply to (secure groups' sums).
+    bounded_sums: ClassVar[bool] = False
 
     @abstractmethod
     def bound(self, session: Session, work: Work | None) -> int:
@@ -192,6 +194,14 @@ class Combiner(ABC):
     def block_sums(self) -> BlockSums | None:
         """The round's sums per block where the combiner reveals them whole (secure aggregation), else None."""
         return None
+
+    def sum_updates(self) -> list[Pending]:
+        """After :meth:`settle`: the sums the combiner reveals, each as one update for the bounds that
+        read updates (a secure group's mean over its revealed blocks); none here."""
+        return []
+
+    def take_sum(self, pending: Pending) -> None:
+        """One of :meth:`sum_updates` as the bounds left it (clipped, normalised, weighed or refused)."""
 
     def end_round(self) -> None:
         """The round is over, committed or not."""

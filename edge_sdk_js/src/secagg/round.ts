@@ -63,6 +63,7 @@ export class DeviceRound {
   /** A compressed round's quantisation (fixedpoint.ts `Compression`), or null. */
   compression: Compression | null = null;
   weightScale = 1;
+  weight = -1;
   /** Distributed DP: block -> [sigma_b in ring units, n_min_b] (edge_sdk/secagg/round.py). */
   noise = new Map<number, [number, number]>();
   threshold = 2;
@@ -157,6 +158,7 @@ export class DeviceRound {
       ? new FixedPoint(peers.clip, peers.frac_bits, peers.ring_bits, peers.cohort, summed * 2 ** -peers.frac_bits)
       : this.compression.fixed(peers.cohort, peers.clip, 1);
     this.weightScale = peers.weight_scale;
+    this.weight = peers.weight ?? -1; // the server's w for this device (-1: a server that predates it)
     for (const v of this.neighbours) await this.meet(v, peers);
     const count = this.neighbours.length + 1;
     const seeds: Uint8Array[][] = [];
@@ -251,7 +253,9 @@ export class DeviceRound {
     if (blocks.length !== this.numBlocks - this.split) {
       throw new SecAggError(`${this.deviceId}: ${blocks.length} blocks to mask, trained ${this.numBlocks - this.split}`);
     }
-    const weight = weightOf(numSamples, this.weightScale);
+    // The server's weight, fixed from the samples registered for this device (docs/security.md, "Secure groups");
+    // the device's own count only for a server that sends none.
+    const weight = this.weight >= 0 ? this.weight : weightOf(numSamples, this.weightScale);
     const out: Uint32Array[] = [];
     for (const [i, values] of blocks.entries()) {
       const parts = isParts(values) ? values : [values];

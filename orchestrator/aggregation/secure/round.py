@@ -108,6 +108,7 @@ class BlockOutcome:
     reason: str = ""
     recovered: list[str] = field(default_factory=list)
     multiplier: float = 0.0  # distributed DP: the noise standard deviation of the sum over its clip
+    group: int = 0  # the secure group whose sum it is (orchestrator.aggregation.secure.groups)
 
 
 @dataclass(frozen=True)

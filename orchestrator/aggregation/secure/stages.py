@@ -1,4 +1,4 @@
-"""A secure round's conversation with its devices: the stages a :class:`~orchestrator.aggregation.secure.round.SecureRound`
+"""A secure round's conversation with its devices: the stages a :class:`~orchestrator.aggregation.secure.groups.GroupedRound`
 runs through, driven over the connections (docs/security.md, "Secure aggregation").
 
 After training each device of the round sends ``SecAggKeys``; the key stage closes when every device
@@ -26,7 +26,8 @@ from typing import Any
 from edge_sdk import protocol as p
 from edge_sdk.secagg import SecAggError
 from orchestrator.aggregation.pipeline import registered_samples
-from orchestrator.aggregation.secure.round import NoisePlan, SecureRound, SecureStage
+from orchestrator.aggregation.secure.groups import GroupedRound
+from orchestrator.aggregation.secure.round import NoisePlan, SecureStage
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Emit, Send, Session, Work
 from orchestrator.rounds import RoundState
@@ -56,7 +57,7 @@ class SecureStages:
                  plan_noise: Callable[[Mapping[int, int]], NoisePlan | None]) -> None:
         self.config, self.store, self.access = config, store, access
         self.uniform, self.plan_noise = uniform, plan_noise
-        self.secure: SecureRound | None = None
+        self.secure: GroupedRound | None = None
         self._clear()
 
     def _clear(self) -> None:
@@ -66,7 +67,7 @@ class SecureStages:
         self._answered = asyncio.Event()
         self.cost = {"messages_in": 0, "bytes_in": 0}
 
-    def open(self, secure: SecureRound) -> None:
+    def open(self, secure: GroupedRound) -> None:
         """Round ``secure`` starts taking key advertisements."""
         self.secure = secure
 
@@ -113,7 +114,7 @@ class SecureStages:
             self._journal(rs, device, f"secure round: {exc}", closed=True)
             raise p.ProtocolError("refused" if "twice" in str(exc) else "malformed", f"secure round: {exc}") from None
 
-    async def _keys(self, session: Session, msg: p.SecAggKeys, rs: RoundState, secure: SecureRound) -> None:
+    async def _keys(self, session: Session, msg: p.SecAggKeys, rs: RoundState, secure: GroupedRound) -> None:
         device = session.device_id
         work = self.access.work_of(device)
         if device in self.presumed_dropped or secure.stage is not SecureStage.KEYS or work is None:
@@ -123,7 +124,7 @@ class SecureStages:
                          msg.commitments)
         await self._progress(rs)
 
-    async def _shares(self, session: Session, msg: p.SecAggShares, rs: RoundState, secure: SecureRound) -> None:
+    async def _shares(self, session: Session, msg: p.SecAggShares, rs: RoundState, secure: GroupedRound) -> None:
         if secure.stage is not SecureStage.SHARES:
             return await self._turn_away(session, msg, rs, "the share stage is closed")
         secure.take_shares(session.device_id, msg.sealed)
@@ -160,8 +161,9 @@ class SecureStages:
         assert secure is not None
         if secure.stage is not SecureStage.KEYS:
             return
-        closed = secure.close_keys(weight_scale=self._weight_scale(secure.keys),
-                                   noise=self.plan_noise(secure.advertised_cohorts()))
+        scale = self._weight_scale(secure.keys)
+        closed = secure.close_keys(weight_scale=scale, noise=self.plan_noise(secure.advertised_cohorts()),
+                                   weights=self._weights(secure.keys, scale))
         for b, why in secure.unsecured.items():  # said once, at the close, not only in the round's outcome
             log.warning("secure round %d: block %d: %s", rs.round, b, why)
         for u, fields in closed.items():
@@ -178,6 +180,13 @@ class SecureStages:
         counts = [registered_samples(self.config, s) for d in devices if (s := sessions.get(d)) is not None]
         return float(max(counts, default=1) or 1)
 
+    def _weights(self, devices: Mapping[str, object], scale: float) -> dict[str, float]:
+        """Each device's weight w = min(1, registered samples / scale), fixed by the server (the device
+        is told it and multiplies by it; the server sums it itself): 1 for uniform weighting."""
+        sessions = self.access.sessions
+        return {d: 1.0 if self.uniform or (s := sessions.get(d)) is None
+                else min(1.0, registered_samples(self.config, s) / scale) for d in devices}
+
     async def _close_shares(self, rs: RoundState) -> None:
         secure = self.secure
         assert secure is not None
@@ -187,7 +196,7 @@ class SecureStages:
             await self.send_to(u, p.SecAggInbox(rs.round, sealed))
         await self._left_out(rs, secure)
 
-    async def _left_out(self, rs: RoundState, secure: SecureRound) -> None:
+    async def _left_out(self, rs: RoundState, secure: GroupedRound) -> None:
         for device, why in list(secure.left_out.items()):
             session = self.access.sessions.get(device)
             if session is not None and rs.expects(device, "train"):
@@ -231,19 +240,23 @@ class SecureStages:
                 await self.send_to(device, p.Ack(ctx_round, False, f"secure round: the round closed in its "
                                                                    f"{secure.stage.value} stage", "train"))
             return False
-        asks, survivors = secure.close_uploads(), secure.survivor_set()
+        asks = secure.close_uploads()
         if not asks:  # no block's survivors reach t: nothing to unmask
             return True
         # ConsistencyCheck (Bonawitz et al. 2017): each survivor signs the survivor set; each then sees
         # the signatures it can check, and answers with shares only if at least t devices signed it.
-        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *ask, survivors) for u, ask in asks.items()},
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *ask, secure.survivor_set(u)) for u, ask in asks.items()},
                         lambda: set(secure.asked) <= set(secure.consents))
         if not secure.consistent():
             log.info("secure round %d: %d of %d survivors signed the survivor set, fewer than t = %d: nothing is "
                      "unmasked", ctx_round, len(secure.consents), len(asks), secure.t)
             secure.abandon_unmasking()
             return True
-        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *asks[u], survivors, secure.signatures_for(u))
+        for group in secure.abandon_inconsistent():
+            log.info("secure round %d: group %d: fewer than t survivors signed its survivor set: nothing of it is "
+                     "unmasked", ctx_round, group)
+        await self._ask(ctx_round, {u: p.SecAggUnmask(ctx_round, *asks[u], secure.survivor_set(u),
+                                                      secure.signatures_for(u))
                                     for u in list(secure.asked) if u in secure.consents}, lambda: not secure.asked)
         return True
 
@@ -277,6 +290,8 @@ class SecureStages:
         for device, why in secure.blamed.items():
             self._journal(rs, device, f"secure round: {why}: its shares set aside, treated as dropped",
                           closed=False, phase="secagg")
+        for group, why in secure.weight_mismatch.items():  # a masked word: the group, not one device, is named
+            self._journal(rs, f"group {group}", f"secure round: {why}", closed=False, phase="secagg")
         for holder, peers in secure.unopened.items():
             for v in peers:
                 self._journal(rs, v, f"secure round: its sealed shares did not open for {holder!r}", closed=False,

@@ -28,13 +28,15 @@ from edge_sdk.secagg import Scope, SecAggError
 from edge_sdk.secagg.exchange import BLOCKS_KEY
 from edge_sdk.secagg.fixedpoint import Compression
 from orchestrator.aggregation.pipeline import BlockSums, Combiner, Pending
-from orchestrator.aggregation.secure.round import BlockOutcome, NoisePlan, SecureRound
+from orchestrator.aggregation.secure.groups import GroupedRound
+from orchestrator.aggregation.secure.round import BlockOutcome, NoisePlan
 from orchestrator.aggregation.secure.stages import RoundAccess, SecureStages
 from orchestrator.aggregation.secure.upload import MaskedUpload
 from orchestrator.config import ServerConfig
 from orchestrator.parts import Folded, Session, Work
 from orchestrator.store import Store
 from orchestrator.strategies import RoundContext, RoundResult
+from orchestrator.strategies.selection import Selection
 
 __all__ = ["SecureSums"]
 
@@ -49,9 +51,10 @@ class SecureSums(Combiner):
         self.config, self.upload, self.layout, self.clip = config, upload, upload.layout, clip
         self.store = store
         self.stages = SecureStages(config, store, access, uniform=uniform, plan_noise=plan_noise)
-        self.secure: SecureRound | None = None
+        self.secure: GroupedRound | None = None
         self.reports: dict[str, dict[str, object]] = {}
         self.outcomes: list[BlockOutcome] = []
+        self.bounded: dict[int, Pending] = {}  # group -> its mean as the sums' bounds left it
         self.unmask_s = 0.0
 
     # -- a round's life -------------------------------------------------------------------------
@@ -59,11 +62,11 @@ class SecureSums(Combiner):
         # A fresh scope for every attempt, in this process or after a restart: no signature, seal or
         # mask of another attempt verifies, opens or cancels in this one.
         scope = Scope(f"{self.config.model}/{self.config.seed}/{os.urandom(12).hex()}", round)
-        self.secure = SecureRound(scope, len(self.layout.block_names), self.layout.sizes, clip=self.clip,
-                                  identities=self.store.credentials.identities(), degree=self.config.secure_degree,
-                                  min_survivors=self.config.secure_threshold,
-                                  compression=Compression(self.config.secure_value_bits)
-                                  if self.config.secure_value_bits else None)
+        self.secure = GroupedRound(scope, len(self.layout.block_names), self.layout.sizes, clip=self.clip,
+                                   identities=self.store.credentials.identities(), degree=self.config.secure_degree,
+                                   min_survivors=self.config.secure_threshold, group_size=self.config.secure_group_size,
+                                   compression=Compression(self.config.secure_value_bits)
+                                   if self.config.secure_value_bits else None)
         self.stages.open(self.secure)
 
     def instruction_config(self, work: Work) -> dict[str, p.Scalar]:
@@ -75,7 +78,7 @@ class SecureSums(Combiner):
 
     def end_round(self) -> None:
         self.stages.close()
-        self.secure, self.reports, self.outcomes, self.unmask_s = None, {}, [], 0.0
+        self.secure, self.reports, self.outcomes, self.unmask_s, self.bounded = None, {}, [], 0.0, {}
 
     # -- the masked uploads ---------------------------------------------------------------------
     @staticmethod
@@ -114,28 +117,61 @@ class SecureSums(Combiner):
         self.stages.blame()
         self.unmask_s = time.monotonic() - started
 
+    def sum_updates(self) -> list[Pending]:
+        """Each group's mean over its revealed blocks, (sum_i w_i delta_i[k]) / (sum_i w_i) with the
+        server's weights, as one update for the sums' bounds (docs/security.md, "Secure groups")."""
+        by_group: dict[int, list[BlockOutcome]] = {}
+        for out in self.outcomes:
+            if out.values is not None and out.weight > 0:
+                by_group.setdefault(out.group, []).append(out)
+        return [Pending(f"group {g}", Selection.tail(min(o.block for o in outs)),
+                        {n: v for o in outs for n, v in self._sums([o]).split(o.block, o.weight).items()},
+                        max(1, round(sum(o.weight for o in outs) / len(outs))))
+                for g, outs in sorted(by_group.items())]
+
+    def take_sum(self, pending: Pending) -> None:
+        self.bounded[int(pending.device_id.split()[-1])] = pending
+
     def aggregate(self, ctx: RoundContext) -> RoundResult:
-        """x[k] + (sum w_i delta_i[k]) / (sum w_i) for each revealed block; the rest keep their value."""
+        """x[k] + the weighted mean over groups of each group's bounded mean at block k, each group
+        weighing its server-fixed weight sum times its trust (one group, unbounded: (sum w_i delta_i[k]) /
+        (sum w_i)); a block no group revealed, or every group's trust was 0 for, keeps its value."""
         state = {k: np.asarray(v) for k, v in ctx.global_state.items()}
         contributors = dict.fromkeys(state, 0)
-        sums = self.block_sums()
+        folded: dict[str, list[tuple[float, np.ndarray, int]]] = {}
         for out in self.outcomes:
-            if out.values is None or out.weight <= 0:
+            pending = self.bounded.get(out.group)
+            if out.values is None or out.weight <= 0 or pending is None or pending.refusal:
                 if out.cohort:
-                    log.info("secure round %d: block %d not revealed: %s", ctx.round, out.block, out.reason)
+                    log.info("secure round %d: group %d, block %d not revealed: %s", ctx.round, out.group, out.block,
+                             out.reason or (pending.refusal if pending else "no weight"))
                 continue
-            for name, delta in sums.split(out.block, out.weight).items():
+            for name in self.layout.entries[out.block]:
+                weight = out.weight * pending.entry_weights.get(name, 1.0)
+                folded.setdefault(name, []).append((weight, np.asarray(pending.tensors[name]), out.cohort))
+        for name, parts in folded.items():
+            total = sum(w for w, _, _ in parts)
+            if total > 0:
+                delta = sum(w * d for w, d, _ in parts) / total
                 state[name] = np.asarray(state[name] + delta, dtype=state[name].dtype)
-                contributors[name] = out.cohort
+                contributors[name] = sum(c for w, _, c in parts if w > 0)
         return RoundResult(ctx.round, state, tuple(self.reports), sum(int(r["num_samples"]) for r in self.reports.values()),
                            contributors, self._roles(), len(ctx.state.refused()), *self._losses(),
                            extra={"secure": self.summary()})
 
     def block_sums(self) -> BlockSums:
         """The revealed blocks' sums, cohorts and the noise multipliers their survivors' shares gave."""
-        revealed = [o for o in self.outcomes if o.values is not None]
-        return BlockSums({o.block: o.values for o in revealed}, {o.block: o.cohort for o in revealed},  # type: ignore[misc]
-                         {o.block: o.multiplier for o in revealed}, self.layout.entries, self.layout.shapes)
+        return self._sums([o for o in self.outcomes if o.values is not None])
+
+    def _sums(self, revealed: list[BlockOutcome]) -> BlockSums:
+        """``revealed``'s sums per block (a block's groups summed: under DP there is one group)."""
+        values: dict[int, np.ndarray] = {}
+        cohorts: dict[int, int] = {}
+        for o in revealed:
+            values[o.block] = o.values if o.block not in values else values[o.block] + o.values  # type: ignore[operator]
+            cohorts[o.block] = cohorts.get(o.block, 0) + o.cohort
+        return BlockSums(values, cohorts, {o.block: o.multiplier for o in revealed}, self.layout.entries,
+                         self.layout.shapes)
 
     def _roles(self) -> dict[str, int]:
         roles: dict[str, int] = {}
@@ -162,7 +198,23 @@ class SecureSums(Combiner):
                 "threshold": 0 if secure is None else secure.t,
                 "blamed": {} if secure is None else dict(secure.blamed),
                 "recovered": sorted({d for o in self.outcomes for d in o.recovered}),
+                "groups": self._groups(),
                 "presumed_dropped": sorted(stages.presumed_dropped), **stages.cost, "unmask_s": self.unmask_s}
+
+    def _groups(self) -> list[dict[str, object]]:
+        """Each secure group: its members, and what the sums' bounds did to its mean (trust, clip, refusal)."""
+        if self.secure is None:
+            return []
+        out = []
+        for i, members in enumerate(self.secure.members):
+            pending = self.bounded.get(i)
+            row: dict[str, object] = {"members": members}
+            if pending is not None:
+                row.update({**pending.scored, **pending.changed, **({"refused": pending.refusal} if pending.refusal else {})})
+            if i in self.secure.weight_mismatch:
+                row["weight_word"] = self.secure.weight_mismatch[i]
+            out.append(row)
+        return out
 
     # -- the conversation beyond reports --------------------------------------------------------
     async def on_message(self, session: Session, msg: p.Message) -> None:

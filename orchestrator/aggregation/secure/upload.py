@@ -48,6 +48,7 @@ class MaskedUpload(UploadFormat):
     sees_updates = False
     resumable = False  # a cut masked upload is a dropout: the device is presumed dropped for the round
     combiner = "secure_sums"
+    bounded_sums = True  # each secure group's sum goes through the bounds that read updates
 
     def __init__(self, config: ServerConfig, template: LayeredModel, limits: p.Limits) -> None:
         self.layout, self.limits = BlockLayout.of(template), limits
