@@ -180,10 +180,13 @@ export async function runFleet({ kind, seed, rounds, tabs = CHROMIUM !== undefin
     tabRuns = Object.fromEntries(fleet.pages.map((p, i) => [p.id, { ...ran[i],
       peak: Math.max(0, ...rendererMemory(p.browser).map((m) => m.peak)),
       gpuPeak: Math.max(0, ...rendererMemory(p.browser, "gpu-process").map((m) => m.peak)) }]));
-    const codes = await Promise.all(fleet.procs.map((p) => p.done));
-    if (codes.some((c) => c !== 0)) throw new Error(`device exit codes ${codes} (logs in ${dir})`);
     const code = await server.done;
     if (code !== 0) throw new Error(`the server exited with ${code} (logs in ${dir})`);
+    // Each device process ends within a minute of its server (a run's bye, or its connection gone): one that
+    // does not (it reconnects to a server that is gone) fails the test by name instead of holding it open.
+    const codes = await Promise.all(fleet.procs.map((p) => Promise.race([p.done,
+      new Promise((resolve) => { const t = setTimeout(resolve, 60_000, "still running a minute after its server"); t.unref(); })])));
+    if (codes.some((c) => c !== 0)) throw new Error(`device exit codes ${codes} (logs in ${dir})`);
   } finally {
     for (const p of [server, ...fleet.procs]) if (p.exitCode === null) p.kill();
     for (const p of fleet.pages) await p.close();
