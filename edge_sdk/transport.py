@@ -133,9 +133,10 @@ class Channel:
         await _send_raw(self.ws, msg)
 
     async def recv(self) -> Message:
-        msg = await _recv_raw(self.ws, self.limits)
-        self.session.receive(msg)
-        return msg
+        while True:  # what crossed this side's own bye or error is dropped; the close follows it
+            msg = await _recv_raw(self.ws, self.limits)
+            if self.session.receive(msg) is not False:
+                return msg
 
 
 async def send_msg(ws: Connection | Channel, msg: Message) -> None:

@@ -333,12 +333,23 @@ def test_error_or_bye_closes_from_any_state_either_way(closer):
             (pair.up if from_device else pair.down)(closer)
             for side in (pair.device, pair.server):
                 assert side.closed and side.state is S.CLOSED and side.close_message == closer
+            # Nothing is sent after a close. What the closer receives crossed its close on the wire and is
+            # dropped (False); what the other side receives after the close it was sent breaks the protocol.
+            closer_side, other = (pair.device, pair.server) if from_device else (pair.server, pair.device)
             for msg in (HELLO, Bye(), Error("malformed", "x"), Fetch(0, "c0")):
                 refused(pair.device.send, msg)
-                refused(pair.server.receive, msg)
+                if from_device:
+                    refused(pair.server.receive, msg)
+                else:
+                    assert pair.server.receive(msg) is False
             for msg in (WELCOME, TRAIN, Bye(), Ack(0, True)):
                 refused(pair.server.send, msg)
-                refused(pair.device.receive, msg)
+                if from_device:
+                    assert pair.device.receive(msg) is False
+                else:
+                    refused(pair.device.receive, msg)
+            for side in (closer_side, other):
+                assert side.state is S.CLOSED and side.close_message == closer
 
 
 def test_reports_of_every_phase_and_unknown_phases():

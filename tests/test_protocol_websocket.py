@@ -393,3 +393,43 @@ def test_a_device_fetching_what_it_was_not_given_is_refused_by_the_servers_sessi
 
     server = asyncio.run(_with_channel_server(client))
     assert [e.code for e in server.errors] == [ErrorCode.UNEXPECTED]
+
+
+def test_a_report_that_crosses_the_servers_bye_is_dropped_and_the_connection_ends_cleanly():
+    # The run ends as a device reports: the server's bye and the device's report pass each other on the
+    # wire. The server drops the report (it sent its close first); the device reads the bye, not an error.
+    outcome: dict[str, object] = {}
+
+    async def handler(ws) -> None:
+        ch = Channel(ws, ServerSession(), LIMITS)
+        try:
+            hello = await recv_msg(ch)
+            await send_msg(ch, Welcome(hello.device_id, "weak", 1, 3, [(0, 1)], "tiny", 0, 8, 2, {}))
+            await send_msg(ch, ROUND)
+            outcome["reported"] = asyncio.get_running_loop().create_future()
+            await outcome["reported"]  # the device's report is on the wire before the bye is sent
+            await send_msg(ch, Bye("training finished"))
+            await recv_msg(ch)  # the report: dropped by the channel, which then meets the close
+            outcome["server"] = "read a message after its bye"
+        except ProtocolError as exc:
+            outcome["server"] = exc
+        except ConnectionClosed:
+            outcome["server"] = "closed"
+
+    async def main() -> None:
+        async with serve(handler, "127.0.0.1", 0, **ws_options(LIMITS)) as ws_server:
+            port = ws_server.sockets[0].getsockname()[1]
+            async with connect(f"ws://127.0.0.1:{port}", **ws_options(LIMITS)) as ws:
+                ch = Channel(ws, DeviceSession(), LIMITS)
+                await send_msg(ch, _hello("dev-late"))
+                await recv_msg(ch)
+                instruction = await recv_msg(ch)
+                await send_msg(ch, Report(instruction.round, instruction.phase, 100, (0, 0), "", {"loss": 0.5}))
+                await asyncio.sleep(0.2)  # the report reaches the server's socket before it says bye
+                outcome["reported"].set_result(None)
+                outcome["device"] = await recv_msg(ch)
+            await asyncio.sleep(0.1)
+
+    asyncio.run(asyncio.wait_for(main(), timeout=30))
+    assert outcome["device"] == Bye("training finished")
+    assert outcome["server"] == "closed"

@@ -178,6 +178,7 @@ class _SessionRecord:
         self._upload: tuple[str, int] | None = None  # (transfer_id, offset) the upload's begin must have
         self._resumed = False
         self._close: Error | Bye | None = None
+        self._closed_here = False  # this side sent the close: what crosses it in flight is dropped
         self._secagg_due: type[Message] | None = None  # the server's answer a secure round's step awaits
         self._secagg_next: type[Message] | None = None  # the device's next step of a secure round
         self._unmask_due = -1  # the round whose SecAggUnmask awaits the device's SecAggReveal
@@ -256,6 +257,17 @@ class _Session(_SessionRecord):
         if handler is None:
             raise _unexpected(f"{msg.TYPE} does not travel {direction}")
         handler(self, msg)
+
+    def _sent(self, msg: Message) -> None:
+        if isinstance(msg, (Error, Bye)):
+            self._closed_here = True
+
+    def _crossed(self, msg: object) -> bool:
+        """A message received after this side sent its ``bye`` or ``error``: the peer sent it before
+        that close reached it (a device's report as the server says the training is over), so it is
+        dropped, not refused. After the peer's own close, a message is still refused: the peer broke
+        the protocol."""
+        return self._closed_here and isinstance(msg, Message)
 
     def _on_close(self, msg: Error | Bye) -> None:
         self._state = SessionState.CLOSED
@@ -537,10 +549,17 @@ class DeviceSession(_Session):
     def send(self, msg: Message) -> None:
         """Check that the device may send ``msg`` now and advance; raises ``ProtocolError``."""
         self._from_device(msg)
+        self._sent(msg)
 
-    def receive(self, msg: Message) -> None:
-        """Check that the server may send ``msg`` now and advance; raises ``ProtocolError``."""
+    def receive(self, msg: Message) -> bool:
+        """Check that the server may send ``msg`` now and advance; raises ``ProtocolError``.
+
+        False, and nothing changes, for a message that crossed the device's own ``bye`` or
+        ``error`` on the wire: the caller drops it (:meth:`_Session._crossed`)."""
+        if self._crossed(msg):
+            return False
         self._from_server(msg)
+        return True
 
     def next_instruction(self) -> Instruction | None:
         """Make the oldest pending instruction current (``IDLE`` -> ``WORKING``) and return it.
@@ -572,10 +591,17 @@ class ServerSession(_Session):
     def send(self, msg: Message) -> None:
         """Check that the server may send ``msg`` now and advance; raises ``ProtocolError``."""
         self._from_server(msg)
+        self._sent(msg)
 
-    def receive(self, msg: Message) -> None:
-        """Check that the device may send ``msg`` now and advance; raises ``ProtocolError``."""
+    def receive(self, msg: Message) -> bool:
+        """Check that the device may send ``msg`` now and advance; raises ``ProtocolError``.
+
+        False, and nothing changes, for a message that crossed the server's own ``bye`` or
+        ``error`` on the wire (a report sent as the training finished): the caller drops it."""
+        if self._crossed(msg):
+            return False
         self._from_device(msg)
+        return True
 
     def _finish_instruction(self) -> None:
         super()._finish_instruction()

@@ -77,6 +77,8 @@ export class DeviceSession {
   private secaggNext: "secagg_keys" | "secagg_shares" | null = null;
   /** The round whose `secagg_unmask` awaits the device's `secagg_reveal`. */
   private unmaskDue = -1;
+  /** The device sent the close (`bye` or `error`): what the server sent before it read that is dropped. */
+  private closedHere = false;
 
   get closed(): boolean { return this.state === "CLOSED"; }
   get transfer(): TransferBegin | null { return this.flow?.begin ?? null; }
@@ -101,14 +103,26 @@ export class DeviceSession {
       case "transfer_end": return this.onEnd(msg, "UPLOADING");
       case "secagg_keys": case "secagg_shares": return this.secaggStep(msg);
       case "secagg_reveal": return this.sendReveal(msg);
-      case "error": case "bye": this.state = "CLOSED"; return;
+      case "error": case "bye": this.state = "CLOSED"; this.closedHere = true; return;
       default: throw unexpected(`${msg.t} does not travel from a device to the server`);
     }
   }
 
-  /** Check that the server may send `msg` now and advance. */
-  receive(msg: Message): void {
-    if (this.state === "CLOSED") throw unexpected(`device: ${msg.t} after the session was closed`);
+  /**
+   * Check that the server may send `msg` now and advance. False, and nothing changes, for a message
+   * that crossed the device's own `bye` or `error` on the wire: the caller drops it. After the
+   * server's close, a message is refused: the server broke the protocol.
+   */
+  receive(msg: Message): boolean {
+    if (this.state === "CLOSED") {
+      if (this.closedHere) return false;
+      throw unexpected(`device: ${msg.t} after the session was closed`);
+    }
+    this.take(msg);
+    return true;
+  }
+
+  private take(msg: Message): void {
     switch (msg.t) {
       case "welcome":
         if (this.state !== "WELCOMING") throw this.notAllowed(msg, "a welcome answers the hello");

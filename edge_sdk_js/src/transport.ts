@@ -110,7 +110,7 @@ export class Channel {
       const item = this.queue.shift();
       if (item instanceof ProtocolError) throw item;
       if (item !== undefined) {
-        this.session.receive(item);
+        if (!this.session.receive(item)) continue;  // it crossed the device's own close: dropped
         return item;
       }
       if (this.closed !== null) throw new ConnectionLost(this.closed);

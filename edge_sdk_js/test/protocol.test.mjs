@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process";
 import { test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 import { python, pythonEnv } from "./cases.mjs";
-import { BUILTIN_REGISTRY, DeviceClient, IncomingTransfer, PROBE_STEP_MAX_S, ProtocolError, decode, decodeTensors, encode,
+import { BUILTIN_REGISTRY, DeviceClient, DeviceSession, IncomingTransfer, PROBE_STEP_MAX_S, ProtocolError, decode, decodeTensors, encode,
   encodeTensors, frames, loadRuntime, measureProbe, tensor } from "../dist/index.js";
 
 function serverSaying(reply) {
@@ -84,6 +84,29 @@ test("a goodbye that comes while the device is busy ends its run: its next send 
   } finally {
     peer.close();
   }
+});
+
+test("what crosses the device's own goodbye is dropped; what follows the server's is refused", () => {
+  const welcomed = () => {
+    const s = new DeviceSession();
+    s.send({ t: "hello", device_id: "d", token: "", budget_bytes: 1, cores: 1, runtimes: [], num_samples: 1, device_class: "",
+      labels: {}, resume_round: -1, rows: {}, ext: {} });
+    assert.equal(s.receive({ t: "welcome", device_id: "d", role: "r", split: 1, num_blocks: 3, chunks: [], model: "m",
+      model_version: 0, batch_size: 1, local_steps: 1, config: {} }), true);
+    return s;
+  };
+  const instruction = { t: "instruction", round: 0, phase: "train", model_version: 0, split: 1, chunk_ids: [], model_id: "m",
+    selection: "tail", broadcast_id: "", local_steps: 1, lr: 0.1, deadline_s: 0, config: {} };
+  const leaving = welcomed();
+  leaving.send({ t: "bye", reason: "leaving" });
+  assert.equal(leaving.receive(instruction), false);  // sent before the server read the bye
+  assert.equal(leaving.receive({ t: "bye", reason: "training finished" }), false);
+  assert.equal(leaving.state, "CLOSED");
+  assert.equal(leaving.instruction, null);
+  assert.throws(() => leaving.send({ t: "bye", reason: "again" }), ProtocolError);
+  const told = welcomed();
+  told.receive({ t: "bye", reason: "training finished" });
+  assert.throws(() => told.receive(instruction), /after the session was closed/);
 });
 
 test("messages: every field present, none extra, types checked", () => {
