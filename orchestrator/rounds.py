@@ -318,6 +318,15 @@ class Attendance:
         """True unless the device is silent or sitting out its rest."""
         return device_id not in self._silent and device_id not in self._rest
 
+    def choose(self, devices: Iterable[str]) -> list[str]:
+        """Of ``devices`` (connected, free), those a round may select: none silent; none resting, unless
+        only resting ones are left. A rest lowers a device's priority and is counted down by rounds: were
+        every free device resting, no round would open to count it down (every device of a round that
+        closed on them all, a secure round at its deadline say, stalled twice in a row), and the run
+        would wait for ever."""
+        alive = [d for d in devices if d not in self._silent]
+        return [d for d in alive if d not in self._rest] or alive
+
     def silent(self) -> set[str]:
         """Devices that missed their last report and have not shown they are alive since."""
         return set(self._silent)

@@ -10,6 +10,7 @@ devices (t = 5 of the key cohort's 8) every block is revealed."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import msgpack
@@ -18,6 +19,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from edge_sdk import protocol as p
+from edge_sdk.backends import backend_class
+from edge_sdk.cli import load_shard
+from edge_sdk.client import DeviceClient, DeviceSettings
 from edge_sdk.credentials import make_proof
 from edge_sdk.secagg import SEALED_BYTES, SHARE_BYTES
 from edge_sdk.secagg.exchange import start
@@ -146,3 +150,55 @@ def test_a_round_that_closes_before_its_keys_are_in_releases_the_devices_waiting
         ack = got[d][-1]
         assert isinstance(ack, p.Ack) and not ack.accepted and "closed in its keys stage" in ack.reason, got[d]
     assert history[0]["closed_by"] == "deadline" and history[0]["secure"]["masked"] == 0
+
+
+def _slow_once(base: type, seconds: float) -> type:
+    """``base``, whose first training sleeps ``seconds`` first (a device slower than the round's deadline once)."""
+
+    class SlowOnce(base):  # type: ignore[valid-type, misc]
+        slept = False
+
+        def train(self, tail, y, config):  # type: ignore[no-untyped-def]
+            if not SlowOnce.slept:
+                SlowOnce.slept = True
+                time.sleep(seconds)
+            return super().train(tail, y, config)
+
+    return SlowOnce
+
+
+def test_devices_a_deadline_caught_in_a_secure_stage_are_selected_again(tmp_path: Path) -> None:
+    """One device trains past round 1's deadline, so the round closes in its key stage: no device
+    reported, the devices waiting for their peers are released with the reason journaled, and the slow
+    one's late keys are turned away. Each of them answered the secure round (keys, or keys late): none
+    is silent, so round 2 selects them and completes (before, every one of them was held out as silent
+    and the run waited for a selectable device for ever)."""
+    store_dir, names = tmp_path / "s", ("a", "b", "c", "slow")
+    with Store(store_dir) as store:
+        secrets = {d: store.credentials.enroll(d) for d in names}
+    config = server_config(store_dir, rounds=2, min_devices=4, require_credentials=True, secure_aggregation=True,
+                           secure_stage_s=60.0, deadline_s=6, wait_devices_s=20, local_steps=1,
+                           straggler_policy="deadline")
+
+    async def main():
+        orch, server = await start_orchestrator(config, lambda kind, data: None)
+        url = f"ws://127.0.0.1:{orch.port}"
+        clients = []
+        for i, d in enumerate(names):
+            x, y = load_shard("synthetic", client=i, num_clients=len(names))
+            backend = _slow_once(backend_class("auto"), 8.0) if d == "slow" else "auto"
+            clients.append(DeviceClient(DeviceSettings(url, d, 2 << 30, reconnect=False, secret=secrets[d],
+                                                       backend=backend), x, y))
+        runs = await asyncio.wait_for(asyncio.gather(*(c.run() for c in clients), server, return_exceptions=True), 90)
+        return runs[-1], runs[:-1]
+
+    history, runs = asyncio.run(main())
+    assert not isinstance(history, BaseException), history  # before: "only 0 of 1 devices were ready in time"
+    assert not any(isinstance(r, BaseException) for r in runs[:3]), runs  # the slow one may be mid-round at the end
+    assert [h["round"] for h in history] == [1, 2]
+    assert history[0]["closed_by"] == "deadline" and history[0]["secure"]["masked"] == 0, history[0]
+    assert history[1]["secure"]["masked"] >= 3 and history[1]["selected"] >= 3, history[1]
+    with Store(store_dir) as store:
+        released = {u["device_id"]: u["reason"] for u in store.reports.all(1) if not u.get("accepted")}
+    waiting = set(released) - {"slow"}
+    assert len(waiting) >= 1 and all("closed in its keys stage" in released[d] for d in waiting), released

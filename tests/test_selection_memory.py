@@ -83,6 +83,21 @@ def test_repeated_stalls_lower_a_devices_priority() -> None:
     assert seen.selectable("flaky")
 
 
+def test_resting_devices_are_chosen_when_no_other_is_free() -> None:
+    """A rest is a lower priority, counted down by rounds: when every free device rests (each stalled
+    twice in a row: a secure round that closed at its deadline on all of them, twice), they are chosen,
+    or no round would open to count their rests down; silent ones never are."""
+    seen = Attendance()
+    for _ in range(2):
+        seen.round_opened({"a", "b", "quiet"})
+        seen.alive("a"), seen.alive("b")  # they answered during the round (a secure stage), then it closed
+        seen.round_closed(stragglers={"a", "b", "quiet"}, reported=())
+    assert not seen.selectable("a") and not seen.selectable("b") and seen.silent() == {"quiet"}
+    assert seen.choose(["a", "b", "quiet"]) == ["a", "b"]
+    seen.alive("c")
+    assert seen.choose(["a", "b", "c", "quiet"]) == ["c"]  # one free device not resting: the rest stand
+
+
 async def _silent(url: str, device_id: str) -> list[p.Message]:
     """Says hello and takes its instructions, never reporting, until the server ends the connection."""
     got: list[p.Message] = []

@@ -79,7 +79,7 @@ DEFAULT_MECHANISMS: dict[str, str] = {"plain": "gaussian", "masked": "discrete_g
 class IntakeServices:
     """What report intake's parts reach of the server: the bytes of uploads, the revocation check, the
     server's reference update, the open round, the train instruction out to a device, the connected
-    devices, and how they send and report."""
+    devices, how they send and report, and how they tell selection a device answered."""
 
     uploads: Uploads
     check_revoked: Callable[[Session], None]
@@ -90,6 +90,7 @@ class IntakeServices:
     sessions: Mapping[str, Session]
     send: Send
     emit: Emit
+    alive: Callable[[str], None]
 
 
 def _load(table: Mapping[str, str], name: str, what: str) -> Any:
@@ -196,7 +197,8 @@ def assemble_intake(config: ServerConfig, template: LayeredModel, strategy: Stra
     if format.combiner == "secure_sums":
         from orchestrator.aggregation.secure.stages import RoundAccess
 
-        access = RoundAccess(services.round_state, services.work_of, services.sessions, services.send, services.emit)
+        access = RoundAccess(services.round_state, services.work_of, services.sessions, services.send, services.emit,
+                             services.alive)
         # The strategy's declared weighting, unless the mechanism weighs every device 1 (its sensitivity).
         uniform = mechanism.uniform if mechanism is not None else strategy.combines.weighting == "uniform"
         plan_noise = mechanism.noise_shares if mechanism is not None else (lambda cohorts: None)

@@ -121,9 +121,9 @@ class Orchestrator:
         held-out data."""
         services = IntakeServices(
             uploads=Uploads(self.limits, self.pace, self.traffic, send=self._send, emit=self._emit),
-            check_revoked=self.revocations.check, limits=self.limits,
-            reference=ReferenceUpdate(self.config, self.model, evaluator, heap), round_state=self._round_state,
-            work_of=self._train_work, sessions=self.sessions, send=self._send, emit=self._emit)
+            check_revoked=self.revocations.check, limits=self.limits, round_state=self._round_state,
+            reference=ReferenceUpdate(self.config, self.model, evaluator, heap), work_of=self._train_work,
+            sessions=self.sessions, send=self._send, emit=self._emit, alive=lambda d: self.loop.attendance.alive(d))
         return assemble_intake(self.config, self.model, self.strategy, self.store, services)
 
     def _web_site(self, options: WebOptions | None) -> WebSite:

@@ -151,11 +151,10 @@ class RoundLoop(RoundHooks):
 
     # -- devices --------------------------------------------------------------------------------
     def idle(self) -> list[str]:
-        """Connected devices a new round may select: none it awaits, none known to be silent
-        (:class:`~orchestrator.rounds.Attendance`)."""
-        rs, attendance, excluded = self.round, self.attendance, self.intake.excluded()
-        return [d for d in self.sessions
-                if (rs is None or not rs.expects(d)) and attendance.selectable(d) and d not in excluded]
+        """Connected devices a new round may select: none it awaits, none known to be silent, none
+        resting unless only resting ones are left (:meth:`~orchestrator.rounds.Attendance.choose`)."""
+        rs, excluded = self.round, self.intake.excluded()
+        return self.attendance.choose(d for d in self.sessions if (rs is None or not rs.expects(d)) and d not in excluded)
 
     def idle_count(self) -> int:
         """``len(self.idle())``, without a scan of the registry while no round is open and no

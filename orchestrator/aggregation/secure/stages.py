@@ -41,13 +41,16 @@ log = logging.getLogger("edgetrain.server")
 @dataclass(frozen=True)
 class RoundAccess:
     """What a part that talks to devices beyond their reports reads of the server: the open round,
-    the train instruction out to a device, the connected devices; and how it sends and reports."""
+    the train instruction out to a device, the connected devices; how it sends and reports; and how it
+    tells selection that a device answered (``alive``: a secure round's message is a sign of life, as a
+    late report is: :meth:`orchestrator.rounds.Attendance.alive`)."""
 
     round_state: Callable[[], RoundState | None]
     work_of: Callable[[str], Work | None]
     sessions: Mapping[str, Session]
     send: Send
     emit: Emit
+    alive: Callable[[str], None]
 
 
 class SecureStages:
@@ -89,6 +92,10 @@ class SecureStages:
         if not isinstance(msg, p.SECAGG_MESSAGES):
             raise p.ProtocolError("unexpected", f"a device may not send {msg.TYPE} here")
         rs, secure, device = self.access.round_state(), self.secure, session.device_id
+        # The device answered: whatever becomes of the message, it is not silent. A round that closes in
+        # a stage (its deadline) leaves every device of it without a report; were they held out as
+        # silent, with nothing more to send that selection counts, no round would select them again.
+        self.access.alive(device)
         self.cost["messages_in"] += 1
         self.cost["bytes_in"] += len(p.encode(msg))
         if rs is None or secure is None or getattr(msg, "round", -1) != secure.scope.round:
@@ -236,9 +243,10 @@ class SecureStages:
         assert secure is not None
         if secure.stage in (SecureStage.KEYS, SecureStage.SHARES):
             waiting = secure.keys if secure.stage is SecureStage.KEYS else secure.shared
+            why, rs = f"the round closed in its {secure.stage.value} stage", self.access.round_state()
             for device in list(waiting):
-                await self.send_to(device, p.Ack(ctx_round, False, f"secure round: the round closed in its "
-                                                                   f"{secure.stage.value} stage", "train"))
+                self._journal(rs, device, f"refused for this secure round: {why}", closed=False)
+                await self.send_to(device, p.Ack(ctx_round, False, f"secure round: {why}", "train"))
             return False
         asks = secure.close_uploads()
         if not asks:  # no block's survivors reach t: nothing to unmask
