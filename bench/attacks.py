@@ -180,6 +180,7 @@ def _secure_run(root: Path, lane: str, group_size: int, seed: int) -> dict:
            "rounds": len(result.history), "failed_rounds": sum("failed" in h for h in result.history),
            "honest_exited": sorted(d for d in result.errors if d not in names),
            "groups": [len(g["members"]) for g in result.history[-1].get("secure", {}).get("groups", [])],
+           "accuracy_by_round": [round(100 * h["accuracy"], 2) for h in result.history],
            "wall_s": round(time.monotonic() - t0, 1), **(_named(root / lane, result.history, names) if attack else {})}
     print(json.dumps(row), flush=True)
     return row
