@@ -194,7 +194,7 @@ def secure(ctx: Context) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
             for lane in lanes:  # minutes a run: the rows so far are written after each
-                runs.append({"seed": seed, **_secure_run(Path(tmp), lane, args.group_size, seed)})
+                runs.append({"seed": seed, **_secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed)})
                 ctx.write(runs, summary, quiet=True)
     honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
     print(f"\n| run (group size {args.group_size}) | last 3 of 8 rounds (%) | points vs honest secure | rounds | "
