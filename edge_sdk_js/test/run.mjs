@@ -36,6 +36,11 @@ const payloads = mkdtempSync(join(tmpdir(), "edgetrain-test-payloads-"));
 const env = { ...process.env, EDGETRAIN_PAYLOAD_CACHE: payloads };
 // test/tmp.mjs in every file's process: a passing test's temporary folders are removed, a failing one's kept.
 const cleanup = pathToFileURL(join(here, "tmp.mjs")).href;
-const run = spawnSync(process.execPath, ["--test", "--import", cleanup, ...files], { stdio: "inherit", cwd: dirname(here), env });
+// Two files at a time (node's default is one fewer than the cores: one, on 2 cores): most of a file's time is
+// spent waiting on the processes it starts (a Python server, a browser, a device), and the quick tier took
+// 246 s one file at a time. $EDGETRAIN_JS_TEST_CONCURRENCY sets it.
+const concurrency = process.env.EDGETRAIN_JS_TEST_CONCURRENCY ?? "2";
+const run = spawnSync(process.execPath, ["--test", `--test-concurrency=${concurrency}`, "--import", cleanup, ...files],
+  { stdio: "inherit", cwd: dirname(here), env });
 rmSync(payloads, { recursive: true, force: true });
 process.exit(run.status ?? 1);
