@@ -11,9 +11,11 @@ JS_TESTS ?= test
 
 .PHONY: demo test test-slow test-heavy test-all test-js install bench clean
 
+# --no-compile: pip byte-compiles every module of every package it installs (torch's thousands: about 45 s
+# of CPU on 2 cores); Python compiles the ones a run imports, once, on first import.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[train,server,data,dev,ray,secure]'
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[train,server,data,dev,ray,secure]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -52,10 +54,14 @@ test-all: test test-slow test-heavy
 # a strict type-check and build, then its tests against this checkout's Python (conformance with
 # the Python device, a mixed fleet end to end, and, where chromium is installed, a browser tab).
 # ONNXRUNTIME_NODE_INSTALL=skip: onnxruntime-node's install script would fetch a GPU provider.
+# EDGETRAIN_TRAIN_GRAPH_CACHE: the Python device's reference cases read the training graphs the Python
+# tests exported and verified (pytest's cache), instead of exporting them again (tens of seconds each).
 test-js: $(STAMP)
 	@command -v npm >/dev/null || { echo "npm not found: the JavaScript SDK's tests need Node.js >= 20 (https://nodejs.org)"; exit 1; }
 	cd edge_sdk_js && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
-	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) npm run $(JS_TESTS)
+	cd edge_sdk_js && EDGETRAIN_PYTHON=$(abspath $(PY)) \
+		EDGETRAIN_TRAIN_GRAPH_CACHE=$${EDGETRAIN_TRAIN_GRAPH_CACHE:-$(abspath .pytest_cache/d/edgetrain-train-graphs)} \
+		npm run $(JS_TESTS)
 
 # Benchmarks (not tests): numbers go to bench/results/ and, by hand, to BENCHMARKS.md.
 bench: $(STAMP)

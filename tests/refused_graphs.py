@@ -10,8 +10,14 @@ from edge_sdk.models import build_model
 from exporters.train_export import TrainGraphCache
 
 
-def graphs_refusing(shared: Path, out: Path, model: str, split: int) -> Path:
-    """``out`` holding links to ``shared``'s exported graphs and a refusal of ``model``'s ``split``."""
+def graphs_refusing(shared: Path, out: Path, model: str, split: int, *, exported: tuple[int, ...] = ()) -> Path:
+    """``out`` holding links to ``shared``'s exported graphs and a refusal of ``model``'s ``split``;
+    the ``exported`` splits of ``model`` are exported into ``shared`` first where they are not there
+    yet (the test that needs them pays for the export once, and the shared cache keeps it)."""
+    if exported:
+        built, cache = build_model(model, seed=0), TrainGraphCache(shared)
+        for k in exported:
+            cache.get_or_export(built, k)
     out.mkdir(parents=True, exist_ok=True)
     for f in shared.iterdir():
         if f.suffix in (".graph", ".sha256"):

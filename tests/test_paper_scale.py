@@ -17,6 +17,7 @@ from tests.shared_data import REPO, SHARED, need
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a benchmark's command: 4-5 minutes of CPU on 2 cores (ResNet20 over all 10,000 test images)
 @pytest.mark.timeout(1800)
 def test_the_paper_scale_command_prints_the_papers_table_beside_ours(tmp_path: Path):
     need("cifar10_jpg")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -33,14 +34,18 @@ from edge_sdk.training import TrainConfig, sample_plan
 
 
 def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, batch: int, seed: int,
-               lr: float = 0.05, adapters: bool = False) -> dict:
-    """Export one model split and run the Python device on it; returns the case's summary."""
+               lr: float = 0.05, adapters: bool = False, graph_cache: Path | None = None) -> dict:
+    """Export one model split and run the Python device on it; returns the case's summary.
+
+    ``graph_cache``: a training-graph folder (``exporters.train_export.TrainGraphCache``, the one the
+    Python tests keep under pytest's cache): a graph exported and verified there before is read, not
+    exported again (a graph depends on the architecture and split, not the weights)."""
     import torch
 
     from edge_sdk.models.zoo import build_model
     from exporters.bundle import tail_arrays
     from exporters.onnx_export import export_chunk
-    from exporters.train_export import export_train_graph
+    from exporters.train_export import TrainGraphCache, export_train_graph
 
     started = time.monotonic()
     model = build_model(name, seed=0)
@@ -55,7 +60,10 @@ def write_case(out: Path, name: str, split: int, *, samples: int, steps: int, ba
     if split > 0:
         chunks.append(export_chunk(model, 0, split))
         (folder / "chunk-0.onnx").write_bytes(chunks[0])
-    graph_bytes = export_train_graph(model, split, adapters=adapters)
+    if graph_cache is not None:
+        graph_bytes = TrainGraphCache(graph_cache).get_or_export(model, split, adapters)[1]
+    else:
+        graph_bytes = export_train_graph(model, split, adapters=adapters)
     (folder / "graph.bin").write_bytes(graph_bytes)
     state = tail_arrays(model, split)
     (folder / "state.bin").write_bytes(encode_tensors(state))
@@ -100,6 +108,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--graph-cache", type=Path, default=os.environ.get("EDGETRAIN_TRAIN_GRAPH_CACHE") or None,
+                    help="training-graph cache folder (default $EDGETRAIN_TRAIN_GRAPH_CACHE; none: export each)")
     args = ap.parse_args()
     from exporters.onnx_export import ExportError
 
@@ -110,7 +120,8 @@ def main() -> None:
             raise SystemExit(f"{case}: expected model:split or model:split:adapters")
         try:
             summary = write_case(args.out, name, int(split), samples=args.samples, steps=args.steps,
-                                 batch=args.batch, seed=args.seed, lr=args.lr, adapters=how == "adapters")
+                                 batch=args.batch, seed=args.seed, lr=args.lr, adapters=how == "adapters",
+                                 graph_cache=args.graph_cache)
         except ExportError as exc:  # the server would not ship this split to a device without torch
             print(json.dumps({"model": name, "split": int(split), "refused": str(exc)[:300]}), flush=True)
             continue
