@@ -99,11 +99,8 @@ class DeviceClient:
     passes a wrapper that injects faults.
     """
 
-    def __init__(
-        self, config: DeviceSettings, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
-        on_event: Callable[[str, dict], None] | None = None,
-        connect: Callable[..., Any] | None = None,
-    ) -> None:
+    def __init__(self, config: DeviceSettings, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
+                 on_event: Callable[[str, dict], None] | None = None, connect: Callable[..., Any] | None = None) -> None:
         source = as_source(data, y)
         x, y = source_arrays(source)
         if len(x) != len(y) or len(x) == 0:
@@ -242,6 +239,8 @@ class DeviceClient:
                 except RoundAborted:
                     self.on_event("aborted", {"device": self.config.device_id, "round": instruction.round})
                     self.work.drop()
+                    if ch.session.closed:  # the server's goodbye mid-round (a buffered run's end): not a drop
+                        return True
                 instruction = ch.session.next_instruction()
 
     async def _carry_out(self, ch: Channel, ins: p.Instruction) -> None:
