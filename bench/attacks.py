@@ -23,9 +23,10 @@ update after honest training), digits_mlp, iid shards of the digits training spl
   of the last three and the last five rounds (``--seeds`` seeds each). Written to
   ``bench/results/attacks_free_riders.json``.
 
-- **insiders of secure rounds** (``--secure [--group-size 3] [--attacks ...]``): the secure fleet
-  (tests/attacks.py, ``run_secure_fleet``: six devices at split 0 and one at split 2, so that the cohort
-  holds two groups of at least 3 that each train every block) under the defaults with secure
+- **insiders of secure rounds** (``--secure [--group-size 3] [--shards 8] [--secure-lanes ...]``): the
+  secure fleet (tests/attacks.py, ``run_secure_fleet``: with the digits training split cut in 8, six
+  devices at split 0 and one at split 2, so that the cohort holds two groups of at least 3 that each
+  train every block; ``--shards 16`` cuts the same data among 14 + 1 honest devices, five groups) under the defaults with secure
   aggregation in groups of at least ``--group-size``, each insider of ``SECURE_ATTACKS`` against the
   honest secure fleet, and the honest fleet plain; three colluding free riders (0.01 x) with
   ``free_rider``. Per run: the mean accuracy of the last three of 8 rounds, rounds completed, honest
@@ -54,8 +55,8 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import Case, Context, interleave  # noqa: E402
 from bench.harness.journal import updates  # noqa: E402
-from tests.attacks import (ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, SECURE_ATTACKS, FleetDevice,  # noqa: E402
-                           run_demo_fleet, run_fleet, run_secure_fleet)
+from tests.attacks import (ATTACKS, PLAIN, PLAIN_OPTIONS, ROUNDS_DEMO, SECURE_ATTACKS, SECURE_SHARDS,  # noqa: E402
+                           FleetDevice, run_demo_fleet, run_fleet, run_secure_fleet)
 
 HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(4))
 FLEETS = {
@@ -169,12 +170,12 @@ def _named(store_dir: Path, history: list[dict], insiders: list[str]) -> dict:
     return {"own_rows": own, "group_rows": group, "rounds_low_trust": low, "rounds_lowest_trust": lowest}
 
 
-def _secure_run(root: Path, lane: str, group_size: int, seed: int) -> dict:
+def _secure_run(root: Path, lane: str, group_size: int, seed: int, shards: int) -> dict:
     attack = None if lane.startswith("honest") else lane
     insiders = 3 if attack == "free_rider" else 1
     t0 = time.monotonic()
     result = run_secure_fleet(root / lane, attack, secure=lane != "honest-plain", group_size=group_size, seed=seed,
-                              insiders=insiders)
+                              insiders=insiders, shards=shards)
     names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
     row = {"run": lane, "last3": round(100 * result.mean_accuracy(3), 2), "final": round(100 * result.accuracy, 2),
            "rounds": len(result.history), "failed_rounds": sum("failed" in h for h in result.history),
@@ -190,11 +191,13 @@ def secure(ctx: Context) -> dict:
     """Insiders of secure rounds in groups, against the honest secure fleet (module docstring)."""
     args, runs = ctx.args, []
     lanes = [lane for lane in args.secure_lanes.split(",") if lane in SECURE_LANES]  # in the order given
-    summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "attacks": sorted(SECURE_ATTACKS)}
+    summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "shards": args.shards,
+               "attacks": sorted(SECURE_ATTACKS)}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
             for lane in lanes:  # minutes a run: the rows so far are written after each
-                runs.append({"seed": seed, **_secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed)})
+                runs.append({"seed": seed, **_secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed,
+                                                                     args.shards)})
                 ctx.write(runs, summary, quiet=True)
     honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
     print(f"\n| run (group size {args.group_size}) | last 3 of 8 rounds (%) | points vs honest secure | rounds | "
@@ -218,6 +221,9 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--secure", action="store_true", help="insiders of secure rounds in groups (--group-size, "
                     "--secure-lanes, --seeds; results in bench/results/attacks_secure.json)")
     ap.add_argument("--group-size", type=int, default=3, help="secure_group_size of the --secure runs (0: one group)")
+    ap.add_argument("--shards", type=int, default=SECURE_SHARDS, help="--secure: the digits training split cut in this "
+                    "many shards, one device each (shards - 2 at split 0, one at split 2, the insider on the last); "
+                    "results in bench/results/attacks_secure_<shards>.json unless 8")
     ap.add_argument("--secure-lanes", default=",".join(SECURE_LANES), help="the --secure runs, in this order")
     ap.add_argument("--demo", action="store_true", help="the demo fleet's insiders and direction trust's honest cost "
                     "(--seeds: its seeds; results in bench/results/attacks_demo.json)")
@@ -270,7 +276,8 @@ def run(ctx: Context) -> dict:
 
 def results_name(args: argparse.Namespace) -> str:
     """attacks[_secure|_demo|_free_riders]"""
-    return "attacks_secure" if args.secure else "attacks_demo" if args.demo else "attacks_free_riders" if args.free_riders else "attacks"
+    secure = "attacks_secure" + ("" if args.shards == SECURE_SHARDS else f"_{args.shards}")
+    return secure if args.secure else "attacks_demo" if args.demo else "attacks_free_riders" if args.free_riders else "attacks"
 
 
 CASE = Case("attacks", __doc__, run, arguments=arguments, seeds="0", results=results_name,

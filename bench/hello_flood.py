@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import Case, Context  # noqa: E402
-from emulator.localfleet import start_orchestrator  # noqa: E402
-from orchestrator.config import ServerConfig  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from tests.flood import flooded_fleet  # noqa: E402
 
 DEVICES = 3
 
@@ -41,53 +38,15 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--flood-to", type=int, default=4, help="and stops as this round ends")
 
 
-async def _run(args: argparse.Namespace, tmp: Path, data_root: str | None) -> tuple[list[dict], int, list[int]]:
-    store_dir = tmp / "store"
-    with Store(store_dir) as store:
-        for i in range(DEVICES):
-            (tmp / f"dev-{i}.secret").write_text(store.credentials.enroll(f"dev-{i}") + "\n")
-    flood: list[asyncio.Future] = []
-    url = ""
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "round_start" and data["round"] == args.flood_from:
-            flood.append(asyncio.ensure_future(asyncio.create_subprocess_exec(
-                sys.executable, str(ROOT / "tests" / "flood.py"), url, str(args.connections), cwd=ROOT,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-        if kind == "round_end" and data["round"] == args.flood_to and flood:
-            flood.append(asyncio.ensure_future(_stop(flood[0])))
-
-    config = ServerConfig(model="digits_mlp", eval_data="digits", data_root=data_root, store_dir=store_dir,
-                          local_steps=2, rounds=args.rounds, min_devices=DEVICES, require_credentials=True,
-                          eval_every=0, wait_devices_s=120, deadline_s=300)
-    orch, server = await start_orchestrator(config, on_event)
-    url = f"ws://127.0.0.1:{orch.port}"
-    data = ["--data-root", data_root] if data_root else []
-    procs = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "edge_sdk", "--server", url, "--id", f"dev-{i}", "--budget", "2GiB", "--data", "digits",
-        *data, "--client", str(i), "--num-clients", str(DEVICES), "--secret-file", str(tmp / f"dev-{i}.secret"),
-        "--reconnect-retries", "0", "--once", cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for i in range(DEVICES)]
-    history = await server
-    codes = [await proc.wait() for proc in procs]
-    await asyncio.gather(*flood[1:])
-    with Store(store_dir) as store:
-        refused = len(store.closures.all("unauthorized"))
-    return history, refused, codes
-
-
-async def _stop(proc_future: asyncio.Future) -> None:
-    proc = await proc_future
-    proc.kill()
-    await proc.wait()
-
-
 def run(ctx: Context) -> dict:
     args = ctx.args
     runs, table = [], []
     for repeat in range(ctx.repeats):
         with tempfile.TemporaryDirectory(prefix="edgetrain-flood-") as tmp:
-            history, refused, codes = asyncio.run(_run(args, Path(tmp), ctx.data_root))
+            flood = asyncio.run(flooded_fleet(Path(tmp), rounds=args.rounds, flood_from=args.flood_from,
+                                              flood_to=args.flood_to, connections=args.connections,
+                                              devices=DEVICES, data_root=ctx.data_root))
+        history, refused, codes = flood.history, flood.refused, flood.exit_codes
         walls = {"flooded": [], "quiet": []}
         for h in history:
             if h["round"] == 1:

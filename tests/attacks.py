@@ -29,9 +29,9 @@ from edge_sdk.client import DeviceClient, DeviceSettings
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
 
-__all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "SECURE_ATTACKS", "SECURE_HONEST",
+__all__ = ["ATTACKS", "DEMO_HONEST", "DEMO_SHARDS", "PLAIN", "ROUNDS_DEMO", "PLAIN_OPTIONS", "SECURE_ATTACKS", "SECURE_HONEST", "SECURE_SHARDS",
            "Attack", "AttackerClient", "FleetDevice",
-           "FleetResult", "run_demo_fleet", "run_fleet", "run_secure_fleet", "tampering_backend"]
+           "FleetResult", "run_demo_fleet", "run_fleet", "run_secure_fleet", "secure_honest", "tampering_backend"]
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,16 @@ SECURE_ATTACKS: dict[str, tuple[Attack, str]] = {
 #: The secure fleet: six devices training the whole model and one training blocks 2-3 (the demo fleet's
 #: shape, doubled, so that the cohort holds two groups of at least 3 that each train blocks 0-1 with t = 3),
 #: on iid shards 0-6 of the digits training split cut in :data:`SECURE_SHARDS`; insiders take shard 7.
-SECURE_HONEST = tuple(FleetDevice(f"strong-{i}", i) for i in range(6)) + (FleetDevice("weak-0", 6, split=2),)
 SECURE_SHARDS = 8
+
+
+def secure_honest(shards: int = SECURE_SHARDS) -> tuple[FleetDevice, ...]:
+    """The secure fleet's honest devices for the digits training split cut in ``shards``: ``shards - 2``
+    at split 0 and one at split 2, on shards 0 to ``shards - 2``; the last shard is the insiders'."""
+    return tuple(FleetDevice(f"strong-{i}", i) for i in range(shards - 2)) + (FleetDevice("weak-0", shards - 2, split=2),)
+
+
+SECURE_HONEST = secure_honest()
 
 
 def _tampered_round(how: str):  # noqa: ANN202 - a DeviceRound subclass, built when secure aggregation loads
@@ -269,15 +277,19 @@ def _tampered_round(how: str):  # noqa: ANN202 - a DeviceRound subclass, built w
 
 
 def run_secure_fleet(store_dir: Path, attack: str | None, *, secure: bool = True, group_size: int = 3,
-                     rounds: int = ROUNDS_DEMO, seed: int = 0, insiders: int = 1) -> FleetResult:
-    """:data:`SECURE_HONEST` under the default settings with ``secure`` aggregation in groups of at least
-    ``group_size`` (0: one group), every device enrolled, and ``insiders`` devices of :data:`SECURE_ATTACKS`
-    ``attack`` on shard 7 (None: the honest fleet alone). Every round waits for every device."""
+                     rounds: int = ROUNDS_DEMO, seed: int = 0, insiders: int = 1,
+                     shards: int = SECURE_SHARDS) -> FleetResult:
+    """:func:`secure_honest` (``shards``: :data:`SECURE_HONEST` at the default 8) under the default
+    settings with ``secure`` aggregation in groups of at least ``group_size`` (0: one group), every
+    device enrolled, and ``insiders`` devices of :data:`SECURE_ATTACKS` ``attack`` on the last shard
+    (None: the honest fleet alone). Every round waits for every device. A larger ``shards`` cuts the
+    same data among more devices, so the cohort holds more groups: one spoiled group carries a smaller
+    share of the round."""
     from edge_sdk.secagg import Scope, exchange
 
     names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
     update, how = SECURE_ATTACKS[attack] if attack else (None, "")
-    devices = SECURE_HONEST + (tuple(FleetDevice(n, SECURE_SHARDS - 1, attack=update) for n in names) if attack else ())
+    devices = secure_honest(shards) + (tuple(FleetDevice(n, shards - 1, attack=update) for n in names) if attack else ())
     settings: dict[str, object] = {"straggler_policy": "deadline", "secure_aggregation": secure,
                                    **({"secure_group_size": group_size} if secure else {})}
     honest_start, tampered = exchange.start, _tampered_round(how) if how else None
@@ -290,7 +302,7 @@ def run_secure_fleet(store_dir: Path, attack: str | None, *, secure: bool = True
 
     exchange.start = start
     try:
-        return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=SECURE_SHARDS,
+        return run_fleet(store_dir, devices, aggregation=None, rounds=rounds, credentials=True, shards=shards,
                          seed=seed, settings=settings)
     finally:
         exchange.start = honest_start

@@ -6,8 +6,6 @@ not its deadline. Every refusal is in the journal."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from edge_sdk.transport import recv_msg, recv_payload, send_msg, send_payload, w
 from emulator.localfleet import start_orchestrator
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
+from tests.flood import flooded_fleet
 
 
 def _config(store_dir: Path, **kw) -> ServerConfig:
@@ -264,51 +263,11 @@ def test_a_hello_flood_leaves_every_round_to_the_honest_fleet(tmp_path: Path) ->
     (none cut by the straggler grace, none by a deadline) and each refusal is journaled. What the
     flood costs in wall time is measured by ``bench/hello_flood.py``, not held here: on a shared
     machine a wall-time bound measures the neighbours."""
-    root = Path(__file__).resolve().parents[1]
-    store_dir = tmp_path / "s"
-    with Store(store_dir) as store:
-        for i in range(3):
-            (tmp_path / f"dev-{i}.secret").write_text(store.credentials.enroll(f"dev-{i}") + "\n")
-    flood: list[asyncio.subprocess.Process] = []
-
-    async def main():
-        url = ""
-
-        def on_event(kind: str, data: dict) -> None:
-            if kind == "round_start" and data["round"] == 2:
-                flood.append(asyncio.ensure_future(asyncio.create_subprocess_exec(
-                    sys.executable, str(root / "tests" / "flood.py"), url, "100", cwd=root,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-            if kind == "round_end" and data["round"] == 3:
-                flood.append(asyncio.ensure_future(_stop(flood[0])))
-
-        config = _config(store_dir, model="digits_mlp", eval_data="digits", rounds=4, min_devices=3,
-                         require_credentials=True, eval_every=0)
-        orch, server = await start_orchestrator(config, on_event)
-        url = f"ws://127.0.0.1:{orch.port}"
-        devices = [asyncio.create_subprocess_exec(
-            sys.executable, "-m", "edge_sdk", "--server", url, "--id", f"dev-{i}", "--budget", "2GiB", "--data",
-            "digits", "--client", str(i), "--num-clients", "3", "--secret-file", str(tmp_path / f"dev-{i}.secret"),
-            "--reconnect-retries", "0", "--once", cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for i in range(3)]
-        procs = [await d for d in devices]
-        history = await server
-        errors = [(await proc.communicate())[1].decode()[-500:] for proc in procs]
-        await asyncio.gather(*flood[1:])
-        return history, [proc.returncode for proc in procs], errors
-
-    history, codes, errors = asyncio.run(main())
-    assert codes == [0, 0, 0], errors
-    assert [h["reported"] for h in history] == [3] * 4
-    assert not any(h.get("stragglers") for h in history), history
-    with Store(store_dir) as store:
-        assert len(store.closures.all("unauthorized")) >= 100
-
-
-async def _stop(proc_future: asyncio.Future) -> None:
-    proc = await proc_future
-    proc.kill()
-    await proc.wait()
+    run = asyncio.run(flooded_fleet(tmp_path, rounds=4, flood_from=2, flood_to=3, connections=100))
+    assert run.exit_codes == [0, 0, 0], run.errors
+    assert [h["reported"] for h in run.history] == [3] * 4
+    assert not any(h.get("stragglers") for h in run.history), run.history
+    assert run.refused >= 100
 
 
 @pytest.mark.slow
