@@ -28,11 +28,9 @@ STRONG = 8 << 30  # room for the whole model on either backend
 @pytest.fixture(scope="module")
 def graph_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The training graphs tests/test_train_export.py exports (linked from its cache: exported once
-    per machine), and a refusal recorded for ResNet20's stem split (0). Split 1, the one the planner
-    falls back to, is exported into the shared cache: its own case in tests/test_train_export.py is
-    in the slow tier, which then finds it there."""
+    per machine), and a refusal recorded for ResNet20's stem split (0)."""
     shared = Path(request.config.cache.mkdir("edgetrain-train-graphs"))
-    return graphs_refusing(shared, tmp_path_factory.mktemp("train-graphs"), "resnet20", 0, exported=(1,))
+    return graphs_refusing(shared, tmp_path_factory.mktemp("train-graphs"), "resnet20", 0)
 
 
 def _server(tmp_path: Path, graph_dir: Path) -> Orchestrator:
@@ -45,7 +43,13 @@ def _hello(runtimes: list[str], budget: int = STRONG) -> p.Hello:
     return p.Hello(device_id="d1", token="", budget_bytes=budget, cores=2, runtimes=runtimes, num_samples=2_000)
 
 
-def test_torchless_resnet20_gets_the_largest_split_with_a_shippable_graph(tmp_path: Path, graph_dir: Path) -> None:
+@pytest.mark.slow  # exports ResNet20's split 1 (about 40 s on 2 cores), whose own case is in the slow tier too
+def test_torchless_resnet20_gets_the_largest_split_with_a_shippable_graph(request: pytest.FixtureRequest,
+                                                                          tmp_path: Path) -> None:
+    # Split 1, the one the planner falls back to, exported into the shared cache (where
+    # tests/test_train_export.py finds it) and linked beside the stem's refusal.
+    shared = Path(request.config.cache.mkdir("edgetrain-train-graphs"))
+    graph_dir = graphs_refusing(shared, tmp_path / "train-graphs", "resnet20", 0, exported=(1,))
     server = _server(tmp_path, graph_dir)
     events: list[tuple[str, dict]] = []
     server.on_event = lambda kind, data: events.append((kind, data))

@@ -24,7 +24,10 @@ async function installPage(browser, url, trusted) {
   const tab = await browser.newPage();
   await tab.goto(url);
   // The page checks /trust.json on the https port: trusted, it shows the button; else it says so and checks again.
-  await tab.waitForFunction((want) => document.getElementById("trust").textContent.includes(want ? "trusts the server" : "does not trust"),
+  // Trusted, the wait also takes the button's layout (once seen on a loaded machine: the line said "trusts" and the button had
+  // no box yet at the next read); its display is asserted below.
+  await tab.waitForFunction((want) => document.getElementById("trust").textContent.includes(want ? "trusts the server" : "does not trust")
+    && (!want || document.getElementById("open").getClientRects().length > 0),
     { timeout: 60_000, polling: 200 }, trusted);
   return tab.evaluate(() => {
     const open = document.getElementById("open");
