@@ -291,10 +291,13 @@ def test_device_processes_survive_one_killed_after_its_masked_upload(tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_secure_and_plain_rounds_reach_the_same_accuracy(tmp_path: Path) -> None:
     """The same fleet, seeds and rule (EmbracingFL's sample-weighted mean per block, no norm bound,
     no direction trust, no weight cap, a clip no update reaches) with and without secure aggregation: the secure
-    model's accuracy is the plain one's, up to the quantisation and the devices' own nondeterminism."""
+    model's accuracy is the plain one's, up to the quantisation and the devices' own nondeterminism. In the
+    heavy tier (two fleets, about 100 s on 2 cores): CI holds the secure fleet's sums exact against the
+    devices' quantised updates (test_mixed_fleet_trains_digits_with_secure_aggregation_blind_and_exact)."""
     plain, _ = _run_fleet(tmp_path / "plain", rounds=3, secure=False, norm_bound=0.0, direction_trust=False,
                           strategy_options={"max_weight_share": 1.0})
     secure, _ = _run_fleet(tmp_path / "secure", rounds=3)
