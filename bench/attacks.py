@@ -26,13 +26,14 @@ update after honest training), digits_mlp, iid shards of the digits training spl
 - **insiders of secure rounds** (``--secure [--group-size 3] [--shards 8] [--secure-lanes ...]``): the
   secure fleet (tests/attacks.py, ``run_secure_fleet``: with the digits training split cut in 8, six
   devices at split 0 and one at split 2, so that the cohort holds two groups of at least 3 that each
-  train every block; ``--shards 16`` cuts the same data among 14 + 1 honest devices, five groups) under the defaults with secure
-  aggregation in groups of at least ``--group-size``, each insider of ``SECURE_ATTACKS`` against the
+  train every block; ``--shards 12`` cuts the same data among 10 + 1 honest devices, three groups)
+  under the defaults with secure aggregation in groups of at least ``--group-size``, each insider of ``SECURE_ATTACKS`` against the
   honest secure fleet, and the honest fleet plain; three colluding free riders (0.01 x) with
   ``free_rider``. Per run: the mean accuracy of the last three of 8 rounds, rounds completed, honest
   devices that exited, and how the journal named the insider: rows of its own (a share blamed, seals
   that did not open), rows of its group (a weight word), rounds whose metrics gave its group trust
-  below 0.1 in a block, and rounds its group had the lowest trust of the round's groups. Written to ``bench/results/attacks_secure.json``.
+  below 0.1 in a block, and rounds its group had the lowest trust of the round's groups. Written to
+  ``bench/results/attacks_secure.json`` (``attacks_secure_<shards>.json`` for other ``--shards``).
 
 Not a test: ``python bench/attacks.py [--rounds 8] [--plain] [-O key=value ...]`` prints the tables and
 writes ``bench/results/attacks.json``. ``-O`` sets strategy options of the "defaults" runs (to
@@ -196,8 +197,8 @@ def secure(ctx: Context) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
             for lane in lanes:  # minutes a run: the rows so far are written after each
-                runs.append({"seed": seed, **_secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed,
-                                                                     args.shards)})
+                row = _secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed, args.shards)
+                runs.append({"seed": seed, **row})
                 ctx.write(runs, summary, quiet=True)
     honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
     print(f"\n| run (group size {args.group_size}) | last 3 of 8 rounds (%) | points vs honest secure | rounds | "
@@ -219,7 +220,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--free-riders", action="store_true", help="three colluding free riders (0.01 x) in the demo "
                     "fleet (--seeds: its seeds; results in bench/results/attacks_free_riders.json)")
     ap.add_argument("--secure", action="store_true", help="insiders of secure rounds in groups (--group-size, "
-                    "--secure-lanes, --seeds; results in bench/results/attacks_secure.json)")
+                    "--secure-lanes, --seeds, --shards; results in bench/results/attacks_secure[_<shards>].json)")
     ap.add_argument("--group-size", type=int, default=3, help="secure_group_size of the --secure runs (0: one group)")
     ap.add_argument("--shards", type=int, default=SECURE_SHARDS, help="--secure: the digits training split cut in this "
                     "many shards, one device each (shards - 2 at split 0, one at split 2, the insider on the last); "
