@@ -41,6 +41,7 @@ from orchestrator.store import Store
 from orchestrator.strategies import STRATEGY_NAMES, Combines, make_strategy
 from tests.dp_mechanisms import ExactRelease
 from tests.factories import server_config
+from tests.inprocess import serve
 from tests.test_dp_central import _serve
 from tests.test_secagg_round import Fleet
 from tests.weighted_mean_strategy import MeanOfMine
@@ -138,15 +139,13 @@ def test_a_strategy_of_your_own_that_declares_a_weighted_mean_runs_a_secure_roun
     async def main() -> tuple[Orchestrator, dict[str, np.ndarray], list[dict]]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
         before = {k: v.copy() for k, v in orch.global_state.items()}
-        tasks = []
+        clients = []
         for i, d in enumerate(devices):
             x, y = load_shard("digits", client=i, num_clients=len(devices))
             cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budget,
-                               backend="torch", secret=secrets[d], reconnect_retries=0)
-            tasks.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
-        history = await asyncio.wait_for(server, timeout=300)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return orch, before, history
+                               backend="torch", secret=secrets[d], reconnect_retries=3)
+            clients.append(DeviceClient(cfg, x, y))
+        return orch, before, await serve(server, clients, timeout=300)
 
     orch, before, history = asyncio.run(main())
     secure = history[0]["secure"]

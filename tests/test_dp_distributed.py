@@ -24,6 +24,7 @@ from orchestrator.aggregation.privacy.gaussian import CENTRAL
 from orchestrator.aggregation.privacy.release import resumed_ledger
 from orchestrator.config import ServerConfig
 from orchestrator.store import Store
+from tests.inprocess import serve
 from orchestrator.views.terminal import privacy_words
 
 FLEET = {"strong-0": "strong", "strong-1": "strong", "moderate-2": "moderate", "weak-3": "weak", "weak-4": "weak"}
@@ -47,15 +48,13 @@ def _run(store_dir: Path, rounds: int, resume: bool = False, expected: float | N
 
     async def main() -> list[dict]:
         orch, server = await start_orchestrator(config, lambda kind, data: None)
-        devices = []
+        clients = []
         for i, (d, role) in enumerate(FLEET.items()):
             x, y = load_shard("digits", client=i, num_clients=len(FLEET))
             cfg = DeviceSettings(server=f"ws://127.0.0.1:{orch.port}", device_id=d, budget_bytes=budgets[role],
-                               backend="torch", secret=secrets[d], reconnect_retries=0)
-            devices.append(asyncio.create_task(DeviceClient(cfg, x, y).run()))
-        history = await asyncio.wait_for(server, timeout=600)
-        await asyncio.gather(*devices, return_exceptions=True)
-        return history
+                               backend="torch", secret=secrets[d], reconnect_retries=3)
+            clients.append(DeviceClient(cfg, x, y))
+        return await serve(server, clients, timeout=600)
 
     return asyncio.run(main())
 
