@@ -171,12 +171,12 @@ def _named(store_dir: Path, history: list[dict], insiders: list[str]) -> dict:
     return {"own_rows": own, "group_rows": group, "rounds_low_trust": low, "rounds_lowest_trust": lowest}
 
 
-def _secure_run(root: Path, lane: str, group_size: int, seed: int, shards: int) -> dict:
+def _secure_run(root: Path, lane: str, group_size: int, seed: int, shards: int, group_norm: str | None) -> dict:
     attack = None if lane.startswith("honest") else lane
     insiders = 3 if attack == "free_rider" else 1
     t0 = time.monotonic()
     result = run_secure_fleet(root / lane, attack, secure=lane != "honest-plain", group_size=group_size, seed=seed,
-                              insiders=insiders, shards=shards)
+                              insiders=insiders, shards=shards, group_norm=group_norm)
     names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
     row = {"run": lane, "last3": round(100 * result.mean_accuracy(3), 2), "final": round(100 * result.accuracy, 2),
            "rounds": len(result.history), "failed_rounds": sum("failed" in h for h in result.history),
@@ -193,11 +193,12 @@ def secure(ctx: Context) -> dict:
     args, runs = ctx.args, []
     lanes = [lane for lane in args.secure_lanes.split(",") if lane in SECURE_LANES]  # in the order given
     summary = {"rounds": ROUNDS_DEMO, "seeds": ctx.seeds, "group_size": args.group_size, "shards": args.shards,
+               "group_norm": args.group_norm or "default",
                "attacks": sorted(SECURE_ATTACKS)}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in ctx.seeds:
             for lane in lanes:  # minutes a run: the rows so far are written after each
-                row = _secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed, args.shards)
+                row = _secure_run(Path(tmp) / f"seed-{seed}", lane, args.group_size, seed, args.shards, args.group_norm)
                 runs.append({"seed": seed, **row})
                 ctx.write(runs, summary, quiet=True)
     honest = {r["seed"]: r["last3"] for r in runs if r["run"] == "honest"}
@@ -222,6 +223,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--secure", action="store_true", help="insiders of secure rounds in groups (--group-size, "
                     "--secure-lanes, --seeds, --shards; results in bench/results/attacks_secure[_<shards>].json)")
     ap.add_argument("--group-size", type=int, default=3, help="secure_group_size of the --secure runs (0: one group)")
+    ap.add_argument("--group-norm", choices=("own", "reference"), default=None,
+                    help="secure_group_norm of the --secure runs (default: the server's)")
     ap.add_argument("--shards", type=int, default=SECURE_SHARDS, help="--secure: the digits training split cut in this "
                     "many shards, one device each (shards - 2 at split 0, one at split 2, the insider on the last); "
                     "results in bench/results/attacks_secure_<shards>.json unless 8")

@@ -89,8 +89,7 @@ class ServerConfig:
     staleness_exponent: NonNegative = setting(
         0.5, "Buffered rounds: an update s versions stale weighs (1 + s)^-a; 0.5 is FedBuff's 1/sqrt(1 + s), 0 "
              "weighs every update alike.")
-    max_staleness: NonNegativeInt = setting(
-        100, "Buffered rounds: an update more versions stale than this is not folded (it is wasted, and counted).")
+    max_staleness: NonNegativeInt = setting(100, "Buffered rounds: an update more versions stale than this is not folded.")
     upload_resume_s: NonNegative = setting(
         15.0, "How long a device whose update upload was cut by its connection stays awaited in the round "
               "(it usually reconnects within seconds and resumes the transfer); then it is a straggler.", cli=False)
@@ -300,14 +299,15 @@ class ServerConfig:
     secure_threshold: NonNegativeInt = setting(
         0, "Fewest surviving devices whose sum of a block is revealed (t); a block with fewer keeps its value. "
            "0: SecAgg+'s secret threshold for the cohort (a majority of a neighbourhood), at least 3.")
-    secure_degree: NonNegativeInt = setting(
-        0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to 33 devices, else 3 log2 n.", cli=False)
+    secure_degree: NonNegativeInt = setting(0, "Neighbours per device in the SecAgg+ graph; 0: the whole cohort up to "
+                                               "33 devices, else 3 log2 n.", cli=False)
     secure_group_size: NonNegativeInt = setting(0, "Secure groups of >= this many devices, each sum bounded alone; 0: one.")
+    secure_group_norm: Literal["own", "reference"] = setting("own", "A secure group's mean at its own norm, capped at the "
+                                                             "reference's ('own'), or scaled to it ('reference').")
     secure_stage_s: Positive = setting(30.0, "Seconds a key, share or unmasking stage waits for its devices "
                                              "(longer for phones on slow links or a loaded server).")
-    train_graph_dir: Path | None = setting(
-        None, "Where verified training graphs are kept (default: --store/train_graphs); servers of one model "
-              "may share it.", cli=False)
+    train_graph_dir: Path | None = setting(None, "Where verified training graphs are kept (default: "
+                                                 "--store/train_graphs); servers of one model may share it.", cli=False)
 
     def __post_init__(self) -> None:
         auto_codec = self.update_codec == "auto" or isinstance(self.update_codec, _AutoCodec)
@@ -371,7 +371,8 @@ TRAINING_SETTINGS: tuple[str, ...] = ("strategy", "rounds", "fraction", "local_s
                                       "dp_min_survivors",
                                       "dp_expected_survivors",
                                       "secure_aggregation",
-                                      "secure_clip", "secure_value_bits", "secure_threshold", "secure_group_size", "round_mode",
+                                      "secure_clip", "secure_value_bits", "secure_threshold", "secure_group_size",
+                                      "secure_group_norm", "round_mode",
                                       "concurrency", "buffer_size",
                                       "server_lr", "staleness_exponent", "max_staleness")
 

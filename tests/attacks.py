@@ -278,20 +278,21 @@ def _tampered_round(how: str):  # noqa: ANN202 - a DeviceRound subclass, built w
 
 def run_secure_fleet(store_dir: Path, attack: str | None, *, secure: bool = True, group_size: int = 3,
                      rounds: int = ROUNDS_DEMO, seed: int = 0, insiders: int = 1,
-                     shards: int = SECURE_SHARDS) -> FleetResult:
+                     shards: int = SECURE_SHARDS, group_norm: str | None = None) -> FleetResult:
     """:func:`secure_honest` (``shards``: :data:`SECURE_HONEST` at the default 8) under the default
     settings with ``secure`` aggregation in groups of at least ``group_size`` (0: one group), every
     device enrolled, and ``insiders`` devices of :data:`SECURE_ATTACKS` ``attack`` on the last shard
     (None: the honest fleet alone). Every round waits for every device. A larger ``shards`` cuts the
     same data among more devices, so the cohort holds more groups: one spoiled group carries a smaller
-    share of the round."""
+    share of the round. ``group_norm``: ``secure_group_norm`` (None: the default)."""
     from edge_sdk.secagg import Scope, exchange
 
     names = ["attacker"] if insiders == 1 else [f"attacker-{i}" for i in range(insiders)]
     update, how = SECURE_ATTACKS[attack] if attack else (None, "")
     devices = secure_honest(shards) + (tuple(FleetDevice(n, shards - 1, attack=update) for n in names) if attack else ())
     settings: dict[str, object] = {"straggler_policy": "deadline", "secure_aggregation": secure,
-                                   **({"secure_group_size": group_size} if secure else {})}
+                                   **({"secure_group_size": group_size} if secure else {}),
+                                   **({"secure_group_norm": group_norm} if secure and group_norm else {})}
     honest_start, tampered = exchange.start, _tampered_round(how) if how else None
 
     def start(device_id, secret, ins, num_blocks, min_survivors):  # type: ignore[no-untyped-def]

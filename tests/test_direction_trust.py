@@ -152,3 +152,22 @@ def test_each_block_is_normalised_to_the_references_norm_so_size_gives_no_levera
     off = DirectionTrust(TEMPLATE, enabled=False)
     off.begin_round(REFERENCE)
     assert off.normalise(honest, Selection.tail(0)) == (honest, {})
+
+
+def test_a_secure_groups_mean_is_scaled_down_to_the_references_norm_never_up() -> None:
+    """``scales_up=False`` (a secure group's mean under ``secure_group_norm = "own"``): a block over the
+    reference's norm comes down to it; a block under it keeps its own norm (the members' agreement),
+    where a device's update would be scaled up; the trust is the same either way."""
+    group, device = DirectionTrust(TEMPLATE, scales_up=False), DirectionTrust(TEMPLATE)
+    for t in (group, device):
+        t.begin_round(REFERENCE)
+    mean = _scaled(REFERENCE, {0: 0.6, 1: 3.0})  # block 0 under the reference's norm, block 1 over it
+    scaled, factors = group.normalise(mean, Selection.tail(0))
+    assert 0 not in factors and factors[1] == pytest.approx(1 / 3.0, rel=1e-5)
+    for n in STATE:
+        want = REFERENCE[n] * (0.6 if BLOCK_OF[n] == 0 else 1.0)
+        np.testing.assert_allclose(scaled[n], want, rtol=1e-5, atol=1e-6)
+    as_device, _ = device.normalise(mean, Selection.tail(0))
+    n0 = next(n for n in STATE if BLOCK_OF[n] == 0)
+    np.testing.assert_allclose(as_device[n0], REFERENCE[n0], rtol=1e-5, atol=1e-6)  # scaled up from 0.6
+    assert group.score("g", scaled, Selection.tail(0)) == pytest.approx(device.score("g", as_device, Selection.tail(0)))

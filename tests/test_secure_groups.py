@@ -183,3 +183,21 @@ def test_groups_are_refused_with_distributed_noise_in_one_line():
     check_capabilities(ServerConfig(secure_aggregation=True, secure_group_size=3), strategy)
     with pytest.raises(SettingError, match="secure_group_size"):
         check_capabilities(ServerConfig(secure_aggregation=True, secure_group_size=3, dp=True), strategy)
+
+
+@pytest.mark.parametrize("norm", ["own", "reference"])
+def test_the_groups_means_are_scaled_as_secure_group_norm_says_and_devices_updates_as_before(tmp_path, norm):
+    """The sums' chain (each group's mean) scales up to the reference's norm only under "reference";
+    a plain server's chain (each device's update) always does (FLTrust, Eq. 4)."""
+    from orchestrator.aggregation.bounds import TrustStep
+    from orchestrator.server import Orchestrator
+    from tests.factories import server_config
+
+    def trust_of(chain):
+        return next(b.trust for b in chain if isinstance(b, TrustStep))
+
+    secure = Orchestrator(server_config(tmp_path / "s", secure_aggregation=True, direction_trust=True,
+                                        secure_group_size=3, secure_group_norm=norm))
+    assert trust_of(secure.intake.sum_bounds).scales_up is (norm == "reference")
+    plain = Orchestrator(server_config(tmp_path / "p", direction_trust=True, secure_group_norm=norm))
+    assert trust_of(plain.intake.bounds).scales_up is True

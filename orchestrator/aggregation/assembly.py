@@ -166,16 +166,19 @@ def _bounds(config: ServerConfig, template: LayeredModel, store: Store, services
     return chain
 
 
-def _reading_bounds(config: ServerConfig, template: LayeredModel, store: Store, services: IntakeServices) -> list[Bound]:
+def _reading_bounds(config: ServerConfig, template: LayeredModel, store: Store, services: IntakeServices, *,
+                    sums: bool = False) -> list[Bound]:
     """``norm_bound`` and (``direction_trust``) ``direction_trust``: the bounds that read an update in the
-    clear, against the server's reference update (each device's update, or a secure group's mean)."""
+    clear, against the server's reference update (each device's update, or with ``sums`` a secure
+    group's mean, scaled up to the reference's norm only under ``secure_group_norm = "reference"``)."""
     from orchestrator.aggregation.normbound import NormBound
     from orchestrator.aggregation.trust import DirectionTrust
 
     norms = NormBound(config, template, store, services.reference)
     chain: list[Bound] = [_load(BOUNDS, "norm_bound", "bound")(norms)]
     if config.direction_trust:
-        trust = DirectionTrust(template, config.trust_floor, config.direction_trust)
+        trust = DirectionTrust(template, config.trust_floor, config.direction_trust,
+                               scales_up=not sums or config.secure_group_norm == "reference")
         chain.append(_load(BOUNDS, "direction_trust", "bound")(trust, norms))
     return chain
 
@@ -216,7 +219,7 @@ def assemble_intake(config: ServerConfig, template: LayeredModel, strategy: Stra
     # With secure groups, each group's sum is one update to the bounds that read updates (docs/security.md,
     # "Secure groups"); not under a privacy mechanism, whose noised sums no reference update may be measured
     # against. Without (secure_group_size 0) the round is today's one sum, applied as the strategy's mean.
-    sum_bounds = _reading_bounds(config, template, store, services) \
+    sum_bounds = _reading_bounds(config, template, store, services, sums=True) \
         if format.bounded_sums and mechanism is None and config.secure_group_size else []
     return Intake(config, format, bounds, combiner, release, uploads=services.uploads,
                   check_revoked=services.check_revoked, sum_bounds=sum_bounds)

@@ -21,6 +21,17 @@ share of the weight while contributing nothing, shrinking the round's step (thre
 demo's fleet cost 5.48 points before; BENCHMARKS.md, "Free riders"). The norm bound still clips
 first, so the history of accepted norms it keeps is what devices sent.
 
+A secure group's mean (:mod:`orchestrator.aggregation.secure.groups`) is an average of m updates,
+and its norm already says how far its members agree: m updates of norm r with pairwise cosine c
+average to r sqrt((1 + (m - 1) c) / m). Scaled up to the reference's norm, each group would step as
+far as one whole update, and a round of k groups (each mean agreeing with the others more than single
+updates do) would step further than the same devices' normalised updates in a plain round: measured
+on the digits fleet cut in 12 (three groups of about 4), the groups' means were scaled up 1.1-1.5x
+and the honest secure fleet ended below the plain one. ``secure_group_norm = "own"`` keeps a group's
+mean at its own norm when that is below the reference's and scales it down to it otherwise
+(``scales_up`` False), so a boosted group still has no leverage and a group an insider half cancels
+steps less, not more; ``"reference"`` normalises it as a device's update (FLTrust, Eq. 4).
+
 ``trust_floor`` > 0 is a soft variant: ``max(floor, ReLU(cos))``, which keeps some weight on an
 honest device whose non-IID data points away from the server's. A sign-flipped update then weighs
 ``floor`` of an aligned one; at 0 (the default) it weighs nothing.
@@ -101,8 +112,9 @@ def norm_ratios(tensors: Mapping[str, object], reference: Mapping[str, np.ndarra
 class DirectionTrust:
     """Per-block trust scores of a round's reports against the round's reference update."""
 
-    def __init__(self, template: LayeredModel, floor: float = 0.0, enabled: bool = True) -> None:
-        self.enabled, self.floor = enabled, float(floor)
+    def __init__(self, template: LayeredModel, floor: float = 0.0, enabled: bool = True, *,
+                 scales_up: bool = True) -> None:
+        self.enabled, self.floor, self.scales_up = enabled, float(floor), scales_up
         self.blocks = tuple(template.block_names)
         self.block_of = {name: template.block_of(name) for name in template.state_dict()}
         self._reference: Mapping[str, np.ndarray] | None = None
@@ -115,10 +127,14 @@ class DirectionTrust:
     def normalise(self, tensors: Mapping[str, object], selection: Selection | None
                   ) -> tuple[Mapping[str, object], dict[int, float]]:
         """Each block of the update scaled to the reference's norm over the same elements (FLTrust,
-        Eq. 4), and the factor of each block; unchanged when trust is off or there is no reference."""
+        Eq. 4), and the factor of each block; unchanged when trust is off or there is no reference.
+        Without ``scales_up`` a block is only scaled down to the reference's norm (a secure group's
+        mean: see the module docstring)."""
         if not self.enabled or not self._reference or not tensors:
             return tensors, {}
         factors = norm_ratios(tensors, self._reference, self.block_of, selection)
+        if not self.scales_up:
+            factors = {b: f for b, f in factors.items() if f < 1.0}
         scaled = {n: scaled_delta(t, factors[self.block_of[n]]) if self.block_of[n] in factors else t
                   for n, t in tensors.items()}
         return scaled, factors
