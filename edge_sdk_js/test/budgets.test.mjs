@@ -1,18 +1,19 @@
 // JavaScript devices keep the budget they declare (docs/js-device.md, "Memory"; test/budgets.mjs):
 // a Node device under a hard memory cap equal to its budget, weak and strong (and strong in secure
-// rounds), and a Chromium tab at a weak and a moderate budget each train five rounds of digits_mlp
+// rounds), and a Chromium tab at a weak and a moderate budget each train three rounds of digits_mlp
 // against a real orchestrator, every round's report accepted, in the role their budget buys, and
 // their resident peak (the device's own, as reported; the tab's renderer's) stays under the budget. A tab
 // training on its GPU (WebGPU, on SwiftShader here: minutes a round) is held to its weak and moderate budgets
 // in the heavy tier (test/budgets-heavy.test.mjs); in CI the buffered fleet's GPU tab (710 MiB, moderate) is.
 // Skipped with one line where there is no cgroup memory controller to cap with (not root) or no
-// Chromium. In `make test-slow`.
+// Chromium. In `make test-slow`. Three rounds: the first (whole payloads downloaded), the second (a
+// delta against the payload kept) and a third on the second's path.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { CHROMIUM } from "./browser.mjs";
 import { assertKept, cappedDevice, tabDevice } from "./budgets.mjs";
 
-const ROUNDS = 5;
+const ROUNDS = 3;
 const MiB = 2 ** 20;
 
 for (const [budget, role] of [[185, "weak"], [400, "strong"]]) {
