@@ -54,6 +54,17 @@ def test_the_rounds_defaults_are_the_validated_ones():
     assert "straggler_pacing=lane == \"paced\"" in source  # both lanes: the default and its alternative
 
 
+def test_a_secure_groups_mean_keeps_its_own_norm_by_default_as_validated():
+    """bench/attacks.py ran both group norms on the same fleet; its --group-norm offers both and the
+    server's default is the validated one."""
+    from orchestrator.config import ServerConfig
+
+    record = RECORD["defaults"]["secure_groups"]
+    assert ServerConfig.__dataclass_fields__["secure_group_norm"].default == record["secure_group_norm"] == "own"
+    source = (REPO / "bench" / "attacks.py").read_text()
+    assert 'choices=("own", "reference")' in source and "group_norm=group_norm" in source
+
+
 def test_the_devices_keep_their_payloads_by_default(tmp_path, monkeypatch):
     from edge_sdk.payload_store import PAYLOAD_CACHE_ENV, payload_folder
     from edge_sdk.settings import TABLE_FILE, setting_default
