@@ -26,7 +26,7 @@ and its norm already says how far its members agree: m updates of norm r with pa
 average to r sqrt((1 + (m - 1) c) / m). Scaled up to the reference's norm, each group would step as
 far as one whole update, and a round of k groups (each mean agreeing with the others more than single
 updates do) would step further than the same devices' normalised updates in a plain round: measured
-on the digits fleet cut in 12 (three groups of about 4), the groups' means were scaled up 1.1-1.5x
+on the digits fleet cut in 12 (three groups of about 4), the groups' means were scaled up 1.03-1.55x
 and the honest secure fleet ended below the plain one. ``secure_group_norm = "own"`` keeps a group's
 mean at its own norm when that is below the reference's and scales it down to it otherwise
 (``scales_up`` False), so a boosted group still has no leverage and a group an insider half cancels
