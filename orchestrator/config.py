@@ -236,7 +236,7 @@ class ServerConfig:
                                         "takes one, as the Python device's --client k --num-clients n).",
                                      cli=False)
     web_sdk: str | None = setting(None, "The JavaScript SDK folder --web serves its build and onnxruntime-web from "
-                                        "(default: edge_sdk_js beside the orchestrator package).", cli=False)
+                                        "(default: edge_sdk_js beside the orchestrator package).")
     # User-level central differential privacy (docs/security.md, "Differential privacy").
     dp: bool = setting(False, "Central differential privacy: each device's update clipped per block, Gaussian noise on "
                               "each block's sum, (epsilon, delta) accounted after every round (docs/security.md).")

@@ -298,18 +298,53 @@ async function runInfo() {
 /**
  * Install the service worker and wait (a few seconds at most) until it serves this page, so that the run,
  * the budget and the data this visit fetches are kept too: a reload with the server gone opens the page.
+ * The install goes on in the background where it takes longer (a slow network, a busy phone): the page
+ * works without it, only not offline until it is in.
  */
 async function controlled() {
   if (!navigator.serviceWorker) return;
-  try {
-    await navigator.serviceWorker.register("/sw.js");
-  } catch (exc) {
-    log("service_worker", { error: String(exc) });
-    return;
-  }
+  navigator.serviceWorker.addEventListener("message", (event) => {
+    if (event.data?.type === "install-failed") log("service_worker", { error: event.data.error });
+  });
+  const installed = install();
   if (navigator.serviceWorker.controller) return;
   await Promise.race([new Promise((resolve) => navigator.serviceWorker.addEventListener("controllerchange", resolve, { once: true })),
-    new Promise((resolve) => setTimeout(resolve, 30_000))]);
+    installed, new Promise((resolve) => setTimeout(resolve, 30_000))]);
+}
+
+/**
+ * Register the service worker; where its install fails (a precached file the server did not give in time,
+ * a disk too full for the origin's quota: the worker says which in an "install-failed" message), the
+ * browser drops the registration, so register again after a pause, a few times. Resolves when a worker
+ * is in or the tries are spent.
+ */
+async function install(tries = 4) {
+  for (let attempt = 1; attempt <= tries; attempt++) {
+    let registration;
+    try {
+      registration = await navigator.serviceWorker.register("/sw.js");
+    } catch (exc) {
+      log("service_worker", { error: String(exc), attempt });
+      return;
+    }
+    if (await settles(registration)) return;
+    log("service_worker", { error: "the install failed", attempt, retry: attempt < tries });
+    await new Promise((resolve) => setTimeout(resolve, 3000 * attempt));
+  }
+}
+
+/** Whether the registration ends with a worker in (installed or active), not with its install failed. */
+function settles(registration) {
+  const worker = registration.installing ?? registration.waiting ?? registration.active;
+  return new Promise((resolve) => {
+    const check = () => {
+      if (registration.active !== null || registration.waiting !== null) resolve(true);
+      else if (worker === null || worker.state === "redundant") resolve(registration.installing !== null
+        && registration.installing !== worker ? settles(registration) : false); // a newer worker took over
+    };
+    worker?.addEventListener("statechange", check);
+    check();
+  });
 }
 
 async function main() {

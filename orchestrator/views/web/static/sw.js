@@ -8,8 +8,30 @@ const KEPT = /^\/(sdk|static|shard)\//; // the same bytes until the version chan
 const FRESH = new Set(["/", "/index.html", "/web.json", "/budget.json"]); // the server first, else the last copy
 
 self.addEventListener("install", (event) => {
-  event.waitUntil(caches.open(CACHE).then((cache) => cache.addAll(PRECACHE)).then(() => self.skipWaiting()));
+  event.waitUntil(precache().then(() => self.skipWaiting()));
 });
+
+/** Keep every PRECACHE file, or fail the install saying which file and why to the pages (they log it and
+ * register again): a failed install leaves nothing active, so the pages would not know otherwise. */
+async function precache() {
+  const cache = await caches.open(CACHE);
+  try {
+    await Promise.all(PRECACHE.map(async (url) => {
+      let response;
+      try {
+        response = await fetch(url);
+      } catch (exc) {
+        throw new Error(`${url}: ${exc}`);
+      }
+      if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+      await cache.put(url, response).catch((exc) => { throw new Error(`${url}: ${exc.name}: ${exc.message}`); });
+    }));
+  } catch (exc) {
+    const pages = await self.clients.matchAll({ includeUncontrolled: true, type: "window" });
+    for (const page of pages) page.postMessage({ type: "install-failed", error: String(exc.message ?? exc) });
+    throw exc;
+  }
+}
 
 self.addEventListener("activate", (event) => {
   event.waitUntil(caches.keys()
