@@ -77,7 +77,9 @@ def test_killed_run_resumes_after_its_last_completed_round(tmp_path: Path) -> No
     fleet = tmp_path / "resume-tiny.toml"
     fleet.write_text(FLEET)
     out = tmp_path / "runs"
-    proc = subprocess.Popen(_argv(fleet, "--out", str(out)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # Its console (a device that ended unexpectedly is a line there) to a file, for a failure's message.
+    console = (tmp_path / "stdout.txt").open("wb")
+    proc = subprocess.Popen(_argv(fleet, "--out", str(out)), stdout=console, stderr=subprocess.PIPE,
                             env=device_env(), start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -89,11 +91,13 @@ def test_killed_run_resumes_after_its_last_completed_round(tmp_path: Path) -> No
                 break
             time.sleep(0.05)
         else:
-            pytest.fail(f"the run ended or stalled before round 2 completed: {proc.stderr.read()[-2000:]!r}")
+            pytest.fail(f"the run ended or stalled before round 2 completed: {proc.stderr.read()[-2000:]!r}; "
+                        f"its console: {(tmp_path / 'stdout.txt').read_bytes()[-3000:]!r}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        console.close()
     (run_dir,) = out.iterdir()
     done = completed_rounds(run_dir / "store")
     assert 2 <= done < ROUNDS, f"killed after round {killed_after}, the store completed {done}"
