@@ -1,5 +1,4 @@
-"""The device's connection: connect, say hello, take the server's instructions, upload the reports,
-reconnect on drops.
+"""The device's connection: connect, say hello, take the instructions, upload reports, reconnect on drops.
 
 :class:`DeviceClient` runs a device against an orchestrator until the server says goodbye. It owns
 the connection: the session (:class:`edge_sdk.protocol.session.DeviceSession`), the hello, the
@@ -95,8 +94,7 @@ class DeviceClient:
 
     ``data`` is the device's local data: a :class:`~edge_sdk.data.sources.DataSource` (an image
     folder, a table, batches from the app), or arrays ``x`` and ``y`` (``DeviceClient(config, x, y)``).
-    ``connect`` opens the connection (``websockets.asyncio.client.connect`` by default); emulation
-    passes a wrapper that injects faults.
+    ``connect`` opens the connection (``websockets``' by default; emulation's injects faults).
     """
 
     def __init__(self, config: DeviceSettings, data: DataSource | np.ndarray | Any, y: np.ndarray | None = None, *,
@@ -113,8 +111,7 @@ class DeviceClient:
         self.rows = declared_rows(x)
         self.row_bits: dict[str, bytes] = {}
         if config.private_heat is not None:
-            # Drawn once: every (re)connection repeats the same noisy report, so the server cannot
-            # average fresh draws to recover the true rows.
+            # Drawn once: every connection repeats one noisy report (no fresh draws to average).
             self.rows, self.row_bits = private_hello_fields(self.rows, config.private_heat, np.random.default_rng())
         self.on_event = on_event or (lambda kind, data: None)
         self._connect = connect or ws_connect
@@ -184,14 +181,18 @@ class DeviceClient:
         return client_tls(self.config.tls_ca)
 
     async def _serve(self, ch: Channel) -> bool:
-        """One connection (:meth:`_session`). An error of this side's own (an instruction it cannot
-        carry out: a phase its registry lacks, a malformed payload) is told to the server as an
-        ``Error`` message before it ends the device: retrying would meet it again."""
+        """One connection (:meth:`_session`). An error of this side's own (a phase its registry lacks, a
+        malformed payload) is told to the server before it ends the device: retrying would meet it
+        again. Closed under a round's work, a goodbye sent first (read only now) ends the run."""
         try:
             return await self._session(ch)
         except p.ProtocolError as exc:
             if not exc.remote:
                 await send_error(ch, exc)
+            raise
+        except ConnectionClosed:
+            if await ch.farewell():
+                return True
             raise
 
     async def _hello(self, ch: Channel) -> p.Welcome:

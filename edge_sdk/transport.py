@@ -138,6 +138,18 @@ class Channel:
             if self.session.receive(msg) is not False:
                 return msg
 
+    async def farewell(self) -> bool:
+        """Once the connection closed under this side's work (a send or a wait that failed): whether the
+        server said goodbye before it closed, read from the messages the connection still holds and
+        nothing more. A device busy training when the run ends reads the goodbye only here, as the
+        JavaScript device's channel keeps the one it saw (``farewell``)."""
+        try:
+            while True:
+                if isinstance(await _recv_raw(self.ws, self.limits), Bye):
+                    return True
+        except (ConnectionClosed, ProtocolError):
+            return False
+
 
 async def send_msg(ws: Connection | Channel, msg: Message) -> None:
     """Send one message as one binary websocket message (through the channel's session, if a channel)."""

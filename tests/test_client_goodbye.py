@@ -43,3 +43,27 @@ def test_a_goodbye_during_a_download_ends_the_run_instead_of_a_reconnect() -> No
     reports = asyncio.run(main())
     assert reports == [] and seen == ["hello", "fetch"]  # one connection: no second hello
     assert "aborted" in events and "reconnect" not in events
+
+
+def test_a_goodbye_read_only_after_the_close_ends_the_run_instead_of_a_reconnect() -> None:
+    """The server says goodbye and closes while the device is busy (here measuring its probe step
+    before its hello: as a device training its round when a run ends): the device meets the closed
+    connection on its next send, reads the goodbye the connection still holds, and ends its run."""
+    connections: list[int] = []
+    events: list[str] = []
+
+    async def handler(ws) -> None:
+        connections.append(1)
+        await send_msg(ws, p.Bye("training finished"))
+        await ws.close()
+
+    async def main() -> list:
+        async with serve(handler, "127.0.0.1", 0, **ws_options()) as server:
+            port = server.sockets[0].getsockname()[1]
+            config = DeviceSettings(f"ws://127.0.0.1:{port}", "dev-bye", 1 << 30, reconnect=True, reconnect_retries=3)
+            client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64),
+                                  on_event=lambda kind, data: events.append(kind))
+            return await asyncio.wait_for(client.run(), timeout=60)
+
+    assert asyncio.run(main()) == []
+    assert connections == [1] and "reconnect" not in events, events

@@ -21,6 +21,10 @@ import json
 from pathlib import Path
 
 _MiB = 1 << 20
+#: The budgets' grid: 1/16 MiB, exact in a float and fine enough that no plan's window falls between two
+#: steps (a window can be narrow: the adapters plan of the ONNX Runtime device at 104.007-104.32 MiB, the
+#: whole model from there on; a budget rounded up to a whole MiB was planned the whole model).
+_STEP = _MiB // 16
 #: Device id -> (runtime, the plan its budget buys), in the order the roles are dealt.
 DEVICES = {"py-torch": ("torch", "strong"), "py-ort": ("onnxruntime", "adapters"),
            "node-1": ("onnxruntime-node", "strong"), "tab-1": ("onnxruntime-web", "adapters")}
@@ -52,7 +56,8 @@ def main() -> None:
         path = args.out / f"{device}.txt"
         path.write_text(roles[3 * i].text[: args.chars], encoding="utf-8")
         samples = len(TextSource(path, vocabulary("tinyshakespeare")))
-        budget = min_budget_for_split(cost, len(cost) - 1, 32, samples, backend=runtime, graph_splits=graphs)
+        least = min_budget_for_split(cost, len(cost) - 1, 32, samples, backend=runtime, graph_splits=graphs)
+        budget = -(-least // _STEP) * _STEP  # on the grid the devices are given their budgets in
         while True:  # up from the least budget that trains anything, to the first planned as wanted
             try:
                 plan = plan_split(cost, budget, 32, local_samples=samples, backends=(runtime,), graph_splits=graphs)
@@ -60,8 +65,8 @@ def main() -> None:
                     break
             except PlanError:
                 pass
-            budget += _MiB // 4
-        out[device] = {"runtime": runtime, "text": str(path), "samples": samples, "budget_mib": -(-budget // _MiB),
+            budget += _STEP
+        out[device] = {"runtime": runtime, "text": str(path), "samples": samples, "budget_mib": budget / _MiB,
                        "role": plan.role, "split": plan.split, "adapters": plan.adapters}
         if runtime != "torch":
             graphs_cache.get_or_export(model, plan.split, plan.adapters)
