@@ -17,6 +17,20 @@ ROUND = p.Instruction(round=1, phase="train", model_version=0, split=1, chunk_id
                       selection="tail", broadcast_id="", local_steps=2, lr=0.1, deadline_s=60.0, config={})
 
 
+def _run_device(handler, events: list[str]) -> list:
+    """A device against a server of ``handler``: its reports. Reconnects are allowed, as a device run as
+    a service has them: after the goodbye it must not use them."""
+    async def main() -> list:
+        async with serve(handler, "127.0.0.1", 0, **ws_options()) as server:
+            port = server.sockets[0].getsockname()[1]
+            config = DeviceSettings(f"ws://127.0.0.1:{port}", "dev-bye", 1 << 30, reconnect=True, reconnect_retries=3)
+            client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64),
+                                  on_event=lambda kind, data: events.append(kind))
+            return await asyncio.wait_for(client.run(), timeout=60)
+
+    return asyncio.run(main())
+
+
 def test_a_goodbye_during_a_download_ends_the_run_instead_of_a_reconnect() -> None:
     seen: list[str] = []
     events: list[str] = []
@@ -31,16 +45,7 @@ def test_a_goodbye_during_a_download_ends_the_run_instead_of_a_reconnect() -> No
         await send_msg(ws, p.Bye("training finished"))  # the run ended while this device was in its round
         await ws.close()
 
-    async def main() -> list:
-        async with serve(handler, "127.0.0.1", 0, **ws_options()) as server:
-            port = server.sockets[0].getsockname()[1]
-            # Reconnects allowed, as a device run as a service has them: after the goodbye it must not use them.
-            config = DeviceSettings(f"ws://127.0.0.1:{port}", "dev-bye", 1 << 30, reconnect=True, reconnect_retries=3)
-            client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64),
-                                  on_event=lambda kind, data: events.append(kind))
-            return await asyncio.wait_for(client.run(), timeout=60)
-
-    reports = asyncio.run(main())
+    reports = _run_device(handler, events)
     assert reports == [] and seen == ["hello", "fetch"]  # one connection: no second hello
     assert "aborted" in events and "reconnect" not in events
 
@@ -57,13 +62,5 @@ def test_a_goodbye_read_only_after_the_close_ends_the_run_instead_of_a_reconnect
         await send_msg(ws, p.Bye("training finished"))
         await ws.close()
 
-    async def main() -> list:
-        async with serve(handler, "127.0.0.1", 0, **ws_options()) as server:
-            port = server.sockets[0].getsockname()[1]
-            config = DeviceSettings(f"ws://127.0.0.1:{port}", "dev-bye", 1 << 30, reconnect=True, reconnect_retries=3)
-            client = DeviceClient(config, np.zeros((4, 3), dtype=np.float32), np.zeros(4, dtype=np.int64),
-                                  on_event=lambda kind, data: events.append(kind))
-            return await asyncio.wait_for(client.run(), timeout=60)
-
-    assert asyncio.run(main()) == []
+    assert _run_device(handler, events) == []
     assert connections == [1] and "reconnect" not in events, events
