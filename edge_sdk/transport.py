@@ -25,6 +25,7 @@ from typing import Any
 
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from .protocol import (
     DEFAULT_FRAME_SIZE,
@@ -142,7 +143,10 @@ class Channel:
         """Once the connection closed under this side's work (a send or a wait that failed): whether the
         server said goodbye before it closed, read from the messages the connection still holds and
         nothing more. A device busy training when the run ends reads the goodbye only here, as the
-        JavaScript device's channel keeps the one it saw (``farewell``)."""
+        JavaScript device's channel keeps the one it saw (``farewell``). Only on a connection that is
+        closing or closed: an open one (a drop this side raised itself) holds no goodbye to read."""
+        if self.ws.state not in (State.CLOSING, State.CLOSED):
+            return False
         try:
             while True:
                 if isinstance(await _recv_raw(self.ws, self.limits), Bye):
