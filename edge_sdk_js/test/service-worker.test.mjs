@@ -30,8 +30,10 @@ test("a failed service worker install is logged with its file, and the page regi
       const page = await browser.newPage();
       await page.goto(`${url.replace("ws://", "http://")}/`);
       const failed = () => window.edgetrain.events.filter((e) => e.event === "service_worker");
-      await page.waitForFunction((f) => eval(f)().some((e) => e.error === "the install failed" && e.retry === true)
-        && eval(f)().some((e) => e.error?.startsWith("/sdk/")), { timeout: 60_000, polling: 100 }, `(${failed})`);
+      await page.waitForFunction(() => {
+        const log = window.edgetrain.events.filter((e) => e.event === "service_worker");
+        return log.some((e) => e.error === "the install failed" && e.retry === true) && log.some((e) => e.error?.startsWith("/sdk/"));
+      }, { timeout: 60_000, polling: 100 });
       const log = await page.evaluate(failed);
       assert.ok(log.some((e) => e.error === `/sdk/ort/${WASM}: HTTP 404`), `the worker named the file: ${JSON.stringify(log)}`);
       assert.equal(await page.evaluate(async () => (await navigator.serviceWorker.getRegistration())?.active ?? null), null,

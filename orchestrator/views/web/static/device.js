@@ -335,16 +335,12 @@ async function install(tries = 4) {
 
 /** Whether the registration ends with a worker in (installed or active), not with its install failed. */
 function settles(registration) {
-  const worker = registration.installing ?? registration.waiting ?? registration.active;
-  return new Promise((resolve) => {
-    const check = () => {
-      if (registration.active !== null || registration.waiting !== null) resolve(true);
-      else if (worker === null || worker.state === "redundant") resolve(registration.installing !== null
-        && registration.installing !== worker ? settles(registration) : false); // a newer worker took over
-    };
-    worker?.addEventListener("statechange", check);
-    check();
-  });
+  const worker = registration.installing;
+  const workerIn = () => registration.active !== null || registration.waiting !== null;
+  if (worker === null) return Promise.resolve(workerIn());
+  return new Promise((resolve) => worker.addEventListener("statechange", () => {
+    if (worker.state !== "installing") resolve(worker.state !== "redundant" || workerIn() || settles(registration)); // a newer worker took over
+  }));
 }
 
 async function main() {
