@@ -3,7 +3,7 @@
 // Python device, for comparison) runs under a hard memory cap equal to its budget (test/capped.py:
 // the cgroup memory controller, so going over is a kill, not a number); a tab runs in headless
 // Chromium, its renderer's resident high-water mark read from /proc (test/browser.mjs). Used by
-// test/budgets.test.mjs, test/budgets-heavy.test.mjs and bench/js_budgets.py.
+// test/budgets.test.mjs and bench/js_budgets.py.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { join } from "node:path";

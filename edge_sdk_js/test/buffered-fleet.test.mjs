@@ -87,7 +87,7 @@ test("buffered rounds train a mixed fleet, the slow WebGPU tab's updates folded 
     // Each device planned for its budget, and its resident peak under it.
     for (const [id, runtime] of Object.entries(RUNTIME)) assert.equal(j.devices[id].backend, runtime, `${id} trains on ${runtime}`);
     for (const id of ["py-0", "py-1", "node-2"]) assert.equal(j.devices[id].split, 0, `${id} (strong) trains the whole model`);
-    // The GPU tab at 710 MiB is planned moderate (the heavy tier's budgets test holds a lone one to it too).
+    // The GPU tab at 710 MiB is planned moderate (test/budgets.test.mjs holds a lone one to it too).
     assert.equal(j.devices["tab-4"].role, "moderate", `tab-4 at 710 MiB on its GPU is moderate ${where}`);
     const deepest = Math.max(...Object.values(j.devices).map((d) => d.split));
     for (const id of ["node-3", "tab-5"]) {

@@ -11,11 +11,10 @@ export const SLOW = new Set(["e2e", "resume", "web", "status-login", "mixed-flee
   "wire-codecs", "budgets", "leave", "phases", "device-command", "ticket-page", "secagg-e2e", "secagg-fleet",
   "tab-payloads", "package-install", "install-page", "transformer-splits", "lm-fleet", "buffered-fleet", "secagg-attack"]);
 /** The heavy tier (`make test-heavy`, not CI, whose hour the quick and slow tiers fill): the WebGPU tab's
- * numbers against the Python device, on SwiftShader (minutes a split); the GPU tabs' budgets (minutes
- * of SwiftShader a round; the buffered fleet's moderate GPU tab is in CI); the
+ * numbers against the Python device, on SwiftShader (minutes a split); the
  * secure and the mixed fleets' accuracy against a second fleet's (CI runs each fleet alone, with an accuracy
  * floor); the status page's login over plain http (CI logs in over https, the same flow over TLS). */
-export const HEAVY = new Set(["webgpu-conformance", "budgets-heavy", "secagg-fleet-accuracy", "mixed-fleet-accuracy",
+export const HEAVY = new Set(["webgpu-conformance", "secagg-fleet-accuracy", "mixed-fleet-accuracy",
   "status-login-http"]);
 
 const tier = process.argv[2] ?? "quick";
