@@ -34,9 +34,13 @@ function readmeInstalls() {
   });
 }
 
+// npm at its own log level, whatever ran the tests: `npm run -s` passes npm_config_loglevel=silent to its
+// children, and a silent npm does not name the package whose install script failed.
+const { npm_config_loglevel: _loglevel, ...INHERITED } = process.env;
+
 function npm(args, { cwd, env = {}, isolated = false }) {
   const argv = isolated && ISOLATED ? ["unshare", ["-rn", "npm", ...args]] : ["npm", args];
-  return spawnSync(argv[0], argv[1], { cwd, encoding: "utf8", env: { ...process.env, ...env }, timeout: 600_000 });
+  return spawnSync(argv[0], argv[1], { cwd, encoding: "utf8", env: { ...INHERITED, ...env }, timeout: 600_000 });
 }
 
 /** An empty app folder. */
