@@ -40,7 +40,8 @@ test-slow: $(STAMP)
 # The heavy tier: runs whose cost is minutes of CPU each and whose claim is a measured margin (an
 # attacker's cost in accuracy over two live fleets of eight rounds, every split of the phone-sized
 # transformer exported and verified, ResNet20's deep tails (2-6) and char_transformer's tails beyond
-# its whole model, the WebGPU tab's numbers on SwiftShader, the mixed and the secure mixed fleets' accuracy against a second fleet's), or that
+# its whole model, the WebGPU tab's numbers on SwiftShader, the mixed and the secure mixed fleets'
+# accuracy against a second fleet's), or that
 # repeat what a fleet in CI holds (the status page's login over plain http; CI logs in over https).
 # Not in CI, whose hour the two tiers above fill (CI keeps one fleet of each kind); run before a
 # release and after changing what they cover.
